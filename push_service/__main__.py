@@ -1,0 +1,44 @@
+"""`python -m push_service` (also `imroute push-service`): run the HTTP API with uvicorn."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+
+import uvicorn
+
+from push_service.app import create_app
+from shared.errors import ImrouteError
+from shared.settings import Settings
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="imroute push-service", description="Run the push service.")
+    p.add_argument("--host", help="bind host (IMROUTE_HOST)")
+    p.add_argument("--port", type=int, help="bind port (IMROUTE_PORT)")
+    p.add_argument("--redis-url", help="Redis URL (IMROUTE_REDIS_URL)")
+    return p.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        settings = Settings.load(os.environ, **vars(args))
+        app = create_app(settings)
+    except ImrouteError as exc:
+        print(f"imroute push-service: {exc}", file=sys.stderr)
+        return 2
+    uvicorn.run(
+        app,
+        host=settings.host,
+        port=settings.port,
+        log_level=settings.log_level,
+        access_log=False,
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

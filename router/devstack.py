@@ -1,0 +1,238 @@
+"""`imroute dev`: the whole stack on one machine as child processes, stopped together."""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import json
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import FrameType
+
+from router.embedded_redis import EmbeddedRedis, redis_answers
+from shared.errors import ConfigError
+from shared.settings import Settings, redact_url
+
+__all__ = ["DevOptions", "DevStack"]
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    """In the child: get SIGTERM if `imroute dev` itself dies (even by SIGKILL)."""
+    with contextlib.suppress(OSError):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+@dataclass(frozen=True)
+class DevOptions:
+    gateways: int = 2
+    groups: int = 2
+    port: int = 8080
+    host: str = "127.0.0.1"
+
+
+@dataclass
+class DevStack:
+    options: DevOptions
+    environ: Mapping[str, str]
+    procs: list[tuple[str, subprocess.Popen[bytes]]] = field(default_factory=list)
+    redis: EmbeddedRedis | None = None
+    _stopping: bool = False
+
+    def ports(self) -> list[tuple[str, int, int, str]]:
+        """(gateway_id, ws_port, grpc_port, group_id) for each gateway."""
+        o = self.options
+        return [
+            (f"gw{i}", o.port + i, o.port + 1000 + i, f"g{(i - 1) % o.groups + 1}")
+            for i in range(1, o.gateways + 1)
+        ]
+
+    def run(self) -> int:
+        o = self.options
+        if not 1 <= o.gateways <= 64 or not 1 <= o.groups <= o.gateways:
+            raise ConfigError("--gateways must be 1-64 and --groups 1..gateways")
+        settings = Settings.load(self.environ)
+        for name, port in [("--port", o.port)] + [
+            (f"{gid} ports", p) for gid, ws, grpc, _ in self.ports() for p in (ws, grpc)
+        ]:
+            if not _port_free(o.host, port):
+                raise ConfigError(f"{name}: port {port} on {o.host} is already in use")
+        env = dict(self.environ)
+        shown: dict[str, str] = {}
+        if settings.api_key is None:
+            env["IMROUTE_API_KEY"] = shown["api key"] = secrets.token_urlsafe(24)
+        if settings.secret is None:
+            env["IMROUTE_SECRET"] = shown["secret"] = secrets.token_urlsafe(32)
+        redis_url = settings.redis_url
+        if not redis_answers(redis_url):
+            self.redis = EmbeddedRedis()
+            redis_url = self.redis.start()
+            print(
+                f"no Redis at {redact_url(settings.redis_url)}: started an embedded one "
+                f"at {redis_url}",
+                flush=True,
+            )
+        env["IMROUTE_REDIS_URL"] = redis_url
+
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, self._on_signal)
+        try:
+            self._spawn(
+                "push-service",
+                [sys.executable, "-m", "push_service", "--host", o.host, "--port", str(o.port)],
+                env,
+            )
+            for gid, ws, grpc, group in self.ports():
+                self._spawn(
+                    gid,
+                    [
+                        sys.executable,
+                        "-m",
+                        "socket_gateway",
+                        "--id",
+                        gid,
+                        "--group",
+                        group,
+                        "--ws-host",
+                        o.host,
+                        "--ws-port",
+                        str(ws),
+                        "--grpc-host",
+                        o.host,
+                        "--grpc-port",
+                        str(grpc),
+                    ],
+                    env,
+                )
+            gateways = self._wait_ready(env["IMROUTE_API_KEY"])
+            if gateways is None:  # stopped by a signal while starting
+                return 0
+            self._banner(env, shown, gateways)
+            return self._watch()
+        finally:
+            self.stop()
+
+    def _spawn(self, name: str, argv: list[str], env: Mapping[str, str]) -> None:
+        proc = subprocess.Popen(
+            argv,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            preexec_fn=_die_with_parent,  # noqa: PLW1509
+        )
+        self.procs.append((name, proc))
+
+    def _wait_ready(
+        self, api_key: str, timeout_s: float = 30.0
+    ) -> list[dict[str, object]] | None:
+        deadline = time.monotonic() + timeout_s
+        url = f"http://{self.options.host}:{self.options.port}/v1/gateways"
+        request = urllib.request.Request(url, headers={"Authorization": f"Bearer {api_key}"})
+        while time.monotonic() < deadline and not self._stopping:
+            self._check_children()
+            try:
+                with urllib.request.urlopen(request, timeout=1) as resp:
+                    gateways: list[dict[str, object]] = json.load(resp)["gateways"]
+                mine = {gid for gid, *_ in self.ports()}
+                if mine <= {str(g["gateway_id"]) for g in gateways}:
+                    return [g for g in gateways if g["gateway_id"] in mine]
+            except (urllib.error.URLError, OSError, ValueError, KeyError):
+                pass
+            time.sleep(0.2)
+        if self._stopping:
+            return None
+        raise RuntimeError(f"the stack did not become ready within {timeout_s:.0f}s")
+
+    def _banner(
+        self, env: Mapping[str, str], shown: Mapping[str, str], gateways: list[dict[str, object]]
+    ) -> None:
+        o = self.options
+        key = env["IMROUTE_API_KEY"] if "api key" in shown else "$IMROUTE_API_KEY"
+        secret = env["IMROUTE_SECRET"] if "secret" in shown else "$IMROUTE_SECRET"
+        lines = [
+            "",
+            "imroute dev is up.",
+            f"  API:      http://{o.host}:{o.port}   (docs: http://{o.host}:{o.port}/docs)",
+            f"  API key:  {key}" + ("" if "api key" in shown else "   (from IMROUTE_API_KEY)"),
+            f"  secret:   {secret}" + ("" if "secret" in shown else "   (from IMROUTE_SECRET)"),
+            "  gateways:",
+            *(
+                f"    {g['gateway_id']} group={g['group_id']} ws={g['ws_url']} "
+                f"grpc={g['grpc_address']}"
+                for g in gateways
+            ),
+            "  try it:",
+            f"    TOKEN=$(IMROUTE_SECRET={secret} {_imroute()} token alice)",
+            f'    {sys.executable} -m websockets "{gateways[0]["ws_url"]}?token=$TOKEN"',
+            f"    curl -s -H 'Authorization: Bearer {key}' -H 'Content-Type: application/json' "
+            f'-d \'{{"to":["alice"],"content":{{"text":"hi"}}}}\' '
+            f"http://{o.host}:{o.port}/v1/push",
+            "  Ctrl-C stops everything.",
+            "",
+        ]
+        print("\n".join(lines), flush=True)
+
+    def _watch(self) -> int:
+        while not self._stopping:
+            crashed = self._check_children(raise_=False)
+            if crashed:
+                print(f"imroute dev: {crashed}; stopping the stack", file=sys.stderr, flush=True)
+                return 1
+            time.sleep(0.2)
+        return 0
+
+    def _check_children(self, raise_: bool = True) -> str | None:
+        for name, proc in self.procs:
+            code = proc.poll()
+            if code is not None and not self._stopping:
+                message = f"{name} exited with code {code}"
+                if raise_:
+                    raise RuntimeError(message)
+                return message
+        return None
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        self._stopping = True
+
+    def stop(self) -> None:
+        """SIGTERM every child, wait, SIGKILL stragglers, then stop the embedded Redis."""
+        self._stopping = True
+        for _, proc in self.procs:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + 10
+        for _, proc in self.procs:
+            try:
+                proc.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        self.procs.clear()
+        if self.redis is not None:
+            self.redis.stop()
+            self.redis = None
+
+
+def _port_free(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        # Like the servers themselves: a port in TIME_WAIT is free to reuse.
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def _imroute() -> str:
+    candidate = os.path.join(os.path.dirname(sys.executable), "imroute")
+    return candidate if os.path.exists(candidate) else "imroute"

@@ -1,0 +1,83 @@
+"""The gateway fleet in Redis: each gateway announces itself with a heartbeat TTL."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from router.redis_client import RedisClient, translate_errors
+from shared.clock import Clock
+from shared.keys import KeySchema, decode_gateway, encode_gateway
+from shared.models import GatewayInfo
+
+__all__ = ["CachedFleet", "GatewayFleet", "RedisGatewayFleet"]
+
+
+class GatewayFleet(Protocol):
+    async def announce(self, info: GatewayInfo) -> None: ...
+    async def withdraw(self, gateway_id: str) -> None: ...
+    async def live(self) -> list[GatewayInfo]: ...
+
+
+class RedisGatewayFleet:
+    """Gateway records with a TTL plus a sorted set of their deadlines."""
+
+    def __init__(self, redis: RedisClient, keys: KeySchema, clock: Clock, ttl_s: float) -> None:
+        self._redis = redis
+        self._keys = keys
+        self._clock = clock
+        self._ttl_ms = int(ttl_s * 1000)
+
+    @translate_errors
+    async def announce(self, info: GatewayInfo) -> None:
+        """Write (or refresh) this gateway's record."""
+        now = self._clock.now_ms()
+        pipe = self._redis.pipeline(transaction=False)
+        pipe.set(self._keys.gateway(info.gateway_id), encode_gateway(info), px=self._ttl_ms)
+        pipe.zadd(self._keys.gateways(), {info.gateway_id: now + self._ttl_ms})
+        pipe.zremrangebyscore(self._keys.gateways(), "-inf", now)
+        await pipe.execute()
+
+    @translate_errors
+    async def withdraw(self, gateway_id: str) -> None:
+        """Remove this gateway's record at once (clean shutdown)."""
+        pipe = self._redis.pipeline(transaction=False)
+        pipe.delete(self._keys.gateway(gateway_id))
+        pipe.zrem(self._keys.gateways(), gateway_id)
+        await pipe.execute()
+
+    @translate_errors
+    async def live(self) -> list[GatewayInfo]:
+        """Gateways whose heartbeat has not lapsed, sorted by id."""
+        now = self._clock.now_ms()
+        ids: list[str] = await self._redis.zrangebyscore(  # type: ignore[assignment]
+            self._keys.gateways(), f"({now}", "+inf"
+        )
+        if not ids:
+            return []
+        pipe = self._redis.pipeline(transaction=False)
+        for gateway_id in ids:
+            pipe.get(self._keys.gateway(gateway_id))
+        values: list[str | None] = await pipe.execute()
+        infos = [info for v in values if v and (info := decode_gateway(v))]
+        return sorted(infos, key=lambda i: i.gateway_id)
+
+
+class CachedFleet:
+    """A short-lived local cache in front of a fleet, so hot paths do not ask Redis each time."""
+
+    def __init__(self, fleet: GatewayFleet, clock: Clock, max_age_s: float) -> None:
+        self._fleet = fleet
+        self._clock = clock
+        self._max_age = max_age_s
+        self._cached: list[GatewayInfo] | None = None
+        self._at = 0.0
+
+    async def live(self) -> list[GatewayInfo]:
+        now = self._clock.monotonic()
+        if self._cached is None or now - self._at >= self._max_age:
+            self._cached = await self._fleet.live()
+            self._at = now
+        return self._cached
+
+    def invalidate(self) -> None:
+        self._cached = None

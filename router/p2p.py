@@ -1,0 +1,93 @@
+"""The P2P path: resolve routes, one concurrent Deliver call per gateway, merge answers."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Sequence
+
+from router.fleet import CachedFleet
+from router.gateway_client import GatewayClient
+from router.planning import GatewayOutcome, PushOutcome, Target, merge, plan_p2p
+from router.registry import RouteRegistry
+from shared.errors import GatewayUnavailable, RegistryUnavailable
+from shared.ids import new_id
+from shared.models import Message, Route
+from shared.proto import gateway_pb2
+
+__all__ = ["P2PPusher", "to_batch"]
+
+log = logging.getLogger(__name__)
+
+
+def to_batch(message: Message, uids: Sequence[str], batch_id: str) -> gateway_pb2.Batch:
+    return gateway_pb2.Batch(
+        batch_id=batch_id,
+        message=gateway_pb2.Message(
+            msg_id=message.msg_id,
+            push_id=message.push_id,
+            msg_type=message.msg_type,
+            content_json=message.content_json,
+            ts_ms=message.ts_ms,
+            **{"from": message.sender},
+        ),
+        uids=uids,
+    )
+
+
+class P2PPusher:
+    """Pushes one message to a list of users wherever they are connected."""
+
+    def __init__(
+        self,
+        registry: RouteRegistry,
+        fleet: CachedFleet,
+        clients: GatewayClient,
+        deliver_timeout_s: float,
+    ) -> None:
+        self._registry = registry
+        self._fleet = fleet
+        self._clients = clients
+        self._timeout = deliver_timeout_s
+
+    async def push(self, message: Message, uids: Sequence[str]) -> PushOutcome:
+        routes = await self._registry.lookup(uids)
+        plan = plan_p2p(uids, routes, await self._live())
+        if plan.stale:
+            # The cache may predate a gateway that just started: ask Redis once more.
+            self._fleet.invalidate()
+            plan = plan_p2p(uids, routes, await self._live())
+        outcomes = await asyncio.gather(
+            *(self._deliver(message, target) for target in plan.targets.values())
+        )
+        outcome = merge(uids, plan, outcomes)
+        if outcome.errors:
+            # A failing gateway may have died since the fleet was cached.
+            self._fleet.invalidate()
+        # Routes of gateways missing from the fleet are skipped, not deleted: they expire
+        # by their own deadline, and a gateway that merely missed a heartbeat keeps them.
+        await self._forget(outcome.gone)
+        return outcome
+
+    async def _live(self) -> set[str]:
+        return {g.gateway_id for g in await self._fleet.live()}
+
+    async def _deliver(self, message: Message, target: Target) -> GatewayOutcome:
+        batch = to_batch(message, target.uids, new_id())
+        try:
+            reply = await self._clients.deliver(
+                target.gateway_id, target.address, batch, self._timeout
+            )
+        except GatewayUnavailable as exc:
+            log.warning("deliver to %s failed: %s", target.gateway_id, exc.reason)
+            return GatewayOutcome(target.gateway_id, error=exc.reason)
+        return GatewayOutcome(target.gateway_id, reply.delivered, reply.missing)
+
+    async def _forget(self, routes: Sequence[Route]) -> None:
+        """Delete routes their own gateway disowned; the push has its answer, so only log."""
+        if not routes:
+            return
+        try:
+            await self._registry.remove(routes)
+        except RegistryUnavailable as exc:
+            log.warning("could not remove %d stale routes: %s", len(routes), exc)

@@ -1,0 +1,109 @@
+"""Pure P2P planning: group recipients by gateway, and merge the gateways' answers."""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from shared.models import Route
+
+__all__ = ["DeliveryPlan", "GatewayOutcome", "PushOutcome", "Target", "merge", "plan_p2p"]
+
+
+@dataclass(slots=True)
+class Target:
+    """One Deliver call: a gateway and every recipient it holds."""
+
+    gateway_id: str
+    address: str
+    uids: list[str] = field(default_factory=list)
+    routes: list[Route] = field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True)
+class DeliveryPlan:
+    targets: dict[str, Target]
+    offline: list[str]
+    # Routes pointing at gateways that are not in the live fleet: not trusted.
+    stale: list[Route]
+
+
+def plan_p2p(
+    uids: Sequence[str],
+    routes: Mapping[str, Sequence[Route]],
+    live_gateways: Collection[str] | None,
+) -> DeliveryPlan:
+    """Group each uid under every live gateway that holds one of its connections.
+
+    `live_gateways` None means the fleet is unknown and every route is tried.
+    """
+    targets: dict[str, Target] = {}
+    offline: list[str] = []
+    stale: list[Route] = []
+    for uid in uids:
+        reachable = False
+        for route in routes.get(uid, ()):
+            if live_gateways is not None and route.gateway_id not in live_gateways:
+                stale.append(route)
+                continue
+            target = targets.get(route.gateway_id)
+            if target is None:
+                target = targets[route.gateway_id] = Target(route.gateway_id, route.grpc_address)
+            if not target.uids or target.uids[-1] != uid:
+                target.uids.append(uid)
+            target.routes.append(route)
+            reachable = True
+        if not reachable:
+            offline.append(uid)
+    return DeliveryPlan(targets, offline, stale)
+
+
+@dataclass(frozen=True, slots=True)
+class GatewayOutcome:
+    """What one gateway answered, or why it could not."""
+
+    gateway_id: str
+    delivered: Sequence[str] = ()
+    missing: Sequence[str] = ()
+    error: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class PushOutcome:
+    delivered: list[str]
+    offline: list[str]
+    # Recipients that had routes, but whose every gateway failed: not delivered.
+    failed: list[str]
+    errors: list[GatewayOutcome]
+    # Routes the gateways said they no longer hold: safe to delete.
+    gone: list[Route]
+
+
+def merge(
+    uids: Sequence[str], plan: DeliveryPlan, outcomes: Sequence[GatewayOutcome]
+) -> PushOutcome:
+    """Per recipient: delivered if any gateway delivered, failed if one errored, else offline."""
+    delivered: set[str] = set()
+    errored: set[str] = set()
+    gone: list[Route] = []
+    errors: list[GatewayOutcome] = []
+    for outcome in outcomes:
+        target = plan.targets[outcome.gateway_id]
+        if outcome.error is not None:
+            errored.update(target.uids)
+            errors.append(outcome)
+            continue
+        delivered.update(outcome.delivered)
+        missing = set(outcome.missing)
+        gone.extend(r for r in target.routes if r.uid in missing)
+    result_delivered: list[str] = []
+    failed: list[str] = []
+    offline: list[str] = []
+    for uid in uids:
+        if uid in delivered:
+            result_delivered.append(uid)
+        elif uid in errored:
+            failed.append(uid)
+        else:
+            offline.append(uid)
+    return PushOutcome(result_delivered, offline, failed, errors, gone)

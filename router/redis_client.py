@@ -1,0 +1,70 @@
+"""Building the Redis client from a URL, and mapping redis-py errors into ours."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable, Coroutine
+from contextlib import asynccontextmanager
+from typing import Any, ParamSpec, TypeVar
+
+import redis.asyncio as aioredis
+import redis.exceptions
+from redis.asyncio.cluster import RedisCluster
+
+from shared.errors import ConfigError, RegistryUnavailable
+
+__all__ = ["RedisClient", "connect_redis", "translate_errors"]
+
+# Both clients offer the commands and pipelines the registry uses.
+RedisClient = aioredis.Redis | RedisCluster
+
+P = ParamSpec("P")
+T = TypeVar("T")
+
+
+def create_redis(url: str) -> RedisClient:
+    """A client for `url`; `redis+cluster://host:port` selects Redis Cluster."""
+    try:
+        if url.startswith("redis+cluster://"):
+            return RedisCluster.from_url(
+                "redis://" + url.removeprefix("redis+cluster://"), decode_responses=True
+            )
+        return aioredis.from_url(url, decode_responses=True, health_check_interval=30)
+    except ValueError as exc:
+        raise ConfigError(f"IMROUTE_REDIS_URL: {exc}") from None
+
+
+@asynccontextmanager
+async def connect_redis(url: str) -> AsyncIterator[RedisClient]:
+    """A Redis client that is closed on exit."""
+    client = create_redis(url)
+    try:
+        yield client
+    finally:
+        await client.aclose()
+
+
+def translate_errors(
+    fn: Callable[P, Coroutine[Any, Any, T]],
+) -> Callable[P, Coroutine[Any, Any, T]]:
+    """Decorate a Redis-calling coroutine so redis-py errors surface as RegistryUnavailable."""
+
+    async def wrapper(*args: P.args, **kwargs: P.kwargs) -> T:
+        try:
+            return await fn(*args, **kwargs)
+        except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
+            raise RegistryUnavailable(f"redis did not answer: {exc}") from exc
+        except redis.exceptions.RedisError as exc:
+            raise RegistryUnavailable(f"redis error: {exc}") from exc
+
+    wrapper.__name__ = getattr(fn, "__name__", "wrapper")
+    wrapper.__doc__ = fn.__doc__
+    return wrapper
+
+
+async def ping(client: RedisClient) -> bool:
+    """True when Redis answers."""
+    try:
+        result: Any = await client.ping()
+        return bool(result)
+    except redis.exceptions.RedisError:
+        return False

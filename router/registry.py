@@ -1,0 +1,158 @@
+"""Userinfo in Redis: where each live connection of a user lives.
+
+The gateway registers, refreshes and unregisters its connections; the router
+looks users up in pipelined chunks of at most 1000. Key layout: `shared.keys`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from router.redis_client import RedisClient, translate_errors
+from shared.clock import Clock
+from shared.keys import KeySchema, decode_route, encode_route
+from shared.models import Route
+
+__all__ = ["LOOKUP_CHUNK", "RedisRouteRegistry", "Registration", "RouteRegistry"]
+
+LOOKUP_CHUNK = 1000
+
+# Sets one connection's field, drops fields whose own deadline has passed, and
+# extends the key's PEXPIRE without ever shortening it. Heartbeats upsert too, so
+# routes come back by themselves after Redis lost its data (restart, failover).
+_UPSERT = """
+local key, field, value = KEYS[1], ARGV[1], ARGV[2]
+local now, ttl = tonumber(ARGV[3]), tonumber(ARGV[4])
+redis.call('HSET', key, field, value)
+local all = redis.call('HGETALL', key)
+for i = 1, #all, 2 do
+  local exp = tonumber(string.match(all[i + 1], '|(%d+)$'))
+  if exp and exp <= now then redis.call('HDEL', key, all[i]) end
+end
+if redis.call('PTTL', key) < ttl then redis.call('PEXPIRE', key, ttl) end
+return 1
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class Registration:
+    """One local connection as the gateway registers it."""
+
+    uid: str
+    conn_id: str
+
+
+class RouteRegistry(Protocol):
+    async def register(self, uid: str, conn_id: str) -> None: ...
+    async def unregister(self, uid: str, conn_id: str) -> None: ...
+    async def unregister_many(self, registrations: Iterable[Registration]) -> None: ...
+    async def refresh(self, registrations: Iterable[Registration]) -> int: ...
+    async def lookup(self, uids: Sequence[str]) -> dict[str, list[Route]]: ...
+    async def remove(self, routes: Iterable[Route]) -> None: ...
+
+
+class RedisRouteRegistry:
+    """Routes of one gateway (for writes) or of all (for lookups) in Redis."""
+
+    def __init__(
+        self,
+        redis: RedisClient,
+        keys: KeySchema,
+        clock: Clock,
+        *,
+        ttl_s: float = 60.0,
+        gateway_id: str = "",
+        group_id: str = "",
+        ip: str = "",
+        port: int = 0,
+    ) -> None:
+        self._redis = redis
+        self._keys = keys
+        self._clock = clock
+        self._ttl_ms = int(ttl_s * 1000)
+        self._where = (gateway_id, group_id, ip, port)
+        self._upsert = redis.register_script(_UPSERT)
+
+    def _value(self, now_ms: int) -> str:
+        gateway_id, group_id, ip, port = self._where
+        return encode_route(gateway_id, group_id, ip, port, now_ms + self._ttl_ms)
+
+    @translate_errors
+    async def register(self, uid: str, conn_id: str) -> None:
+        """Record a new connection of `uid` on this gateway."""
+        now = self._clock.now_ms()
+        await self._upsert(
+            keys=[self._keys.route(uid)],
+            args=[conn_id, self._value(now), now, self._ttl_ms],
+        )
+
+    @translate_errors
+    async def unregister(self, uid: str, conn_id: str) -> None:
+        """Remove exactly this connection; other connections of the user stay."""
+        await self._redis.hdel(self._keys.route(uid), conn_id)
+
+    @translate_errors
+    async def unregister_many(self, registrations: Iterable[Registration]) -> None:
+        """Remove many connections (a gateway shutting down), pipelined."""
+        await self.remove(Route(r.uid, r.conn_id, "", "", "", 0, 0) for r in registrations)
+
+    @translate_errors
+    async def refresh(self, registrations: Iterable[Registration]) -> int:
+        """Upsert the routes of live connections with a new deadline; returns how many."""
+        refreshed = 0
+        batch: list[Registration] = []
+        for reg in registrations:
+            batch.append(reg)
+            if len(batch) == LOOKUP_CHUNK:
+                refreshed += await self._refresh_chunk(batch)
+                batch = []
+        if batch:
+            refreshed += await self._refresh_chunk(batch)
+        return refreshed
+
+    async def _refresh_chunk(self, batch: Sequence[Registration]) -> int:
+        now = self._clock.now_ms()
+        value = self._value(now)
+        pipe = self._redis.pipeline(transaction=False)
+        for reg in batch:
+            await self._upsert(
+                keys=[self._keys.route(reg.uid)],
+                args=[reg.conn_id, value, now, self._ttl_ms],
+                client=pipe,  # type: ignore[arg-type]  # redis-py runs scripts in pipelines
+            )
+        results = await pipe.execute()
+        return sum(1 for r in results if r == 1)
+
+    @translate_errors
+    async def lookup(self, uids: Sequence[str]) -> dict[str, list[Route]]:
+        """Live routes of each uid (absent when offline): one round trip per 1000 uids."""
+        found: dict[str, list[Route]] = {}
+        for start in range(0, len(uids), LOOKUP_CHUNK):
+            chunk = uids[start : start + LOOKUP_CHUNK]
+            pipe = self._redis.pipeline(transaction=False)
+            for uid in chunk:
+                pipe.hgetall(self._keys.route(uid))
+            results: list[Mapping[str, str]] = await pipe.execute()
+            now = self._clock.now_ms()
+            for uid, fields in zip(chunk, results, strict=True):
+                routes = [
+                    route
+                    for conn_id, value in fields.items()
+                    if (route := decode_route(uid, conn_id, value)) and route.expires_ms > now
+                ]
+                if routes:
+                    found[uid] = routes
+        return found
+
+    @translate_errors
+    async def remove(self, routes: Iterable[Route]) -> None:
+        """Delete these exact routes (by connection id), in one round trip."""
+        pipe = self._redis.pipeline(transaction=False)
+        count = 0
+        for route in routes:
+            pipe.hdel(self._keys.route(route.uid), route.conn_id)
+            count += 1
+        if count:
+            await pipe.execute()

@@ -1,0 +1,121 @@
+"""Settings, read once at an entry point from `IMROUTE_*` variables and flags."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Self
+from urllib.parse import urlsplit
+
+from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from shared.errors import ConfigError
+from shared.keys import ID_PATTERN
+
+__all__ = ["ENV_PREFIX", "Settings", "redact_url"]
+
+ENV_PREFIX = "IMROUTE_"
+
+
+class Settings(BaseSettings):
+    """Every setting of every imroute process; each entry point uses what it needs."""
+
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="forbid", frozen=True)
+
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    redis_prefix: str = Field("imroute:", min_length=1, max_length=64)
+    api_key: SecretStr | None = None
+    secret: SecretStr | None = None
+
+    # push service
+    host: str = "127.0.0.1"
+    port: int = Field(8080, ge=0, le=65535)
+    deliver_timeout_s: float = Field(2.0, gt=0, le=60)
+    gateway_cache_s: float = Field(1.0, ge=0, le=60)
+
+    # gateway
+    gateway_id: str = "gw1"
+    group_id: str = "g1"
+    ws_host: str = "127.0.0.1"
+    ws_port: int = Field(8101, ge=0, le=65535)
+    grpc_host: str = "127.0.0.1"
+    grpc_port: int = Field(9101, ge=0, le=65535)
+    advertise_host: str | None = None
+    ws_public_url: str | None = None
+    route_ttl_s: float = Field(60.0, ge=1, le=3600)
+    heartbeat_s: float = Field(2.0, gt=0, le=600)
+    max_write_buffer: int = Field(1 << 20, ge=1024)
+
+    log_level: str = "info"
+
+    @field_validator("gateway_id", "group_id")
+    @classmethod
+    def _id(cls, value: str) -> str:
+        if not ID_PATTERN.fullmatch(value):
+            raise ValueError("must be 1-64 characters of letters, digits, '_', '.' or '-'")
+        return value
+
+    @field_validator("redis_url")
+    @classmethod
+    def _redis_url(cls, value: str) -> str:
+        if not value.startswith(("redis://", "rediss://", "unix://", "redis+cluster://")):
+            raise ValueError("must start with redis://, rediss://, unix:// or redis+cluster://")
+        return value
+
+    @field_validator("log_level")
+    @classmethod
+    def _log_level(cls, value: str) -> str:
+        if value.lower() not in {"debug", "info", "warning", "error"}:
+            raise ValueError("must be one of debug, info, warning, error")
+        return value.lower()
+
+    @field_validator("api_key", "secret")
+    @classmethod
+    def _secret_len(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is not None and len(value.get_secret_value()) < 16:
+            raise ValueError("must be at least 16 characters")
+        return value
+
+    @model_validator(mode="after")
+    def _heartbeat_below_ttl(self) -> Self:
+        if self.heartbeat_s * 2 > self.route_ttl_s:
+            raise ValueError(
+                f"heartbeat_s ({self.heartbeat_s}) must be at most half of "
+                f"route_ttl_s ({self.route_ttl_s}) so routes outlive one missed heartbeat"
+            )
+        return self
+
+    @classmethod
+    def load(cls, environ: Mapping[str, str], **overrides: Any) -> Settings:
+        """Build settings from `environ` (IMROUTE_*) with `overrides` (flags) on top.
+
+        Raises ConfigError naming the variable when a value is bad.
+        """
+        values: dict[str, Any] = {}
+        for name in cls.model_fields:
+            key = ENV_PREFIX + name.upper()
+            if key in environ:
+                values[name] = environ[key]
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        try:
+            return cls.model_validate(values)
+        except ValidationError as exc:
+            raise ConfigError(_describe(exc)) from None
+
+
+def _describe(exc: ValidationError) -> str:
+    problems = []
+    for err in exc.errors(include_input=False, include_url=False):
+        loc = ".".join(str(p) for p in err["loc"])
+        name = f"{ENV_PREFIX}{loc.upper()}" if loc else "settings"
+        problems.append(f"{name}: {err['msg']}")
+    return "invalid configuration: " + "; ".join(problems)
+
+
+def redact_url(url: str) -> str:
+    """`url` with its password replaced by ***, for messages and logs."""
+    parts = urlsplit(url)
+    if parts.password:
+        netloc = parts.netloc.replace(f":{parts.password}@", ":***@")
+        return parts._replace(netloc=netloc).geturl()
+    return url

@@ -1,0 +1,57 @@
+"""Wire formats on the client WebSocket: the push frame and the client's control frames.
+
+The push frame's JSON is built once per message and wrapped in a WebSocket frame
+once; the gateway then writes the same bytes to every recipient's transport.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from typing import Any
+
+from shared.errors import InvalidInput
+from shared.models import Message
+
+__all__ = [
+    "PONG_FRAME",
+    "encode_push_json",
+    "parse_client_frame",
+    "ws_text_frame",
+]
+
+
+def encode_push_json(message: Message) -> bytes:
+    """The client-facing JSON of a push; `content_json` is copied verbatim."""
+    head = (
+        f'{{"type":"push","msg_id":{json.dumps(message.msg_id)},'
+        f'"push_id":{json.dumps(message.push_id)},"msg_type":{int(message.msg_type)},'
+        f'"from":{json.dumps(message.sender)},"content":'
+    )
+    return b"".join((head.encode(), message.content_json, b',"ts":%d}' % message.ts_ms))
+
+
+def ws_text_frame(payload: bytes) -> bytes:
+    """One unmasked, final WebSocket text frame (RFC 6455 5.2), as a server sends it."""
+    n = len(payload)
+    if n < 126:
+        header = struct.pack("!BB", 0x81, n)
+    elif n < 1 << 16:
+        header = struct.pack("!BBH", 0x81, 126, n)
+    else:
+        header = struct.pack("!BBQ", 0x81, 127, n)
+    return header + payload
+
+
+PONG_FRAME = ws_text_frame(b'{"type":"pong"}')
+
+
+def parse_client_frame(text: str) -> str:
+    """Return the type of a client frame; raise InvalidInput for anything else."""
+    try:
+        frame: Any = json.loads(text)
+    except ValueError:
+        raise InvalidInput("frame", "not JSON") from None
+    if not isinstance(frame, dict) or frame.get("type") != "ping":
+        raise InvalidInput("frame", 'only {"type":"ping"} is accepted from clients')
+    return "ping"

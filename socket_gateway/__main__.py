@@ -1,0 +1,74 @@
+"""`python -m socket_gateway` (also `imroute gateway`): run one gateway until SIGTERM/SIGINT."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import logging
+import os
+import signal
+import sys
+from collections.abc import Sequence
+
+from shared.errors import ImrouteError
+from shared.settings import Settings
+from socket_gateway.app import Gateway
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="imroute gateway", description="Run one socket gateway.")
+    p.add_argument("--id", dest="gateway_id", help="gateway id (IMROUTE_GATEWAY_ID)")
+    p.add_argument("--group", dest="group_id", help="group id (IMROUTE_GROUP_ID)")
+    p.add_argument("--ws-host", help="WebSocket bind host (IMROUTE_WS_HOST)")
+    p.add_argument("--ws-port", type=int, help="WebSocket port (IMROUTE_WS_PORT)")
+    p.add_argument("--grpc-host", help="gRPC bind host (IMROUTE_GRPC_HOST)")
+    p.add_argument("--grpc-port", type=int, help="gRPC port (IMROUTE_GRPC_PORT)")
+    p.add_argument("--advertise-host", help="host others reach this gateway at")
+    p.add_argument("--route-ttl", dest="route_ttl_s", type=float, help="route TTL in seconds")
+    p.add_argument("--heartbeat", dest="heartbeat_s", type=float, help="fleet heartbeat seconds")
+    p.add_argument("--redis-url", help="Redis URL (IMROUTE_REDIS_URL)")
+    return p.parse_args(argv)
+
+
+async def serve(settings: Settings) -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    async with Gateway(settings) as gw:
+        # Long-lived start-up objects never become garbage: keep the collector off them,
+        # so full collections do not walk them during fan-out.
+        gc.collect()
+        gc.freeze()
+        print(
+            f"gateway {settings.gateway_id} group={settings.group_id} ready "
+            f"ws={gw.info.ws_url} grpc={gw.info.grpc_address}",
+            flush=True,
+        )
+        await stop.wait()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        settings = Settings.load(os.environ, **vars(args))
+    except ImrouteError as exc:
+        print(f"imroute gateway: {exc}", file=sys.stderr)
+        return 2
+    logging.basicConfig(
+        level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s"
+    )
+    try:
+        asyncio.run(serve(settings))
+    except ImrouteError as exc:
+        print(f"imroute gateway: {exc}", file=sys.stderr)
+        return 1
+    except OSError as exc:
+        print(f"imroute gateway: cannot listen: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,185 @@
+"""One gateway process: the WebSocket endpoint, the gRPC service and the heartbeats."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import socket
+from collections.abc import Awaitable, Callable
+from contextlib import AsyncExitStack
+from types import TracebackType
+
+import grpc.aio
+from websockets.asyncio.server import Server
+
+from router.fleet import RedisGatewayFleet
+from router.redis_client import RedisClient, connect_redis, ping
+from router.registry import RedisRouteRegistry
+from shared.clock import Clock, SystemClock
+from shared.errors import ConfigError, ImrouteError, RegistryUnavailable
+from shared.ids import ConnIdFactory
+from shared.keys import KeySchema
+from shared.models import GatewayInfo
+from shared.settings import Settings, redact_url
+from socket_gateway.connections import LocalConnections
+from socket_gateway.grpc_server import DeliverService, start_grpc_server
+from socket_gateway.ws_server import WsEndpoint
+
+__all__ = ["Gateway"]
+
+log = logging.getLogger(__name__)
+
+# The fleet record lapses after this many missed heartbeats.
+FLEET_TTL_HEARTBEATS = 3
+
+
+class Gateway:
+    """`async with Gateway(settings) as gw:` serves until the block exits."""
+
+    def __init__(self, settings: Settings, clock: Clock | None = None) -> None:
+        if settings.secret is None:
+            raise ConfigError("IMROUTE_SECRET: required by the gateway to verify client tokens")
+        self.settings = settings
+        self.clock = clock or SystemClock()
+        self.conns = LocalConnections(max_buffer=settings.max_write_buffer)
+        self.deliver_service = DeliverService(self.conns)
+        self.ws_port = 0
+        self.grpc_port = 0
+        self._stack = AsyncExitStack()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._ws: WsEndpoint | None = None
+        self._ws_server: Server | None = None
+        self._grpc: grpc.aio.Server | None = None
+        self._redis: RedisClient | None = None
+        self.registry: RedisRouteRegistry | None = None
+        self.fleet: RedisGatewayFleet | None = None
+        self._started_ms = 0
+
+    @property
+    def info(self) -> GatewayInfo:
+        s = self.settings
+        host = self._advertise_host()
+        ws_url = s.ws_public_url or f"ws://{_hostport(host, self.ws_port)}/ws"
+        return GatewayInfo(
+            s.gateway_id,
+            s.group_id,
+            ws_url,
+            _hostport(host, self.grpc_port),
+            len(self.conns),
+            self._started_ms,
+        )
+
+    def _advertise_host(self) -> str:
+        s = self.settings
+        if s.advertise_host:
+            return s.advertise_host
+        if s.grpc_host in ("0.0.0.0", "::", ""):
+            return socket.gethostbyname(socket.gethostname())
+        return s.grpc_host
+
+    async def __aenter__(self) -> Gateway:
+        try:
+            await self._start()
+        except BaseException:
+            await self._stack.aclose()
+            raise
+        return self
+
+    async def _start(self) -> None:
+        s = self.settings
+        redis = await self._stack.enter_async_context(connect_redis(s.redis_url))
+        if not await ping(redis):
+            raise RegistryUnavailable(
+                f"no Redis answers at IMROUTE_REDIS_URL ({redact_url(s.redis_url)})"
+            )
+        self._redis = redis
+        keys = KeySchema(s.redis_prefix)
+
+        self._grpc, self.grpc_port = await start_grpc_server(
+            self.deliver_service, s.grpc_host, s.grpc_port
+        )
+        self._stack.push_async_callback(self._grpc.stop, 5)
+
+        self._started_ms = self.clock.now_ms()
+        self.registry = RedisRouteRegistry(
+            redis,
+            keys,
+            self.clock,
+            ttl_s=s.route_ttl_s,
+            gateway_id=s.gateway_id,
+            group_id=s.group_id,
+            ip=self._advertise_host(),
+            port=self.grpc_port,
+        )
+        self.fleet = RedisGatewayFleet(
+            redis, keys, self.clock, s.heartbeat_s * FLEET_TTL_HEARTBEATS
+        )
+        assert s.secret is not None
+        self._ws = WsEndpoint(
+            self.conns,
+            s.secret.get_secret_value(),
+            self.clock,
+            ConnIdFactory(s.gateway_id),
+            self.registry.register,
+            self.registry.unregister,
+        )
+        self._ws_server = await self._ws.serve(s.ws_host, s.ws_port)
+        self.ws_port = self._ws_server.sockets[0].getsockname()[1]
+        # Announced only once both servers listen, so no route points at a dead port.
+        await self.fleet.announce(self.info)
+        self._stack.push_async_callback(self._shutdown)
+        self._tasks = [
+            asyncio.create_task(self._loop(s.heartbeat_s, self._announce), name="fleet-heartbeat"),
+            asyncio.create_task(self._loop(s.route_ttl_s / 3, self._refresh), name="route-refresh"),
+        ]
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self._stack.aclose()
+
+    async def _shutdown(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        assert self._ws is not None and self._ws_server is not None
+        assert self.fleet is not None and self.registry is not None
+        self._ws.accepting = False
+        # Withdraw first so the router stops choosing this gateway, then say goodbye (1001).
+        with contextlib.suppress(ImrouteError):
+            await self.fleet.withdraw(self.settings.gateway_id)
+        self._ws_server.close(close_connections=True)
+        await self._ws_server.wait_closed()
+        with contextlib.suppress(ImrouteError):
+            await self.registry.unregister_many(self.conns.registrations())
+
+    async def _loop(self, interval: float, beat: Callable[[], Awaitable[None]]) -> None:
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                await beat()
+            except ImrouteError as exc:
+                log.warning("heartbeat failed, retrying in %.1fs: %s", interval, exc)
+
+    async def _announce(self) -> None:
+        assert self.fleet is not None
+        await self.fleet.announce(self.info)
+
+    async def _refresh(self) -> None:
+        assert self.registry is not None
+        snapshot = self.conns.registrations()
+        await self.registry.refresh(snapshot)
+        # A client that left while the refresh was in flight must not stay routed.
+        gone = [r for r in snapshot if not self.conns.holds_registration(r)]
+        if gone:
+            await self.registry.unregister_many(gone)
+
+
+def _hostport(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
