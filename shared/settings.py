@@ -69,11 +69,19 @@ class Settings(BaseSettings):
             raise ValueError("must be one of debug, info, warning, error")
         return value.lower()
 
-    @field_validator("api_key", "secret")
+    @field_validator("api_key")
     @classmethod
-    def _secret_len(cls, value: SecretStr | None) -> SecretStr | None:
+    def _api_key_len(cls, value: SecretStr | None) -> SecretStr | None:
         if value is not None and len(value.get_secret_value()) < 16:
             raise ValueError("must be at least 16 characters")
+        return value
+
+    @field_validator("secret")
+    @classmethod
+    def _secret_len(cls, value: SecretStr | None) -> SecretStr | None:
+        # RFC 7518 3.2: an HS256 key must be at least as long as the hash (32 bytes).
+        if value is not None and len(value.get_secret_value().encode()) < 32:
+            raise ValueError("must be at least 32 bytes (an HS256 key, RFC 7518 3.2)")
         return value
 
     @model_validator(mode="after")

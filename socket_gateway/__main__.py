@@ -11,7 +11,7 @@ import signal
 import sys
 from collections.abc import Sequence
 
-from shared.errors import ImrouteError
+from shared.errors import ConfigError, ImrouteError
 from shared.settings import Settings
 from socket_gateway.app import Gateway
 
@@ -61,6 +61,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     try:
         asyncio.run(serve(settings))
+    except ConfigError as exc:
+        print(f"imroute gateway: {exc}", file=sys.stderr)
+        return 2
     except ImrouteError as exc:
         print(f"imroute gateway: {exc}", file=sys.stderr)
         return 1

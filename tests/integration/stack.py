@@ -1,0 +1,90 @@
+"""In-process pieces on real sockets: gateways, the push API, WebSocket clients."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import httpx
+from websockets.asyncio.client import ClientConnection, connect
+
+from push_service.app import create_app
+from shared.auth import issue_token
+from shared.clock import SystemClock
+from shared.settings import Settings
+from socket_gateway.app import Gateway
+from tests.conftest import API_KEY, SECRET
+
+AUTH = {"Authorization": f"Bearer {API_KEY}"}
+
+
+def settings(redis_url: str, prefix: str, **overrides: Any) -> Settings:
+    base: dict[str, Any] = {
+        "redis_url": redis_url,
+        "redis_prefix": prefix,
+        "api_key": API_KEY,
+        "secret": SECRET,
+        "ws_port": 0,
+        "grpc_port": 0,
+        "deliver_timeout_s": 2.0,
+        "gateway_cache_s": 0,
+    }
+    base.update(overrides)
+    return Settings.load({}, **base)
+
+
+@asynccontextmanager
+async def gateway(
+    redis_url: str, prefix: str, gid: str, group: str, **kw: Any
+) -> AsyncIterator[Gateway]:
+    async with Gateway(settings(redis_url, prefix, gateway_id=gid, group_id=group, **kw)) as gw:
+        yield gw
+
+
+@asynccontextmanager
+async def api(redis_url: str, prefix: str, **kw: Any) -> AsyncIterator[httpx.AsyncClient]:
+    app = create_app(settings(redis_url, prefix, **kw))
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://push") as client:
+            yield client
+
+
+def token(uid: str, ttl: int = 3600) -> str:
+    return issue_token(SECRET, uid, ttl, SystemClock())
+
+
+@asynccontextmanager
+async def client(gw: Gateway, uid: str) -> AsyncIterator[ClientConnection]:
+    """A real WebSocket client connected as `uid` and registered in Redis."""
+    async with connect(f"ws://127.0.0.1:{gw.ws_port}/ws?token={token(uid)}") as ws:
+        await wait_for(lambda: any(c.uid == uid for c in gw.conns), what=f"{uid} registered")
+        # The route is in Redis once the handler's register call returned.
+        await asyncio.sleep(0.05)
+        yield ws
+
+
+async def wait_for(cond: Any, what: str, timeout: float = 5.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not cond():
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.01)
+
+
+async def recv_json(ws: ClientConnection, timeout: float = 3.0) -> dict[str, Any]:
+    data = await asyncio.wait_for(ws.recv(), timeout)
+    assert isinstance(data, str), "pushes are text frames"
+    frame: dict[str, Any] = json.loads(data)
+    return frame
+
+
+async def nothing_more(ws: ClientConnection, wait: float = 0.3) -> bool:
+    try:
+        await asyncio.wait_for(ws.recv(), wait)
+    except TimeoutError:
+        return True
+    return False

@@ -1,0 +1,135 @@
+"""Bad input at the HTTP edge: clear 4xx JSON errors, and nothing is sent."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from tests.conftest import API_KEY
+from tests.integration.stack import AUTH, api, client, gateway, nothing_more
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ({"content": 1}, "body.to"),
+        ({"to": [], "content": 1}, "body.to"),
+        ({"to": [""], "content": 1}, "body.to.0"),
+        ({"to": ["x" * 129], "content": 1}, "body.to.0"),
+        ({"to": ["alice", "alice"], "content": 1}, "body.to"),
+        ({"to": "alice", "content": 1}, "body.to"),
+        ({"to": ["alice"]}, "body.content"),
+        ({"to": ["alice"], "content": 1, "msg_type": "x"}, "body.msg_type"),
+        ({"to": ["alice"], "content": 1, "msg_type": -1}, "body.msg_type"),
+        ({"to": ["alice"], "content": 1, "from": ""}, "body.from"),
+        ({"to": ["alice"], "content": 1, "extra": True}, "body.extra"),
+        ({"to": [f"u{i}" for i in range(1001)], "content": 1}, "body.to"),
+    ],
+)
+async def test_malformed_push_is_422_naming_the_field(
+    redis_url: str, prefix: str, redis: object, body: dict[str, Any], field: str
+) -> None:
+    async with gateway(redis_url, prefix, "gw1", "g1") as gw, api(redis_url, prefix) as http:
+        async with client(gw, "alice") as ws:
+            resp = await http.post("/v1/push", json=body, headers=AUTH)
+            assert resp.status_code == 422, resp.text
+            payload = resp.json()
+            assert payload["error"] == "invalid_request"
+            assert field in [d["field"] for d in payload["detail"]], payload
+            assert gw.deliver_service.calls == 0
+            assert await nothing_more(ws, 0.1)
+
+
+async def test_invalid_json_is_422(redis_url: str, prefix: str, redis: object) -> None:
+    async with api(redis_url, prefix) as http:
+        resp = await http.post(
+            "/v1/push",
+            content=b'{"to": ["a"], "content": ',
+            headers={**AUTH, "Content-Type": "application/json"},
+        )
+        assert resp.status_code == 422
+        assert resp.json()["error"] == "invalid_request"
+        resp = await http.post(
+            "/v1/push",
+            content=b'{"to": ["a"], "content": NaN}',
+            headers={**AUTH, "Content-Type": "application/json"},
+        )
+        assert resp.status_code == 422
+        assert resp.json()["detail"][0]["field"] == "content"
+
+
+async def test_oversized_content_is_413_and_not_sent(
+    redis_url: str, prefix: str, redis: object
+) -> None:
+    async with gateway(redis_url, prefix, "gw1", "g1") as gw, api(redis_url, prefix) as http:
+        async with client(gw, "alice") as ws:
+            resp = await http.post(
+                "/v1/push", json={"to": ["alice"], "content": "x" * (64 * 1024)}, headers=AUTH
+            )
+            assert resp.status_code == 413
+            assert resp.json()["detail"][0]["field"] == "content"
+            # Just under the limit once encoded (two quotes) is fine.
+            ok = await http.post(
+                "/v1/push", json={"to": ["alice"], "content": "x" * (64 * 1024 - 2)}, headers=AUTH
+            )
+            assert ok.status_code == 200
+            assert gw.deliver_service.calls == 1
+            frame = await ws.recv()
+            assert len(frame) > 64 * 1024
+            assert await nothing_more(ws, 0.1)
+
+
+async def test_huge_body_is_413_before_parsing(redis_url: str, prefix: str, redis: object) -> None:
+    async with api(redis_url, prefix) as http:
+        resp = await http.post(
+            "/v1/push",
+            content=b'{"to":["a"],"content":"' + b"x" * (2 << 20) + b'"}',
+            headers={**AUTH, "Content-Type": "application/json"},
+        )
+        assert resp.status_code == 413
+        assert resp.json()["error"] == "payload_too_large"
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [
+        {},
+        {"Authorization": "Bearer wrong-key-000000000"},
+        {"Authorization": API_KEY},
+        {"Authorization": "Basic x"},
+    ],
+)
+async def test_missing_or_wrong_api_key_is_401(
+    redis_url: str, prefix: str, redis: object, headers: dict[str, str]
+) -> None:
+    async with api(redis_url, prefix) as http:
+        for method, path in [
+            ("POST", "/v1/push"),
+            ("GET", "/v1/gateways"),
+            ("GET", "/v1/users/alice/route"),
+        ]:
+            resp = await http.request(
+                method, path, headers=headers, json={"to": ["a"], "content": 1}
+            )
+            assert resp.status_code == 401, (path, resp.text)
+            assert resp.json()["error"] == "unauthorized"
+            assert resp.headers["www-authenticate"] == "Bearer"
+
+
+async def test_healthz_needs_no_key_and_tracks_redis(
+    redis_url: str, prefix: str, redis: object
+) -> None:
+    async with api(redis_url, prefix) as http:
+        resp = await http.get("/healthz")
+        assert resp.status_code == 200 and resp.json() == {"status": "ok"}
+        assert (await http.get("/docs")).status_code == 200
+        assert (await http.get("/openapi.json")).json()["paths"]["/v1/push"]
+    async with api("redis://127.0.0.1:1/0", prefix) as http:
+        resp = await http.get("/healthz")
+        assert resp.status_code == 503
+        push = await http.post("/v1/push", json={"to": ["a"], "content": 1}, headers=AUTH)
+        assert push.status_code == 503
+        assert "nothing was sent" in push.json()["detail"]

@@ -1,0 +1,247 @@
+"""P2P end to end: push API -> Redis routes -> gRPC Deliver -> real WebSocket clients."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from contextlib import AsyncExitStack
+
+import pytest
+from websockets.asyncio.client import connect
+from websockets.exceptions import ConnectionClosed
+
+from shared.keys import KeySchema
+from tests.integration.stack import (
+    AUTH,
+    api,
+    client,
+    gateway,
+    nothing_more,
+    recv_json,
+    token,
+    wait_for,
+)
+
+pytestmark = pytest.mark.integration
+
+
+async def test_push_reaches_the_client_exactly_once(
+    redis_url: str, prefix: str, redis: object
+) -> None:
+    async with gateway(redis_url, prefix, "gw1", "g1") as gw, api(redis_url, prefix) as http:
+        async with client(gw, "alice") as ws:
+            resp = await http.post(
+                "/v1/push",
+                json={"to": ["alice"], "content": {"text": "hi", "n": [1, 2]}, "msg_type": 3},
+                headers=AUTH,
+            )
+            assert resp.status_code == 200, resp.text
+            body = resp.json()
+            assert body["delivered"] == ["alice"]
+            assert body["offline"] == [] and body["failed"] == []
+            frame = await recv_json(ws)
+            assert frame == {
+                "type": "push",
+                "msg_id": body["msg_id"],
+                "push_id": body["push_id"],
+                "msg_type": 3,
+                "from": "admin",
+                "content": {"text": "hi", "n": [1, 2]},
+                "ts": frame["ts"],
+            }
+            assert isinstance(frame["ts"], int) and frame["ts"] > 1_700_000_000_000
+            assert await nothing_more(ws)
+            assert gw.deliver_service.calls == 1
+
+
+async def test_two_devices_of_one_user_both_get_it(
+    redis_url: str, prefix: str, redis: object
+) -> None:
+    async with (
+        gateway(redis_url, prefix, "gw1", "g1") as gw1,
+        gateway(redis_url, prefix, "gw2", "g2") as gw2,
+        api(redis_url, prefix) as http,
+        client(gw1, "alice") as phone,
+        client(gw1, "alice") as tablet,
+        client(gw2, "alice") as laptop,
+    ):
+        resp = await http.post("/v1/push", json={"to": ["alice"], "content": "x"}, headers=AUTH)
+        assert resp.json()["delivered"] == ["alice"]
+        frames = [await recv_json(ws) for ws in (phone, tablet, laptop)]
+        assert {f["msg_id"] for f in frames} == {resp.json()["msg_id"]}
+        for ws in (phone, tablet, laptop):
+            assert await nothing_more(ws, 0.2)
+        assert (gw1.deliver_service.calls, gw2.deliver_service.calls) == (1, 1)
+
+
+async def test_one_deliver_call_per_gateway_across_two_groups(
+    redis_url: str, prefix: str, redis: object
+) -> None:
+    async with (
+        gateway(redis_url, prefix, "gw1", "g1") as gw1,
+        gateway(redis_url, prefix, "gw2", "g2") as gw2,
+        api(redis_url, prefix) as http,
+    ):
+        names1 = [f"a{i}" for i in range(5)]
+        names2 = [f"b{i}" for i in range(5)]
+        async with AsyncExitStack() as stack:
+            sockets = [await stack.enter_async_context(client(gw1, n)) for n in names1]
+            sockets += [await stack.enter_async_context(client(gw2, n)) for n in names2]
+            resp = await http.post(
+                "/v1/push",
+                json={"to": [*names1, *names2, "nobody"], "content": {"k": 1}},
+                headers=AUTH,
+            )
+            body = resp.json()
+            assert sorted(body["delivered"]) == sorted(names1 + names2)
+            assert body["offline"] == ["nobody"]
+            for ws in sockets:
+                assert (await recv_json(ws))["msg_id"] == body["msg_id"]
+            assert (gw1.deliver_service.calls, gw2.deliver_service.calls) == (1, 1)
+            routes = await http.get("/v1/users/b3/route", headers=AUTH)
+            assert routes.json()["routes"][0]["group_id"] == "g2"
+
+
+async def test_offline_user_is_reported(redis_url: str, prefix: str, redis: object) -> None:
+    async with gateway(redis_url, prefix, "gw1", "g1") as gw, api(redis_url, prefix) as http:
+        resp = await http.post("/v1/push", json={"to": ["ghost"], "content": 1}, headers=AUTH)
+        assert resp.status_code == 200
+        assert resp.json()["offline"] == ["ghost"] and resp.json()["delivered"] == []
+        assert gw.deliver_service.calls == 0
+
+
+async def test_disconnect_removes_the_route(redis_url: str, prefix: str, redis: object) -> None:
+    async with gateway(redis_url, prefix, "gw1", "g1") as gw, api(redis_url, prefix) as http:
+        async with client(gw, "alice"):
+            route = (await http.get("/v1/users/alice/route", headers=AUTH)).json()
+            assert route["online"] is True
+            assert route["routes"] == [
+                {"gateway_id": "gw1", "group_id": "g1", "ip": "127.0.0.1", "port": gw.grpc_port}
+            ]
+        await wait_for(lambda: len(gw.conns) == 0, "local removal")
+        await asyncio.sleep(0.1)
+        route = (await http.get("/v1/users/alice/route", headers=AUTH)).json()
+        assert route == {"uid": "alice", "online": False, "routes": []}
+
+
+async def test_gateways_are_listed(redis_url: str, prefix: str, redis: object) -> None:
+    async with (
+        gateway(redis_url, prefix, "gw1", "g1") as gw1,
+        gateway(redis_url, prefix, "gw2", "g2"),
+        api(redis_url, prefix) as http,
+    ):
+        listed = (await http.get("/v1/gateways", headers=AUTH)).json()["gateways"]
+        assert [(g["gateway_id"], g["group_id"]) for g in listed] == [("gw1", "g1"), ("gw2", "g2")]
+        assert listed[0]["ws_url"] == f"ws://127.0.0.1:{gw1.ws_port}/ws"
+        assert listed[0]["grpc_address"] == f"127.0.0.1:{gw1.grpc_port}"
+    async with api(redis_url, prefix) as http:
+        # Withdrawn on clean shutdown.
+        assert (await http.get("/v1/gateways", headers=AUTH)).json() == {"gateways": []}
+
+
+@pytest.mark.parametrize("bad", ["none", "garbage", "expired", "wrong-secret"])
+async def test_bad_tokens_close_4401_before_registering(
+    redis_url: str, prefix: str, redis: object, bad: str
+) -> None:
+    import jwt
+
+    tokens = {
+        "none": "",
+        "garbage": "?token=not.a.jwt",
+        "expired": f"?token={token('alice', ttl=1)}",
+        "wrong-secret": "?token=" + jwt.encode({"sub": "alice", "exp": 2**40}, "w" * 32, "HS256"),
+    }
+    if bad == "expired":
+        await asyncio.sleep(1.1)
+    async with gateway(redis_url, prefix, "gw1", "g1") as gw:
+        async with connect(f"ws://127.0.0.1:{gw.ws_port}/ws{tokens[bad]}") as ws:
+            with pytest.raises(ConnectionClosed) as closed:
+                await asyncio.wait_for(ws.recv(), 3)
+        assert closed.value.rcvd is not None and closed.value.rcvd.code == 4401
+        assert len(gw.conns) == 0
+        assert await redis.exists(KeySchema(prefix).route("alice")) == 0  # type: ignore[attr-defined]
+
+
+async def test_ping_pong_and_junk_frames(redis_url: str, prefix: str, redis: object) -> None:
+    async with gateway(redis_url, prefix, "gw1", "g1") as gw, api(redis_url, prefix) as http:
+        async with client(gw, "bystander") as bystander:
+            for junk, code in [("not json", 1008), ('{"type":"push"}', 1008), (b"\x00\x01", 1003)]:
+                async with client(gw, "junky") as ws:
+                    await ws.send('{"type":"ping"}')
+                    assert await recv_json(ws) == {"type": "pong"}
+                    await ws.send(junk)
+                    with pytest.raises(ConnectionClosed) as closed:
+                        await asyncio.wait_for(ws.recv(), 3)
+                    assert closed.value.rcvd is not None and closed.value.rcvd.code == code
+            async with client(gw, "junky") as ws:
+                await ws.send("x" * 10_000)  # over the client frame limit
+                with pytest.raises(ConnectionClosed) as closed:
+                    await asyncio.wait_for(ws.recv(), 3)
+                assert closed.value.rcvd is not None and closed.value.rcvd.code == 1009
+            # The bystander is unaffected and still reachable.
+            await bystander.send('{"type":"ping"}')
+            assert await recv_json(bystander) == {"type": "pong"}
+            resp = await http.post(
+                "/v1/push", json={"to": ["bystander"], "content": 1}, headers=AUTH
+            )
+            assert resp.json()["delivered"] == ["bystander"]
+            assert (await recv_json(bystander))["content"] == 1
+
+
+async def test_wrong_path_is_404(redis_url: str, prefix: str, redis: object) -> None:
+    from websockets.exceptions import InvalidStatus
+
+    async with gateway(redis_url, prefix, "gw1", "g1") as gw:
+        with pytest.raises(InvalidStatus) as info:
+            async with connect(f"ws://127.0.0.1:{gw.ws_port}/other?token={token('a')}"):
+                pass
+        assert info.value.response.status_code == 404
+
+
+async def test_unreachable_gateway_is_reported_not_dropped(
+    redis_url: str, prefix: str, redis: object
+) -> None:
+    async with (
+        gateway(redis_url, prefix, "gw1", "g1") as gw1,
+        api(redis_url, prefix, deliver_timeout_s=1.0) as http,client(gw1, "alice")
+    ):
+        # gw1's gRPC server dies while its routes and fleet record still look fine.
+        assert gw1._grpc is not None
+        await gw1._grpc.stop(None)
+        resp = await http.post(
+            "/v1/push", json={"to": ["alice", "bob"], "content": 1}, headers=AUTH
+        )
+        body = resp.json()
+        assert resp.status_code == 200
+        assert body["delivered"] == []
+        assert body["failed"] == ["alice"]
+        assert body["offline"] == ["bob"]
+        assert [e["gateway_id"] for e in body["errors"]] == ["gw1"]
+        assert "UNAVAILABLE" in body["errors"][0]["error"]
+
+
+async def test_routes_of_a_gateway_gone_from_the_fleet_are_skipped(
+    redis_url: str, prefix: str, redis: object
+) -> None:
+    async with gateway(redis_url, prefix, "gw1", "g1") as gw1, api(redis_url, prefix) as http:
+        async with client(gw1, "alice"):
+            assert gw1.fleet is not None
+            await gw1.fleet.withdraw("gw1")
+            resp = await http.post("/v1/push", json={"to": ["alice"], "content": 1}, headers=AUTH)
+            assert resp.json()["offline"] == ["alice"]
+            assert gw1.deliver_service.calls == 0
+
+
+async def test_push_body_is_json_encoded_once_and_unicode_survives(
+    redis_url: str, prefix: str, redis: object
+) -> None:
+    async with gateway(redis_url, prefix, "gw1", "g1") as gw, api(redis_url, prefix) as http:
+        async with client(gw, "ünï") as ws:
+            content = {"text": "héllo 👋", "nested": {"a": [None, True, 1.5]}}
+            resp = await http.post(
+                "/v1/push", json={"to": ["ünï"], "content": content, "from": "bot"}, headers=AUTH
+            )
+            assert resp.json()["delivered"] == ["ünï"]
+            frame = await recv_json(ws)
+            assert frame["content"] == content and frame["from"] == "bot"
+            assert json.dumps(frame)  # valid JSON all the way

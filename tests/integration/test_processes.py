@@ -1,0 +1,191 @@
+"""imroute as a user runs it: the CLI, the gateway process, and `imroute dev`."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import signal
+import subprocess
+import time
+import urllib.request
+
+import pytest
+import redis.asyncio as aioredis
+from websockets.asyncio.client import connect
+
+from shared.keys import KeySchema
+from tests.conftest import SECRET
+from tests.integration.procs import (
+    BIN,
+    alive,
+    base_env,
+    descendants,
+    free_port_block,
+    read_until,
+    running,
+)
+from tests.integration.stack import token
+
+pytestmark = pytest.mark.integration
+
+
+async def test_a_crashed_gateways_routes_expire(
+    redis_url: str, prefix: str, redis: aioredis.Redis
+) -> None:
+    env = base_env(IMROUTE_REDIS_URL=redis_url, IMROUTE_REDIS_PREFIX=prefix, IMROUTE_SECRET=SECRET)
+    argv = [
+        str(BIN / "imroute"),
+        "gateway",
+        "--id",
+        "gwc",
+        "--group",
+        "g1",
+        "--ws-port",
+        "0",
+        "--grpc-port",
+        "0",
+        "--route-ttl",
+        "2",
+        "--heartbeat",
+        "0.5",
+    ]
+    keys = KeySchema(prefix)
+    with running(argv, env) as proc:
+        ready = read_until(proc, "ready")[-1]
+        ws_url = re.search(r"ws=(\S+)", ready)
+        assert ws_url, ready
+        async with connect(f"{ws_url.group(1)}?token={token('crashy')}"):
+            for _ in range(100):
+                if await redis.hlen(keys.route("crashy")):
+                    break
+                await asyncio.sleep(0.02)
+            assert await redis.hlen(keys.route("crashy")) == 1
+            assert await redis.zscore(keys.gateways(), "gwc") is not None
+            proc.send_signal(signal.SIGKILL)  # no goodbye, no unregister
+            proc.wait(5)
+        # Still there right after the crash...
+        assert await redis.hlen(keys.route("crashy")) == 1
+        await asyncio.sleep(2.3)
+        # ...and gone by itself within one route TTL; the fleet record too.
+        assert await redis.exists(keys.route("crashy")) == 0
+        assert await redis.exists(keys.gateway("gwc")) == 0
+
+
+def test_token_command_and_its_errors() -> None:
+    ok = subprocess.run(
+        [str(BIN / "imroute"), "token", "alice", "--ttl", "60"],
+        env=base_env(IMROUTE_SECRET=SECRET),
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert ok.returncode == 0, ok.stderr
+    assert ok.stdout.count(".") == 2
+    missing = subprocess.run(
+        [str(BIN / "imroute"), "token", "alice"],
+        env=base_env(),
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert missing.returncode == 2
+    assert "IMROUTE_SECRET" in missing.stderr
+
+
+@pytest.mark.parametrize(
+    ("argv", "env", "named"),
+    [
+        (["gateway"], {"IMROUTE_SECRET": SECRET, "IMROUTE_WS_PORT": "high"}, "IMROUTE_WS_PORT"),
+        (["gateway"], {}, "IMROUTE_SECRET"),
+        (["gateway", "--id", "bad|id"], {"IMROUTE_SECRET": SECRET}, "IMROUTE_GATEWAY_ID"),
+        (["push-service"], {}, "IMROUTE_API_KEY"),
+        (
+            ["push-service"],
+            {"IMROUTE_API_KEY": "k" * 20, "IMROUTE_REDIS_URL": "http://x"},
+            "IMROUTE_REDIS_URL",
+        ),
+        (["dev", "--gateways", "0"], {}, "--gateways"),
+    ],
+)
+def test_bad_configuration_stops_with_a_message_naming_it(
+    argv: list[str], env: dict[str, str], named: str
+) -> None:
+    result = subprocess.run(
+        [str(BIN / "imroute"), *argv],
+        env=base_env(**env),
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    assert result.returncode == 2, (result.stdout, result.stderr)
+    assert named in result.stderr
+    assert SECRET not in result.stderr + result.stdout
+
+
+def test_gateway_without_redis_fails_clearly() -> None:
+    result = subprocess.run(
+        [str(BIN / "imroute"), "gateway", "--ws-port", "0", "--grpc-port", "0"],
+        env=base_env(IMROUTE_SECRET=SECRET, IMROUTE_REDIS_URL="redis://:pw-hunter2@127.0.0.1:1/0"),
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    assert result.returncode == 1
+    assert "IMROUTE_REDIS_URL" in result.stderr
+    assert "pw-hunter2" not in result.stderr
+
+
+async def test_imroute_dev_serves_a_push_end_to_end_and_stops_cleanly(prefix: str) -> None:
+    port = free_port_block([0, 1, 2, 1001, 1002])
+    # No Redis answers at this URL, so dev must start (and stop) an embedded one.
+    env = base_env(IMROUTE_REDIS_URL="redis://127.0.0.1:1/0", IMROUTE_REDIS_PREFIX=prefix)
+    argv = [str(BIN / "imroute"), "dev", "--port", str(port)]
+    with running(argv, env) as dev:
+        banner = "\n".join(read_until(dev, "Ctrl-C stops everything", timeout=60))
+        key = re.search(r"API key:\s+(\S+)", banner)
+        secret = re.search(r"secret:\s+(\S+)", banner)
+        assert key and secret, banner
+        assert "started an embedded one" in banner
+        gateways = re.findall(r"(gw\d) group=(g\d) ws=(\S+)", banner)
+        assert [(g, grp) for g, grp, _ in gateways] == [("gw1", "g1"), ("gw2", "g2")]
+        children = descendants(dev.pid)
+        assert len(children) >= 4  # push service, two gateways, redis-server
+
+        tok = subprocess.run(
+            [str(BIN / "imroute"), "token", "alice"],
+            env=base_env(IMROUTE_SECRET=secret.group(1)),
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+        async with connect(f"{gateways[1][2]}?token={tok}") as ws:
+            body = None
+            for _ in range(50):  # the route is written right after the handshake
+                request = urllib.request.Request(
+                    f"http://127.0.0.1:{port}/v1/push",
+                    data=json.dumps({"to": ["alice"], "content": {"text": "hi"}}).encode(),
+                    headers={
+                        "Authorization": f"Bearer {key.group(1)}",
+                        "Content-Type": "application/json",
+                    },
+                )
+                body = json.loads(
+                    await asyncio.to_thread(lambda r=request: urllib.request.urlopen(r).read())
+                )
+                if body["delivered"]:
+                    break
+                await asyncio.sleep(0.05)
+            assert body is not None and body["delivered"] == ["alice"]
+            frame = json.loads(await asyncio.wait_for(ws.recv(), 5))
+            assert frame["msg_id"] == body["msg_id"]
+            assert frame["content"] == {"text": "hi"}
+
+        dev.send_signal(signal.SIGINT)
+        assert dev.wait(20) == 0
+    deadline = time.monotonic() + 5
+    while any(alive(pid) for pid in children) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not [pid for pid in children if alive(pid)], "orphans left behind"

@@ -1,0 +1,135 @@
+"""The route registry against a real Redis."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+import redis.asyncio as aioredis
+
+from router.registry import LOOKUP_CHUNK, RedisRouteRegistry, Registration
+from shared.clock import ManualClock, SystemClock
+from shared.keys import KeySchema
+
+pytestmark = pytest.mark.integration
+
+
+def reg(
+    redis: Any, prefix: str, gw: str, clock: Any = None, ttl_s: float = 60
+) -> RedisRouteRegistry:
+    return RedisRouteRegistry(
+        redis,
+        KeySchema(prefix),
+        clock or SystemClock(),
+        ttl_s=ttl_s,
+        gateway_id=gw,
+        group_id=f"group-of-{gw}",
+        ip="127.0.0.1",
+        port=9000 + int(gw[-1]),
+    )
+
+
+async def test_register_lookup_unregister(redis: aioredis.Redis, prefix: str) -> None:
+    a = reg(redis, prefix, "gw1")
+    await a.register("alice", "gw1.x.1")
+    routes = await a.lookup(["alice", "bob"])
+    assert list(routes) == ["alice"]
+    (route,) = routes["alice"]
+    assert (route.gateway_id, route.group_id, route.port) == ("gw1", "group-of-gw1", 9001)
+    await a.unregister("alice", "gw1.x.1")
+    assert await a.lookup(["alice"]) == {}
+    assert await redis.exists(KeySchema(prefix).route("alice")) == 0
+
+
+async def test_multi_device_on_two_gateways(redis: aioredis.Redis, prefix: str) -> None:
+    a, b = reg(redis, prefix, "gw1"), reg(redis, prefix, "gw2")
+    await a.register("alice", "gw1.x.1")
+    await a.register("alice", "gw1.x.2")
+    await b.register("alice", "gw2.y.1")
+    routes = (await a.lookup(["alice"]))["alice"]
+    assert sorted(r.conn_id for r in routes) == ["gw1.x.1", "gw1.x.2", "gw2.y.1"]
+
+
+async def test_a_stale_unregister_leaves_the_newer_route(
+    redis: aioredis.Redis, prefix: str
+) -> None:
+    a, b = reg(redis, prefix, "gw1"), reg(redis, prefix, "gw2")
+    await a.register("alice", "gw1.x.1")
+    # alice reconnects on gw2 before gw1 notices the old connection is gone...
+    await b.register("alice", "gw2.y.1")
+    # ...then gw1's delayed disconnect arrives.
+    await a.unregister("alice", "gw1.x.1")
+    routes = (await b.lookup(["alice"]))["alice"]
+    assert [(r.gateway_id, r.conn_id) for r in routes] == [("gw2", "gw2.y.1")]
+
+
+async def test_routes_expire_by_deadline_and_key_ttl(redis: aioredis.Redis, prefix: str) -> None:
+    clock = ManualClock(wall_ms=SystemClock().now_ms())
+    dead = reg(redis, prefix, "gw1", clock, ttl_s=60)
+    live = reg(redis, prefix, "gw2", clock, ttl_s=60)
+    await dead.register("alice", "gw1.x.1")
+    await live.register("alice", "gw2.y.1")
+    key = KeySchema(prefix).route("alice")
+    assert 0 < await redis.pttl(key) <= 60_000
+
+    clock.advance(40)
+    await live.refresh([Registration("alice", "gw2.y.1")])  # gw2 heartbeats, gw1 crashed
+    clock.advance(30)
+    # gw1's route passed its own deadline although gw2 keeps the key alive.
+    routes = (await live.lookup(["alice"]))["alice"]
+    assert [r.gateway_id for r in routes] == ["gw2"]
+    # The next write drops the dead field from Redis as well.
+    await live.refresh([Registration("alice", "gw2.y.1")])
+    assert await redis.hkeys(key) == ["gw2.y.1"]
+
+
+async def test_key_vanishes_when_nobody_refreshes(redis: aioredis.Redis, prefix: str) -> None:
+    a = reg(redis, prefix, "gw1", ttl_s=1)
+    await a.register("alice", "gw1.x.1")
+    await asyncio.sleep(1.2)
+    assert await redis.exists(KeySchema(prefix).route("alice")) == 0
+    assert await a.lookup(["alice"]) == {}
+
+
+async def test_refresh_restores_routes_after_redis_lost_them(
+    redis: aioredis.Redis, prefix: str
+) -> None:
+    a = reg(redis, prefix, "gw1")
+    await a.register("alice", "gw1.x.1")
+    await redis.delete(KeySchema(prefix).route("alice"))  # e.g. a Redis restart without persistence
+    assert await a.refresh([Registration("alice", "gw1.x.1")]) == 1
+    assert "alice" in await a.lookup(["alice"])
+
+
+class CountingPipelines:
+    """Counts pipeline round trips made through a real client."""
+
+    def __init__(self, inner: aioredis.Redis) -> None:
+        self.inner = inner
+        self.executions = 0
+
+    def pipeline(self, transaction: bool = True) -> Any:
+        pipe = self.inner.pipeline(transaction=transaction)
+        real_execute = pipe.execute
+
+        async def execute(*args: Any, **kwargs: Any) -> Any:
+            self.executions += 1
+            return await real_execute(*args, **kwargs)
+
+        pipe.execute = execute  # type: ignore[method-assign]
+        return pipe
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+async def test_lookup_is_one_round_trip_per_1000_users(redis: aioredis.Redis, prefix: str) -> None:
+    writer = reg(redis, prefix, "gw1")
+    uids = [f"user{i}" for i in range(2 * LOOKUP_CHUNK + 500)]
+    await writer.refresh(Registration(u, f"gw1.c.{u}") for u in uids[::7])
+    counting = CountingPipelines(redis)
+    reader = reg(counting, prefix, "gw1")
+    found = await reader.lookup(uids)
+    assert counting.executions == 3
+    assert set(found) == set(uids[::7])

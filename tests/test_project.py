@@ -1,0 +1,38 @@
+"""Project-level checks: package boundaries and the committed generated code."""
+
+from __future__ import annotations
+
+import filecmp
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+BIN = Path(sys.executable).parent
+
+
+def test_import_contracts_hold() -> None:
+    """shared is a leaf; push_service and socket_gateway never import each other."""
+    result = subprocess.run(
+        [str(BIN / "lint-imports")], cwd=ROOT, capture_output=True, text=True, check=False
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "0 broken" in result.stdout
+
+
+def test_generated_protobuf_code_is_up_to_date(tmp_path: Path) -> None:
+    """The committed gateway_pb2 files are exactly what ./scripts/proto generates."""
+    result = subprocess.run(
+        [str(ROOT / "scripts" / "proto"), str(tmp_path)],
+        cwd=ROOT,
+        env={"PYTHON": sys.executable, "PATH": f"{BIN}:/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    for name in ("gateway_pb2.py", "gateway_pb2.pyi"):
+        generated = tmp_path / "shared" / "proto" / name
+        assert filecmp.cmp(generated, ROOT / "shared" / "proto" / name, shallow=False), (
+            f"shared/proto/{name} is stale: run ./scripts/proto"
+        )

@@ -1,0 +1,62 @@
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from socket_gateway.connections import ClientConn, LocalConnections
+
+
+@dataclass
+class ListSink:
+    frames: list[bytes] = field(default_factory=list)
+    open: bool = True
+    backlog: int = 0
+    aborted: bool = False
+
+    def is_open(self) -> bool:
+        return self.open
+
+    def buffered(self) -> int:
+        return self.backlog
+
+    def write(self, data: bytes) -> None:
+        self.frames.append(data)
+
+    def abort(self) -> None:
+        self.aborted = True
+
+
+def test_every_connection_of_every_listed_uid_gets_the_same_bytes() -> None:
+    conns = LocalConnections()
+    a1, a2, b = ListSink(), ListSink(), ListSink()
+    conns.add(ClientConn("a", "c1", a1))
+    conns.add(ClientConn("a", "c2", a2))
+    conns.add(ClientConn("b", "c3", b))
+    frame = b"\x81\x02hi"
+    delivered, missing = conns.deliver(["a", "zz", "b"], frame)
+    assert delivered == ["a", "b"]
+    assert missing == ["zz"]
+    assert a1.frames == a2.frames == b.frames == [frame]
+    assert a1.frames[0] is b.frames[0]  # built once, written many times
+
+
+def test_closing_and_slow_connections_are_skipped() -> None:
+    conns = LocalConnections(max_buffer=100)
+    closing, slow = ListSink(open=False), ListSink(backlog=101)
+    conns.add(ClientConn("a", "c1", closing))
+    conns.add(ClientConn("b", "c2", slow))
+    delivered, missing = conns.deliver(["a", "b"], b"x")
+    assert delivered == [] and missing == ["a", "b"]
+    assert slow.aborted and conns.slow_aborted == 1
+    assert closing.frames == [] and slow.frames == []
+
+
+def test_remove_and_registrations() -> None:
+    conns = LocalConnections()
+    c1, c2 = ClientConn("a", "c1", ListSink()), ClientConn("a", "c2", ListSink())
+    conns.add(c1)
+    conns.add(c2)
+    assert len(conns) == 2
+    assert conns.remove(c1)
+    assert not conns.remove(c1)
+    assert [r.conn_id for r in conns.registrations()] == ["c2"]
+    assert conns.remove(c2) and len(conns) == 0

@@ -1,0 +1,65 @@
+from __future__ import annotations
+
+from router.planning import GatewayOutcome, merge, plan_p2p
+from shared.models import Route
+
+
+def route(uid: str, gw: str, conn: str = "") -> Route:
+    return Route(uid, conn or f"{gw}.{uid}", gw, "g", "127.0.0.1", 9000 + int(gw[-1]), 10**13)
+
+
+def test_recipients_are_grouped_one_target_per_gateway() -> None:
+    routes = {
+        "a": [route("a", "gw1")],
+        "b": [route("b", "gw2")],
+        "c": [route("c", "gw1"), route("c", "gw1", "second-device"), route("c", "gw2")],
+    }
+    plan = plan_p2p(["a", "b", "c", "d"], routes, {"gw1", "gw2"})
+    assert set(plan.targets) == {"gw1", "gw2"}
+    assert plan.targets["gw1"].uids == ["a", "c"]  # c once, despite two devices there
+    assert plan.targets["gw2"].uids == ["b", "c"]
+    assert plan.targets["gw1"].address == "127.0.0.1:9001"
+    assert plan.offline == ["d"]
+    assert plan.stale == []
+
+
+def test_routes_of_gateways_missing_from_the_fleet_are_not_trusted() -> None:
+    routes = {"a": [route("a", "gw1")], "b": [route("b", "gw9"), route("b", "gw2")]}
+    plan = plan_p2p(["a", "b"], routes, {"gw2"})
+    assert plan.offline == ["a"]
+    assert list(plan.targets) == ["gw2"]
+    assert {r.gateway_id for r in plan.stale} == {"gw1", "gw9"}
+
+
+def test_unknown_fleet_trusts_every_route() -> None:
+    plan = plan_p2p(["a"], {"a": [route("a", "gw1")]}, None)
+    assert list(plan.targets) == ["gw1"]
+
+
+def test_merge_reports_failed_gateways_and_missing_routes() -> None:
+    routes = {
+        "a": [route("a", "gw1")],
+        "b": [route("b", "gw2")],
+        "c": [route("c", "gw1"), route("c", "gw2")],
+        "d": [route("d", "gw1")],
+    }
+    plan = plan_p2p(["a", "b", "c", "d", "e"], routes, {"gw1", "gw2"})
+    outcomes = [
+        GatewayOutcome("gw1", delivered=["a"], missing=["c", "d"]),
+        GatewayOutcome("gw2", error="UNAVAILABLE: connection refused"),
+    ]
+    out = merge(["a", "b", "c", "d", "e"], plan, outcomes)
+    assert out.delivered == ["a"]
+    assert out.failed == ["b", "c"]  # had routes, but the gateway holding them failed
+    assert out.offline == ["d", "e"]
+    assert [e.gateway_id for e in out.errors] == ["gw2"]
+    assert {(r.uid, r.gateway_id) for r in out.gone} == {("c", "gw1"), ("d", "gw1")}
+
+
+def test_delivered_anywhere_wins_over_a_failure_elsewhere() -> None:
+    routes = {"a": [route("a", "gw1"), route("a", "gw2")]}
+    plan = plan_p2p(["a"], routes, {"gw1", "gw2"})
+    out = merge(
+        ["a"], plan, [GatewayOutcome("gw1", delivered=["a"]), GatewayOutcome("gw2", error="x")]
+    )
+    assert out.delivered == ["a"] and out.failed == []

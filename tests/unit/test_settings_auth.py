@@ -1,0 +1,76 @@
+from __future__ import annotations
+
+import jwt
+import pytest
+
+from shared.auth import api_key_matches, issue_token, verify_token
+from shared.clock import ManualClock
+from shared.errors import AuthError, ConfigError
+from shared.settings import Settings, redact_url
+
+SECRET = "s" * 32
+
+
+def test_env_then_flags() -> None:
+    s = Settings.load({"IMROUTE_PORT": "9000", "IMROUTE_GROUP_ID": "g7"}, port=9001)
+    assert s.port == 9001
+    assert s.group_id == "g7"
+
+
+@pytest.mark.parametrize(
+    ("env", "named"),
+    [
+        ({"IMROUTE_PORT": "eighty"}, "IMROUTE_PORT"),
+        ({"IMROUTE_WS_PORT": "70000"}, "IMROUTE_WS_PORT"),
+        ({"IMROUTE_REDIS_URL": "http://x"}, "IMROUTE_REDIS_URL"),
+        ({"IMROUTE_GATEWAY_ID": "gw|1"}, "IMROUTE_GATEWAY_ID"),
+        ({"IMROUTE_API_KEY": "short"}, "IMROUTE_API_KEY"),
+        ({"IMROUTE_SECRET": "x" * 31}, "IMROUTE_SECRET"),
+        ({"IMROUTE_HEARTBEAT_S": "40", "IMROUTE_ROUTE_TTL_S": "60"}, "heartbeat_s"),
+    ],
+)
+def test_bad_values_name_the_setting(env: dict[str, str], named: str) -> None:
+    with pytest.raises(ConfigError, match=named):
+        Settings.load(env)
+
+
+def test_secrets_do_not_show_in_repr_or_errors() -> None:
+    s = Settings.load({"IMROUTE_API_KEY": "k" * 20, "IMROUTE_SECRET": "z" * 40})
+    assert "kkkk" not in repr(s) and "zzzz" not in repr(s)
+    with pytest.raises(ConfigError) as info:
+        Settings.load({"IMROUTE_API_KEY": "tooshort-secret"})
+    assert "tooshort-secret" not in str(info.value)
+    assert redact_url("redis://:hunter2@h:6379/0") == "redis://:***@h:6379/0"
+
+
+def test_token_round_trip_and_expiry() -> None:
+    clock = ManualClock()
+    token = issue_token(SECRET, "alice", 60, clock)
+    assert verify_token(SECRET, token, clock) == "alice"
+    clock.advance(61)
+    with pytest.raises(AuthError, match="expired"):
+        verify_token(SECRET, token, clock)
+
+
+@pytest.mark.parametrize(
+    "token",
+    [
+        None,
+        "",
+        "garbage",
+        jwt.encode({"sub": "alice"}, SECRET, algorithm="HS256"),  # no exp
+        jwt.encode({"exp": 2**40}, SECRET, algorithm="HS256"),  # no sub
+        jwt.encode({"sub": "alice", "exp": 2**40}, "o" * 32, algorithm="HS256"),
+        jwt.encode({"sub": "alice", "exp": 2**40}, SECRET * 2, algorithm="HS512"),
+        jwt.encode({"sub": "", "exp": 2**40}, SECRET, algorithm="HS256"),
+    ],
+)
+def test_bad_tokens_are_rejected(token: str | None) -> None:
+    with pytest.raises(AuthError):
+        verify_token(SECRET, token, ManualClock())
+
+
+def test_api_key_comparison() -> None:
+    assert api_key_matches("abc", "abc")
+    assert not api_key_matches("abc", "abd")
+    assert not api_key_matches("abc", "")
