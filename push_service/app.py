@@ -17,7 +17,6 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from push_service.limits import BodyLimit
 from push_service.schemas import (
     MAX_CONTENT_BYTES,
-    GatewayError,
     GatewayOut,
     GatewaysOut,
     PushIn,
@@ -54,7 +53,9 @@ class Services:
     pusher: P2PPusher
 
 
-def _services(request: Request) -> Services:
+# Dependencies are async on purpose: FastAPI runs sync ones in a thread pool, which
+# cost more CPU per push than the whole route look-up.
+async def _services(request: Request) -> Services:
     svc: Services = request.app.state.services
     return svc
 
@@ -62,7 +63,7 @@ def _services(request: Request) -> Services:
 _bearer = HTTPBearer(auto_error=False)
 
 
-def _require_key(
+async def _require_key(
     request: Request,
     creds: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
 ) -> None:
@@ -152,7 +153,7 @@ def create_app(settings: Settings, clock: Clock | None = None) -> FastAPI:
         )
 
     @app.post("/v1/push", dependencies=[Key], response_model=PushOut)
-    async def push(body: PushIn, svc: Svc) -> PushOut:
+    async def push(body: PushIn, svc: Svc) -> JSONResponse:
         """Push one message to 1-1000 users wherever they are connected (P2P)."""
         message = Message(
             msg_id=new_id(),
@@ -163,15 +164,17 @@ def create_app(settings: Settings, clock: Clock | None = None) -> FastAPI:
             ts_ms=clock.now_ms(),
         )
         outcome = await svc.pusher.push(message, body.to)
-        return PushOut(
-            push_id=message.push_id,
-            msg_id=message.msg_id,
-            delivered=outcome.delivered,
-            offline=outcome.offline,
-            failed=outcome.failed,
-            errors=[
-                GatewayError(gateway_id=e.gateway_id, error=e.error or "") for e in outcome.errors
-            ],
+        # Built directly: validating our own output through PushOut again is pure cost on
+        # the hottest endpoint. PushOut still documents it in the OpenAPI schema.
+        return JSONResponse(
+            {
+                "push_id": message.push_id,
+                "msg_id": message.msg_id,
+                "delivered": outcome.delivered,
+                "offline": outcome.offline,
+                "failed": outcome.failed,
+                "errors": [{"gateway_id": e.gateway_id, "error": e.error} for e in outcome.errors],
+            }
         )
 
     @app.get("/v1/users/{uid}/route", dependencies=[Key], response_model=UserRouteOut)

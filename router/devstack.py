@@ -131,9 +131,7 @@ class DevStack:
         )
         self.procs.append((name, proc))
 
-    def _wait_ready(
-        self, api_key: str, timeout_s: float = 30.0
-    ) -> list[dict[str, object]] | None:
+    def _wait_ready(self, api_key: str, timeout_s: float = 30.0) -> list[dict[str, object]] | None:
         deadline = time.monotonic() + timeout_s
         url = f"http://{self.options.host}:{self.options.port}/v1/gateways"
         request = urllib.request.Request(url, headers={"Authorization": f"Bearer {api_key}"})

@@ -17,6 +17,9 @@ __all__ = ["RedisClient", "connect_redis", "translate_errors"]
 # Both clients offer the commands and pipelines the registry uses.
 RedisClient = aioredis.Redis | RedisCluster
 
+POOL_SIZE = 64
+POOL_WAIT_S = 5.0
+
 P = ParamSpec("P")
 T = TypeVar("T")
 
@@ -28,7 +31,16 @@ def create_redis(url: str) -> RedisClient:
             return RedisCluster.from_url(
                 "redis://" + url.removeprefix("redis+cluster://"), decode_responses=True
             )
-        return aioredis.from_url(url, decode_responses=True, health_check_interval=30)
+        # A blocking pool makes a burst of callers wait for a connection instead of
+        # failing at once with "Too many connections" (the default pool's behaviour).
+        pool = aioredis.BlockingConnectionPool.from_url(
+            url,
+            max_connections=POOL_SIZE,
+            timeout=POOL_WAIT_S,
+            decode_responses=True,
+            health_check_interval=30,
+        )
+        return aioredis.Redis.from_pool(pool)
     except ValueError as exc:
         raise ConfigError(f"IMROUTE_REDIS_URL: {exc}") from None
 

@@ -6,7 +6,7 @@ looks users up in pipelined chunks of at most 1000. Key layout: `shared.keys`.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -40,6 +40,15 @@ return 1
 class Registration:
     """One local connection as the gateway registers it."""
 
+    uid: str
+    conn_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class RouteOp:
+    """One write: register (True) or unregister (False) a connection."""
+
+    register: bool
     uid: str
     conn_id: str
 
@@ -79,51 +88,46 @@ class RedisRouteRegistry:
         gateway_id, group_id, ip, port = self._where
         return encode_route(gateway_id, group_id, ip, port, now_ms + self._ttl_ms)
 
-    @translate_errors
     async def register(self, uid: str, conn_id: str) -> None:
         """Record a new connection of `uid` on this gateway."""
-        now = self._clock.now_ms()
-        await self._upsert(
-            keys=[self._keys.route(uid)],
-            args=[conn_id, self._value(now), now, self._ttl_ms],
-        )
+        await self.apply([RouteOp(True, uid, conn_id)])
 
-    @translate_errors
     async def unregister(self, uid: str, conn_id: str) -> None:
         """Remove exactly this connection; other connections of the user stay."""
-        await self._redis.hdel(self._keys.route(uid), conn_id)
+        await self.apply([RouteOp(False, uid, conn_id)])
 
-    @translate_errors
     async def unregister_many(self, registrations: Iterable[Registration]) -> None:
-        """Remove many connections (a gateway shutting down), pipelined."""
-        await self.remove(Route(r.uid, r.conn_id, "", "", "", 0, 0) for r in registrations)
+        """Remove many connections (a gateway shutting down), 1000 per round trip."""
+        for chunk in _chunks(RouteOp(False, r.uid, r.conn_id) for r in registrations):
+            await self.apply(chunk)
 
-    @translate_errors
     async def refresh(self, registrations: Iterable[Registration]) -> int:
         """Upsert the routes of live connections with a new deadline; returns how many."""
-        refreshed = 0
-        batch: list[Registration] = []
-        for reg in registrations:
-            batch.append(reg)
-            if len(batch) == LOOKUP_CHUNK:
-                refreshed += await self._refresh_chunk(batch)
-                batch = []
-        if batch:
-            refreshed += await self._refresh_chunk(batch)
-        return refreshed
+        count = 0
+        for chunk in _chunks(RouteOp(True, r.uid, r.conn_id) for r in registrations):
+            await self.apply(chunk)
+            count += len(chunk)
+        return count
 
-    async def _refresh_chunk(self, batch: Sequence[Registration]) -> int:
+    @translate_errors
+    async def apply(self, ops: Sequence[RouteOp]) -> None:
+        """Apply registers and unregisters in order, in one pipelined round trip."""
+        if not ops:
+            return
         now = self._clock.now_ms()
         value = self._value(now)
         pipe = self._redis.pipeline(transaction=False)
-        for reg in batch:
-            await self._upsert(
-                keys=[self._keys.route(reg.uid)],
-                args=[reg.conn_id, value, now, self._ttl_ms],
-                client=pipe,  # type: ignore[arg-type]  # redis-py runs scripts in pipelines
-            )
-        results = await pipe.execute()
-        return sum(1 for r in results if r == 1)
+        for op in ops:
+            key = self._keys.route(op.uid)
+            if op.register:
+                await self._upsert(
+                    keys=[key],
+                    args=[op.conn_id, value, now, self._ttl_ms],
+                    client=pipe,  # type: ignore[arg-type]  # redis-py runs scripts in pipelines
+                )
+            else:
+                pipe.hdel(key, op.conn_id)
+        await pipe.execute()
 
     @translate_errors
     async def lookup(self, uids: Sequence[str]) -> dict[str, list[Route]]:
@@ -156,3 +160,14 @@ class RedisRouteRegistry:
             count += 1
         if count:
             await pipe.execute()
+
+
+def _chunks(ops: Iterable[RouteOp], size: int = LOOKUP_CHUNK) -> Iterator[list[RouteOp]]:
+    chunk: list[RouteOp] = []
+    for op in ops:
+        chunk.append(op)
+        if len(chunk) == size:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk

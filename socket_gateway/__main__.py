@@ -9,7 +9,8 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Coroutine, Sequence
+from typing import Any
 
 from shared.errors import ConfigError, ImrouteError
 from shared.settings import Settings
@@ -49,6 +50,16 @@ async def serve(settings: Settings) -> None:
         await stop.wait()
 
 
+def run(main: Coroutine[Any, Any, None]) -> None:
+    """Run on uvloop where it is installed: its C transports write frames faster."""
+    try:
+        import uvloop
+    except ImportError:
+        asyncio.run(main)
+    else:
+        uvloop.run(main)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     try:
@@ -60,7 +71,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s"
     )
     try:
-        asyncio.run(serve(settings))
+        run(serve(settings))
     except ConfigError as exc:
         print(f"imroute gateway: {exc}", file=sys.stderr)
         return 2

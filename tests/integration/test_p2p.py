@@ -203,7 +203,8 @@ async def test_unreachable_gateway_is_reported_not_dropped(
 ) -> None:
     async with (
         gateway(redis_url, prefix, "gw1", "g1") as gw1,
-        api(redis_url, prefix, deliver_timeout_s=1.0) as http,client(gw1, "alice")
+        api(redis_url, prefix, deliver_timeout_s=1.0) as http,
+        client(gw1, "alice"),
     ):
         # gw1's gRPC server dies while its routes and fleet record still look fine.
         assert gw1._grpc is not None

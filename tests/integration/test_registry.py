@@ -8,8 +8,11 @@ from typing import Any
 import pytest
 import redis.asyncio as aioredis
 
+from router.redis_client import POOL_SIZE, connect_redis
 from router.registry import LOOKUP_CHUNK, RedisRouteRegistry, Registration
+from router.route_writer import CoalescingRouteWriter
 from shared.clock import ManualClock, SystemClock
+from shared.errors import RegistryUnavailable
 from shared.keys import KeySchema
 
 pytestmark = pytest.mark.integration
@@ -133,3 +136,41 @@ async def test_lookup_is_one_round_trip_per_1000_users(redis: aioredis.Redis, pr
     found = await reader.lookup(uids)
     assert counting.executions == 3
     assert set(found) == set(uids[::7])
+
+
+async def test_concurrent_writes_coalesce_into_few_round_trips(
+    redis: aioredis.Redis, prefix: str
+) -> None:
+    counting = CountingPipelines(redis)
+    writer = CoalescingRouteWriter(reg(counting, prefix, "gw1"))
+    uids = [f"u{i}" for i in range(2500)]
+    await asyncio.gather(*(writer.register(u, f"gw1.c.{u}") for u in uids))
+    # The first write goes alone; everything queued behind it shares pipelines of 1000.
+    assert counting.executions <= 5
+    found = await reg(redis, prefix, "gw1").lookup(uids)
+    assert set(found) == set(uids)
+    # A register and an unregister of one connection, queued together, keep their order.
+    await asyncio.gather(
+        writer.register("late", "gw1.c.late"), writer.unregister("late", "gw1.c.late")
+    )
+    await asyncio.gather(*(writer.unregister(u, f"gw1.c.{u}") for u in uids))
+    await writer.aclose()
+    assert await reg(redis, prefix, "gw1").lookup([*uids, "late"]) == {}
+
+
+async def test_writer_reports_redis_failures_to_every_waiter(prefix: str) -> None:
+    async with connect_redis("redis://127.0.0.1:1/0") as dead:
+        writer = CoalescingRouteWriter(reg(dead, prefix, "gw1"))
+        results = await asyncio.gather(
+            *(writer.register(f"u{i}", f"c{i}") for i in range(5)), return_exceptions=True
+        )
+        assert all(isinstance(r, RegistryUnavailable) for r in results)
+        await writer.aclose()
+
+
+async def test_a_burst_of_callers_waits_for_pool_connections(redis_url: str, prefix: str) -> None:
+    async with connect_redis(redis_url) as client:
+        registry = reg(client, prefix, "gw1")
+        # More concurrent callers than the pool has connections: they queue, none fail.
+        results = await asyncio.gather(*(registry.lookup([f"u{i}"]) for i in range(POOL_SIZE * 4)))
+        assert results == [{}] * (POOL_SIZE * 4)

@@ -1,0 +1,61 @@
+"""Coalesces the gateway's concurrent route writes into pipelined round trips.
+
+When thousands of clients connect or leave at once, each handler still awaits its
+own register/unregister, but the writes travel to Redis together: one pipeline of
+up to `max_batch` operations per round trip, in arrival order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections import deque
+
+from router.registry import RedisRouteRegistry, RouteOp
+from shared.errors import RegistryUnavailable
+
+__all__ = ["CoalescingRouteWriter"]
+
+
+class CoalescingRouteWriter:
+    def __init__(self, registry: RedisRouteRegistry, max_batch: int = 1000) -> None:
+        self._registry = registry
+        self._max_batch = max_batch
+        self._pending: deque[tuple[RouteOp, asyncio.Future[None]]] = deque()
+        self._flusher: asyncio.Task[None] | None = None
+
+    async def register(self, uid: str, conn_id: str) -> None:
+        await self._submit(RouteOp(True, uid, conn_id))
+
+    async def unregister(self, uid: str, conn_id: str) -> None:
+        await self._submit(RouteOp(False, uid, conn_id))
+
+    async def _submit(self, op: RouteOp) -> None:
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._pending.append((op, future))
+        if self._flusher is None or self._flusher.done():
+            self._flusher = asyncio.create_task(self._flush(), name="route-writer")
+        await future
+
+    async def _flush(self) -> None:
+        # Whatever queued up while a round trip was in flight goes in the next one.
+        while self._pending:
+            batch = [
+                self._pending.popleft() for _ in range(min(self._max_batch, len(self._pending)))
+            ]
+            try:
+                await self._registry.apply([op for op, _ in batch])
+            except RegistryUnavailable as exc:
+                for _, future in batch:
+                    if not future.done():
+                        future.set_exception(exc)
+            else:
+                for _, future in batch:
+                    if not future.done():
+                        future.set_result(None)
+
+    async def aclose(self) -> None:
+        """Wait for writes already queued (a shutdown must not drop unregisters)."""
+        if self._flusher is not None:
+            with contextlib.suppress(Exception):
+                await self._flusher
