@@ -24,6 +24,7 @@ from push_service.schemas import (
     RouteOut,
     UserRouteOut,
 )
+from router.coalescer import CoalescingGatewayClient
 from router.fleet import CachedFleet, RedisGatewayFleet
 from router.gateway_client import GrpcGatewayClients
 from router.p2p import P2PPusher
@@ -86,7 +87,7 @@ def create_app(settings: Settings, clock: Clock | None = None) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         async with connect_redis(settings.redis_url) as redis:
-            clients = GrpcGatewayClients()
+            clients = CoalescingGatewayClient(GrpcGatewayClients())
             registry = RedisRouteRegistry(redis, keys, clock)
             # The fleet's TTL is the gateways' to set; readers only read.
             fleet = CachedFleet(

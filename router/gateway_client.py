@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Protocol
 
 import grpc
@@ -10,15 +12,25 @@ import grpc.aio
 from shared.errors import GatewayUnavailable
 from shared.proto import gateway_pb2
 
-__all__ = ["DELIVER_METHOD", "GatewayClient", "GrpcGatewayClients"]
+__all__ = [
+    "DELIVER_MANY_METHOD",
+    "DELIVER_METHOD",
+    "GatewayClient",
+    "GrpcGatewayClients",
+    "ManyGatewayClient",
+]
 
 DELIVER_METHOD = "/imroute.v1.Gateway/Deliver"
+DELIVER_MANY_METHOD = "/imroute.v1.Gateway/DeliverMany"
 
 _CHANNEL_OPTIONS = [
     ("grpc.keepalive_time_ms", 30_000),
     ("grpc.max_send_message_length", 16 << 20),
     ("grpc.max_receive_message_length", 16 << 20),
 ]
+
+
+Unary = grpc.aio.UnaryUnaryMultiCallable
 
 
 class GatewayClient(Protocol):
@@ -29,41 +41,74 @@ class GatewayClient(Protocol):
     async def close(self) -> None: ...
 
 
+class ManyGatewayClient(GatewayClient, Protocol):
+    async def deliver_many(
+        self,
+        gateway_id: str,
+        address: str,
+        batches: Sequence[gateway_pb2.Batch],
+        timeout_s: float,
+    ) -> list[gateway_pb2.DeliverReply]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class _Stub:
+    channel: grpc.aio.Channel
+    deliver: Unary[gateway_pb2.Batch, gateway_pb2.DeliverReply]
+    deliver_many: Unary[gateway_pb2.DeliverManyRequest, gateway_pb2.DeliverManyReply]
+
+
 class GrpcGatewayClients:
     """Keeps one grpc.aio channel per gateway address; errors become GatewayUnavailable."""
 
     def __init__(self) -> None:
-        self._channels: dict[str, grpc.aio.Channel] = {}
-        self._calls: dict[
-            str, grpc.aio.UnaryUnaryMultiCallable[gateway_pb2.Batch, gateway_pb2.DeliverReply]
-        ] = {}
+        self._stubs: dict[str, _Stub] = {}
 
-    def _call(
-        self, address: str
-    ) -> grpc.aio.UnaryUnaryMultiCallable[gateway_pb2.Batch, gateway_pb2.DeliverReply]:
-        call = self._calls.get(address)
-        if call is None:
+    def _stub(self, address: str) -> _Stub:
+        stub = self._stubs.get(address)
+        if stub is None:
             channel = grpc.aio.insecure_channel(address, options=_CHANNEL_OPTIONS)
-            self._channels[address] = channel
-            call = channel.unary_unary(
-                DELIVER_METHOD,
-                request_serializer=gateway_pb2.Batch.SerializeToString,
-                response_deserializer=gateway_pb2.DeliverReply.FromString,
+            stub = self._stubs[address] = _Stub(
+                channel,
+                channel.unary_unary(
+                    DELIVER_METHOD,
+                    request_serializer=gateway_pb2.Batch.SerializeToString,
+                    response_deserializer=gateway_pb2.DeliverReply.FromString,
+                ),
+                channel.unary_unary(
+                    DELIVER_MANY_METHOD,
+                    request_serializer=gateway_pb2.DeliverManyRequest.SerializeToString,
+                    response_deserializer=gateway_pb2.DeliverManyReply.FromString,
+                ),
             )
-            self._calls[address] = call
-        return call
+        return stub
 
     async def deliver(
         self, gateway_id: str, address: str, batch: gateway_pb2.Batch, timeout_s: float
     ) -> gateway_pb2.DeliverReply:
         try:
-            return await self._call(address)(batch, timeout=timeout_s)
+            return await self._stub(address).deliver(batch, timeout=timeout_s)
         except grpc.aio.AioRpcError as exc:
             raise GatewayUnavailable(gateway_id, f"{exc.code().name}: {exc.details()}") from None
 
+    async def deliver_many(
+        self,
+        gateway_id: str,
+        address: str,
+        batches: Sequence[gateway_pb2.Batch],
+        timeout_s: float,
+    ) -> list[gateway_pb2.DeliverReply]:
+        request = gateway_pb2.DeliverManyRequest(batches=batches)
+        try:
+            reply = await self._stub(address).deliver_many(request, timeout=timeout_s)
+        except grpc.aio.AioRpcError as exc:
+            raise GatewayUnavailable(gateway_id, f"{exc.code().name}: {exc.details()}") from None
+        if len(reply.replies) != len(batches):
+            raise GatewayUnavailable(gateway_id, "DeliverMany answered the wrong number of batches")
+        return list(reply.replies)
+
     async def close(self) -> None:
-        channels = list(self._channels.values())
-        self._channels.clear()
-        self._calls.clear()
-        for channel in channels:
-            await channel.close()
+        stubs = list(self._stubs.values())
+        self._stubs.clear()
+        for stub in stubs:
+            await stub.channel.close()

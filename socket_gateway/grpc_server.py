@@ -14,14 +14,15 @@ __all__ = ["DeliverService", "start_grpc_server"]
 
 
 class DeliverService:
-    """Counts calls so tests and metrics can see how many Deliver calls a push cost."""
+    """Counts RPCs and batches so tests and metrics can see what a push cost."""
 
     def __init__(self, conns: LocalConnections) -> None:
         self._conns = conns
         self.calls = 0
+        self.batches = 0
 
     def deliver(self, batch: gateway_pb2.Batch) -> gateway_pb2.DeliverReply:
-        self.calls += 1
+        self.batches += 1
         m = batch.message
         message = Message(
             m.msg_id, m.push_id, m.msg_type, getattr(m, "from"), m.content_json, m.ts_ms
@@ -36,7 +37,18 @@ class DeliverService:
         batch: gateway_pb2.Batch,
         context: grpc.aio.ServicerContext[gateway_pb2.Batch, gateway_pb2.DeliverReply],
     ) -> gateway_pb2.DeliverReply:
+        self.calls += 1
         return self.deliver(batch)
+
+    async def _handle_many(
+        self,
+        request: gateway_pb2.DeliverManyRequest,
+        context: grpc.aio.ServicerContext[
+            gateway_pb2.DeliverManyRequest, gateway_pb2.DeliverManyReply
+        ],
+    ) -> gateway_pb2.DeliverManyReply:
+        self.calls += 1
+        return gateway_pb2.DeliverManyReply(replies=[self.deliver(b) for b in request.batches])
 
     def handler(self) -> grpc.GenericRpcHandler:
         return grpc.method_handlers_generic_handler(
@@ -46,7 +58,12 @@ class DeliverService:
                     self._handle,
                     request_deserializer=gateway_pb2.Batch.FromString,
                     response_serializer=gateway_pb2.DeliverReply.SerializeToString,
-                )
+                ),
+                "DeliverMany": grpc.unary_unary_rpc_method_handler(
+                    self._handle_many,
+                    request_deserializer=gateway_pb2.DeliverManyRequest.FromString,
+                    response_serializer=gateway_pb2.DeliverManyReply.SerializeToString,
+                ),
             },
         )
 

@@ -118,3 +118,50 @@ class DeliverReply(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___DeliverReply: _TypeAlias = DeliverReply  # noqa: Y015
+
+@_typing.final
+class DeliverManyRequest(_message.Message):
+    """Several batches in one call: the router coalesces the batches that queue up for
+    a gateway while its earlier calls are in flight, so under load one RPC carries
+    many pushes, and at low load nothing waits.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    BATCHES_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def batches(self) -> _containers.RepeatedCompositeFieldContainer[Global___Batch]: ...
+    def __init__(
+        self,
+        *,
+        batches: _abc.Iterable[Global___Batch] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["batches", b"batches"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DeliverManyRequest: _TypeAlias = DeliverManyRequest  # noqa: Y015
+
+@_typing.final
+class DeliverManyReply(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    REPLIES_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def replies(self) -> _containers.RepeatedCompositeFieldContainer[Global___DeliverReply]:
+        """One reply per batch, in request order."""
+
+    def __init__(
+        self,
+        *,
+        replies: _abc.Iterable[Global___DeliverReply] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["replies", b"replies"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DeliverManyReply: _TypeAlias = DeliverManyReply  # noqa: Y015

@@ -246,3 +246,26 @@ async def test_push_body_is_json_encoded_once_and_unicode_survives(
             frame = await recv_json(ws)
             assert frame["content"] == content and frame["from"] == "bot"
             assert json.dumps(frame)  # valid JSON all the way
+
+
+async def test_concurrent_pushes_to_one_gateway_share_rpcs(
+    redis_url: str, prefix: str, redis: object
+) -> None:
+    async with gateway(redis_url, prefix, "gw1", "g1") as gw, api(redis_url, prefix) as http:
+        async with AsyncExitStack() as stack:
+            names = [f"c{i}" for i in range(20)]
+            sockets = [await stack.enter_async_context(client(gw, n)) for n in names]
+            pushes = [
+                http.post("/v1/push", json={"to": [names[i % 20]], "content": i}, headers=AUTH)
+                for i in range(200)
+            ]
+            answers = [r.json() for r in await asyncio.gather(*pushes)]
+            assert all(a["delivered"] for a in answers)
+            # Every push is its own batch, but queued batches shared DeliverMany calls.
+            assert gw.deliver_service.batches == 200
+            assert gw.deliver_service.calls < 200
+            got: dict[str, list[int]] = {}
+            for name, ws in zip(names, sockets, strict=True):
+                got[name] = sorted([(await recv_json(ws))["content"] for _ in range(10)])
+                assert await nothing_more(ws, 0.05)
+            assert got == {n: list(range(i, 200, 20)) for i, n in enumerate(names)}

@@ -1,0 +1,117 @@
+"""Coalesces concurrent Deliver calls to one gateway into DeliverMany calls.
+
+At most `max_in_flight` calls per gateway run at once. A call that finds them all
+busy queues; when one finishes, everything queued for that gateway (up to
+`max_batches`) leaves in one DeliverMany. At low load nothing waits and every push
+is its own Deliver; under load one RPC carries many pushes, which is what keeps the
+per-push cost of gRPC (on both sides) from capping the push rate.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from router.gateway_client import ManyGatewayClient
+from shared.errors import GatewayUnavailable
+from shared.proto import gateway_pb2
+
+__all__ = ["CoalescingGatewayClient"]
+
+
+@dataclass(slots=True)
+class _Queued:
+    batch: gateway_pb2.Batch
+    future: asyncio.Future[gateway_pb2.DeliverReply]
+    deadline: float
+
+
+@dataclass(slots=True)
+class _Lane:
+    gateway_id: str
+    address: str
+    in_flight: int = 0
+    queue: deque[_Queued] = field(default_factory=deque)
+
+
+class CoalescingGatewayClient:
+    def __init__(
+        self, inner: ManyGatewayClient, max_in_flight: int = 4, max_batches: int = 256
+    ) -> None:
+        self._inner = inner
+        self._max_in_flight = max_in_flight
+        self._max_batches = max_batches
+        self._lanes: dict[str, _Lane] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+        self.many_calls = 0
+
+    async def deliver(
+        self, gateway_id: str, address: str, batch: gateway_pb2.Batch, timeout_s: float
+    ) -> gateway_pb2.DeliverReply:
+        lane = self._lanes.get(address)
+        if lane is None:
+            lane = self._lanes[address] = _Lane(gateway_id, address)
+        if lane.in_flight < self._max_in_flight and not lane.queue:
+            lane.in_flight += 1
+            try:
+                return await self._inner.deliver(gateway_id, address, batch, timeout_s)
+            finally:
+                lane.in_flight -= 1
+                self._drain(lane)
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[gateway_pb2.DeliverReply] = loop.create_future()
+        lane.queue.append(_Queued(batch, future, loop.time() + timeout_s))
+        return await future
+
+    def _drain(self, lane: _Lane) -> None:
+        if not lane.queue or lane.in_flight >= self._max_in_flight:
+            return
+        now = asyncio.get_running_loop().time()
+        items: list[_Queued] = []
+        while lane.queue and len(items) < self._max_batches:
+            item = lane.queue.popleft()
+            if item.future.done():  # its caller gave up
+                continue
+            if item.deadline <= now:
+                item.future.set_exception(
+                    GatewayUnavailable(lane.gateway_id, "DEADLINE_EXCEEDED: queued too long")
+                )
+                continue
+            items.append(item)
+        if not items:
+            return
+        lane.in_flight += 1
+        task = asyncio.create_task(self._send(lane, items), name=f"deliver-many:{lane.gateway_id}")
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _send(self, lane: _Lane, items: Sequence[_Queued]) -> None:
+        timeout = min(i.deadline for i in items) - asyncio.get_running_loop().time()
+        try:
+            self.many_calls += 1
+            replies = await self._inner.deliver_many(
+                lane.gateway_id, lane.address, [i.batch for i in items], max(timeout, 0.001)
+            )
+        except GatewayUnavailable as exc:
+            for item in items:
+                if not item.future.done():
+                    item.future.set_exception(exc)
+        else:
+            for item, reply in zip(items, replies, strict=True):
+                if not item.future.done():
+                    item.future.set_result(reply)
+        finally:
+            lane.in_flight -= 1
+            self._drain(lane)
+
+    async def close(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        for lane in self._lanes.values():
+            for item in lane.queue:
+                if not item.future.done():
+                    item.future.set_exception(GatewayUnavailable(lane.gateway_id, "client closed"))
+        await self._inner.close()

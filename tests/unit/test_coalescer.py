@@ -1,0 +1,120 @@
+"""The Deliver coalescing logic, with an in-memory gateway client (pure logic)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+
+import pytest
+
+from router.coalescer import CoalescingGatewayClient
+from shared.errors import GatewayUnavailable
+from shared.proto import gateway_pb2
+
+
+class SlowGateway:
+    """Answers every batch after `delay`, recording how it was called."""
+
+    def __init__(self, delay: float = 0.02, fail: bool = False) -> None:
+        self.delay = delay
+        self.fail = fail
+        self.calls: list[int] = []  # batches per call
+        self.closed = False
+
+    def _reply(self, batch: gateway_pb2.Batch) -> gateway_pb2.DeliverReply:
+        return gateway_pb2.DeliverReply(delivered=list(batch.uids))
+
+    async def deliver(
+        self, gateway_id: str, address: str, batch: gateway_pb2.Batch, timeout_s: float
+    ) -> gateway_pb2.DeliverReply:
+        self.calls.append(1)
+        await asyncio.sleep(self.delay)
+        if self.fail:
+            raise GatewayUnavailable(gateway_id, "UNAVAILABLE")
+        return self._reply(batch)
+
+    async def deliver_many(
+        self,
+        gateway_id: str,
+        address: str,
+        batches: Sequence[gateway_pb2.Batch],
+        timeout_s: float,
+    ) -> list[gateway_pb2.DeliverReply]:
+        self.calls.append(len(batches))
+        await asyncio.sleep(min(self.delay, timeout_s))
+        if self.fail or timeout_s < self.delay:
+            raise GatewayUnavailable(gateway_id, "UNAVAILABLE")
+        return [self._reply(b) for b in batches]
+
+    async def close(self) -> None:
+        self.closed = True
+
+
+def batch(uid: str) -> gateway_pb2.Batch:
+    return gateway_pb2.Batch(batch_id=uid, uids=[uid])
+
+
+async def test_low_load_sends_each_batch_alone() -> None:
+    gw = SlowGateway(delay=0.001)
+    client = CoalescingGatewayClient(gw, max_in_flight=2)
+    for i in range(3):
+        reply = await client.deliver("gw1", "a:1", batch(f"u{i}"), 1.0)
+        assert list(reply.delivered) == [f"u{i}"]
+    assert gw.calls == [1, 1, 1]
+
+
+async def test_under_load_queued_batches_share_calls_and_get_their_own_replies() -> None:
+    gw = SlowGateway()
+    client = CoalescingGatewayClient(gw, max_in_flight=2, max_batches=50)
+    replies = await asyncio.gather(
+        *(client.deliver("gw1", "a:1", batch(f"u{i}"), 1.0) for i in range(102))
+    )
+    assert [list(r.delivered) for r in replies] == [[f"u{i}"] for i in range(102)]
+    assert gw.calls[:2] == [1, 1]  # the first two go at once
+    assert sum(gw.calls) == 102
+    assert gw.calls == [1, 1, 50, 50]  # then the 100 queued behind them, 50 per call
+
+
+async def test_lanes_are_per_gateway() -> None:
+    gw = SlowGateway()
+    client = CoalescingGatewayClient(gw, max_in_flight=1)
+    await asyncio.gather(
+        client.deliver("gw1", "a:1", batch("x"), 1.0), client.deliver("gw2", "b:1", batch("y"), 1.0)
+    )
+    assert gw.calls == [1, 1]  # neither waited for the other
+
+
+async def test_a_failed_call_fails_every_batch_in_it() -> None:
+    gw = SlowGateway(fail=True)
+    client = CoalescingGatewayClient(gw, max_in_flight=1)
+    results = await asyncio.gather(
+        *(client.deliver("gw1", "a:1", batch(f"u{i}"), 1.0) for i in range(4)),
+        return_exceptions=True,
+    )
+    assert all(isinstance(r, GatewayUnavailable) for r in results)
+
+
+async def test_batches_queued_past_their_deadline_fail_without_being_sent() -> None:
+    gw = SlowGateway(delay=0.1)
+    client = CoalescingGatewayClient(gw, max_in_flight=1)
+    first = asyncio.create_task(client.deliver("gw1", "a:1", batch("first"), 1.0))
+    await asyncio.sleep(0)
+    late = client.deliver("gw1", "a:1", batch("late"), 0.01)
+    with pytest.raises(GatewayUnavailable, match="DEADLINE_EXCEEDED"):
+        await late
+    await first
+    assert gw.calls == [1]
+
+
+async def test_close_fails_waiters_and_closes_the_inner_client() -> None:
+    gw = SlowGateway(delay=0.2)
+    client = CoalescingGatewayClient(gw, max_in_flight=1)
+    first = asyncio.create_task(client.deliver("gw1", "a:1", batch("a"), 1.0))
+    await asyncio.sleep(0)
+    queued = asyncio.create_task(client.deliver("gw1", "a:1", batch("b"), 1.0))
+    await asyncio.sleep(0)
+    await client.close()
+    with pytest.raises(GatewayUnavailable):
+        await queued
+    first.cancel()
+    assert gw.closed
