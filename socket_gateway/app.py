@@ -11,7 +11,6 @@ from contextlib import AsyncExitStack
 from types import TracebackType
 
 import grpc.aio
-from websockets.asyncio.server import Server
 
 from router.fleet import RedisGatewayFleet
 from router.redis_client import RedisClient, connect_redis, ping
@@ -25,7 +24,7 @@ from shared.models import GatewayInfo
 from shared.settings import Settings, redact_url
 from socket_gateway.connections import LocalConnections
 from socket_gateway.grpc_server import DeliverService, start_grpc_server
-from socket_gateway.ws_server import WsEndpoint
+from socket_gateway.ws_server import WsEndpoint, WsServer
 
 __all__ = ["Gateway"]
 
@@ -50,7 +49,7 @@ class Gateway:
         self._stack = AsyncExitStack()
         self._tasks: list[asyncio.Task[None]] = []
         self._ws: WsEndpoint | None = None
-        self._ws_server: Server | None = None
+        self._ws_server: WsServer | None = None
         self._grpc: grpc.aio.Server | None = None
         self._redis: RedisClient | None = None
         self.registry: RedisRouteRegistry | None = None
