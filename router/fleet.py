@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Protocol
 
 from router.redis_client import RedisClient, translate_errors
@@ -63,7 +64,11 @@ class RedisGatewayFleet:
 
 
 class CachedFleet:
-    """A short-lived local cache in front of a fleet, so hot paths do not ask Redis each time."""
+    """A short-lived local cache in front of a fleet, so hot paths do not ask Redis each time.
+
+    Refreshes are single-flight: when the cache expires under load, one read goes to
+    Redis and every caller waiting meanwhile shares its answer.
+    """
 
     def __init__(self, fleet: GatewayFleet, clock: Clock, max_age_s: float) -> None:
         self._fleet = fleet
@@ -71,13 +76,24 @@ class CachedFleet:
         self._max_age = max_age_s
         self._cached: list[GatewayInfo] | None = None
         self._at = 0.0
+        self._refresh: asyncio.Future[list[GatewayInfo]] | None = None
 
     async def live(self) -> list[GatewayInfo]:
-        now = self._clock.monotonic()
-        if self._cached is None or now - self._at >= self._max_age:
-            self._cached = await self._fleet.live()
-            self._at = now
-        return self._cached
+        if self._cached is not None and self._clock.monotonic() - self._at < self._max_age:
+            return self._cached
+        if self._refresh is None:
+            self._refresh = asyncio.ensure_future(self._read())
+        # shield: one caller giving up must not cancel the read the others share.
+        return await asyncio.shield(self._refresh)
+
+    async def _read(self) -> list[GatewayInfo]:
+        try:
+            started = self._clock.monotonic()
+            fresh = await self._fleet.live()
+            self._cached, self._at = fresh, started
+            return fresh
+        finally:
+            self._refresh = None
 
     def invalidate(self) -> None:
         self._cached = None

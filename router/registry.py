@@ -6,9 +6,12 @@ looks users up in pipelined chunks of at most 1000. Key layout: `shared.keys`.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
+
+from redis.exceptions import NoScriptError
 
 from router.redis_client import RedisClient, translate_errors
 from shared.clock import Clock
@@ -82,7 +85,7 @@ class RedisRouteRegistry:
         self._clock = clock
         self._ttl_ms = int(ttl_s * 1000)
         self._where = (gateway_id, group_id, ip, port)
-        self._upsert = redis.register_script(_UPSERT)
+        self._upsert_sha = hashlib.sha1(_UPSERT.encode()).hexdigest()
 
     def _value(self, now_ms: int) -> str:
         gateway_id, group_id, ip, port = self._where
@@ -114,17 +117,24 @@ class RedisRouteRegistry:
         """Apply registers and unregisters in order, in one pipelined round trip."""
         if not ops:
             return
+        try:
+            await self._apply(ops)
+        except NoScriptError:
+            # Redis restarted (or failed over) and lost its script cache: load and redo;
+            # every operation is idempotent.
+            await self._redis.script_load(_UPSERT)
+            await self._apply(ops)
+
+    async def _apply(self, ops: Sequence[RouteOp]) -> None:
+        # EVALSHA directly: redis-py's Script objects add a SCRIPT EXISTS round trip to
+        # every pipeline that carries them.
         now = self._clock.now_ms()
         value = self._value(now)
         pipe = self._redis.pipeline(transaction=False)
         for op in ops:
             key = self._keys.route(op.uid)
             if op.register:
-                await self._upsert(
-                    keys=[key],
-                    args=[op.conn_id, value, now, self._ttl_ms],
-                    client=pipe,  # type: ignore[arg-type]  # redis-py runs scripts in pipelines
-                )
+                pipe.evalsha(self._upsert_sha, 1, key, op.conn_id, value, now, self._ttl_ms)
             else:
                 pipe.hdel(key, op.conn_id)
         await pipe.execute()

@@ -45,10 +45,17 @@ class CoalescingRouteWriter:
             ]
             try:
                 await self._registry.apply([op for op, _ in batch])
-            except RegistryUnavailable as exc:
+            except asyncio.CancelledError:
+                for _, future in batch:
+                    future.cancel()
+                raise
+            except Exception as exc:  # every waiter hears of it, whatever it is
+                error = (
+                    exc if isinstance(exc, RegistryUnavailable) else RegistryUnavailable(str(exc))
+                )
                 for _, future in batch:
                     if not future.done():
-                        future.set_exception(exc)
+                        future.set_exception(error)
             else:
                 for _, future in batch:
                     if not future.done():

@@ -157,9 +157,9 @@ class Gateway:
             await self.fleet.withdraw(self.settings.gateway_id)
         self._ws_server.close(close_connections=True)
         await self._ws_server.wait_closed()
+        # wait_closed() waited for every connection and its unregister; the writer
+        # flushes what is still queued.
         await self._writer.aclose()
-        with contextlib.suppress(ImrouteError):
-            await self.registry.unregister_many(self.conns.registrations())
 
     async def _loop(self, interval: float, beat: Callable[[], Awaitable[None]]) -> None:
         while True:

@@ -53,9 +53,6 @@ class LocalConnections:
         self._count -= 1
         return True
 
-    def holds(self, conn: ClientConn) -> bool:
-        return conn in self._by_uid.get(conn.uid, ())
-
     def holds_registration(self, reg: Registration) -> bool:
         return any(c.conn_id == reg.conn_id for c in self._by_uid.get(reg.uid, ()))
 

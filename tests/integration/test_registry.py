@@ -174,3 +174,13 @@ async def test_a_burst_of_callers_waits_for_pool_connections(redis_url: str, pre
         # More concurrent callers than the pool has connections: they queue, none fail.
         results = await asyncio.gather(*(registry.lookup([f"u{i}"]) for i in range(POOL_SIZE * 4)))
         assert results == [{}] * (POOL_SIZE * 4)
+
+
+async def test_writes_survive_redis_losing_its_script_cache(
+    redis: aioredis.Redis, prefix: str
+) -> None:
+    a = reg(redis, prefix, "gw1")
+    await a.register("alice", "gw1.x.1")
+    await redis.script_flush()  # what a Redis restart or failover does
+    await a.register("bob", "gw1.x.2")
+    assert set(await a.lookup(["alice", "bob"])) == {"alice", "bob"}
