@@ -135,10 +135,7 @@ def create_app(settings: Settings, clock: Clock | None = None) -> FastAPI:
 
     @app.exception_handler(RequestValidationError)
     async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
-        detail = [
-            {"field": ".".join(str(p) for p in err["loc"]), "message": err["msg"]}
-            for err in exc.errors()
-        ]
+        detail = [_describe_error(err) for err in exc.errors()]
         return JSONResponse({"error": "invalid_request", "detail": detail}, status_code=422)
 
     @app.exception_handler(RegistryUnavailable)
@@ -219,6 +216,15 @@ def create_app(settings: Settings, clock: Clock | None = None) -> FastAPI:
 
     app.add_middleware(BodyLimit, max_bytes=MAX_BODY_BYTES)
     return app
+
+
+def _describe_error(err: Any) -> dict[str, str]:
+    if err.get("type") == "json_invalid":
+        # FastAPI locates a JSON syntax error at ("body", <offset>); say so plainly.
+        reason = (err.get("ctx") or {}).get("error", "")
+        position = err["loc"][1] if len(err["loc"]) > 1 else "?"
+        return {"field": "body", "message": f"invalid JSON at character {position}: {reason}"}
+    return {"field": ".".join(str(p) for p in err["loc"]), "message": err["msg"]}
 
 
 def encode_content(content: Any) -> bytes:

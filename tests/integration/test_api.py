@@ -52,6 +52,8 @@ async def test_invalid_json_is_422(redis_url: str, prefix: str, redis: object) -
         )
         assert resp.status_code == 422
         assert resp.json()["error"] == "invalid_request"
+        assert resp.json()["detail"][0]["field"] == "body"
+        assert "invalid JSON at character" in resp.json()["detail"][0]["message"]
         resp = await http.post(
             "/v1/push",
             content=b'{"to": ["a"], "content": NaN}',
