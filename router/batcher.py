@@ -1,0 +1,103 @@
+"""GroupBatcher: the pure core of group multicast batching.
+
+One batcher serves one push. Recipients arrive group by group as their routes are
+resolved; each group's buffer is published when it holds `batch_size` uids, or when
+its oldest entry has waited `flush_timeout_s`, and whatever is left goes at the end of
+the input. A high-priority push never waits: every buffer flushes after each chunk of
+input. Time comes from the injected clock, so all of this is testable without sleeping.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from shared.clock import Clock
+
+__all__ = ["FlushReason", "GroupBatcher", "ReadyBatch"]
+
+
+class FlushReason(StrEnum):
+    FULL = "full"
+    TIMEOUT = "timeout"
+    PRIORITY = "priority"
+    END = "end"
+
+
+@dataclass(frozen=True, slots=True)
+class ReadyBatch:
+    group_id: str
+    uids: tuple[str, ...]
+    reason: FlushReason
+
+
+@dataclass(slots=True)
+class _Buffer:
+    since: float
+    uids: list[str] = field(default_factory=list)
+    seen: set[str] = field(default_factory=set)
+
+
+class GroupBatcher:
+    def __init__(
+        self,
+        clock: Clock,
+        batch_size: int = 1000,
+        flush_timeout_s: float = 1.0,
+        *,
+        high_priority: bool = False,
+    ) -> None:
+        if batch_size < 1:
+            raise ValueError("batch_size must be at least 1")
+        if flush_timeout_s <= 0:
+            raise ValueError("flush_timeout_s must be positive")
+        self._clock = clock
+        self._size = batch_size
+        self._timeout = flush_timeout_s
+        self._high = high_priority
+        self._buffers: dict[str, _Buffer] = {}
+
+    def add(self, group_id: str, uid: str) -> ReadyBatch | None:
+        """Buffer one recipient; returns the group's batch if that filled it."""
+        buf = self._buffers.get(group_id)
+        if buf is None:
+            buf = self._buffers[group_id] = _Buffer(self._clock.monotonic())
+        if uid in buf.seen:  # two devices of one user in one group: one entry
+            return None
+        buf.seen.add(uid)
+        buf.uids.append(uid)
+        if len(buf.uids) >= self._size:
+            return self._take(group_id, FlushReason.FULL)
+        return None
+
+    def chunk_done(self) -> list[ReadyBatch]:
+        """After a chunk of input: high priority flushes everything, else what is due."""
+        if self._high:
+            return [self._take(g, FlushReason.PRIORITY) for g in list(self._buffers)]
+        return self.due()
+
+    def due(self) -> list[ReadyBatch]:
+        """Buffers whose oldest entry has waited the flush timeout."""
+        now = self._clock.monotonic()
+        return [
+            self._take(g, FlushReason.TIMEOUT)
+            for g, buf in list(self._buffers.items())
+            if now - buf.since >= self._timeout
+        ]
+
+    def next_deadline(self) -> float | None:
+        """When the oldest buffered entry comes due (monotonic seconds), if any."""
+        if not self._buffers:
+            return None
+        return min(buf.since for buf in self._buffers.values()) + self._timeout
+
+    def drain(self) -> list[ReadyBatch]:
+        """End of input: everything left, one batch per group."""
+        return [self._take(g, FlushReason.END) for g in list(self._buffers)]
+
+    def pending(self) -> int:
+        return sum(len(buf.uids) for buf in self._buffers.values())
+
+    def _take(self, group_id: str, reason: FlushReason) -> ReadyBatch:
+        buf = self._buffers.pop(group_id)
+        return ReadyBatch(group_id, tuple(buf.uids), reason)
