@@ -32,6 +32,7 @@ def to_batch(message: Message, uids: Sequence[str], batch_id: str) -> gateway_pb
             **{"from": message.sender},
         ),
         uids=uids,
+        mode=gateway_pb2.MODE_P2P,
     )
 
 

@@ -23,6 +23,7 @@ from shared.keys import KeySchema
 from shared.models import GatewayInfo
 from shared.settings import Settings, redact_url
 from socket_gateway.connections import LocalConnections
+from socket_gateway.dedup import RecentIds
 from socket_gateway.grpc_server import DeliverService, start_grpc_server
 from socket_gateway.ws_server import WsEndpoint, WsServer
 
@@ -43,7 +44,7 @@ class Gateway:
         self.settings = settings
         self.clock = clock or SystemClock()
         self.conns = LocalConnections(max_buffer=settings.max_write_buffer)
-        self.deliver_service = DeliverService(self.conns)
+        self.deliver_service = DeliverService(self.conns, self.clock, RecentIds(self.clock))
         self.ws_port = 0
         self.grpc_port = 0
         self._stack = AsyncExitStack()

@@ -63,6 +63,23 @@ class LocalConnections:
         for conns in self._by_uid.values():
             yield from conns
 
+    def deliver_all(self, frame: bytes) -> int:
+        """Write `frame` to every open local connection; returns how many."""
+        written = 0
+        limit = self.max_buffer
+        for conns in self._by_uid.values():
+            for conn in conns:
+                sink = conn.sink
+                if not sink.is_open():
+                    continue
+                if sink.buffered() > limit:
+                    self.slow_aborted += 1
+                    sink.abort()
+                    continue
+                sink.write(frame)
+                written += 1
+        return written
+
     def deliver(self, uids: Iterable[str], frame: bytes) -> tuple[list[str], list[str]]:
         """Write `frame` to every open connection of each uid; (delivered, missing) uids.
 

@@ -5,30 +5,46 @@ from __future__ import annotations
 import grpc
 import grpc.aio
 
+from shared.clock import Clock
 from shared.models import Message
 from shared.proto import gateway_pb2
 from shared.wire import encode_push_json, ws_text_frame
 from socket_gateway.connections import LocalConnections
+from socket_gateway.dedup import RecentIds
 
 __all__ = ["DeliverService", "start_grpc_server"]
 
 
 class DeliverService:
-    """Counts RPCs and batches so tests and metrics can see what a push cost."""
+    """Writes batches to local connections; counts what happened for tests and metrics."""
 
-    def __init__(self, conns: LocalConnections) -> None:
+    def __init__(self, conns: LocalConnections, clock: Clock, recent: RecentIds) -> None:
         self._conns = conns
+        self._clock = clock
+        self._recent = recent
         self.calls = 0
         self.batches = 0
+        self.duplicates = 0
+        self.expired = 0
 
     def deliver(self, batch: gateway_pb2.Batch) -> gateway_pb2.DeliverReply:
+        """Deliver one batch (from a gRPC call or the bus), at most once per batch_id."""
         self.batches += 1
+        if batch.expires_ms and self._clock.now_ms() > batch.expires_ms:
+            # Never late: an expired message is dropped here and counted.
+            self.expired += 1
+            return gateway_pb2.DeliverReply(expired=True)
+        if batch.batch_id and self._recent.check_and_add(batch.batch_id):
+            self.duplicates += 1
+            return gateway_pb2.DeliverReply(duplicate=True)
         m = batch.message
         message = Message(
             m.msg_id, m.push_id, m.msg_type, getattr(m, "from"), m.content_json, m.ts_ms
         )
-        # Encoded once per message, whatever the number of recipients.
+        # Encoded once per batch, whatever the number of recipients.
         frame = ws_text_frame(encode_push_json(message))
+        if batch.everyone:
+            return gateway_pb2.DeliverReply(connections=self._conns.deliver_all(frame))
         delivered, missing = self._conns.deliver(batch.uids, frame)
         return gateway_pb2.DeliverReply(delivered=delivered, missing=missing)
 

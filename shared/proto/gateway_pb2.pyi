@@ -11,6 +11,7 @@ from collections import abc as _abc
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 import builtins as _builtins
 import sys
 import typing as _typing
@@ -21,6 +22,25 @@ else:
     from typing_extensions import TypeAlias as _TypeAlias, Never as _Never
 
 DESCRIPTOR: _descriptor.FileDescriptor
+
+class _Mode:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _ModeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Mode.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    MODE_UNSPECIFIED: _Mode.ValueType  # 0
+    MODE_P2P: _Mode.ValueType  # 1
+    MODE_BROADCAST: _Mode.ValueType  # 2
+    MODE_MULTICAST: _Mode.ValueType  # 3
+
+class Mode(_Mode, metaclass=_ModeEnumTypeWrapper): ...
+
+MODE_UNSPECIFIED: Mode.ValueType  # 0
+MODE_P2P: Mode.ValueType  # 1
+MODE_BROADCAST: Mode.ValueType  # 2
+MODE_MULTICAST: Mode.ValueType  # 3
+Global___Mode: _TypeAlias = Mode  # noqa: Y015
 
 @_typing.final
 class Message(_message.Message):
@@ -63,7 +83,8 @@ Global___Message: _TypeAlias = Message  # noqa: Y015
 @_typing.final
 class Batch(_message.Message):
     """One message for a list of recipients. Uids the gateway does not hold are not
-    an error: that lets one batch serve many gateways.
+    an error: that lets one batch serve many gateways. The same message travels in
+    gRPC Deliver calls (P2P) and on the bus (broadcast, multicast).
     """
 
     DESCRIPTOR: _descriptor.Descriptor
@@ -71,7 +92,20 @@ class Batch(_message.Message):
     BATCH_ID_FIELD_NUMBER: _builtins.int
     MESSAGE_FIELD_NUMBER: _builtins.int
     UIDS_FIELD_NUMBER: _builtins.int
+    MODE_FIELD_NUMBER: _builtins.int
+    EVERYONE_FIELD_NUMBER: _builtins.int
+    GROUP_ID_FIELD_NUMBER: _builtins.int
+    EXPIRES_MS_FIELD_NUMBER: _builtins.int
     batch_id: _builtins.str
+    mode: Global___Mode.ValueType
+    everyone: _builtins.bool
+    """Every local connection instead of `uids` (a broadcast to whoever is online)."""
+    group_id: _builtins.str
+    """The group a multicast batch was built for; empty otherwise."""
+    expires_ms: _builtins.int
+    """Epoch ms after which the gateway drops the batch instead of delivering it
+    late; 0 means no expiry.
+    """
     @_builtins.property
     def message(self) -> Global___Message: ...
     @_builtins.property
@@ -82,10 +116,14 @@ class Batch(_message.Message):
         batch_id: _builtins.str = ...,
         message: Global___Message | None = ...,
         uids: _abc.Iterable[_builtins.str] | None = ...,
+        mode: Global___Mode.ValueType = ...,
+        everyone: _builtins.bool = ...,
+        group_id: _builtins.str = ...,
+        expires_ms: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["message", b"message"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["batch_id", b"batch_id", "message", b"message", "uids", b"uids"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["batch_id", b"batch_id", "everyone", b"everyone", "expires_ms", b"expires_ms", "group_id", b"group_id", "message", b"message", "mode", b"mode", "uids", b"uids"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -97,6 +135,15 @@ class DeliverReply(_message.Message):
 
     DELIVERED_FIELD_NUMBER: _builtins.int
     MISSING_FIELD_NUMBER: _builtins.int
+    CONNECTIONS_FIELD_NUMBER: _builtins.int
+    DUPLICATE_FIELD_NUMBER: _builtins.int
+    EXPIRED_FIELD_NUMBER: _builtins.int
+    connections: _builtins.int
+    """Connections written to (for `everyone` batches, which list no uids)."""
+    duplicate: _builtins.bool
+    """The gateway already delivered a batch with this batch_id: nothing was written."""
+    expired: _builtins.bool
+    """The batch arrived after its expires_ms: nothing was written."""
     @_builtins.property
     def delivered(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """Uids with at least one local connection that was written to."""
@@ -110,10 +157,13 @@ class DeliverReply(_message.Message):
         *,
         delivered: _abc.Iterable[_builtins.str] | None = ...,
         missing: _abc.Iterable[_builtins.str] | None = ...,
+        connections: _builtins.int = ...,
+        duplicate: _builtins.bool = ...,
+        expired: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["delivered", b"delivered", "missing", b"missing"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["connections", b"connections", "delivered", b"delivered", "duplicate", b"duplicate", "expired", b"expired", "missing", b"missing"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -1,0 +1,56 @@
+"""The gateway's Deliver semantics over real gRPC: everyone, expiry and duplicates."""
+
+from __future__ import annotations
+
+import pytest
+
+from router.gateway_client import GrpcGatewayClients
+from router.p2p import to_batch
+from shared.clock import SystemClock
+from shared.models import Message
+from shared.proto import gateway_pb2
+from tests.integration.stack import client, gateway, nothing_more, recv_json
+
+pytestmark = pytest.mark.integration
+
+
+def message(n: int = 1) -> Message:
+    return Message(f"m{n}", f"p{n}", 0, "admin", b'{"n":%d}' % n, SystemClock().now_ms())
+
+
+async def test_everyone_duplicate_and_expired_batches(
+    redis_url: str, prefix: str, redis: object
+) -> None:
+    clients = GrpcGatewayClients()
+    async with gateway(redis_url, prefix, "gw1", "g1") as gw:
+        address = f"127.0.0.1:{gw.grpc_port}"
+        async with client(gw, "a") as a1, client(gw, "a") as a2, client(gw, "b") as b:
+            everyone = to_batch(message(1), [], "batch-1")
+            everyone.everyone = True
+            everyone.mode = gateway_pb2.MODE_BROADCAST
+            reply = await clients.deliver("gw1", address, everyone, 2.0)
+            assert reply.connections == 3 and not reply.duplicate
+            for ws in (a1, a2, b):
+                assert (await recv_json(ws))["content"] == {"n": 1}
+
+            # The same batch again (a bus redelivery, a hedged duplicate): written once.
+            again = await clients.deliver("gw1", address, everyone, 2.0)
+            assert again.duplicate and again.connections == 0
+            for ws in (a1, a2, b):
+                assert await nothing_more(ws, 0.1)
+
+            late = to_batch(message(2), ["a", "b"], "batch-2")
+            late.expires_ms = SystemClock().now_ms() - 1
+            dropped = await clients.deliver("gw1", address, late, 2.0)
+            assert dropped.expired and list(dropped.delivered) == []
+            assert await nothing_more(b, 0.1)
+
+            fresh = to_batch(message(3), ["b", "nobody"], "batch-3")
+            fresh.expires_ms = SystemClock().now_ms() + 60_000
+            ok = await clients.deliver("gw1", address, fresh, 2.0)
+            assert list(ok.delivered) == ["b"] and list(ok.missing) == ["nobody"]
+            assert (await recv_json(b))["content"] == {"n": 3}
+            assert await nothing_more(a1, 0.1)
+        stats = gw.deliver_service
+        assert (stats.batches, stats.duplicates, stats.expired) == (4, 1, 1)
+    await clients.close()
