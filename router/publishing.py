@@ -1,0 +1,83 @@
+"""What broadcast and multicast hand their batches to: a topic, the bytes, attributes.
+
+Batches are encoded once here; every bus transport (and, later, every hedged attempt)
+sends the same bytes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from router.p2p import to_batch
+from shared.ids import new_id
+from shared.models import Message
+from shared.proto import gateway_pb2
+
+__all__ = ["BROADCAST_TOPIC", "BatchPublisher", "Publisher", "PushCounters", "group_topic"]
+
+BROADCAST_TOPIC = "broadcast"
+
+
+def group_topic(group_id: str) -> str:
+    return f"group.{group_id}"
+
+
+class Publisher(Protocol):
+    """The publishing half of the bus."""
+
+    async def publish(
+        self, topic: str, data: bytes, attributes: Mapping[str, str] | None = None
+    ) -> str: ...
+
+
+@dataclass(slots=True)
+class PushCounters:
+    """What a broadcast or multicast job did, for its status record."""
+
+    recipients: int = 0
+    online: int = 0
+    offline: int = 0
+    batches: int = 0
+    published: int = 0
+    failed_batches: int = 0
+    per_group: dict[str, int] = field(default_factory=dict)
+
+
+class BatchPublisher:
+    """Builds one Batch per call, encodes it once and publishes it to its topic."""
+
+    def __init__(
+        self, publisher: Publisher, message: Message, expires_ms: int, counters: PushCounters
+    ) -> None:
+        self._publisher = publisher
+        self._message = message
+        self._expires_ms = expires_ms
+        self.counters = counters
+
+    async def publish(
+        self,
+        mode: gateway_pb2.Mode.ValueType,
+        topic: str,
+        uids: Sequence[str] = (),
+        *,
+        group_id: str = "",
+        everyone: bool = False,
+    ) -> None:
+        batch = to_batch(self._message, uids, new_id())
+        batch.mode = mode
+        batch.group_id = group_id
+        batch.everyone = everyone
+        batch.expires_ms = self._expires_ms
+        attributes = {
+            "batch_id": batch.batch_id,
+            "push_id": self._message.push_id,
+            "mode": gateway_pb2.Mode.Name(mode),
+            "group_id": group_id,
+        }
+        self.counters.batches += 1
+        if group_id:
+            self.counters.per_group[group_id] = self.counters.per_group.get(group_id, 0) + 1
+        await self._publisher.publish(topic, batch.SerializeToString(), attributes)
+        self.counters.published += 1

@@ -1,0 +1,126 @@
+"""Group multicast planning against a real Redis route registry.
+
+The bus here is an in-memory recorder: what is under test is which batches the
+planner publishes; the bus transports have their own contract tests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections.abc import AsyncIterator, Mapping, Sequence
+from typing import Any
+
+import pytest
+import redis.asyncio as aioredis
+
+from router.multicast import chunked, run_multicast
+from router.publishing import BatchPublisher, PushCounters
+from router.registry import RedisRouteRegistry, Registration
+from shared.clock import SystemClock
+from shared.keys import KeySchema
+from shared.models import Message
+from shared.proto import gateway_pb2
+from tests.integration.test_registry import CountingPipelines
+
+pytestmark = pytest.mark.integration
+
+GROUPS = ("g1", "g2", "g3", "g4")
+
+
+class RecordingBus:
+    def __init__(self) -> None:
+        self.published: list[tuple[str, gateway_pb2.Batch, dict[str, str]]] = []
+        self.times: list[float] = []
+
+    async def publish(
+        self, topic: str, data: bytes, attributes: Mapping[str, str] | None = None
+    ) -> str:
+        self.published.append((topic, gateway_pb2.Batch.FromString(data), dict(attributes or {})))
+        self.times.append(asyncio.get_running_loop().time())
+        return str(len(self.published))
+
+
+def message() -> Message:
+    return Message("m1", "p1", 0, "admin", b'"hi"', SystemClock().now_ms())
+
+
+async def online(redis: Any, prefix: str, uids: Sequence[str]) -> None:
+    """Register each uid on a gateway of group GROUPS[i % 4]."""
+    for g, group in enumerate(GROUPS):
+        writer = RedisRouteRegistry(
+            redis,
+            KeySchema(prefix),
+            SystemClock(),
+            gateway_id=f"gw-{group}",
+            group_id=group,
+            ip="127.0.0.1",
+            port=9000 + g,
+        )
+        await writer.refresh(Registration(u, f"c-{u}") for i, u in enumerate(uids) if i % 4 == g)
+
+
+async def test_multicast_batches_per_group(redis: aioredis.Redis, prefix: str) -> None:
+    uids = [f"u{i:05d}" for i in range(5000)]
+    online_uids = uids[:4000]
+    await online(redis, prefix, online_uids)
+    counting = CountingPipelines(redis)
+    registry = RedisRouteRegistry(counting, KeySchema(prefix), SystemClock())
+    bus = RecordingBus()
+    counters = PushCounters()
+    publisher = BatchPublisher(bus, message(), 0, counters)
+    await run_multicast(chunked([*uids, "ghost"]), registry, publisher, SystemClock())
+
+    assert (counters.recipients, counters.online, counters.offline) == (5001, 4000, 1001)
+    assert counting.executions == math.ceil(5001 / 1000)  # one round trip per 1000
+    per_group: dict[str, list[str]] = {}
+    for topic, batch, attrs in bus.published:
+        assert topic == f"group.{batch.group_id}"
+        assert batch.mode == gateway_pb2.MODE_MULTICAST
+        assert len(batch.uids) <= 1000
+        assert attrs["batch_id"] == batch.batch_id and attrs["push_id"] == "p1"
+        assert batch.message.msg_id == "m1"
+        per_group.setdefault(batch.group_id, []).extend(batch.uids)
+    for g, group in enumerate(GROUPS):
+        expected = [u for i, u in enumerate(online_uids) if i % 4 == g]
+        assert sorted(per_group[group]) == expected  # each exactly once
+        assert counters.per_group[group] == math.ceil(len(expected) / 1000)
+    assert counters.published == counters.batches == len(bus.published) == 4
+
+
+async def test_a_slow_input_is_flushed_by_the_timeout(redis: aioredis.Redis, prefix: str) -> None:
+    await online(redis, prefix, ["a", "b"])
+    registry = RedisRouteRegistry(redis, KeySchema(prefix), SystemClock())
+    bus = RecordingBus()
+    publisher = BatchPublisher(bus, message(), 0, PushCounters())
+
+    async def slow() -> AsyncIterator[list[str]]:
+        yield ["a"]
+        await asyncio.sleep(0.5)  # the input stalls; a's buffer must not wait for it
+        yield ["b"]
+
+    started = asyncio.get_running_loop().time()
+    await run_multicast(slow(), registry, publisher, SystemClock(), flush_timeout_s=0.1)
+    assert [list(b.uids) for _, b, _ in bus.published] == [["a"], ["b"]]
+    assert 0.08 <= bus.times[0] - started < 0.4  # by the timeout, not at the end
+
+
+async def test_high_priority_does_not_wait_for_the_buffer(
+    redis: aioredis.Redis, prefix: str
+) -> None:
+    await online(redis, prefix, ["a", "b", "c", "d"])
+    registry = RedisRouteRegistry(redis, KeySchema(prefix), SystemClock())
+    bus = RecordingBus()
+    publisher = BatchPublisher(bus, message(), 0, PushCounters())
+
+    async def chunks() -> AsyncIterator[list[str]]:
+        yield ["a"]
+        await asyncio.sleep(0.3)
+        yield ["b"]
+
+    started = asyncio.get_running_loop().time()
+    await run_multicast(
+        chunks(), registry, publisher, SystemClock(), flush_timeout_s=10, high_priority=True
+    )
+    assert [list(b.uids) for _, b, _ in bus.published] == [["a"], ["b"]]
+    assert bus.times[0] - started < 0.1
