@@ -9,6 +9,10 @@ The gateway writes these keys and the router reads them, so both go through here
   counting at their deadline and vanish from Redis within one route TTL.
 - ``{prefix}gw:{gateway_id}`` is the gateway's JSON record, with a PEXPIRE.
 - ``{prefix}gateways`` is a sorted set, ``gateway_id`` scored by its record's deadline.
+- ``{prefix}job:{push_id}`` is a broadcast or multicast job's status hash; it expires a
+  week after the job finished.
+- ``{prefix}jobs:running`` is a sorted set of running jobs' push ids scored by the end of
+  their lease; a job whose lease lapsed was orphaned by a dead push service.
 """
 
 from __future__ import annotations
@@ -55,6 +59,12 @@ class KeySchema:
 
     def gateways(self) -> str:
         return f"{self.prefix}gateways"
+
+    def job(self, push_id: str) -> str:
+        return f"{self.prefix}job:{push_id}"
+
+    def jobs_running(self) -> str:
+        return f"{self.prefix}jobs:running"
 
 
 def encode_route(gateway_id: str, group_id: str, ip: str, port: int, expires_ms: int) -> str:
