@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 from collections.abc import AsyncIterator
@@ -28,7 +29,7 @@ from router.coalescer import CoalescingGatewayClient
 from router.fleet import CachedFleet, RedisGatewayFleet
 from router.gateway_client import GrpcGatewayClients
 from router.p2p import P2PPusher
-from router.redis_client import RedisClient, connect_redis, ping
+from router.redis_client import RedisClient, create_redis, ping
 from router.registry import RedisRouteRegistry
 from shared.auth import api_key_matches
 from shared.clock import Clock, SystemClock
@@ -84,9 +85,13 @@ def create_app(settings: Settings, clock: Clock | None = None) -> FastAPI:
     clock = clock or SystemClock()
     keys = KeySchema(settings.redis_prefix)
 
+    # Built here, not in the lifespan, so a bad IMROUTE_REDIS_URL stops the program with
+    # a message before the server starts.
+    redis_client = create_redis(settings.redis_url)
+
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        async with connect_redis(settings.redis_url) as redis:
+        async with contextlib.aclosing(redis_client) as redis:
             clients = CoalescingGatewayClient(GrpcGatewayClients())
             registry = RedisRouteRegistry(redis, keys, clock)
             # The fleet's TTL is the gateways' to set; readers only read.

@@ -9,10 +9,6 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 __all__ = ["BodyLimit"]
 
 
-class _TooLarge(Exception):
-    pass
-
-
 class BodyLimit:
     def __init__(self, app: ASGIApp, max_bytes: int) -> None:
         self.app = app
@@ -27,27 +23,28 @@ class BodyLimit:
                 await self._reject(send)
                 return
         seen = 0
-        started = False
+        rejected = False
 
         async def counting_receive() -> Message:
-            nonlocal seen
+            nonlocal seen, rejected
+            if rejected:
+                return {"type": "http.disconnect"}
             message = await receive()
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
                 if seen > self.max_bytes:
-                    raise _TooLarge
+                    # Answer here: an exception would be turned into a 400 by the app's
+                    # body parsing before it reached us. The app then sees a disconnect.
+                    rejected = True
+                    await self._reject(send)
+                    return {"type": "http.disconnect"}
             return message
 
-        async def tracking_send(message: Message) -> None:
-            nonlocal started
-            started = started or message["type"] == "http.response.start"
-            await send(message)
+        async def guarded_send(message: Message) -> None:
+            if not rejected:  # the 413 is the whole answer
+                await send(message)
 
-        try:
-            await self.app(scope, counting_receive, tracking_send)
-        except _TooLarge:
-            if not started:
-                await self._reject(send)
+        await self.app(scope, counting_receive, guarded_send)
 
     async def _reject(self, send: Send) -> None:
         body = json.dumps(

@@ -4,7 +4,17 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field, JsonValue, StringConstraints, field_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    JsonValue,
+    StringConstraints,
+    field_validator,
+)
+
+from shared.auth import valid_uid
 
 __all__ = [
     "MAX_CONTENT_BYTES",
@@ -21,7 +31,14 @@ __all__ = [
 MAX_RECIPIENTS = 1000
 MAX_CONTENT_BYTES = 64 * 1024
 
-Uid = Annotated[str, StringConstraints(min_length=1, max_length=128)]
+
+def _check_uid(uid: str) -> str:
+    if not valid_uid(uid):
+        raise ValueError("must be 1-128 characters of valid Unicode")
+    return uid
+
+
+Uid = Annotated[str, StringConstraints(min_length=1, max_length=128), AfterValidator(_check_uid)]
 
 
 class PushIn(BaseModel):

@@ -35,7 +35,6 @@ class ReadyBatch:
 class _Buffer:
     since: float
     uids: list[str] = field(default_factory=list)
-    seen: set[str] = field(default_factory=set)
 
 
 class GroupBatcher:
@@ -58,13 +57,14 @@ class GroupBatcher:
         self._buffers: dict[str, _Buffer] = {}
 
     def add(self, group_id: str, uid: str) -> ReadyBatch | None:
-        """Buffer one recipient; returns the group's batch if that filled it."""
+        """Buffer one recipient; returns the group's batch if that filled it.
+
+        Callers add each (group, uid) once per push: a set of every uid seen would cost
+        memory per recipient, and a per-buffer one would miss repeats across a flush.
+        """
         buf = self._buffers.get(group_id)
         if buf is None:
             buf = self._buffers[group_id] = _Buffer(self._clock.monotonic())
-        if uid in buf.seen:  # two devices of one user in one group: one entry
-            return None
-        buf.seen.add(uid)
         buf.uids.append(uid)
         if len(buf.uids) >= self._size:
             return self._take(group_id, FlushReason.FULL)

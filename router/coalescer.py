@@ -18,7 +18,10 @@ from router.gateway_client import ManyGatewayClient
 from shared.errors import GatewayUnavailable
 from shared.proto import gateway_pb2
 
-__all__ = ["CoalescingGatewayClient"]
+__all__ = ["MAX_CALL_BYTES", "CoalescingGatewayClient"]
+
+# Well under gRPC's 16 MiB message limit, whatever the batches' sizes.
+MAX_CALL_BYTES = 4 << 20
 
 
 @dataclass(slots=True)
@@ -38,11 +41,16 @@ class _Lane:
 
 class CoalescingGatewayClient:
     def __init__(
-        self, inner: ManyGatewayClient, max_in_flight: int = 4, max_batches: int = 256
+        self,
+        inner: ManyGatewayClient,
+        max_in_flight: int = 4,
+        max_batches: int = 256,
+        max_bytes: int = MAX_CALL_BYTES,
     ) -> None:
         self._inner = inner
         self._max_in_flight = max_in_flight
         self._max_batches = max_batches
+        self._max_bytes = max_bytes
         self._lanes: dict[str, _Lane] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self.many_calls = 0
@@ -66,12 +74,29 @@ class CoalescingGatewayClient:
         return await future
 
     def _drain(self, lane: _Lane) -> None:
-        if not lane.queue or lane.in_flight >= self._max_in_flight:
-            return
+        """Start calls for what is queued, while the lane has calls to spare."""
+        while lane.queue and lane.in_flight < self._max_in_flight:
+            items = self._take(lane)
+            if not items:
+                return
+            lane.in_flight += 1
+            task = asyncio.create_task(
+                self._send(lane, items), name=f"deliver-many:{lane.gateway_id}"
+            )
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    def _take(self, lane: _Lane) -> list[_Queued]:
+        """The next call's batches: up to max_batches and max_bytes, callers still waiting."""
         now = asyncio.get_running_loop().time()
         items: list[_Queued] = []
+        size = 0
         while lane.queue and len(items) < self._max_batches:
-            item = lane.queue.popleft()
+            item = lane.queue[0]
+            item_size = item.batch.ByteSize()
+            if items and size + item_size > self._max_bytes:
+                break  # the rest leaves in the next call
+            lane.queue.popleft()
             if item.future.done():  # its caller gave up
                 continue
             if item.deadline <= now:
@@ -80,12 +105,8 @@ class CoalescingGatewayClient:
                 )
                 continue
             items.append(item)
-        if not items:
-            return
-        lane.in_flight += 1
-        task = asyncio.create_task(self._send(lane, items), name=f"deliver-many:{lane.gateway_id}")
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+            size += item_size
+        return items
 
     async def _send(self, lane: _Lane, items: Sequence[_Queued]) -> None:
         timeout = min(i.deadline for i in items) - asyncio.get_running_loop().time()
@@ -94,10 +115,19 @@ class CoalescingGatewayClient:
             replies = await self._inner.deliver_many(
                 lane.gateway_id, lane.address, [i.batch for i in items], max(timeout, 0.001)
             )
-        except GatewayUnavailable as exc:
+        except BaseException as exc:
+            # Whatever happened (a gateway error, a bug, close() cancelling us), every
+            # caller waiting on this call hears of it: none may hang.
+            error = (
+                exc
+                if isinstance(exc, GatewayUnavailable)
+                else GatewayUnavailable(lane.gateway_id, f"{type(exc).__name__}: {exc}")
+            )
             for item in items:
                 if not item.future.done():
-                    item.future.set_exception(exc)
+                    item.future.set_exception(error)
+            if not isinstance(exc, Exception):
+                raise
         else:
             for item, reply in zip(items, replies, strict=True):
                 if not item.future.done():

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
 import json
 import os
 import secrets
@@ -19,18 +17,11 @@ from dataclasses import dataclass, field
 from types import FrameType
 
 from router.embedded_redis import EmbeddedRedis, redis_answers
+from router.procs import die_with_parent
 from shared.errors import ConfigError
 from shared.settings import Settings, redact_url
 
 __all__ = ["DevOptions", "DevStack"]
-
-_PR_SET_PDEATHSIG = 1
-
-
-def _die_with_parent() -> None:
-    """In the child: get SIGTERM if `imroute dev` itself dies (even by SIGKILL)."""
-    with contextlib.suppress(OSError):
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 @dataclass(frozen=True)
@@ -62,9 +53,15 @@ class DevStack:
         if not 1 <= o.gateways <= 64 or not 1 <= o.groups <= o.gateways:
             raise ConfigError("--gateways must be 1-64 and --groups 1..gateways")
         settings = Settings.load(self.environ)
-        for name, port in [("--port", o.port)] + [
+        ports = [("--port", o.port)] + [
             (f"{gid} ports", p) for gid, ws, grpc, _ in self.ports() for p in (ws, grpc)
-        ]:
+        ]
+        for name, port in ports:
+            if not 1 <= port <= 65535:
+                raise ConfigError(
+                    f"--port {o.port}: {name} would be {port}, outside 1-65535 "
+                    f"(gateway i uses PORT+i and PORT+1000+i)"
+                )
             if not _port_free(o.host, port):
                 raise ConfigError(f"{name}: port {port} on {o.host} is already in use")
         env = dict(self.environ)
@@ -73,20 +70,23 @@ class DevStack:
             env["IMROUTE_API_KEY"] = shown["api key"] = secrets.token_urlsafe(24)
         if settings.secret is None:
             env["IMROUTE_SECRET"] = shown["secret"] = secrets.token_urlsafe(32)
-        redis_url = settings.redis_url
-        if not redis_answers(redis_url):
-            self.redis = EmbeddedRedis()
-            redis_url = self.redis.start()
-            print(
-                f"no Redis at {redact_url(settings.redis_url)}: started an embedded one "
-                f"at {redis_url}",
-                flush=True,
-            )
-        env["IMROUTE_REDIS_URL"] = redis_url
 
+        # Handlers first: a Ctrl-C at any point from here on stops what was started.
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, self._on_signal)
         try:
+            redis_url = settings.redis_url
+            if not redis_answers(redis_url):
+                self.redis = EmbeddedRedis()
+                redis_url = self.redis.start()
+                print(
+                    f"no Redis at {redact_url(settings.redis_url)}: started an embedded one "
+                    f"at {redis_url}",
+                    flush=True,
+                )
+            env["IMROUTE_REDIS_URL"] = redis_url
+            if self._stopping:
+                return 0
             self._spawn(
                 "push-service",
                 [sys.executable, "-m", "push_service", "--host", o.host, "--port", str(o.port)],
@@ -127,7 +127,7 @@ class DevStack:
             argv,
             env=env,
             stdin=subprocess.DEVNULL,
-            preexec_fn=_die_with_parent,  # noqa: PLW1509
+            preexec_fn=die_with_parent,  # noqa: PLW1509
         )
         self.procs.append((name, proc))
 

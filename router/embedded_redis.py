@@ -17,6 +17,8 @@ from types import TracebackType
 import redis
 import redis.exceptions
 
+from router.procs import die_with_parent
+
 __all__ = ["EmbeddedRedis", "find_redis_server", "redis_answers"]
 
 
@@ -86,6 +88,7 @@ class EmbeddedRedis:
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
+            preexec_fn=die_with_parent,  # noqa: PLW1509  # started before any thread
         )
         self.url = f"unix://{sock}"
         deadline = time.monotonic() + timeout_s

@@ -95,5 +95,11 @@ class CachedFleet:
         finally:
             self._refresh = None
 
+    def age(self) -> float:
+        """Seconds since the cached copy was read (infinite when there is none)."""
+        if self._cached is None:
+            return float("inf")
+        return self._clock.monotonic() - self._at
+
     def invalidate(self) -> None:
         self._cached = None

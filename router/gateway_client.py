@@ -88,8 +88,8 @@ class GrpcGatewayClients:
     ) -> gateway_pb2.DeliverReply:
         try:
             return await self._stub(address).deliver(batch, timeout=timeout_s)
-        except grpc.aio.AioRpcError as exc:
-            raise GatewayUnavailable(gateway_id, f"{exc.code().name}: {exc.details()}") from None
+        except (grpc.aio.AioRpcError, grpc.aio.BaseError, grpc.RpcError, ValueError) as exc:
+            raise _translate(gateway_id, exc) from None
 
     async def deliver_many(
         self,
@@ -101,8 +101,8 @@ class GrpcGatewayClients:
         request = gateway_pb2.DeliverManyRequest(batches=batches)
         try:
             reply = await self._stub(address).deliver_many(request, timeout=timeout_s)
-        except grpc.aio.AioRpcError as exc:
-            raise GatewayUnavailable(gateway_id, f"{exc.code().name}: {exc.details()}") from None
+        except (grpc.aio.AioRpcError, grpc.aio.BaseError, grpc.RpcError, ValueError) as exc:
+            raise _translate(gateway_id, exc) from None
         if len(reply.replies) != len(batches):
             raise GatewayUnavailable(gateway_id, "DeliverMany answered the wrong number of batches")
         return list(reply.replies)
@@ -112,3 +112,10 @@ class GrpcGatewayClients:
         self._stubs.clear()
         for stub in stubs:
             await stub.channel.close()
+
+
+def _translate(gateway_id: str, exc: Exception) -> GatewayUnavailable:
+    """Every grpc failure (and a bad address) as our error, naming the status code."""
+    if isinstance(exc, grpc.aio.AioRpcError):
+        return GatewayUnavailable(gateway_id, f"{exc.code().name}: {exc.details()}")
+    return GatewayUnavailable(gateway_id, f"{type(exc).__name__}: {exc}")

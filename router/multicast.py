@@ -70,8 +70,9 @@ async def run_multicast(
                     counters.offline += 1
                     continue
                 counters.online += 1
-                for route in user_routes:
-                    full = batcher.add(route.group_id, uid)
+                # Several devices of one user in one group: the group gets the uid once.
+                for group_id in {route.group_id for route in user_routes}:
+                    full = batcher.add(group_id, uid)
                     if full is not None:
                         await _publish(publisher, full)
             await _publish_all(publisher, batcher.chunk_done())

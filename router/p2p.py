@@ -19,6 +19,10 @@ __all__ = ["P2PPusher", "to_batch"]
 
 log = logging.getLogger(__name__)
 
+# A route of an unknown gateway makes the push re-read the fleet if the cached copy is
+# older than this.
+STALE_RECHECK_S = 0.25
+
 
 def to_batch(message: Message, uids: Sequence[str], batch_id: str) -> gateway_pb2.Batch:
     return gateway_pb2.Batch(
@@ -54,8 +58,9 @@ class P2PPusher:
     async def push(self, message: Message, uids: Sequence[str]) -> PushOutcome:
         routes = await self._registry.lookup(uids)
         plan = plan_p2p(uids, routes, await self._live())
-        if plan.stale:
-            # The cache may predate a gateway that just started: ask Redis once more.
+        if plan.stale and self._fleet.age() > STALE_RECHECK_S:
+            # The cache may predate a gateway that just started: ask Redis once more (but
+            # not on every push while a dead gateway's routes are still expiring).
             self._fleet.invalidate()
             plan = plan_p2p(uids, routes, await self._live())
         outcomes = await asyncio.gather(
@@ -70,8 +75,8 @@ class P2PPusher:
         await self._forget(outcome.gone)
         return outcome
 
-    async def _live(self) -> set[str]:
-        return {g.gateway_id for g in await self._fleet.live()}
+    async def _live(self) -> dict[str, str]:
+        return {g.gateway_id: g.grpc_address for g in await self._fleet.live()}
 
     async def _deliver(self, message: Message, target: Target) -> GatewayOutcome:
         batch = to_batch(message, target.uids, new_id())

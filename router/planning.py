@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from shared.models import Route
@@ -31,11 +31,15 @@ class DeliveryPlan:
 def plan_p2p(
     uids: Sequence[str],
     routes: Mapping[str, Sequence[Route]],
-    live_gateways: Collection[str] | None,
+    live_gateways: Mapping[str, str] | None,
 ) -> DeliveryPlan:
     """Group each uid under every live gateway that holds one of its connections.
 
-    `live_gateways` None means the fleet is unknown and every route is tried.
+    `live_gateways` maps each live gateway id to the gRPC address it announces. A route
+    is trusted only if its gateway is live *at the route's address*: a gateway that
+    restarted elsewhere (a new pod IP, a new port) still has routes written by its
+    previous life until they expire, and those must not be called. None means the
+    fleet is unknown and every route is tried.
     """
     targets: dict[str, Target] = {}
     offline: list[str] = []
@@ -43,7 +47,9 @@ def plan_p2p(
     for uid in uids:
         reachable = False
         for route in routes.get(uid, ()):
-            if live_gateways is not None and route.gateway_id not in live_gateways:
+            if live_gateways is not None and live_gateways.get(route.gateway_id) != (
+                route.grpc_address
+            ):
                 stale.append(route)
                 continue
             target = targets.get(route.gateway_id)

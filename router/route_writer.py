@@ -11,14 +11,14 @@ import asyncio
 import contextlib
 from collections import deque
 
-from router.registry import RedisRouteRegistry, RouteOp
+from router.registry import RouteOp, RouteRegistry
 from shared.errors import RegistryUnavailable
 
 __all__ = ["CoalescingRouteWriter"]
 
 
 class CoalescingRouteWriter:
-    def __init__(self, registry: RedisRouteRegistry, max_batch: int = 1000) -> None:
+    def __init__(self, registry: RouteRegistry, max_batch: int = 1000) -> None:
         self._registry = registry
         self._max_batch = max_batch
         self._pending: deque[tuple[RouteOp, asyncio.Future[None]]] = deque()

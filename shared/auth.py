@@ -9,15 +9,15 @@ import jwt
 from shared.clock import Clock
 from shared.errors import AuthError
 
-__all__ = ["api_key_matches", "issue_token", "verify_token"]
+__all__ = ["api_key_matches", "issue_token", "valid_uid", "verify_token"]
 
 _ALGORITHM = "HS256"
 
 
 def issue_token(secret: str, uid: str, ttl_s: int, clock: Clock) -> str:
     """A client token for `uid`, valid for `ttl_s` seconds."""
-    if not uid or len(uid) > 128:
-        raise AuthError("uid must be 1-128 characters")
+    if not valid_uid(uid):
+        raise AuthError("uid must be 1-128 characters of valid Unicode")
     if ttl_s <= 0:
         raise AuthError("ttl must be positive")
     now = clock.now_ms() // 1000
@@ -42,9 +42,20 @@ def verify_token(secret: str, token: str | None, clock: Clock) -> str:
     if not isinstance(exp, int | float) or exp * 1000 <= clock.now_ms():
         raise AuthError("token expired")
     uid = claims["sub"]
-    if not isinstance(uid, str) or not uid or len(uid) > 128:
+    if not isinstance(uid, str) or not valid_uid(uid):
         raise AuthError("invalid token: sub must be a uid of 1-128 characters")
     return uid
+
+
+def valid_uid(uid: str) -> bool:
+    """1-128 characters that are valid Unicode (no lone surrogates, which JSON allows)."""
+    if not uid or len(uid) > 128:
+        return False
+    try:
+        uid.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def api_key_matches(expected: str, presented: str) -> bool:

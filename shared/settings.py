@@ -27,10 +27,18 @@ class Settings(BaseSettings):
     api_key: SecretStr | None = None
     secret: SecretStr | None = None
 
+    # the bus broadcast and multicast batches travel on; None means Redis Streams on
+    # IMROUTE_REDIS_URL (the embedded default)
+    bus_url: str | None = None
+    # the user directory broadcast pages through (a SQLAlchemy async URL)
+    db_url: str = "sqlite+aiosqlite:///imroute-users.db"
+
     # push service
     host: str = "127.0.0.1"
     port: int = Field(8080, ge=0, le=65535)
     deliver_timeout_s: float = Field(2.0, gt=0, le=60)
+    batch_size: int = Field(1000, ge=1, le=10_000)
+    flush_timeout_s: float = Field(1.0, gt=0, le=60)
     gateway_cache_s: float = Field(1.0, ge=0, le=60)
 
     # gateway
@@ -43,7 +51,7 @@ class Settings(BaseSettings):
     advertise_host: str | None = None
     ws_public_url: str | None = None
     route_ttl_s: float = Field(60.0, ge=1, le=3600)
-    heartbeat_s: float = Field(2.0, gt=0, le=600)
+    heartbeat_s: float = Field(2.0, ge=0.1, le=600)
     max_write_buffer: int = Field(1 << 20, ge=1024)
 
     log_level: str = "info"
@@ -61,6 +69,26 @@ class Settings(BaseSettings):
         if not value.startswith(("redis://", "rediss://", "unix://", "redis+cluster://")):
             raise ValueError("must start with redis://, rediss://, unix:// or redis+cluster://")
         return value
+
+    @field_validator("bus_url")
+    @classmethod
+    def _bus_url(cls, value: str | None) -> str | None:
+        if value is not None and not value.startswith(
+            ("redis://", "rediss://", "unix://", "pubsub://")
+        ):
+            raise ValueError("must start with redis://, rediss://, unix:// or pubsub://")
+        return value
+
+    @field_validator("db_url")
+    @classmethod
+    def _db_url(cls, value: str) -> str:
+        if not value.startswith(("sqlite+aiosqlite://", "postgresql+asyncpg://")):
+            raise ValueError("must be a sqlite+aiosqlite:// or postgresql+asyncpg:// URL")
+        return value
+
+    @property
+    def effective_bus_url(self) -> str:
+        return self.bus_url or self.redis_url
 
     @field_validator("log_level")
     @classmethod

@@ -169,6 +169,10 @@ class Gateway:
                 await beat()
             except ImrouteError as exc:
                 log.warning("heartbeat failed, retrying in %.1fs: %s", interval, exc)
+            except Exception:
+                # A heartbeat loop that died would let every route of this gateway expire
+                # while its clients stay connected: log and keep beating.
+                log.exception("heartbeat failed unexpectedly, retrying in %.1fs", interval)
 
     async def _announce(self) -> None:
         assert self.fleet is not None

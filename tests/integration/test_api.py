@@ -135,3 +135,18 @@ async def test_healthz_needs_no_key_and_tracks_redis(
         push = await http.post("/v1/push", json={"to": ["a"], "content": 1}, headers=AUTH)
         assert push.status_code == 503
         assert "nothing was sent" in push.json()["detail"]
+
+
+async def test_huge_chunked_body_is_413_too(redis_url: str, prefix: str, redis: object) -> None:
+    async def chunks():  # type: ignore[no-untyped-def]
+        yield b'{"to":["a"],"content":"'
+        for _ in range(40):
+            yield b"x" * 65536
+        yield b'"}'
+
+    async with api(redis_url, prefix) as http:
+        resp = await http.post(
+            "/v1/push", content=chunks(), headers={**AUTH, "Content-Type": "application/json"}
+        )
+        assert resp.status_code == 413
+        assert resp.json()["error"] == "payload_too_large"

@@ -124,3 +124,32 @@ async def test_high_priority_does_not_wait_for_the_buffer(
     )
     assert [list(b.uids) for _, b, _ in bus.published] == [["a"], ["b"]]
     assert bus.times[0] - started < 0.1
+
+
+async def test_devices_in_one_group_count_once_even_across_a_flush(
+    redis: aioredis.Redis, prefix: str
+) -> None:
+    registry = RedisRouteRegistry(
+        redis,
+        KeySchema(prefix),
+        SystemClock(),
+        gateway_id="gw-g1",
+        group_id="g1",
+        ip="127.0.0.1",
+        port=9000,
+    )
+    other = RedisRouteRegistry(
+        redis,
+        KeySchema(prefix),
+        SystemClock(),
+        gateway_id="gw-g1b",
+        group_id="g1",
+        ip="127.0.0.1",
+        port=9001,
+    )
+    await registry.refresh([Registration("alice", "c1"), Registration("bob", "c2")])
+    await other.refresh([Registration("bob", "c3")])  # bob's second device, same group
+    bus = RecordingBus()
+    publisher = BatchPublisher(bus, message(), 0, PushCounters())
+    await run_multicast(chunked(["alice", "bob"]), registry, publisher, SystemClock(), batch_size=2)
+    assert [list(b.uids) for _, b, _ in bus.published] == [["alice", "bob"]]

@@ -106,6 +106,14 @@ def test_token_command_and_its_errors() -> None:
             "IMROUTE_REDIS_URL",
         ),
         (["dev", "--gateways", "0"], {}, "--gateways"),
+        (["dev", "--port", "70000"], {}, "--port"),
+        (["dev", "--port", "65000"], {}, "outside 1-65535"),
+        (
+            ["push-service"],
+            {"IMROUTE_API_KEY": "k" * 20, "IMROUTE_REDIS_URL": "redis://h:notaport/0"},
+            "IMROUTE_REDIS_URL",
+        ),
+        (["gateway", "--heartbeat", "0.0003"], {"IMROUTE_SECRET": SECRET}, "IMROUTE_HEARTBEAT_S"),
     ],
 )
 def test_bad_configuration_stops_with_a_message_naming_it(
@@ -188,4 +196,19 @@ async def test_imroute_dev_serves_a_push_end_to_end_and_stops_cleanly(prefix: st
     deadline = time.monotonic() + 5
     while any(alive(pid) for pid in children) and time.monotonic() < deadline:
         time.sleep(0.05)
+    assert not [pid for pid in children if alive(pid)], "orphans left behind"
+
+
+async def test_kill_9_of_imroute_dev_leaves_no_orphans(prefix: str) -> None:
+    port = free_port_block([0, 1, 2, 1001, 1002])
+    env = base_env(IMROUTE_REDIS_URL="redis://127.0.0.1:1/0", IMROUTE_REDIS_PREFIX=prefix)
+    with running([str(BIN / "imroute"), "dev", "--port", str(port)], env) as dev:
+        read_until(dev, "Ctrl-C stops everything", timeout=60)
+        children = descendants(dev.pid)
+        assert len(children) >= 4  # push service, two gateways, the embedded redis-server
+        dev.send_signal(signal.SIGKILL)
+        dev.wait(5)
+    deadline = time.monotonic() + 10
+    while any(alive(pid) for pid in children) and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
     assert not [pid for pid in children if alive(pid)], "orphans left behind"

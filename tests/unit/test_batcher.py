@@ -74,15 +74,6 @@ def test_end_of_input_drains_everything_once() -> None:
     assert b.drain() == []
 
 
-def test_a_uid_is_buffered_once_per_group() -> None:
-    b = GroupBatcher(ManualClock(), batch_size=2)
-    assert b.add("g1", "a") is None
-    assert b.add("g1", "a") is None  # a second device in the same group
-    assert b.add("g2", "a") is None  # a device in another group counts there
-    full = b.add("g1", "b")
-    assert full is not None and full.uids == ("a", "b")
-
-
 @pytest.mark.parametrize(("size", "timeout"), [(0, 1.0), (10, 0.0), (10, -1.0)])
 def test_bad_settings_are_refused(size: int, timeout: float) -> None:
     with pytest.raises(ValueError, match=r"batch_size|flush_timeout_s"):

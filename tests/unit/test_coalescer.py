@@ -118,3 +118,55 @@ async def test_close_fails_waiters_and_closes_the_inner_client() -> None:
         await queued
     first.cancel()
     assert gw.closed
+
+
+async def test_calls_are_capped_in_bytes_as_well_as_in_count() -> None:
+    gw = SlowGateway()
+    client = CoalescingGatewayClient(gw, max_in_flight=1, max_batches=256, max_bytes=10_000)
+    big = [gateway_pb2.Batch(batch_id=f"b{i}", uids=["x" * 3000]) for i in range(9)]
+    replies = await asyncio.gather(*(client.deliver("gw1", "a:1", b, 1.0) for b in big))
+    assert len(replies) == 9
+    # The first goes alone; the eight queued behind it leave three (~9 KB) per call.
+    assert gw.calls == [1, 3, 3, 2]
+
+
+class BrokenGateway(SlowGateway):
+    async def deliver_many(
+        self,
+        gateway_id: str,
+        address: str,
+        batches: Sequence[gateway_pb2.Batch],
+        timeout_s: float,
+    ) -> list[gateway_pb2.DeliverReply]:
+        raise RuntimeError("a bug, not a gateway error")
+
+
+async def test_no_caller_hangs_whatever_the_call_raises() -> None:
+    client = CoalescingGatewayClient(BrokenGateway(delay=0.05), max_in_flight=1)
+    results = await asyncio.wait_for(
+        asyncio.gather(
+            *(client.deliver("gw1", "a:1", batch(f"u{i}"), 1.0) for i in range(4)),
+            return_exceptions=True,
+        ),
+        2,
+    )
+    assert list(map(type, results)) == [gateway_pb2.DeliverReply] + [GatewayUnavailable] * 3
+    assert "RuntimeError" in str(results[1])
+
+
+async def test_close_fails_callers_of_a_call_in_flight() -> None:
+    gw = SlowGateway(delay=5)
+    client = CoalescingGatewayClient(gw, max_in_flight=1)
+    first = asyncio.create_task(client.deliver("gw1", "a:1", batch("a"), 10.0))
+    await asyncio.sleep(0)
+    queued = [
+        asyncio.create_task(client.deliver("gw1", "a:1", batch(f"q{i}"), 10.0)) for i in range(3)
+    ]
+    await asyncio.sleep(0)
+    first.cancel()  # frees the lane: the three leave in one DeliverMany, which hangs
+    await asyncio.sleep(0.01)
+    assert gw.calls == [1, 3]
+    await asyncio.wait_for(client.close(), 1)
+    for task in queued:
+        with pytest.raises(GatewayUnavailable):
+            await asyncio.wait_for(task, 1)

@@ -3,6 +3,8 @@ from __future__ import annotations
 from router.planning import GatewayOutcome, merge, plan_p2p
 from shared.models import Route
 
+LIVE = {"gw1": "127.0.0.1:9001", "gw2": "127.0.0.1:9002"}
+
 
 def route(uid: str, gw: str, conn: str = "") -> Route:
     return Route(uid, conn or f"{gw}.{uid}", gw, "g", "127.0.0.1", 9000 + int(gw[-1]), 10**13)
@@ -14,7 +16,7 @@ def test_recipients_are_grouped_one_target_per_gateway() -> None:
         "b": [route("b", "gw2")],
         "c": [route("c", "gw1"), route("c", "gw1", "second-device"), route("c", "gw2")],
     }
-    plan = plan_p2p(["a", "b", "c", "d"], routes, {"gw1", "gw2"})
+    plan = plan_p2p(["a", "b", "c", "d"], routes, LIVE)
     assert set(plan.targets) == {"gw1", "gw2"}
     assert plan.targets["gw1"].uids == ["a", "c"]  # c once, despite two devices there
     assert plan.targets["gw2"].uids == ["b", "c"]
@@ -25,7 +27,7 @@ def test_recipients_are_grouped_one_target_per_gateway() -> None:
 
 def test_routes_of_gateways_missing_from_the_fleet_are_not_trusted() -> None:
     routes = {"a": [route("a", "gw1")], "b": [route("b", "gw9"), route("b", "gw2")]}
-    plan = plan_p2p(["a", "b"], routes, {"gw2"})
+    plan = plan_p2p(["a", "b"], routes, {"gw2": LIVE["gw2"]})
     assert plan.offline == ["a"]
     assert list(plan.targets) == ["gw2"]
     assert {r.gateway_id for r in plan.stale} == {"gw1", "gw9"}
@@ -43,7 +45,7 @@ def test_merge_reports_failed_gateways_and_missing_routes() -> None:
         "c": [route("c", "gw1"), route("c", "gw2")],
         "d": [route("d", "gw1")],
     }
-    plan = plan_p2p(["a", "b", "c", "d", "e"], routes, {"gw1", "gw2"})
+    plan = plan_p2p(["a", "b", "c", "d", "e"], routes, LIVE)
     outcomes = [
         GatewayOutcome("gw1", delivered=["a"], missing=["c", "d"]),
         GatewayOutcome("gw2", error="UNAVAILABLE: connection refused"),
@@ -58,8 +60,19 @@ def test_merge_reports_failed_gateways_and_missing_routes() -> None:
 
 def test_delivered_anywhere_wins_over_a_failure_elsewhere() -> None:
     routes = {"a": [route("a", "gw1"), route("a", "gw2")]}
-    plan = plan_p2p(["a"], routes, {"gw1", "gw2"})
+    plan = plan_p2p(["a"], routes, LIVE)
     out = merge(
         ["a"], plan, [GatewayOutcome("gw1", delivered=["a"]), GatewayOutcome("gw2", error="x")]
     )
     assert out.delivered == ["a"] and out.failed == []
+
+
+def test_routes_from_a_gateways_previous_address_are_not_trusted() -> None:
+    old = Route("a", "old-conn", "gw1", "g", "10.0.0.5", 9001, 10**13)  # before a restart
+    new = route("a", "gw1", "new-conn")
+    plan = plan_p2p(["a"], {"a": [old, new]}, LIVE)
+    assert plan.targets["gw1"].address == "127.0.0.1:9001"
+    assert [r.conn_id for r in plan.targets["gw1"].routes] == ["new-conn"]
+    assert plan.stale == [old]
+    only_old = plan_p2p(["a"], {"a": [old]}, LIVE)
+    assert only_old.offline == ["a"] and only_old.targets == {}

@@ -1,0 +1,22 @@
+"""Child processes that never outlive the process that started them."""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import signal
+
+__all__ = ["die_with_parent"]
+
+_PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent() -> None:
+    """A `preexec_fn`: the child gets SIGTERM when its parent dies, even by SIGKILL (Linux)."""
+    parent = os.getppid()
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    # The parent may have died before prctl took effect: then nobody would signal us.
+    if os.getppid() != parent:
+        os._exit(1)
