@@ -10,6 +10,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from router.bus.base import BROADCAST, group_topic
 from router.p2p import to_batch
 from shared.ids import new_id
 from shared.models import Message
@@ -17,11 +18,7 @@ from shared.proto import gateway_pb2
 
 __all__ = ["BROADCAST_TOPIC", "BatchPublisher", "Publisher", "PushCounters", "group_topic"]
 
-BROADCAST_TOPIC = "broadcast"
-
-
-def group_topic(group_id: str) -> str:
-    return f"group.{group_id}"
+BROADCAST_TOPIC = BROADCAST
 
 
 class Publisher(Protocol):

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 __all__ = [
     "AuthError",
+    "BusUnavailable",
     "ConfigError",
+    "DirectoryUnavailable",
     "GatewayUnavailable",
     "ImrouteError",
     "InvalidInput",
@@ -49,3 +51,11 @@ class GatewayUnavailable(ImrouteError):
         super().__init__(f"gateway {gateway_id}: {reason}")
         self.gateway_id = gateway_id
         self.reason = reason
+
+
+class BusUnavailable(ImrouteError):
+    """The message bus did not answer or refused a call."""
+
+
+class DirectoryUnavailable(ImrouteError):
+    """The user directory's database did not answer or failed a statement."""

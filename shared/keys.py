@@ -9,6 +9,7 @@ The gateway writes these keys and the router reads them, so both go through here
   counting at their deadline and vanish from Redis within one route TTL.
 - ``{prefix}gw:{gateway_id}`` is the gateway's JSON record, with a PEXPIRE.
 - ``{prefix}gateways`` is a sorted set, ``gateway_id`` scored by its record's deadline.
+- ``{prefix}bus:{topic}`` is the Redis Streams bus's stream of one topic.
 - ``{prefix}job:{push_id}`` is a broadcast or multicast job's status hash; it expires a
   week after the job finished.
 - ``{prefix}jobs:running`` is a sorted set of running jobs' push ids scored by the end of
@@ -59,6 +60,9 @@ class KeySchema:
 
     def gateways(self) -> str:
         return f"{self.prefix}gateways"
+
+    def bus_stream(self, topic: str) -> str:
+        return f"{self.prefix}bus:{topic}"
 
     def job(self, push_id: str) -> str:
         return f"{self.prefix}job:{push_id}"

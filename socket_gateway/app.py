@@ -12,6 +12,7 @@ from types import TracebackType
 
 import grpc.aio
 
+from router.bus.factory import open_bus
 from router.fleet import RedisGatewayFleet
 from router.redis_client import RedisClient, connect_redis, ping
 from router.registry import RedisRouteRegistry
@@ -22,6 +23,7 @@ from shared.ids import ConnIdFactory
 from shared.keys import KeySchema
 from shared.models import GatewayInfo
 from shared.settings import Settings, redact_url
+from socket_gateway.bus_consumer import consume, gateway_topics
 from socket_gateway.connections import LocalConnections
 from socket_gateway.dedup import RecentIds
 from socket_gateway.grpc_server import DeliverService, start_grpc_server
@@ -128,12 +130,19 @@ class Gateway:
         )
         self._ws_server = await self._ws.serve(s.ws_host, s.ws_port)
         self.ws_port = self._ws_server.sockets[0].getsockname()[1]
+        bus = await self._stack.enter_async_context(open_bus(s.effective_bus_url, s.redis_prefix))
+        # Subscribed before announcing: a batch published once this gateway is visible
+        # must already be owed to it.
+        await bus.prepare(gateway_topics(s.group_id), s.gateway_id)
         # Announced only once both servers listen, so no route points at a dead port.
         await self.fleet.announce(self.info)
         self._stack.push_async_callback(self._shutdown)
         self._tasks = [
             asyncio.create_task(self._loop(s.heartbeat_s, self._announce), name="fleet-heartbeat"),
             asyncio.create_task(self._loop(s.route_ttl_s / 3, self._refresh), name="route-refresh"),
+            asyncio.create_task(
+                consume(bus, s.gateway_id, s.group_id, self.deliver_service), name="bus-consumer"
+            ),
         ]
 
     async def __aexit__(

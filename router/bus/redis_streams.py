@@ -1,0 +1,340 @@
+"""The embedded default bus: one Redis stream per topic, one consumer group per subscriber.
+
+Publishing is `XADD ... MAXLEN ~ N`. Each subscriber (a gateway id) owns a consumer
+group on each of its topics' streams, created at `$`, so it gets every entry published
+after that, independently of every other subscriber. An entry stays pending in the
+group until the subscriber acks it (XACK): a subscriber first re-reads its own pending
+entries (ID 0), then reads new ones (`>`), and now and then XAUTOCLAIMs entries idle
+for `claim_idle_s`: those left by another consumer name of its group, and its own that
+were never acked (like Pub/Sub's ack deadline, such an entry comes again).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import random
+from collections.abc import AsyncIterator, Coroutine, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from types import TracebackType
+from typing import Any, Self, TypeVar
+
+import redis.asyncio as aioredis
+import redis.exceptions
+from redis.typing import KeyT, StreamIdT
+
+from router.bus.base import BusUnavailable, Received, validate_subscription, validate_topic
+from shared.errors import ConfigError
+from shared.keys import KeySchema
+
+__all__ = ["DEFAULT_MAXLEN", "RedisStreamsBus", "stream_key"]
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+DEFAULT_MAXLEN = 100_000
+POOL_SIZE = 64
+POOL_WAIT_S = 5.0
+BACKOFF_MIN_S = 0.05
+BACKOFF_MAX_S = 5.0
+# A dead peer (not a closed socket) must surface as an error, but never before a
+# blocking read's own timeout.
+SOCKET_SLACK_S = 5.0
+
+_DATA = b"data"
+_ATTR = b"attr:"
+_NO_CURSOR = b"0-0"
+
+
+def stream_key(prefix: str, topic: str) -> str:
+    """The stream holding one topic's messages (the format lives in shared.keys)."""
+    return KeySchema(prefix).bus_stream(topic)
+
+
+class RedisStreamsBus:
+    """A Bus over Redis Streams, on the Redis imroute already runs."""
+
+    def __init__(
+        self,
+        url: str,
+        prefix: str = "imroute:",
+        *,
+        maxlen: int = DEFAULT_MAXLEN,
+        block_s: float = 1.0,
+        count: int = 100,
+        claim_idle_s: float = 30.0,
+        consumer: str | None = None,
+        pool_size: int = POOL_SIZE,
+    ) -> None:
+        try:
+            # Binary payloads, so no decoding; a blocking pool makes a burst of
+            # publishers wait for a connection instead of failing at once.
+            pool = aioredis.BlockingConnectionPool.from_url(
+                url,
+                max_connections=pool_size,
+                timeout=POOL_WAIT_S,
+                decode_responses=False,
+                health_check_interval=30,
+                socket_connect_timeout=SOCKET_SLACK_S,
+                socket_timeout=block_s + SOCKET_SLACK_S,
+            )
+        except ValueError as exc:
+            raise ConfigError(f"IMROUTE_BUS_URL: {exc}") from None
+        self._redis: aioredis.Redis = aioredis.Redis.from_pool(pool)
+        self._prefix = prefix
+        self._maxlen = maxlen
+        self._block_ms = max(1, int(block_s * 1000))
+        self._count = count
+        self._claim_idle_ms = int(claim_idle_s * 1000)
+        # None: each subscriber reads under its own id, so a restart finds its pending
+        # entries at once; a per-boot name leaves them to XAUTOCLAIM instead.
+        self._consumer = consumer
+        self._closed = False
+        self._closing: asyncio.Future[None] | None = None
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    async def publish(
+        self, topic: str, data: bytes, attributes: Mapping[str, str] | None = None
+    ) -> str:
+        """Append one message to the topic's stream; returns its entry id."""
+        validate_topic(topic)
+        fields: dict[bytes, bytes] = {_DATA: data}
+        for name, value in (attributes or {}).items():
+            fields[_ATTR + name.encode()] = value.encode()
+        with _translated():
+            self._check_open()
+            entry_id = await self._redis.xadd(
+                stream_key(self._prefix, topic),
+                fields,  # type: ignore[arg-type]
+                maxlen=self._maxlen,
+                approximate=True,
+            )
+        return _text(entry_id)
+
+    async def prepare(self, topics: Sequence[str], subscriber: str) -> None:
+        """Create the subscriber's groups now, so everything published from here on reaches it."""
+        keys = [stream_key(self._prefix, t) for t in validate_subscription(topics, subscriber)]
+        with _translated():
+            self._check_open()
+            await self._create_groups(keys, subscriber)
+
+    def subscribe(self, topics: Sequence[str], subscriber: str) -> AsyncIterator[Received]:
+        """The subscriber's messages, until the bus closes or the caller stops iterating."""
+        # A plain function around the generator, so bad arguments raise at the call.
+        checked = validate_subscription(topics, subscriber)
+        return self._consume(checked, subscriber)
+
+    async def close(self) -> None:
+        """End every subscription and close the client."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._closing is not None and not self._closing.done():
+            self._closing.set_result(None)
+        with _translated():
+            await self._redis.aclose()
+
+    async def _consume(self, topics: tuple[str, ...], subscriber: str) -> AsyncIterator[Received]:
+        reader = _Reader(self, topics, subscriber, self._consumer or subscriber)
+        backoff = BACKOFF_MIN_S
+        while not self._closed:
+            try:
+                batch = await self._until_closed(reader.next_batch())
+            except redis.exceptions.RedisError as exc:
+                # Every Redis error is retried, not only lost connections: READONLY (a
+                # failover) and NOGROUP (Redis lost its data) are error replies that pass.
+                delay = backoff * random.uniform(0.5, 1.0)
+                log.warning("bus subscriber %s: %s; retrying in %.2fs", subscriber, exc, delay)
+                reader.restart()
+                await self._until_closed(asyncio.sleep(delay))
+                backoff = min(backoff * 2, BACKOFF_MAX_S)
+                continue
+            if batch is None:
+                return
+            backoff = BACKOFF_MIN_S
+            for item in batch:
+                yield item
+
+    async def _until_closed(self, coro: Coroutine[Any, Any, T]) -> T | None:
+        """Await `coro`, or give it up (None) as soon as the bus is closed."""
+        if self._closing is None:
+            self._closing = asyncio.get_running_loop().create_future()
+            if self._closed:
+                self._closing.set_result(None)
+        task = asyncio.create_task(coro)
+        try:
+            await asyncio.wait((task, self._closing), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            # Cancelled caller or closed bus: redis-py drops a connection cancelled
+            # mid-command, so a blocked XREADGROUP ends at once.
+            task.cancel()
+        if self._closing.done():
+            if task.done() and not task.cancelled():
+                task.exception()  # read on purpose: failing because we closed is expected
+            return None
+        return task.result()
+
+    async def _create_groups(self, keys: Sequence[str], group: str) -> None:
+        pipe = self._redis.pipeline(transaction=False)
+        for key in keys:
+            pipe.xgroup_create(key, group, id="$", mkstream=True)
+        for result in await pipe.execute(raise_on_error=False):
+            # BUSYGROUP: the group exists, and keeps its place in the stream.
+            if isinstance(result, Exception) and not str(result).startswith("BUSYGROUP"):
+                raise result
+
+    async def _ack(self, key: str, group: str, entry_id: bytes) -> None:
+        with _translated():
+            self._check_open()
+            await self._redis.xack(key, group, entry_id)
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise BusUnavailable("the bus is closed")
+
+
+class _Reader:
+    """Where one subscription stands: its own pending entries first, then new ones."""
+
+    def __init__(
+        self, bus: RedisStreamsBus, topics: Sequence[str], group: str, consumer: str
+    ) -> None:
+        self._bus = bus
+        self._redis = bus._redis
+        self._topics = {stream_key(bus._prefix, t): t for t in topics}
+        self._group = group
+        self._consumer = consumer
+        self._ready = False
+        self._pending: dict[str, bytes] = {}
+        self._claim_from = dict.fromkeys(self._topics, _NO_CURSOR)
+        self._next_claim = 0.0
+
+    def restart(self) -> None:
+        """Start over after an error: re-create the groups, re-read the pending entries."""
+        # The groups may be gone (Redis lost its data), and a reply lost with its
+        # connection left entries pending that this reader never handed out.
+        self._ready = False
+
+    async def next_batch(self) -> list[Received]:
+        """The next entries to hand out; empty when a blocking read timed out."""
+        if not self._ready:
+            await self._bus._create_groups(list(self._topics), self._group)
+            self._pending = dict.fromkeys(self._topics, b"0")
+            self._ready = True
+        if self._pending:
+            return await self._read_pending()
+        now = asyncio.get_running_loop().time()
+        if now >= self._next_claim:
+            claimed, more = await self._claim()
+            # Page on at once while XAUTOCLAIM has more; else sweep twice per min-idle.
+            self._next_claim = now if more else now + self._bus._claim_idle_ms / 2000
+            if claimed:
+                return claimed
+        reply = await self._redis.xreadgroup(
+            self._group,
+            self._consumer,
+            dict.fromkeys(self._topics, ">"),
+            count=self._bus._count,
+            block=self._bus._block_ms,
+        )
+        batch: list[Received] = []
+        for key, entries in _streams(reply):
+            batch += await self._received(key, entries)
+        return batch
+
+    async def _read_pending(self) -> list[Received]:
+        # A fresh dict typed as redis-py declares it (dict is invariant in its types).
+        streams: dict[KeyT, StreamIdT] = {key: start for key, start in self._pending.items()}
+        reply = await self._redis.xreadgroup(
+            self._group, self._consumer, streams, count=self._bus._count
+        )
+        batch: list[Received] = []
+        done = set(self._pending)
+        for key, entries in _streams(reply):
+            if entries:
+                self._pending[key] = entries[-1][0]
+                done.discard(key)
+                batch += await self._received(key, entries)
+        for key in done:
+            del self._pending[key]
+        return batch
+
+    async def _claim(self) -> tuple[list[Received], bool]:
+        batch: list[Received] = []
+        more = False
+        for key, start in self._claim_from.items():
+            cursor, entries, *_ = await self._redis.xautoclaim(
+                key,
+                self._group,
+                self._consumer,
+                self._bus._claim_idle_ms,
+                start,
+                count=self._bus._count,
+            )
+            self._claim_from[key] = cursor
+            more = more or cursor != _NO_CURSOR
+            batch += await self._received(key, entries)
+        return batch, more
+
+    async def _received(self, key: str, entries: Sequence[Any]) -> list[Received]:
+        batch: list[Received] = []
+        gone: list[bytes] = []
+        for entry_id, fields in entries:
+            if entry_id is None:
+                continue  # Redis 6.2's XAUTOCLAIM reports a deleted entry as nil
+            data = fields.get(_DATA) if fields else None
+            if data is None:
+                # MAXLEN trimmed it while it was pending: nothing left to deliver.
+                gone.append(entry_id)
+                continue
+            batch.append(
+                Received(
+                    topic=self._topics[key],
+                    data=data,
+                    attributes={
+                        _text(k.removeprefix(_ATTR)): _text(v)
+                        for k, v in fields.items()
+                        if k.startswith(_ATTR)
+                    },
+                    message_id=_text(entry_id),
+                    acker=functools.partial(self._bus._ack, key, self._group, entry_id),
+                )
+            )
+        if gone:
+            log.warning("bus subscriber %s lost %d entries of %s", self._group, len(gone), key)
+            await self._redis.xack(key, self._group, *gone)
+        return batch
+
+
+def _streams(reply: Any) -> Iterator[tuple[str, Sequence[Any]]]:
+    """(stream key, entries) from an XREADGROUP reply in either of redis-py's shapes."""
+    pairs = reply.items() if isinstance(reply, dict) else (reply or ())
+    for key, entries in pairs:
+        yield _text(key), entries or ()
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode(errors="replace") if isinstance(value, bytes) else value
+
+
+@contextmanager
+def _translated() -> Iterator[None]:
+    """Map redis-py errors into BusUnavailable."""
+    try:
+        yield
+    except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
+        raise BusUnavailable(f"redis did not answer: {exc}") from exc
+    except redis.exceptions.RedisError as exc:
+        raise BusUnavailable(f"redis error: {exc}") from exc

@@ -1,0 +1,320 @@
+"""The user directory in SQL (SQLite or PostgreSQL): who exists, with which tags.
+
+Broadcasts page through it in uid order with keyset pagination, so a page costs the
+same at the millionth user as at the first.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from types import TracebackType
+from typing import Any, Protocol, Self
+
+import sqlalchemy.exc
+from sqlalchemy import Select, delete, event, func, select, union
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.engine import make_url
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
+
+from router.directory.schema import MAX_TAG_LEN, MAX_TAGS, MAX_UID_LEN, user_tags, users
+from shared.clock import Clock
+from shared.errors import ConfigError, DirectoryUnavailable, InvalidInput
+from shared.settings import redact_url
+
+__all__ = [
+    "MAX_PAGE",
+    "MAX_TAGS_ANY",
+    "MAX_UPSERT",
+    "DirectoryUnavailable",
+    "SqlUserDirectory",
+    "UserDirectory",
+    "UserRecord",
+    "create_directory_engine",
+    "page_statement",
+    "translate_errors",
+]
+
+MAX_UPSERT = 10_000
+MAX_PAGE = 10_000
+MAX_TAGS_ANY = 64
+SQLITE_BUSY_TIMEOUT_MS = 5_000
+# Rows per DELETE ... IN (...): far below SQLite's and asyncpg's limits of ~32k parameters.
+_IN_CHUNK = 1000
+
+
+@dataclass(frozen=True, slots=True)
+class UserRecord:
+    """One user of the directory and their tags."""
+
+    uid: str
+    tags: tuple[str, ...] = ()
+
+    @classmethod
+    def parse(cls, uid: object, tags: object = ()) -> UserRecord:
+        """A valid record from untrusted values; InvalidInput names the bad field.
+
+        Duplicate tags are dropped (keeping the first occurrence's order) before counting.
+        """
+        if not isinstance(uid, str):
+            raise InvalidInput("uid", "must be a string")
+        if problem := _text_problem(uid, MAX_UID_LEN):
+            raise InvalidInput("uid", problem)
+        if isinstance(tags, str | bytes) or not isinstance(tags, list | tuple):
+            raise InvalidInput("tags", "must be a list of strings")
+        for i, tag in enumerate(tags):
+            if not isinstance(tag, str):
+                raise InvalidInput(f"tags[{i}]", "must be a string")
+            if problem := _text_problem(tag, MAX_TAG_LEN):
+                raise InvalidInput(f"tags[{i}]", problem)
+        unique = tuple(dict.fromkeys(tags))
+        if len(unique) > MAX_TAGS:
+            raise InvalidInput("tags", f"at most {MAX_TAGS} distinct tags, got {len(unique)}")
+        return cls(uid, unique)
+
+
+def _text_problem(value: str, max_len: int) -> str | None:
+    if not 1 <= len(value) <= max_len:
+        return f"must be 1-{max_len} characters, got {len(value)}"
+    # PostgreSQL text cannot hold NUL, and lone surrogates are not UTF-8: refuse both here
+    # rather than fail the whole batch in the database.
+    if "\x00" in value:
+        return "must not contain NUL"
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return "must be valid Unicode (no lone surrogates)"
+    return None
+
+
+class UserDirectory(Protocol):
+    async def upsert(self, users: Sequence[UserRecord]) -> int: ...
+    async def delete(self, uid: str) -> bool: ...
+    async def get(self, uid: str) -> UserRecord | None: ...
+    async def page(
+        self, after: str | None, limit: int = 1000, tags_any: Sequence[str] | None = None
+    ) -> list[str]: ...
+    def iter_pages(
+        self, limit: int = 1000, tags_any: Sequence[str] | None = None
+    ) -> AsyncIterator[list[str]]: ...
+    async def count(self) -> int: ...
+    async def close(self) -> None: ...
+
+
+@contextmanager
+def translate_errors(what: str) -> Iterator[None]:
+    """Map SQLAlchemy and driver errors raised inside to DirectoryUnavailable."""
+    try:
+        yield
+    except sqlalchemy.exc.DBAPIError as exc:
+        # The driver's own error, not SQLAlchemy's text, which repeats the statement and
+        # every parameter (ten thousand uids for a full upsert).
+        raise DirectoryUnavailable(f"{what}: {type(exc.orig).__name__}: {exc.orig}") from exc
+    except (sqlalchemy.exc.SQLAlchemyError, OSError, TimeoutError) as exc:
+        # OSError and TimeoutError: asyncpg raises them while connecting.
+        raise DirectoryUnavailable(f"{what}: {type(exc).__name__}: {exc}") from exc
+
+
+def create_directory_engine(url: str, **kwargs: Any) -> AsyncEngine:
+    """An async engine for `url` (sqlite+aiosqlite or postgresql+asyncpg)."""
+    try:
+        parsed = make_url(url)
+        if parsed.get_backend_name() not in {"sqlite", "postgresql"}:
+            raise ConfigError(
+                f"directory url {redact_url(url)}: only sqlite+aiosqlite:// and "
+                "postgresql+asyncpg:// are supported"
+            )
+        engine = create_async_engine(parsed, **kwargs)
+    except sqlalchemy.exc.ArgumentError as exc:
+        raise ConfigError(f"directory url {redact_url(url)}: {exc}") from None
+    except sqlalchemy.exc.InvalidRequestError as exc:
+        # e.g. a sync driver (sqlite:// or postgresql+psycopg2://) given to the async engine
+        raise ConfigError(f"directory url {redact_url(url)}: {exc}") from None
+    if engine.dialect.name == "sqlite":
+        event.listen(engine.sync_engine, "connect", _sqlite_on_connect)
+    return engine
+
+
+def _sqlite_on_connect(dbapi_connection: Any, _record: Any) -> None:
+    # WAL lets pages be read while an import writes; the busy timeout makes a second
+    # writer wait instead of failing at once; foreign keys are off unless asked for.
+    cursor = dbapi_connection.cursor()
+    try:
+        cursor.execute("PRAGMA journal_mode=WAL")
+        cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
+        cursor.execute("PRAGMA foreign_keys=ON")
+        cursor.execute("PRAGMA synchronous=NORMAL")  # durable enough under WAL, much faster
+    finally:
+        cursor.close()
+
+
+def page_statement(after: str | None, limit: int, tags_any: Sequence[str] | None) -> Select[Any]:
+    """The keyset query of one page: uids after `after`, in uid order, never OFFSET."""
+    if tags_any is None:
+        query = select(users.c.uid)
+        if after is not None:
+            query = query.where(users.c.uid > after)
+        return query.order_by(users.c.uid).limit(limit)
+    # One bounded range scan of the (tag, uid) index per tag, each stopping at `limit`:
+    # the first `limit` distinct uids over all tags are among the first `limit` of each.
+    # A single `tag IN (...)` scan would instead read every matching row after `after`
+    # and sort them, for every page.
+    per_tag = []
+    for tag in tags_any:
+        query = select(user_tags.c.uid).where(user_tags.c.tag == tag)
+        if after is not None:
+            query = query.where(user_tags.c.uid > after)
+        # Wrapped in a subquery: SQLite refuses LIMIT on a bare member of a UNION.
+        sub = query.order_by(user_tags.c.uid).limit(limit).subquery()
+        per_tag.append(select(sub.c.uid))
+    merged = union(*per_tag).subquery()  # UNION, not UNION ALL: a user with two tags once
+    return select(merged.c.uid).order_by(merged.c.uid).limit(limit)
+
+
+class SqlUserDirectory:
+    """The user directory in SQLite or PostgreSQL; an async context manager."""
+
+    def __init__(self, engine: AsyncEngine, clock: Clock) -> None:
+        self._engine = engine
+        self._clock = clock
+        self._dialect = engine.dialect.name
+
+    @classmethod
+    def from_url(cls, url: str, clock: Clock, **engine_kwargs: Any) -> SqlUserDirectory:
+        """A directory over a new engine for `url`; the tables come from `migrate.upgrade`."""
+        return cls(create_directory_engine(url, **engine_kwargs), clock)
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    async def upsert(self, users: Sequence[UserRecord]) -> int:
+        """Insert or replace (tags included) up to MAX_UPSERT users, all or none.
+
+        Returns how many records were given; when a uid repeats, the last one wins.
+        """
+        if len(users) > MAX_UPSERT:
+            raise InvalidInput("users", f"at most {MAX_UPSERT} per call, got {len(users)}")
+        latest: dict[str, UserRecord] = {}
+        for i, user in enumerate(users):
+            try:
+                checked = UserRecord.parse(user.uid, user.tags)
+            except InvalidInput as exc:
+                raise InvalidInput(f"users[{i}].{exc.field}", exc.message) from None
+            latest[checked.uid] = checked
+        if not latest:
+            return 0
+        # Writing in uid order makes concurrent upserts take row locks in one order, so
+        # two overlapping imports cannot deadlock on PostgreSQL.
+        ordered = [latest[uid] for uid in sorted(latest)]
+        now = datetime.fromtimestamp(self._clock.now_ms() / 1000, tz=UTC)
+        with translate_errors("upserting users"):
+            async with self._engine.begin() as conn:
+                await self._write(conn, ordered, now)
+        return len(users)
+
+    async def _write(
+        self, conn: AsyncConnection, records: Sequence[UserRecord], now: datetime
+    ) -> None:
+        insert = postgresql.insert if self._dialect == "postgresql" else sqlite.insert
+        stmt = insert(users)
+        stmt = stmt.on_conflict_do_update(
+            index_elements=[users.c.uid],
+            set_={"tags": stmt.excluded.tags, "updated_at": stmt.excluded.updated_at},
+        )
+        rows = [
+            {"uid": r.uid, "tags": list(r.tags), "created_at": now, "updated_at": now}
+            for r in records
+        ]
+        await conn.execute(stmt, rows)
+        uids = [r.uid for r in records]
+        for start in range(0, len(uids), _IN_CHUNK):
+            chunk = uids[start : start + _IN_CHUNK]
+            await conn.execute(delete(user_tags).where(user_tags.c.uid.in_(chunk)))
+        tag_rows = [{"uid": r.uid, "tag": tag} for r in records for tag in r.tags]
+        if tag_rows:
+            await conn.execute(user_tags.insert(), tag_rows)
+
+    async def delete(self, uid: str) -> bool:
+        """Remove a user and their tags; True when they existed."""
+        with translate_errors("deleting a user"):
+            async with self._engine.begin() as conn:
+                # Explicit rather than relying on ON DELETE CASCADE alone, which SQLite
+                # honours only on connections that turned foreign keys on.
+                await conn.execute(delete(user_tags).where(user_tags.c.uid == uid))
+                result = await conn.execute(delete(users).where(users.c.uid == uid))
+        return bool(result.rowcount)
+
+    async def get(self, uid: str) -> UserRecord | None:
+        """The user `uid` with their tags, or None."""
+        with translate_errors("reading a user"):
+            async with self._engine.connect() as conn:
+                row = (
+                    await conn.execute(select(users.c.uid, users.c.tags).where(users.c.uid == uid))
+                ).first()
+        return None if row is None else UserRecord(row.uid, tuple(row.tags))
+
+    async def page(
+        self, after: str | None, limit: int = 1000, tags_any: Sequence[str] | None = None
+    ) -> list[str]:
+        """Up to `limit` uids after `after` in uid order; with `tags_any`, only users
+        having at least one of those tags (an empty `tags_any` matches nobody)."""
+        if not 1 <= limit <= MAX_PAGE:
+            raise InvalidInput("limit", f"must be 1-{MAX_PAGE}, got {limit}")
+        tags = _check_tags_any(tags_any)
+        if tags is not None and not tags:
+            return []
+        with translate_errors("paging users"):
+            async with self._engine.connect() as conn:
+                result = await conn.execute(page_statement(after, limit, tags))
+                return list(result.scalars())
+
+    async def iter_pages(
+        self, limit: int = 1000, tags_any: Sequence[str] | None = None
+    ) -> AsyncIterator[list[str]]:
+        """Every page in order, each non-empty; each page is its own short query, so
+        users written meanwhile appear if their uid is past the current position."""
+        after: str | None = None
+        while True:
+            uids = await self.page(after, limit, tags_any)
+            if uids:
+                yield uids
+            if len(uids) < limit:
+                return
+            after = uids[-1]
+
+    async def count(self) -> int:
+        """How many users the directory holds."""
+        with translate_errors("counting users"):
+            async with self._engine.connect() as conn:
+                result = await conn.execute(select(func.count()).select_from(users))
+                return int(result.scalar_one())
+
+    async def close(self) -> None:
+        """Close every pooled connection."""
+        await self._engine.dispose()
+
+
+def _check_tags_any(tags_any: Sequence[str] | None) -> list[str] | None:
+    if tags_any is None:
+        return None
+    if isinstance(tags_any, str):
+        raise InvalidInput("tags_any", "must be a list of tags, not one string")
+    tags = list(dict.fromkeys(tags_any))
+    if len(tags) > MAX_TAGS_ANY:
+        raise InvalidInput("tags_any", f"at most {MAX_TAGS_ANY} tags, got {len(tags)}")
+    for i, tag in enumerate(tags):
+        if not isinstance(tag, str):
+            raise InvalidInput(f"tags_any[{i}]", "must be a string")
+        if problem := _text_problem(tag, MAX_TAG_LEN):
+            raise InvalidInput(f"tags_any[{i}]", problem)
+    return tags

@@ -1,0 +1,52 @@
+"""The gateway's side of the bus: broadcast and its group's batches to local sockets."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from google.protobuf.message import DecodeError
+
+from router.bus.base import BROADCAST, Bus, group_topic
+from shared.errors import BusUnavailable
+from shared.proto import gateway_pb2
+from socket_gateway.grpc_server import DeliverService
+
+__all__ = ["consume", "gateway_topics"]
+
+log = logging.getLogger(__name__)
+
+RETRY_S = 1.0
+
+
+def gateway_topics(group_id: str) -> list[str]:
+    """Every gateway hears broadcasts and its own group's multicasts."""
+    return [BROADCAST, group_topic(group_id)]
+
+
+async def consume(bus: Bus, gateway_id: str, group_id: str, service: DeliverService) -> None:
+    """Deliver every batch of the gateway's topics, acking each once it is written.
+
+    The ack comes after the write, so a gateway that dies in between gets the batch
+    again on restart; its recent-batch-id set (or the clients' own) absorbs repeats.
+    """
+    topics = gateway_topics(group_id)
+    while True:
+        try:
+            async for received in bus.subscribe(topics, gateway_id):
+                try:
+                    batch = gateway_pb2.Batch.FromString(received.data)
+                except DecodeError:
+                    # Redelivering a message nobody can read would only repeat this.
+                    log.error(
+                        "dropping an undecodable batch %s on %s",
+                        received.message_id,
+                        received.topic,
+                    )
+                else:
+                    service.deliver(batch)  # writes, or drops a duplicate or expired batch
+                await received.ack()
+            return
+        except BusUnavailable as exc:
+            log.warning("bus subscription failed, retrying in %.0fs: %s", RETRY_S, exc)
+            await asyncio.sleep(RETRY_S)

@@ -1,0 +1,327 @@
+"""The message bus against a real Redis: the Bus contract, then what only Redis Streams does.
+
+The contract tests take the `new_bus` fixture, parametrized over transports, so the
+Pub/Sub transport can run them too. Gateways call `prepare` at start: a subscriber
+only gets what was published after its subscription existed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import aclosing
+
+import pytest
+import redis.asyncio as aioredis
+
+from router.bus import (
+    BROADCAST,
+    Bus,
+    BusUnavailable,
+    Received,
+    RedisStreamsBus,
+    group_topic,
+    open_bus,
+)
+from router.bus.redis_streams import stream_key
+from shared.errors import ConfigError, InvalidInput
+
+pytestmark = pytest.mark.integration
+
+TRANSPORTS = ["redis-streams"]
+G1, G2 = group_topic("g1"), group_topic("g2")
+
+NewBus = Callable[[], Bus]
+
+
+@pytest.fixture(params=TRANSPORTS)
+async def new_bus(
+    request: pytest.FixtureRequest, redis_url: str, prefix: str, redis: aioredis.Redis
+) -> AsyncIterator[NewBus]:
+    """Makes buses of one transport over one namespace, as separate processes would see it."""
+    # `redis` is here for its teardown, which deletes this test's keys.
+    opened: list[Bus] = []
+
+    def make() -> Bus:
+        assert request.param == "redis-streams"
+        bus = open_bus(redis_url, prefix)
+        opened.append(bus)
+        return bus
+
+    yield make
+    for bus in opened:
+        await bus.close()
+
+
+async def take(messages: AsyncIterator[Received], n: int, timeout: float = 3.0) -> list[Received]:
+    async with asyncio.timeout(timeout):
+        return [await anext(messages) for _ in range(n)]
+
+
+async def assert_quiet(messages: AsyncIterator[Received], wait: float = 0.2) -> None:
+    """Nothing more arrives; this ends the iteration, so call it last."""
+    with pytest.raises(TimeoutError):
+        async with asyncio.timeout(wait):
+            await anext(messages)
+
+
+def summary(received: list[Received]) -> list[tuple[str, bytes, dict[str, str]]]:
+    # The contract promises no order, so compare sorted.
+    return sorted((r.topic, r.data, dict(r.attributes)) for r in received)
+
+
+# --- the Bus contract ---------------------------------------------------------------
+
+
+async def test_every_subscriber_gets_every_message_once(new_bus: NewBus) -> None:
+    bus = new_bus()
+    for gateway in ("gw1", "gw2"):
+        await bus.prepare([BROADCAST], gateway)
+    await bus.prepare([BROADCAST], "gw1")  # preparing again changes nothing
+    sent = [
+        (b"\x00batch\x00one\xff", {"kind": "broadcast", "push_id": "p1"}),
+        (b"\x00" * 3, {}),
+        (bytes(range(256)), {"empty": ""}),
+    ]
+    ids = [await bus.publish(BROADCAST, data, attrs or None) for data, attrs in sent]
+    assert len(set(ids)) == 3
+    expected = sorted((BROADCAST, data, attrs) for data, attrs in sent)
+    for gateway in ("gw1", "gw2"):
+        async with aclosing(bus.subscribe([BROADCAST], gateway)) as messages:
+            got = await take(messages, 3)
+            assert summary(got) == expected
+            assert sorted(r.message_id for r in got) == sorted(ids)
+            for r in got:
+                await r.ack()
+            await assert_quiet(messages)
+
+
+async def test_group_topics_reach_only_their_subscribers(new_bus: NewBus) -> None:
+    bus = new_bus()
+    await bus.prepare([G1], "gw1")
+    await bus.prepare([G1, G2, G2], "gw12")
+    await bus.publish(G1, b"to g1")
+    await bus.publish(G2, b"to g2")
+    async with aclosing(bus.subscribe([G1], "gw1")) as messages:
+        (got,) = await take(messages, 1)
+        assert (got.topic, got.data) == (G1, b"to g1")
+        await got.ack()
+        await assert_quiet(messages)
+    async with aclosing(bus.subscribe([G1, G2], "gw12")) as messages:
+        got2 = await take(messages, 2)
+        assert summary(got2) == [(G1, b"to g1", {}), (G2, b"to g2", {})]
+
+
+async def test_unacked_messages_come_again_after_a_restart(new_bus: NewBus) -> None:
+    first = new_bus()
+    await first.prepare([BROADCAST], "gw1")
+    await first.publish(BROADCAST, b"acked")
+    await first.publish(BROADCAST, b"not acked")
+    async with aclosing(first.subscribe([BROADCAST], "gw1")) as messages:
+        for r in await take(messages, 2):
+            if r.data == b"acked":
+                await r.ack()
+    await first.close()
+
+    second = new_bus()
+    async with aclosing(second.subscribe([BROADCAST], "gw1")) as messages:
+        (again,) = await take(messages, 1)
+        assert again.data == b"not acked"
+        await again.ack()
+        await assert_quiet(messages)
+
+
+async def test_messages_before_the_subscription_are_not_delivered(new_bus: NewBus) -> None:
+    bus = new_bus()
+    await bus.publish(BROADCAST, b"too early")
+    await bus.prepare([BROADCAST], "gw1")
+    await bus.publish(BROADCAST, b"in time")
+    async with aclosing(bus.subscribe([BROADCAST], "gw1")) as messages:
+        (got,) = await take(messages, 1)
+        assert got.data == b"in time"
+        await assert_quiet(messages)
+
+
+async def test_closing_the_bus_ends_its_subscriptions(new_bus: NewBus) -> None:
+    bus = new_bus()
+    received: list[Received] = []
+
+    async def consume() -> None:
+        async for r in bus.subscribe([BROADCAST, G1], "gw1"):
+            received.append(r)
+
+    task = asyncio.create_task(consume())
+    await asyncio.sleep(0.1)  # let it block in its read
+    started = time.monotonic()
+    await bus.close()
+    await asyncio.wait_for(task, 1.0)  # ends cleanly: no exception
+    assert time.monotonic() - started < 1.0
+    assert received == []
+    with pytest.raises(BusUnavailable):
+        await bus.publish(BROADCAST, b"after close")
+
+
+async def test_cancelling_a_subscriber_leaves_the_bus_usable(new_bus: NewBus) -> None:
+    bus = new_bus()
+    await bus.prepare([BROADCAST], "gw1")
+
+    async def consume() -> None:
+        async for _ in bus.subscribe([BROADCAST], "gw1"):
+            pass
+
+    task = asyncio.create_task(consume())
+    await asyncio.sleep(0.1)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.wait_for(task, 1.0)
+    await bus.publish(BROADCAST, b"still works")
+    async with aclosing(bus.subscribe([BROADCAST], "gw1")) as messages:
+        (got,) = await take(messages, 1)
+        assert got.data == b"still works"
+
+
+@pytest.mark.parametrize("topic", ["", "group.", "group.a|b", "other", "group.g1 ", "Broadcast"])
+async def test_bad_topics_are_refused_before_anything_is_written(
+    new_bus: NewBus, redis: aioredis.Redis, prefix: str, topic: str
+) -> None:
+    bus = new_bus()
+    with pytest.raises(InvalidInput, match="topic") as info:
+        await bus.publish(topic, b"x")
+    assert repr(topic) in str(info.value)
+    with pytest.raises(InvalidInput, match="topic"):
+        await bus.prepare([BROADCAST, topic], "gw1")
+    with pytest.raises(InvalidInput, match="topic"):
+        bus.subscribe([topic], "gw1")
+    assert [k async for k in redis.scan_iter(match=f"{prefix}*")] == []
+
+
+async def test_bad_subscriptions_are_refused(new_bus: NewBus) -> None:
+    bus = new_bus()
+    with pytest.raises(InvalidInput, match="subscriber"):
+        bus.subscribe([BROADCAST], "gw|1")
+    with pytest.raises(InvalidInput, match="topics"):
+        bus.subscribe([], "gw1")
+    with pytest.raises(InvalidInput, match="topics"):
+        bus.subscribe(BROADCAST, "gw1")  # one string is not a list of topics
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "",
+        "localhost:6379",
+        "http://user:s3cret@example.com",
+        "redis+cluster://127.0.0.1:7000",
+        "pubsub://my-project",
+        "redis://127.0.0.1:notaport/0",
+    ],
+)
+def test_open_bus_refuses_bad_urls(url: str, prefix: str) -> None:
+    with pytest.raises(ConfigError, match="IMROUTE_BUS_URL") as info:
+        open_bus(url, prefix)
+    assert "s3cret" not in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "url", ["redis://127.0.0.1:6379/0", "rediss://127.0.0.1:6380/0", "unix:///tmp/none.sock"]
+)
+async def test_open_bus_takes_redis_urls(url: str, prefix: str) -> None:
+    bus = open_bus(url, prefix)  # nothing is connected yet
+    assert isinstance(bus, RedisStreamsBus)
+    await bus.close()
+
+
+# --- what only Redis Streams does ----------------------------------------------------
+
+
+async def test_xautoclaim_takes_over_an_entry_stuck_on_another_consumer(
+    redis_url: str, prefix: str, redis: aioredis.Redis
+) -> None:
+    key = stream_key(prefix, BROADCAST)
+    async with RedisStreamsBus(redis_url, prefix, claim_idle_s=0.05) as bus:
+        await bus.prepare([BROADCAST], "gw1")
+        message_id = await bus.publish(BROADCAST, b"stuck")
+        # An earlier boot of gw1 that read under another consumer name, then died.
+        await redis.xreadgroup("gw1", "gw1-old-boot", {key: ">"})
+
+        # Not idle long enough for the default min-idle: left where it is.
+        async with RedisStreamsBus(redis_url, prefix) as patient:
+            async with aclosing(patient.subscribe([BROADCAST], "gw1")) as messages:
+                await assert_quiet(messages)
+
+        await asyncio.sleep(0.1)
+        async with aclosing(bus.subscribe([BROADCAST], "gw1")) as messages:
+            (got,) = await take(messages, 1)
+            assert (got.message_id, got.data) == (message_id, b"stuck")
+            await got.ack()
+    pending = await redis.xpending(key, "gw1")
+    assert pending["pending"] == 0
+
+
+async def test_an_entry_trimmed_while_pending_is_skipped_and_acked(
+    redis_url: str, prefix: str, redis: aioredis.Redis
+) -> None:
+    key = stream_key(prefix, BROADCAST)
+    async with RedisStreamsBus(redis_url, prefix) as bus:
+        await bus.prepare([BROADCAST], "gw1")
+        trimmed = await bus.publish(BROADCAST, b"trimmed")
+        await bus.publish(BROADCAST, b"kept")
+        async with aclosing(bus.subscribe([BROADCAST], "gw1")) as messages:
+            await take(messages, 2)  # and no ack
+    await redis.xdel(key, trimmed)
+    async with RedisStreamsBus(redis_url, prefix) as bus:
+        async with aclosing(bus.subscribe([BROADCAST], "gw1")) as messages:
+            (got,) = await take(messages, 1)
+            assert got.data == b"kept"
+            await got.ack()
+    assert (await redis.xpending(key, "gw1"))["pending"] == 0
+
+
+async def test_maxlen_caps_the_stream(redis_url: str, prefix: str, redis: aioredis.Redis) -> None:
+    async with RedisStreamsBus(redis_url, prefix, maxlen=1000) as bus:
+        for start in range(0, 5000, 500):
+            await asyncio.gather(
+                *(bus.publish(BROADCAST, b"%d" % i) for i in range(start, start + 500))
+            )
+    # `~` trims whole stream nodes (100 entries each by default), so a little over 1000.
+    assert 1000 <= await redis.xlen(stream_key(prefix, BROADCAST)) < 1200
+
+
+async def test_a_subscriber_recovers_when_its_stream_vanishes(
+    redis_url: str, prefix: str, redis: aioredis.Redis
+) -> None:
+    # Redis losing its data (a restart without persistence) looks like this: the key and
+    # its groups are gone, XREADGROUP fails, and the loop must re-create them and go on.
+    key = stream_key(prefix, BROADCAST)
+    async with RedisStreamsBus(redis_url, prefix, block_s=0.2) as bus:
+        await bus.prepare([BROADCAST], "gw1")
+        async with aclosing(bus.subscribe([BROADCAST], "gw1")) as messages:
+            first = asyncio.create_task(anext(messages))
+            await asyncio.sleep(0.1)
+            await redis.delete(key)
+            for _ in range(100):  # the loop re-creates the key with its group
+                if await redis.exists(key):
+                    break
+                await asyncio.sleep(0.02)
+            else:
+                pytest.fail("the subscriber did not re-create its group")
+            await bus.publish(BROADCAST, b"after the loss")
+            got = await asyncio.wait_for(first, 2)
+            assert got.data == b"after the loss"
+
+
+async def test_ack_and_publish_after_close_raise_bus_unavailable(
+    redis_url: str, prefix: str, redis: aioredis.Redis
+) -> None:
+    bus = RedisStreamsBus(redis_url, prefix)
+    await bus.prepare([BROADCAST], "gw1")
+    await bus.publish(BROADCAST, b"x")
+    async with aclosing(bus.subscribe([BROADCAST], "gw1")) as messages:
+        (got,) = await take(messages, 1)
+    await bus.close()
+    await bus.close()  # closing twice is harmless
+    with pytest.raises(BusUnavailable):
+        await got.ack()
+    with pytest.raises(BusUnavailable):
+        await bus.prepare([BROADCAST], "gw1")

@@ -1,0 +1,173 @@
+"""Importing users from CSV and JSON Lines files into a real SQLite directory."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from router.directory.importer import MAX_BAD_KEPT, ImportReport, import_file
+from router.directory.migrate import upgrade
+from router.directory.sql import SqlUserDirectory, UserRecord
+from shared.clock import ManualClock
+from shared.errors import InvalidInput
+
+
+@pytest.fixture
+async def directory(tmp_path: Path) -> AsyncIterator[SqlUserDirectory]:
+    url = f"sqlite+aiosqlite:///{tmp_path / 'directory.db'}"
+    await upgrade(url)
+    async with SqlUserDirectory.from_url(url, ManualClock()) as d:
+        yield d
+
+
+class Progress:
+    def __init__(self) -> None:
+        self.calls: list[tuple[int, int]] = []
+
+    def __call__(self, done: int, total: int) -> None:
+        self.calls.append((done, total))
+
+
+async def test_csv_with_bad_lines(directory: SqlUserDirectory, tmp_path: Path) -> None:
+    path = tmp_path / "users.csv"
+    lines = [
+        "uid,tags",  # 1
+        "alice,red|blue",  # 2
+        "bob, red ; green ",  # 3: either separator, spaces trimmed
+        '"",red',  # 4: missing uid
+        "carol,",  # 5: no tags
+        "x" * 129 + ",red",  # 6: uid too long
+        "dave,red|" + "t" * 65,  # 7: tag too long
+        "erin",  # 8: a field short
+        "",  # 9: blank, ignored
+        '"multi',  # 10: a quoted uid over two lines, reported at its first line
+        'line",red',  # 11
+        "frank,a|b|a|",  # 12: duplicate and empty tags dropped
+    ]
+    path.write_bytes(("\ufeff" + "\n".join(lines) + "\n").encode())
+    progress = Progress()
+
+    report = await import_file(directory, path, batch=2, progress=progress)
+
+    assert report == ImportReport(
+        imported=5,
+        bad=[
+            (4, "missing uid"),
+            (6, "uid: must be 1-128 characters, got 129"),
+            (7, "tags[1]: must be 1-64 characters, got 65"),
+            (8, "expected 2 fields, got 1"),
+        ],
+        skipped=4,
+    )
+    assert await directory.get("alice") == UserRecord("alice", ("red", "blue"))
+    assert await directory.get("bob") == UserRecord("bob", ("red", "green"))
+    assert await directory.get("carol") == UserRecord("carol", ())
+    assert await directory.get("multi\nline") == UserRecord("multi\nline", ("red",))
+    assert await directory.get("frank") == UserRecord("frank", ("a", "b"))
+    assert await directory.count() == 5
+    # after each batch of 2 rows (a row's first line counts as done), ending at the total
+    assert progress.calls == [(3, 12), (5, 12), (7, 12), (10, 12), (12, 12)]
+
+
+async def test_jsonl_with_bad_lines(directory: SqlUserDirectory, tmp_path: Path) -> None:
+    path = tmp_path / "users.ndjson"
+    lines = [
+        json.dumps({"uid": "u1", "tags": ["a", "b"]}),  # 1
+        "{not json",  # 2
+        json.dumps({"tags": ["a"]}),  # 3
+        json.dumps({"uid": 5}),  # 4
+        json.dumps({"uid": "u2", "tags": "a"}),  # 5
+        json.dumps({"uid": "u3", "tags": [1]}),  # 6
+        "[1, 2]",  # 7
+        "",  # 8: blank, ignored
+        json.dumps({"uid": "u4"}),  # 9: no tags
+        json.dumps({"uid": "x" * 129}),  # 10
+        json.dumps({"uid": "u5", "tags": [f"t{i}" for i in range(33)]}),  # 11
+        json.dumps({"uid": "u6", "tags": ["ü", "中"], "extra": True}),  # 12
+    ]
+    path.write_text("\n".join(lines))  # no newline after the last line
+    progress = Progress()
+
+    report = await import_file(directory, path, batch=5, progress=progress)
+
+    assert report.imported == 3
+    assert [line for line, _ in report.bad] == [2, 3, 4, 5, 6, 7, 10, 11]
+    reasons = dict(report.bad)
+    assert reasons[2].startswith("bad JSON")
+    assert reasons[3] == "missing uid"
+    assert reasons[4] == "uid: must be a string"
+    assert reasons[5] == "tags: must be a list of strings"
+    assert reasons[6] == "tags[0]: must be a string"
+    assert reasons[7] == "not a JSON object"
+    assert reasons[11] == "tags: at most 32 distinct tags, got 33"
+    assert await directory.page(None) == ["u1", "u4", "u6"]
+    assert await directory.get("u6") == UserRecord("u6", ("ü", "中"))
+    assert progress.calls[-1] == (12, 12)
+    assert [done for done, _ in progress.calls] == [5, 11, 12]
+
+
+async def test_batches_progress_and_reimport(directory: SqlUserDirectory, tmp_path: Path) -> None:
+    path = tmp_path / "many.jsonl"
+    with path.open("w") as f:
+        for i in range(12_000):
+            f.write(json.dumps({"uid": f"user{i:05d}", "tags": ["even" if i % 2 else "odd"]}))
+            f.write("\n")
+    progress = Progress()
+    report = await import_file(directory, path, progress=progress)
+    assert report == ImportReport(12_000, [], 0)
+    assert progress.calls == [(5000, 12_000), (10_000, 12_000), (12_000, 12_000)]
+    assert await directory.count() == 12_000
+    # importing again changes nothing
+    assert (await import_file(directory, path, batch=10_000)).imported == 12_000
+    assert await directory.count() == 12_000
+    assert len(await directory.page(None, limit=10_000, tags_any=["odd"])) == 6000
+
+
+async def test_bad_bytes_cost_one_line(directory: SqlUserDirectory, tmp_path: Path) -> None:
+    csv_path = tmp_path / "latin1.csv"
+    csv_path.write_bytes(b"uid,tags\nok,a\nbad\xff,a\nalso-ok,b\n")
+    report = await import_file(directory, csv_path)
+    assert report.imported == 2
+    assert report.bad == [(3, "uid: must be valid Unicode (no lone surrogates)")]
+    jsonl_path = tmp_path / "latin1.jsonl"
+    jsonl_path.write_bytes(b'{"uid": "j1"}\n{"uid": "\xff"}\n{"uid": "j2"}\n')
+    report = await import_file(directory, jsonl_path)
+    assert (report.imported, report.bad) == (2, [(2, "not valid UTF-8")])
+
+
+async def test_a_file_of_garbage_keeps_a_bounded_report(
+    directory: SqlUserDirectory, tmp_path: Path
+) -> None:
+    path = tmp_path / "garbage.jsonl"
+    path.write_text("nope\n" * (MAX_BAD_KEPT + 500))
+    report = await import_file(directory, path, batch=100)
+    assert report.imported == 0
+    assert len(report.bad) == MAX_BAD_KEPT
+    assert report.skipped == MAX_BAD_KEPT + 500
+
+
+async def test_empty_files(directory: SqlUserDirectory, tmp_path: Path) -> None:
+    for name in ("empty.csv", "empty.jsonl"):
+        (tmp_path / name).write_text("")
+        progress = Progress()
+        report = await import_file(directory, tmp_path / name, progress=progress)
+        assert report == ImportReport(0, [], 0)
+        assert progress.calls == [(0, 0)]
+
+
+async def test_file_errors_name_the_file(directory: SqlUserDirectory, tmp_path: Path) -> None:
+    with pytest.raises(InvalidInput, match=r"users\.txt.*unknown extension"):
+        await import_file(directory, tmp_path / "users.txt")
+    with pytest.raises(InvalidInput, match=r"absent\.csv.*cannot read"):
+        await import_file(directory, tmp_path / "absent.csv")
+    headerless = tmp_path / "headerless.csv"
+    headerless.write_text("alice,red\n")
+    with pytest.raises(InvalidInput, match=r"headerless\.csv.*header"):
+        await import_file(directory, headerless)
+    (tmp_path / "ok.csv").write_text("uid,tags\n")
+    with pytest.raises(InvalidInput, match="batch"):
+        await import_file(directory, tmp_path / "ok.csv", batch=0)
+    assert await directory.count() == 0
