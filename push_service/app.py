@@ -2,22 +2,22 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
-import json
 import logging
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from contextlib import AsyncExitStack, asynccontextmanager
 from typing import Annotated, Any
 
-from fastapi import Depends, FastAPI, Path, Request
+from fastapi import FastAPI, Path, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
+from push_service import group_routes, user_routes
+from push_service.content import encode_content
+from push_service.deps import Key, Services, Svc
 from push_service.limits import BodyLimit
 from push_service.schemas import (
-    MAX_CONTENT_BYTES,
     GatewayOut,
     GatewaysOut,
     PushIn,
@@ -25,15 +25,26 @@ from push_service.schemas import (
     RouteOut,
     UserRouteOut,
 )
+from router.bus.factory import open_bus
 from router.coalescer import CoalescingGatewayClient
+from router.directory.sql import SqlUserDirectory
 from router.fleet import CachedFleet, RedisGatewayFleet
 from router.gateway_client import GrpcGatewayClients
+from router.job_runner import JobRunner
+from router.jobs import RedisJobStore
 from router.p2p import P2PPusher
-from router.redis_client import RedisClient, create_redis, ping
+from router.redis_client import create_redis, ping
 from router.registry import RedisRouteRegistry
-from shared.auth import api_key_matches
 from shared.clock import Clock, SystemClock
-from shared.errors import AuthError, ConfigError, InvalidInput, PayloadTooLarge, RegistryUnavailable
+from shared.errors import (
+    AuthError,
+    ConfigError,
+    DirectoryUnavailable,
+    ImrouteError,
+    InvalidInput,
+    PayloadTooLarge,
+    RegistryUnavailable,
+)
 from shared.ids import new_id
 from shared.keys import KeySchema
 from shared.models import Message
@@ -45,36 +56,11 @@ log = logging.getLogger(__name__)
 
 # The largest valid push (1000 uids of 128 characters and 64 KiB of content) fits.
 MAX_BODY_BYTES = 1 << 20
-
-
-@dataclass
-class Services:
-    redis: RedisClient
-    registry: RedisRouteRegistry
-    fleet: CachedFleet
-    pusher: P2PPusher
-
-
-# Dependencies are async on purpose: FastAPI runs sync ones in a thread pool, which
-# cost more CPU per push than the whole route look-up.
-async def _services(request: Request) -> Services:
-    svc: Services = request.app.state.services
-    return svc
-
-
-_bearer = HTTPBearer(auto_error=False)
-
-
-async def _require_key(
-    request: Request,
-    creds: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
-) -> None:
-    if creds is None or not api_key_matches(request.app.state.api_key, creds.credentials):
-        raise AuthError("missing or invalid API key (Authorization: Bearer <IMROUTE_API_KEY>)")
-
-
-Svc = Annotated[Services, Depends(_services)]
-Key = Depends(_require_key)
+# A million uids of up to 128 characters, quoted and comma-separated, plus content.
+MAX_MULTICAST_BODY_BYTES = 160 << 20
+# 10,000 users with 32 tags of 64 characters each.
+MAX_USERS_BODY_BYTES = 32 << 20
+JOB_LEASE_S = 10.0
 
 
 def create_app(settings: Settings, clock: Clock | None = None) -> FastAPI:
@@ -91,19 +77,39 @@ def create_app(settings: Settings, clock: Clock | None = None) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        async with contextlib.aclosing(redis_client) as redis:
+        async with AsyncExitStack() as stack:
+            redis = await stack.enter_async_context(contextlib.aclosing(redis_client))
             clients = CoalescingGatewayClient(GrpcGatewayClients())
+            stack.push_async_callback(clients.close)
             registry = RedisRouteRegistry(redis, keys, clock)
             # The fleet's TTL is the gateways' to set; readers only read.
             fleet = CachedFleet(
                 RedisGatewayFleet(redis, keys, clock, ttl_s=1), clock, settings.gateway_cache_s
             )
-            pusher = P2PPusher(registry, fleet, clients, settings.deliver_timeout_s)
-            app.state.services = Services(redis, registry, fleet, pusher)
-            try:
-                yield
-            finally:
-                await clients.close()
+            bus = await stack.enter_async_context(
+                open_bus(settings.effective_bus_url, settings.redis_prefix)
+            )
+            directory = await stack.enter_async_context(
+                SqlUserDirectory.from_url(settings.db_url, clock)
+            )
+            jobs = RedisJobStore(redis, keys, clock, lease_s=JOB_LEASE_S)
+            runner = JobRunner(jobs, renew_s=JOB_LEASE_S / 3)
+            stack.push_async_callback(runner.aclose)
+            reaper = asyncio.create_task(_reap_forever(jobs), name="job-reaper")
+            stack.push_async_callback(_cancel, reaper)
+            app.state.services = Services(
+                settings=settings,
+                clock=clock,
+                redis=redis,
+                registry=registry,
+                fleet=fleet,
+                pusher=P2PPusher(registry, fleet, clients, settings.deliver_timeout_s),
+                bus=bus,
+                directory=directory,
+                jobs=jobs,
+                runner=runner,
+            )
+            yield
 
     app = FastAPI(
         title="imroute push service",
@@ -219,8 +225,47 @@ def create_app(settings: Settings, clock: Clock | None = None) -> FastAPI:
             return JSONResponse({"status": "ok"})
         return JSONResponse({"status": "unavailable", "detail": "redis"}, status_code=503)
 
-    app.add_middleware(BodyLimit, max_bytes=MAX_BODY_BYTES)
+    @app.exception_handler(DirectoryUnavailable)
+    async def _directory_down(_: Request, exc: DirectoryUnavailable) -> JSONResponse:
+        log.warning("user directory unavailable: %s", exc)
+        return JSONResponse(
+            {
+                "error": "unavailable",
+                "detail": "user directory unavailable (is it migrated? imroute db upgrade)",
+            },
+            status_code=503,
+            headers={"Retry-After": "1"},
+        )
+
+    app.include_router(group_routes.router)
+    app.include_router(user_routes.router)
+    app.add_middleware(
+        BodyLimit,
+        max_bytes=MAX_BODY_BYTES,
+        per_path={
+            "/v1/multicast": MAX_MULTICAST_BODY_BYTES,
+            "/v1/users": MAX_USERS_BODY_BYTES,
+        },
+    )
     return app
+
+
+async def _reap_forever(jobs: RedisJobStore) -> None:
+    """Fail jobs orphaned by a dead push service, at start and every half lease."""
+    while True:
+        try:
+            reaped = await jobs.reap()
+            if reaped:
+                log.warning("marked %d orphaned push jobs failed", reaped)
+        except ImrouteError as exc:
+            log.warning("job reaper: %s", exc)
+        await asyncio.sleep(JOB_LEASE_S / 2)
+
+
+async def _cancel(task: asyncio.Task[None]) -> None:
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
 
 
 def _describe_error(err: Any) -> dict[str, str]:
@@ -230,17 +275,3 @@ def _describe_error(err: Any) -> dict[str, str]:
         position = err["loc"][1] if len(err["loc"]) > 1 else "?"
         return {"field": "body", "message": f"invalid JSON at character {position}: {reason}"}
     return {"field": ".".join(str(p) for p in err["loc"]), "message": err["msg"]}
-
-
-def encode_content(content: Any) -> bytes:
-    """The content as compact UTF-8 JSON, at most MAX_CONTENT_BYTES."""
-    try:
-        data = json.dumps(content, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
-    except ValueError:
-        raise InvalidInput("content", "must be JSON (NaN and Infinity are not)") from None
-    encoded = data.encode()
-    if len(encoded) > MAX_CONTENT_BYTES:
-        raise PayloadTooLarge(
-            "content", f"{len(encoded)} bytes once encoded; the limit is {MAX_CONTENT_BYTES}"
-        )
-    return encoded

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -10,17 +11,21 @@ __all__ = ["BodyLimit"]
 
 
 class BodyLimit:
-    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+    def __init__(
+        self, app: ASGIApp, max_bytes: int, per_path: Mapping[str, int] | None = None
+    ) -> None:
         self.app = app
         self.max_bytes = max_bytes
+        self.per_path = dict(per_path or {})
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        limit = self.per_path.get(scope["path"], self.max_bytes)
         for name, value in scope["headers"]:
-            if name == b"content-length" and value.isdigit() and int(value) > self.max_bytes:
-                await self._reject(send)
+            if name == b"content-length" and value.isdigit() and int(value) > limit:
+                await self._reject(send, limit)
                 return
         seen = 0
         rejected = False
@@ -32,11 +37,11 @@ class BodyLimit:
             message = await receive()
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
-                if seen > self.max_bytes:
+                if seen > limit:
                     # Answer here: an exception would be turned into a 400 by the app's
                     # body parsing before it reached us. The app then sees a disconnect.
                     rejected = True
-                    await self._reject(send)
+                    await self._reject(send, limit)
                     return {"type": "http.disconnect"}
             return message
 
@@ -46,9 +51,9 @@ class BodyLimit:
 
         await self.app(scope, counting_receive, guarded_send)
 
-    async def _reject(self, send: Send) -> None:
+    async def _reject(self, send: Send, limit: int) -> None:
         body = json.dumps(
-            {"error": "payload_too_large", "detail": f"request body over {self.max_bytes} bytes"}
+            {"error": "payload_too_large", "detail": f"request body over {limit} bytes"}
         ).encode()
         await send(
             {

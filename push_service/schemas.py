@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import (
     AfterValidator,
@@ -12,20 +12,31 @@ from pydantic import (
     JsonValue,
     StringConstraints,
     field_validator,
+    model_validator,
 )
 
 from shared.auth import valid_uid
 
 __all__ = [
     "MAX_CONTENT_BYTES",
+    "MAX_MULTICAST",
     "MAX_RECIPIENTS",
+    "MAX_USERS_PER_CALL",
+    "AcceptedOut",
+    "Audience",
+    "BroadcastIn",
     "GatewayError",
     "GatewayOut",
     "GatewaysOut",
+    "JobOut",
+    "MulticastIn",
     "PushIn",
     "PushOut",
     "RouteOut",
+    "UpsertedOut",
+    "UserIn",
     "UserRouteOut",
+    "UsersIn",
 ]
 
 MAX_RECIPIENTS = 1000
@@ -96,3 +107,93 @@ class GatewayOut(BaseModel):
 
 class GatewaysOut(BaseModel):
     gateways: list[GatewayOut]
+
+
+MAX_MULTICAST = 1_000_000
+MAX_USERS_PER_CALL = 10_000
+MAX_TTL_S = 30 * 24 * 3600
+
+Tag = Annotated[str, StringConstraints(min_length=1, max_length=64)]
+
+
+class Audience(BaseModel):
+    """Who a broadcast reaches: users with any of the tags, or whoever is online."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    tags_any: list[Tag] | None = Field(None, min_length=1, max_length=64)
+    online: bool | None = None
+
+    @model_validator(mode="after")
+    def _one_key(self) -> Audience:
+        chosen = [k for k in ("tags_any", "online") if getattr(self, k) is not None]
+        if len(chosen) != 1:
+            raise ValueError('give exactly one of "tags_any" or "online"')
+        if self.online is False:
+            raise ValueError('"online" may only be true')
+        return self
+
+
+class _GroupPushIn(BaseModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    content: JsonValue
+    msg_type: int = Field(0, ge=0, le=2**31 - 1)
+    sender: str = Field("admin", alias="from", min_length=1, max_length=128)
+    priority: Literal["normal", "high"] = "normal"
+    ttl_s: int | None = Field(None, ge=1, le=MAX_TTL_S)
+
+
+class BroadcastIn(_GroupPushIn):
+    audience: Audience | None = None
+
+
+class MulticastIn(_GroupPushIn):
+    to: list[Uid] | None = Field(None, min_length=1, max_length=MAX_MULTICAST)
+    audience: Audience | None = None
+
+    @model_validator(mode="after")
+    def _recipients(self) -> MulticastIn:
+        if (self.to is None) == (self.audience is None):
+            raise ValueError('give exactly one of "to" or "audience"')
+        if self.audience is not None and self.audience.online:
+            raise ValueError('a multicast audience is "tags_any"; use /v1/broadcast for online')
+        if self.to is not None and len(set(self.to)) != len(self.to):
+            raise ValueError("uids in to must be unique")
+        return self
+
+
+class AcceptedOut(BaseModel):
+    push_id: str
+
+
+class JobOut(BaseModel):
+    push_id: str
+    mode: str
+    status: Literal["queued", "running", "done", "failed"]
+    recipients: int
+    online: int
+    offline: int
+    batches: int
+    published: int
+    failed_batches: int
+    error: str | None
+    created_at: int
+    finished_at: int | None
+
+
+class UserIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    uid: Uid
+    tags: list[Tag] = Field(default_factory=list, max_length=32)
+
+
+class UsersIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    users: list[UserIn] = Field(min_length=1, max_length=MAX_USERS_PER_CALL)
+
+
+class UpsertedOut(BaseModel):
+    upserted: int

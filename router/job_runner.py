@@ -34,7 +34,8 @@ class JobRunner:
     async def _run(self, push_id: str, work: Work) -> None:
         counters = PushCounters()
         error: str | None = None
-        renew = asyncio.create_task(self._renew(push_id, counters))
+        stop = asyncio.Event()
+        renew = asyncio.create_task(self._renew(push_id, counters, stop))
         try:
             await work(counters)
         except asyncio.CancelledError:
@@ -46,22 +47,24 @@ class JobRunner:
             log.exception("job %s failed", push_id)
             error = f"internal error: {type(exc).__name__}"
         finally:
-            renew.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await renew
+            # Stopped, not cancelled: a renewal in flight completes before the job's end
+            # is written (cancelling a Redis call midway is not reliably clean).
+            stop.set()
+            await renew
             try:
                 await self._store.finish(push_id, counters, error)
             except ImrouteError as exc:
                 # The lease lapses and the reaper marks the job failed.
                 log.warning("could not record the end of job %s: %s", push_id, exc)
 
-    async def _renew(self, push_id: str, counters: PushCounters) -> None:
-        while True:
+    async def _renew(self, push_id: str, counters: PushCounters, stop: asyncio.Event) -> None:
+        while not stop.is_set():
             try:
                 await self._store.progress(push_id, counters)
             except ImrouteError as exc:
                 log.warning("job %s: could not renew its lease: %s", push_id, exc)
-            await asyncio.sleep(self._renew_s)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), self._renew_s)
 
     async def wait(self, push_id: str) -> None:
         """Wait for a job started here to end (tests, graceful shutdown)."""

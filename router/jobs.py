@@ -34,6 +34,17 @@ return 0
 """
 
 
+# A renewal never overwrites an end: a cancelled renewal may still reach Redis after
+# the job finished, over another connection.
+_PROGRESS = """
+local status = redis.call('HGET', KEYS[1], 'status')
+if status ~= 'queued' and status ~= 'running' then return 0 end
+redis.call('HSET', KEYS[1], 'status', 'running', unpack(ARGV, 3))
+redis.call('ZADD', KEYS[2], ARGV[1], ARGV[2])
+return 1
+"""
+
+
 class JobStatus(StrEnum):
     QUEUED = "queued"
     RUNNING = "running"
@@ -70,6 +81,7 @@ class RedisJobStore:
         self._clock = clock
         self._lease_ms = int(lease_s * 1000)
         self._reap = redis.register_script(_REAP)
+        self._progress = redis.register_script(_PROGRESS)
 
     @translate_errors
     async def create(self, push_id: str, mode: str) -> None:
@@ -85,14 +97,10 @@ class RedisJobStore:
     @translate_errors
     async def progress(self, push_id: str, counters: PushCounters) -> None:
         """Record the counters and renew the lease (status running)."""
-        now = self._clock.now_ms()
-        pipe = self._redis.pipeline(transaction=False)
-        pipe.hset(
-            self._keys.job(push_id),
-            mapping={"status": JobStatus.RUNNING.value, **_counter_fields(counters)},
-        )
-        pipe.zadd(self._keys.jobs_running(), {push_id: now + self._lease_ms})
-        await pipe.execute()
+        args: list[Any] = [self._clock.now_ms() + self._lease_ms, push_id]
+        for name, value in _counter_fields(counters).items():
+            args += [name, value]
+        await self._progress(keys=[self._keys.job(push_id), self._keys.jobs_running()], args=args)
 
     @translate_errors
     async def finish(self, push_id: str, counters: PushCounters, error: str | None) -> None:

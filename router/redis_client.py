@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Callable, Coroutine
 from contextlib import asynccontextmanager
 from typing import Any, ParamSpec, TypeVar
@@ -62,15 +63,31 @@ def translate_errors(
 
     async def wrapper(*args: P.args, **kwargs: P.kwargs) -> T:
         try:
-            return await fn(*args, **kwargs)
+            result = await fn(*args, **kwargs)
         except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
+            _reraise_swallowed_cancel()
             raise RegistryUnavailable(f"redis did not answer: {exc}") from exc
         except redis.exceptions.RedisError as exc:
+            _reraise_swallowed_cancel()
             raise RegistryUnavailable(f"redis error: {exc}") from exc
+        _reraise_swallowed_cancel()
+        return result
 
     wrapper.__name__ = getattr(fn, "__name__", "wrapper")
     wrapper.__doc__ = fn.__doc__
     return wrapper
+
+
+def _reraise_swallowed_cancel() -> None:
+    """Raise CancelledError if this task was cancelled during the call.
+
+    redis-py's asyncio client can swallow a cancellation that lands while a command
+    is in flight (it disconnects and carries on), which would leave a cancelled loop
+    running for ever. The task still counts the request, so honour it here.
+    """
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError
 
 
 async def ping(client: RedisClient) -> bool:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import tempfile
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -12,6 +13,7 @@ import httpx
 from websockets.asyncio.client import ClientConnection, connect
 
 from push_service.app import create_app
+from router.directory.migrate import upgrade
 from shared.auth import issue_token
 from shared.clock import SystemClock
 from shared.settings import Settings
@@ -46,11 +48,16 @@ async def gateway(
 
 @asynccontextmanager
 async def api(redis_url: str, prefix: str, **kw: Any) -> AsyncIterator[httpx.AsyncClient]:
-    app = create_app(settings(redis_url, prefix, **kw))
-    async with app.router.lifespan_context(app):
-        transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://push") as client:
-            yield client
+    with tempfile.TemporaryDirectory(prefix="imroute-test-db-") as folder:
+        if "db_url" not in kw:
+            # A migrated SQLite directory of its own.
+            kw["db_url"] = f"sqlite+aiosqlite:///{folder}/users.db"
+            await upgrade(kw["db_url"])
+        app = create_app(settings(redis_url, prefix, **kw))
+        async with app.router.lifespan_context(app):
+            transport = httpx.ASGITransport(app=app)
+            async with httpx.AsyncClient(transport=transport, base_url="http://push") as client:
+                yield client
 
 
 def token(uid: str, ttl: int = 3600) -> str:

@@ -184,3 +184,23 @@ async def test_writes_survive_redis_losing_its_script_cache(
     await redis.script_flush()  # what a Redis restart or failover does
     await a.register("bob", "gw1.x.2")
     assert set(await a.lookup(["alice", "bob"])) == {"alice", "bob"}
+
+
+async def test_a_cancelled_loop_of_lookups_stops(
+    redis: aioredis.Redis, prefix: str, redis_url: str
+) -> None:
+    # redis-py can swallow a cancellation that lands mid-command; ours must not.
+    async with connect_redis(redis_url) as client:
+        registry = reg(client, prefix, "gw1")
+
+        async def forever() -> None:
+            while True:
+                await registry.lookup(["a", "b"])
+
+        for delay in (0.005, 0.01, 0.013, 0.02, 0.031, 0.05):
+            task = asyncio.create_task(forever())
+            await asyncio.sleep(delay)
+            task.cancel()
+            done, _ = await asyncio.wait({task}, timeout=2)
+            assert done, f"the loop ignored its cancellation (after {delay}s)"
+            assert task.cancelled()

@@ -1,0 +1,249 @@
+"""Broadcast and multicast end to end: REST -> job -> Redis Streams bus -> gateways -> clients."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Sequence
+from contextlib import AsyncExitStack, asynccontextmanager
+from typing import Any
+
+import httpx
+import pytest
+import redis.asyncio as aioredis
+from websockets.asyncio.client import ClientConnection, connect
+
+from shared.keys import KeySchema
+from socket_gateway.app import Gateway
+from tests.integration.stack import AUTH, api, gateway, token
+
+pytestmark = pytest.mark.integration
+
+GATEWAYS = [("gw1", "g1"), ("gw2", "g1"), ("gw3", "g2"), ("gw4", "g2")]
+
+
+@asynccontextmanager
+async def fleet(redis_url: str, prefix: str) -> AsyncIterator[list[Gateway]]:
+    async with AsyncExitStack() as stack:
+        yield [
+            await stack.enter_async_context(gateway(redis_url, prefix, gid, group))
+            for gid, group in GATEWAYS
+        ]
+
+
+async def connect_all(
+    stack: AsyncExitStack, gws: Sequence[Gateway], uids: Sequence[str]
+) -> dict[str, ClientConnection]:
+    """Real WebSocket clients, spread round-robin over the gateways, all registered."""
+
+    async def one(i: int, uid: str) -> ClientConnection:
+        url = f"ws://127.0.0.1:{gws[i % len(gws)].ws_port}/ws?token={token(uid)}"
+        return await stack.enter_async_context(connect(url))
+
+    sockets = await asyncio.gather(*(one(i, u) for i, u in enumerate(uids)))
+    deadline = asyncio.get_running_loop().time() + 10
+    while sum(len(g.conns) for g in gws) < len(uids):
+        assert asyncio.get_running_loop().time() < deadline, "clients did not all register"
+        await asyncio.sleep(0.02)
+    await asyncio.sleep(0.2)  # the coalesced route writes land
+    return dict(zip(uids, sockets, strict=True))
+
+
+async def frames(sockets: dict[str, ClientConnection], settle: float = 0.5) -> dict[str, list[Any]]:
+    """Every frame each client received until the line went quiet for `settle` seconds."""
+
+    async def drain(ws: ClientConnection) -> list[Any]:
+        got: list[Any] = []
+        while True:
+            try:
+                got.append(json.loads(await asyncio.wait_for(ws.recv(), settle)))
+            except TimeoutError:
+                return got
+
+    results = await asyncio.gather(*(drain(ws) for ws in sockets.values()))
+    return dict(zip(sockets, results, strict=True))
+
+
+async def finished(http: httpx.AsyncClient, push_id: str) -> dict[str, Any]:
+    for _ in range(200):
+        job: dict[str, Any] = (await http.get(f"/v1/pushes/{push_id}", headers=AUTH)).json()
+        if job["status"] in ("done", "failed"):
+            return job
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"job {push_id} did not finish: {job}")
+
+
+async def test_broadcast_reaches_each_connected_directory_user_once(
+    redis_url: str, prefix: str, redis: aioredis.Redis
+) -> None:
+    users = [{"uid": f"u{i:05d}", "tags": ["vip"] if i % 10 == 0 else []} for i in range(5000)]
+    online = [u["uid"] for u in users[::17]][:300]
+    strangers = [f"stranger{i}" for i in range(10)]  # connected, but not in the directory
+    async with fleet(redis_url, prefix) as gws, api(redis_url, prefix) as http:
+        put = await http.put("/v1/users", json={"users": users}, headers=AUTH)
+        assert put.status_code == 200 and put.json() == {"upserted": 5000}
+        async with AsyncExitStack() as stack:
+            sockets = await connect_all(stack, gws, [*online, *strangers])
+
+            resp = await http.post("/v1/broadcast", json={"content": {"n": 1}}, headers=AUTH)
+            assert resp.status_code == 202
+            push_id = resp.json()["push_id"]
+            job = await finished(http, push_id)
+            assert job["status"] == "done" and job["error"] is None
+            assert (job["recipients"], job["batches"], job["published"]) == (5000, 5, 5)
+            got = await frames(sockets)
+            for uid in online:
+                assert [f["push_id"] for f in got[uid]] == [push_id], uid
+            assert all(got[s] == [] for s in strangers)
+            msg_ids = {got[uid][0]["msg_id"] for uid in online}
+            assert len(msg_ids) == 1  # one message, the same ids for every recipient
+            # Each gateway received the five batches once and wrote only to its own users.
+            assert [g.deliver_service.batches for g in gws] == [5, 5, 5, 5]
+
+            # tags_any reaches exactly the tagged users.
+            resp = await http.post(
+                "/v1/broadcast",
+                json={"content": 2, "audience": {"tags_any": ["vip"]}},
+                headers=AUTH,
+            )
+            job = await finished(http, resp.json()["push_id"])
+            assert job["recipients"] == 500 and job["batches"] == 1
+            got = await frames(sockets)
+            vip = {u["uid"] for u in users if u["tags"]}
+            assert {uid for uid, fs in got.items() if fs} == vip & set(online)
+
+            # online: every local connection, directory or not, without reading it.
+            resp = await http.post(
+                "/v1/broadcast", json={"content": 3, "audience": {"online": True}}, headers=AUTH
+            )
+            job = await finished(http, resp.json()["push_id"])
+            assert (job["recipients"], job["batches"]) == (0, 1)
+            got = await frames(sockets)
+            assert all([f["content"] for f in fs] == [3] for fs in got.values())
+
+
+async def test_multicast_batches_per_group_and_counts_offline(
+    redis_url: str, prefix: str, redis: aioredis.Redis
+) -> None:
+    recipients = [f"m{i:05d}" for i in range(2500)]
+    online = recipients[::10]  # 250 connected, spread over both groups
+    keys = KeySchema(prefix)
+    async with fleet(redis_url, prefix) as gws, api(redis_url, prefix) as http:
+        async with AsyncExitStack() as stack:
+            sockets = await connect_all(stack, gws, online)
+            resp = await http.post(
+                "/v1/multicast",
+                json={"to": [*recipients, "ghost"], "content": "hi"},
+                headers=AUTH,
+            )
+            assert resp.status_code == 202
+            job = await finished(http, resp.json()["push_id"])
+            assert job["status"] == "done"
+            assert (job["recipients"], job["online"], job["offline"]) == (2501, 250, 2251)
+            got = await frames(sockets)
+            assert all(len(fs) == 1 for fs in got.values())
+            # One batch per group (125 online in each): ⌈125/1000⌉, on its own topic.
+            assert await redis.xlen(keys.bus_stream("group.g1")) == 1
+            assert await redis.xlen(keys.bus_stream("group.g2")) == 1
+            assert [g.deliver_service.batches for g in gws] == [1, 1, 1, 1]
+
+            # High priority never waits for a buffer: each chunk of 1000 resolved
+            # recipients leaves at once, so each group gets a batch per chunk.
+            resp = await http.post(
+                "/v1/multicast",
+                json={"to": [*recipients, "ghost"], "content": "now", "priority": "high"},
+                headers=AUTH,
+            )
+            job = await finished(http, resp.json()["push_id"])
+            assert job["batches"] == 6  # 3 chunks x 2 groups
+            got = await frames(sockets)
+            assert all([f["content"] for f in fs] == ["now"] for fs in got.values())
+
+
+async def test_a_group_buffer_that_never_fills_is_flushed_by_the_timeout(
+    redis_url: str, prefix: str, redis: aioredis.Redis
+) -> None:
+    async with fleet(redis_url, prefix) as gws, api(redis_url, prefix, flush_timeout_s=0.2) as http:
+        async with AsyncExitStack() as stack:
+            sockets = await connect_all(stack, gws, ["a", "b"])
+            resp = await http.post(
+                "/v1/multicast", json={"to": ["a", "b"], "content": 1}, headers=AUTH
+            )
+            await finished(http, resp.json()["push_id"])
+            got = await frames(sockets)
+            assert [len(got["a"]), len(got["b"])] == [1, 1]
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "field"),
+    [
+        ("/v1/multicast", {"to": [], "content": 1}, "body.to"),
+        ("/v1/multicast", {"content": 1}, "body"),
+        ("/v1/multicast", {"to": ["a"], "audience": {"tags_any": ["x"]}, "content": 1}, "body"),
+        ("/v1/multicast", {"audience": {"online": True}, "content": 1}, "body"),
+        ("/v1/broadcast", {"content": 1, "audience": {"nope": 1}}, "body.audience.nope"),
+        ("/v1/broadcast", {"content": 1, "audience": {}}, "body.audience"),
+        ("/v1/broadcast", {"content": 1, "audience": {"online": False}}, "body.audience"),
+        ("/v1/broadcast", {"content": 1, "priority": "urgent"}, "body.priority"),
+        ("/v1/broadcast", {"content": 1, "ttl_s": 0}, "body.ttl_s"),
+        ("/v1/users", {"users": []}, "body.users"),
+        ("/v1/users", {"users": [{"uid": "a", "tags": ["x" * 65]}]}, "body.users.0.tags.0"),
+    ],
+)
+async def test_bad_group_pushes_are_422_and_publish_nothing(
+    redis_url: str, prefix: str, redis: aioredis.Redis, path: str, body: dict[str, Any], field: str
+) -> None:
+    async with api(redis_url, prefix) as http:
+        method = http.put if path == "/v1/users" else http.post
+        resp = await method(path, json=body, headers=AUTH)
+        assert resp.status_code == 422, resp.text
+        fields = [d["field"] for d in resp.json()["detail"]]
+        assert any(f.startswith(field) for f in fields), fields
+    assert [k async for k in redis.scan_iter(match=f"{prefix}bus:*")] == []
+
+
+async def test_more_than_a_million_recipients_is_refused(
+    redis_url: str, prefix: str, redis: aioredis.Redis
+) -> None:
+    async with api(redis_url, prefix) as http:
+        to = [f"{i}" for i in range(1_000_001)]
+        resp = await http.post("/v1/multicast", json={"to": to, "content": 1}, headers=AUTH)
+        assert resp.status_code == 422
+        assert resp.json()["detail"][0]["field"] == "body.to"
+    assert [k async for k in redis.scan_iter(match=f"{prefix}bus:*")] == []
+
+
+async def test_unknown_push_and_user_are_404(
+    redis_url: str, prefix: str, redis: aioredis.Redis
+) -> None:
+    async with api(redis_url, prefix) as http:
+        assert (await http.get("/v1/pushes/nope", headers=AUTH)).status_code == 404
+        assert (await http.delete("/v1/users/nobody", headers=AUTH)).status_code == 404
+        await http.put("/v1/users", json={"users": [{"uid": "x"}]}, headers=AUTH)
+        assert (await http.delete("/v1/users/x", headers=AUTH)).status_code == 204
+        assert (await http.get("/v1/pushes/nope")).status_code == 401
+
+
+async def test_a_gateway_gets_what_was_published_while_it_was_down(
+    redis_url: str, prefix: str, redis: aioredis.Redis
+) -> None:
+    keys = KeySchema(prefix)
+    async with api(redis_url, prefix) as http:
+        async with gateway(redis_url, prefix, "gw1", "g1"):
+            pass  # subscribed once, then stopped
+        resp = await http.post(
+            "/v1/broadcast", json={"content": 1, "audience": {"online": True}}, headers=AUTH
+        )
+        await finished(http, resp.json()["push_id"])
+        async with gateway(redis_url, prefix, "gw1", "g1") as gw:
+            for _ in range(100):
+                if gw.deliver_service.batches:
+                    break
+                await asyncio.sleep(0.02)
+            assert gw.deliver_service.batches == 1
+            await asyncio.sleep(0.1)
+            pending = await redis.xpending(keys.bus_stream("broadcast"), "gw1")
+            assert pending["pending"] == 0  # acked after delivery
+        async with gateway(redis_url, prefix, "gw1", "g1") as gw:
+            await asyncio.sleep(0.3)
+            assert gw.deliver_service.batches == 0  # not redelivered: no duplicate
