@@ -7,10 +7,11 @@ import os
 import sys
 from collections.abc import Sequence
 
+from router.cli_directory import db_upgrade, users_import
 from router.devstack import DevOptions, DevStack
 from shared.auth import issue_token
 from shared.clock import SystemClock
-from shared.errors import AuthError, ConfigError, ImrouteError
+from shared.errors import AuthError, ConfigError, ImrouteError, InvalidInput
 from shared.settings import Settings
 
 __all__ = ["main"]
@@ -36,6 +37,18 @@ def _parser() -> argparse.ArgumentParser:
     )
     sub.add_parser("gateway", help="run one gateway (see: imroute gateway -h)", add_help=False)
 
+    db = sub.add_parser("db", help="the user directory's database")
+    db_sub = db.add_subparsers(dest="db_command", required=True)
+    db_sub.add_parser("upgrade", help="apply the schema migrations to IMROUTE_DB_URL")
+
+    users = sub.add_parser("users", help="the user directory")
+    users_sub = users.add_subparsers(dest="users_command", required=True)
+    imp = users_sub.add_parser(
+        "import", help="import users from CSV (uid,tags with tags split by |) or JSON Lines"
+    )
+    imp.add_argument("file")
+    imp.add_argument("--batch", type=int, default=5000, help="users per write (1-10000)")
+
     tok = sub.add_parser("token", help="print a client JWT for UID (needs IMROUTE_SECRET)")
     tok.add_argument("uid")
     tok.add_argument("--ttl", type=int, default=3600, help="seconds until it expires")
@@ -54,9 +67,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             return DevStack(DevOptions(args.gateways, args.groups, args.port), os.environ).run()
         if args.command == "token":
             return _token(args.uid, args.ttl)
+        if args.command == "db":
+            return db_upgrade(Settings.load(os.environ))
+        if args.command == "users":
+            return users_import(Settings.load(os.environ), args.file, args.batch)
     except (ImrouteError, RuntimeError, FileNotFoundError) as exc:
         print(f"imroute {args.command}: {exc}", file=sys.stderr)
-        return 2 if isinstance(exc, ConfigError | AuthError) else 1
+        return 2 if isinstance(exc, ConfigError | AuthError | InvalidInput) else 1
     return 2
 
 

@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import FrameType
 
+from router.directory.migrate import upgrade_sync
 from router.embedded_redis import EmbeddedRedis, redis_answers
 from router.procs import die_with_parent
 from shared.errors import ConfigError
@@ -49,27 +50,15 @@ class DevStack:
         ]
 
     def run(self) -> int:
-        o = self.options
-        if not 1 <= o.gateways <= 64 or not 1 <= o.groups <= o.gateways:
-            raise ConfigError("--gateways must be 1-64 and --groups 1..gateways")
         settings = Settings.load(self.environ)
-        ports = [("--port", o.port)] + [
-            (f"{gid} ports", p) for gid, ws, grpc, _ in self.ports() for p in (ws, grpc)
-        ]
-        for name, port in ports:
-            if not 1 <= port <= 65535:
-                raise ConfigError(
-                    f"--port {o.port}: {name} would be {port}, outside 1-65535 "
-                    f"(gateway i uses PORT+i and PORT+1000+i)"
-                )
-            if not _port_free(o.host, port):
-                raise ConfigError(f"{name}: port {port} on {o.host} is already in use")
+        self._check_ports()
         env = dict(self.environ)
         shown: dict[str, str] = {}
         if settings.api_key is None:
             env["IMROUTE_API_KEY"] = shown["api key"] = secrets.token_urlsafe(24)
         if settings.secret is None:
             env["IMROUTE_SECRET"] = shown["secret"] = secrets.token_urlsafe(32)
+        o = self.options
 
         # Handlers first: a Ctrl-C at any point from here on stops what was started.
         for sig in (signal.SIGINT, signal.SIGTERM):
@@ -85,6 +74,13 @@ class DevStack:
                     flush=True,
                 )
             env["IMROUTE_REDIS_URL"] = redis_url
+            if "IMROUTE_DB_URL" not in env:
+                # The dev directory lives beside the working directory, kept across runs.
+                state = os.path.abspath(".imroute")
+                os.makedirs(state, exist_ok=True)
+                env["IMROUTE_DB_URL"] = f"sqlite+aiosqlite:///{state}/users.db"
+            upgrade_sync(env["IMROUTE_DB_URL"])
+            print(f"user directory: {redact_url(env['IMROUTE_DB_URL'])} (migrated)", flush=True)
             if self._stopping:
                 return 0
             self._spawn(
@@ -121,6 +117,22 @@ class DevStack:
             return self._watch()
         finally:
             self.stop()
+
+    def _check_ports(self) -> None:
+        o = self.options
+        if not 1 <= o.gateways <= 64 or not 1 <= o.groups <= o.gateways:
+            raise ConfigError("--gateways must be 1-64 and --groups 1..gateways")
+        ports = [("--port", o.port)] + [
+            (f"{gid} ports", p) for gid, ws, grpc, _ in self.ports() for p in (ws, grpc)
+        ]
+        for name, port in ports:
+            if not 1 <= port <= 65535:
+                raise ConfigError(
+                    f"--port {o.port}: {name} would be {port}, outside 1-65535 "
+                    f"(gateway i uses PORT+i and PORT+1000+i)"
+                )
+            if not _port_free(o.host, port):
+                raise ConfigError(f"{name}: port {port} on {o.host} is already in use")
 
     def _spawn(self, name: str, argv: list[str], env: Mapping[str, str]) -> None:
         proc = subprocess.Popen(
@@ -174,6 +186,11 @@ class DevStack:
             f"    curl -s -H 'Authorization: Bearer {key}' -H 'Content-Type: application/json' "
             f'-d \'{{"to":["alice"],"content":{{"text":"hi"}}}}\' '
             f"http://{o.host}:{o.port}/v1/push",
+            f"    curl -s -X PUT -H 'Authorization: Bearer {key}' -H 'Content-Type: "
+            f'application/json\' -d \'{{"users":[{{"uid":"alice","tags":["vip"]}}]}}\' '
+            f"http://{o.host}:{o.port}/v1/users",
+            f"    curl -s -H 'Authorization: Bearer {key}' -H 'Content-Type: application/json' "
+            f'-d \'{{"content":{{"text":"to all"}}}}\' http://{o.host}:{o.port}/v1/broadcast',
             "  Ctrl-C stops everything.",
             "",
         ]

@@ -9,6 +9,7 @@ import signal
 import subprocess
 import time
 import urllib.request
+from pathlib import Path
 
 import pytest
 import redis.asyncio as aioredis
@@ -146,10 +147,16 @@ def test_gateway_without_redis_fails_clearly() -> None:
     assert "pw-hunter2" not in result.stderr
 
 
-async def test_imroute_dev_serves_a_push_end_to_end_and_stops_cleanly(prefix: str) -> None:
+async def test_imroute_dev_serves_a_push_end_to_end_and_stops_cleanly(
+    prefix: str, tmp_path: Path
+) -> None:
     port = free_port_block([0, 1, 2, 1001, 1002])
     # No Redis answers at this URL, so dev must start (and stop) an embedded one.
-    env = base_env(IMROUTE_REDIS_URL="redis://127.0.0.1:1/0", IMROUTE_REDIS_PREFIX=prefix)
+    env = base_env(
+        IMROUTE_REDIS_URL="redis://127.0.0.1:1/0",
+        IMROUTE_REDIS_PREFIX=prefix,
+        IMROUTE_DB_URL=f"sqlite+aiosqlite:///{tmp_path}/users.db",
+    )
     argv = [str(BIN / "imroute"), "dev", "--port", str(port)]
     with running(argv, env) as dev:
         banner = "\n".join(read_until(dev, "Ctrl-C stops everything", timeout=60))
@@ -191,6 +198,28 @@ async def test_imroute_dev_serves_a_push_end_to_end_and_stops_cleanly(prefix: st
             assert frame["msg_id"] == body["msg_id"]
             assert frame["content"] == {"text": "hi"}
 
+            # The directory was migrated by dev: a broadcast reaches alice too.
+            def call(method: str, path: str, payload: object) -> dict[str, object]:
+                request = urllib.request.Request(
+                    f"http://127.0.0.1:{port}{path}",
+                    method=method,
+                    data=json.dumps(payload).encode(),
+                    headers={
+                        "Authorization": f"Bearer {key.group(1)}",
+                        "Content-Type": "application/json",
+                    },
+                )
+                with urllib.request.urlopen(request) as resp:
+                    answer: dict[str, object] = json.loads(resp.read())
+                    return answer
+
+            assert await asyncio.to_thread(
+                call, "PUT", "/v1/users", {"users": [{"uid": "alice"}, {"uid": "bob"}]}
+            ) == {"upserted": 2}
+            accepted = await asyncio.to_thread(call, "POST", "/v1/broadcast", {"content": "all"})
+            frame = json.loads(await asyncio.wait_for(ws.recv(), 5))
+            assert (frame["push_id"], frame["content"]) == (accepted["push_id"], "all")
+
         dev.send_signal(signal.SIGINT)
         assert dev.wait(20) == 0
     deadline = time.monotonic() + 5
@@ -199,9 +228,13 @@ async def test_imroute_dev_serves_a_push_end_to_end_and_stops_cleanly(prefix: st
     assert not [pid for pid in children if alive(pid)], "orphans left behind"
 
 
-async def test_kill_9_of_imroute_dev_leaves_no_orphans(prefix: str) -> None:
+async def test_kill_9_of_imroute_dev_leaves_no_orphans(prefix: str, tmp_path: Path) -> None:
     port = free_port_block([0, 1, 2, 1001, 1002])
-    env = base_env(IMROUTE_REDIS_URL="redis://127.0.0.1:1/0", IMROUTE_REDIS_PREFIX=prefix)
+    env = base_env(
+        IMROUTE_REDIS_URL="redis://127.0.0.1:1/0",
+        IMROUTE_REDIS_PREFIX=prefix,
+        IMROUTE_DB_URL=f"sqlite+aiosqlite:///{tmp_path}/users.db",
+    )
     with running([str(BIN / "imroute"), "dev", "--port", str(port)], env) as dev:
         read_until(dev, "Ctrl-C stops everything", timeout=60)
         children = descendants(dev.pid)
@@ -212,3 +245,41 @@ async def test_kill_9_of_imroute_dev_leaves_no_orphans(prefix: str) -> None:
     while any(alive(pid) for pid in children) and time.monotonic() < deadline:
         await asyncio.sleep(0.05)
     assert not [pid for pid in children if alive(pid)], "orphans left behind"
+
+
+def test_db_upgrade_and_users_import_commands(tmp_path: Path) -> None:
+    env = base_env(IMROUTE_DB_URL=f"sqlite+aiosqlite:///{tmp_path}/users.db")
+    imroute = str(BIN / "imroute")
+    for _ in range(2):  # the second run is a no-op
+        up = subprocess.run(
+            [imroute, "db", "upgrade"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert up.returncode == 0, up.stderr
+        assert "up to date" in up.stdout
+    data = tmp_path / "users.jsonl"
+    data.write_text('{"uid":"a","tags":["vip"]}\nnot json\n{"tags":["x"]}\n{"uid":"b"}\n')
+    imp = subprocess.run(
+        [imroute, "users", "import", str(data)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert imp.returncode == 0, imp.stderr
+    assert "imported 2 users, skipped 2 bad lines" in imp.stdout
+    assert f"{data}:2:" in imp.stderr and f"{data}:3:" in imp.stderr
+    bad = subprocess.run(
+        [imroute, "users", "import", str(tmp_path / "x.xml")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert bad.returncode == 2 and "x.xml" in bad.stderr

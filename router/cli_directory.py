@@ -1,0 +1,62 @@
+"""`imroute db upgrade` and `imroute users import`: the directory from the command line."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from pathlib import Path
+
+from router.directory.importer import ImportReport, import_file
+from router.directory.migrate import upgrade_sync
+from router.directory.sql import SqlUserDirectory
+from shared.clock import SystemClock
+from shared.settings import Settings, redact_url
+
+__all__ = ["db_upgrade", "users_import"]
+
+
+def db_upgrade(settings: Settings) -> int:
+    """Apply the directory's migrations to IMROUTE_DB_URL (a no-op when up to date)."""
+    upgrade_sync(settings.db_url)
+    print(f"user directory at {redact_url(settings.db_url)} is up to date")
+    return 0
+
+
+def users_import(settings: Settings, path: str, batch: int) -> int:
+    """Import a CSV or JSON Lines file; bad lines are reported and skipped."""
+    report = asyncio.run(_import(settings, Path(path), batch))
+    for line, reason in report.bad:
+        print(f"{path}:{line}: {reason}", file=sys.stderr)
+    if report.skipped > len(report.bad):
+        print(f"... and {report.skipped - len(report.bad)} more bad lines", file=sys.stderr)
+    print(f"imported {report.imported} users, skipped {report.skipped} bad lines")
+    return 1 if report.skipped and not report.imported else 0
+
+
+async def _import(settings: Settings, path: Path, batch: int) -> ImportReport:
+    async with SqlUserDirectory.from_url(settings.db_url, SystemClock()) as directory:
+        return await import_file(directory, path, batch=batch, progress=_progress_bar())
+
+
+def _progress_bar() -> _Bar:
+    return _Bar(sys.stderr.isatty())
+
+
+class _Bar:
+    """A one-line progress bar on a terminal; a line per 10% otherwise."""
+
+    def __init__(self, tty: bool) -> None:
+        self._tty = tty
+        self._last = -1
+
+    def __call__(self, done: int, total: int) -> None:
+        pct = 100 if total == 0 else min(100, done * 100 // total)
+        if self._tty:
+            filled = pct * 30 // 100
+            sys.stderr.write(f"\r[{'#' * filled}{'.' * (30 - filled)}] {pct:3d}% {done}/{total}")
+            if done >= total:
+                sys.stderr.write("\n")
+            sys.stderr.flush()
+        elif pct // 10 != self._last // 10 or done >= total:
+            print(f"{pct}% ({done}/{total} lines)", file=sys.stderr)
+        self._last = pct
