@@ -14,7 +14,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
 from push_service import group_routes, user_routes
-from push_service.content import encode_content
+from push_service.content import new_message
 from push_service.deps import Key, Services, Svc
 from push_service.limits import BodyLimit
 from push_service.schemas import (
@@ -45,9 +45,7 @@ from shared.errors import (
     PayloadTooLarge,
     RegistryUnavailable,
 )
-from shared.ids import new_id
 from shared.keys import KeySchema
-from shared.models import Message
 from shared.settings import Settings
 
 __all__ = ["create_app"]
@@ -150,13 +148,16 @@ def create_app(settings: Settings, clock: Clock | None = None) -> FastAPI:
         return JSONResponse({"error": "invalid_request", "detail": detail}, status_code=422)
 
     @app.exception_handler(RegistryUnavailable)
-    async def _registry_down(_: Request, exc: RegistryUnavailable) -> JSONResponse:
-        log.warning("registry unavailable: %s", exc)
+    @app.exception_handler(DirectoryUnavailable)
+    async def _unavailable(_: Request, exc: ImrouteError) -> JSONResponse:
+        what = (
+            "route registry (Redis) unavailable; nothing was sent"
+            if isinstance(exc, RegistryUnavailable)
+            else "user directory unavailable (is it migrated? imroute db upgrade)"
+        )
+        log.warning("%s: %s", what, exc)
         return JSONResponse(
-            {
-                "error": "unavailable",
-                "detail": "route registry (Redis) unavailable; nothing was sent",
-            },
+            {"error": "unavailable", "detail": what},
             status_code=503,
             headers={"Retry-After": "1"},
         )
@@ -164,14 +165,7 @@ def create_app(settings: Settings, clock: Clock | None = None) -> FastAPI:
     @app.post("/v1/push", dependencies=[Key], response_model=PushOut)
     async def push(body: PushIn, svc: Svc) -> JSONResponse:
         """Push one message to 1-1000 users wherever they are connected (P2P)."""
-        message = Message(
-            msg_id=new_id(),
-            push_id=new_id(),
-            msg_type=body.msg_type,
-            sender=body.sender,
-            content_json=encode_content(body.content),
-            ts_ms=clock.now_ms(),
-        )
+        message = new_message(body, clock.now_ms())
         outcome = await svc.pusher.push(message, body.to)
         # Built directly: validating our own output through PushOut again is pure cost on
         # the hottest endpoint. PushOut still documents it in the OpenAPI schema.
@@ -224,18 +218,6 @@ def create_app(settings: Settings, clock: Clock | None = None) -> FastAPI:
         if await ping(svc.redis):
             return JSONResponse({"status": "ok"})
         return JSONResponse({"status": "unavailable", "detail": "redis"}, status_code=503)
-
-    @app.exception_handler(DirectoryUnavailable)
-    async def _directory_down(_: Request, exc: DirectoryUnavailable) -> JSONResponse:
-        log.warning("user directory unavailable: %s", exc)
-        return JSONResponse(
-            {
-                "error": "unavailable",
-                "detail": "user directory unavailable (is it migrated? imroute db upgrade)",
-            },
-            status_code=503,
-            headers={"Retry-After": "1"},
-        )
 
     app.include_router(group_routes.router)
     app.include_router(user_routes.router)

@@ -3,12 +3,32 @@
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, Protocol
 
 from push_service.schemas import MAX_CONTENT_BYTES
 from shared.errors import InvalidInput, PayloadTooLarge
+from shared.ids import new_id
+from shared.models import Message
 
-__all__ = ["encode_content"]
+__all__ = ["encode_content", "new_message"]
+
+
+class _MessageFields(Protocol):
+    content: Any
+    msg_type: int
+    sender: str
+
+
+def new_message(body: _MessageFields, now_ms: int) -> Message:
+    """A push's message with fresh ids; the content is encoded here, once."""
+    return Message(
+        msg_id=new_id(),
+        push_id=new_id(),
+        msg_type=body.msg_type,
+        sender=body.sender,
+        content_json=encode_content(body.content),
+        ts_ms=now_ms,
+    )
 
 
 def encode_content(content: Any) -> bytes:

@@ -8,13 +8,12 @@ from typing import Annotated
 from fastapi import APIRouter, Path
 from fastapi.responses import JSONResponse
 
-from push_service.content import encode_content
+from push_service.content import new_message
 from push_service.deps import Key, Services, Svc
 from push_service.schemas import AcceptedOut, BroadcastIn, JobOut, MulticastIn
 from router.broadcast import run_broadcast
 from router.multicast import chunked, run_multicast
 from router.publishing import BatchPublisher, PushCounters
-from shared.ids import new_id
 from shared.models import Message
 
 __all__ = ["router"]
@@ -25,14 +24,7 @@ router = APIRouter(dependencies=[Key])
 def _message(svc: Services, body: BroadcastIn | MulticastIn) -> tuple[Message, int]:
     """The message (content encoded once) and its expiry in epoch ms (0: none)."""
     now = svc.clock.now_ms()
-    message = Message(
-        msg_id=new_id(),
-        push_id=new_id(),
-        msg_type=body.msg_type,
-        sender=body.sender,
-        content_json=encode_content(body.content),
-        ts_ms=now,
-    )
+    message = new_message(body, now)
     return message, (now + body.ttl_s * 1000 if body.ttl_s else 0)
 
 

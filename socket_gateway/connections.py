@@ -65,43 +65,33 @@ class LocalConnections:
 
     def deliver_all(self, frame: bytes) -> int:
         """Write `frame` to every open local connection; returns how many."""
-        written = 0
-        limit = self.max_buffer
-        for conns in self._by_uid.values():
-            for conn in conns:
-                sink = conn.sink
-                if not sink.is_open():
-                    continue
-                if sink.buffered() > limit:
-                    self.slow_aborted += 1
-                    sink.abort()
-                    continue
-                sink.write(frame)
-                written += 1
-        return written
+        write = self._write
+        return sum(write(conn.sink, frame) for conns in self._by_uid.values() for conn in conns)
 
     def deliver(self, uids: Iterable[str], frame: bytes) -> tuple[list[str], list[str]]:
         """Write `frame` to every open connection of each uid; (delivered, missing) uids.
 
-        The frame is built once by the caller and the same bytes go to every
-        transport. A connection whose unsent buffer is over `max_buffer` is a slow
-        consumer: it is aborted rather than allowed to grow without bound.
+        The frame is built once by the caller and the same bytes go to every transport.
         """
         delivered: list[str] = []
         missing: list[str] = []
         by_uid = self._by_uid
-        limit = self.max_buffer
+        write = self._write
         for uid in uids:
             wrote = False
             for conn in by_uid.get(uid, ()):
-                sink = conn.sink
-                if not sink.is_open():
-                    continue
-                if sink.buffered() > limit:
-                    self.slow_aborted += 1
-                    sink.abort()
-                    continue
-                sink.write(frame)
-                wrote = True
+                wrote = write(conn.sink, frame) or wrote
             (delivered if wrote else missing).append(uid)
         return delivered, missing
+
+    def _write(self, sink: Sink, frame: bytes) -> bool:
+        """Write to one open connection. One whose unsent buffer is over `max_buffer` is
+        a slow consumer: it is aborted rather than allowed to grow without bound."""
+        if not sink.is_open():
+            return False
+        if sink.buffered() > self.max_buffer:
+            self.slow_aborted += 1
+            sink.abort()
+            return False
+        sink.write(frame)
+        return True
