@@ -166,7 +166,8 @@ def create_app(settings: Settings, clock: Clock | None = None) -> FastAPI:
     async def push(body: PushIn, svc: Svc) -> JSONResponse:
         """Push one message to 1-1000 users wherever they are connected (P2P)."""
         message = new_message(body, clock.now_ms())
-        outcome = await svc.pusher.push(message, body.to)
+        expires_ms = message.ts_ms + body.ttl_s * 1000 if body.ttl_s else 0
+        outcome = await svc.pusher.push(message, body.to, expires_ms)
         # Built directly: validating our own output through PushOut again is pure cost on
         # the hottest endpoint. PushOut still documents it in the OpenAPI schema.
         return JSONResponse(

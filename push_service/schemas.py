@@ -59,6 +59,9 @@ class PushIn(BaseModel):
     content: JsonValue
     msg_type: int = Field(0, ge=0, le=2**31 - 1)
     sender: str = Field("admin", alias="from", min_length=1, max_length=128)
+    # P2P never buffers, so "high" changes nothing here; accepted on every push alike.
+    priority: Literal["normal", "high"] = "normal"
+    ttl_s: int | None = Field(None, ge=1, le=30 * 24 * 3600)
 
     @field_validator("to")
     @classmethod

@@ -55,7 +55,7 @@ class P2PPusher:
         self._clients = clients
         self._timeout = deliver_timeout_s
 
-    async def push(self, message: Message, uids: Sequence[str]) -> PushOutcome:
+    async def push(self, message: Message, uids: Sequence[str], expires_ms: int = 0) -> PushOutcome:
         routes = await self._registry.lookup(uids)
         plan = plan_p2p(uids, routes, await self._live())
         if plan.stale and self._fleet.age() > STALE_RECHECK_S:
@@ -64,7 +64,7 @@ class P2PPusher:
             self._fleet.invalidate()
             plan = plan_p2p(uids, routes, await self._live())
         outcomes = await asyncio.gather(
-            *(self._deliver(message, target) for target in plan.targets.values())
+            *(self._deliver(message, target, expires_ms) for target in plan.targets.values())
         )
         outcome = merge(uids, plan, outcomes)
         if outcome.errors:
@@ -78,8 +78,9 @@ class P2PPusher:
     async def _live(self) -> dict[str, str]:
         return {g.gateway_id: g.grpc_address for g in await self._fleet.live()}
 
-    async def _deliver(self, message: Message, target: Target) -> GatewayOutcome:
+    async def _deliver(self, message: Message, target: Target, expires_ms: int) -> GatewayOutcome:
         batch = to_batch(message, target.uids, new_id())
+        batch.expires_ms = expires_ms
         try:
             reply = await self._clients.deliver(
                 target.gateway_id, target.address, batch, self._timeout
@@ -87,6 +88,8 @@ class P2PPusher:
         except GatewayUnavailable as exc:
             log.warning("deliver to %s failed: %s", target.gateway_id, exc.reason)
             return GatewayOutcome(target.gateway_id, error=exc.reason)
+        if reply.expired:
+            return GatewayOutcome(target.gateway_id, error="EXPIRED: arrived after its ttl_s")
         return GatewayOutcome(target.gateway_id, reply.delivered, reply.missing)
 
     async def _forget(self, routes: Sequence[Route]) -> None:

@@ -40,9 +40,10 @@ def settings(redis_url: str, prefix: str, **overrides: Any) -> Settings:
 
 @asynccontextmanager
 async def gateway(
-    redis_url: str, prefix: str, gid: str, group: str, **kw: Any
+    redis_url: str, prefix: str, gid: str, group: str, clock: Any = None, **kw: Any
 ) -> AsyncIterator[Gateway]:
-    async with Gateway(settings(redis_url, prefix, gateway_id=gid, group_id=group, **kw)) as gw:
+    s = settings(redis_url, prefix, gateway_id=gid, group_id=group, **kw)
+    async with Gateway(s, clock) as gw:
         yield gw
 
 

@@ -160,7 +160,7 @@ async def test_multicast_batches_per_group_and_counts_offline(
             assert all([f["content"] for f in fs] == ["now"] for fs in got.values())
 
 
-async def test_a_group_buffer_that_never_fills_is_flushed_by_the_timeout(
+async def test_a_small_multicast_leaves_at_the_end_of_its_input(
     redis_url: str, prefix: str, redis: aioredis.Redis
 ) -> None:
     async with fleet(redis_url, prefix) as gws, api(redis_url, prefix, flush_timeout_s=0.2) as http:

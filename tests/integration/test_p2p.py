@@ -10,6 +10,7 @@ import pytest
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 
+from shared.clock import ManualClock, SystemClock
 from shared.keys import KeySchema
 from tests.integration.stack import (
     AUTH,
@@ -269,3 +270,26 @@ async def test_concurrent_pushes_to_one_gateway_share_rpcs(
                 got[name] = sorted([(await recv_json(ws))["content"] for _ in range(10)])
                 assert await nothing_more(ws, 0.05)
             assert got == {n: list(range(i, 200, 20)) for i, n in enumerate(names)}
+
+
+async def test_a_push_past_its_ttl_is_dropped_at_the_gateway_and_reported(
+    redis_url: str, prefix: str, redis: object
+) -> None:
+    # The gateway's clock runs ten minutes ahead: every batch reaches it "late".
+    ahead = ManualClock(wall_ms=SystemClock().now_ms() + 600_000, mono=0.0)
+    async with (
+        gateway(redis_url, prefix, "gw1", "g1", clock=ahead) as gw,
+        api(redis_url, prefix) as http,
+        client(gw, "alice") as ws,
+    ):
+        late = await http.post(
+            "/v1/push", json={"to": ["alice"], "content": 1, "ttl_s": 60}, headers=AUTH
+        )
+        assert late.json()["failed"] == ["alice"]
+        assert "EXPIRED" in late.json()["errors"][0]["error"]
+        assert await nothing_more(ws, 0.2)
+        assert gw.deliver_service.expired == 1
+        # Without a ttl the same gateway delivers.
+        ok = await http.post("/v1/push", json={"to": ["alice"], "content": 2}, headers=AUTH)
+        assert ok.json()["delivered"] == ["alice"]
+        assert (await recv_json(ws))["content"] == 2
