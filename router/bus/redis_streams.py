@@ -34,7 +34,7 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-DEFAULT_MAXLEN = 100_000
+DEFAULT_MAXLEN = 10_000
 POOL_SIZE = 64
 POOL_WAIT_S = 5.0
 BACKOFF_MIN_S = 0.05
