@@ -15,7 +15,7 @@ or better fan-out. It is built for that small idle footprint:
 - the connection object is also the connection's `Sink`: pushes are pre-built frame bytes
   written straight to the transport by `LocalConnections.deliver`;
 - no task and no keepalive task per connection: ONE gateway-wide task pings every
-  connection every `PING_INTERVAL_S` and closes (1011) those that sent nothing since the
+  connection every `WsTimers.ping_interval_s` and closes (1011) those that sent nothing since the
   previous ping; handshake and closing deadlines are `loop.call_later` handles that live
   only while a connection is opening or closing;
 - registering and unregistering the route are short-lived tasks at connect and
@@ -30,6 +30,7 @@ import contextlib
 import logging
 import socket
 from collections.abc import Awaitable, Callable, Coroutine
+from dataclasses import dataclass
 from typing import Any, cast
 from urllib.parse import parse_qs, urlsplit
 
@@ -61,11 +62,17 @@ MAX_CLIENT_FRAME = 4096
 # The request line and headers of the opening handshake, at most.
 MAX_HANDSHAKE_BYTES = 16 * 1024
 
-# Timers, read at use time (tests shorten them by patching the module).
-HANDSHAKE_TIMEOUT_S = 10.0  # TCP accept -> 101 sent
-CLOSE_TIMEOUT_S = 10.0  # close frame sent -> TCP closed by the client
-PING_INTERVAL_S = 30.0  # gateway-wide keepalive round; silent for a whole round -> 1011
-SHUTDOWN_TIMEOUT_S = 5.0  # close(close_connections=True) -> remaining ones are aborted
+
+@dataclass(frozen=True, slots=True)
+class WsTimers:
+    """The endpoint's deadlines, injected so tests (and operators) can shorten them."""
+
+    handshake_s: float = 10.0  # TCP accept -> 101 sent
+    close_s: float = 10.0  # close frame sent -> TCP closed by the client
+    ping_interval_s: float = 30.0  # gateway-wide keepalive round; silent a whole round -> 1011
+    shutdown_s: float = 5.0  # close(close_connections=True) -> remaining ones are aborted
+
+
 PING_SLICE = 1000  # connections pinged per loop turn
 LISTEN_BACKLOG = 1024
 # Write-side flow control: above HIGH we stop reading from that client (its pings and
@@ -149,7 +156,7 @@ class _WsConn(asyncio.Protocol):
             t.abort()
             return
         t.set_write_buffer_limits(WRITE_HIGH, WRITE_LOW)
-        self._arm(HANDSHAKE_TIMEOUT_S)
+        self._arm(self._ep.timers.handshake_s)
 
     def data_received(self, data: bytes) -> None:
         ws = self._ws
@@ -266,7 +273,7 @@ class _WsConn(asyncio.Protocol):
     def _send_handshake(self, hs: ServerProtocol) -> None:
         """Write a refused handshake's response (and EOF), then wait for the client to go."""
         self._write_out(hs.data_to_send())
-        self._arm(CLOSE_TIMEOUT_S)
+        self._arm(self._ep.timers.close_s)
 
     # ------------------------------------------------------------------ frames
 
@@ -333,7 +340,7 @@ class _WsConn(asyncio.Protocol):
             self._write_out(writes)
         if self._open and ws.state is not OPEN:
             self._open = False
-            self._arm(CLOSE_TIMEOUT_S)
+            self._arm(self._ep.timers.close_s)
 
     def _write_out(self, writes: list[bytes]) -> None:
         t = self._transport
@@ -435,7 +442,9 @@ class WsEndpoint:
         conn_ids: ConnIdFactory,
         register: Callable[[str, str], Awaitable[None]],
         unregister: Callable[[str, str], Awaitable[None]],
+        timers: WsTimers | None = None,
     ) -> None:
+        self.timers = timers or WsTimers()
         self._conns = conns
         self._secret = secret
         self._clock = clock
@@ -476,7 +485,7 @@ class WsEndpoint:
 
     async def _keepalive_loop(self) -> None:
         while True:
-            await asyncio.sleep(PING_INTERVAL_S)
+            await asyncio.sleep(self.timers.ping_interval_s)
             await self._ping_round()
 
     async def _ping_round(self) -> None:
@@ -509,7 +518,7 @@ class WsEndpoint:
     async def _wait_closed(self, server: asyncio.AbstractServer) -> None:
         await self._closed.wait()
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + SHUTDOWN_TIMEOUT_S if self._close_all else None
+        deadline = loop.time() + self.timers.shutdown_s if self._close_all else None
         while self._live:
             self._idle.clear()
             timeout = None if deadline is None else max(0.0, deadline - loop.time())

@@ -26,9 +26,8 @@ from shared.ids import ConnIdFactory
 from shared.keys import KeySchema
 from shared.models import Message
 from shared.wire import encode_push_json, ws_text_frame
-from socket_gateway import ws_server
 from socket_gateway.connections import LocalConnections
-from socket_gateway.ws_server import WsEndpoint
+from socket_gateway.ws_server import WsEndpoint, WsTimers
 from tests.conftest import SECRET
 
 pytestmark = pytest.mark.integration
@@ -59,6 +58,7 @@ async def gateway(
     *,
     register: Registrar | None = None,
     unregister: Registrar | None = None,
+    timers: WsTimers | None = None,
 ) -> AsyncIterator[Gw]:
     async with connect_redis(redis_url) as redis:
         keys = KeySchema(prefix)
@@ -84,7 +84,9 @@ async def gateway(
             await (unregister or registry.unregister)(uid, conn_id)
 
         conns = LocalConnections()
-        endpoint = WsEndpoint(conns, SECRET, SystemClock(), ConnIdFactory("gw1"), reg, unreg)
+        endpoint = WsEndpoint(
+            conns, SECRET, SystemClock(), ConnIdFactory("gw1"), reg, unreg, timers
+        )
         server = await endpoint.serve("127.0.0.1", 0)
         port = server.sockets[0].getsockname()[1]
         gw = Gw(endpoint, server, conns, registry, keys, port, calls)
@@ -519,10 +521,9 @@ async def test_shutdown_closes_clients_1001_and_unregisters(
 
 
 async def test_shutdown_is_bounded_for_clients_that_never_answer(
-    redis_url: str, prefix: str, redis: Any, monkeypatch: pytest.MonkeyPatch
+    redis_url: str, prefix: str, redis: Any
 ) -> None:
-    monkeypatch.setattr(ws_server, "SHUTDOWN_TIMEOUT_S", 0.5)
-    async with gateway(redis_url, prefix) as gw:
+    async with gateway(redis_url, prefix, timers=WsTimers(shutdown_s=0.5)) as gw:
         raw = await RawClient.open(gw)
         raw.writer.write(RawClient.request("mute"))
         assert b" 101 " in await raw.response_head()
@@ -542,10 +543,13 @@ async def test_shutdown_is_bounded_for_clients_that_never_answer(
 
 
 async def test_a_client_that_never_finishes_the_handshake_is_dropped(
-    redis_url: str, prefix: str, redis: Any, monkeypatch: pytest.MonkeyPatch
+    redis_url: str, prefix: str, redis: Any
 ) -> None:
-    monkeypatch.setattr(ws_server, "HANDSHAKE_TIMEOUT_S", 0.3)
-    async with gateway(redis_url, prefix) as gw, client(gw, "bystander") as bystander:
+    timers = WsTimers(handshake_s=0.3)
+    async with (
+        gateway(redis_url, prefix, timers=timers) as gw,
+        client(gw, "bystander") as bystander,
+    ):
         silent = await RawClient.open(gw)
         partial = await RawClient.open(gw)
         partial.writer.write(RawClient.request("slowpoke")[:40])
@@ -561,11 +565,10 @@ async def test_a_client_that_never_finishes_the_handshake_is_dropped(
 
 
 async def test_keepalive_pings_and_closes_silent_clients(
-    redis_url: str, prefix: str, redis: Any, monkeypatch: pytest.MonkeyPatch
+    redis_url: str, prefix: str, redis: Any
 ) -> None:
-    monkeypatch.setattr(ws_server, "PING_INTERVAL_S", 0.2)
-    monkeypatch.setattr(ws_server, "CLOSE_TIMEOUT_S", 0.5)
-    async with gateway(redis_url, prefix) as gw, client(gw, "lively") as lively:
+    timers = WsTimers(ping_interval_s=0.2, close_s=0.5)
+    async with gateway(redis_url, prefix, timers=timers) as gw, client(gw, "lively") as lively:
         raw = await RawClient.open(gw)
         raw.writer.write(RawClient.request("mute"))
         assert b" 101 " in await raw.response_head()
