@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import ctypes
 import importlib.util
 import json
 import math
@@ -51,6 +50,7 @@ if TYPE_CHECKING:
     from websockets.protocol import Event
 
 from router.embedded_redis import EmbeddedRedis, redis_answers
+from router.procs import die_with_parent
 from shared.keys import KeySchema
 
 HOST = "127.0.0.1"
@@ -148,12 +148,6 @@ def run_loop(coro: Coroutine[Any, Any, T]) -> T:
     return uvloop.run(coro)
 
 
-def _die_with_parent() -> None:
-    """In a child: get SIGTERM when the benchmark process dies, even by SIGKILL."""
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-
-
 # --------------------------------------------------------------------------- processes
 
 
@@ -177,7 +171,7 @@ class Stack:
             stderr=log,
             # Own session: a terminal Ctrl-C reaches only us, and we stop the children.
             start_new_session=True,
-            preexec_fn=_die_with_parent,  # noqa: PLW1509  (spawned before any thread exists)
+            preexec_fn=die_with_parent,  # noqa: PLW1509  (spawned before any thread exists)
         )
         self.procs.append((name, proc))
         return proc

@@ -34,7 +34,6 @@ import gc
 import json
 import os
 import platform
-import resource
 import statistics
 import sys
 import time
@@ -45,6 +44,8 @@ from typing import Any
 SCRIPT = Path(__file__).resolve()
 ROOT = SCRIPT.parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(SCRIPT.parent))
+from p2p import raise_nofile  # noqa: E402  # the benchmarks share their helpers
 
 HOST = "127.0.0.1"
 SECRET = "bench-secret-0123456789abcdef-0123456789"
@@ -55,16 +56,6 @@ ROUND_TIMEOUT_S = 20.0
 SETTLE_S = 2.0
 ENDPOINTS = ("websockets", "sansio")
 LOOPS = ("asyncio", "uvloop")
-
-
-def raise_nofile(wanted: int) -> int:
-    """Raise the soft RLIMIT_NOFILE towards `wanted` (at most the hard limit)."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    target = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
-    if soft != resource.RLIM_INFINITY and soft < target:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
-        soft = target
-    return soft
 
 
 def vm_rss_kib(pid: int | str = "self") -> int:

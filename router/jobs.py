@@ -7,7 +7,7 @@ lease lapses and the reaper marks the job failed with a reason, so no job is lef
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from enum import StrEnum
 from typing import Any
 
@@ -156,5 +156,4 @@ class RedisJobStore:
 
 
 def _counter_fields(counters: PushCounters) -> dict[Any, Any]:
-    names = {f.name for f in fields(counters)}
-    return {name: getattr(counters, name) for name in _COUNTERS if name in names}
+    return {name: getattr(counters, name) for name in _COUNTERS}

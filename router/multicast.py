@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator, Iterable, Sequence
 
 from router.batcher import GroupBatcher, ReadyBatch
 from router.publishing import BatchPublisher, group_topic
-from router.registry import LOOKUP_CHUNK, RouteRegistry
+from router.registry import LOOKUP_CHUNK, RouteRegistry, chunks
 from shared.clock import Clock
 from shared.proto import gateway_pb2
 
@@ -21,15 +21,9 @@ __all__ = ["chunked", "run_multicast"]
 
 async def chunked(uids: Iterable[str], size: int = LOOKUP_CHUNK) -> AsyncIterator[list[str]]:
     """An iterable of uids as chunks of at most `size`."""
-    chunk: list[str] = []
-    for uid in uids:
-        chunk.append(uid)
-        if len(chunk) == size:
-            yield chunk
-            chunk = []
-            await asyncio.sleep(0)  # let other pushes run between chunks
-    if chunk:
+    for chunk in chunks(uids, size):
         yield chunk
+        await asyncio.sleep(0)  # let other pushes run between chunks
 
 
 async def run_multicast(
@@ -71,7 +65,12 @@ async def run_multicast(
                     continue
                 counters.online += 1
                 # Several devices of one user in one group: the group gets the uid once.
-                for group_id in {route.group_id for route in user_routes}:
+                groups = (
+                    (user_routes[0].group_id,)
+                    if len(user_routes) == 1
+                    else {route.group_id for route in user_routes}
+                )
+                for group_id in groups:
                     full = batcher.add(group_id, uid)
                     if full is not None:
                         await _publish(publisher, full)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 from redis.exceptions import NoScriptError
 
@@ -21,6 +21,8 @@ from shared.models import Route
 __all__ = ["LOOKUP_CHUNK", "RedisRouteRegistry", "Registration", "RouteRegistry"]
 
 LOOKUP_CHUNK = 1000
+
+T = TypeVar("T")
 
 # Sets one connection's field, drops fields whose own deadline has passed, and
 # extends the key's PEXPIRE without ever shortening it. Heartbeats upsert too, so
@@ -102,13 +104,13 @@ class RedisRouteRegistry:
 
     async def unregister_many(self, registrations: Iterable[Registration]) -> None:
         """Remove many connections (a gateway shutting down), 1000 per round trip."""
-        for chunk in _chunks(RouteOp(False, r.uid, r.conn_id) for r in registrations):
+        for chunk in chunks(RouteOp(False, r.uid, r.conn_id) for r in registrations):
             await self.apply(chunk)
 
     async def refresh(self, registrations: Iterable[Registration]) -> int:
         """Upsert the routes of live connections with a new deadline; returns how many."""
         count = 0
-        for chunk in _chunks(RouteOp(True, r.uid, r.conn_id) for r in registrations):
+        for chunk in chunks(RouteOp(True, r.uid, r.conn_id) for r in registrations):
             await self.apply(chunk)
             count += len(chunk)
         return count
@@ -161,22 +163,16 @@ class RedisRouteRegistry:
                     found[uid] = routes
         return found
 
-    @translate_errors
     async def remove(self, routes: Iterable[Route]) -> None:
-        """Delete these exact routes (by connection id), in one round trip."""
-        pipe = self._redis.pipeline(transaction=False)
-        count = 0
-        for route in routes:
-            pipe.hdel(self._keys.route(route.uid), route.conn_id)
-            count += 1
-        if count:
-            await pipe.execute()
+        """Delete these exact routes (by connection id), 1000 per round trip."""
+        await self.unregister_many(Registration(r.uid, r.conn_id) for r in routes)
 
 
-def _chunks(ops: Iterable[RouteOp], size: int = LOOKUP_CHUNK) -> Iterator[list[RouteOp]]:
-    chunk: list[RouteOp] = []
-    for op in ops:
-        chunk.append(op)
+def chunks(items: Iterable[T], size: int = LOOKUP_CHUNK) -> Iterator[list[T]]:
+    """`items` as lists of at most `size`."""
+    chunk: list[T] = []
+    for item in items:
+        chunk.append(item)
         if len(chunk) == size:
             yield chunk
             chunk = []
