@@ -8,12 +8,15 @@ in-process:
 
     run_multicast(chunked(uids), registry, BatchPublisher(bus, message, 0, counters), clock)
 
-with the real `RedisStreamsBus` on the same Redis and prefix as the publisher, and reports
+with the real `RedisStreamsBus` on the same Redis and prefix as the publisher. The
+registry reads routes the way it would on this client (`router.route_reads`: one packed
+request per chunk on standalone Redis); `--pipeline` forces redis-py's pipeline, the
+path Redis Cluster takes, for comparison. It reports
 
 - recipients/s from the start to the last publish;
-- Redis round trips: look-up pipelines (counted on the registry's client, like
-  tests/integration/test_registry.py's CountingPipelines) plus publishes (one XADD
-  each), cross-checked against every write redis-py made to a socket;
+- Redis round trips: look-ups (each read of up to 1000 route hashes is one request)
+  plus publishes (one XADD each), cross-checked against every write redis-py made to a
+  socket;
 - publishes against ceil(N/1000) + groups, and the naive 2 calls per recipient;
 - peak RSS of this process over idle, with and without the 1M-uid `to` list (the
   input), from VmHWM (reset through /proc/self/clear_refs) and from ru_maxrss;
@@ -28,6 +31,7 @@ key under its prefix is deleted at the end.
     .venv/bin/python bench/multicast.py                        # 1,000,000 recipients
     .venv/bin/python bench/multicast.py --http                 # + once through the HTTP API
     .venv/bin/python bench/multicast.py --recipients 200000 --profile
+    .venv/bin/python bench/multicast.py --pipeline             # the Redis Cluster read path
 """
 
 from __future__ import annotations
@@ -73,14 +77,21 @@ from p2p import (
 )
 
 from router.bus.redis_streams import DEFAULT_MAXLEN, RedisStreamsBus
-from router.multicast import chunked, run_multicast
+from router.multicast import LOOKAHEAD, chunked, run_multicast
 from router.publishing import BatchPublisher, PushCounters, group_topic
-from router.redis_client import RedisClient, create_redis
-from router.registry import LOOKUP_CHUNK, RedisRouteRegistry, Registration, RouteRegistry
+from router.redis_client import create_redis
+from router.registry import (
+    LOOKUP_CHUNK,
+    GroupLookup,
+    RecipientGroups,
+    RedisRouteRegistry,
+    Registration,
+)
+from router.route_reads import HashReads, PipelineHashReads, hash_reads_for
 from shared.clock import SystemClock
 from shared.ids import new_id
 from shared.keys import KeySchema
-from shared.models import Message, Route
+from shared.models import Message
 from shared.proto import gateway_pb2
 
 GROUPS = 4
@@ -160,54 +171,46 @@ class RssSampler:
 # --------------------------------------------------------------------------- counting
 
 
-class CountingPipelines:
-    """Counts pipeline round trips made through a real client (as in the registry tests),
-    and the time spent in them (send + Redis + read + parse)."""
+class CountingReads:
+    """The registry's route reads: counts requests (one round trip each, either path)
+    and route hashes read, and the time spent in them (send + Redis + read + parse)."""
 
-    def __init__(self, inner: RedisClient) -> None:
+    def __init__(self, inner: HashReads) -> None:
         self.inner = inner
-        self.executions = 0
-        self.commands = 0
+        self.requests = 0
+        self.keys = 0
         self.seconds = 0.0
 
-    def pipeline(self, transaction: bool = True) -> Any:
-        pipe = self.inner.pipeline(transaction=transaction)
-        real_execute = pipe.execute
+    async def hgetall(self, keys: Sequence[str]) -> list[Mapping[str, str]]:
+        raise BenchError("multicast should read route values only (HVALS), not HGETALL")
 
-        async def execute(*args: Any, **kwargs: Any) -> Any:
-            self.executions += 1
-            self.commands += len(pipe.command_stack)
-            started = time.perf_counter()
-            try:
-                return await real_execute(*args, **kwargs)
-            finally:
-                self.seconds += time.perf_counter() - started
-
-        pipe.execute = execute
-        return pipe
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.inner, name)
+    async def hvals(self, keys: Sequence[str]) -> list[list[str]]:
+        self.requests += 1
+        self.keys += len(keys)
+        started = time.perf_counter()
+        try:
+            return await self.inner.hvals(keys)
+        finally:
+            self.seconds += time.perf_counter() - started
 
 
 class TimedRegistry:
-    """The registry as run_multicast sees it, timing each look-up (round trip + decoding)."""
+    """The registry as run_multicast sees it, timing each look-up (round trip + decoding).
+    Look-ups overlap (run_multicast keeps several in flight), so the sum can exceed the
+    wall time."""
 
     def __init__(self, inner: RedisRouteRegistry) -> None:
         self._inner = inner
         self.calls = 0
         self.seconds = 0.0
 
-    async def lookup(self, uids: Sequence[str]) -> dict[str, list[Route]]:
+    async def lookup_groups(self, uids: Sequence[str]) -> RecipientGroups:
         started = time.perf_counter()
         try:
-            return await self._inner.lookup(uids)
+            return await self._inner.lookup_groups(uids)
         finally:
             self.calls += 1
             self.seconds += time.perf_counter() - started
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._inner, name)
 
 
 class CountingPublisher:
@@ -362,7 +365,9 @@ class Result:
     lookup_round_trips: int = 0
     lookup_commands: int = 0
     lookup_s: float = 0.0
-    lookup_pipeline_s: float = 0.0
+    lookup_read_s: float = 0.0
+    lookahead: int = 0
+    read_path: str = ""
     publishes: int = 0
     publish_s: float = 0.0
     publish_bytes: int = 0
@@ -384,7 +389,15 @@ class Result:
 
 
 async def measure(
-    url: str, prefix: str, n: int, groups: int, maxlen: int, profile: bool, redis_pid: int | None
+    url: str,
+    prefix: str,
+    n: int,
+    groups: int,
+    maxlen: int,
+    profile: bool,
+    redis_pid: int | None,
+    pipeline: bool,
+    lookahead: int,
 ) -> Result:
     """The timed multicast, with fresh clients; memory is read around building the input."""
     r = Result(n, groups)
@@ -392,12 +405,15 @@ async def measure(
     client = create_redis(url)
     bus = RedisStreamsBus(url, prefix, maxlen=maxlen)
     try:
-        # Open one connection of each client first, so the run does not pay the handshakes.
-        await client.ping()
+        # Open the connections first, so the run does not pay the handshakes: the bus uses
+        # one, the registry's client up to lookahead + 1 (one per look-up in flight).
+        await asyncio.gather(*(client.ping() for _ in range(lookahead + 1)))
         await bus._redis.ping()
-        counting = CountingPipelines(client)
-        timed = TimedRegistry(RedisRouteRegistry(cast(RedisClient, counting), keys, SystemClock()))
-        registry = cast(RouteRegistry, timed)
+        inner_reads = PipelineHashReads(client) if pipeline else hash_reads_for(client)
+        r.read_path, r.lookahead = type(inner_reads).__name__, lookahead
+        counting = CountingReads(inner_reads)
+        timed = TimedRegistry(RedisRouteRegistry(client, keys, SystemClock(), reads=counting))
+        registry = cast(GroupLookup, timed)
         publisher = CountingPublisher(bus)
         counters = PushCounters()
         now = SystemClock().now_ms()
@@ -420,7 +436,9 @@ async def measure(
             if profiler is not None:
                 profiler.enable()
             started = time.perf_counter()
-            await run_multicast(chunked(uids), registry, batches, SystemClock())
+            await run_multicast(
+                chunked(uids), registry, batches, SystemClock(), lookahead=lookahead
+            )
             r.seconds_total = time.perf_counter() - started
             if profiler is not None:
                 profiler.disable()
@@ -439,8 +457,8 @@ async def measure(
 
         r.online, r.offline = counters.online, counters.offline
         r.lookups, r.lookup_s = timed.calls, timed.seconds
-        r.lookup_round_trips, r.lookup_commands = counting.executions, counting.commands
-        r.lookup_pipeline_s = counting.seconds
+        r.lookup_round_trips, r.lookup_commands = counting.requests, counting.keys
+        r.lookup_read_s = counting.seconds
         r.publishes, r.publish_s, r.publish_bytes = (
             publisher.count,
             publisher.seconds,
@@ -611,7 +629,6 @@ def report(
     naive = 2 * n
     growth_total = mib(r.rss_peak_kib - r.rss_idle_kib)
     growth_run = mib(r.rss_peak_kib - r.rss_with_list_kib)
-    rest_s = r.seconds_total - r.lookup_s - r.publish_s
     lines = [
         "imroute group multicast benchmark (run_multicast -> BatchPublisher -> RedisStreamsBus)",
         "conditions:",
@@ -626,8 +643,9 @@ def report(
         f"  recipients  {n:,} online (uid u0000000.., 1 route each), {groups} groups with one"
         f" fake gateway each, uid i in group i % {groups}; registered in {setup_s:.1f}s"
         " (not timed)",
-        f"  path        in-process; chunks of {LOOKUP_CHUNK} (one pipelined HGETALL round trip"
-        f" each), batch size 1000, flush timeout 1 s, normal priority; bus maxlen"
+        f"  path        in-process; chunks of {LOOKUP_CHUNK} (one round trip of HVALS each,"
+        f" through {r.read_path}), {r.lookahead} look-ups in flight, batch size 1000, flush"
+        f" timeout 1 s, normal priority; bus maxlen"
         f" {cond['maxlen']}; {len(CONTENT)}-byte content",
         "results:",
         f"  time        {r.seconds:.2f}s start -> last publish ({r.seconds_total:.2f}s until"
@@ -638,15 +656,15 @@ def report(
         f"  publishes   {r.publishes:,} (per topic {r.per_topic}); ceil(N/1000) + groups ="
         f" {chunks + groups:,}: {mark(r.publishes <= chunks + groups)};"
         f" {r.publish_bytes / MIB:.1f} MiB of batches",
-        f"  look-ups    {r.lookup_round_trips:,} pipelined round trips for {r.lookup_commands:,}"
-        f" HGETALLs; ceil(N/1000) + {ROUND_TRIP_SLACK} = {chunks + ROUND_TRIP_SLACK:,}:"
+        f"  look-ups    {r.lookup_round_trips:,} round trips for {r.lookup_commands:,}"
+        f" HVALS; ceil(N/1000) + {ROUND_TRIP_SLACK} = {chunks + ROUND_TRIP_SLACK:,}:"
         f" {mark(r.lookup_round_trips <= chunks + ROUND_TRIP_SLACK)}",
         f"  round trips {round_trips:,} = {r.lookup_round_trips:,} look-ups + {r.publishes:,}"
         f" XADDs (redis-py socket writes during the run: {r.wire_writes:,});"
         f" naive 2 calls per recipient: {naive:,} ({naive / max(round_trips, 1):,.0f}x more)",
-        f"  where       look-ups {r.lookup_s:.2f}s (of which pipeline execute"
-        f" {r.lookup_pipeline_s:.2f}s), publishes {r.publish_s:.2f}s (XADD), the rest"
-        f" {rest_s:.2f}s (planner loop, batcher, Batch encoding, chunking)",
+        f"  where       look-up calls {r.lookup_s:.2f}s summed (of which route reads"
+        f" {r.lookup_read_s:.2f}s; up to {r.lookahead} overlap, so the sum can exceed the wall"
+        f" time), publishes {r.publish_s:.2f}s (XADD); --profile splits the CPU time",
         f"  cpu         this process {r.cpu_self_s:.2f}s"
         f" ({100 * r.cpu_self_s / max(r.seconds_total, 1e-9):.0f}% of a core), redis-server"
         + (
@@ -716,6 +734,17 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--maxlen", type=int, default=DEFAULT_MAXLEN, help=f"bus stream MAXLEN (~{DEFAULT_MAXLEN})"
     )
     p.add_argument("--profile", action="store_true", help="cProfile the measured run")
+    p.add_argument(
+        "--lookahead",
+        type=int,
+        default=LOOKAHEAD,
+        help=f"look-ups in flight at once ({LOOKAHEAD}, run_multicast's default)",
+    )
+    p.add_argument(
+        "--pipeline",
+        action="store_true",
+        help="read routes through redis-py's pipeline (the Redis Cluster path)",
+    )
     p.add_argument("--http", action="store_true", help="also time it once through the HTTP API")
     p.add_argument("--quick", action="store_true", help="smoke run: 20,000 recipients")
     p.add_argument("--json", action="store_true", help="also print the results as JSON")
@@ -726,6 +755,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         p.error("--recipients must be 1-2,000,000")
     if not 1 <= args.groups <= 64:
         p.error("--groups must be 1-64")
+    if args.lookahead < 1:
+        p.error("--lookahead must be at least 1")
     if args.maxlen < 2 * math.ceil(args.recipients / 1000) + args.groups:
         p.error("--maxlen must hold every batch of the run (and of --http)")
     return args
@@ -750,7 +781,15 @@ def _multicast(h: Harness, args: argparse.Namespace) -> None:
         print(f"setup: done in {setup_s:.1f}s; measuring ...", file=sys.stderr)
         result = run_async(
             lambda: measure(
-                h.redis_url, h.prefix, n, groups, args.maxlen, args.profile, h.redis_pid
+                h.redis_url,
+                h.prefix,
+                n,
+                groups,
+                args.maxlen,
+                args.profile,
+                h.redis_pid,
+                args.pipeline,
+                args.lookahead,
             ),
             TIMEOUT_S,
         )

@@ -1,22 +1,28 @@
 """Group multicast: resolve recipients' groups in chunks, batch per group, publish.
 
 The plan streams: recipients arrive in chunks (at most 1000 per Redis round trip), are
-buffered per group by a GroupBatcher and leave as batches of at most `batch_size`, so a
-million recipients are never expanded into per-user objects all at once.
+resolved to the group ids of their live routes (a few chunks ahead, so round trips
+overlap), buffered per group by a GroupBatcher and leave as batches of at most
+`batch_size`, so a million recipients are never expanded into per-user objects at once.
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections import deque
 from collections.abc import AsyncIterator, Iterable, Sequence
 
 from router.batcher import GroupBatcher, ReadyBatch
 from router.publishing import BatchPublisher, group_topic
-from router.registry import LOOKUP_CHUNK, RouteRegistry, chunks
+from router.registry import LOOKUP_CHUNK, GroupLookup, RecipientGroups, chunks
 from shared.clock import Clock
 from shared.proto import gateway_pb2
 
-__all__ = ["chunked", "run_multicast"]
+__all__ = ["LOOKAHEAD", "chunked", "run_multicast"]
+
+# Look-ups in flight at once: while Redis answers one chunk, this process parses and
+# batches the one before (see docs/benchmarks.md, multicast, for the measurements).
+LOOKAHEAD = 3
 
 
 async def chunked(uids: Iterable[str], size: int = LOOKUP_CHUNK) -> AsyncIterator[list[str]]:
@@ -28,57 +34,73 @@ async def chunked(uids: Iterable[str], size: int = LOOKUP_CHUNK) -> AsyncIterato
 
 async def run_multicast(
     chunks: AsyncIterator[Sequence[str]],
-    registry: RouteRegistry,
+    registry: GroupLookup,
     publisher: BatchPublisher,
     clock: Clock,
     *,
     batch_size: int = 1000,
     flush_timeout_s: float = 1.0,
     high_priority: bool = False,
+    lookahead: int = LOOKAHEAD,
 ) -> None:
     """Publish every online recipient to its group's topic; count the offline ones."""
+    if lookahead < 1:
+        raise ValueError("lookahead must be at least 1")
     batcher = GroupBatcher(clock, batch_size, flush_timeout_s, high_priority=high_priority)
     counters = publisher.counters
-    pending: asyncio.Task[Sequence[str]] | None = None
+    lookups = _Lookups(chunks, registry)
+    ahead: deque[asyncio.Task[tuple[int, RecipientGroups]]] = deque()
     try:
         while True:
-            pending = pending or asyncio.ensure_future(anext(chunks))
+            while len(ahead) < lookahead:
+                ahead.append(asyncio.ensure_future(lookups.next()))
             deadline = batcher.next_deadline()
             timeout = None if deadline is None else max(0.0, deadline - clock.monotonic())
-            done, _ = await asyncio.wait({pending}, timeout=timeout)
+            done, _ = await asyncio.wait({ahead[0]}, timeout=timeout)
             if not done:
                 # The input is slow: a buffer came due while we waited for it.
                 await _publish_all(publisher, batcher.due())
                 continue
             try:
-                chunk = pending.result()
+                count, found = ahead.popleft().result()
             except StopAsyncIteration:
-                pending = None
                 break
-            pending = None
-            counters.recipients += len(chunk)
-            routes = await registry.lookup(chunk)
-            for uid in chunk:
-                user_routes = routes.get(uid)
-                if not user_routes:
-                    counters.offline += 1
-                    continue
-                counters.online += 1
-                # Several devices of one user in one group: the group gets the uid once.
-                groups = (
-                    (user_routes[0].group_id,)
-                    if len(user_routes) == 1
-                    else {route.group_id for route in user_routes}
-                )
-                for group_id in groups:
-                    full = batcher.add(group_id, uid)
-                    if full is not None:
-                        await _publish(publisher, full)
+            # Keep Redis busy with the next chunks while this one is batched and published.
+            while len(ahead) < lookahead:
+                ahead.append(asyncio.ensure_future(lookups.next()))
+            counters.recipients += count
+            counters.online += found.online
+            counters.offline += count - found.online
+            for group_id, uids in found.by_group.items():
+                await _publish_all(publisher, batcher.add_many(group_id, uids))
             await _publish_all(publisher, batcher.chunk_done())
         await _publish_all(publisher, batcher.drain())
     finally:
-        if pending is not None:
-            pending.cancel()
+        for task in ahead:
+            task.cancel()
+        # Let cancelled look-ups finish unwinding (their connections are disconnected,
+        # not pooled with replies unread) before the caller moves on.
+        await asyncio.gather(*ahead, return_exceptions=True)
+
+
+class _Lookups:
+    """Reads the next chunk of input and looks it up; several may run at once.
+
+    The input is read one chunk at a time and in call order (an asyncio.Lock wakes its
+    waiters first come, first served), while the look-ups' round trips overlap: Redis
+    answers one chunk while this process parses the previous one and batches it.
+    """
+
+    def __init__(self, chunks: AsyncIterator[Sequence[str]], registry: GroupLookup) -> None:
+        self._chunks = chunks
+        self._registry = registry
+        self._input = asyncio.Lock()
+
+    async def next(self) -> tuple[int, RecipientGroups]:
+        """(how many uids, who of them is online where); StopAsyncIteration at the end."""
+        async with self._input:
+            chunk = await anext(self._chunks)
+        return len(chunk), await self._registry.lookup_groups(chunk)
 
 
 async def _publish_all(publisher: BatchPublisher, ready: Iterable[ReadyBatch]) -> None:

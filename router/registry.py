@@ -1,24 +1,34 @@
 """Userinfo in Redis: where each live connection of a user lives.
 
 The gateway registers, refreshes and unregisters its connections; the router
-looks users up in pipelined chunks of at most 1000. Key layout: `shared.keys`.
+looks users up in chunks of at most 1000 per round trip (`router.route_reads` says how:
+one packed request on standalone Redis, redis-py's pipeline on Redis Cluster). Key
+layout: `shared.keys`.
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
 from typing import Protocol, TypeVar
 
 from redis.exceptions import NoScriptError
 
 from router.redis_client import RedisClient, translate_errors
+from router.route_reads import HashReads, hash_reads_for
 from shared.clock import Clock
-from shared.keys import KeySchema, decode_route, encode_route
+from shared.keys import KeySchema, decode_route, encode_route, group_live_routes
 from shared.models import Route
 
-__all__ = ["LOOKUP_CHUNK", "RedisRouteRegistry", "Registration", "RouteRegistry"]
+__all__ = [
+    "LOOKUP_CHUNK",
+    "GroupLookup",
+    "RecipientGroups",
+    "RedisRouteRegistry",
+    "Registration",
+    "RouteRegistry",
+]
 
 LOOKUP_CHUNK = 1000
 
@@ -58,6 +68,14 @@ class RouteOp:
     conn_id: str
 
 
+@dataclass(slots=True)
+class RecipientGroups:
+    """Who of a chunk of uids is online: how many, and their uids per group id."""
+
+    online: int = 0
+    by_group: dict[str, list[str]] = field(default_factory=dict)
+
+
 class RouteRegistry(Protocol):
     async def register(self, uid: str, conn_id: str) -> None: ...
     async def unregister(self, uid: str, conn_id: str) -> None: ...
@@ -66,6 +84,12 @@ class RouteRegistry(Protocol):
     async def refresh(self, registrations: Iterable[Registration]) -> int: ...
     async def lookup(self, uids: Sequence[str]) -> dict[str, list[Route]]: ...
     async def remove(self, routes: Iterable[Route]) -> None: ...
+
+
+class GroupLookup(Protocol):
+    """What group multicast needs: per chunk of uids, who is online in which group."""
+
+    async def lookup_groups(self, uids: Sequence[str]) -> RecipientGroups: ...
 
 
 class RedisRouteRegistry:
@@ -82,8 +106,10 @@ class RedisRouteRegistry:
         group_id: str = "",
         ip: str = "",
         port: int = 0,
+        reads: HashReads | None = None,
     ) -> None:
         self._redis = redis
+        self.reads = reads or hash_reads_for(redis)
         self._keys = keys
         self._clock = clock
         self._ttl_ms = int(ttl_s * 1000)
@@ -130,14 +156,17 @@ class RedisRouteRegistry:
 
     async def _apply(self, ops: Sequence[RouteOp]) -> None:
         # EVALSHA directly: redis-py's Script objects add a SCRIPT EXISTS round trip to
-        # every pipeline that carries them.
+        # every pipeline that carries them. Through execute_command, because redis-py's
+        # cluster pipeline refuses `evalsha()` but routes "EVALSHA sha 1 key" by its key.
         now = self._clock.now_ms()
         value = self._value(now)
         pipe = self._redis.pipeline(transaction=False)
         for op in ops:
             key = self._keys.route(op.uid)
             if op.register:
-                pipe.evalsha(self._upsert_sha, 1, key, op.conn_id, value, now, self._ttl_ms)
+                pipe.execute_command(
+                    "EVALSHA", self._upsert_sha, 1, key, op.conn_id, value, now, self._ttl_ms
+                )
             else:
                 pipe.hdel(key, op.conn_id)
         await pipe.execute()
@@ -146,12 +175,10 @@ class RedisRouteRegistry:
     async def lookup(self, uids: Sequence[str]) -> dict[str, list[Route]]:
         """Live routes of each uid (absent when offline): one round trip per 1000 uids."""
         found: dict[str, list[Route]] = {}
+        route_key = self._keys.route
         for start in range(0, len(uids), LOOKUP_CHUNK):
             chunk = uids[start : start + LOOKUP_CHUNK]
-            pipe = self._redis.pipeline(transaction=False)
-            for uid in chunk:
-                pipe.hgetall(self._keys.route(uid))
-            results: list[Mapping[str, str]] = await pipe.execute()
+            results = await self.reads.hgetall([route_key(uid) for uid in chunk])
             now = self._clock.now_ms()
             for uid, fields in zip(chunk, results, strict=True):
                 routes = [
@@ -162,6 +189,21 @@ class RedisRouteRegistry:
                 if routes:
                     found[uid] = routes
         return found
+
+    @translate_errors
+    async def lookup_groups(self, uids: Sequence[str]) -> RecipientGroups:
+        """Who is online in which group: values only, no `Route` objects, 1000 per round trip."""
+        if len(uids) > LOOKUP_CHUNK:
+            merged = RecipientGroups()
+            for chunk in chunks(uids):
+                part = await self.lookup_groups(chunk)
+                merged.online += part.online
+                for group, members in part.by_group.items():
+                    merged.by_group.setdefault(group, []).extend(members)
+            return merged
+        route_key = self._keys.route
+        values = await self.reads.hvals([route_key(uid) for uid in uids])
+        return RecipientGroups(*group_live_routes(uids, values, self._clock.now_ms()))
 
     async def remove(self, routes: Iterable[Route]) -> None:
         """Delete these exact routes (by connection id), 1000 per round trip."""

@@ -17,7 +17,9 @@ import redis.asyncio as aioredis
 from router.multicast import chunked, run_multicast
 from router.publishing import BatchPublisher, PushCounters
 from router.registry import RedisRouteRegistry, Registration
+from router.route_reads import BulkHashReads
 from shared.clock import SystemClock
+from shared.errors import RegistryUnavailable
 from shared.keys import KeySchema
 from shared.models import Message
 from shared.proto import gateway_pb2
@@ -60,19 +62,34 @@ async def online(redis: Any, prefix: str, uids: Sequence[str]) -> None:
         await writer.refresh(Registration(u, f"c-{u}") for i, u in enumerate(uids) if i % 4 == g)
 
 
-async def test_multicast_batches_per_group(redis: aioredis.Redis, prefix: str) -> None:
+@pytest.mark.parametrize("path", ["bulk", "pipeline"])
+@pytest.mark.parametrize("lookahead", [1, 3])
+async def test_multicast_batches_per_group(
+    redis: aioredis.Redis, prefix: str, path: str, lookahead: int
+) -> None:
     uids = [f"u{i:05d}" for i in range(5000)]
     online_uids = uids[:4000]
     await online(redis, prefix, online_uids)
     counting = CountingPipelines(redis)
-    registry = RedisRouteRegistry(counting, KeySchema(prefix), SystemClock())
+    # The standalone client reads in bulk; the wrapper, like a cluster client, pipelines.
+    registry = RedisRouteRegistry(
+        redis if path == "bulk" else counting, KeySchema(prefix), SystemClock()
+    )
     bus = RecordingBus()
     counters = PushCounters()
     publisher = BatchPublisher(bus, message(), 0, counters)
-    await run_multicast(chunked([*uids, "ghost"]), registry, publisher, SystemClock())
+    await run_multicast(
+        chunked([*uids, "ghost"]), registry, publisher, SystemClock(), lookahead=lookahead
+    )
 
     assert (counters.recipients, counters.online, counters.offline) == (5001, 4000, 1001)
-    assert counting.executions == math.ceil(5001 / 1000)  # one round trip per 1000
+    # One round trip per 1000 recipients on either path.
+    if isinstance(registry.reads, BulkHashReads):
+        assert path == "bulk"
+        assert registry.reads.reader.round_trips == math.ceil(5001 / 1000)
+    else:
+        assert path == "pipeline"
+        assert counting.executions == math.ceil(5001 / 1000)
     per_group: dict[str, list[str]] = {}
     for topic, batch, attrs in bus.published:
         assert topic == f"group.{batch.group_id}"
@@ -153,3 +170,31 @@ async def test_devices_in_one_group_count_once_even_across_a_flush(
     publisher = BatchPublisher(bus, message(), 0, PushCounters())
     await run_multicast(chunked(["alice", "bob"]), registry, publisher, SystemClock(), batch_size=2)
     assert [list(b.uids) for _, b, _ in bus.published] == [["alice", "bob"]]
+
+
+async def test_a_failed_look_up_ahead_surfaces_in_order_and_leaves_nothing_running(
+    redis: aioredis.Redis, prefix: str
+) -> None:
+    await online(redis, prefix, ["a", "b"])
+    await redis.set(KeySchema(prefix).route("broken"), "not a hash")
+    registry = RedisRouteRegistry(redis, KeySchema(prefix), SystemClock())
+    bus = RecordingBus()
+    publisher = BatchPublisher(bus, message(), 0, PushCounters())
+    before = asyncio.all_tasks()
+
+    async def chunks() -> AsyncIterator[list[str]]:
+        yield ["a"]
+        yield ["broken"]  # looked up while "a" is batched
+        yield ["b"]
+
+    with pytest.raises(RegistryUnavailable, match="WRONGTYPE"):
+        await run_multicast(chunks(), registry, publisher, SystemClock(), batch_size=1, lookahead=3)
+    assert [list(b.uids) for _, b, _ in bus.published] == [["a"]]  # what came before the error
+    assert asyncio.all_tasks() == before  # the look-ups ahead were cancelled and awaited
+
+
+async def test_lookahead_must_be_positive(redis: aioredis.Redis, prefix: str) -> None:
+    registry = RedisRouteRegistry(redis, KeySchema(prefix), SystemClock())
+    publisher = BatchPublisher(RecordingBus(), message(), 0, PushCounters())
+    with pytest.raises(ValueError, match="lookahead"):
+        await run_multicast(chunked(["a"]), registry, publisher, SystemClock(), lookahead=0)

@@ -7,9 +7,11 @@ from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
+from redis.asyncio.cluster import RedisCluster
 
 from router.redis_client import POOL_SIZE, connect_redis
-from router.registry import LOOKUP_CHUNK, RedisRouteRegistry, Registration
+from router.registry import LOOKUP_CHUNK, RecipientGroups, RedisRouteRegistry, Registration
+from router.route_reads import BulkHashReads, PipelineHashReads, hash_reads_for
 from router.route_writer import CoalescingRouteWriter
 from shared.clock import ManualClock, SystemClock
 from shared.errors import RegistryUnavailable
@@ -19,7 +21,13 @@ pytestmark = pytest.mark.integration
 
 
 def reg(
-    redis: Any, prefix: str, gw: str, clock: Any = None, ttl_s: float = 60
+    redis: Any,
+    prefix: str,
+    gw: str,
+    clock: Any = None,
+    ttl_s: float = 60,
+    group: str = "",
+    pipeline: bool = False,
 ) -> RedisRouteRegistry:
     return RedisRouteRegistry(
         redis,
@@ -27,9 +35,10 @@ def reg(
         clock or SystemClock(),
         ttl_s=ttl_s,
         gateway_id=gw,
-        group_id=f"group-of-{gw}",
+        group_id=group or f"group-of-{gw}",
         ip="127.0.0.1",
         port=9000 + int(gw[-1]),
+        reads=PipelineHashReads(redis) if pipeline else None,
     )
 
 
@@ -136,6 +145,64 @@ async def test_lookup_is_one_round_trip_per_1000_users(redis: aioredis.Redis, pr
     found = await reader.lookup(uids)
     assert counting.executions == 3
     assert set(found) == set(uids[::7])
+
+
+async def test_bulk_lookups_are_one_request_per_1000_users(
+    redis: aioredis.Redis, prefix: str
+) -> None:
+    writer = reg(redis, prefix, "gw1")
+    uids = [f"user{i}" for i in range(2 * LOOKUP_CHUNK + 500)]
+    await writer.refresh(Registration(u, f"gw1.c.{u}") for u in uids[::7])
+    reader = reg(redis, prefix, "gw1")
+    assert isinstance(reader.reads, BulkHashReads)
+    assert set(await reader.lookup(uids)) == set(uids[::7])
+    assert reader.reads.reader.round_trips == 3
+    groups = await reader.lookup_groups(uids)
+    assert groups == RecipientGroups(len(uids[::7]), {"group-of-gw1": uids[::7]})
+    assert reader.reads.reader.round_trips == 6
+
+
+def test_the_read_path_follows_the_client(redis: aioredis.Redis) -> None:
+    assert isinstance(hash_reads_for(redis), BulkHashReads)
+    # A cluster client routes keys to nodes; a wrapper (like CountingPipelines) is not a
+    # client whose pool the bulk reader knows: both take redis-py's pipeline.
+    cluster = RedisCluster(host="127.0.0.1", port=1)  # never connected
+    assert isinstance(hash_reads_for(cluster), PipelineHashReads)
+    assert isinstance(hash_reads_for(CountingPipelines(redis)), PipelineHashReads)
+
+
+@pytest.mark.parametrize("pipeline", [False, True], ids=["bulk", "pipeline"])
+async def test_group_lookup_counts_live_devices_once_per_group(
+    redis: aioredis.Redis, prefix: str, pipeline: bool
+) -> None:
+    clock = ManualClock(wall_ms=SystemClock().now_ms())
+    g1a = reg(redis, prefix, "gw1", clock, group="g1")
+    g1b = reg(redis, prefix, "gw2", clock, group="g1")
+    g2 = reg(redis, prefix, "gw3", clock, group="g2", ttl_s=10)
+    await g1a.register("alice", "a1")
+    await g1b.register("alice", "a2")  # a second device, same group
+    await g2.register("alice", "a3")
+    await g2.register("bob", "b1")
+    await g1a.register("carol", "c1")
+    await g2.register("carol", "c2")
+    reader = reg(redis, prefix, "gw1", clock, pipeline=pipeline)
+    uids = ["alice", "bob", "carol", "dave"]
+    assert await reader.lookup_groups(uids) == RecipientGroups(
+        3, {"g1": ["alice", "carol"], "g2": ["alice", "bob", "carol"]}
+    )
+    clock.advance(11)  # g2's routes passed their deadline; the keys are still there
+    assert await reader.lookup_groups(uids) == RecipientGroups(2, {"g1": ["alice", "carol"]})
+    assert set(await reader.lookup(uids)) == {"alice", "carol"}
+
+
+async def test_lookups_on_a_dead_redis_raise_registry_unavailable(prefix: str) -> None:
+    async with connect_redis("redis://127.0.0.1:1/0") as dead:
+        registry = reg(dead, prefix, "gw1")
+        assert isinstance(registry.reads, BulkHashReads)
+        with pytest.raises(RegistryUnavailable):
+            await registry.lookup_groups(["a", "b"])
+        with pytest.raises(RegistryUnavailable):
+            await registry.lookup(["a"])
 
 
 async def test_concurrent_writes_coalesce_into_few_round_trips(

@@ -92,3 +92,31 @@ def test_batches_never_exceed_the_size_and_lose_nothing() -> None:
     assert sorted(u for r in out for u in r.uids) == sorted(f"u{i}" for i in range(2500))
     per_group = {g: sum(1 for r in out if r.group_id == g) for g in ("g0", "g1", "g2", "g3")}
     assert per_group == {"g0": 1, "g1": 1, "g2": 1, "g3": 1}  # 625 each: one batch per group
+
+
+def test_add_many_fills_batches_like_add_one_by_one() -> None:
+    clock = ManualClock()
+    one, many = GroupBatcher(clock, batch_size=3), GroupBatcher(clock, batch_size=3)
+    groups = {"g1": [f"a{i}" for i in range(7)], "g2": ["x"], "g3": [], "g4": ["y", "z", "w"]}
+    expected = [r for g, uids in groups.items() for u in uids if (r := one.add(g, u))]
+    got = [r for g, uids in groups.items() for r in many.add_many(g, uids)]
+    assert got == expected
+    assert [(r.group_id, r.uids) for r in got] == [
+        ("g1", ("a0", "a1", "a2")),
+        ("g1", ("a3", "a4", "a5")),
+        ("g4", ("y", "z", "w")),
+    ]
+    assert many.drain() == one.drain()  # g1's a6 and g2's x, nothing of g3
+
+
+def test_add_many_tops_up_a_partly_filled_buffer_and_keeps_its_age() -> None:
+    clock = ManualClock()
+    b = GroupBatcher(clock, batch_size=4, flush_timeout_s=1.0)
+    b.add("g1", "a")
+    clock.advance(0.5)
+    (full,) = b.add_many("g1", ["b", "c", "d", "e"])
+    assert full.uids == ("a", "b", "c", "d")
+    # "e" starts a new buffer now, so it comes due a full timeout later.
+    assert b.next_deadline() == pytest.approx(1.5)
+    assert b.add_many("g1", []) == []
+    assert b.pending() == 1
