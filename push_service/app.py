@@ -25,7 +25,7 @@ from push_service.schemas import (
     RouteOut,
     UserRouteOut,
 )
-from router.bus.factory import open_bus
+from router.bus.factory import bus_from_settings
 from router.coalescer import CoalescingGatewayClient
 from router.directory.sql import SqlUserDirectory
 from router.fleet import CachedFleet, RedisGatewayFleet
@@ -84,9 +84,7 @@ def create_app(settings: Settings, clock: Clock | None = None) -> FastAPI:
             fleet = CachedFleet(
                 RedisGatewayFleet(redis, keys, clock, ttl_s=1), clock, settings.gateway_cache_s
             )
-            bus = await stack.enter_async_context(
-                open_bus(settings.effective_bus_url, settings.redis_prefix)
-            )
+            bus = await stack.enter_async_context(bus_from_settings(settings))
             directory = await stack.enter_async_context(
                 SqlUserDirectory.from_url(settings.db_url, clock)
             )

@@ -30,6 +30,11 @@ class Settings(BaseSettings):
     # the bus broadcast and multicast batches travel on; None means Redis Streams on
     # IMROUTE_REDIS_URL (the embedded default)
     bus_url: str | None = None
+    # Redis Streams: entries kept per topic's stream (MAXLEN ~); about 10 KB each for
+    # 1000-uid batches, so the default holds about 100 MB per topic
+    bus_maxlen: int = Field(10_000, ge=100, le=10_000_000)
+    # Pub/Sub: unacked messages a gateway holds per subscription (flow control)
+    bus_max_outstanding: int = Field(100, ge=1, le=10_000)
     # the user directory broadcast pages through (a SQLAlchemy async URL)
     db_url: str = "sqlite+aiosqlite:///imroute-users.db"
 

@@ -12,7 +12,7 @@ from types import TracebackType
 
 import grpc.aio
 
-from router.bus.factory import open_bus
+from router.bus.factory import bus_from_settings
 from router.fleet import RedisGatewayFleet
 from router.redis_client import RedisClient, connect_redis, ping
 from router.registry import RedisRouteRegistry
@@ -130,7 +130,7 @@ class Gateway:
         )
         self._ws_server = await self._ws.serve(s.ws_host, s.ws_port)
         self.ws_port = self._ws_server.sockets[0].getsockname()[1]
-        bus = await self._stack.enter_async_context(open_bus(s.effective_bus_url, s.redis_prefix))
+        bus = await self._stack.enter_async_context(bus_from_settings(s))
         # Subscribed before announcing: a batch published once this gateway is visible
         # must already be owed to it.
         await bus.prepare(gateway_topics(s.group_id), s.gateway_id)

@@ -10,6 +10,7 @@ import pytest
 import redis.asyncio as aioredis
 
 from router.embedded_redis import EmbeddedRedis, redis_answers
+from tests.pubsub_emulator import PROJECT, find_emulator, running_emulator
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 API_KEY = "test-api-key-0123456789"
@@ -26,6 +27,28 @@ def redis_url() -> Iterator[str]:
     with EmbeddedRedis() as embedded:
         print(f"\nno Redis at {url}; using an embedded one at {embedded.url}")
         yield embedded.url
+
+
+@pytest.fixture(scope="session")
+def pubsub_project() -> Iterator[str]:
+    """A project on the official Pub/Sub emulator, started once for the run; the tests
+    that take it skip, with the reason in the summary, where it is not installed."""
+    launcher = find_emulator()
+    if launcher is None:
+        pytest.skip(
+            "the Pub/Sub emulator is not installed (gcloud's cloud-pubsub-emulator; "
+            "or set IMROUTE_PUBSUB_EMULATOR to its launcher)"
+        )
+    saved = os.environ.get("PUBSUB_EMULATOR_HOST")
+    with running_emulator(launcher) as host:
+        os.environ["PUBSUB_EMULATOR_HOST"] = host
+        try:
+            yield PROJECT
+        finally:
+            if saved is None:
+                os.environ.pop("PUBSUB_EMULATOR_HOST", None)
+            else:
+                os.environ["PUBSUB_EMULATOR_HOST"] = saved
 
 
 @pytest.fixture

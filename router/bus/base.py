@@ -10,32 +10,48 @@ Delivery is at least once, per subscriber:
 - a message stays owed to the subscriber until `Received.ack()`; a subscriber
   that restarts under the same id gets its unacked messages again, and one not
   acked within the transport's ack deadline may come again even without a restart;
-- order is not promised across topics, nor (with every transport) within one.
+- order is not promised across topics, nor (with every transport) within one;
+- a message is bytes plus string attributes within Pub/Sub's limits (10 MB in all,
+  at most 100 attributes), on every transport, so a stack can switch transports.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import Protocol, Self
+from typing import Any, Protocol, Self, TypeVar
 
-from shared.errors import BusUnavailable, InvalidInput
+from shared.errors import BusUnavailable, InvalidInput, PayloadTooLarge
 from shared.keys import ID_PATTERN, validate_id
 
 __all__ = [
     "BROADCAST",
     "GROUP_PREFIX",
+    "MAX_MESSAGE_BYTES",
     "Bus",
     "BusUnavailable",
     "Received",
     "group_topic",
+    "until_closed",
+    "validate_message",
     "validate_subscription",
     "validate_topic",
 ]
 
+T = TypeVar("T")
+
 BROADCAST = "broadcast"
 GROUP_PREFIX = "group."
+
+# Every transport takes what Pub/Sub takes (cloud.google.com/pubsub/quotas), so a stack
+# can move from one to the other: data and attributes together at most 10 MB, at most
+# 100 attributes, keys of 1-256 bytes not starting with "goog", values of at most 1024.
+MAX_MESSAGE_BYTES = 10_000_000
+MAX_ATTRIBUTES = 100
+MAX_ATTRIBUTE_KEY_BYTES = 256
+MAX_ATTRIBUTE_VALUE_BYTES = 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,3 +119,51 @@ def validate_subscription(topics: Sequence[str], subscriber: str) -> tuple[str, 
         raise InvalidInput("topics", "at least one topic is needed")
     validate_id("subscriber", subscriber)
     return tuple(dict.fromkeys(validate_topic(t) for t in topics))
+
+
+def validate_message(data: bytes, attributes: Mapping[str, str] | None) -> None:
+    """Refuse, before anything is sent, a message Pub/Sub would refuse."""
+    attributes = attributes or {}
+    if not data and not attributes:
+        raise InvalidInput("data", "a message needs data or at least one attribute")
+    if len(attributes) > MAX_ATTRIBUTES:
+        raise InvalidInput(
+            "attributes", f"{len(attributes)} attributes, at most {MAX_ATTRIBUTES} allowed"
+        )
+    size = len(data)
+    for key, value in attributes.items():
+        key_bytes, value_bytes = len(key.encode()), len(value.encode())
+        if not key or key_bytes > MAX_ATTRIBUTE_KEY_BYTES or key.startswith("goog"):
+            raise InvalidInput(
+                "attributes",
+                f"key {key[:40]!r}: 1-{MAX_ATTRIBUTE_KEY_BYTES} bytes, not starting with 'goog'",
+            )
+        if value_bytes > MAX_ATTRIBUTE_VALUE_BYTES:
+            raise InvalidInput(
+                "attributes",
+                f"value of {key!r} is {value_bytes} bytes, "
+                f"at most {MAX_ATTRIBUTE_VALUE_BYTES} allowed",
+            )
+        size += key_bytes + value_bytes
+    if size > MAX_MESSAGE_BYTES:
+        raise PayloadTooLarge(
+            "data",
+            f"the message is {size} bytes with its attributes, "
+            f"at most {MAX_MESSAGE_BYTES} fit one Pub/Sub message",
+        )
+
+
+async def until_closed(coro: Coroutine[Any, Any, T], closing: asyncio.Future[None]) -> T | None:
+    """Await `coro`, or give it up (None) as soon as `closing` is done (the bus closed)."""
+    task = asyncio.create_task(coro)
+    try:
+        await asyncio.wait((task, closing), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        # A cancelled caller or a closed bus: the work is abandoned (redis-py drops a
+        # connection cancelled mid-command, so a blocked read ends at once).
+        task.cancel()
+    if closing.done():
+        if task.done() and not task.cancelled():
+            task.exception()  # read on purpose: failing because we closed is expected
+        return None
+    return task.result()

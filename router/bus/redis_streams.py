@@ -24,7 +24,14 @@ import redis.asyncio as aioredis
 import redis.exceptions
 from redis.typing import KeyT, StreamIdT
 
-from router.bus.base import BusUnavailable, Received, validate_subscription, validate_topic
+from router.bus.base import (
+    BusUnavailable,
+    Received,
+    until_closed,
+    validate_message,
+    validate_subscription,
+    validate_topic,
+)
 from shared.errors import ConfigError
 from shared.keys import KeySchema
 
@@ -110,6 +117,7 @@ class RedisStreamsBus:
     ) -> str:
         """Append one message to the topic's stream; returns its entry id."""
         validate_topic(topic)
+        validate_message(data, attributes)
         fields: dict[bytes, bytes] = {_DATA: data}
         for name, value in (attributes or {}).items():
             fields[_ATTR + name.encode()] = value.encode()
@@ -173,18 +181,7 @@ class RedisStreamsBus:
             self._closing = asyncio.get_running_loop().create_future()
             if self._closed:
                 self._closing.set_result(None)
-        task = asyncio.create_task(coro)
-        try:
-            await asyncio.wait((task, self._closing), return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            # Cancelled caller or closed bus: redis-py drops a connection cancelled
-            # mid-command, so a blocked XREADGROUP ends at once.
-            task.cancel()
-        if self._closing.done():
-            if task.done() and not task.cancelled():
-                task.exception()  # read on purpose: failing because we closed is expected
-            return None
-        return task.result()
+        return await until_closed(coro, self._closing)
 
     async def _create_groups(self, keys: Sequence[str], group: str) -> None:
         pipe = self._redis.pipeline(transaction=False)
