@@ -81,6 +81,7 @@ class DevStack:
                 env["IMROUTE_DB_URL"] = f"sqlite+aiosqlite:///{state}/users.db"
             upgrade_sync(env["IMROUTE_DB_URL"])
             print(f"user directory: {redact_url(env['IMROUTE_DB_URL'])} (migrated)", flush=True)
+            print(f"bus: {_bus_description(settings.bus_url, env)}", flush=True)
             if self._stopping:
                 return 0
             self._spawn(
@@ -251,3 +252,14 @@ def _port_free(host: str, port: int) -> bool:
 def _imroute() -> str:
     candidate = os.path.join(os.path.dirname(sys.executable), "imroute")
     return candidate if os.path.exists(candidate) else "imroute"
+
+
+def _bus_description(bus_url: str | None, env: dict[str, str]) -> str:
+    """Which bus the stack's processes will use, for the start-up banner."""
+    if bus_url is None:
+        return "Redis Streams on IMROUTE_REDIS_URL"
+    if bus_url.startswith("pubsub://"):
+        emulator = env.get("PUBSUB_EMULATOR_HOST")
+        where = f"the emulator at {emulator}" if emulator else "Google Cloud"
+        return f"Google Cloud Pub/Sub, {bus_url} on {where}"
+    return f"Redis Streams on {redact_url(bus_url)}"
