@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
+import heapq
+import itertools
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
-__all__ = ["Clock", "ManualClock", "SystemClock"]
+__all__ = ["AsyncClock", "Clock", "ManualClock", "SystemClock"]
 
 
 class Clock(Protocol):
@@ -19,6 +22,12 @@ class Clock(Protocol):
         ...
 
 
+class AsyncClock(Clock, Protocol):
+    async def sleep(self, seconds: float) -> None:
+        """Wait `seconds` of this clock's monotonic time."""
+        ...
+
+
 class SystemClock:
     """The real clock."""
 
@@ -28,6 +37,9 @@ class SystemClock:
     def monotonic(self) -> float:
         return time.monotonic()
 
+    async def sleep(self, seconds: float) -> None:
+        await asyncio.sleep(seconds)
+
 
 @dataclass
 class ManualClock:
@@ -35,6 +47,10 @@ class ManualClock:
 
     wall_ms: int = 1_700_000_000_000
     mono: float = 0.0
+    _sleepers: list[tuple[float, int, asyncio.Future[None]]] = field(
+        default_factory=list, repr=False
+    )
+    _order: itertools.count[int] = field(default_factory=itertools.count, repr=False)
 
     def now_ms(self) -> int:
         return self.wall_ms
@@ -42,6 +58,20 @@ class ManualClock:
     def monotonic(self) -> float:
         return self.mono
 
+    async def sleep(self, seconds: float) -> None:
+        """Wait until `advance` has moved the clock `seconds` on (at once if <= 0)."""
+        if seconds <= 0:
+            await asyncio.sleep(0)
+            return
+        waiter = asyncio.get_running_loop().create_future()
+        heapq.heappush(self._sleepers, (self.mono + seconds, next(self._order), waiter))
+        await waiter
+
     def advance(self, seconds: float) -> None:
+        """Move time on, waking (in deadline order) every sleeper whose time has come."""
         self.wall_ms += int(seconds * 1000)
         self.mono += seconds
+        while self._sleepers and self._sleepers[0][0] <= self.mono + 1e-9:
+            _, _, waiter = heapq.heappop(self._sleepers)
+            if not waiter.done():
+                waiter.set_result(None)

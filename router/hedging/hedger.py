@@ -1,0 +1,226 @@
+"""Hedged publishing, to Google Cloud Pub/Sub's documented semantics, for any transport.
+
+1. Send the original attempt. It is retried on retryable errors (exponential backoff
+   with jitter), each try with its own timeout, all within the total timeout.
+2. Every hedge delay, while nothing has succeeded, the original has not failed for
+   good, a token is available and the total timeout has not passed: take a token and
+   send one more attempt of the same batch. Earlier attempts stay outstanding.
+   Hedges are never retried, and their errors are discarded.
+3. The first success wins: every other attempt is cancelled (and awaited), and the
+   bucket gets `refill_ratio` tokens. Tokens come only with successes, so sustained
+   slowness or errors drain the bucket and stop hedging by themselves.
+4. The publish fails only when the original has failed for good and every hedge
+   still outstanding has failed too; it then raises the original's error.
+
+No task outlives `run`: whatever is left is cancelled and awaited before it returns.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, Generic, Protocol, TypeVar
+
+from router.hedging.delay import HedgeDelay
+from router.hedging.settings import HedgingSettings, RetrySettings, check_compatible
+from router.hedging.tokens import TokenBucket
+from shared.clock import AsyncClock
+
+__all__ = ["Attempt", "AttemptContext", "HedgeObserver", "Hedger", "NullObserver"]
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class AttemptContext:
+    """What one attempt needs to know: which it is, and how long it may take."""
+
+    hedge: int  # 0: the original (each of its retries too); n: the n-th hedge
+    timeout_s: float
+    start_wall_ms: int  # when the publish began, for the telemetry header
+
+
+Attempt = Callable[[AttemptContext], Awaitable[T]]
+
+
+class HedgeObserver(Protocol):
+    """Where the hedger reports what it does (metrics); every call is per topic."""
+
+    def attempt(self, topic: str, hedge: bool) -> None: ...
+    def hedge_won(self, topic: str) -> None: ...
+    def cancelled(self, topic: str, n: int) -> None: ...
+    def tokens(self, topic: str, value: float) -> None: ...
+    def latency(self, topic: str, seconds: float) -> None: ...
+
+
+class NullObserver:
+    def attempt(self, topic: str, hedge: bool) -> None:
+        pass
+
+    def hedge_won(self, topic: str) -> None:
+        pass
+
+    def cancelled(self, topic: str, n: int) -> None:
+        pass
+
+    def tokens(self, topic: str, value: float) -> None:
+        pass
+
+    def latency(self, topic: str, seconds: float) -> None:
+        pass
+
+
+class Hedger:
+    """Runs publishes with retries and, when given HedgingSettings, hedges them."""
+
+    def __init__(
+        self,
+        hedging: HedgingSettings | None,
+        retry: RetrySettings,
+        clock: AsyncClock,
+        is_retryable: Callable[[BaseException], bool],
+        *,
+        message_ordering: bool = False,
+        observer: HedgeObserver | None = None,
+        jitter: Callable[[], float] = random.random,
+    ) -> None:
+        check_compatible(hedging, retry, message_ordering=message_ordering)
+        self.hedging = hedging
+        self.retry = retry
+        self._clock = clock
+        self._is_retryable = is_retryable
+        self._observer: HedgeObserver = observer or NullObserver()
+        self._jitter = jitter
+        self.bucket: TokenBucket | None = None
+        self.delay: HedgeDelay | None = None
+        if hedging is not None:
+            self.bucket = TokenBucket(hedging.max_tokens, hedging.refill_ratio)
+            ceiling = min(retry.initial_rpc_timeout_s, retry.total_timeout_s)
+            self.delay = HedgeDelay(hedging, ceiling)
+
+    async def run(self, topic: str, attempt: Attempt[T]) -> T:
+        """The first successful attempt's result, or the original's terminal error."""
+        return await _Publish(self, topic, attempt).run()
+
+
+class _Publish(Generic[T]):
+    """One publish: its original (with retries), its hedges, its hedge timer."""
+
+    def __init__(self, hedger: Hedger, topic: str, attempt: Attempt[T]) -> None:
+        self.h = hedger
+        self.topic = topic
+        self.attempt = attempt
+        self.clock = hedger._clock
+        self.started = self.clock.monotonic()
+        self.start_wall_ms = self.clock.now_ms()
+        self.deadline = self.started + hedger.retry.total_timeout_s
+        self.attempts: dict[asyncio.Task[T], int] = {}
+        self.timer: asyncio.Task[None] | None = None
+        self.hedges = 0
+        self.original_error: BaseException | None = None
+
+    async def run(self) -> T:
+        self.attempts[asyncio.ensure_future(self._original())] = 0
+        try:
+            while True:
+                self._arm_timer()
+                waiting: set[asyncio.Future[Any]] = set(self.attempts)
+                if self.timer is not None:
+                    waiting.add(self.timer)
+                done, _ = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+                if self.timer is not None and self.timer in done:
+                    self.timer = None
+                    self._maybe_hedge()
+                for task in [t for t in self.attempts if t in done]:
+                    n = self.attempts.pop(task)
+                    if task.cancelled():
+                        continue
+                    error = task.exception()
+                    if error is None:
+                        return self._won(task.result(), n)
+                    if n == 0:
+                        self.original_error = error  # hedges' errors are discarded
+                if self.original_error is not None and not self.attempts:
+                    raise self.original_error
+        finally:
+            await self._cancel_the_rest()
+
+    def _arm_timer(self) -> None:
+        """Hedge every delay while the original may still succeed (no new hedges after)."""
+        if self.original_error is not None:
+            if self.timer is not None:
+                self.timer.cancel()
+                self.timer = None
+        elif self.timer is None and self.h.delay is not None:
+            self.timer = asyncio.ensure_future(self.clock.sleep(self.h.delay.current()))
+
+    def _maybe_hedge(self) -> None:
+        if self._may_hedge():
+            self.hedges += 1
+            self.h._observer.attempt(self.topic, hedge=True)
+            self.attempts[asyncio.ensure_future(self._hedge(self.hedges))] = self.hedges
+        self._report_tokens()
+
+    async def _cancel_the_rest(self) -> None:
+        leftovers: list[asyncio.Future[Any]] = [t for t in self.attempts if not t.done()]
+        for task in leftovers:
+            task.cancel()
+        if self.timer is not None:
+            self.timer.cancel()
+            leftovers.append(self.timer)
+        if leftovers:
+            await asyncio.gather(*leftovers, return_exceptions=True)
+        losers = sum(1 for t in self.attempts if t.cancelled())
+        if losers:
+            self.h._observer.cancelled(self.topic, losers)
+
+    def _may_hedge(self) -> bool:
+        bucket = self.h.bucket
+        return (
+            bucket is not None and self.clock.monotonic() < self.deadline and bucket.try_acquire()
+        )
+
+    def _won(self, result: T, n: int) -> T:
+        h, obs = self.h, self.h._observer
+        elapsed = self.clock.monotonic() - self.started
+        if h.bucket is not None:
+            h.bucket.refill()
+            self._report_tokens()
+        if h.delay is not None:
+            h.delay.record(elapsed)
+        if n > 0:
+            obs.hedge_won(self.topic)
+        obs.latency(self.topic, elapsed)
+        return result
+
+    def _report_tokens(self) -> None:
+        if self.h.bucket is not None:
+            self.h._observer.tokens(self.topic, self.h.bucket.tokens)
+
+    def _remaining(self) -> float:
+        return self.deadline - self.clock.monotonic()
+
+    async def _hedge(self, n: int) -> T:
+        timeout = min(self.h.retry.initial_rpc_timeout_s, self._remaining())
+        return await self.attempt(AttemptContext(n, timeout, self.start_wall_ms))
+
+    async def _original(self) -> T:
+        r, obs = self.h.retry, self.h._observer
+        rpc_timeout, backoff = r.initial_rpc_timeout_s, r.initial_backoff_s
+        while True:
+            obs.attempt(self.topic, hedge=False)
+            timeout = min(rpc_timeout, self._remaining())
+            try:
+                return await self.attempt(AttemptContext(0, timeout, self.start_wall_ms))
+            except Exception as exc:
+                if not self.h._is_retryable(exc):
+                    raise
+                # Jittered: between half and all of the current backoff.
+                pause = backoff * (0.5 + 0.5 * self.h._jitter())
+                if self._remaining() <= pause:
+                    raise  # the total timeout leaves no room for another try
+            await self.clock.sleep(pause)
+            backoff = min(backoff * r.backoff_multiplier, r.max_backoff_s)
+            rpc_timeout = min(rpc_timeout * r.rpc_timeout_multiplier, r.max_rpc_timeout_s)
