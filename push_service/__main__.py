@@ -19,6 +19,19 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--host", help="bind host (IMROUTE_HOST)")
     p.add_argument("--port", type=int, help="bind port (IMROUTE_PORT)")
     p.add_argument("--redis-url", help="Redis URL (IMROUTE_REDIS_URL)")
+    p.add_argument(
+        "--hedge-delay-ms",
+        help="hedge bus publishes after this many ms (100-10000), or 'auto' "
+        "(IMROUTE_HEDGE_DELAY_MS; hedging is off without it)",
+    )
+    p.add_argument(
+        "--hedge-max-tokens", type=int, help="hedging token bucket size, 1-250 (default 50)"
+    )
+    p.add_argument(
+        "--hedge-refill-ratio",
+        type=float,
+        help="tokens refilled per successful publish, 0.001-0.2 (default 0.1)",
+    )
     return p.parse_args(argv)
 
 

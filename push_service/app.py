@@ -11,7 +11,8 @@ from typing import Annotated, Any
 
 from fastapi import FastAPI, Path, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from push_service import group_routes, user_routes
 from push_service.content import new_message
@@ -25,11 +26,12 @@ from push_service.schemas import (
     RouteOut,
     UserRouteOut,
 )
-from router.bus.factory import bus_from_settings
+from router.bus.factory import bus_from_settings, hedging_from_settings
 from router.coalescer import CoalescingGatewayClient
 from router.directory.sql import SqlUserDirectory
 from router.fleet import CachedFleet, RedisGatewayFleet
 from router.gateway_client import GrpcGatewayClients
+from router.hedging.metrics import PublishMetrics
 from router.job_runner import JobRunner
 from router.jobs import RedisJobStore
 from router.p2p import P2PPusher
@@ -69,9 +71,13 @@ def create_app(settings: Settings, clock: Clock | None = None) -> FastAPI:
     clock = clock or SystemClock()
     keys = KeySchema(settings.redis_prefix)
 
-    # Built here, not in the lifespan, so a bad IMROUTE_REDIS_URL stops the program with
-    # a message before the server starts.
+    # Built here, not in the lifespan, so a bad IMROUTE_REDIS_URL or hedging setting
+    # stops the program with a message before the server starts.
     redis_client = create_redis(settings.redis_url)
+    hedging_from_settings(settings)
+    # A registry per app, so several apps in one process (tests) never collide.
+    metrics_registry = CollectorRegistry(auto_describe=True)
+    publish_metrics = PublishMetrics(metrics_registry)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -84,7 +90,7 @@ def create_app(settings: Settings, clock: Clock | None = None) -> FastAPI:
             fleet = CachedFleet(
                 RedisGatewayFleet(redis, keys, clock, ttl_s=1), clock, settings.gateway_cache_s
             )
-            bus = await stack.enter_async_context(bus_from_settings(settings))
+            bus = await stack.enter_async_context(bus_from_settings(settings, publish_metrics))
             directory = await stack.enter_async_context(
                 SqlUserDirectory.from_url(settings.db_url, clock)
             )
@@ -114,51 +120,9 @@ def create_app(settings: Settings, clock: Clock | None = None) -> FastAPI:
         description="Push messages to users connected to imroute socket gateways.",
     )
     app.state.api_key = api_key
+    _add_metrics(app, metrics_registry)
 
-    @app.exception_handler(AuthError)
-    async def _auth(_: Request, exc: AuthError) -> JSONResponse:
-        return JSONResponse(
-            {"error": "unauthorized", "detail": str(exc)},
-            status_code=401,
-            headers={"WWW-Authenticate": "Bearer"},
-        )
-
-    @app.exception_handler(PayloadTooLarge)
-    async def _too_large(_: Request, exc: PayloadTooLarge) -> JSONResponse:
-        return JSONResponse(
-            {
-                "error": "payload_too_large",
-                "detail": [{"field": exc.field, "message": exc.message}],
-            },
-            status_code=413,
-        )
-
-    @app.exception_handler(InvalidInput)
-    async def _invalid(_: Request, exc: InvalidInput) -> JSONResponse:
-        return JSONResponse(
-            {"error": "invalid_request", "detail": [{"field": exc.field, "message": exc.message}]},
-            status_code=422,
-        )
-
-    @app.exception_handler(RequestValidationError)
-    async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
-        detail = [_describe_error(err) for err in exc.errors()]
-        return JSONResponse({"error": "invalid_request", "detail": detail}, status_code=422)
-
-    @app.exception_handler(RegistryUnavailable)
-    @app.exception_handler(DirectoryUnavailable)
-    async def _unavailable(_: Request, exc: ImrouteError) -> JSONResponse:
-        what = (
-            "route registry (Redis) unavailable; nothing was sent"
-            if isinstance(exc, RegistryUnavailable)
-            else "user directory unavailable (is it migrated? imroute db upgrade)"
-        )
-        log.warning("%s: %s", what, exc)
-        return JSONResponse(
-            {"error": "unavailable", "detail": what},
-            status_code=503,
-            headers={"Retry-After": "1"},
-        )
+    _add_error_handlers(app)
 
     @app.post("/v1/push", dependencies=[Key], response_model=PushOut)
     async def push(body: PushIn, svc: Svc) -> JSONResponse:
@@ -229,6 +193,62 @@ def create_app(settings: Settings, clock: Clock | None = None) -> FastAPI:
         },
     )
     return app
+
+
+def _add_error_handlers(app: FastAPI) -> None:
+    """Our error tree as JSON: 401, 413, 422 naming the field, and 503."""
+
+    @app.exception_handler(AuthError)
+    async def _auth(_: Request, exc: AuthError) -> JSONResponse:
+        return JSONResponse(
+            {"error": "unauthorized", "detail": str(exc)},
+            status_code=401,
+            headers={"WWW-Authenticate": "Bearer"},
+        )
+
+    @app.exception_handler(PayloadTooLarge)
+    async def _too_large(_: Request, exc: PayloadTooLarge) -> JSONResponse:
+        return JSONResponse(
+            {
+                "error": "payload_too_large",
+                "detail": [{"field": exc.field, "message": exc.message}],
+            },
+            status_code=413,
+        )
+
+    @app.exception_handler(InvalidInput)
+    async def _invalid(_: Request, exc: InvalidInput) -> JSONResponse:
+        return JSONResponse(
+            {"error": "invalid_request", "detail": [{"field": exc.field, "message": exc.message}]},
+            status_code=422,
+        )
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
+        detail = [_describe_error(err) for err in exc.errors()]
+        return JSONResponse({"error": "invalid_request", "detail": detail}, status_code=422)
+
+    @app.exception_handler(RegistryUnavailable)
+    @app.exception_handler(DirectoryUnavailable)
+    async def _unavailable(_: Request, exc: ImrouteError) -> JSONResponse:
+        what = (
+            "route registry (Redis) unavailable; nothing was sent"
+            if isinstance(exc, RegistryUnavailable)
+            else "user directory unavailable (is it migrated? imroute db upgrade)"
+        )
+        log.warning("%s: %s", what, exc)
+        return JSONResponse(
+            {"error": "unavailable", "detail": what},
+            status_code=503,
+            headers={"Retry-After": "1"},
+        )
+
+
+def _add_metrics(app: FastAPI, registry: CollectorRegistry) -> None:
+    @app.get("/metrics", include_in_schema=False)
+    async def metrics() -> Response:
+        """Prometheus metrics: publishing (and hedging) per topic."""
+        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
 
 async def _reap_forever(jobs: RedisJobStore) -> None:

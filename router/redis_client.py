@@ -13,7 +13,7 @@ from redis.asyncio.cluster import RedisCluster
 
 from shared.errors import ConfigError, RegistryUnavailable
 
-__all__ = ["RedisClient", "connect_redis", "translate_errors"]
+__all__ = ["RedisClient", "connect_redis", "reraise_swallowed_cancel", "translate_errors"]
 
 # Both clients offer the commands and pipelines the registry uses.
 RedisClient = aioredis.Redis | RedisCluster
@@ -65,12 +65,12 @@ def translate_errors(
         try:
             result = await fn(*args, **kwargs)
         except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
-            _reraise_swallowed_cancel()
+            reraise_swallowed_cancel()
             raise RegistryUnavailable(f"redis did not answer: {exc}") from exc
         except redis.exceptions.RedisError as exc:
-            _reraise_swallowed_cancel()
+            reraise_swallowed_cancel()
             raise RegistryUnavailable(f"redis error: {exc}") from exc
-        _reraise_swallowed_cancel()
+        reraise_swallowed_cancel()
         return result
 
     wrapper.__name__ = getattr(fn, "__name__", "wrapper")
@@ -78,7 +78,7 @@ def translate_errors(
     return wrapper
 
 
-def _reraise_swallowed_cancel() -> None:
+def reraise_swallowed_cancel() -> None:
     """Raise CancelledError if this task was cancelled during the call.
 
     redis-py's asyncio client can swallow a cancellation that lands while a command

@@ -35,6 +35,11 @@ class Settings(BaseSettings):
     bus_maxlen: int = Field(10_000, ge=100, le=10_000_000)
     # Pub/Sub: unacked messages a gateway holds per subscription (flow control)
     bus_max_outstanding: int = Field(100, ge=1, le=10_000)
+    # publish hedging (off unless hedge_delay_ms is set): milliseconds or "auto"; the
+    # ranges are checked by router.hedging.HedgingSettings when the publisher is built
+    hedge_delay_ms: str | None = None
+    hedge_max_tokens: int | None = None
+    hedge_refill_ratio: float | None = None
     # the user directory broadcast pages through (a SQLAlchemy async URL)
     db_url: str = "sqlite+aiosqlite:///imroute-users.db"
 
@@ -83,6 +88,17 @@ class Settings(BaseSettings):
         ):
             raise ValueError("must start with redis://, rediss://, unix:// or pubsub://")
         return value
+
+    @field_validator("hedge_delay_ms", mode="before")
+    @classmethod
+    def _hedge_delay(cls, value: object) -> object:
+        if value is None or value == "auto":
+            return value
+        if isinstance(value, int) and not isinstance(value, bool):
+            return str(value)
+        if isinstance(value, str) and value.strip().isdigit():
+            return value.strip()
+        raise ValueError("must be a whole number of milliseconds, or auto")
 
     @field_validator("db_url")
     @classmethod

@@ -27,6 +27,7 @@ from socket_gateway.bus_consumer import consume, gateway_topics
 from socket_gateway.connections import LocalConnections
 from socket_gateway.dedup import RecentIds
 from socket_gateway.grpc_server import DeliverService, start_grpc_server
+from socket_gateway.metrics import GatewayMetrics, render
 from socket_gateway.ws_server import WsEndpoint, WsServer
 
 __all__ = ["Gateway"]
@@ -47,6 +48,7 @@ class Gateway:
         self.clock = clock or SystemClock()
         self.conns = LocalConnections(max_buffer=settings.max_write_buffer)
         self.deliver_service = DeliverService(self.conns, self.clock, RecentIds(self.clock))
+        self.metrics = GatewayMetrics(self.deliver_service, self.conns)
         self.ws_port = 0
         self.grpc_port = 0
         self._stack = AsyncExitStack()
@@ -127,6 +129,7 @@ class Gateway:
             ConnIdFactory(s.gateway_id),
             self._writer.register,
             self._writer.unregister,
+            metrics=lambda: render(self.metrics).decode(),
         )
         self._ws_server = await self._ws.serve(s.ws_host, s.ws_port)
         self.ws_port = self._ws_server.sockets[0].getsockname()[1]

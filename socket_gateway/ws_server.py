@@ -233,7 +233,13 @@ class _WsConn(asyncio.Protocol):
             self._send_handshake(hs)
             return
         url = urlsplit(request.path)
-        if url.path != "/ws":
+        if url.path == "/metrics" and ep.metrics is not None and request.headers.get(
+            "Upgrade"
+        ) is None:
+            # Prometheus scrapes the gateway on its WebSocket port: a plain GET, answered
+            # and closed (the text exposition format is text/plain).
+            response = hs.reject(200, ep.metrics())
+        elif url.path != "/ws":
             response = hs.reject(404, "not found: the WebSocket endpoint is /ws?token=<JWT>\n")
         elif not ep.accepting:
             response = hs.reject(503, "gateway is shutting down\n")
@@ -443,8 +449,10 @@ class WsEndpoint:
         register: Callable[[str, str], Awaitable[None]],
         unregister: Callable[[str, str], Awaitable[None]],
         timers: WsTimers | None = None,
+        metrics: Callable[[], str] | None = None,
     ) -> None:
         self.timers = timers or WsTimers()
+        self.metrics = metrics  # GET /metrics: Prometheus text, when given
         self._conns = conns
         self._secret = secret
         self._clock = clock

@@ -4,10 +4,17 @@ from __future__ import annotations
 
 from router.bus.base import Bus
 from router.bus.redis_streams import DEFAULT_MAXLEN, RedisStreamsBus
+from router.hedging import AUTO, HedgeObserver, HedgingSettings, RetrySettings, check_compatible
 from shared.errors import ConfigError
 from shared.settings import Settings
 
-__all__ = ["DEFAULT_MAX_OUTSTANDING", "REDIS_SCHEMES", "bus_from_settings", "open_bus"]
+__all__ = [
+    "DEFAULT_MAX_OUTSTANDING",
+    "REDIS_SCHEMES",
+    "bus_from_settings",
+    "hedging_from_settings",
+    "open_bus",
+]
 
 REDIS_SCHEMES = ("redis", "rediss", "unix")
 DEFAULT_MAX_OUTSTANDING = 100
@@ -19,6 +26,8 @@ def open_bus(
     *,
     maxlen: int = DEFAULT_MAXLEN,
     max_outstanding: int = DEFAULT_MAX_OUTSTANDING,
+    hedging: HedgingSettings | None = None,
+    observer: HedgeObserver | None = None,
 ) -> Bus:
     """The bus `url` names: Redis Streams for redis://, rediss:// and unix://, capped at
     `maxlen` entries per topic; Google Cloud Pub/Sub for pubsub://PROJECT, holding at
@@ -27,24 +36,59 @@ def open_bus(
     scheme, sep, _ = url.partition("://")
     scheme = scheme.lower() if sep else ""
     if scheme in REDIS_SCHEMES:
-        return RedisStreamsBus(url, prefix, maxlen=maxlen)
+        return RedisStreamsBus(url, prefix, maxlen=maxlen, hedging=hedging, observer=observer)
     if scheme == "pubsub":
         # Imported here: google-cloud-pubsub is heavy, and only processes configured
         # for it should pay for the import.
         from router.bus.pubsub import PubSubBus
         from router.bus.pubsub_names import parse_project
 
-        return PubSubBus(parse_project(url), prefix, max_outstanding=max_outstanding)
+        return PubSubBus(
+            parse_project(url),
+            prefix,
+            max_outstanding=max_outstanding,
+            hedging=hedging,
+            observer=observer,
+        )
     accepted = ", ".join(f"{s}://" for s in (*REDIS_SCHEMES, "pubsub"))
     found = f"scheme {scheme!r}" if scheme else "a value without a scheme"
     raise ConfigError(f"IMROUTE_BUS_URL: {found} is not supported; use {accepted}")
 
 
-def bus_from_settings(settings: Settings) -> Bus:
+def bus_from_settings(settings: Settings, observer: HedgeObserver | None = None) -> Bus:
     """The bus a push service or gateway process is configured for."""
     return open_bus(
         settings.effective_bus_url,
         settings.redis_prefix,
         maxlen=settings.bus_maxlen,
         max_outstanding=settings.bus_max_outstanding,
+        hedging=hedging_from_settings(settings),
+        observer=observer,
     )
+
+
+HEDGE_VARS = "IMROUTE_HEDGE_DELAY_MS, IMROUTE_HEDGE_MAX_TOKENS, IMROUTE_HEDGE_REFILL_RATIO"
+
+
+def hedging_from_settings(settings: Settings) -> HedgingSettings | None:
+    """Publish hedging as configured: on when IMROUTE_HEDGE_DELAY_MS is set; checked as
+    HedgingSettings and against the publish retry settings. ConfigError when bad."""
+    s = settings
+    if s.hedge_delay_ms is None:
+        if s.hedge_max_tokens is not None or s.hedge_refill_ratio is not None:
+            raise ConfigError(
+                "IMROUTE_HEDGE_MAX_TOKENS and IMROUTE_HEDGE_REFILL_RATIO take effect only "
+                "with hedging on: set IMROUTE_HEDGE_DELAY_MS (milliseconds, or auto)"
+            )
+        return None
+    delay: float | str = AUTO if s.hedge_delay_ms == AUTO else int(s.hedge_delay_ms) / 1000
+    try:
+        hedging = HedgingSettings(
+            delay,  # type: ignore[arg-type]
+            50 if s.hedge_max_tokens is None else s.hedge_max_tokens,
+            0.1 if s.hedge_refill_ratio is None else s.hedge_refill_ratio,
+        )
+        check_compatible(hedging, RetrySettings(), message_ordering=False)
+    except ValueError as exc:
+        raise ConfigError(f"publish hedging ({HEDGE_VARS}): {exc}") from None
+    return hedging

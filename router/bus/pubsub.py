@@ -54,16 +54,28 @@ from router.bus.base import (
     validate_subscription,
     validate_topic,
 )
-from router.bus.pubsub_names import subscription_id, topic_id
+from router.bus.pubsub_names import subscription_id, telemetry_header, topic_id
+from router.hedging import (
+    AttemptContext,
+    HedgeObserver,
+    Hedger,
+    HedgingSettings,
+    RetrySettings,
+)
+from shared.clock import AsyncClock, SystemClock
 from shared.errors import ConfigError
 
-__all__ = ["PubSubBus", "PubSubClients"]
+__all__ = ["TELEMETRY_HEADER", "PubSubBus", "PubSubClients"]
+
+TELEMETRY_HEADER = "x-goog-pubsub-client-telemetry"
 
 log = logging.getLogger(__name__)
 
 BACKOFF_MIN_S = 0.1
 BACKOFF_MAX_S = 5.0
-_RETRYABLE = if_exception_type(
+# The codes Google's clients retry a Publish on.
+_RETRYABLE_CODES = if_exception_type(
+    gexc.Cancelled,
     gexc.ServiceUnavailable,
     gexc.DeadlineExceeded,
     gexc.InternalServerError,
@@ -71,6 +83,10 @@ _RETRYABLE = if_exception_type(
     gexc.ResourceExhausted,
     gexc.Unknown,
 )
+
+
+def _retryable(exc: BaseException) -> bool:
+    return isinstance(exc, Exception) and _RETRYABLE_CODES(exc)
 
 
 @dataclass(slots=True)
@@ -153,12 +169,18 @@ class PubSubBus:
         ack_deadline_s: int = 10,
         retention_s: int = 3600,
         subscription_ttl_s: int = 86_400,
-        publish_timeout_s: float = 30.0,
         endpoint: str | None = None,
         clients: PubSubClients | None = None,
+        hedging: HedgingSettings | None = None,
+        retry: RetrySettings | None = None,
+        observer: HedgeObserver | None = None,
+        clock: AsyncClock | None = None,
+        message_ordering: bool = False,
     ) -> None:
         """`endpoint` (host:port) talks plaintext gRPC without credentials, as to the
-        emulator or a test server; `clients` replaces the clients altogether."""
+        emulator or a test server; `clients` replaces the clients altogether.
+        `hedging` hedges every publish (off by default); `retry` governs retries of the
+        original attempt; `message_ordering` (ordering keys) cannot go with hedging."""
         self._project = project
         self._prefix = prefix
         self._max_outstanding = max_outstanding
@@ -166,12 +188,16 @@ class PubSubBus:
         self._ack_deadline_s = ack_deadline_s
         self._retention_s = retention_s
         self._subscription_ttl_s = subscription_ttl_s
-        self._publish_retry = AsyncRetry(
-            predicate=_RETRYABLE, initial=0.1, maximum=2.0, multiplier=2.0,
-            timeout=publish_timeout_s,
-        )  # fmt: skip
+        self._hedger = Hedger(
+            hedging,
+            retry or RetrySettings(),
+            clock or SystemClock(),
+            _retryable,
+            message_ordering=message_ordering,
+            observer=observer,
+        )
         self._admin_retry = AsyncRetry(
-            predicate=_RETRYABLE, initial=0.1, maximum=1.0, multiplier=2.0, timeout=10.0
+            predicate=_RETRYABLE_CODES, initial=0.1, maximum=1.0, multiplier=2.0, timeout=10.0
         )
         self._endpoint = endpoint
         self._clients = clients
@@ -203,17 +229,29 @@ class PubSubBus:
         message = PubsubMessage(data=data, attributes=dict(attributes or {}))
         clients = await self._connect()
         with _translated("publish"):
-            try:
-                reply = await clients.publisher.publish(
-                    topic=path, messages=[message], retry=self._publish_retry
-                )
-            except gexc.NotFound:
-                # Nobody prepared this topic yet: create it so publishing works, though
-                # (as with every transport) no subscriber gets what came before it.
-                await self._create_topic(clients, path)
-                reply = await clients.publisher.publish(
-                    topic=path, messages=[message], retry=self._publish_retry
-                )
+            return await self._hedger.run(
+                topic, functools.partial(self._publish_attempt, clients, path, message)
+            )
+
+    async def _publish_attempt(
+        self, clients: PubSubClients, path: str, message: PubsubMessage, ctx: AttemptContext
+    ) -> str:
+        """One attempt, original or hedge: one Publish RPC, never retried by the library
+        (the Hedger retries the original), with the telemetry Google's clients send."""
+        metadata = [(TELEMETRY_HEADER, telemetry_header(ctx))]
+        try:
+            reply = await clients.publisher.publish(
+                topic=path, messages=[message], retry=None, timeout=ctx.timeout_s,
+                metadata=metadata,
+            )  # fmt: skip
+        except gexc.NotFound:
+            # Nobody prepared this topic yet: create it so publishing works, though
+            # (as with every transport) no subscriber gets what came before it.
+            await self._create_topic(clients, path)
+            reply = await clients.publisher.publish(
+                topic=path, messages=[message], retry=None, timeout=ctx.timeout_s,
+                metadata=metadata,
+            )  # fmt: skip
         return str(reply.message_ids[0])
 
     async def prepare(self, topics: Sequence[str], subscriber: str) -> None:

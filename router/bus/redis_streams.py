@@ -32,6 +32,15 @@ from router.bus.base import (
     validate_subscription,
     validate_topic,
 )
+from router.hedging import (
+    AttemptContext,
+    HedgeObserver,
+    Hedger,
+    HedgingSettings,
+    RetrySettings,
+)
+from router.redis_client import reraise_swallowed_cancel
+from shared.clock import AsyncClock, SystemClock
 from shared.errors import ConfigError
 from shared.keys import KeySchema
 
@@ -74,7 +83,13 @@ class RedisStreamsBus:
         claim_idle_s: float = 30.0,
         consumer: str | None = None,
         pool_size: int = POOL_SIZE,
+        hedging: HedgingSettings | None = None,
+        retry: RetrySettings | None = None,
+        observer: HedgeObserver | None = None,
+        clock: AsyncClock | None = None,
     ) -> None:
+        """`hedging` hedges every publish (off by default); `retry` governs retries of
+        the original attempt; `observer` gets the publishing metrics."""
         try:
             # Binary payloads, so no decoding; a blocking pool makes a burst of
             # publishers wait for a connection instead of failing at once.
@@ -100,6 +115,13 @@ class RedisStreamsBus:
         self._consumer = consumer
         self._closed = False
         self._closing: asyncio.Future[None] | None = None
+        self._hedger = Hedger(
+            hedging,
+            retry or RetrySettings(),
+            clock or SystemClock(),
+            _retryable,
+            observer=observer,
+        )
 
     async def __aenter__(self) -> Self:
         return self
@@ -121,15 +143,24 @@ class RedisStreamsBus:
         fields: dict[bytes, bytes] = {_DATA: data}
         for name, value in (attributes or {}).items():
             fields[_ATTR + name.encode()] = value.encode()
+        key = stream_key(self._prefix, topic)
+
+        async def attempt(ctx: AttemptContext) -> str:
+            # A hedge is one more XADD of the same batch: a duplicate entry that the
+            # gateways drop by batch id. A loser is cancelled mid-command.
+            async with asyncio.timeout(ctx.timeout_s):
+                entry_id = await self._redis.xadd(
+                    key,
+                    fields,  # type: ignore[arg-type]
+                    maxlen=self._maxlen,
+                    approximate=True,
+                )
+            reraise_swallowed_cancel()
+            return _text(entry_id)
+
         with _translated():
             self._check_open()
-            entry_id = await self._redis.xadd(
-                stream_key(self._prefix, topic),
-                fields,  # type: ignore[arg-type]
-                maxlen=self._maxlen,
-                approximate=True,
-            )
-        return _text(entry_id)
+            return await self._hedger.run(topic, attempt)
 
     async def prepare(self, topics: Sequence[str], subscriber: str) -> None:
         """Create the subscriber's groups now, so everything published from here on reaches it."""
@@ -326,6 +357,13 @@ def _text(value: bytes | str) -> str:
     return value.decode(errors="replace") if isinstance(value, bytes) else value
 
 
+def _retryable(exc: BaseException) -> bool:
+    """Worth another try: Redis did not answer (in time)."""
+    return isinstance(
+        exc, redis.exceptions.ConnectionError | redis.exceptions.TimeoutError | TimeoutError
+    )
+
+
 @contextmanager
 def _translated() -> Iterator[None]:
     """Map redis-py errors into BusUnavailable."""
@@ -333,5 +371,7 @@ def _translated() -> Iterator[None]:
         yield
     except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
         raise BusUnavailable(f"redis did not answer: {exc}") from exc
+    except TimeoutError as exc:
+        raise BusUnavailable("redis did not answer in time") from exc
     except redis.exceptions.RedisError as exc:
         raise BusUnavailable(f"redis error: {exc}") from exc

@@ -93,12 +93,30 @@ class Hedger:
         self._is_retryable = is_retryable
         self._observer: HedgeObserver = observer or NullObserver()
         self._jitter = jitter
-        self.bucket: TokenBucket | None = None
-        self.delay: HedgeDelay | None = None
-        if hedging is not None:
-            self.bucket = TokenBucket(hedging.max_tokens, hedging.refill_ratio)
-            ceiling = min(retry.initial_rpc_timeout_s, retry.total_timeout_s)
-            self.delay = HedgeDelay(hedging, ceiling)
+        # Per topic, as Google's clients have one publisher (and bucket) per topic.
+        self._buckets: dict[str, TokenBucket] = {}
+        self._delays: dict[str, HedgeDelay] = {}
+
+    def bucket(self, topic: str) -> TokenBucket | None:
+        """The topic's token bucket; None without hedging."""
+        if self.hedging is None:
+            return None
+        bucket = self._buckets.get(topic)
+        if bucket is None:
+            bucket = self._buckets[topic] = TokenBucket(
+                self.hedging.max_tokens, self.hedging.refill_ratio
+            )
+        return bucket
+
+    def delay(self, topic: str) -> HedgeDelay | None:
+        """The topic's hedge delay; None without hedging."""
+        if self.hedging is None:
+            return None
+        delay = self._delays.get(topic)
+        if delay is None:
+            ceiling = min(self.retry.initial_rpc_timeout_s, self.retry.total_timeout_s)
+            delay = self._delays[topic] = HedgeDelay(self.hedging, ceiling)
+        return delay
 
     async def run(self, topic: str, attempt: Attempt[T]) -> T:
         """The first successful attempt's result, or the original's terminal error."""
@@ -120,6 +138,8 @@ class _Publish(Generic[T]):
         self.timer: asyncio.Task[None] | None = None
         self.hedges = 0
         self.original_error: BaseException | None = None
+        self.bucket = hedger.bucket(topic)
+        self.delay = hedger.delay(topic)
 
     async def run(self) -> T:
         self.attempts[asyncio.ensure_future(self._original())] = 0
@@ -153,8 +173,8 @@ class _Publish(Generic[T]):
             if self.timer is not None:
                 self.timer.cancel()
                 self.timer = None
-        elif self.timer is None and self.h.delay is not None:
-            self.timer = asyncio.ensure_future(self.clock.sleep(self.h.delay.current()))
+        elif self.timer is None and self.delay is not None:
+            self.timer = asyncio.ensure_future(self.clock.sleep(self.delay.current()))
 
     def _maybe_hedge(self) -> None:
         if self._may_hedge():
@@ -177,27 +197,27 @@ class _Publish(Generic[T]):
             self.h._observer.cancelled(self.topic, losers)
 
     def _may_hedge(self) -> bool:
-        bucket = self.h.bucket
+        bucket = self.bucket
         return (
             bucket is not None and self.clock.monotonic() < self.deadline and bucket.try_acquire()
         )
 
     def _won(self, result: T, n: int) -> T:
-        h, obs = self.h, self.h._observer
+        obs = self.h._observer
         elapsed = self.clock.monotonic() - self.started
-        if h.bucket is not None:
-            h.bucket.refill()
+        if self.bucket is not None:
+            self.bucket.refill()
             self._report_tokens()
-        if h.delay is not None:
-            h.delay.record(elapsed)
+        if self.delay is not None:
+            self.delay.record(elapsed)
         if n > 0:
             obs.hedge_won(self.topic)
         obs.latency(self.topic, elapsed)
         return result
 
     def _report_tokens(self) -> None:
-        if self.h.bucket is not None:
-            self.h._observer.tokens(self.topic, self.h.bucket.tokens)
+        if self.bucket is not None:
+            self.h._observer.tokens(self.topic, self.bucket.tokens)
 
     def _remaining(self) -> float:
         return self.deadline - self.clock.monotonic()

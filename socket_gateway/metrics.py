@@ -1,0 +1,64 @@
+"""The gateway's Prometheus metrics, read from its counters when scraped."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Protocol
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+__all__ = ["CONTENT_TYPE", "GatewayMetrics", "render"]
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+class DeliveryCounts(Protocol):
+    @property
+    def batches(self) -> int: ...
+    @property
+    def duplicates(self) -> int: ...
+    @property
+    def expired(self) -> int: ...
+
+
+class ConnectionCount(Protocol):
+    def __len__(self) -> int: ...
+
+
+class GatewayMetrics(Collector):
+    """Batches delivered and dropped, and connections, of one gateway."""
+
+    def __init__(self, counts: DeliveryCounts, connections: ConnectionCount) -> None:
+        self._counts = counts
+        self._connections = connections
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.registry.register(self)
+
+    def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
+        c = self._counts
+        yield CounterMetricFamily(
+            "imroute_gateway_batches",
+            "Batches received (gRPC or bus), delivered or dropped",
+            c.batches,
+        )
+        yield CounterMetricFamily(
+            "imroute_gateway_duplicate_batches",
+            "Batches dropped because their batch id was already delivered "
+            "(bus redeliveries, hedged duplicates)",
+            c.duplicates,
+        )
+        yield CounterMetricFamily(
+            "imroute_gateway_expired_batches",
+            "Batches dropped because they arrived after their ttl",
+            c.expired,
+        )
+        yield GaugeMetricFamily(
+            "imroute_gateway_connections", "Open client connections", len(self._connections)
+        )
+
+
+def render(metrics: GatewayMetrics) -> bytes:
+    """The exposition text for a scrape."""
+    return generate_latest(metrics.registry)
