@@ -107,8 +107,9 @@ def hedger(
         observer=observer,
         jitter=lambda: 1.0,
     )
-    assert h.bucket is not None
-    h.bucket._milli = tokens * 1000
+    bucket = h.bucket("t")
+    assert bucket is not None
+    bucket._milli = tokens * 1000
     return h
 
 
@@ -252,7 +253,7 @@ async def test_no_hedge_when_the_first_attempt_beats_the_delay(clock: ManualCloc
     calls.answer(0, "id-1")
     assert await publish == "id-1"
     assert calls.hedges == [0] and rec.attempts == [False]
-    assert h.bucket is not None and h.bucket.milli_tokens == 5100  # refilled by 0.1
+    assert (b := h.bucket("t")) is not None and b.milli_tokens == 5100  # refilled by 0.1
     clock.advance(5)
     await settle()
     assert calls.hedges == [0]  # and its timer is gone: nothing fires later
@@ -273,7 +274,7 @@ async def test_a_slow_first_attempt_is_beaten_by_a_hedge_and_cancelled(
     assert await publish == "from-hedge"
     assert calls.cancelled == [0]
     assert (rec.wins, rec.n_cancelled, rec.attempts) == (1, 1, [False, True])
-    assert h.bucket is not None and h.bucket.milli_tokens == 100  # 1 - 1 + 0.1
+    assert (b := h.bucket("t")) is not None and b.milli_tokens == 100  # 1 - 1 + 0.1
 
 
 async def test_hedges_repeat_every_delay_until_the_tokens_run_out(clock: ManualClock) -> None:
@@ -424,7 +425,7 @@ async def test_concurrent_publishes_share_the_bucket(clock: ManualClock) -> None
     for c in calls:
         c.answer(0, "ok")
     assert await asyncio.gather(*publishes) == ["ok"] * 10
-    assert h.bucket is not None and h.bucket.milli_tokens == 1000  # ten refills of 0.1
+    assert (b := h.bucket("t")) is not None and b.milli_tokens == 1000  # ten refills of 0.1
 
 
 async def _slow_run(clock: ManualClock, h: Hedger, latencies: list[float]) -> list[int]:
@@ -460,9 +461,10 @@ async def test_a_sustained_slowdown_throttles_hedging_to_the_refill_ratio(
 
 async def test_auto_follows_a_slowdown_and_hedges_only_past_the_p95(clock: ManualClock) -> None:
     h = hedger(clock, delay=AUTO, tokens=50, ratio=0.1)
-    assert h.delay is not None
+    delay = h.delay("t")
+    assert delay is not None
     hedges = await _slow_run(clock, h, SLOW)
-    assert h.delay.current() == pytest.approx(2.45)
+    assert delay.current() == pytest.approx(2.45)
     assert sum(hedges[-100:]) <= 5  # the slowest 4-5 %, not the 10 % the tokens allow
 
 
@@ -473,8 +475,9 @@ async def test_sustained_failures_drain_the_bucket_and_hedging_stops(clock: Manu
     h = Hedger(
         HedgingSettings(1.0), retry, clock, lambda e: isinstance(e, Retryable), jitter=lambda: 1
     )
-    assert h.bucket is not None
-    h.bucket._milli = 5000
+    bucket = h.bucket("t")
+    assert bucket is not None
+    bucket._milli = 5000
     hedges = []
     for _ in range(20):
         calls = Calls()
@@ -488,4 +491,4 @@ async def test_sustained_failures_drain_the_bucket_and_hedging_stops(clock: Manu
             await publish
         hedges.append(len(calls.pending) - 1)
     assert hedges == [1] * 5 + [0] * 15
-    assert h.bucket.milli_tokens == 0
+    assert bucket.milli_tokens == 0
