@@ -31,6 +31,7 @@ __all__ = [
     "GROUP_PREFIX",
     "MAX_MESSAGE_BYTES",
     "Bus",
+    "BusLifecycle",
     "BusUnavailable",
     "Received",
     "group_topic",
@@ -167,3 +168,47 @@ async def until_closed(coro: Coroutine[Any, Any, T], closing: asyncio.Future[Non
             task.exception()  # read on purpose: failing because we closed is expected
         return None
     return task.result()
+
+
+class BusLifecycle:
+    """What every transport shares: `async with`, a close that ends every wait, and the
+    refusal of calls once closed. A transport calls `_begin_close()` first in `close()`."""
+
+    def __init__(self) -> None:
+        self._closed = False
+        self._closing: asyncio.Future[None] | None = None
+
+    async def close(self) -> None:
+        raise NotImplementedError
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    def _begin_close(self) -> bool:
+        """Mark the bus closed and wake every wait; False if it was closed already."""
+        if self._closed:
+            return False
+        self._closed = True
+        if self._closing is not None and not self._closing.done():
+            self._closing.set_result(None)
+        return True
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise BusUnavailable("the bus is closed")
+
+    async def _until_closed(self, coro: Coroutine[Any, Any, T]) -> T | None:
+        """Await `coro`, or give it up (None) as soon as the bus is closed."""
+        if self._closing is None:
+            self._closing = asyncio.get_running_loop().create_future()
+            if self._closed:
+                self._closing.set_result(None)
+        return await until_closed(coro, self._closing)

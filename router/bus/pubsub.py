@@ -32,8 +32,7 @@ import random
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
-from types import TracebackType
-from typing import Any, Self
+from typing import Any
 
 from google.api_core import exceptions as gexc
 from google.api_core.retry import AsyncRetry, if_exception_type
@@ -47,9 +46,9 @@ from google.pubsub_v1 import (
 )
 
 from router.bus.base import (
+    BusLifecycle,
     BusUnavailable,
     Received,
-    until_closed,
     validate_message,
     validate_subscription,
     validate_topic,
@@ -156,7 +155,7 @@ class PubSubClients:
         await asyncio.to_thread(self.streaming.close)
 
 
-class PubSubBus:
+class PubSubBus(BusLifecycle):
     """A Bus over Google Cloud Pub/Sub."""
 
     def __init__(
@@ -203,19 +202,7 @@ class PubSubBus:
         self._clients = clients
         self._connecting = asyncio.Lock()
         self._streams: set[_Stream] = set()
-        self._closed = False
-        self._closing: asyncio.Future[None] | None = None
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.close()
+        super().__init__()
 
     # --- the Bus protocol -----------------------------------------------------------
 
@@ -269,28 +256,14 @@ class PubSubBus:
 
     async def close(self) -> None:
         """End every subscription, handing back what they had not acked; close the clients."""
-        if self._closed:
+        if not self._begin_close():
             return
-        self._closed = True
-        if self._closing is not None and not self._closing.done():
-            self._closing.set_result(None)
         for stream in list(self._streams):
             await stream.stop()
         if self._clients is not None:
             await self._clients.close()
 
     # --- internals ------------------------------------------------------------------
-
-    def _check_open(self) -> None:
-        if self._closed:
-            raise BusUnavailable("the bus is closed")
-
-    def _closing_future(self) -> asyncio.Future[None]:
-        if self._closing is None:
-            self._closing = asyncio.get_running_loop().create_future()
-            if self._closed:
-                self._closing.set_result(None)
-        return self._closing
 
     async def _connect(self) -> PubSubClients:
         self._check_open()
@@ -330,15 +303,14 @@ class PubSubBus:
 
     async def _consume(self, topics: tuple[str, ...], subscriber: str) -> AsyncIterator[Received]:
         backoff = delay = BACKOFF_MIN_S
-        closing = self._closing_future()
         while not self._closed:
             stream = _Stream(self, topics, subscriber)
             self._streams.add(stream)
             try:
-                if await until_closed(stream.start(), closing) is None:
+                if await self._until_closed(stream.start()) is None:
                     return
                 while True:
-                    item = await until_closed(stream.queue.get(), closing)
+                    item = await self._until_closed(stream.queue.get())
                     if item is None:
                         return
                     if isinstance(item, BaseException):
@@ -353,7 +325,7 @@ class PubSubBus:
             finally:
                 await stream.stop()
                 self._streams.discard(stream)
-            await until_closed(asyncio.sleep(delay), closing)
+            await self._until_closed(asyncio.sleep(delay))
             backoff = min(backoff * 2, BACKOFF_MAX_S)
 
 

@@ -15,19 +15,18 @@ import asyncio
 import functools
 import logging
 import random
-from collections.abc import AsyncIterator, Coroutine, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from types import TracebackType
-from typing import Any, Self, TypeVar
+from typing import Any, TypeVar
 
 import redis.asyncio as aioredis
 import redis.exceptions
 from redis.typing import KeyT, StreamIdT
 
 from router.bus.base import (
+    BusLifecycle,
     BusUnavailable,
     Received,
-    until_closed,
     validate_message,
     validate_subscription,
     validate_topic,
@@ -69,7 +68,7 @@ def stream_key(prefix: str, topic: str) -> str:
     return KeySchema(prefix).bus_stream(topic)
 
 
-class RedisStreamsBus:
+class RedisStreamsBus(BusLifecycle):
     """A Bus over Redis Streams, on the Redis imroute already runs."""
 
     def __init__(
@@ -113,8 +112,7 @@ class RedisStreamsBus:
         # None: each subscriber reads under its own id, so a restart finds its pending
         # entries at once; a per-boot name leaves them to XAUTOCLAIM instead.
         self._consumer = consumer
-        self._closed = False
-        self._closing: asyncio.Future[None] | None = None
+        super().__init__()
         self._hedger = Hedger(
             hedging,
             retry or RetrySettings(),
@@ -122,17 +120,6 @@ class RedisStreamsBus:
             _retryable,
             observer=observer,
         )
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.close()
 
     async def publish(
         self, topic: str, data: bytes, attributes: Mapping[str, str] | None = None
@@ -177,11 +164,8 @@ class RedisStreamsBus:
 
     async def close(self) -> None:
         """End every subscription and close the client."""
-        if self._closed:
+        if not self._begin_close():
             return
-        self._closed = True
-        if self._closing is not None and not self._closing.done():
-            self._closing.set_result(None)
         with _translated():
             await self._redis.aclose()
 
@@ -206,14 +190,6 @@ class RedisStreamsBus:
             for item in batch:
                 yield item
 
-    async def _until_closed(self, coro: Coroutine[Any, Any, T]) -> T | None:
-        """Await `coro`, or give it up (None) as soon as the bus is closed."""
-        if self._closing is None:
-            self._closing = asyncio.get_running_loop().create_future()
-            if self._closed:
-                self._closing.set_result(None)
-        return await until_closed(coro, self._closing)
-
     async def _create_groups(self, keys: Sequence[str], group: str) -> None:
         pipe = self._redis.pipeline(transaction=False)
         for key in keys:
@@ -227,10 +203,6 @@ class RedisStreamsBus:
         with _translated():
             self._check_open()
             await self._redis.xack(key, group, entry_id)
-
-    def _check_open(self) -> None:
-        if self._closed:
-            raise BusUnavailable("the bus is closed")
 
 
 class _Reader:
