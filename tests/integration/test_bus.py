@@ -384,3 +384,16 @@ async def test_ack_and_publish_after_close_raise_bus_unavailable(
         await got.ack()
     with pytest.raises(BusUnavailable):
         await bus.prepare([BROADCAST], "gw1")
+
+
+async def test_pubsub_without_credentials_names_what_to_set(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: object
+) -> None:
+    for name in ("PUBSUB_EMULATOR_HOST", "GOOGLE_APPLICATION_CREDENTIALS", "CLOUDSDK_CONFIG"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))  # no gcloud application-default file
+    monkeypatch.setenv("NO_GCE_CHECK", "true")  # and no metadata server to ask
+    bus = open_bus("pubsub://my-project", "imroute:")
+    with pytest.raises(ConfigError, match="GOOGLE_APPLICATION_CREDENTIALS"):
+        await bus.prepare([BROADCAST], "gw1")
+    await bus.close()
