@@ -1,0 +1,38 @@
+"""What the balancer knows about one gateway: a frozen snapshot, built from the fleet record."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["GatewayState"]
+
+
+@dataclass(frozen=True, slots=True)
+class GatewayState:
+    """One gateway as the balancer sees it at one moment (an adapter maps GatewayInfo to it)."""
+
+    gateway_id: str
+    group_id: str
+    ws_url: str
+    grpc_address: str
+    connections: int
+    max_connections: int
+    zone: str | None = None
+    draining: bool = False
+    started_at_ms: int = 0
+    heartbeat_deadline_ms: int = 0  # its fleet record's expiry, wall-clock epoch ms
+
+    def fresh(self, now_ms: int) -> bool:
+        """Whether its heartbeat has not lapsed at `now_ms`."""
+        return self.heartbeat_deadline_ms > now_ms
+
+    @property
+    def has_capacity(self) -> bool:
+        return self.connections < self.max_connections
+
+    @property
+    def load(self) -> float:
+        """Connections as a fraction of capacity (1.0 or more: full)."""
+        if self.max_connections <= 0:
+            return float("inf")
+        return self.connections / self.max_connections
