@@ -6,10 +6,11 @@ import asyncio
 import heapq
 import itertools
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
-__all__ = ["AsyncClock", "Clock", "ManualClock", "SystemClock"]
+__all__ = ["AsyncClock", "Cancellable", "Clock", "ManualClock", "SystemClock"]
 
 
 class Clock(Protocol):
@@ -22,9 +23,17 @@ class Clock(Protocol):
         ...
 
 
+class Cancellable(Protocol):
+    def cancel(self) -> None: ...
+
+
 class AsyncClock(Clock, Protocol):
     async def sleep(self, seconds: float) -> None:
         """Wait `seconds` of this clock's monotonic time."""
+        ...
+
+    def call_later(self, seconds: float, callback: Callable[[], None]) -> Cancellable:
+        """Run `callback` on the event loop once `seconds` have passed."""
         ...
 
 
@@ -40,6 +49,9 @@ class SystemClock:
     async def sleep(self, seconds: float) -> None:
         await asyncio.sleep(seconds)
 
+    def call_later(self, seconds: float, callback: Callable[[], None]) -> Cancellable:
+        return asyncio.get_running_loop().call_later(seconds, callback)
+
 
 @dataclass
 class ManualClock:
@@ -47,9 +59,7 @@ class ManualClock:
 
     wall_ms: int = 1_700_000_000_000
     mono: float = 0.0
-    _sleepers: list[tuple[float, int, asyncio.Future[None]]] = field(
-        default_factory=list, repr=False
-    )
+    _timers: list[tuple[float, int, _ManualTimer]] = field(default_factory=list, repr=False)
     _order: itertools.count[int] = field(default_factory=itertools.count, repr=False)
 
     def now_ms(self) -> int:
@@ -64,14 +74,32 @@ class ManualClock:
             await asyncio.sleep(0)
             return
         waiter = asyncio.get_running_loop().create_future()
-        heapq.heappush(self._sleepers, (self.mono + seconds, next(self._order), waiter))
+        self.call_later(seconds, lambda: None if waiter.done() else waiter.set_result(None))
         await waiter
 
+    def call_later(self, seconds: float, callback: Callable[[], None]) -> Cancellable:
+        """Run `callback` when `advance` reaches `seconds` from now."""
+        timer = _ManualTimer(callback)
+        heapq.heappush(self._timers, (self.mono + max(0.0, seconds), next(self._order), timer))
+        return timer
+
     def advance(self, seconds: float) -> None:
-        """Move time on, waking (in deadline order) every sleeper whose time has come."""
-        self.wall_ms += int(seconds * 1000)
-        self.mono += seconds
-        while self._sleepers and self._sleepers[0][0] <= self.mono + 1e-9:
-            _, _, waiter = heapq.heappop(self._sleepers)
-            if not waiter.done():
-                waiter.set_result(None)
+        """Move time on, firing each timer due on the way at its own time, in order."""
+        target = self.mono + seconds
+        while self._timers and self._timers[0][0] <= target + 1e-9:
+            due, _, timer = heapq.heappop(self._timers)
+            self.wall_ms += round((max(due, self.mono) - self.mono) * 1000)
+            self.mono = max(due, self.mono)
+            if not timer.cancelled:
+                timer.callback()
+        self.wall_ms += round((target - self.mono) * 1000)
+        self.mono = target
+
+
+@dataclass
+class _ManualTimer:
+    callback: Callable[[], None]
+    cancelled: bool = False
+
+    def cancel(self) -> None:
+        self.cancelled = True

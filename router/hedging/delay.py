@@ -1,4 +1,4 @@
-"""The hedge delay: fixed, or "auto", a rolling p95 of recent publish latencies (pure).
+"""The hedge delay: fixed, or "auto", a rolling p95 of recent attempt latencies (pure).
 
 Dean and Barroso ("The Tail at Scale", 2013) hedge after the 95th-percentile expected
 latency, which keeps the extra load near 5 %. Until `min_samples` publishes have been
@@ -38,7 +38,8 @@ class HedgeDelay:
         self._min_samples = min_samples
 
     def record(self, latency_s: float) -> None:
-        """One publish's latency, from its start to its first success."""
+        """How long one RPC attempt was out (not the publish: a hedged publish's
+        latency is the delay plus the hedge's, and would teach the delay itself)."""
         if self._fixed is not None:
             return
         if len(self._window) == self._window.maxlen:

@@ -19,18 +19,21 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
 
 from router.hedging.delay import HedgeDelay
 from router.hedging.settings import HedgingSettings, RetrySettings, check_compatible
 from router.hedging.tokens import TokenBucket
-from shared.clock import AsyncClock
+from shared.clock import AsyncClock, Cancellable
 
 __all__ = ["Attempt", "AttemptContext", "HedgeObserver", "Hedger", "NullObserver"]
 
 T = TypeVar("T")
+
+# A hedge timer that fires this late means the publishing process itself stalled.
+STALL_S = 0.05
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,7 +127,11 @@ class Hedger:
 
 
 class _Publish(Generic[T]):
-    """One publish: its original (with retries), its hedges, its hedge timer."""
+    """One publish: its original (with retries), its hedges, and its hedge timer.
+
+    Callback-driven, so a publish in flight costs one timer callback per hedge delay
+    and nothing else: no task wakes up to look for tokens.
+    """
 
     def __init__(self, hedger: Hedger, topic: str, attempt: Attempt[T]) -> None:
         self.h = hedger
@@ -134,67 +141,79 @@ class _Publish(Generic[T]):
         self.started = self.clock.monotonic()
         self.start_wall_ms = self.clock.now_ms()
         self.deadline = self.started + hedger.retry.total_timeout_s
+        self.finished: asyncio.Future[T] = asyncio.get_running_loop().create_future()
         self.attempts: dict[asyncio.Task[T], int] = {}
-        self.timer: asyncio.Task[None] | None = None
+        self.timer: Cancellable | None = None
+        self.due = 0.0
         self.hedges = 0
         self.original_error: BaseException | None = None
         self.bucket = hedger.bucket(topic)
         self.delay = hedger.delay(topic)
 
     async def run(self) -> T:
-        self.attempts[asyncio.ensure_future(self._original())] = 0
+        self._launch(self._original(), 0)
+        self._arm()
         try:
-            while True:
-                self._arm_timer()
-                waiting: set[asyncio.Future[Any]] = set(self.attempts)
-                if self.timer is not None:
-                    waiting.add(self.timer)
-                done, _ = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
-                if self.timer is not None and self.timer in done:
-                    self.timer = None
-                    self._maybe_hedge()
-                for task in [t for t in self.attempts if t in done]:
-                    n = self.attempts.pop(task)
-                    if task.cancelled():
-                        continue
-                    error = task.exception()
-                    if error is None:
-                        return self._won(task.result(), n)
-                    if n == 0:
-                        self.original_error = error  # hedges' errors are discarded
-                if self.original_error is not None and not self.attempts:
-                    raise self.original_error
+            return await self.finished
         finally:
             await self._cancel_the_rest()
 
-    def _arm_timer(self) -> None:
-        """Hedge every delay while the original may still succeed (no new hedges after)."""
-        if self.original_error is not None:
-            if self.timer is not None:
-                self.timer.cancel()
-                self.timer = None
-        elif self.timer is None and self.delay is not None:
-            self.timer = asyncio.ensure_future(self.clock.sleep(self.delay.current()))
+    def _launch(self, coro: Coroutine[Any, Any, T], n: int) -> None:
+        task = asyncio.ensure_future(coro)
+        self.attempts[task] = n
+        task.add_done_callback(self._on_attempt_done)
 
-    def _maybe_hedge(self) -> None:
-        if self._may_hedge():
-            self.hedges += 1
-            self.h._observer.attempt(self.topic, hedge=True)
-            self.attempts[asyncio.ensure_future(self._hedge(self.hedges))] = self.hedges
-        self._report_tokens()
+    def _on_attempt_done(self, task: asyncio.Task[T]) -> None:
+        n = self.attempts.pop(task)
+        if self.finished.done() or task.cancelled():
+            return
+        error = task.exception()
+        if error is None:
+            self.finished.set_result(self._won(task.result(), n))
+            return
+        if n == 0:
+            self.original_error = error  # hedges' errors are discarded
+            self._disarm()  # no new hedges once the original failed for good
+        if self.original_error is not None and not self.attempts:
+            self.finished.set_exception(self.original_error)
 
-    async def _cancel_the_rest(self) -> None:
-        leftovers: list[asyncio.Future[Any]] = [t for t in self.attempts if not t.done()]
-        for task in leftovers:
-            task.cancel()
+    def _arm(self) -> None:
+        """Hedge after the delay, while the original may still succeed in time."""
+        if self.delay is None or self.original_error is not None or self.finished.done():
+            return
+        delay = self.delay.current()
+        if self.clock.monotonic() + delay >= self.deadline:
+            return  # past the total timeout: no hedge could be sent
+        self.due = self.clock.monotonic() + delay
+        self.timer = self.clock.call_later(delay, self._tick)
+
+    def _disarm(self) -> None:
         if self.timer is not None:
             self.timer.cancel()
-            leftovers.append(self.timer)
+            self.timer = None
+
+    def _tick(self) -> None:
+        self.timer = None
+        if self.finished.done() or self.original_error is not None:
+            return
+        late = self.clock.monotonic() - self.due
+        # A timer that fires late means this process stalled: the answers may be
+        # waiting unread, and every publish in flight would hedge at once. Not now.
+        if late <= STALL_S and self._may_hedge():
+            self.hedges += 1
+            self.h._observer.attempt(self.topic, hedge=True)
+            self._launch(self._hedge(self.hedges), self.hedges)
+            self._report_tokens()
+        self._arm()
+
+    async def _cancel_the_rest(self) -> None:
+        self._disarm()
+        leftovers = list(self.attempts)
+        for task in leftovers:
+            task.cancel()
         if leftovers:
             await asyncio.gather(*leftovers, return_exceptions=True)
-        losers = sum(1 for t in self.attempts if t.cancelled())
-        if losers:
-            self.h._observer.cancelled(self.topic, losers)
+            self.h._observer.cancelled(self.topic, len(leftovers))
 
     def _may_hedge(self) -> bool:
         bucket = self.bucket
@@ -208,8 +227,6 @@ class _Publish(Generic[T]):
         if self.bucket is not None:
             self.bucket.refill()
             self._report_tokens()
-        if self.delay is not None:
-            self.delay.record(elapsed)
         if n > 0:
             obs.hedge_won(self.topic)
         obs.latency(self.topic, elapsed)
@@ -222,9 +239,18 @@ class _Publish(Generic[T]):
     def _remaining(self) -> float:
         return self.deadline - self.clock.monotonic()
 
+    async def _call(self, n: int, timeout_s: float) -> T:
+        """One RPC attempt; `auto` learns from how long each one was out, whatever its
+        end (a success, an error, or cancelled as a loser: then at least that long)."""
+        started = self.clock.monotonic()
+        try:
+            return await self.attempt(AttemptContext(n, timeout_s, self.start_wall_ms))
+        finally:
+            if self.delay is not None:
+                self.delay.record(self.clock.monotonic() - started)
+
     async def _hedge(self, n: int) -> T:
-        timeout = min(self.h.retry.initial_rpc_timeout_s, self._remaining())
-        return await self.attempt(AttemptContext(n, timeout, self.start_wall_ms))
+        return await self._call(n, min(self.h.retry.initial_rpc_timeout_s, self._remaining()))
 
     async def _original(self) -> T:
         r, obs = self.h.retry, self.h._observer
@@ -233,7 +259,7 @@ class _Publish(Generic[T]):
             obs.attempt(self.topic, hedge=False)
             timeout = min(rpc_timeout, self._remaining())
             try:
-                return await self.attempt(AttemptContext(0, timeout, self.start_wall_ms))
+                return await self._call(0, timeout)
             except Exception as exc:
                 if not self.h._is_retryable(exc):
                     raise
