@@ -18,6 +18,7 @@ No task outlives `run`: whatever is left is cancelled and awaited before it retu
 from __future__ import annotations
 
 import asyncio
+import functools
 import random
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
@@ -32,8 +33,10 @@ __all__ = ["Attempt", "AttemptContext", "HedgeObserver", "Hedger", "NullObserver
 
 T = TypeVar("T")
 
-# A hedge timer that fires this late means the publishing process itself stalled.
+# A hedge timer that fires this late means the publishing process itself stalled; the
+# hedge then waits this much longer, for answers that arrived during the stall.
 STALL_S = 0.05
+STALL_GRACE_S = 0.01
 
 
 @dataclass(frozen=True, slots=True)
@@ -192,14 +195,17 @@ class _Publish(Generic[T]):
             self.timer.cancel()
             self.timer = None
 
-    def _tick(self) -> None:
+    def _tick(self, after_stall: bool = False) -> None:
         self.timer = None
         if self.finished.done() or self.original_error is not None:
             return
-        late = self.clock.monotonic() - self.due
-        # A timer that fires late means this process stalled: the answers may be
-        # waiting unread, and every publish in flight would hedge at once. Not now.
-        if late <= STALL_S and self._may_hedge():
+        if not after_stall and self.clock.monotonic() - self.due > STALL_S:
+            # A timer that fires late means this process stalled: answers may be
+            # waiting unread, and every publish in flight would hedge at once. Let the
+            # loop read them first, then decide.
+            self.timer = self.clock.call_later(STALL_GRACE_S, functools.partial(self._tick, True))
+            return
+        if self._may_hedge():
             self.hedges += 1
             self.h._observer.attempt(self.topic, hedge=True)
             self._launch(self._hedge(self.hedges), self.hedges)

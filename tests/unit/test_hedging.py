@@ -496,9 +496,11 @@ async def test_sustained_failures_drain_the_bucket_and_hedging_stops(clock: Manu
     assert bucket.milli_tokens == 0
 
 
-async def test_a_late_timer_means_a_stall_and_does_not_hedge(clock: ManualClock) -> None:
-    # The publishing process stalled past the delay: its answers may be waiting unread,
-    # so the late tick sends nothing and the next one, on time, may hedge.
+async def test_a_late_timer_means_a_stall_and_waits_for_answers_first(
+    clock: ManualClock,
+) -> None:
+    # The publishing process stalled past the delay: answers may be waiting unread, so
+    # the late tick waits a little (10 ms) before it decides.
     h, calls = hedger(clock, tokens=5), Calls()
     publish = asyncio.ensure_future(h.run("t", calls))
     await settle()
@@ -506,11 +508,28 @@ async def test_a_late_timer_means_a_stall_and_does_not_hedge(clock: ManualClock)
     clock.advance(0)  # the 1 s timer runs 0.5 s late
     await settle()
     assert calls.hedges == [0]
-    clock.advance(1.0)  # the next tick is on time
+    clock.advance(0.009)
+    await settle()
+    assert calls.hedges == [0]
+    clock.advance(0.001)  # still unanswered after the grace: hedge
     await settle()
     assert calls.hedges == [0, 1]
     calls.answer(0, "ok")
     assert await publish == "ok"
+
+
+async def test_an_answer_read_after_a_stall_sends_no_hedge(clock: ManualClock) -> None:
+    h, calls = hedger(clock, tokens=5), Calls()
+    publish = asyncio.ensure_future(h.run("t", calls))
+    await settle()
+    clock.mono += 1.5
+    clock.advance(0)
+    calls.answer(0, "was waiting")  # read during the grace
+    assert await publish == "was waiting"
+    clock.advance(0.01)
+    await settle()
+    assert calls.hedges == [0]
+    assert (b := h.bucket("t")) is not None and b.milli_tokens == 5100
 
 
 async def test_no_timer_is_left_once_no_hedge_fits_in_the_total_timeout(
