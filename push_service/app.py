@@ -14,7 +14,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
-from push_service import group_routes, user_routes
+from push_service import dispatch_routes, group_routes, user_routes
 from push_service.content import new_message
 from push_service.deps import Key, Services, Svc
 from push_service.limits import BodyLimit
@@ -26,9 +26,11 @@ from push_service.schemas import (
     RouteOut,
     UserRouteOut,
 )
+from router.balancing import Availability, rule_for
 from router.bus.factory import bus_from_settings, hedging_from_settings
 from router.coalescer import CoalescingGatewayClient
 from router.directory.sql import SqlUserDirectory
+from router.dispatch import Dispatcher
 from router.fleet import CachedFleet, RedisGatewayFleet
 from router.gateway_client import GrpcGatewayClients
 from router.hedging.metrics import PublishMetrics
@@ -75,6 +77,7 @@ def create_app(settings: Settings, clock: Clock | None = None) -> FastAPI:
     # stops the program with a message before the server starts.
     redis_client = create_redis(settings.redis_url)
     hedging_from_settings(settings)
+    rule_for(settings.dispatch_rule, Availability(clock))  # a bad rule name stops it here
     # A registry per app, so several apps in one process (tests) never collide.
     metrics_registry = CollectorRegistry(auto_describe=True)
     publish_metrics = PublishMetrics(metrics_registry)
@@ -110,6 +113,7 @@ def create_app(settings: Settings, clock: Clock | None = None) -> FastAPI:
                 directory=directory,
                 jobs=jobs,
                 runner=runner,
+                dispatcher=Dispatcher(fleet, clock, settings.dispatch_rule),
             )
             yield
 
@@ -184,6 +188,7 @@ def create_app(settings: Settings, clock: Clock | None = None) -> FastAPI:
 
     app.include_router(group_routes.router)
     app.include_router(user_routes.router)
+    app.include_router(dispatch_routes.router)
     app.add_middleware(
         BodyLimit,
         max_bytes=MAX_BODY_BYTES,

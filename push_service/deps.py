@@ -10,6 +10,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from router.bus.base import Bus
 from router.directory.sql import SqlUserDirectory
+from router.dispatch import Dispatcher
 from router.fleet import CachedFleet
 from router.job_runner import JobRunner
 from router.jobs import RedisJobStore
@@ -36,6 +37,7 @@ class Services:
     directory: SqlUserDirectory
     jobs: RedisJobStore
     runner: JobRunner
+    dispatcher: Dispatcher
 
 
 # Dependencies are async on purpose: FastAPI runs sync ones in a thread pool, which

@@ -112,6 +112,12 @@ class GatewaysOut(BaseModel):
     gateways: list[GatewayOut]
 
 
+class DispatchOut(BaseModel):
+    ws_url: str
+    gateway_id: str
+    group_id: str
+
+
 MAX_MULTICAST = 1_000_000
 MAX_USERS_PER_CALL = 10_000
 MAX_TTL_S = 30 * 24 * 3600

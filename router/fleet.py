@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 from typing import Protocol
 
 from router.redis_client import RedisClient, translate_errors
@@ -50,16 +51,20 @@ class RedisGatewayFleet:
     async def live(self) -> list[GatewayInfo]:
         """Gateways whose heartbeat has not lapsed, sorted by id."""
         now = self._clock.now_ms()
-        ids: list[str] = await self._redis.zrangebyscore(  # type: ignore[assignment]
-            self._keys.gateways(), f"({now}", "+inf"
+        scored: list[tuple[str, float]] = await self._redis.zrangebyscore(  # type: ignore[assignment]
+            self._keys.gateways(), f"({now}", "+inf", withscores=True
         )
-        if not ids:
+        if not scored:
             return []
         pipe = self._redis.pipeline(transaction=False)
-        for gateway_id in ids:
+        for gateway_id, _ in scored:
             pipe.get(self._keys.gateway(gateway_id))
         values: list[str | None] = await pipe.execute()
-        infos = [info for v in values if v and (info := decode_gateway(v))]
+        infos = [
+            replace(info, deadline_ms=int(deadline))
+            for (_, deadline), v in zip(scored, values, strict=True)
+            if v and (info := decode_gateway(v))
+        ]
         return sorted(infos, key=lambda i: i.gateway_id)
 
 

@@ -166,6 +166,9 @@ def encode_gateway(info: GatewayInfo) -> str:
             "grpc_address": info.grpc_address,
             "connections": info.connections,
             "started_ms": info.started_ms,
+            "max_connections": info.max_connections,
+            "zone": info.zone,
+            "draining": info.draining,
         },
         separators=(",", ":"),
     )
@@ -181,6 +184,10 @@ def decode_gateway(value: str) -> GatewayInfo | None:
             grpc_address=str(d["grpc_address"]),
             connections=int(d["connections"]),
             started_ms=int(d["started_ms"]),
+            # Records of older gateways lack these: no limit, no zone, not draining.
+            max_connections=int(d.get("max_connections", 0)),
+            zone=None if d.get("zone") is None else str(d["zone"]),
+            draining=bool(d.get("draining", False)),
         )
     except (ValueError, KeyError, TypeError):
         return None

@@ -35,6 +35,10 @@ class GatewayInfo:
     grpc_address: str
     connections: int
     started_ms: int
+    max_connections: int = 0  # 0: no limit announced
+    zone: str | None = None
+    draining: bool = False
+    deadline_ms: int = 0  # when its heartbeat lapses; from the fleet index, not the record
 
 
 @dataclass(frozen=True, slots=True)

@@ -63,6 +63,12 @@ class Settings(BaseSettings):
     route_ttl_s: float = Field(60.0, ge=1, le=3600)
     heartbeat_s: float = Field(2.0, ge=0.1, le=600)
     max_write_buffer: int = Field(1 << 20, ge=1024)
+    gateway_max_connections: int = Field(100_000, ge=1, le=10_000_000)
+    zone: str | None = Field(None, min_length=1, max_length=64)
+
+    # dispatch: how GET /v1/dispatch places clients (consistent_hash, round_robin,
+    # least_connections, zone_affinity); the rule names are checked by router.balancing
+    dispatch_rule: str = "consistent_hash"
 
     log_level: str = "info"
 

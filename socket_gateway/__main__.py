@@ -28,6 +28,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--advertise-host", help="host others reach this gateway at")
     p.add_argument("--route-ttl", dest="route_ttl_s", type=float, help="route TTL in seconds")
     p.add_argument("--heartbeat", dest="heartbeat_s", type=float, help="fleet heartbeat seconds")
+    p.add_argument(
+        "--max-connections",
+        dest="gateway_max_connections",
+        type=int,
+        help="refuse more clients (close 4429) (IMROUTE_GATEWAY_MAX_CONNECTIONS)",
+    )
+    p.add_argument("--zone", help="this gateway's zone, for zone_affinity (IMROUTE_ZONE)")
     p.add_argument("--redis-url", help="Redis URL (IMROUTE_REDIS_URL)")
     return p.parse_args(argv)
 

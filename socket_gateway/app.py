@@ -73,6 +73,8 @@ class Gateway:
             _hostport(host, self.grpc_port),
             len(self.conns),
             self._started_ms,
+            max_connections=s.gateway_max_connections,
+            zone=s.zone,
         )
 
     def _advertise_host(self) -> str:
@@ -130,6 +132,7 @@ class Gateway:
             self._writer.register,
             self._writer.unregister,
             metrics=lambda: render(self.metrics).decode(),
+            max_connections=s.gateway_max_connections,
         )
         self._ws_server = await self._ws.serve(s.ws_host, s.ws_port)
         self.ws_port = self._ws_server.sockets[0].getsockname()[1]

@@ -57,6 +57,7 @@ CLOSE_POLICY = 1008
 CLOSE_INTERNAL = 1011
 CLOSE_TRY_AGAIN = 1013
 CLOSE_UNAUTHORIZED = 4401
+CLOSE_FULL = 4429
 # Clients only send pings; anything bigger is junk and gets 1009 from the library.
 MAX_CLIENT_FRAME = 4096
 # The request line and headers of the opening handshake, at most.
@@ -266,6 +267,13 @@ class _WsConn(asyncio.Protocol):
         except AuthError as exc:
             self.close(CLOSE_UNAUTHORIZED, _reason(str(exc)))
         else:
+            if ep.max_connections is not None and len(ep._conns) >= ep.max_connections:
+                # Full: refused before anything is registered; dispatch sends clients
+                # elsewhere once the fleet record shows it.
+                self.close(CLOSE_FULL, f"gateway full ({ep.max_connections} connections)")
+                if rest:
+                    self._receive(ws, rest)
+                return
             conn = ClientConn(uid, ep._conn_ids(), self)
             self._conn = conn
             # Local map first, then Redis: a route never points at a connection this
@@ -450,8 +458,10 @@ class WsEndpoint:
         unregister: Callable[[str, str], Awaitable[None]],
         timers: WsTimers | None = None,
         metrics: Callable[[], str] | None = None,
+        max_connections: int | None = None,
     ) -> None:
         self.timers = timers or WsTimers()
+        self.max_connections = max_connections  # more are refused with close 4429
         self.metrics = metrics  # GET /metrics: Prometheus text, when given
         self._conns = conns
         self._secret = secret

@@ -1,0 +1,168 @@
+"""GET /v1/dispatch against real gateways and Redis, and a full gateway refusing clients."""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack, asynccontextmanager
+from typing import Any
+
+import httpx
+import pytest
+import redis.asyncio as aioredis
+from websockets.asyncio.client import connect
+from websockets.exceptions import ConnectionClosed
+
+from router.fleet import RedisGatewayFleet
+from shared.clock import SystemClock
+from shared.keys import KeySchema
+from shared.models import GatewayInfo
+from socket_gateway.app import Gateway
+from tests.integration.stack import api, client, gateway, token, wait_for
+
+pytestmark = pytest.mark.integration
+
+FOUR = [("gw1", "g1"), ("gw2", "g1"), ("gw3", "g2"), ("gw4", "g2")]
+
+
+@asynccontextmanager
+async def fleet(
+    redis_url: str, prefix: str, gateways: list[tuple[str, str]] = FOUR, **kw: Any
+) -> AsyncIterator[list[Gateway]]:
+    async with AsyncExitStack() as stack:
+        yield [
+            await stack.enter_async_context(gateway(redis_url, prefix, gid, group, **kw))
+            for gid, group in gateways
+        ]
+
+
+async def dispatch(http: httpx.AsyncClient, uid: str, **params: str) -> httpx.Response:
+    return await http.get(
+        "/v1/dispatch", params=params, headers={"Authorization": f"Bearer {token(uid)}"}
+    )
+
+
+async def test_round_robin_spreads_1200_dispatches_within_one(
+    redis_url: str, prefix: str, redis: aioredis.Redis
+) -> None:
+    async with (
+        fleet(redis_url, prefix) as gws,
+        api(redis_url, prefix, dispatch_rule="round_robin") as http,
+    ):
+        counts: collections.Counter[str] = collections.Counter()
+        for i in range(1200):
+            resp = await dispatch(http, f"u{i}")
+            assert resp.status_code == 200, resp.text
+            body = resp.json()
+            counts[body["gateway_id"]] += 1
+        assert set(counts) == {g.settings.gateway_id for g in gws}
+        assert max(counts.values()) - min(counts.values()) <= 1
+        # The answer is where the client can really connect.
+        by_id = {g.settings.gateway_id: g for g in gws}
+        chosen = (await dispatch(http, "alice")).json()
+        assert chosen["ws_url"] == f"ws://127.0.0.1:{by_id[chosen['gateway_id']].ws_port}/ws"
+        assert chosen["group_id"] == by_id[chosen["gateway_id"]].settings.group_id
+        async with connect(f"{chosen['ws_url']}?token={token('alice')}") as ws:
+            await wait_for(
+                lambda: any(c.uid == "alice" for c in by_id[chosen["gateway_id"]].conns),
+                "alice on the dispatched gateway",
+            )
+            await ws.close()
+
+
+async def test_consistent_hash_keeps_each_user_in_one_group(
+    redis_url: str, prefix: str, redis: aioredis.Redis
+) -> None:
+    async with fleet(redis_url, prefix), api(redis_url, prefix) as http:  # the default rule
+        groups: dict[str, set[str]] = collections.defaultdict(set)
+        for _ in range(3):
+            for i in range(200):
+                groups[f"user{i}"].add((await dispatch(http, f"user{i}")).json()["group_id"])
+        assert all(len(g) == 1 for g in groups.values())
+        spread = collections.Counter(next(iter(g)) for g in groups.values())
+        assert set(spread) == {"g1", "g2"} and min(spread.values()) > 60  # both groups used
+
+
+async def test_stale_draining_and_full_gateways_are_never_chosen(
+    redis_url: str, prefix: str, redis: aioredis.Redis
+) -> None:
+    keys, clock = KeySchema(prefix), SystemClock()
+    records = RedisGatewayFleet(redis, keys, clock, ttl_s=30)  # type: ignore[arg-type]
+    now = clock.now_ms()
+
+    def info(gid: str, **kw: Any) -> GatewayInfo:
+        base: dict[str, Any] = {
+            "gateway_id": gid, "group_id": "g9", "ws_url": f"ws://{gid}/ws",
+            "grpc_address": "127.0.0.1:1", "connections": 0, "started_ms": now,
+            "max_connections": 100,
+        }  # fmt: skip
+        base.update(kw)
+        return GatewayInfo(**base)
+
+    await records.announce(info("draining", draining=True))
+    await records.announce(info("full", connections=100))
+    await records.announce(info("stale"))
+    # Its heartbeat lapsed a moment ago: the index says so, though the record remains.
+    await redis.zadd(keys.gateways(), {"stale": now - 1})
+    async with (
+        fleet(redis_url, prefix, [("ok", "g1")]),
+        api(redis_url, prefix, dispatch_rule="round_robin") as http,
+    ):
+        chosen = {(await dispatch(http, f"u{i}")).json()["gateway_id"] for i in range(50)}
+        assert chosen == {"ok"}
+        await redis.delete(keys.gateway("ok"))
+        await redis.zrem(keys.gateways(), "ok")
+        resp = await dispatch(http, "u1")
+        assert resp.status_code == 503
+        assert resp.headers["Retry-After"] == "2"
+        assert "draining or full" in resp.json()["detail"]
+
+
+async def test_placements_count_before_the_next_heartbeat(
+    redis_url: str, prefix: str, redis: aioredis.Redis
+) -> None:
+    # Two gateways that take 3 clients each: the seventh client finds no room, although
+    # no heartbeat has reported a single connection yet.
+    async with (
+        fleet(redis_url, prefix, [("a", "g1"), ("b", "g1")], gateway_max_connections=3),
+        api(redis_url, prefix, dispatch_rule="least_connections", gateway_cache_s=30) as http,
+    ):
+        chosen = [(await dispatch(http, f"u{i}")).json()["gateway_id"] for i in range(6)]
+        assert sorted(chosen) == ["a", "a", "a", "b", "b", "b"]
+        assert (await dispatch(http, "u7")).status_code == 503
+
+
+async def test_dispatch_needs_a_valid_client_token(
+    redis_url: str, prefix: str, redis: aioredis.Redis
+) -> None:
+    async with fleet(redis_url, prefix, [("a", "g1")]), api(redis_url, prefix) as http:
+        assert (await http.get("/v1/dispatch")).status_code == 401
+        resp = await http.get("/v1/dispatch", headers={"Authorization": "Bearer nope"})
+        assert resp.status_code == 401
+        assert resp.json()["error"] == "unauthorized"
+        assert (await dispatch(http, "a", zone="")).status_code == 422
+
+
+async def test_a_bad_dispatch_rule_stops_the_push_service(redis_url: str, prefix: str) -> None:
+    from push_service.app import create_app
+    from shared.errors import ConfigError
+    from tests.integration.stack import settings
+
+    with pytest.raises(ConfigError, match="IMROUTE_DISPATCH_RULE") as info:
+        create_app(settings(redis_url, prefix, dispatch_rule="random"))
+    assert "consistent_hash" in str(info.value)
+
+
+async def test_a_full_gateway_refuses_with_4429_and_keeps_its_clients(
+    redis_url: str, prefix: str, redis: aioredis.Redis
+) -> None:
+    async with gateway(redis_url, prefix, "gw1", "g1", gateway_max_connections=2) as gw:
+        async with client(gw, "a"), client(gw, "b"):
+            async with connect(f"ws://127.0.0.1:{gw.ws_port}/ws?token={token('c')}") as ws:
+                with pytest.raises(ConnectionClosed) as closed:
+                    await ws.recv()
+            assert closed.value.rcvd is not None and closed.value.rcvd.code == 4429
+            assert "gateway full" in closed.value.rcvd.reason
+            assert sorted(c.uid for c in gw.conns) == ["a", "b"]
+            assert await redis.exists(KeySchema(prefix).route("c")) == 0
+            assert gw.info.max_connections == 2
