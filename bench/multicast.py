@@ -184,12 +184,12 @@ class CountingReads:
     async def hgetall(self, keys: Sequence[str]) -> list[Mapping[str, str]]:
         raise BenchError("multicast should read route values only (HVALS), not HGETALL")
 
-    async def hvals(self, keys: Sequence[str]) -> list[list[str]]:
+    async def hvals(self, keys: Sequence[str], prefix: str = "") -> list[list[str]]:
         self.requests += 1
         self.keys += len(keys)
         started = time.perf_counter()
         try:
-            return await self.inner.hvals(keys)
+            return await self.inner.hvals(keys, prefix)
         finally:
             self.seconds += time.perf_counter() - started
 

@@ -34,15 +34,17 @@ __all__ = ["ReplyCollector", "RespBulkReader", "pack_commands"]
 READ_SIZE = 1 << 16
 
 
-def pack_commands(command: str, keys: Sequence[str]) -> bytes:
-    """`command key` for each key, as one RESP request buffer."""
+def pack_commands(command: str, keys: Sequence[str], prefix: str = "") -> bytes:
+    """`command prefix+key` for each key, as one RESP request buffer."""
     head = f"*2\r\n${len(command)}\r\n{command}\r\n"
     # One str built and encoded at once is about twice as fast as per-key bytes, but a
     # bulk length counts bytes, so that only holds when every character is one byte.
-    text = "".join([f"{head}${len(key)}\r\n{key}\r\n" for key in keys])
+    # The prefix goes in here, so no key string is built on its own.
+    n = len(prefix)
+    text = "".join([f"{head}${n + len(key)}\r\n{prefix}{key}\r\n" for key in keys])
     if text.isascii():
         return text.encode()
-    encoded = [key.encode() for key in keys]
+    encoded = [(prefix + key).encode() for key in keys]
     bhead = head.encode()
     return b"".join([b"%s$%d\r\n%s\r\n" % (bhead, len(key), key) for key in encoded])
 
@@ -59,11 +61,11 @@ class RespBulkReader:
         self._pool = client.connection_pool
         self.round_trips = 0
 
-    async def read(self, command: str, keys: Sequence[str]) -> list[Any]:
-        """One reply per key, from one write and one read loop."""
+    async def read(self, command: str, keys: Sequence[str], prefix: str = "") -> list[Any]:
+        """One reply per key (`prefix` + key), from one write and one read loop."""
         if not keys:
             return []
-        payload = pack_commands(command, keys)
+        payload = pack_commands(command, keys, prefix)
         conn: AbstractConnection = await self._pool.get_connection()  # type: ignore[no-untyped-call]
         in_sync = False
         replies: list[Any]

@@ -201,8 +201,7 @@ class RedisRouteRegistry:
                 for group, members in part.by_group.items():
                     merged.by_group.setdefault(group, []).extend(members)
             return merged
-        route_key = self._keys.route
-        values = await self.reads.hvals([route_key(uid) for uid in uids])
+        values = await self.reads.hvals(uids, prefix=self._keys.route(""))
         return RecipientGroups(*group_live_routes(uids, values, self._clock.now_ms()))
 
     async def remove(self, routes: Iterable[Route]) -> None:
@@ -212,6 +211,10 @@ class RedisRouteRegistry:
 
 def chunks(items: Iterable[T], size: int = LOOKUP_CHUNK) -> Iterator[list[T]]:
     """`items` as lists of at most `size`."""
+    if isinstance(items, list):  # a million-uid `to` list: slices, not item by item
+        for start in range(0, len(items), size):
+            yield items[start : start + size]
+        return
     chunk: list[T] = []
     for item in items:
         chunk.append(item)

@@ -27,7 +27,7 @@ __all__ = ["BulkHashReads", "HashReads", "PipelineHashReads", "hash_reads_for"]
 
 class HashReads(Protocol):
     async def hgetall(self, keys: Sequence[str]) -> list[Mapping[str, str]]: ...
-    async def hvals(self, keys: Sequence[str]) -> list[list[str]]: ...
+    async def hvals(self, keys: Sequence[str], prefix: str = "") -> list[list[str]]: ...
 
 
 class PipelineHashReads:
@@ -43,10 +43,10 @@ class PipelineHashReads:
         replies: list[Mapping[str, str]] = await pipe.execute()
         return replies
 
-    async def hvals(self, keys: Sequence[str]) -> list[list[str]]:
+    async def hvals(self, keys: Sequence[str], prefix: str = "") -> list[list[str]]:
         pipe = self._redis.pipeline(transaction=False)
         for key in keys:
-            pipe.hvals(key)
+            pipe.hvals(prefix + key)
         replies: list[list[str]] = await pipe.execute()
         return replies
 
@@ -64,8 +64,9 @@ class BulkHashReads:
             r if isinstance(r, dict) else dict(zip(r[::2], r[1::2], strict=True)) for r in replies
         ]
 
-    async def hvals(self, keys: Sequence[str]) -> list[list[str]]:
-        return await self.reader.read("HVALS", keys)
+    async def hvals(self, keys: Sequence[str], prefix: str = "") -> list[list[str]]:
+        """The values of each hash `prefix` + key."""
+        return await self.reader.read("HVALS", keys, prefix)
 
 
 def hash_reads_for(redis: RedisClient) -> HashReads:

@@ -59,3 +59,11 @@ def test_error_replies_are_collected_in_place() -> None:
 def test_bytes_that_are_not_resp_raise() -> None:
     with pytest.raises(hiredis.ProtocolError):
         ReplyCollector(1).feed(b"HTTP/1.1 400 Bad Request\r\n")
+
+
+@pytest.mark.parametrize("keys", [["u1", "u22"], ["zoë", "李"], []])
+def test_a_prefix_is_packed_as_part_of_each_key(keys: list[str]) -> None:
+    prefix = "imroute:route:"
+    assert pack_commands("HVALS", keys, prefix) == pack_commands(
+        "HVALS", [prefix + k for k in keys]
+    )
