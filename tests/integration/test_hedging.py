@@ -267,3 +267,35 @@ async def test_a_hedged_duplicate_reaches_a_client_once(
             assert 'imroute_bus_publish_attempts_total{kind="original",topic="broadcast"} 2.0' in (
                 push_metrics.text
             )
+
+
+async def test_redis_streams_publishes_are_hedged_too(
+    redis_url: str, prefix: str, redis: aioredis.Redis
+) -> None:
+    # CLIENT PAUSE holds every write on the server: the original XADD waits, a hedge
+    # follows after the delay on another connection, and when the pause ends both land.
+    # The first answer wins; the loser's XADD was already queued on the server: the
+    # duplicate entry the gateways drop by batch id.
+    from prometheus_client import CollectorRegistry
+
+    from router.bus import RedisStreamsBus
+    from router.bus.redis_streams import stream_key
+
+    registry = CollectorRegistry()
+    async with RedisStreamsBus(
+        redis_url,
+        prefix,
+        hedging=HedgingSettings(0.1, 50, 0.2),
+        observer=PublishMetrics(registry),
+    ) as bus:
+        for _ in range(5):  # one token
+            await bus.publish(BROADCAST, b"warm-up")
+        await redis.execute_command("CLIENT", "PAUSE", "400", "WRITE")
+        started = time.monotonic()
+        await bus.publish(BROADCAST, b"paused", {"batch_id": "b-paused"})
+        assert time.monotonic() - started >= 0.3
+    entries = await redis.xrange(stream_key(prefix, BROADCAST))
+    paused = [fields for _, fields in entries if fields.get("data") == "paused"]
+    assert len(paused) == 2  # the original and its hedge both landed
+    assert all(f["attr:batch_id"] == "b-paused" for f in paused)
+    assert registry.get_sample_value("imroute_bus_hedges_sent_total", {"topic": BROADCAST}) == 1
