@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Query
@@ -19,8 +20,6 @@ router = APIRouter()
 
 _bearer = HTTPBearer(auto_error=False)
 
-# The fleet is re-read every IMROUTE_GATEWAY_CACHE_S; a client may try again after that.
-RETRY_AFTER_S = "2"
 
 
 @router.get("/v1/dispatch", response_model=DispatchOut)
@@ -46,7 +45,8 @@ async def dispatch(
         return JSONResponse(
             {"error": "unavailable", "detail": exc.reason},
             status_code=503,
-            headers={"Retry-After": RETRY_AFTER_S},
+            # The fleet is read again after IMROUTE_GATEWAY_CACHE_S: try after that.
+            headers={"Retry-After": str(max(1, math.ceil(svc.settings.gateway_cache_s)))},
         )
     return JSONResponse(
         {"ws_url": chosen.ws_url, "gateway_id": chosen.gateway_id, "group_id": chosen.group_id}

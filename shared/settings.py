@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Any, Self
 from urllib.parse import urlsplit
@@ -102,7 +103,7 @@ class Settings(BaseSettings):
             return value
         if isinstance(value, int) and not isinstance(value, bool):
             return str(value)
-        if isinstance(value, str) and value.strip().isdigit():
+        if isinstance(value, str) and re.fullmatch(r"[0-9]{1,9}", value.strip()):
             return value.strip()
         raise ValueError("must be a whole number of milliseconds, or auto")
 

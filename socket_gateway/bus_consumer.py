@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from contextlib import aclosing
 
 from google.protobuf.message import DecodeError
 
@@ -33,19 +34,21 @@ async def consume(bus: Bus, gateway_id: str, group_id: str, service: DeliverServ
     topics = gateway_topics(group_id)
     while True:
         try:
-            async for received in bus.subscribe(topics, gateway_id):
-                try:
-                    batch = gateway_pb2.Batch.FromString(received.data)
-                except DecodeError:
-                    # Redelivering a message nobody can read would only repeat this.
-                    log.error(
-                        "dropping an undecodable batch %s on %s",
-                        received.message_id,
-                        received.topic,
-                    )
-                else:
-                    service.deliver(batch)  # writes, or drops a duplicate or expired batch
-                await received.ack()
+            # aclosing: a failed subscription stops its streams now, not at GC.
+            async with aclosing(bus.subscribe(topics, gateway_id)) as messages:
+                async for received in messages:
+                    try:
+                        batch = gateway_pb2.Batch.FromString(received.data)
+                    except DecodeError:
+                        # Redelivering a message nobody can read would only repeat this.
+                        log.error(
+                            "dropping an undecodable batch %s on %s",
+                            received.message_id,
+                            received.topic,
+                        )
+                    else:
+                        service.deliver(batch)  # writes, or drops a duplicate or expired batch
+                    await received.ack()
             return
         except BusUnavailable as exc:
             log.warning("bus subscription failed, retrying in %.0fs: %s", RETRY_S, exc)

@@ -9,9 +9,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-__all__ = ["CONTENT_TYPE", "GatewayMetrics", "render"]
-
-CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+__all__ = ["GatewayMetrics", "render"]
 
 
 class DeliveryCounts(Protocol):

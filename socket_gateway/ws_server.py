@@ -271,18 +271,21 @@ class _WsConn(asyncio.Protocol):
                 # Full: refused before anything is registered; dispatch sends clients
                 # elsewhere once the fleet record shows it.
                 self.close(CLOSE_FULL, f"gateway full ({ep.max_connections} connections)")
-                if rest:
-                    self._receive(ws, rest)
-                return
-            conn = ClientConn(uid, ep._conn_ids(), self)
-            self._conn = conn
-            # Local map first, then Redis: a route never points at a connection this
-            # gateway would report missing.
-            ep._conns.add(conn)
-            self._registering = True
-            ep._spawn(self._register_route(conn))
+            else:
+                self._accept(uid)
         if rest:
             self._receive(ws, rest)
+
+    def _accept(self, uid: str) -> None:
+        """An authenticated client: into the local map, then its route into Redis."""
+        ep = self._ep
+        conn = ClientConn(uid, ep._conn_ids(), self)
+        self._conn = conn
+        # Local map first, then Redis: a route never points at a connection this
+        # gateway would report missing.
+        ep._conns.add(conn)
+        self._registering = True
+        ep._spawn(self._register_route(conn))
 
     def _send_handshake(self, hs: ServerProtocol) -> None:
         """Write a refused handshake's response (and EOF), then wait for the client to go."""

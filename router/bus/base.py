@@ -18,7 +18,14 @@ Delivery is at least once, per subscriber:
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping, Sequence
+from collections.abc import (
+    AsyncGenerator,
+    Awaitable,
+    Callable,
+    Coroutine,
+    Mapping,
+    Sequence,
+)
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, Protocol, Self, TypeVar
@@ -79,7 +86,9 @@ class Bus(Protocol):
 
     async def prepare(self, topics: Sequence[str], subscriber: str) -> None: ...
 
-    def subscribe(self, topics: Sequence[str], subscriber: str) -> AsyncIterator[Received]: ...
+    def subscribe(
+        self, topics: Sequence[str], subscriber: str
+    ) -> AsyncGenerator[Received, None]: ...
 
     async def close(self) -> None: ...
 

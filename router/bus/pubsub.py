@@ -29,11 +29,19 @@ import functools
 import logging
 import os
 import random
-from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from collections.abc import (
+    AsyncGenerator,
+    Awaitable,
+    Callable,
+    Iterator,
+    Mapping,
+    Sequence,
+)
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Self
 
+import grpc.aio
 from google.api_core import exceptions as gexc
 from google.api_core.retry import AsyncRetry, if_exception_type
 from google.protobuf import duration_pb2
@@ -149,10 +157,17 @@ class PubSubClients:
         )
 
     async def close(self) -> None:
-        # The transports' close() is not annotated in google-cloud-pubsub.
-        await self.publisher.transport.close()  # type: ignore[no-untyped-call]
-        await self.subscriber.transport.close()  # type: ignore[no-untyped-call]
-        await asyncio.to_thread(self.streaming.close)
+        """Close all three, even when one of them fails to."""
+        closes: tuple[Callable[[], Awaitable[Any]], ...] = (
+            self.publisher.transport.close,
+            self.subscriber.transport.close,
+            lambda: asyncio.to_thread(self.streaming.close),
+        )
+        for close in closes:
+            try:
+                await close()
+            except Exception as exc:  # the others must still close
+                log.warning("closing a Pub/Sub client failed: %r", exc)
 
 
 class PubSubBus(BusLifecycle):
@@ -204,6 +219,11 @@ class PubSubBus(BusLifecycle):
         self._streams: set[_Stream] = set()
         super().__init__()
 
+    async def __aenter__(self) -> Self:
+        """Build the clients now, so missing credentials stop a service at start-up."""
+        await self._connect()
+        return self
+
     # --- the Bus protocol -----------------------------------------------------------
 
     async def publish(
@@ -225,6 +245,7 @@ class PubSubBus(BusLifecycle):
     ) -> str:
         """One attempt, original or hedge: one Publish RPC, never retried by the library
         (the Hedger retries the original), with the telemetry Google's clients send."""
+        self._check_open()  # a retry or hedge due after close() must not use its channel
         metadata = [(TELEMETRY_HEADER, telemetry_header(ctx))]
         try:
             reply = await clients.publisher.publish(
@@ -249,7 +270,7 @@ class PubSubBus(BusLifecycle):
             for topic in checked:
                 await self._create_subscription(clients, topic, subscriber)
 
-    def subscribe(self, topics: Sequence[str], subscriber: str) -> AsyncIterator[Received]:
+    def subscribe(self, topics: Sequence[str], subscriber: str) -> AsyncGenerator[Received, None]:
         """The subscriber's messages, until the bus closes or the caller stops iterating."""
         checked = validate_subscription(topics, subscriber)
         return self._consume(checked, subscriber)
@@ -301,14 +322,16 @@ class PubSubBus(BusLifecycle):
             await clients.subscriber.create_subscription(request=request, retry=self._admin_retry)
         return path
 
-    async def _consume(self, topics: tuple[str, ...], subscriber: str) -> AsyncIterator[Received]:
+    async def _consume(
+        self, topics: tuple[str, ...], subscriber: str
+    ) -> AsyncGenerator[Received, None]:
         backoff = delay = BACKOFF_MIN_S
         while not self._closed:
             stream = _Stream(self, topics, subscriber)
             self._streams.add(stream)
             try:
-                if await self._until_closed(stream.start()) is None:
-                    return
+                if not await self._until_closed(stream.start()):
+                    return  # the bus closed meanwhile
                 while True:
                     item = await self._until_closed(stream.queue.get())
                     if item is None:
@@ -364,6 +387,8 @@ class _Stream:
                 topic: await self._bus._create_subscription(clients, topic, self._subscriber)
                 for topic in self._topics
             }
+        if self._stopping is not None or self._bus._closed:
+            return False  # stopped (the bus closed) while the subscriptions were made
         self._live = True
         for topic, path in paths.items():
             # The callback only hands the message to the loop: two threads are plenty.
@@ -471,5 +496,7 @@ def _translated(what: str) -> Iterator[None]:
         yield
     except gexc.RetryError as exc:
         raise BusUnavailable(f"pubsub {what}: gave up retrying: {exc.cause}") from exc
+    except grpc.aio.UsageError as exc:  # e.g. a call on a channel close() closed
+        raise BusUnavailable(f"pubsub {what}: {exc}") from exc
     except gexc.GoogleAPICallError as exc:
         raise BusUnavailable(f"pubsub {what}: {exc.code} {exc.message}") from exc

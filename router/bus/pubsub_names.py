@@ -4,10 +4,11 @@ Pub/Sub topic and subscription ids are 3-255 characters of letters, digits and
 `-_.~+%`, start with a letter, and never start with `goog`. imroute's names map onto
 them injectively:
 
-- the namespace is the key prefix without its trailing `:`s, percent-encoded except
+- the namespace is the key prefix without one trailing `:`, percent-encoded except
   for letters, digits and `-_.` (so `imroute:` becomes `imroute`, and a test prefix
-  `imroute-test:ab12:` becomes `imroute-test%3Aab12`); one that would not start with a
-  letter, or would start with `goog`, gets `im-` in front;
+  `imroute-test:ab12:` becomes `imroute-test%3Aab12`); a prefix without a trailing `:`
+  gets a lone `%` at the end instead; one that would not start with a letter, or would
+  start with `goog`, gets `x%%` in front (neither ever comes out of the encoding);
 - a topic is `<namespace>~<topic>`: `imroute~broadcast`, `imroute~group.g1`;
 - a gateway's subscription to it is `<namespace>~<topic>~<gateway id>`.
 
@@ -59,9 +60,14 @@ def parse_project(url: str) -> str:
 
 def namespace(prefix: str) -> str:
     """The part of every Pub/Sub id that keeps one imroute stack apart from another."""
-    ns = quote(prefix.rstrip(":") or "imroute", safe="-_.")
-    if not ns[0].isascii() or not ns[0].isalpha() or ns.lower().startswith("goog"):
-        ns = "im-" + ns
+    # One trailing ':' (the usual "imroute:") is dropped; a prefix without one gets a
+    # lone '%' instead, which percent-encoding never produces, so both stay distinct.
+    if prefix.endswith(":"):
+        ns = quote(prefix.removesuffix(":"), safe="-_.")
+    else:
+        ns = quote(prefix, safe="-_.") + "%"
+    if not ns[:1].isascii() or not ns[:1].isalpha() or ns.lower().startswith("goog"):
+        ns = "x%%" + ns  # '%%' never occurs in percent-encoded text either
     return ns
 
 

@@ -15,7 +15,7 @@ import asyncio
 import functools
 import logging
 import random
-from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
@@ -156,7 +156,7 @@ class RedisStreamsBus(BusLifecycle):
             self._check_open()
             await self._create_groups(keys, subscriber)
 
-    def subscribe(self, topics: Sequence[str], subscriber: str) -> AsyncIterator[Received]:
+    def subscribe(self, topics: Sequence[str], subscriber: str) -> AsyncGenerator[Received, None]:
         """The subscriber's messages, until the bus closes or the caller stops iterating."""
         # A plain function around the generator, so bad arguments raise at the call.
         checked = validate_subscription(topics, subscriber)
@@ -169,7 +169,9 @@ class RedisStreamsBus(BusLifecycle):
         with _translated():
             await self._redis.aclose()
 
-    async def _consume(self, topics: tuple[str, ...], subscriber: str) -> AsyncIterator[Received]:
+    async def _consume(
+        self, topics: tuple[str, ...], subscriber: str
+    ) -> AsyncGenerator[Received, None]:
         reader = _Reader(self, topics, subscriber, self._consumer or subscriber)
         backoff = BACKOFF_MIN_S
         while not self._closed:

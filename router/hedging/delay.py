@@ -1,5 +1,9 @@
 """The hedge delay: fixed, or "auto", a rolling p95 of recent attempt latencies (pure).
 
+An attempt counts when it succeeded, or when it lost to another and was cancelled
+(then for as long as it was out); failed attempts do not, so fast errors cannot pull
+the delay down while the service fails.
+
 Dean and Barroso ("The Tail at Scale", 2013) hedge after the 95th-percentile expected
 latency, which keeps the extra load near 5 %. Until `min_samples` publishes have been
 seen, the automatic delay is Google's default of 1 s. It is always clamped to the

@@ -28,6 +28,7 @@ from router.hedging.delay import HedgeDelay
 from router.hedging.settings import HedgingSettings, RetrySettings, check_compatible
 from router.hedging.tokens import TokenBucket
 from shared.clock import AsyncClock, Cancellable
+from shared.errors import BusUnavailable
 
 __all__ = ["Attempt", "AttemptContext", "HedgeObserver", "Hedger", "NullObserver"]
 
@@ -150,6 +151,7 @@ class _Publish(Generic[T]):
         self.due = 0.0
         self.hedges = 0
         self.original_error: BaseException | None = None
+        self.cancelling = False
         self.bucket = hedger.bucket(topic)
         self.delay = hedger.delay(topic)
 
@@ -168,9 +170,14 @@ class _Publish(Generic[T]):
 
     def _on_attempt_done(self, task: asyncio.Task[T]) -> None:
         n = self.attempts.pop(task)
-        if self.finished.done() or task.cancelled():
+        if self.finished.done() or self.cancelling:
             return
-        error = task.exception()
+        if task.cancelled():
+            # Not by us: something else ended it (grpc.aio cancels the calls of a
+            # channel that closes). It failed, and the publish must not wait for it.
+            error: BaseException = BusUnavailable("a publish attempt was cancelled")
+        else:
+            error = task.exception()  # type: ignore[assignment]
         if error is None:
             self.finished.set_result(self._won(task.result(), n))
             return
@@ -213,13 +220,16 @@ class _Publish(Generic[T]):
         self._arm()
 
     async def _cancel_the_rest(self) -> None:
+        self.cancelling = True
         self._disarm()
         leftovers = list(self.attempts)
-        for task in leftovers:
-            task.cancel()
+        cancelled = sum(task.cancel() for task in leftovers)
         if leftovers:
             await asyncio.gather(*leftovers, return_exceptions=True)
-            self.h._observer.cancelled(self.topic, len(leftovers))
+        won = self.finished.done() and not self.finished.cancelled()
+        if won and self.finished.exception() is None and cancelled:
+            # Losers only: attempts another one beat, not those of a cancelled publish.
+            self.h._observer.cancelled(self.topic, cancelled)
 
     def _may_hedge(self) -> bool:
         bucket = self.bucket
@@ -246,13 +256,21 @@ class _Publish(Generic[T]):
         return self.deadline - self.clock.monotonic()
 
     async def _call(self, n: int, timeout_s: float) -> T:
-        """One RPC attempt; `auto` learns from how long each one was out, whatever its
-        end (a success, an error, or cancelled as a loser: then at least that long)."""
+        """One RPC attempt; `auto` learns how long it was out when it succeeded, or
+        when it was cancelled as a loser (then at least that long)."""
         started = self.clock.monotonic()
+        learn = False
         try:
-            return await self.attempt(AttemptContext(n, timeout_s, self.start_wall_ms))
+            result = await self.attempt(AttemptContext(n, timeout_s, self.start_wall_ms))
+            learn = True
+            return result
+        except asyncio.CancelledError:
+            learn = True  # a loser: it was out at least this long
+            raise
         finally:
-            if self.delay is not None:
+            # Failures are left out: fast errors would pull the p95 (and the delay) down
+            # just when the service is failing.
+            if learn and self.delay is not None:
                 self.delay.record(self.clock.monotonic() - started)
 
     async def _hedge(self, n: int) -> T:

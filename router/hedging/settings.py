@@ -23,7 +23,7 @@ RATIO_MIN, RATIO_MAX = 0.001, 0.2
 class HedgingSettings:
     """Publish hedging; a publisher hedges only when it is given these.
 
-    `hedge_delay` is seconds, or "auto": a rolling p95 of recent publish latencies,
+    `hedge_delay` is seconds, or "auto": a rolling p95 of recent attempt latencies,
     clamped to the allowed range (and below the retry timeouts).
     """
 

@@ -194,11 +194,14 @@ async def test_cancelling_a_subscriber_leaves_the_bus_usable(
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await asyncio.wait_for(task, 1.0)
+    transport = request.node.callspec.params["new_bus"]
+    if transport == "redis-streams":  # published while nobody reads: owed all the same
+        await bus.publish(BROADCAST, b"still works")
     async with aclosing(bus.subscribe([BROADCAST], "gw1")) as messages:
         first = asyncio.create_task(anext(messages))
-        await asyncio.sleep(0.5)  # subscribed again before publishing: see REDELIVERY_S
-        await bus.publish(BROADCAST, b"still works")
-        transport = request.node.callspec.params["new_bus"]
+        if transport != "redis-streams":
+            await asyncio.sleep(0.5)  # subscribed again before publishing: see REDELIVERY_S
+            await bus.publish(BROADCAST, b"still works")
         got = await asyncio.wait_for(first, REDELIVERY_S[transport])
         assert got.data == b"still works"
 

@@ -17,9 +17,10 @@ from router.bus import BROADCAST
 from router.bus.pubsub import PubSubBus
 from router.hedging import HedgingSettings, RetrySettings
 from router.hedging.metrics import PublishMetrics
+from shared.clock import SystemClock
 from shared.errors import BusUnavailable, ConfigError
-from tests.integration.stack import AUTH, api, gateway, settings
-from tests.integration.test_group_push import connect_all, finished, frames
+from tests.integration.stack import api, gateway, settings
+from tests.integration.test_group_push import connect_all, frames
 from tests.latency_publisher import Behaviour, Call, LatencyPublisher
 
 pytestmark = pytest.mark.integration
@@ -230,43 +231,44 @@ def test_a_hedge_delay_that_is_not_a_number_is_refused(redis_url: str, prefix: s
 async def test_a_hedged_duplicate_reaches_a_client_once(
     redis_url: str, prefix: str, redis: aioredis.Redis
 ) -> None:
-    # Both attempts of a hedged publish may land (cancelling the loser is best
-    # effort): the gateway drops the second copy by its batch id.
+    # The push service's own hedged bus (Redis Streams), a real gateway and client.
+    # CLIENT PAUSE holds the original XADD past the hedge delay, so a hedge follows;
+    # when the pause ends both entries land, and the gateway drops the second by its
+    # batch id.
+    from contextlib import AsyncExitStack
+
+    from router.bus.redis_streams import stream_key
+    from router.p2p import to_batch
+    from shared.models import Message
+    from shared.proto import gateway_pb2
+
+    def batch(n: int, uids: list[str]) -> bytes:
+        message = Message(f"m{n}", f"p{n}", 0, "admin", b'"hedged"', SystemClock().now_ms())
+        b = to_batch(message, uids, f"batch-{n}")
+        b.mode = gateway_pb2.MODE_MULTICAST
+        return b.SerializeToString()
+
     async with (
         gateway(redis_url, prefix, "gw1", "g1") as gw,
-        api(redis_url, prefix, hedge_delay_ms="100") as http,
+        api(redis_url, prefix, hedge_delay_ms="100", hedge_refill_ratio=0.2) as http,
+        AsyncExitStack() as stack,
     ):
-        from contextlib import AsyncExitStack
-
-        async with AsyncExitStack() as stack:
-            sockets = await connect_all(stack, [gw], ["alice"])
-            app_bus = http._transport.app.state.services.bus  # type: ignore[attr-defined]
-            sent: list[tuple[str, bytes, dict[str, str]]] = []
-            publish = app_bus.publish
-
-            async def twice(topic: str, data: bytes, attrs: dict[str, str] | None = None) -> str:
-                sent.append((topic, data, dict(attrs or {})))
-                await publish(topic, data, attrs)
-                return await publish(topic, data, attrs)  # the hedge that also landed
-
-            app_bus.publish = twice
-            resp = await http.post(
-                "/v1/broadcast", json={"content": "once", "audience": {"online": True}},
-                headers=AUTH,
-            )  # fmt: skip
-            await finished(http, resp.json()["push_id"])
-            got = await frames(sockets)
-            assert [f["content"] for f in got["alice"]] == ["once"]
-            assert len(sent) == 1
-            assert (gw.deliver_service.batches, gw.deliver_service.duplicates) == (2, 1)
-            async with httpx.AsyncClient() as client:
-                scrape = await client.get(f"http://127.0.0.1:{gw.ws_port}/metrics")
-            assert scrape.status_code == 200
-            assert "imroute_gateway_duplicate_batches_total 1.0" in scrape.text
-            push_metrics = await http.get("/metrics")
-            assert 'imroute_bus_publish_attempts_total{kind="original",topic="broadcast"} 2.0' in (
-                push_metrics.text
-            )
+        sockets = await connect_all(stack, [gw], ["alice"])
+        bus = http._transport.app.state.services.bus  # type: ignore[attr-defined]
+        for n in range(5):  # five successes: one token
+            await bus.publish(BROADCAST, batch(n, ["nobody"]))
+        await redis.execute_command("CLIENT", "PAUSE", "400", "WRITE")
+        await bus.publish(BROADCAST, batch(99, ["alice"]), {"batch_id": "batch-99"})
+        assert await redis.xlen(stream_key(prefix, BROADCAST)) == 5 + 2  # both landed
+        got = await frames(sockets)
+        assert [f["msg_id"] for f in got["alice"]] == ["m99"]
+        await wait_until(lambda: gw.deliver_service.duplicates == 1)
+        async with httpx.AsyncClient() as client:
+            scrape = await client.get(f"http://127.0.0.1:{gw.ws_port}/metrics")
+        assert scrape.status_code == 200
+        assert "imroute_gateway_duplicate_batches_total 1.0" in scrape.text
+        push_metrics = (await http.get("/metrics")).text
+        assert 'imroute_bus_hedges_sent_total{topic="broadcast"} 1.0' in push_metrics
 
 
 async def test_redis_streams_publishes_are_hedged_too(

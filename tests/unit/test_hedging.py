@@ -20,6 +20,7 @@ from router.hedging import (
     TokenBucket,
 )
 from shared.clock import ManualClock
+from shared.errors import BusUnavailable
 
 
 class Retryable(Exception):
@@ -544,3 +545,31 @@ async def test_no_timer_is_left_once_no_hedge_fits_in_the_total_timeout(
     assert clock._timers == []
     calls.answer(0, "ok")
     assert await publish == "ok"
+
+
+async def test_an_attempt_cancelled_by_something_else_fails_the_publish(
+    clock: ManualClock,
+) -> None:
+    # grpc.aio cancels the calls of a channel that closes: the publish must end, not
+    # wait for an answer that will never come.
+    async def cancelled_from_outside(ctx: AttemptContext) -> str:
+        raise asyncio.CancelledError
+
+    h = Hedger(HedgingSettings(), RetrySettings(), clock, lambda e: False)
+    with pytest.raises(BusUnavailable, match="cancelled"):
+        await asyncio.wait_for(h.run("t", cancelled_from_outside), 1)
+
+
+async def test_cancelled_losers_are_counted_but_not_a_cancelled_publish(
+    clock: ManualClock,
+) -> None:
+    rec = Recorder()
+    h, calls = hedger(clock, tokens=5, observer=rec), Calls()
+    publish = asyncio.ensure_future(h.run("t", calls))
+    await settle()
+    clock.advance(1.0)
+    await settle()
+    publish.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await publish
+    assert rec.n_cancelled == 0  # the caller gave up: nobody won

@@ -38,7 +38,10 @@ def test_distinct_names_never_share_an_id() -> None:
     pairs = [("group.a", "b.c"), ("group.a.b", "c"), ("broadcast", "x"), ("group.x", "x")]
     ids = {subscription_id("imroute:", t, s) for t, s in pairs}
     assert len(ids) == len(pairs)
-    prefixes = ["a:", "a%3A:", "a~:", "a+:", "b:"]
+    prefixes = [
+        "a:", "a%3A:", "a~:", "a+:", "b:", "a", "a::", "1abc:", "x%%1abc:", "im-1abc:",
+        "imroute:", ":", "", "goog:", "x%%goog:",
+    ]  # fmt: skip
     spaces = {namespace(p) for p in prefixes}
     assert len(spaces) == len(prefixes)
     for p, q in itertools.combinations(prefixes, 2):
