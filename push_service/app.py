@@ -26,7 +26,13 @@ from push_service.schemas import (
     RouteOut,
     UserRouteOut,
 )
-from router.balancing import Availability, rule_for
+from router.balancing import (
+    Availability,
+    RetryPolicy,
+    StatsRegistry,
+    StatsSettings,
+    rule_for,
+)
 from router.bus.factory import bus_from_settings, hedging_from_settings
 from router.coalescer import CoalescingGatewayClient
 from router.directory.sql import SqlUserDirectory
@@ -39,6 +45,7 @@ from router.jobs import RedisJobStore
 from router.p2p import P2PPusher
 from router.redis_client import create_redis, ping
 from router.registry import RedisRouteRegistry
+from router.resilient_client import ResilientGatewayClient
 from shared.clock import Clock, SystemClock
 from shared.errors import (
     AuthError,
@@ -86,7 +93,19 @@ def create_app(settings: Settings, clock: Clock | None = None) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         async with AsyncExitStack() as stack:
             redis = await stack.enter_async_context(contextlib.aclosing(redis_client))
-            clients = CoalescingGatewayClient(GrpcGatewayClients())
+            # One view of each gateway's health for P2P calls and for dispatch.
+            stats = StatsRegistry(
+                clock,
+                StatsSettings(
+                    failure_threshold=settings.circuit_failures,
+                    cool_off_s=settings.circuit_cool_off_s,
+                ),
+            )
+            clients = ResilientGatewayClient(
+                CoalescingGatewayClient(GrpcGatewayClients()),
+                stats,
+                RetryPolicy(max_retries_same=settings.deliver_retries, max_retries_next=0),
+            )
             stack.push_async_callback(clients.close)
             registry = RedisRouteRegistry(redis, keys, clock)
             # The fleet's TTL is the gateways' to set; readers only read.
@@ -113,7 +132,7 @@ def create_app(settings: Settings, clock: Clock | None = None) -> FastAPI:
                 directory=directory,
                 jobs=jobs,
                 runner=runner,
-                dispatcher=Dispatcher(fleet, clock, settings.dispatch_rule),
+                dispatcher=Dispatcher(fleet, clock, settings.dispatch_rule, stats),
             )
             yield
 

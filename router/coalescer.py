@@ -101,7 +101,9 @@ class CoalescingGatewayClient:
                 continue
             if item.deadline <= now:
                 item.future.set_exception(
-                    GatewayUnavailable(lane.gateway_id, "DEADLINE_EXCEEDED: queued too long")
+                    GatewayUnavailable(
+                        lane.gateway_id, "DEADLINE_EXCEEDED: queued too long", "DEADLINE_EXCEEDED"
+                    )
                 )
                 continue
             items.append(item)

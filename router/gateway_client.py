@@ -25,6 +25,12 @@ DELIVER_MANY_METHOD = "/imroute.v1.Gateway/DeliverMany"
 
 _CHANNEL_OPTIONS = [
     ("grpc.keepalive_time_ms", 30_000),
+    # gRPC's own reconnect backoff grows to 120 s by default: a gateway that restarts
+    # at the same address would stay unreachable long after the circuit breaker (which
+    # does the backing off here) lets a probe through. Cap it at 1 s.
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 1_000),
     ("grpc.max_send_message_length", 16 << 20),
     ("grpc.max_receive_message_length", 16 << 20),
 ]
@@ -117,5 +123,6 @@ class GrpcGatewayClients:
 def _translate(gateway_id: str, exc: Exception) -> GatewayUnavailable:
     """Every grpc failure (and a bad address) as our error, naming the status code."""
     if isinstance(exc, grpc.aio.AioRpcError):
-        return GatewayUnavailable(gateway_id, f"{exc.code().name}: {exc.details()}")
+        code = exc.code().name
+        return GatewayUnavailable(gateway_id, f"{code}: {exc.details()}", code)
     return GatewayUnavailable(gateway_id, f"{type(exc).__name__}: {exc}")

@@ -47,10 +47,11 @@ class RegistryUnavailable(ImrouteError):
 class GatewayUnavailable(ImrouteError):
     """A gateway could not be reached or failed a call."""
 
-    def __init__(self, gateway_id: str, reason: str) -> None:
+    def __init__(self, gateway_id: str, reason: str, code: str | None = None) -> None:
         super().__init__(f"gateway {gateway_id}: {reason}")
         self.gateway_id = gateway_id
         self.reason = reason
+        self.code = code  # the gRPC status code's name, when a call failed with one
 
 
 class BusUnavailable(ImrouteError):

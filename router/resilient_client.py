@@ -1,0 +1,75 @@
+"""P2P deliveries with per-gateway stats, circuit breaking and retries on the same gateway.
+
+A P2P call must reach the gateway the user is connected to, so a failed call is retried
+there (never on "the next server"), up to `max_retries_same` times with jittered backoff,
+and only on a transport error (UNAVAILABLE: the call never reached the gateway or the
+connection broke). A retry resends the same batch, whose batch id the gateway drops if
+it already delivered it, so a retry after a lost answer does not deliver twice.
+
+After `failure_threshold` consecutive failures a gateway's circuit opens: calls to it
+fail at once for the cool-off, then one probe call decides whether it closes again. The
+same StatsRegistry tells dispatch to skip the gateway meanwhile.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+
+from router.balancing import RetryPolicy, StatsRegistry
+from router.gateway_client import GatewayClient
+from shared.errors import GatewayUnavailable
+from shared.proto import gateway_pb2
+
+__all__ = ["TRANSPORT_CODES", "ResilientGatewayClient"]
+
+# Worth a retry on the same gateway: the call did not get through. DEADLINE_EXCEEDED is
+# not: the push's time is spent. Both count against the circuit.
+TRANSPORT_CODES = frozenset({"UNAVAILABLE"})
+
+
+class ResilientGatewayClient:
+    """A GatewayClient wrapper: circuit breaker, stats and same-gateway retries."""
+
+    def __init__(
+        self,
+        inner: GatewayClient,
+        stats: StatsRegistry,
+        policy: RetryPolicy,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    ) -> None:
+        self._inner = inner
+        self.stats = stats
+        self._policy = policy
+        self._sleep = sleep
+
+    async def deliver(
+        self, gateway_id: str, address: str, batch: gateway_pb2.Batch, timeout_s: float
+    ) -> gateway_pb2.DeliverReply:
+        retry = 0
+        while True:
+            ticket = self.stats.on_start(gateway_id)
+            if ticket is None:
+                raise GatewayUnavailable(
+                    gateway_id,
+                    "circuit open: failing fast after repeated failures; "
+                    "it is tried again after its cool-off",
+                    "CIRCUIT_OPEN",
+                )
+            try:
+                reply = await self._inner.deliver(gateway_id, address, batch, timeout_s)
+            except GatewayUnavailable as exc:
+                self.stats.on_failure(ticket)
+                if exc.code not in TRANSPORT_CODES or retry >= self._policy.max_retries_same:
+                    raise
+            except BaseException:
+                self.stats.on_release(ticket)  # cancelled, or not the gateway's fault
+                raise
+            else:
+                self.stats.on_success(ticket)
+                return reply
+            retry += 1
+            await self._sleep(self._policy.backoff(retry))
+
+    async def close(self) -> None:
+        await self._inner.close()
