@@ -5,21 +5,22 @@ from __future__ import annotations
 import math
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, Query
+from fastapi import APIRouter, Depends, Path, Query
 from fastapi.responses import JSONResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
-from push_service.deps import Svc
+from push_service.deps import Key, Svc
 from push_service.schemas import DispatchOut
 from router.balancing import NoEligibleGateway
+from router.redis_client import RedisClient, translate_errors
 from shared.auth import verify_token
+from shared.keys import KeySchema
 
 __all__ = ["router"]
 
 router = APIRouter()
 
 _bearer = HTTPBearer(auto_error=False)
-
 
 
 @router.get("/v1/dispatch", response_model=DispatchOut)
@@ -52,3 +53,27 @@ async def dispatch(
         {"ws_url": chosen.ws_url, "gateway_id": chosen.gateway_id, "group_id": chosen.group_id}
     )
 
+
+# How long a drain request waits for its gateway's next heartbeat to see it.
+DRAIN_REQUEST_TTL_S = 60
+
+
+@router.post("/v1/gateways/{gateway_id}/drain", dependencies=[Key], status_code=202)
+async def drain(
+    gateway_id: Annotated[str, Path(min_length=1, max_length=64)], svc: Svc
+) -> JSONResponse:
+    """Ask a live gateway to drain: it stops taking clients, tells each to reconnect
+    elsewhere and closes them (4503) over IMROUTE_DRAIN_WINDOW_S; dispatch stops
+    choosing it at once. The gateway sees the request at its next heartbeat."""
+    svc.fleet.invalidate()
+    if all(g.gateway_id != gateway_id for g in await svc.fleet.live()):
+        return JSONResponse(
+            {"error": "not_found", "detail": f"no live gateway {gateway_id!r}"}, status_code=404
+        )
+    await _request_drain(svc.redis, KeySchema(svc.settings.redis_prefix).drain(gateway_id))
+    return JSONResponse({"gateway_id": gateway_id, "draining": True}, status_code=202)
+
+
+@translate_errors  # Redis down: RegistryUnavailable, a 503
+async def _request_drain(redis: RedisClient, key: str) -> None:
+    await redis.set(key, "1", ex=DRAIN_REQUEST_TTL_S)

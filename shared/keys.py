@@ -63,6 +63,10 @@ class KeySchema:
     def gateways(self) -> str:
         return f"{self.prefix}gateways"
 
+    def drain(self, gateway_id: str) -> str:
+        """Set (with a TTL) to ask a gateway to drain; it checks at every heartbeat."""
+        return f"{self.prefix}drain:{gateway_id}"
+
     def bus_stream(self, topic: str) -> str:
         return f"{self.prefix}bus:{topic}"
 

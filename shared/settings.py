@@ -69,6 +69,8 @@ class Settings(BaseSettings):
     heartbeat_s: float = Field(2.0, ge=0.1, le=600)
     max_write_buffer: int = Field(1 << 20, ge=1024)
     gateway_max_connections: int = Field(100_000, ge=1, le=10_000_000)
+    # a drain closes the clients spread over this many seconds, so they do not stampede
+    drain_window_s: float = Field(10.0, ge=0, le=3600)
     zone: str | None = Field(None, min_length=1, max_length=64)
 
     # dispatch: how GET /v1/dispatch places clients (consistent_hash, round_robin,

@@ -23,6 +23,7 @@ from shared.ids import ConnIdFactory
 from shared.keys import KeySchema
 from shared.models import GatewayInfo
 from shared.settings import Settings, redact_url
+from shared.wire import ws_text_frame
 from socket_gateway.bus_consumer import consume, gateway_topics
 from socket_gateway.connections import LocalConnections
 from socket_gateway.dedup import RecentIds
@@ -30,7 +31,12 @@ from socket_gateway.grpc_server import DeliverService, start_grpc_server
 from socket_gateway.metrics import GatewayMetrics, render
 from socket_gateway.ws_server import WsEndpoint, WsServer
 
-__all__ = ["Gateway"]
+__all__ = ["CLOSE_DRAIN", "RECONNECT_FRAME", "Gateway"]
+
+CLOSE_DRAIN = 4503
+RECONNECT_FRAME = b'{"type":"reconnect","reason":"drain"}'
+# After the last close of a drain, how long clients get to answer it.
+DRAIN_CLOSE_GRACE_S = 5.0
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +66,9 @@ class Gateway:
         self.registry: RedisRouteRegistry | None = None
         self.fleet: RedisGatewayFleet | None = None
         self._started_ms = 0
+        self.draining = False
+        self.drained = asyncio.Event()
+        self._drain_task: asyncio.Task[None] | None = None
 
     @property
     def info(self) -> GatewayInfo:
@@ -75,6 +84,7 @@ class Gateway:
             self._started_ms,
             max_connections=s.gateway_max_connections,
             zone=s.zone,
+            draining=self.draining,
         )
 
     def _advertise_host(self) -> str:
@@ -160,6 +170,10 @@ class Gateway:
         await self._stack.aclose()
 
     async def _shutdown(self) -> None:
+        if self._drain_task is not None:
+            self._drain_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._drain_task
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
@@ -190,8 +204,40 @@ class Gateway:
                 log.exception("heartbeat failed unexpectedly, retrying in %.1fs", interval)
 
     async def _announce(self) -> None:
-        assert self.fleet is not None
+        assert self.fleet is not None and self._redis is not None
         await self.fleet.announce(self.info)
+        if not self.draining:
+            key = KeySchema(self.settings.redis_prefix).drain(self.settings.gateway_id)
+            if await self._redis.exists(key):  # POST /v1/gateways/{id}/drain
+                self._drain_task = asyncio.create_task(self.drain(), name="drain")
+
+    async def drain(self, window_s: float | None = None) -> None:
+        """Stop taking clients, ask each to reconnect elsewhere, and close them (4503)
+        spread over the drain window. Until its close, a client still gets its pushes;
+        each close unregisters its route. `drained` is set at the end."""
+        if self.draining:
+            await self.drained.wait()
+            return
+        self.draining = True
+        window = self.settings.drain_window_s if window_s is None else window_s
+        assert self._ws is not None and self.fleet is not None
+        self._ws.accepting = False
+        with contextlib.suppress(ImrouteError):
+            await self.fleet.announce(self.info)  # draining: dispatch stops choosing it
+        self.conns.deliver_all(ws_text_frame(RECONNECT_FRAME))
+        conns = list(self.conns)
+        started = asyncio.get_running_loop().time()
+        for i, conn in enumerate(conns):
+            due = started + window * i / max(1, len(conns))
+            await asyncio.sleep(max(0.0, due - asyncio.get_running_loop().time()))
+            conn.sink.close(CLOSE_DRAIN, "gateway draining: reconnect elsewhere")
+        deadline = asyncio.get_running_loop().time() + DRAIN_CLOSE_GRACE_S
+        # The connection map has no change event: poll, for a bounded grace.
+        while len(self.conns) and asyncio.get_running_loop().time() < deadline:  # noqa: ASYNC110
+            await asyncio.sleep(0.05)
+        for conn in list(self.conns):
+            conn.sink.abort()  # did not answer the close in time
+        self.drained.set()
 
     async def _refresh(self) -> None:
         assert self.registry is not None
