@@ -220,11 +220,12 @@ class DevStack:
         self._stopping = True
 
     def stop(self) -> None:
-        """SIGTERM every child, wait, SIGKILL stragglers, then stop the embedded Redis."""
+        """SIGINT every child (stop now: a gateway would drain on SIGTERM), wait, SIGKILL
+        stragglers, then stop the embedded Redis."""
         self._stopping = True
         for _, proc in self.procs:
             if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
+                proc.send_signal(signal.SIGINT)
         deadline = time.monotonic() + 10
         for _, proc in self.procs:
             try:

@@ -40,10 +40,17 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 
 async def serve(settings: Settings) -> None:
+    """Serve until SIGINT (stop now) or SIGTERM (drain first: clients are told to
+    reconnect and closed over IMROUTE_DRAIN_WINDOW_S; a second signal stops at once)."""
     stop = asyncio.Event()
+    drain = asyncio.Event()
     loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+
+    def on_term() -> None:
+        (stop if drain.is_set() else drain).set()
+
+    loop.add_signal_handler(signal.SIGINT, stop.set)
+    loop.add_signal_handler(signal.SIGTERM, on_term)
     async with Gateway(settings) as gw:
         # Long-lived start-up objects never become garbage: keep the collector off them,
         # so full collections do not walk them during fan-out.
@@ -54,7 +61,26 @@ async def serve(settings: Settings) -> None:
             f"ws={gw.info.ws_url} grpc={gw.info.grpc_address}",
             flush=True,
         )
-        await stop.wait()
+        await _until_stopped(gw, stop, drain)
+
+
+async def _until_stopped(gw: Gateway, stop: asyncio.Event, drain: asyncio.Event) -> None:
+    """Until SIGINT, a drain requested through the API has finished, or SIGTERM's drain
+    has finished (or a second signal cut it short)."""
+    stopped = asyncio.ensure_future(stop.wait())
+    drained = asyncio.ensure_future(gw.drained.wait())
+    asked = asyncio.ensure_future(drain.wait())
+    try:
+        await asyncio.wait({stopped, drained, asked}, return_when=asyncio.FIRST_COMPLETED)
+        if asked.done() and not stopped.done() and not drained.done():
+            work = asyncio.ensure_future(gw.drain())
+            try:
+                await asyncio.wait({stopped, work}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                work.cancel()
+    finally:
+        for waiter in (stopped, drained, asked):
+            waiter.cancel()
 
 
 def run(main: Coroutine[Any, Any, None]) -> None:

@@ -283,3 +283,34 @@ def test_db_upgrade_and_users_import_commands(tmp_path: Path) -> None:
         check=False,
     )
     assert bad.returncode == 2 and "x.xml" in bad.stderr
+
+
+async def test_sigterm_drains_the_gateway_then_it_exits(
+    redis_url: str, prefix: str, redis: aioredis.Redis
+) -> None:
+    env = base_env(
+        IMROUTE_REDIS_URL=redis_url,
+        IMROUTE_REDIS_PREFIX=prefix,
+        IMROUTE_SECRET=SECRET,
+        IMROUTE_DRAIN_WINDOW_S="0.5",
+    )
+    argv = [str(BIN / "imroute"), "gateway", "--id", "gwt", "--group", "g1",
+            "--ws-port", "0", "--grpc-port", "0"]  # fmt: skip
+    keys = KeySchema(prefix)
+    with running(argv, env) as proc:
+        ready = read_until(proc, "ready")[-1]
+        ws_url = re.search(r"ws=(\S+)", ready)
+        assert ws_url, ready
+        async with connect(f"{ws_url.group(1)}?token={token('tess')}") as ws:
+            for _ in range(100):
+                if await redis.hlen(keys.route("tess")):
+                    break
+                await asyncio.sleep(0.02)
+            proc.send_signal(signal.SIGTERM)
+            frame = json.loads(await asyncio.wait_for(ws.recv(), 5))
+            assert frame == {"type": "reconnect", "reason": "drain"}
+            await asyncio.wait_for(ws.wait_closed(), 5)
+            assert ws.close_code == 4503
+        assert await asyncio.to_thread(proc.wait, 10) == 0
+    assert await redis.exists(keys.route("tess")) == 0
+    assert await redis.exists(keys.gateway("gwt")) == 0
