@@ -15,7 +15,7 @@ __all__ = ["CachedFleet", "GatewayFleet", "RedisGatewayFleet"]
 
 
 class GatewayFleet(Protocol):
-    async def announce(self, info: GatewayInfo) -> None: ...
+    async def announce(self, info: GatewayInfo) -> bool: ...
     async def withdraw(self, gateway_id: str) -> None: ...
     async def live(self) -> list[GatewayInfo]: ...
 
@@ -30,14 +30,18 @@ class RedisGatewayFleet:
         self._ttl_ms = int(ttl_s * 1000)
 
     @translate_errors
-    async def announce(self, info: GatewayInfo) -> None:
-        """Write (or refresh) this gateway's record."""
+    async def announce(self, info: GatewayInfo) -> bool:
+        """Write (or refresh) this gateway's record; False when it was not there before
+        (a first announce, a lapse, or Redis lost its data)."""
         now = self._clock.now_ms()
         pipe = self._redis.pipeline(transaction=False)
-        pipe.set(self._keys.gateway(info.gateway_id), encode_gateway(info), px=self._ttl_ms)
+        pipe.set(
+            self._keys.gateway(info.gateway_id), encode_gateway(info), px=self._ttl_ms, get=True
+        )
         pipe.zadd(self._keys.gateways(), {info.gateway_id: now + self._ttl_ms})
         pipe.zremrangebyscore(self._keys.gateways(), "-inf", now)
-        await pipe.execute()
+        previous, *_ = await pipe.execute()
+        return previous is not None
 
     @translate_errors
     async def withdraw(self, gateway_id: str) -> None:

@@ -205,7 +205,14 @@ class Gateway:
 
     async def _announce(self) -> None:
         assert self.fleet is not None and self._redis is not None
-        await self.fleet.announce(self.info)
+        if not await self.fleet.announce(self.info):
+            # Our record was gone: Redis lost its data (a restart, a failover) or was
+            # out of reach for a whole TTL. The routes are likely gone too: write every
+            # local connection's now, not at the next route refresh.
+            log.warning(
+                "fleet record was missing: re-registering %d connections", len(self.conns)
+            )
+            await self._refresh()
         if not self.draining:
             key = KeySchema(self.settings.redis_prefix).drain(self.settings.gateway_id)
             if await self._redis.exists(key):  # POST /v1/gateways/{id}/drain
