@@ -28,12 +28,14 @@ from push_service.schemas import (
 )
 from router.balancing import (
     Availability,
+    Listeners,
     RetryPolicy,
     StatsRegistry,
     StatsSettings,
     rule_for,
 )
 from router.bus.factory import bus_from_settings, hedging_from_settings
+from router.call_metrics import CallLog, CallMetrics
 from router.coalescer import CoalescingGatewayClient
 from router.directory.sql import SqlUserDirectory
 from router.dispatch import Dispatcher
@@ -88,24 +90,13 @@ def create_app(settings: Settings, clock: Clock | None = None) -> FastAPI:
     # A registry per app, so several apps in one process (tests) never collide.
     metrics_registry = CollectorRegistry(auto_describe=True)
     publish_metrics = PublishMetrics(metrics_registry)
+    call_metrics = CallMetrics(metrics_registry)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         async with AsyncExitStack() as stack:
             redis = await stack.enter_async_context(contextlib.aclosing(redis_client))
-            # One view of each gateway's health for P2P calls and for dispatch.
-            stats = StatsRegistry(
-                clock,
-                StatsSettings(
-                    failure_threshold=settings.circuit_failures,
-                    cool_off_s=settings.circuit_cool_off_s,
-                ),
-            )
-            clients = ResilientGatewayClient(
-                CoalescingGatewayClient(GrpcGatewayClients()),
-                stats,
-                RetryPolicy(max_retries_same=settings.deliver_retries, max_retries_next=0),
-            )
+            clients = _gateway_clients(settings, clock, call_metrics)
             stack.push_async_callback(clients.close)
             registry = RedisRouteRegistry(redis, keys, clock)
             # The fleet's TTL is the gateways' to set; readers only read.
@@ -132,7 +123,8 @@ def create_app(settings: Settings, clock: Clock | None = None) -> FastAPI:
                 directory=directory,
                 jobs=jobs,
                 runner=runner,
-                dispatcher=Dispatcher(fleet, clock, settings.dispatch_rule, stats),
+                # One view of gateways' health, for P2P calls and for dispatch.
+                dispatcher=Dispatcher(fleet, clock, settings.dispatch_rule, clients.stats),
             )
             yield
 
@@ -217,6 +209,24 @@ def create_app(settings: Settings, clock: Clock | None = None) -> FastAPI:
         },
     )
     return app
+
+
+def _gateway_clients(
+    settings: Settings, clock: Clock, call_metrics: CallMetrics
+) -> ResilientGatewayClient:
+    """gRPC to the gateways: coalesced, with stats, circuit breakers and retries."""
+    stats = StatsRegistry(
+        clock,
+        StatsSettings(
+            failure_threshold=settings.circuit_failures, cool_off_s=settings.circuit_cool_off_s
+        ),
+    )
+    return ResilientGatewayClient(
+        CoalescingGatewayClient(GrpcGatewayClients()),
+        stats,
+        RetryPolicy(max_retries_same=settings.deliver_retries, max_retries_next=0),
+        listeners=Listeners([call_metrics, CallLog()]),
+    )
 
 
 def _add_error_handlers(app: FastAPI) -> None:

@@ -16,7 +16,14 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 
-from router.balancing import RetryPolicy, StatsRegistry
+from router.balancing import (
+    AttemptInfo,
+    ExecutionContext,
+    GatewayState,
+    Listeners,
+    RetryPolicy,
+    StatsRegistry,
+)
 from router.gateway_client import GatewayClient
 from shared.errors import GatewayUnavailable
 from shared.proto import gateway_pb2
@@ -37,36 +44,53 @@ class ResilientGatewayClient:
         stats: StatsRegistry,
         policy: RetryPolicy,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        listeners: Listeners | None = None,
     ) -> None:
         self._inner = inner
         self.stats = stats
         self._policy = policy
         self._sleep = sleep
+        self._listeners = listeners or Listeners()
 
     async def deliver(
         self, gateway_id: str, address: str, batch: gateway_pb2.Batch, timeout_s: float
     ) -> gateway_pb2.DeliverReply:
+        server = GatewayState(gateway_id, "", "", address, 0, 0)
+        clock = self.stats.clock
+        ctx = ExecutionContext(key=None, pinned=gateway_id, started=clock.monotonic())
+        events = self._listeners
+        events.on_execution_start(ctx)
         retry = 0
         while True:
             ticket = self.stats.on_start(gateway_id)
             if ticket is None:
-                raise GatewayUnavailable(
+                error = GatewayUnavailable(
                     gateway_id,
                     "circuit open: failing fast after repeated failures; "
                     "it is tried again after its cool-off",
                     "CIRCUIT_OPEN",
                 )
+                events.on_execution_failed(ctx, None, error)
+                raise error
+            ctx.attempts += 1
+            attempt = AttemptInfo(server, ctx.attempts, ctx.attempts)
+            events.on_start_with_server(ctx, attempt)
+            started = clock.monotonic()
             try:
                 reply = await self._inner.deliver(gateway_id, address, batch, timeout_s)
             except GatewayUnavailable as exc:
                 self.stats.on_failure(ticket)
+                events.on_exception_with_server(ctx, attempt, exc)
                 if exc.code not in TRANSPORT_CODES or retry >= self._policy.max_retries_same:
+                    events.on_execution_failed(ctx, attempt, exc)
                     raise
             except BaseException:
                 self.stats.on_release(ticket)  # cancelled, or not the gateway's fault
                 raise
             else:
                 self.stats.on_success(ticket)
+                ctx.attributes["elapsed_s"] = clock.monotonic() - started
+                events.on_execution_success(ctx, attempt, reply)
                 return reply
             retry += 1
             await self._sleep(self._policy.backoff(retry))

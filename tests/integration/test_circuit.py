@@ -57,6 +57,11 @@ async def test_a_dead_gateway_trips_its_circuit_and_a_probe_closes_it(
         assert first["failed"] == ["zed"]
         assert first["errors"][0]["error"].startswith("UNAVAILABLE")
         assert stats.stats("gw1").failures == 2  # the call and its retry on the same gateway
+        scrape = (await http.get("/metrics")).text
+        assert (
+            'imroute_gateway_call_attempts_total{gateway="gw1",outcome="failure"} 2.0' in scrape
+        )
+        assert 'imroute_gateway_call_retries_total{gateway="gw1"} 1.0' in scrape
         second, _ = await push(http)  # its first call fails a third time: open
         assert stats.breaker("gw1").state is BreakerState.OPEN
         assert "circuit open" in second["errors"][0]["error"]  # so its retry was refused

@@ -100,3 +100,47 @@ async def test_a_cancelled_call_leaves_nothing_in_flight() -> None:
         await task
     assert client.stats.in_flight("gw1") == 0
     assert client.stats.stats("gw1").failures == 0  # not the gateway's fault
+
+
+class Raising:
+    """A listener that fails in every hook."""
+
+    def __getattr__(self, name: str) -> object:
+        def hook(*args: object) -> None:
+            raise RuntimeError(f"listener bug in {name}")
+
+        return hook
+
+
+async def test_a_listener_that_raises_does_not_fail_the_call() -> None:
+    from router.balancing import Listeners
+
+    inner = Inner("UNAVAILABLE")
+    client = wrapper(inner)
+    client._listeners = Listeners([Raising()])  # type: ignore[list-item]
+    reply = await client.deliver("gw1", "addr", BATCH, 1.0)
+    assert list(reply.delivered) == ["u"]
+    assert len(inner.calls) == 2  # the retry still happened
+
+
+async def test_metrics_count_attempts_retries_and_failures() -> None:
+    from prometheus_client import CollectorRegistry
+
+    from router.balancing import Listeners
+    from router.call_metrics import CallMetrics
+
+    registry = CollectorRegistry()
+    client = wrapper(Inner("UNAVAILABLE", "INTERNAL"), retries=1, failures=10)
+    client._listeners = Listeners([CallMetrics(registry)])
+    with pytest.raises(GatewayUnavailable):
+        await client.deliver("gw1", "addr", BATCH, 1.0)  # UNAVAILABLE, retried, INTERNAL
+    await client.deliver("gw1", "addr", BATCH, 1.0)
+
+    def value(name: str, **labels: str) -> float | None:
+        return registry.get_sample_value(name, {"gateway": "gw1", **labels})
+
+    assert value("imroute_gateway_call_attempts_total", outcome="failure") == 2
+    assert value("imroute_gateway_call_attempts_total", outcome="success") == 1
+    assert value("imroute_gateway_call_retries_total") == 1
+    assert value("imroute_gateway_calls_failed_total") == 1
+    assert value("imroute_gateway_call_seconds_count") == 1

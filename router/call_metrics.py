@@ -1,0 +1,108 @@
+"""Built-in listeners of gateway calls: Prometheus metrics and structured logs."""
+
+from __future__ import annotations
+
+import logging
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+
+from router.balancing import AttemptInfo, ExecutionContext
+
+__all__ = ["CallLog", "CallMetrics"]
+
+log = logging.getLogger("imroute.calls")
+
+LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5)
+
+
+class CallMetrics:
+    """Calls, retries, failures and latency per gateway (the push service's /metrics)."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self._attempts = Counter(
+            "imroute_gateway_call_attempts",
+            "Deliver calls to a gateway, by outcome (success or failure)",
+            ["gateway", "outcome"],
+            registry=registry,
+        )
+        self._retries = Counter(
+            "imroute_gateway_call_retries",
+            "Deliver calls that were retries of an earlier failed one",
+            ["gateway"],
+            registry=registry,
+        )
+        self._failed = Counter(
+            "imroute_gateway_calls_failed",
+            "Deliveries that failed for good (after retries, or refused by an open circuit)",
+            ["gateway"],
+            registry=registry,
+        )
+        self._latency = Histogram(
+            "imroute_gateway_call_seconds",
+            "Latency of successful deliver calls",
+            ["gateway"],
+            buckets=LATENCY_BUCKETS,
+            registry=registry,
+        )
+
+    def on_execution_start(self, ctx: ExecutionContext) -> None:
+        pass
+
+    def on_start_with_server(self, ctx: ExecutionContext, attempt: AttemptInfo) -> None:
+        if attempt.number > 1:
+            self._retries.labels(attempt.server.gateway_id).inc()
+
+    def on_exception_with_server(
+        self, ctx: ExecutionContext, attempt: AttemptInfo, error: BaseException
+    ) -> None:
+        self._attempts.labels(attempt.server.gateway_id, "failure").inc()
+
+    def on_execution_success(
+        self, ctx: ExecutionContext, attempt: AttemptInfo, result: object
+    ) -> None:
+        gateway = attempt.server.gateway_id
+        self._attempts.labels(gateway, "success").inc()
+        elapsed = ctx.attributes.get("elapsed_s")
+        if isinstance(elapsed, float):
+            self._latency.labels(gateway).observe(elapsed)
+
+    def on_execution_failed(
+        self, ctx: ExecutionContext, attempt: AttemptInfo | None, error: BaseException
+    ) -> None:
+        gateway = ctx.pinned or (attempt.server.gateway_id if attempt else "?")
+        self._failed.labels(gateway).inc()
+
+
+class CallLog:
+    """One structured log line per failed attempt and per failed delivery."""
+
+    def on_execution_start(self, ctx: ExecutionContext) -> None:
+        pass
+
+    def on_start_with_server(self, ctx: ExecutionContext, attempt: AttemptInfo) -> None:
+        pass
+
+    def on_exception_with_server(
+        self, ctx: ExecutionContext, attempt: AttemptInfo, error: BaseException
+    ) -> None:
+        log.info(
+            "gateway call failed",
+            extra={
+                "gateway": attempt.server.gateway_id,
+                "attempt": attempt.number,
+                "error": str(error),
+            },
+        )
+
+    def on_execution_success(
+        self, ctx: ExecutionContext, attempt: AttemptInfo, result: object
+    ) -> None:
+        pass
+
+    def on_execution_failed(
+        self, ctx: ExecutionContext, attempt: AttemptInfo | None, error: BaseException
+    ) -> None:
+        log.warning(
+            "delivery failed",
+            extra={"gateway": ctx.pinned, "attempts": ctx.attempts, "error": str(error)},
+        )
