@@ -207,9 +207,15 @@ class DevStack:
         return 0
 
     def _check_children(self, raise_: bool = True) -> str | None:
-        for name, proc in self.procs:
+        for name, proc in list(self.procs):
             code = proc.poll()
             if code is not None and not self._stopping:
+                if code == 0 and name != "push-service" and not raise_:
+                    # A gateway that was drained (POST /v1/gateways/{id}/drain) exits
+                    # cleanly once its clients moved: the rest of the stack goes on.
+                    print(f"imroute dev: {name} drained and exited", flush=True)
+                    self.procs.remove((name, proc))
+                    continue
                 message = f"{name} exited with code {code}"
                 if raise_:
                     raise RuntimeError(message)
