@@ -11,7 +11,14 @@ from __future__ import annotations
 
 from collections import Counter
 
-from router.balancing import Availability, GatewayState, NoEligibleGateway, Rule, rule_for
+from router.balancing import (
+    Availability,
+    GatewayState,
+    NoEligibleGateway,
+    Rule,
+    ZoneAffinityRule,
+    rule_for,
+)
 from router.balancing.stats import StatsRegistry
 from router.fleet import CachedFleet
 from shared.clock import Clock
@@ -78,7 +85,7 @@ class Dispatcher:
         return chosen
 
     def _rule_for_zone(self, zone: str | None) -> Rule:
-        if zone is None or self._rule_name.strip().lower() != "zone_affinity":
+        if zone is None or not isinstance(self._rule, ZoneAffinityRule):
             return self._rule
         rule = self._zoned.get(zone)
         if rule is None and len(self._zoned) >= MAX_ZONES:
