@@ -90,6 +90,9 @@ class P2PPusher:
             return GatewayOutcome(target.gateway_id, error=exc.reason)
         if reply.expired:
             return GatewayOutcome(target.gateway_id, error="EXPIRED: arrived after its ttl_s")
+        if reply.duplicate and not reply.delivered and not reply.missing:
+            # A retry of a batch the gateway wrote, whose first answer it no longer holds.
+            return GatewayOutcome(target.gateway_id, target.uids, ())
         return GatewayOutcome(target.gateway_id, reply.delivered, reply.missing)
 
     async def _forget(self, routes: Sequence[Route]) -> None:

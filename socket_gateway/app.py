@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import logging
 import socket
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from contextlib import AsyncExitStack
 from types import TracebackType
 
@@ -47,11 +47,18 @@ FLEET_TTL_HEARTBEATS = 3
 class Gateway:
     """`async with Gateway(settings) as gw:` serves until the block exits."""
 
-    def __init__(self, settings: Settings, clock: Clock | None = None) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        clock: Clock | None = None,
+        grpc_interceptors: Sequence[grpc.aio.ServerInterceptor] = (),
+    ) -> None:
+        """`grpc_interceptors` wrap the gRPC service (tests and benchmarks inject faults)."""
         if settings.secret is None:
             raise ConfigError("IMROUTE_SECRET: required by the gateway to verify client tokens")
         self.settings = settings
         self.clock = clock or SystemClock()
+        self._interceptors = tuple(grpc_interceptors)
         self.conns = LocalConnections(max_buffer=settings.max_write_buffer)
         self.deliver_service = DeliverService(self.conns, self.clock, RecentIds(self.clock))
         self.metrics = GatewayMetrics(self.deliver_service, self.conns)
@@ -114,7 +121,7 @@ class Gateway:
         keys = KeySchema(s.redis_prefix)
 
         self._grpc, self.grpc_port = await start_grpc_server(
-            self.deliver_service, s.grpc_host, s.grpc_port
+            self.deliver_service, s.grpc_host, s.grpc_port, self._interceptors
         )
         self._stack.push_async_callback(self._grpc.stop, 5)
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import grpc
 import grpc.aio
 
@@ -10,7 +12,7 @@ from shared.models import Message
 from shared.proto import gateway_pb2
 from shared.wire import encode_push_json, ws_text_frame
 from socket_gateway.connections import LocalConnections
-from socket_gateway.dedup import RecentIds
+from socket_gateway.dedup import RecentIds, RecentReplies
 
 __all__ = ["DeliverService", "start_grpc_server"]
 
@@ -22,6 +24,7 @@ class DeliverService:
         self._conns = conns
         self._clock = clock
         self._recent = recent
+        self._replies: RecentReplies[gateway_pb2.DeliverReply] = RecentReplies(clock)
         self.calls = 0
         self.batches = 0
         self.duplicates = 0
@@ -36,7 +39,13 @@ class DeliverService:
             return gateway_pb2.DeliverReply(expired=True)
         if batch.batch_id and self._recent.check_and_add(batch.batch_id):
             self.duplicates += 1
-            return gateway_pb2.DeliverReply(duplicate=True)
+            first = self._replies.get(batch.batch_id)
+            if first is None:
+                return gateway_pb2.DeliverReply(duplicate=True)
+            # A retried call whose first answer was lost: answer as the first attempt did.
+            return gateway_pb2.DeliverReply(
+                delivered=first.delivered, missing=first.missing, duplicate=True
+            )
         m = batch.message
         message = Message(
             m.msg_id, m.push_id, m.msg_type, getattr(m, "from"), m.content_json, m.ts_ms
@@ -46,7 +55,10 @@ class DeliverService:
         if batch.everyone:
             return gateway_pb2.DeliverReply(connections=self._conns.deliver_all(frame))
         delivered, missing = self._conns.deliver(batch.uids, frame)
-        return gateway_pb2.DeliverReply(delivered=delivered, missing=missing)
+        reply = gateway_pb2.DeliverReply(delivered=delivered, missing=missing)
+        if batch.mode == gateway_pb2.MODE_P2P and batch.batch_id:
+            self._replies.put(batch.batch_id, reply)
+        return reply
 
     async def _handle(
         self,
@@ -85,10 +97,14 @@ class DeliverService:
 
 
 async def start_grpc_server(
-    service: DeliverService, host: str, port: int
+    service: DeliverService,
+    host: str,
+    port: int,
+    interceptors: Sequence[grpc.aio.ServerInterceptor] = (),
 ) -> tuple[grpc.aio.Server, int]:
     """Start a grpc.aio server; returns it and the bound port (port 0 picks one)."""
     server = grpc.aio.server(
+        interceptors=interceptors,
         options=[
             ("grpc.max_receive_message_length", 16 << 20),
             ("grpc.so_reuseport", 0),

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import tempfile
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -40,10 +40,16 @@ def settings(redis_url: str, prefix: str, **overrides: Any) -> Settings:
 
 @asynccontextmanager
 async def gateway(
-    redis_url: str, prefix: str, gid: str, group: str, clock: Any = None, **kw: Any
+    redis_url: str,
+    prefix: str,
+    gid: str,
+    group: str,
+    clock: Any = None,
+    interceptors: Sequence[Any] = (),
+    **kw: Any,
 ) -> AsyncIterator[Gateway]:
     s = settings(redis_url, prefix, gateway_id=gid, group_id=group, **kw)
-    async with Gateway(s, clock) as gw:
+    async with Gateway(s, clock, interceptors) as gw:
         yield gw
 
 

@@ -1,0 +1,59 @@
+"""A transient gRPC failure on the gateway a user is connected to: the call is retried on
+that same gateway, and the user gets the push exactly once, whether the failure came
+before the gateway delivered or after it (the answer was lost on the way back)."""
+
+from __future__ import annotations
+
+import pytest
+
+from socket_gateway.faults import FailCalls
+from tests.integration.stack import AUTH, api, client, gateway, nothing_more, recv_json
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.mark.parametrize("after", [True, False], ids=["answer-lost", "never-arrived"])
+async def test_a_retry_on_the_same_gateway_delivers_exactly_once(
+    redis_url: str, prefix: str, after: bool
+) -> None:
+    faults = FailCalls()
+    async with (
+        gateway(redis_url, prefix, "gw1", "g1", interceptors=[faults]) as gw,
+        api(redis_url, prefix, deliver_retries=1) as http,
+        client(gw, "amy") as ws,
+    ):
+        faults.arm(1, after=after)
+        resp = await http.post("/v1/push", json={"to": ["amy"], "content": "hi"}, headers=AUTH)
+        assert resp.status_code == 200, resp.text
+        body = resp.json()
+        assert body["delivered"] == ["amy"] and body["failed"] == [], body
+        assert faults.failed == 1  # the failure happened, and the retry answered
+        frame = await recv_json(ws)
+        assert frame["content"] == "hi"
+        assert await nothing_more(ws)  # exactly once
+        assert gw.deliver_service.duplicates == (1 if after else 0)
+        scrape = (await http.get("/metrics")).text
+        assert 'imroute_gateway_call_retries_total{gateway="gw1"} 1.0' in scrape
+
+
+async def test_without_retries_a_transient_failure_is_reported_not_hidden(
+    redis_url: str, prefix: str
+) -> None:
+    faults = FailCalls()
+    async with (
+        gateway(redis_url, prefix, "gw1", "g1", interceptors=[faults]) as gw,
+        api(redis_url, prefix, deliver_retries=0) as http,
+        client(gw, "amy") as ws,
+    ):
+        faults.arm(1, after=False)
+        body = (
+            await http.post("/v1/push", json={"to": ["amy"], "content": 1}, headers=AUTH)
+        ).json()
+        assert body["failed"] == ["amy"] and body["delivered"] == []
+        assert body["errors"][0]["error"].startswith("UNAVAILABLE: injected")
+        assert await nothing_more(ws)
+        body = (
+            await http.post("/v1/push", json={"to": ["amy"], "content": 2}, headers=AUTH)
+        ).json()
+        assert body["delivered"] == ["amy"]
+        assert (await recv_json(ws))["content"] == 2
