@@ -84,7 +84,7 @@ def create_app(settings: Settings, clock: Clock | None = None) -> FastAPI:
 
     # Built here, not in the lifespan, so a bad IMROUTE_REDIS_URL or hedging setting
     # stops the program with a message before the server starts.
-    redis_client = create_redis(settings.redis_url)
+    redis_client = create_redis(settings.redis_url, settings.redis_timeout_s)
     hedging_from_settings(settings)
     rule_for(settings.dispatch_rule, Availability(clock))  # a bad rule name stops it here
     # A registry per app, so several apps in one process (tests) never collide.

@@ -20,25 +20,34 @@ RedisClient = aioredis.Redis | RedisCluster
 
 POOL_SIZE = 64
 POOL_WAIT_S = 5.0
+REDIS_TIMEOUT_S = 5.0  # IMROUTE_REDIS_TIMEOUT_S
 
 P = ParamSpec("P")
 T = TypeVar("T")
 
 
-def create_redis(url: str) -> RedisClient:
-    """A client for `url`; `redis+cluster://host:port` selects Redis Cluster."""
+def create_redis(url: str, timeout_s: float = REDIS_TIMEOUT_S) -> RedisClient:
+    """A client for `url`; `redis+cluster://host:port` selects Redis Cluster.
+
+    Every command and connect gives up after `timeout_s`: a Redis that stopped answering
+    (paused, partitioned) surfaces as RegistryUnavailable, not as a hang.
+    """
+    timeouts: dict[str, Any] = {"socket_timeout": timeout_s, "socket_connect_timeout": timeout_s}
     try:
         if url.startswith("redis+cluster://"):
             return RedisCluster.from_url(
-                "redis://" + url.removeprefix("redis+cluster://"), decode_responses=True
+                "redis://" + url.removeprefix("redis+cluster://"),
+                decode_responses=True,
+                **timeouts,
             )
         # A blocking pool makes a burst of callers wait for a connection instead of
         # failing at once with "Too many connections" (the default pool's behaviour).
         pool = aioredis.BlockingConnectionPool.from_url(
             url,
             max_connections=POOL_SIZE,
-            timeout=POOL_WAIT_S,
+            timeout=min(POOL_WAIT_S, timeout_s),
             decode_responses=True,
+            **timeouts,
             health_check_interval=30,
         )
         return aioredis.Redis.from_pool(pool)
@@ -47,9 +56,9 @@ def create_redis(url: str) -> RedisClient:
 
 
 @asynccontextmanager
-async def connect_redis(url: str) -> AsyncIterator[RedisClient]:
+async def connect_redis(url: str, timeout_s: float = REDIS_TIMEOUT_S) -> AsyncIterator[RedisClient]:
     """A Redis client that is closed on exit."""
-    client = create_redis(url)
+    client = create_redis(url, timeout_s)
     try:
         yield client
     finally:

@@ -25,6 +25,9 @@ class Settings(BaseSettings):
 
     redis_url: str = "redis://127.0.0.1:6379/0"
     redis_prefix: str = Field("imroute:", min_length=1, max_length=64)
+    # a Redis command (or connect) that takes longer fails, so a hung Redis gives 503s
+    # and logged errors, never a request that waits for ever
+    redis_timeout_s: float = Field(5.0, gt=0, le=60)
     api_key: SecretStr | None = None
     secret: SecretStr | None = None
 

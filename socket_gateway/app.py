@@ -112,7 +112,7 @@ class Gateway:
 
     async def _start(self) -> None:
         s = self.settings
-        redis = await self._stack.enter_async_context(connect_redis(s.redis_url))
+        redis = await self._stack.enter_async_context(connect_redis(s.redis_url, s.redis_timeout_s))
         if not await ping(redis):
             raise RegistryUnavailable(
                 f"no Redis answers at IMROUTE_REDIS_URL ({redact_url(s.redis_url)})"
@@ -216,9 +216,7 @@ class Gateway:
             # Our record was gone: Redis lost its data (a restart, a failover) or was
             # out of reach for a whole TTL. The routes are likely gone too: write every
             # local connection's now, not at the next route refresh.
-            log.warning(
-                "fleet record was missing: re-registering %d connections", len(self.conns)
-            )
+            log.warning("fleet record was missing: re-registering %d connections", len(self.conns))
             await self._refresh()
         if not self.draining:
             key = KeySchema(self.settings.redis_prefix).drain(self.settings.gateway_id)

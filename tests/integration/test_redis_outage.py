@@ -1,0 +1,158 @@
+"""Redis goes away under a running stack: the push API and dispatch answer 503 at once
+(a hung Redis within IMROUTE_REDIS_TIMEOUT_S), the gateway keeps its clients and keeps
+taking gRPC deliveries, and once a Redis with an empty dataset is back at the same
+address, every route returns within 5 s and P2P works again. A redis-server of the
+test's own, on a TCP port, so that it can be paused, killed and restarted."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+import redis.asyncio as aioredis
+
+from router.embedded_redis import find_redis_server, redis_answers
+from router.gateway_client import GrpcGatewayClients
+from router.p2p import to_batch
+from router.procs import die_with_parent
+from shared.clock import SystemClock
+from shared.keys import KeySchema
+from shared.models import Message
+from tests.integration.stack import AUTH, api, client, gateway, recv_json, token
+
+pytestmark = pytest.mark.integration
+
+TIMEOUT_S = 0.5  # IMROUTE_REDIS_TIMEOUT_S for this test: a hung Redis costs this much
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+class RedisProcess:
+    """redis-server on 127.0.0.1:`port`, without persistence: a restart empties it."""
+
+    def __init__(self, port: int, folder: Path) -> None:
+        self.port, self.folder = port, folder
+        self.url = f"redis://127.0.0.1:{port}/0"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        self.proc = subprocess.Popen(
+            [find_redis_server(), "--port", str(self.port), "--bind", "127.0.0.1",
+             "--save", "", "--appendonly", "no", "--dir", str(self.folder)],
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            preexec_fn=die_with_parent,  # noqa: PLW1509
+        )  # fmt: skip
+        deadline = time.monotonic() + 10
+        while not redis_answers(self.url, 0.2):
+            assert self.proc.poll() is None, "redis-server exited at start"
+            assert time.monotonic() < deadline, "redis-server did not answer"
+            time.sleep(0.02)
+
+    def signal(self, sig: int) -> None:
+        assert self.proc is not None
+        os.kill(self.proc.pid, sig)
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+
+@contextmanager
+def redis_process() -> Iterator[RedisProcess]:
+    with tempfile.TemporaryDirectory(prefix="imroute-outage-") as folder:
+        server = RedisProcess(free_port(), Path(folder))
+        server.start()
+        try:
+            yield server
+        finally:
+            server.kill()
+
+
+async def timed_push(
+    http: object, uid: str, content: object
+) -> tuple[int, dict[str, object], float]:
+    started = time.monotonic()
+    resp = await http.post(  # type: ignore[attr-defined]
+        "/v1/push", json={"to": [uid], "content": content}, headers=AUTH
+    )
+    return resp.status_code, resp.json(), time.monotonic() - started
+
+
+async def test_redis_down_means_503s_not_hangs_and_the_gateway_keeps_delivering(
+    prefix: str,
+) -> None:
+    opts = {"redis_timeout_s": TIMEOUT_S}
+    with redis_process() as server:
+        async with (
+            gateway(server.url, prefix, "gw1", "g1", heartbeat_s=0.3, **opts) as gw,
+            api(server.url, prefix, **opts) as http,
+            client(gw, "amy") as ws,
+        ):
+            status, body, _ = await timed_push(http, "amy", "before")
+            assert status == 200 and body["delivered"] == ["amy"]
+            assert (await recv_json(ws))["content"] == "before"
+            dispatch_headers = {"Authorization": f"Bearer {token('amy')}"}
+
+            # A hung Redis (paused: it accepts nothing and answers nothing).
+            server.signal(signal.SIGSTOP)
+            status, body, elapsed = await timed_push(http, "amy", "hung")
+            assert status == 503, body
+            assert "redis" in str(body).lower()
+            assert elapsed < TIMEOUT_S + 1.5, f"push took {elapsed:.2f}s"
+            started = time.monotonic()
+            resp = await http.get("/v1/dispatch", headers=dispatch_headers)
+            assert resp.status_code == 503 and int(resp.headers["Retry-After"]) >= 1
+            assert time.monotonic() - started < TIMEOUT_S + 1.5
+            # The gateway still holds its client and still takes gRPC deliveries.
+            direct = GrpcGatewayClients()
+            try:
+                message = Message("m1", "p1", 0, "admin", b'"direct"', SystemClock().now_ms())
+                reply = await direct.deliver(
+                    "gw1", f"127.0.0.1:{gw.grpc_port}", to_batch(message, ["amy"], "b1"), 2.0
+                )
+                assert list(reply.delivered) == ["amy"]
+                assert (await recv_json(ws))["content"] == "direct"
+
+                # Redis gone (connection refused): 503 straight away.
+                server.kill()
+                status, body, elapsed = await timed_push(http, "amy", "down")
+                assert status == 503 and elapsed < 1.0, (status, elapsed)
+                reply = await direct.deliver(
+                    "gw1", f"127.0.0.1:{gw.grpc_port}", to_batch(message, ["amy"], "b2"), 2.0
+                )
+                assert list(reply.delivered) == ["amy"]
+                assert (await recv_json(ws))["content"] == "direct"
+            finally:
+                await direct.close()
+
+            # Back, empty: the gateway re-registers amy and itself within 5 s.
+            server.start()
+            keys = KeySchema(prefix)
+            fresh = aioredis.Redis.from_url(server.url)
+            try:
+                started = time.monotonic()
+                while await fresh.exists(keys.route("amy"), keys.gateway("gw1")) != 2:
+                    assert time.monotonic() - started < 5, "amy's route did not come back in 5 s"
+                    await asyncio.sleep(0.05)
+            finally:
+                await fresh.aclose()
+            status, body, _ = await timed_push(http, "amy", "after")
+            assert status == 200 and body["delivered"] == ["amy"], body
+            assert (await recv_json(ws))["content"] == "after"
+            resp = await http.get("/v1/dispatch", headers=dispatch_headers)
+            assert resp.status_code == 200 and resp.json()["gateway_id"] == "gw1"
