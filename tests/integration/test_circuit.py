@@ -1,15 +1,19 @@
 """P2P calls to a gateway that went away: retried on it, then its circuit opens and pushes
-fail fast; once it is back, a probe closes the circuit. Real Redis, real gRPC."""
+fail fast; once it is back, a probe closes the circuit. Real Redis, real gRPC, and a real
+gateway process killed with SIGKILL."""
 
 from __future__ import annotations
 
 import asyncio
+import re
+import signal
 import socket
 import time
 from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
+from websockets.asyncio.client import connect
 
 from router.balancing import BreakerState
 from router.fleet import RedisGatewayFleet
@@ -17,7 +21,9 @@ from router.registry import RedisRouteRegistry, Registration
 from shared.clock import SystemClock
 from shared.keys import KeySchema
 from shared.models import GatewayInfo
-from tests.integration.stack import AUTH, api, client, gateway, recv_json
+from tests.conftest import SECRET
+from tests.integration.procs import BIN, Proc, base_env, free_port_block, read_until, running
+from tests.integration.stack import AUTH, api, client, gateway, recv_json, token
 
 pytestmark = pytest.mark.integration
 
@@ -58,9 +64,7 @@ async def test_a_dead_gateway_trips_its_circuit_and_a_probe_closes_it(
         assert first["errors"][0]["error"].startswith("UNAVAILABLE")
         assert stats.stats("gw1").failures == 2  # the call and its retry on the same gateway
         scrape = (await http.get("/metrics")).text
-        assert (
-            'imroute_gateway_call_attempts_total{gateway="gw1",outcome="failure"} 2.0' in scrape
-        )
+        assert 'imroute_gateway_call_attempts_total{gateway="gw1",outcome="failure"} 2.0' in scrape
         assert 'imroute_gateway_call_retries_total{gateway="gw1"} 1.0' in scrape
         second, _ = await push(http)  # its first call fails a third time: open
         assert stats.breaker("gw1").state is BreakerState.OPEN
@@ -81,3 +85,68 @@ async def test_a_dead_gateway_trips_its_circuit_and_a_probe_closes_it(
                 assert back["delivered"] == ["zed"], (back["failed"], back["errors"])
                 assert (await recv_json(ws))["content"] == 1
                 assert stats.breaker("gw1").state is BreakerState.CLOSED
+
+
+async def test_a_sigkilled_gateway_process_fails_fast_and_closes_its_circuit_when_back(
+    redis_url: str, prefix: str, redis: aioredis.Redis
+) -> None:
+    port = free_port_block([0])
+    env = base_env(IMROUTE_REDIS_URL=redis_url, IMROUTE_REDIS_PREFIX=prefix, IMROUTE_SECRET=SECRET)
+    # A heartbeat of 2 s keeps the dead gateway in the fleet for 6 s: long enough for
+    # pushes to try it, as they would in the seconds after a real crash.
+    argv = [str(BIN / "imroute"), "gateway", "--id", "gwk", "--group", "g1",
+            "--ws-port", "0", "--grpc-port", str(port), "--heartbeat", "2"]  # fmt: skip
+    keys = KeySchema(prefix)
+
+    async def connect_kim(proc: Proc) -> Any:
+        ready = read_until(proc, "ready")[-1]
+        ws_url = re.search(r"ws=(\S+)", ready)
+        assert ws_url, ready
+        ws = await connect(f"{ws_url.group(1)}?token={token('kim')}")
+        for _ in range(200):
+            if await redis.hlen(keys.route("kim")):
+                return ws
+            await asyncio.sleep(0.02)
+        raise AssertionError("kim's route never appeared")
+
+    async def push(http: Any, n: int) -> tuple[dict[str, Any], float]:
+        started = time.monotonic()
+        resp = await http.post("/v1/push", json={"to": ["kim"], "content": n}, headers=AUTH)
+        assert resp.status_code == 200, resp.text
+        return resp.json(), time.monotonic() - started
+
+    settings: dict[str, Any] = {"circuit_failures": 3, "circuit_cool_off_s": 1.5}
+    async with api(redis_url, prefix, **settings) as http:
+        stats = http._transport.app.state.services.pusher._clients.stats  # type: ignore[attr-defined]
+        with running(argv, env) as proc:
+            ws = await connect_kim(proc)
+            body, _ = await push(http, 0)
+            assert body["delivered"] == ["kim"]
+            assert (await recv_json(ws))["content"] == 0
+            proc.send_signal(signal.SIGKILL)
+            proc.wait(5)
+            await ws.close()
+
+        errors: list[str] = []
+        for n in range(1, 4):  # 2 calls each (a retry on the same gateway): open by the 2nd
+            body, elapsed = await push(http, n)
+            assert body["failed"] == ["kim"] and body["delivered"] == [], body
+            assert elapsed < 1.0, f"push {n} took {elapsed:.2f}s to report the dead gateway"
+            errors.append(body["errors"][0]["error"])
+        assert errors[0].startswith("UNAVAILABLE"), errors
+        assert "circuit open" in errors[-1], errors
+        assert stats.breaker("gwk").state is BreakerState.OPEN
+        failures = stats.stats("gwk").failures
+        body, elapsed = await push(http, 4)
+        assert "circuit open" in body["errors"][0]["error"] and elapsed < 0.2
+        assert stats.stats("gwk").failures == failures  # failed fast: no call was made
+
+        # Restarted at the same address: after the cool-off, a probe closes the circuit.
+        with running(argv, env) as proc:
+            ws = await connect_kim(proc)
+            await asyncio.sleep(1.5)
+            body, _ = await push(http, 5)
+            assert body["delivered"] == ["kim"], body
+            assert (await recv_json(ws))["content"] == 5
+            assert stats.breaker("gwk").state is BreakerState.CLOSED
+            await ws.close()
