@@ -16,6 +16,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
@@ -96,7 +97,7 @@ async def timed_push(
 async def test_redis_down_means_503s_not_hangs_and_the_gateway_keeps_delivering(
     prefix: str,
 ) -> None:
-    opts = {"redis_timeout_s": TIMEOUT_S}
+    opts: dict[str, Any] = {"redis_timeout_s": TIMEOUT_S}
     with redis_process() as server:
         async with (
             gateway(server.url, prefix, "gw1", "g1", heartbeat_s=0.3, **opts) as gw,
