@@ -9,6 +9,7 @@ from contextlib import AsyncExitStack
 
 import pytest
 import redis.asyncio as aioredis
+from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 
 from shared.keys import KeySchema
@@ -79,9 +80,7 @@ async def test_a_drained_gateway_moves_its_clients_without_losing_pushes(
         # Dispatch sends the clients elsewhere; they reconnect there.
         for uid in uids[:5]:
             chosen = (
-                await http.get(
-                    "/v1/dispatch", headers={"Authorization": f"Bearer {token(uid)}"}
-                )
+                await http.get("/v1/dispatch", headers={"Authorization": f"Bearer {token(uid)}"})
             ).json()
             assert chosen["gateway_id"] == "gw2"
         async with client(gw2, uids[0]):
@@ -89,3 +88,124 @@ async def test_a_drained_gateway_moves_its_clients_without_losing_pushes(
                 "/v1/push", json={"to": [uids[0]], "content": "after"}, headers=AUTH
             )
             assert resp.json()["delivered"] == [uids[0]]
+
+
+async def test_200_clients_under_a_push_stream_all_move_and_lose_nothing_delivered(
+    redis_url: str, prefix: str
+) -> None:
+    """The issue's scale: 200 clients on gw1, a push to all of them every 50 ms, and gw1
+    drained. Each client behaves as a real one would: on its 4503 it asks dispatch where
+    to go, and reconnects there."""
+    uids = [f"c{i:03}" for i in range(200)]
+    loop = asyncio.get_running_loop()
+    received: dict[str, list[int]] = {uid: [] for uid in uids}
+    told_at: dict[str, float] = {}  # when each client read its reconnect frame
+    moved_to: dict[str, str] = {}
+    closed_at: dict[str, float] = {}
+    closes: dict[str, int | None] = {}
+    settled: dict[str, asyncio.Event] = {uid: asyncio.Event() for uid in uids}
+    async with (
+        gateway(redis_url, prefix, "gw1", "g1", heartbeat_s=0.2, drain_window_s=2.0) as gw1,
+        gateway(redis_url, prefix, "gw2", "g1", heartbeat_s=0.2) as gw2,
+        gateway(redis_url, prefix, "gw3", "g2", heartbeat_s=0.2) as gw3,
+        api(redis_url, prefix) as http,  # consistent_hash, the default
+    ):
+        by_id = {"gw1": gw1, "gw2": gw2, "gw3": gw3}
+
+        async def run_client(uid: str) -> None:
+            url = f"ws://127.0.0.1:{gw1.ws_port}/ws?token={token(uid)}"
+            async with connect(url) as ws:
+                settled[uid].set()
+                try:
+                    async for data in ws:
+                        frame = json.loads(data)
+                        if frame.get("type") == "reconnect":
+                            told_at[uid] = loop.time()
+                        else:
+                            received[uid].append(frame["content"])
+                except ConnectionClosed:
+                    pass
+                closes[uid] = ws.close_code
+                closed_at[uid] = loop.time()
+            settled[uid].clear()
+            headers = {"Authorization": f"Bearer {token(uid)}"}
+            chosen = (await http.get("/v1/dispatch", headers=headers)).json()
+            moved_to[uid] = chosen["gateway_id"]
+            async with connect(f"{chosen['ws_url']}?token={token(uid)}") as ws:
+                target = by_id[chosen["gateway_id"]]
+                await wait_for(lambda: any(c.uid == uid for c in target.conns), uid)
+                settled[uid].set()
+                async for data in ws:  # until the test ends
+                    received[uid].append(json.loads(data)["content"])
+
+        clients = [asyncio.create_task(run_client(uid)) for uid in uids]
+        try:
+            for uid in uids:
+                await asyncio.wait_for(settled[uid].wait(), 10)
+            await wait_for(lambda: len(gw1.conns) == len(uids), "200 clients on gw1")
+            await asyncio.sleep(0.2)  # their routes are written (coalesced)
+
+            # The push stream: every 50 ms, one push to all 200, numbered.
+            delivered: dict[str, list[int]] = {uid: [] for uid in uids}
+            answered_at: list[float] = []
+            undelivered = 0
+            stop = asyncio.Event()
+
+            async def stream() -> None:
+                nonlocal undelivered
+                n = 0
+                while not stop.is_set():
+                    body = (
+                        await http.post("/v1/push", json={"to": uids, "content": n}, headers=AUTH)
+                    ).json()
+                    answered_at.append(loop.time())
+                    assert len(body["delivered"]) + len(body["offline"]) + len(
+                        body["failed"]
+                    ) == len(uids)
+                    for uid in body["delivered"]:
+                        delivered[uid].append(n)
+                    undelivered += len(uids) - len(body["delivered"])
+                    n += 1
+                    await asyncio.sleep(0.05)
+
+            pusher = asyncio.create_task(stream())
+            await asyncio.sleep(0.5)
+            resp = await http.post("/v1/gateways/gw1/drain", headers=AUTH)
+            assert resp.status_code == 202
+            await asyncio.wait_for(gw1.drained.wait(), 15)
+            await wait_for(lambda: len(moved_to) == len(uids), "every client moved", 10)
+            for uid in uids:
+                await asyncio.wait_for(settled[uid].wait(), 10)
+            await asyncio.sleep(0.5)  # pushes go on after everyone moved
+            stop.set()
+            await asyncio.wait_for(pusher, 10)
+            await asyncio.sleep(0.3)  # the last frames arrive
+
+            assert set(closes.values()) == {CLOSE_DRAIN}
+            assert set(moved_to.values()) <= {"gw2", "gw3"}
+            assert {"gw2", "gw3"} == set(moved_to.values())  # both groups take users
+            assert len(gw1.conns) == 0
+            assert len(gw2.conns) + len(gw3.conns) == len(uids)
+            pushes = len(answered_at)
+            for uid in uids:
+                # Every push reported delivered arrived, exactly once, in order.
+                assert received[uid] == delivered[uid], uid
+                # Until the client was told to go, it got every push.
+                before = [n for n in range(pushes) if answered_at[n] < told_at[uid]]
+                assert set(before) <= set(delivered[uid]), uid
+                # And the last pushes, after everyone moved, reached it on its new gateway.
+                assert pushes - 1 in delivered[uid], uid
+            assert undelivered < len(uids) * 3  # only pushes around each client's own move
+            # Many clients got pushes on gw1 after their reconnect frame: the gateway
+            # delivers until each close, not just until the drain began.
+            late = sum(
+                1
+                for uid in uids
+                if any(told_at[uid] < answered_at[n] < closed_at[uid] for n in delivered[uid])
+            )
+            print(f"{pushes} pushes, {undelivered} undelivered, {late} got pushes while told")
+            assert late > len(uids) // 2
+        finally:
+            for task in clients:
+                task.cancel()
+            await asyncio.gather(*clients, return_exceptions=True)
