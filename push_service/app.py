@@ -100,8 +100,12 @@ def create_app(settings: Settings, clock: Clock | None = None) -> FastAPI:
             stack.push_async_callback(clients.close)
             registry = RedisRouteRegistry(redis, keys, clock)
             # The fleet's TTL is the gateways' to set; readers only read.
+            # Gateways that leave the fleet take their channels and circuit stats along.
             fleet = CachedFleet(
-                RedisGatewayFleet(redis, keys, clock, ttl_s=1), clock, settings.gateway_cache_s
+                RedisGatewayFleet(redis, keys, clock, ttl_s=1),
+                clock,
+                settings.gateway_cache_s,
+                on_change=clients.retain,
             )
             bus = await stack.enter_async_context(bus_from_settings(settings, publish_metrics))
             directory = await stack.enter_async_context(

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from router.gateway_client import ManyGatewayClient
@@ -137,6 +137,17 @@ class CoalescingGatewayClient:
         finally:
             lane.in_flight -= 1
             self._drain(lane)
+
+    def retain(self, live: Mapping[str, str]) -> None:
+        """Drop the idle lanes of addresses no live gateway has, then tell the inner client."""
+        addresses = set(live.values())
+        for address, lane in list(self._lanes.items()):
+            if address not in addresses and not lane.in_flight and not lane.queue:
+                del self._lanes[address]
+        self._inner.retain(live)
+
+    def __len__(self) -> int:
+        return len(self._lanes)
 
     async def close(self) -> None:
         for task in list(self._tasks):

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import logging
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Protocol
 
@@ -12,6 +14,8 @@ from shared.keys import KeySchema, decode_gateway, encode_gateway
 from shared.models import GatewayInfo
 
 __all__ = ["CachedFleet", "GatewayFleet", "RedisGatewayFleet"]
+
+log = logging.getLogger(__name__)
 
 
 class GatewayFleet(Protocol):
@@ -76,13 +80,22 @@ class CachedFleet:
     """A short-lived local cache in front of a fleet, so hot paths do not ask Redis each time.
 
     Refreshes are single-flight: when the cache expires under load, one read goes to
-    Redis and every caller waiting meanwhile shares its answer.
+    Redis and every caller waiting meanwhile shares its answer. `on_change` hears the
+    live gateways (id -> gRPC address) whenever a read finds the membership changed.
     """
 
-    def __init__(self, fleet: GatewayFleet, clock: Clock, max_age_s: float) -> None:
+    def __init__(
+        self,
+        fleet: GatewayFleet,
+        clock: Clock,
+        max_age_s: float,
+        on_change: Callable[[Mapping[str, str]], None] | None = None,
+    ) -> None:
         self._fleet = fleet
         self._clock = clock
         self._max_age = max_age_s
+        self._on_change = on_change
+        self._members: dict[str, str] | None = None
         self._cached: list[GatewayInfo] | None = None
         self._at = 0.0
         self._refresh: asyncio.Future[list[GatewayInfo]] | None = None
@@ -100,9 +113,20 @@ class CachedFleet:
             started = self._clock.monotonic()
             fresh = await self._fleet.live()
             self._cached, self._at = fresh, started
+            self._notify(fresh)
             return fresh
         finally:
             self._refresh = None
+
+    def _notify(self, fresh: list[GatewayInfo]) -> None:
+        members = {g.gateway_id: g.grpc_address for g in fresh}
+        if self._on_change is None or members == self._members:
+            return
+        self._members = members
+        try:
+            self._on_change(members)
+        except Exception:  # a listener's bug must not fail the read
+            log.exception("fleet change listener failed")
 
     def age(self) -> float:
         """Seconds since the cached copy was read (infinite when there is none)."""

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import asyncio
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -22,6 +23,9 @@ __all__ = [
 
 DELIVER_METHOD = "/imroute.v1.Gateway/Deliver"
 DELIVER_MANY_METHOD = "/imroute.v1.Gateway/DeliverMany"
+
+# A channel to a gateway that left the fleet is closed; calls still on it get this long.
+CLOSE_GRACE_S = 5.0
 
 _CHANNEL_OPTIONS = [
     ("grpc.keepalive_time_ms", 30_000),
@@ -43,6 +47,9 @@ class GatewayClient(Protocol):
     async def deliver(
         self, gateway_id: str, address: str, batch: gateway_pb2.Batch, timeout_s: float
     ) -> gateway_pb2.DeliverReply: ...
+
+    def retain(self, live: Mapping[str, str]) -> None:
+        """Forget what is kept for gateways not in `live` (gateway id -> address)."""
 
     async def close(self) -> None: ...
 
@@ -67,8 +74,10 @@ class _Stub:
 class GrpcGatewayClients:
     """Keeps one grpc.aio channel per gateway address; errors become GatewayUnavailable."""
 
-    def __init__(self) -> None:
+    def __init__(self, close_grace_s: float = CLOSE_GRACE_S) -> None:
         self._stubs: dict[str, _Stub] = {}
+        self._grace = close_grace_s
+        self._closing: set[asyncio.Task[None]] = set()
 
     def _stub(self, address: str) -> _Stub:
         stub = self._stubs.get(address)
@@ -113,11 +122,25 @@ class GrpcGatewayClients:
             raise GatewayUnavailable(gateway_id, "DeliverMany answered the wrong number of batches")
         return list(reply.replies)
 
+    def retain(self, live: Mapping[str, str]) -> None:
+        """Close the channels to addresses no live gateway has; calls still on them get
+        `close_grace_s` to finish."""
+        addresses = set(live.values())
+        for address in [a for a in self._stubs if a not in addresses]:
+            channel = self._stubs.pop(address).channel
+            task = asyncio.create_task(channel.close(self._grace), name=f"close:{address}")
+            self._closing.add(task)
+            task.add_done_callback(self._closing.discard)
+
+    def __len__(self) -> int:
+        return len(self._stubs)
+
     async def close(self) -> None:
         stubs = list(self._stubs.values())
         self._stubs.clear()
         for stub in stubs:
             await stub.channel.close()
+        await asyncio.gather(*self._closing, return_exceptions=True)
 
 
 def _translate(gateway_id: str, exc: Exception) -> GatewayUnavailable:

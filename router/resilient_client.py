@@ -14,7 +14,7 @@ same StatsRegistry tells dispatch to skip the gateway meanwhile.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 
 from router.balancing import (
     AttemptInfo,
@@ -94,6 +94,12 @@ class ResilientGatewayClient:
                 return reply
             retry += 1
             await self._sleep(self._policy.backoff(retry))
+
+    def retain(self, live: Mapping[str, str]) -> None:
+        """Forget the stats, circuits and channels of gateways that left the fleet (a
+        gateway that comes back starts with a closed circuit and fresh stats)."""
+        self.stats.retain(frozenset(live))
+        self._inner.retain(live)
 
     async def close(self) -> None:
         await self._inner.close()

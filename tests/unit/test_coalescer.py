@@ -170,3 +170,24 @@ async def test_close_fails_callers_of_a_call_in_flight() -> None:
     for task in queued:
         with pytest.raises(GatewayUnavailable):
             await asyncio.wait_for(task, 1)
+
+
+async def test_retain_drops_idle_lanes_of_departed_gateways_only() -> None:
+    class Retaining(SlowGateway):
+        retained: list[dict[str, str]] = []
+
+        def retain(self, live: dict[str, str]) -> None:
+            self.retained.append(dict(live))
+
+    gw = Retaining(delay=0.05)
+    client = CoalescingGatewayClient(gw, max_in_flight=1)
+    await client.deliver("gw1", "a:1", batch("u1"), 1.0)
+    busy = asyncio.create_task(client.deliver("gw2", "b:1", batch("u2"), 1.0))
+    await asyncio.sleep(0.01)
+    assert len(client) == 2
+    client.retain({})  # both left; gw2's lane still has a call in flight
+    assert len(client) == 1
+    assert gw.retained == [{}]
+    assert (await busy).delivered == ["u2"]  # the call in flight was not disturbed
+    client.retain({})
+    assert len(client) == 0

@@ -50,3 +50,39 @@ async def test_concurrent_callers_share_one_read() -> None:
     results = await asyncio.gather(*waiters[1:])
     assert fleet.reads == 1
     assert {r[0].gateway_id for r in results} == {"gw1"}
+
+
+class ScriptedFleet(CountingFleet):
+    """Answers each read with the next scripted membership."""
+
+    def __init__(self, *rounds: dict[str, str]) -> None:
+        super().__init__()
+        self.rounds = list(rounds)
+
+    async def live(self) -> list[GatewayInfo]:
+        members = self.rounds.pop(0)
+        return [GatewayInfo(g, "g1", "ws://x", a, 0, 0) for g, a in members.items()]
+
+
+async def test_on_change_hears_membership_changes_only() -> None:
+    fleet = ScriptedFleet(
+        {"gw1": "a:1", "gw2": "b:1"},
+        {"gw2": "b:1", "gw1": "a:1"},  # the same members, in another order
+        {"gw1": "a:1"},  # gw2 left
+        {"gw1": "a:2"},  # gw1 came back at another address
+    )
+    heard: list[dict[str, str]] = []
+    cache = CachedFleet(
+        fleet, ManualClock(), max_age_s=0, on_change=lambda m: heard.append(dict(m))
+    )
+    for _ in range(4):
+        await cache.live()
+    assert heard == [{"gw1": "a:1", "gw2": "b:1"}, {"gw1": "a:1"}, {"gw1": "a:2"}]
+
+
+async def test_a_raising_change_listener_does_not_fail_the_read() -> None:
+    def broken(members: object) -> None:
+        raise RuntimeError("bug")
+
+    cache = CachedFleet(ScriptedFleet({"gw1": "a:1"}), ManualClock(), 0, on_change=broken)
+    assert [g.gateway_id for g in await cache.live()] == ["gw1"]
