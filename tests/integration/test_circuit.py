@@ -99,7 +99,8 @@ async def test_a_sigkilled_gateway_process_fails_fast_and_closes_its_circuit_whe
     keys = KeySchema(prefix)
 
     async def connect_kim(proc: Proc) -> Any:
-        ready = read_until(proc, "ready")[-1]
+        # In a thread: blocking the loop would stall the in-process gateway's heartbeats.
+        ready = (await asyncio.to_thread(read_until, proc, "ready"))[-1]
         ws_url = re.search(r"ws=(\S+)", ready)
         assert ws_url, ready
         ws = await connect(f"{ws_url.group(1)}?token={token('kim')}")
@@ -115,11 +116,28 @@ async def test_a_sigkilled_gateway_process_fails_fast_and_closes_its_circuit_whe
         assert resp.status_code == 200, resp.text
         return resp.json(), time.monotonic() - started
 
-    settings: dict[str, Any] = {"circuit_failures": 3, "circuit_cool_off_s": 1.5}
-    async with api(redis_url, prefix, **settings) as http:
+    async def dispatched(http: Any, n: int) -> set[str]:
+        chosen = set()
+        for i in range(n):
+            headers = {"Authorization": f"Bearer {token(f'd{i}')}"}
+            resp = await http.get("/v1/dispatch", headers=headers)
+            assert resp.status_code == 200, resp.text
+            chosen.add(resp.json()["gateway_id"])
+        return chosen
+
+    settings: dict[str, Any] = {
+        "circuit_failures": 3,
+        "circuit_cool_off_s": 1.5,
+        "dispatch_rule": "round_robin",
+    }
+    async with (
+        api(redis_url, prefix, **settings) as http,
+        gateway(redis_url, prefix, "gw2", "g1", heartbeat_s=0.5),
+    ):
         stats = http._transport.app.state.services.pusher._clients.stats  # type: ignore[attr-defined]
         with running(argv, env) as proc:
             ws = await connect_kim(proc)
+            assert await dispatched(http, 4) == {"gwk", "gw2"}
             body, _ = await push(http, 0)
             assert body["delivered"] == ["kim"]
             assert (await recv_json(ws))["content"] == 0
@@ -136,6 +154,9 @@ async def test_a_sigkilled_gateway_process_fails_fast_and_closes_its_circuit_whe
         assert errors[0].startswith("UNAVAILABLE"), errors
         assert "circuit open" in errors[-1], errors
         assert stats.breaker("gwk").state is BreakerState.OPEN
+        # Still in the fleet (its record has not lapsed), but dispatch skips it.
+        assert await redis.exists(keys.gateway("gwk")) == 1
+        assert await dispatched(http, 6) == {"gw2"}
         failures = stats.stats("gwk").failures
         body, elapsed = await push(http, 4)
         assert "circuit open" in body["errors"][0]["error"] and elapsed < 0.2
