@@ -91,7 +91,15 @@ class P2PPusher:
         if reply.expired:
             return GatewayOutcome(target.gateway_id, error="EXPIRED: arrived after its ttl_s")
         if reply.duplicate and not reply.delivered and not reply.missing:
-            # A retry of a batch the gateway wrote, whose first answer it no longer holds.
+            # A retry of a batch the gateway wrote, whose first answer it no longer holds
+            # (its reply cache is bounded): the batch went out, so report its recipients
+            # delivered, though some may have been missing. Rare enough to log.
+            log.warning(
+                "deliver to %s: a retried batch's first answer is gone; reporting its "
+                "%d recipients delivered",
+                target.gateway_id,
+                len(target.uids),
+            )
             return GatewayOutcome(target.gateway_id, target.uids, ())
         return GatewayOutcome(target.gateway_id, reply.delivered, reply.missing)
 

@@ -24,7 +24,7 @@ class DeliverService:
         self._conns = conns
         self._clock = clock
         self._recent = recent
-        self._replies: RecentReplies[gateway_pb2.DeliverReply] = RecentReplies(clock)
+        self._replies = RecentReplies(clock)
         self.calls = 0
         self.batches = 0
         self.duplicates = 0
@@ -33,19 +33,22 @@ class DeliverService:
     def deliver(self, batch: gateway_pb2.Batch) -> gateway_pb2.DeliverReply:
         """Deliver one batch (from a gRPC call or the bus), at most once per batch_id."""
         self.batches += 1
+        if batch.batch_id and batch.mode == gateway_pb2.MODE_P2P:
+            first = self._replies.get(batch.batch_id, batch.uids)
+            if first is not None:
+                # A retried call whose first answer was lost: answer as the first attempt
+                # did (even if the push has expired since: it was delivered in time).
+                self.duplicates += 1
+                return gateway_pb2.DeliverReply(
+                    delivered=first[0], missing=first[1], duplicate=True
+                )
         if batch.expires_ms and self._clock.now_ms() > batch.expires_ms:
             # Never late: an expired message is dropped here and counted.
             self.expired += 1
             return gateway_pb2.DeliverReply(expired=True)
         if batch.batch_id and self._recent.check_and_add(batch.batch_id):
             self.duplicates += 1
-            first = self._replies.get(batch.batch_id)
-            if first is None:
-                return gateway_pb2.DeliverReply(duplicate=True)
-            # A retried call whose first answer was lost: answer as the first attempt did.
-            return gateway_pb2.DeliverReply(
-                delivered=first.delivered, missing=first.missing, duplicate=True
-            )
+            return gateway_pb2.DeliverReply(duplicate=True)
         m = batch.message
         message = Message(
             m.msg_id, m.push_id, m.msg_type, getattr(m, "from"), m.content_json, m.ts_ms
@@ -55,10 +58,9 @@ class DeliverService:
         if batch.everyone:
             return gateway_pb2.DeliverReply(connections=self._conns.deliver_all(frame))
         delivered, missing = self._conns.deliver(batch.uids, frame)
-        reply = gateway_pb2.DeliverReply(delivered=delivered, missing=missing)
         if batch.mode == gateway_pb2.MODE_P2P and batch.batch_id:
-            self._replies.put(batch.batch_id, reply)
-        return reply
+            self._replies.put(batch.batch_id, batch.uids, delivered)
+        return gateway_pb2.DeliverReply(delivered=delivered, missing=missing)
 
     async def _handle(
         self,

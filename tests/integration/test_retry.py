@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+from router.registry import Registration
 from socket_gateway.faults import FailCalls
 from tests.integration.stack import AUTH, api, client, gateway, nothing_more, recv_json
 
@@ -22,11 +23,18 @@ async def test_a_retry_on_the_same_gateway_delivers_exactly_once(
         api(redis_url, prefix, deliver_retries=1) as http,
         client(gw, "amy") as ws,
     ):
+        # bob has a route to gw1 but no connection there: the gateway answers him missing,
+        # and the retry must say so too, not claim him delivered.
+        assert gw.registry is not None
+        await gw.registry.refresh([Registration("bob", "gw1.gone.1")])
         faults.arm(1, after=after)
-        resp = await http.post("/v1/push", json={"to": ["amy"], "content": "hi"}, headers=AUTH)
+        resp = await http.post(
+            "/v1/push", json={"to": ["amy", "bob"], "content": "hi"}, headers=AUTH
+        )
         assert resp.status_code == 200, resp.text
         body = resp.json()
         assert body["delivered"] == ["amy"] and body["failed"] == [], body
+        assert body["offline"] == ["bob"], body
         assert faults.failed == 1  # the failure happened, and the retry answered
         frame = await recv_json(ws)
         assert frame["content"] == "hi"
