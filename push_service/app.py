@@ -40,7 +40,7 @@ from router.coalescer import CoalescingGatewayClient
 from router.directory.sql import SqlUserDirectory
 from router.dispatch import Dispatcher
 from router.fleet import CachedFleet, RedisGatewayFleet
-from router.gateway_client import GrpcGatewayClients
+from router.gateway_client import CLOSE_GRACE_S, GrpcGatewayClients
 from router.hedging.metrics import PublishMetrics
 from router.job_runner import JobRunner
 from router.jobs import RedisJobStore
@@ -96,7 +96,7 @@ def create_app(settings: Settings, clock: Clock | None = None) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         async with AsyncExitStack() as stack:
             redis = await stack.enter_async_context(contextlib.aclosing(redis_client))
-            clients = _gateway_clients(settings, clock, call_metrics)
+            clients, call_stats = _gateway_clients(settings, clock, call_metrics)
             stack.push_async_callback(clients.close)
             registry = RedisRouteRegistry(redis, keys, clock)
             # The fleet's TTL is the gateways' to set; readers only read.
@@ -128,7 +128,8 @@ def create_app(settings: Settings, clock: Clock | None = None) -> FastAPI:
                 jobs=jobs,
                 runner=runner,
                 # One view of gateways' health, for P2P calls and for dispatch.
-                dispatcher=Dispatcher(fleet, clock, settings.dispatch_rule, clients.stats),
+                dispatcher=Dispatcher(fleet, clock, settings.dispatch_rule, call_stats),
+                call_stats=call_stats,
             )
             yield
 
@@ -217,7 +218,7 @@ def create_app(settings: Settings, clock: Clock | None = None) -> FastAPI:
 
 def _gateway_clients(
     settings: Settings, clock: Clock, call_metrics: CallMetrics
-) -> ResilientGatewayClient:
+) -> tuple[CoalescingGatewayClient, StatsRegistry]:
     """gRPC to the gateways: coalesced, with stats, circuit breakers and retries."""
     stats = StatsRegistry(
         clock,
@@ -225,12 +226,15 @@ def _gateway_clients(
             failure_threshold=settings.circuit_failures, cool_off_s=settings.circuit_cool_off_s
         ),
     )
-    return ResilientGatewayClient(
-        CoalescingGatewayClient(GrpcGatewayClients()),
+    # Retries and the circuit count RPCs, below the coalescer: one failed DeliverMany is
+    # one failure (and one retry of the whole call), however many pushes it carried.
+    resilient = ResilientGatewayClient(
+        GrpcGatewayClients(close_grace_s=max(CLOSE_GRACE_S, settings.deliver_timeout_s)),
         stats,
         RetryPolicy(max_retries_same=settings.deliver_retries, max_retries_next=0),
         listeners=Listeners([call_metrics, CallLog()]),
     )
+    return CoalescingGatewayClient(resilient), stats
 
 
 def _add_error_handlers(app: FastAPI) -> None:

@@ -8,6 +8,7 @@ from typing import Annotated
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
+from router.balancing import StatsRegistry
 from router.bus.base import Bus
 from router.directory.sql import SqlUserDirectory
 from router.dispatch import Dispatcher
@@ -38,6 +39,8 @@ class Services:
     jobs: RedisJobStore
     runner: JobRunner
     dispatcher: Dispatcher
+    # per-gateway call stats and circuits, shared by P2P calls and dispatch
+    call_stats: StatsRegistry
 
 
 # Dependencies are async on purpose: FastAPI runs sync ones in a thread pool, which

@@ -81,7 +81,7 @@ class CachedFleet:
 
     Refreshes are single-flight: when the cache expires under load, one read goes to
     Redis and every caller waiting meanwhile shares its answer. `on_change` hears the
-    live gateways (id -> gRPC address) whenever a read finds the membership changed.
+    live gateways (id -> gRPC address) after each read from Redis.
     """
 
     def __init__(
@@ -95,7 +95,6 @@ class CachedFleet:
         self._clock = clock
         self._max_age = max_age_s
         self._on_change = on_change
-        self._members: dict[str, str] | None = None
         self._cached: list[GatewayInfo] | None = None
         self._at = 0.0
         self._refresh: asyncio.Future[list[GatewayInfo]] | None = None
@@ -119,12 +118,13 @@ class CachedFleet:
             self._refresh = None
 
     def _notify(self, fresh: list[GatewayInfo]) -> None:
-        members = {g.gateway_id: g.grpc_address for g in fresh}
-        if self._on_change is None or members == self._members:
+        if self._on_change is None:
             return
-        self._members = members
         try:
-            self._on_change(members)
+            # On every read, not only on a change: what was kept for a departed gateway
+            # may be re-created by a call planned before it left, or be kept on purpose
+            # for a while (an open circuit), and must still go.
+            self._on_change({g.gateway_id: g.grpc_address for g in fresh})
         except Exception:  # a listener's bug must not fail the read
             log.exception("fleet change listener failed")
 

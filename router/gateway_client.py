@@ -14,6 +14,7 @@ from shared.errors import GatewayUnavailable
 from shared.proto import gateway_pb2
 
 __all__ = [
+    "CLOSE_GRACE_S",
     "DELIVER_MANY_METHOD",
     "DELIVER_METHOD",
     "GatewayClient",
@@ -140,7 +141,8 @@ class GrpcGatewayClients:
         self._stubs.clear()
         for stub in stubs:
             await stub.channel.close()
-        await asyncio.gather(*self._closing, return_exceptions=True)
+        while self._closing:  # a retain during the awaits above may add more
+            await asyncio.gather(*list(self._closing), return_exceptions=True)
 
 
 def _translate(gateway_id: str, exc: Exception) -> GatewayUnavailable:

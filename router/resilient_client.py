@@ -1,4 +1,4 @@
-"""P2P deliveries with per-gateway stats, circuit breaking and retries on the same gateway.
+"""P2P calls with per-gateway stats, circuit breaking and retries on the same gateway.
 
 A P2P call must reach the gateway the user is connected to, so a failed call is retried
 there (never on "the next server"), up to `max_retries_same` times with jittered backoff,
@@ -14,7 +14,8 @@ same StatsRegistry tells dispatch to skip the gateway meanwhile.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import TypeVar
 
 from router.balancing import (
     AttemptInfo,
@@ -24,7 +25,7 @@ from router.balancing import (
     RetryPolicy,
     StatsRegistry,
 )
-from router.gateway_client import GatewayClient
+from router.gateway_client import ManyGatewayClient
 from shared.errors import GatewayUnavailable
 from shared.proto import gateway_pb2
 
@@ -34,13 +35,20 @@ __all__ = ["TRANSPORT_CODES", "ResilientGatewayClient"]
 # not: the push's time is spent. Both count against the circuit.
 TRANSPORT_CODES = frozenset({"UNAVAILABLE"})
 
+R = TypeVar("R")
+
 
 class ResilientGatewayClient:
-    """A GatewayClient wrapper: circuit breaker, stats and same-gateway retries."""
+    """A ManyGatewayClient wrapper: circuit breaker, stats and same-gateway retries.
+
+    It sits *below* the coalescer, so it sees RPCs, not pushes: a DeliverMany carrying
+    50 pushes that fails is one failure for the circuit and one retry (of the whole
+    call, with the same batch ids), not 50.
+    """
 
     def __init__(
         self,
-        inner: GatewayClient,
+        inner: ManyGatewayClient,
         stats: StatsRegistry,
         policy: RetryPolicy,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
@@ -55,6 +63,28 @@ class ResilientGatewayClient:
     async def deliver(
         self, gateway_id: str, address: str, batch: gateway_pb2.Batch, timeout_s: float
     ) -> gateway_pb2.DeliverReply:
+        inner = self._inner
+        return await self._call(
+            gateway_id, address, lambda: inner.deliver(gateway_id, address, batch, timeout_s)
+        )
+
+    async def deliver_many(
+        self,
+        gateway_id: str,
+        address: str,
+        batches: Sequence[gateway_pb2.Batch],
+        timeout_s: float,
+    ) -> list[gateway_pb2.DeliverReply]:
+        inner = self._inner
+        return await self._call(
+            gateway_id,
+            address,
+            lambda: inner.deliver_many(gateway_id, address, batches, timeout_s),
+        )
+
+    async def _call(
+        self, gateway_id: str, address: str, attempt_call: Callable[[], Awaitable[R]]
+    ) -> R:
         server = GatewayState(gateway_id, "", "", address, 0, 0)
         clock = self.stats.clock
         ctx = ExecutionContext(key=None, pinned=gateway_id, started=clock.monotonic())
@@ -77,7 +107,7 @@ class ResilientGatewayClient:
             events.on_start_with_server(ctx, attempt)
             started = clock.monotonic()
             try:
-                reply = await self._inner.deliver(gateway_id, address, batch, timeout_s)
+                reply = await attempt_call()
             except GatewayUnavailable as exc:
                 self.stats.on_failure(ticket)
                 events.on_exception_with_server(ctx, attempt, exc)

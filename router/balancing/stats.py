@@ -282,8 +282,13 @@ class StatsRegistry:
         self._tripped.discard(gateway_id)
 
     def retain(self, gateway_ids: set[str] | frozenset[str]) -> None:
-        """Drop every gateway not in `gateway_ids` (the live fleet)."""
-        for gateway_id in [g for g in self._entries if g not in gateway_ids]:
+        """Drop every gateway not in `gateway_ids` (the live fleet), except one whose
+        circuit is open: a flapping gateway that drops out of the fleet and comes back
+        within its cool-off must not come back with a clean slate. It goes at the first
+        `retain` after its cool-off."""
+        for gateway_id, entry in list(self._entries.items()):
+            if gateway_id in gateway_ids or entry.breaker.state is BreakerState.OPEN:
+                continue
             self.forget(gateway_id)
 
     def __contains__(self, gateway_id: object) -> bool:

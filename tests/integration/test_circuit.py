@@ -58,7 +58,7 @@ async def test_a_dead_gateway_trips_its_circuit_and_a_probe_closes_it(
         return resp.json(), time.monotonic() - started
 
     async with api(redis_url, prefix, **settings) as http:
-        stats = http._transport.app.state.services.pusher._clients.stats  # type: ignore[attr-defined]
+        stats = http._transport.app.state.services.call_stats  # type: ignore[attr-defined]
         first, _ = await push(http)
         assert first["failed"] == ["zed"]
         assert first["errors"][0]["error"].startswith("UNAVAILABLE")
@@ -134,7 +134,7 @@ async def test_a_sigkilled_gateway_process_fails_fast_and_closes_its_circuit_whe
         api(redis_url, prefix, **settings) as http,
         gateway(redis_url, prefix, "gw2", "g1", heartbeat_s=0.5),
     ):
-        stats = http._transport.app.state.services.pusher._clients.stats  # type: ignore[attr-defined]
+        stats = http._transport.app.state.services.call_stats  # type: ignore[attr-defined]
         with running(argv, env) as proc:
             ws = await connect_kim(proc)
             assert await dispatched(http, 4) == {"gwk", "gw2"}

@@ -4,8 +4,14 @@ comes back is reached afresh. Real Redis, real gRPC."""
 
 from __future__ import annotations
 
-import pytest
+import asyncio
 
+import grpc
+import pytest
+import redis.asyncio as aioredis
+
+from shared.keys import KeySchema
+from socket_gateway.faults import DelayCalls
 from tests.integration.stack import AUTH, api, client, gateway, recv_json
 
 pytestmark = pytest.mark.integration
@@ -19,9 +25,10 @@ async def test_a_departed_gateway_leaves_no_channel_lane_or_stats_behind(
         api(redis_url, prefix) as http,
         client(gw1, "ann") as ann,
     ):
-        resilient = http._transport.app.state.services.pusher._clients  # type: ignore[attr-defined]
-        coalescing = resilient._inner
-        grpc_clients = coalescing._inner
+        services = http._transport.app.state.services  # type: ignore[attr-defined]
+        coalescing = services.pusher._clients
+        grpc_clients = coalescing._inner._inner
+        stats = services.call_stats
 
         async def push(to: list[str], content: object) -> dict[str, object]:
             resp = await http.post("/v1/push", json={"to": to, "content": content}, headers=AUTH)
@@ -37,14 +44,21 @@ async def test_a_departed_gateway_leaves_no_channel_lane_or_stats_behind(
             assert sorted(body["delivered"]) == ["ann", "bob"]  # type: ignore[arg-type]
             assert (await recv_json(bob))["content"] == 1
             assert len(grpc_clients) == 2 and len(coalescing) == 2
-            assert "gw2" in resilient.stats
+            assert "gw2" in stats
+            channel = grpc_clients._stubs[f"127.0.0.1:{gw2.grpc_port}"].channel
         # gw2 stopped (its fleet record withdrawn); the next push reads the fleet.
         body = await push(["ann", "bob"], 2)
         assert body["delivered"] == ["ann"]
         assert (await recv_json(ann))["content"] == 1
         assert (await recv_json(ann))["content"] == 2
         assert len(grpc_clients) == 1 and len(coalescing) == 1
-        assert "gw2" not in resilient.stats and "gw1" in resilient.stats
+        assert "gw2" not in stats and "gw1" in stats
+        # Its channel was closed, not just dropped (nothing was in flight on it).
+        for _ in range(100):
+            if channel.get_state() is grpc.ChannelConnectivity.SHUTDOWN:
+                break
+            await asyncio.sleep(0.05)
+        assert channel.get_state() is grpc.ChannelConnectivity.SHUTDOWN
 
         # gw2 is back (on a port of its own again): reached through a new channel.
         async with (
@@ -55,3 +69,30 @@ async def test_a_departed_gateway_leaves_no_channel_lane_or_stats_behind(
             assert body["delivered"] == ["bob"], body
             assert (await recv_json(bob))["content"] == 3
             assert len(grpc_clients) == 2
+
+
+async def test_a_call_in_flight_when_its_gateway_drops_out_still_completes(
+    redis_url: str, prefix: str, redis: aioredis.Redis
+) -> None:
+    keys = KeySchema(prefix)
+    slow = DelayCalls(0.0)
+    async with (
+        gateway(redis_url, prefix, "gw1", "g1", heartbeat_s=5) as gw1,
+        gateway(redis_url, prefix, "gw2", "g1", heartbeat_s=5, interceptors=[slow]) as gw2,
+        api(redis_url, prefix) as http,
+        client(gw1, "ann"),
+        client(gw2, "bob") as bob,
+    ):
+        push = {"to": ["bob"], "content": "slow"}
+        slow.seconds = 0.5
+        in_flight = asyncio.create_task(http.post("/v1/push", json=push, headers=AUTH))
+        await asyncio.sleep(0.2)
+        # gw2's record lapses (as after missed heartbeats) while the call is on its way;
+        # the next push reads the fleet and lets go of gw2's channel.
+        await redis.zrem(keys.gateways(), "gw2")
+        await redis.delete(keys.gateway("gw2"))
+        other = await http.post("/v1/push", json={"to": ["ann"], "content": 1}, headers=AUTH)
+        assert other.json()["delivered"] == ["ann"]
+        body = (await in_flight).json()
+        assert body["delivered"] == ["bob"], body  # the channel's grace let it finish
+        assert (await recv_json(bob))["content"] == "slow"

@@ -174,7 +174,9 @@ async def test_close_fails_callers_of_a_call_in_flight() -> None:
 
 async def test_retain_drops_idle_lanes_of_departed_gateways_only() -> None:
     class Retaining(SlowGateway):
-        retained: list[dict[str, str]] = []
+        def __init__(self, delay: float) -> None:
+            super().__init__(delay)
+            self.retained: list[dict[str, str]] = []
 
         def retain(self, live: dict[str, str]) -> None:
             self.retained.append(dict(live))

@@ -4,10 +4,12 @@ inner client, a ManualClock, no sleeping)."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Mapping, Sequence
 
 import pytest
 
 from router.balancing import BreakerState, RetryPolicy, StatsRegistry, StatsSettings
+from router.coalescer import CoalescingGatewayClient
 from router.resilient_client import ResilientGatewayClient
 from shared.clock import ManualClock
 from shared.errors import GatewayUnavailable
@@ -21,6 +23,7 @@ class Inner:
         self.codes = list(codes)
         self.calls: list[str] = []
         self.block: asyncio.Event | None = None
+        self.many_codes: list[str] = []  # failures of DeliverMany calls
 
     async def deliver(
         self, gateway_id: str, address: str, batch: gateway_pb2.Batch, timeout_s: float
@@ -32,6 +35,24 @@ class Inner:
             code = self.codes.pop(0)
             raise GatewayUnavailable(gateway_id, f"{code}: injected", code)
         return gateway_pb2.DeliverReply(delivered=list(batch.uids))
+
+    async def deliver_many(
+        self,
+        gateway_id: str,
+        address: str,
+        batches: Sequence[gateway_pb2.Batch],
+        timeout_s: float,
+    ) -> list[gateway_pb2.DeliverReply]:
+        self.calls.append(",".join(b.batch_id for b in batches))
+        if self.block is not None:
+            await self.block.wait()
+        if self.many_codes:
+            code = self.many_codes.pop(0)
+            raise GatewayUnavailable(gateway_id, f"{code}: injected", code)
+        return [gateway_pb2.DeliverReply(delivered=list(b.uids)) for b in batches]
+
+    def retain(self, live: Mapping[str, str]) -> None:
+        pass
 
     async def close(self) -> None:
         pass
@@ -144,3 +165,30 @@ async def test_metrics_count_attempts_retries_and_failures() -> None:
     assert value("imroute_gateway_call_retries_total") == 1
     assert value("imroute_gateway_calls_failed_total") == 1
     assert value("imroute_gateway_call_seconds_count") == 1
+
+
+async def test_a_failed_coalesced_call_counts_once_and_is_retried_whole() -> None:
+    """Eight pushes queued behind a busy call share one DeliverMany; it fails once. That
+    is one failure for the circuit (threshold 2 here), and one retry of the whole call."""
+    inner = Inner()
+    resilient = wrapper(inner, retries=1, failures=2)
+    client = CoalescingGatewayClient(resilient, max_in_flight=1)
+    inner.block = asyncio.Event()
+    first = asyncio.create_task(client.deliver("gw1", "addr", BATCH, 1.0))
+    await asyncio.sleep(0)
+    queued = [
+        asyncio.create_task(
+            client.deliver("gw1", "addr", gateway_pb2.Batch(batch_id=f"q{i}", uids=[f"u{i}"]), 1.0)
+        )
+        for i in range(8)
+    ]
+    await asyncio.sleep(0)
+    inner.many_codes = ["UNAVAILABLE"]  # the coalesced call fails once
+    inner.block.set()
+    await first
+    replies = await asyncio.gather(*queued)
+    assert [list(r.delivered) for r in replies] == [[f"u{i}"] for i in range(8)]
+    many = ",".join(f"q{i}" for i in range(8))
+    assert inner.calls == ["b1", many, many]  # the whole call again, same batch ids
+    assert resilient.stats.stats("gw1").failures == 1
+    assert resilient.stats.breaker("gw1").state is BreakerState.CLOSED
