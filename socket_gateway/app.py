@@ -212,7 +212,18 @@ class Gateway:
 
     async def _announce(self) -> None:
         assert self.fleet is not None and self._redis is not None
-        if not await self.fleet.announce(self.info):
+        # A beat may take at most a heartbeat: with the fixed delay between beats, a slow
+        # Redis then leaves at most two intervals between records, and the record's TTL
+        # is three (a Redis command alone may take IMROUTE_REDIS_TIMEOUT_S, 5 s).
+        interval = self.settings.heartbeat_s
+        try:
+            async with asyncio.timeout(interval):
+                found = await self.fleet.announce(self.info)
+        except TimeoutError:
+            raise RegistryUnavailable(
+                f"announcing the fleet record took over a heartbeat ({interval}s)"
+            ) from None
+        if not found:
             # Our record was gone: Redis lost its data (a restart, a failover) or was
             # out of reach for a whole TTL. The routes are likely gone too: write every
             # local connection's now, not at the next route refresh.
