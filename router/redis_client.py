@@ -10,6 +10,8 @@ from typing import Any, ParamSpec, TypeVar
 import redis.asyncio as aioredis
 import redis.exceptions
 from redis.asyncio.cluster import RedisCluster
+from redis.asyncio.retry import Retry
+from redis.backoff import ExponentialWithJitterBackoff
 
 from shared.errors import ConfigError, RegistryUnavailable
 
@@ -21,6 +23,7 @@ RedisClient = aioredis.Redis | RedisCluster
 POOL_SIZE = 64
 POOL_WAIT_S = 5.0
 REDIS_TIMEOUT_S = 5.0  # IMROUTE_REDIS_TIMEOUT_S
+CLUSTER_RETRIES = 2
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -38,6 +41,10 @@ def create_redis(url: str, timeout_s: float = REDIS_TIMEOUT_S) -> RedisClient:
             return RedisCluster.from_url(
                 "redis://" + url.removeprefix("redis+cluster://"),
                 decode_responses=True,
+                # redis-py retries a cluster command 10 times by default: with a hung
+                # node, over 50 s before an answer. Twice is enough to ride a MOVED or
+                # a failover's new topology; a hung node costs ~3 timeouts.
+                retry=Retry(ExponentialWithJitterBackoff(base=0.05, cap=0.5), CLUSTER_RETRIES),
                 **timeouts,
             )
         # A blocking pool makes a burst of callers wait for a connection instead of
