@@ -8,9 +8,10 @@ Every `--every` seconds it prints how the clients spread over the gateways:
     t=2.0s connected=1000/1000 gw1=250 gw2=250 gw3=250 gw4=250 moves=0 pushes=0
 
 Drain a gateway meanwhile (`POST /v1/gateways/gw1/drain` with the API key) and watch
-its clients move. `--json` prints the same as JSON lines; `--duration` stops after that
-many seconds (else Ctrl-C). Tokens are minted with IMROUTE_SECRET, the stack's client
-secret (`imroute dev` prints it).
+its clients move: a client told to go asks dispatch again at once; one refused (4429
+full, 1013 try again) or cut off backs off with jitter first. `--json` prints the
+same as JSON lines; `--duration` stops after that many seconds (else Ctrl-C). Tokens
+are minted with IMROUTE_SECRET, the stack's client secret (`imroute dev` prints it).
 """
 
 from __future__ import annotations
@@ -30,16 +31,19 @@ from dataclasses import dataclass, field
 
 import httpx
 from websockets.asyncio.client import ClientConnection, connect
-from websockets.exceptions import ConnectionClosed, InvalidStatus, WebSocketException
+from websockets.exceptions import ConnectionClosed, WebSocketException
 
 from shared.auth import issue_token
 from shared.clock import SystemClock
 
 CLOSE_DRAIN = 4503
 CLOSE_FULL = 4429
+CLOSE_UNAUTHORIZED = 4401
 TOKEN_TTL_S = 24 * 3600
 CONNECT_PARALLEL = 64  # dispatches and handshakes in flight at start
+MIN_BACKOFF_S = 0.1
 MAX_BACKOFF_S = 5.0
+STABLE_S = 5.0  # a connection that lived this long resets the backoff
 
 
 class Fatal(Exception):
@@ -51,7 +55,8 @@ class Client:
     uid: str
     gateway: str | None = None  # where it is connected now
     pushes: int = 0
-    moves: int = 0  # reconnections after a drain or a full gateway
+    moves: int = 0  # reconnections after a drain
+    refused: int = 0  # closes 4429: the gateway was full
     told: int = 0  # reconnect frames received
 
 
@@ -69,6 +74,7 @@ class Fleet:
             "connected": sum(where.values()),
             "gateways": dict(sorted(where.items())),
             "moves": sum(c.moves for c in self.clients),
+            "refused": sum(c.refused for c in self.clients),
             "told": sum(c.told for c in self.clients),
             "pushes": sum(c.pushes for c in self.clients),
             "dispatch_errors": dict(self.dispatch_errors),
@@ -80,34 +86,44 @@ def line(snap: dict[str, object]) -> str:
     assert isinstance(gateways, dict)
     spread = " ".join(f"{g}={n}" for g, n in gateways.items())
     errors = snap["dispatch_errors"]
-    tail = f" dispatch_errors={errors}" if errors else ""
+    tail = f" refused={snap['refused']}" if snap["refused"] else ""
+    tail += f" dispatch_errors={errors}" if errors else ""
     return (
         f"t={snap['t']}s connected={snap['connected']}/{snap['clients']} {spread} "
         f"moves={snap['moves']} pushes={snap['pushes']}{tail}"
     )
 
 
+def retry_after(value: str | None, default: float) -> float:
+    """Retry-After in seconds (a number; an HTTP date or garbage gives `default`), clamped."""
+    try:
+        seconds = float(value) if value is not None else default
+    except ValueError:
+        seconds = default
+    return min(max(seconds, MIN_BACKOFF_S), MAX_BACKOFF_S)
+
+
 async def dispatch(http: httpx.AsyncClient, token: str, fleet: Fleet) -> dict[str, str]:
-    """Where to connect; waits out 503s (Retry-After) and network errors."""
-    delay = 0.2
+    """Where to connect; waits out 503s and 429s (Retry-After), 5xx and network errors."""
+    delay = MIN_BACKOFF_S
     while True:
         try:
             resp = await http.get("/v1/dispatch", headers={"Authorization": f"Bearer {token}"})
-        except httpx.HTTPError as exc:
+            answer = resp.json() if resp.status_code == 200 else None
+        except (httpx.HTTPError, ValueError) as exc:
             fleet.dispatch_errors[type(exc).__name__] += 1
         else:
-            if resp.status_code == 200:
-                answer: dict[str, str] = resp.json()
+            if isinstance(answer, dict) and "ws_url" in answer:
                 return answer
             if resp.status_code == 401:
                 raise Fatal(
                     f"dispatch refused the client token (401: {resp.text}); "
                     "is IMROUTE_SECRET the stack's client secret?"
                 )
-            if resp.status_code != 503:
+            if resp.status_code < 500 and resp.status_code != 429:
                 raise Fatal(f"dispatch answered {resp.status_code}: {resp.text}")
-            fleet.dispatch_errors["503"] += 1
-            delay = float(resp.headers.get("Retry-After", delay))
+            fleet.dispatch_errors[str(resp.status_code)] += 1
+            delay = retry_after(resp.headers.get("Retry-After"), delay)
         await asyncio.sleep(delay * random.uniform(0.5, 1.5))
         delay = min(delay * 2, MAX_BACKOFF_S)
 
@@ -116,49 +132,66 @@ async def run_client(
     client: Client, http: httpx.AsyncClient, secret: str, fleet: Fleet, gate: asyncio.Semaphore
 ) -> None:
     token = issue_token(secret, client.uid, TOKEN_TTL_S, SystemClock())
-    first = True
-    backoff = 0.2
+    backoff = MIN_BACKOFF_S
+    async with gate:  # the first connections, a bounded number at a time
+        target = await dispatch(http, token, fleet)
+        ws = await _open(target, token)
     while True:
-        if first:
-            async with gate:
-                target = await dispatch(http, token, fleet)
-                ws = await _open(target, token)
-        else:
-            target = await dispatch(http, token, fleet)
-            ws = await _open(target, token)
-        first = False
         if ws is None:
+            lived = 0.0
+            code = None
+        else:
+            code, lived = await _serve(client, target["gateway_id"], ws)
+        if code == CLOSE_UNAUTHORIZED:
+            raise Fatal(f"the gateway refused {client.uid}'s token (close {code})")
+        if code == CLOSE_DRAIN:
+            client.moves += 1  # told to go: go now, dispatch knows where
+            backoff = MIN_BACKOFF_S
+        else:
+            # Unreachable, full (4429), try again (1013), or gone some other way: back
+            # off before asking again, longer each time unless the connection had lived.
+            client.refused += code == CLOSE_FULL
+            if lived > STABLE_S:
+                backoff = MIN_BACKOFF_S
             await asyncio.sleep(backoff * random.uniform(0.5, 1.5))
             backoff = min(backoff * 2, MAX_BACKOFF_S)
-            continue
-        backoff = 0.2
-        client.gateway = target["gateway_id"]
-        try:
-            async for data in ws:
-                if isinstance(data, str) and data.startswith('{"type":"reconnect"'):
-                    client.told += 1
-                else:
-                    client.pushes += 1
-        except ConnectionClosed:
-            pass
-        finally:
-            client.gateway = None
-            await ws.close()
-        if ws.close_code in (CLOSE_DRAIN, CLOSE_FULL):
-            client.moves += 1
-        else:  # the gateway went away some other way: back off, then ask again
-            await asyncio.sleep(backoff * random.uniform(0.5, 1.5))
+        target = await dispatch(http, token, fleet)
+        ws = await _open(target, token)
+
+
+async def _serve(client: Client, gateway_id: str, ws: ClientConnection) -> tuple[int | None, float]:
+    """Read frames until the connection closes; (its close code, seconds it lived)."""
+    opened = time.monotonic()
+    client.gateway = gateway_id
+    try:
+        async for data in ws:
+            if _is_reconnect(data):
+                client.told += 1
+            else:
+                client.pushes += 1
+    except ConnectionClosed:
+        pass
+    finally:
+        client.gateway = None
+        await ws.close()
+    return ws.close_code, time.monotonic() - opened
+
+
+def _is_reconnect(data: str | bytes) -> bool:
+    if not isinstance(data, str) or '"reconnect"' not in data:
+        return False  # cheap test first: pushes are the common case
+    try:
+        frame = json.loads(data)
+    except ValueError:
+        return False
+    return isinstance(frame, dict) and frame.get("type") == "reconnect"
 
 
 async def _open(target: dict[str, str], token: str) -> ClientConnection | None:
     try:
         return await connect(f"{target['ws_url']}?token={token}", open_timeout=10)
-    except InvalidStatus as exc:
-        if exc.response.status_code in (401, 403):
-            raise Fatal(f"the gateway refused the token ({exc.response.status_code})") from None
-        return None
     except (OSError, TimeoutError, WebSocketException):
-        return None
+        return None  # the gateway went away since dispatch chose it: ask again
 
 
 async def main_async(args: argparse.Namespace, secret: str) -> int:

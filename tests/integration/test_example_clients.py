@@ -9,6 +9,7 @@ import re
 import signal
 import subprocess
 import sys
+import time
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -24,14 +25,14 @@ COUNT = 200
 
 
 def reports(proc: Proc, until: Any, timeout: float = 30.0) -> dict[str, Any]:
-    """The clients' JSON reports, up to the first one `until` accepts."""
-    seen: list[str] = []
-    while True:
-        lines = read_until(proc, '"t":', timeout)
-        seen.extend(lines)
-        snap: dict[str, Any] = json.loads(lines[-1])
-        if until(snap):
-            return snap
+    """The clients' JSON reports, up to the first one `until` accepts (within `timeout`)."""
+    deadline = time.monotonic() + timeout
+    last: dict[str, Any] = {}
+    while (left := deadline - time.monotonic()) > 0:
+        last = json.loads(read_until(proc, '"t":', left)[-1])
+        if until(last):
+            return last
+    raise AssertionError(f"the clients never got there; last report: {last}")
 
 
 def test_clients_dispatch_then_move_off_a_drained_gateway(
