@@ -72,7 +72,7 @@ async def test_a_dead_gateway_trips_its_circuit_and_a_probe_closes_it(
         assert stats.stats("gw1").failures == 3
         fast, elapsed = await push(http)
         assert fast["failed"] == ["zed"] and "circuit open" in fast["errors"][0]["error"]
-        assert elapsed < 0.2  # no call was made
+        assert elapsed < 1.0  # no call was made (the failure count below proves it)
         assert stats.stats("gw1").failures == 3  # unchanged: no call was made
 
         # The gateway comes back at the same address; after the cool-off, a probe goes
@@ -92,10 +92,10 @@ async def test_a_sigkilled_gateway_process_fails_fast_and_closes_its_circuit_whe
 ) -> None:
     port = free_port_block([0])
     env = base_env(IMROUTE_REDIS_URL=redis_url, IMROUTE_REDIS_PREFIX=prefix, IMROUTE_SECRET=SECRET)
-    # A heartbeat of 2 s keeps the dead gateway in the fleet for 6 s: long enough for
+    # A heartbeat of 5 s keeps the dead gateway in the fleet for 10-15 s: long enough for
     # pushes to try it, as they would in the seconds after a real crash.
     argv = [str(BIN / "imroute"), "gateway", "--id", "gwk", "--group", "g1",
-            "--ws-port", "0", "--grpc-port", str(port), "--heartbeat", "2"]  # fmt: skip
+            "--ws-port", "0", "--grpc-port", str(port), "--heartbeat", "5"]  # fmt: skip
     keys = KeySchema(prefix)
 
     async def connect_kim(proc: Proc) -> Any:
@@ -159,7 +159,7 @@ async def test_a_sigkilled_gateway_process_fails_fast_and_closes_its_circuit_whe
         assert await dispatched(http, 6) == {"gw2"}
         failures = stats.stats("gwk").failures
         body, elapsed = await push(http, 4)
-        assert "circuit open" in body["errors"][0]["error"] and elapsed < 0.2
+        assert "circuit open" in body["errors"][0]["error"] and elapsed < 1.0
         assert stats.stats("gwk").failures == failures  # failed fast: no call was made
 
         # Restarted at the same address: after the cool-off, a probe closes the circuit.
