@@ -102,6 +102,11 @@ class CallLog:
     def on_execution_failed(
         self, ctx: ExecutionContext, attempt: AttemptInfo | None, error: BaseException
     ) -> None:
+        if attempt is None:
+            # Refused by an open circuit: the opening was logged once; a line per
+            # refused call would flood the log while the gateway is out.
+            log.debug("call refused", extra={"gateway": ctx.pinned, "error": str(error)})
+            return
         log.warning(
             "delivery failed",
             extra={"gateway": ctx.pinned, "attempts": ctx.attempts, "error": str(error)},

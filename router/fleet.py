@@ -96,6 +96,7 @@ class CachedFleet:
         self._max_age = max_age_s
         self._on_change = on_change
         self._cached: list[GatewayInfo] | None = None
+        self.reads = 0  # reads from the fleet behind the cache
         self._at = 0.0
         self._refresh: asyncio.Future[list[GatewayInfo]] | None = None
 
@@ -110,6 +111,7 @@ class CachedFleet:
     async def _read(self) -> list[GatewayInfo]:
         try:
             started = self._clock.monotonic()
+            self.reads += 1
             fresh = await self._fleet.live()
             self._cached, self._at = fresh, started
             self._notify(fresh)

@@ -72,6 +72,8 @@ class GatewayOutcome:
     delivered: Sequence[str] = ()
     missing: Sequence[str] = ()
     error: str | None = None
+    # The call was not even tried (the gateway's circuit is open): no news of the fleet.
+    refused: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -29,11 +29,13 @@ from router.gateway_client import ManyGatewayClient
 from shared.errors import GatewayUnavailable
 from shared.proto import gateway_pb2
 
-__all__ = ["TRANSPORT_CODES", "ResilientGatewayClient"]
+__all__ = ["CIRCUIT_OPEN", "TRANSPORT_CODES", "ResilientGatewayClient"]
 
 # Worth a retry on the same gateway: the call did not get through. DEADLINE_EXCEEDED is
 # not: the push's time is spent. Both count against the circuit.
 TRANSPORT_CODES = frozenset({"UNAVAILABLE"})
+# The code of the error a call refused by an open circuit raises.
+CIRCUIT_OPEN = "CIRCUIT_OPEN"
 
 R = TypeVar("R")
 
@@ -98,7 +100,7 @@ class ResilientGatewayClient:
                     gateway_id,
                     "circuit open: failing fast after repeated failures; "
                     "it is tried again after its cool-off",
-                    "CIRCUIT_OPEN",
+                    CIRCUIT_OPEN,
                 )
                 events.on_execution_failed(ctx, None, error)
                 raise error

@@ -56,7 +56,7 @@ class Settings(BaseSettings):
     gateway_cache_s: float = Field(1.0, ge=0, le=60)
     # P2P calls: retries on the same gateway after UNAVAILABLE, and its circuit breaker
     deliver_retries: int = Field(1, ge=0, le=5)
-    circuit_failures: int = Field(5, ge=1, le=1000)
+    circuit_failures: int = Field(5, ge=0, le=1000)  # 0: the circuit never opens
     circuit_cool_off_s: float = Field(10.0, gt=0, le=600)
 
     # gateway

@@ -12,6 +12,7 @@ Like Ribbon's ServerStats and its circuit-tripping logic, with two differences:
 from __future__ import annotations
 
 import enum
+import logging
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -30,20 +31,24 @@ __all__ = [
 ]
 
 
+log = logging.getLogger(__name__)
+
+
 @dataclass(frozen=True, slots=True)
 class StatsSettings:
     """How latency is averaged and when a gateway's circuit opens."""
 
     ewma_alpha: float = 0.2  # weight of the newest latency sample
-    failure_threshold: int = 5  # consecutive transport failures that open the circuit
+    # consecutive transport failures that open the circuit; 0: the circuit never opens
+    failure_threshold: int = 5
     cool_off_s: float = 10.0  # how long an open circuit refuses calls before a probe
 
     def __post_init__(self) -> None:
         if not (0.0 < self.ewma_alpha <= 1.0):
             raise ConfigError(f"ewma_alpha: {self.ewma_alpha!r} is outside (0, 1]")
         threshold = self.failure_threshold
-        if isinstance(threshold, bool) or not isinstance(threshold, int) or threshold < 1:
-            raise ConfigError(f"failure_threshold: {threshold!r} is not a whole number >= 1")
+        if isinstance(threshold, bool) or not isinstance(threshold, int) or threshold < 0:
+            raise ConfigError(f"failure_threshold: {threshold!r} is not a whole number >= 0")
         if not (math.isfinite(self.cool_off_s) and self.cool_off_s > 0):
             raise ConfigError(f"cool_off_s: {self.cool_off_s!r} is not a positive number")
 
@@ -156,7 +161,7 @@ class CircuitBreaker:
             self._open()
             return
         self._failures += 1
-        if self._failures >= self.threshold:
+        if self.threshold and self._failures >= self.threshold:
             self._open()
 
     def release(self, permit: Permit) -> None:
@@ -231,8 +236,14 @@ class StatsRegistry:
                 return  # a forgotten gateway's breaker
             if closed:
                 self._tripped.discard(gateway_id)
+                log.warning("circuit of gateway %s closed: calls go through again", gateway_id)
             else:
                 self._tripped.add(gateway_id)
+                log.warning(
+                    "circuit of gateway %s open: its calls fail fast for %.1fs",
+                    gateway_id,
+                    self.settings.cool_off_s,
+                )
 
         return changed
 

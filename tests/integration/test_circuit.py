@@ -129,6 +129,7 @@ async def test_a_sigkilled_gateway_process_fails_fast_and_closes_its_circuit_whe
         "circuit_failures": 3,
         "circuit_cool_off_s": 1.5,
         "dispatch_rule": "round_robin",
+        "gateway_cache_s": 1.0,  # as in production: fleet reads are counted below
     }
     async with (
         api(redis_url, prefix, **settings) as http,
@@ -158,16 +159,20 @@ async def test_a_sigkilled_gateway_process_fails_fast_and_closes_its_circuit_whe
         assert await redis.exists(keys.gateway("gwk")) == 1
         assert await dispatched(http, 6) == {"gw2"}
         failures = stats.stats("gwk").failures
-        body, elapsed = await push(http, 4)
-        assert "circuit open" in body["errors"][0]["error"] and elapsed < 1.0
+        fleet = http._transport.app.state.services.fleet  # type: ignore[attr-defined]
+        reads = fleet.reads
+        for n in range(4, 9):
+            body, elapsed = await push(http, n)
+            assert "circuit open" in body["errors"][0]["error"] and elapsed < 1.0
         assert stats.stats("gwk").failures == failures  # failed fast: no call was made
+        assert fleet.reads - reads <= 1  # and a refusal is no reason to re-read the fleet
 
         # Restarted at the same address: after the cool-off, a probe closes the circuit.
         with running(argv, env) as proc:
             ws = await connect_kim(proc)
             await asyncio.sleep(1.5)
-            body, _ = await push(http, 5)
+            body, _ = await push(http, 9)
             assert body["delivered"] == ["kim"], body
-            assert (await recv_json(ws))["content"] == 5
+            assert (await recv_json(ws))["content"] == 9
             assert stats.breaker("gwk").state is BreakerState.CLOSED
             await ws.close()

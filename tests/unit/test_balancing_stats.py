@@ -229,7 +229,7 @@ def test_an_outcome_for_a_forgotten_gateway_does_not_touch_its_successor() -> No
     [
         ({"ewma_alpha": 0.0}, "ewma_alpha"),
         ({"ewma_alpha": 1.5}, "ewma_alpha"),
-        ({"failure_threshold": 0}, "failure_threshold"),
+        ({"failure_threshold": -1}, "failure_threshold"),
         ({"failure_threshold": True}, "failure_threshold"),
         ({"cool_off_s": 0.0}, "cool_off_s"),
         ({"cool_off_s": float("nan")}, "cool_off_s"),
@@ -238,3 +238,9 @@ def test_an_outcome_for_a_forgotten_gateway_does_not_touch_its_successor() -> No
 def test_bad_settings_name_the_setting(kwargs: dict[str, object], name: str) -> None:
     with pytest.raises(ConfigError, match=name):
         StatsSettings(**kwargs)  # type: ignore[arg-type]
+
+
+def test_a_threshold_of_zero_never_opens_the_circuit() -> None:
+    reg = registry(ManualClock(), threshold=0)
+    fail(reg, "gw1", 10_000)
+    assert reg.allow("gw1") and reg.breaker("gw1").state is BreakerState.CLOSED
