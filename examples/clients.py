@@ -5,7 +5,7 @@ connect, connects there, counts the pushes it gets, and when its gateway drains 
 Every `--every` seconds it prints how the clients spread over the gateways:
 
     IMROUTE_SECRET=<secret> .venv/bin/python examples/clients.py --count 1000
-    t=2.0s connected=1000/1000 gw1=250 gw2=250 gw3=250 gw4=250 moves=0 pushes=0
+    t=12.6s connected=1000/1000 gw1=262 gw2=247 gw3=253 gw4=238 moves=0 pushes=0
 
 Drain a gateway meanwhile (`POST /v1/gateways/gw1/drain` with the API key) and watch
 its clients move: a client told to go asks dispatch again at once; one refused (4429
