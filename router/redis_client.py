@@ -52,7 +52,7 @@ def create_redis(url: str, timeout_s: float = REDIS_TIMEOUT_S) -> RedisClient:
         pool = aioredis.BlockingConnectionPool.from_url(
             url,
             max_connections=POOL_SIZE,
-            timeout=min(POOL_WAIT_S, timeout_s),
+            timeout=POOL_WAIT_S,  # a burst queues for a connection; not tied to the command timeout
             decode_responses=True,
             **timeouts,
             health_check_interval=30,
