@@ -20,6 +20,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import math
 import os
 import random
 import signal
@@ -100,6 +101,8 @@ def retry_after(value: str | None, default: float) -> float:
         seconds = float(value) if value is not None else default
     except ValueError:
         seconds = default
+    if not math.isfinite(seconds):  # "nan" and "inf" parse as floats
+        seconds = default
     return min(max(seconds, MIN_BACKOFF_S), MAX_BACKOFF_S)
 
 
@@ -113,7 +116,7 @@ async def dispatch(http: httpx.AsyncClient, token: str, fleet: Fleet) -> dict[st
         except (httpx.HTTPError, ValueError) as exc:
             fleet.dispatch_errors[type(exc).__name__] += 1
         else:
-            if isinstance(answer, dict) and "ws_url" in answer:
+            if isinstance(answer, dict) and {"ws_url", "gateway_id"} <= answer.keys():
                 return answer
             if resp.status_code == 401:
                 raise Fatal(

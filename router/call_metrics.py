@@ -21,25 +21,25 @@ class CallMetrics:
     def __init__(self, registry: CollectorRegistry) -> None:
         self._attempts = Counter(
             "imroute_gateway_call_attempts",
-            "Deliver calls to a gateway, by outcome (success or failure)",
+            "Deliver/DeliverMany RPCs to a gateway (one may carry many pushes), by outcome",
             ["gateway", "outcome"],
             registry=registry,
         )
         self._retries = Counter(
             "imroute_gateway_call_retries",
-            "Deliver calls that were retries of an earlier failed one",
+            "RPCs that were retries of an earlier failed one",
             ["gateway"],
             registry=registry,
         )
         self._failed = Counter(
             "imroute_gateway_calls_failed",
-            "Deliveries that failed for good (after retries, or refused by an open circuit)",
+            "RPCs that failed for good (after retries, or refused by an open circuit)",
             ["gateway"],
             registry=registry,
         )
         self._latency = Histogram(
             "imroute_gateway_call_seconds",
-            "Latency of successful deliver calls",
+            "Latency of successful Deliver/DeliverMany RPCs",
             ["gateway"],
             buckets=LATENCY_BUCKETS,
             registry=registry,

@@ -10,6 +10,7 @@ per-push cost of gRPC (on both sides) from capping the push rate.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -18,10 +19,15 @@ from router.gateway_client import ManyGatewayClient
 from shared.errors import GatewayUnavailable
 from shared.proto import gateway_pb2
 
-__all__ = ["MAX_CALL_BYTES", "CoalescingGatewayClient"]
+__all__ = ["MAX_CALL_BYTES", "QUEUED_TOO_LONG", "CoalescingGatewayClient"]
+
+log = logging.getLogger(__name__)
 
 # Well under gRPC's 16 MiB message limit, whatever the batches' sizes.
 MAX_CALL_BYTES = 4 << 20
+# A queued delivery with less time than this left fails without a call.
+MIN_CALL_S = 0.005
+QUEUED_TOO_LONG = "DEADLINE_EXCEEDED: queued too long"
 
 
 @dataclass(slots=True)
@@ -51,16 +57,20 @@ class CoalescingGatewayClient:
         self._max_in_flight = max_in_flight
         self._max_batches = max_batches
         self._max_bytes = max_bytes
-        self._lanes: dict[str, _Lane] = {}
+        self._lanes: dict[tuple[str, str], _Lane] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self.many_calls = 0
+        self.queued_too_long = 0
 
     async def deliver(
         self, gateway_id: str, address: str, batch: gateway_pb2.Batch, timeout_s: float
     ) -> gateway_pb2.DeliverReply:
-        lane = self._lanes.get(address)
+        # By id and address: a gateway that takes over another's address gets its own
+        # lane, calls and circuit, not the departed one's.
+        key = (gateway_id, address)
+        lane = self._lanes.get(key)
         if lane is None:
-            lane = self._lanes[address] = _Lane(gateway_id, address)
+            lane = self._lanes[key] = _Lane(gateway_id, address)
         if lane.in_flight < self._max_in_flight and not lane.queue:
             lane.in_flight += 1
             try:
@@ -91,6 +101,7 @@ class CoalescingGatewayClient:
         now = asyncio.get_running_loop().time()
         items: list[_Queued] = []
         size = 0
+        late = 0
         while lane.queue and len(items) < self._max_batches:
             item = lane.queue[0]
             item_size = item.batch.ByteSize()
@@ -99,15 +110,21 @@ class CoalescingGatewayClient:
             lane.queue.popleft()
             if item.future.done():  # its caller gave up
                 continue
-            if item.deadline <= now:
+            if item.deadline - now < MIN_CALL_S:
+                # Too little time left for a call: fail it here, rather than send the
+                # gateway a call doomed to time out (and count that against its circuit).
+                late += 1
                 item.future.set_exception(
-                    GatewayUnavailable(
-                        lane.gateway_id, "DEADLINE_EXCEEDED: queued too long", "DEADLINE_EXCEEDED"
-                    )
+                    GatewayUnavailable(lane.gateway_id, QUEUED_TOO_LONG, "DEADLINE_EXCEEDED")
                 )
                 continue
             items.append(item)
             size += item_size
+        if late:
+            self.queued_too_long += late
+            log.warning(
+                "%d deliveries to %s timed out waiting for a call slot", late, lane.gateway_id
+            )
         return items
 
     async def _send(self, lane: _Lane, items: Sequence[_Queued]) -> None:
@@ -117,14 +134,17 @@ class CoalescingGatewayClient:
             replies = await self._inner.deliver_many(
                 lane.gateway_id, lane.address, [i.batch for i in items], max(timeout, 0.001)
             )
+            if len(replies) != len(items):
+                raise GatewayUnavailable(lane.gateway_id, "DeliverMany: wrong number of replies")
         except BaseException as exc:
             # Whatever happened (a gateway error, a bug, close() cancelling us), every
             # caller waiting on this call hears of it: none may hang.
-            error = (
-                exc
-                if isinstance(exc, GatewayUnavailable)
-                else GatewayUnavailable(lane.gateway_id, f"{type(exc).__name__}: {exc}")
-            )
+            if isinstance(exc, GatewayUnavailable):
+                error = exc
+            else:
+                if isinstance(exc, Exception):
+                    log.exception("DeliverMany to %s failed unexpectedly", lane.gateway_id)
+                error = GatewayUnavailable(lane.gateway_id, f"{type(exc).__name__}: {exc}")
             for item in items:
                 if not item.future.done():
                     item.future.set_exception(error)
@@ -139,11 +159,12 @@ class CoalescingGatewayClient:
             self._drain(lane)
 
     def retain(self, live: Mapping[str, str]) -> None:
-        """Drop the idle lanes of addresses no live gateway has, then tell the inner client."""
-        addresses = set(live.values())
-        for address, lane in list(self._lanes.items()):
-            if address not in addresses and not lane.in_flight and not lane.queue:
-                del self._lanes[address]
+        """Drop the idle lanes of gateways (id and address) no longer live, then tell the
+        inner client."""
+        for key, lane in list(self._lanes.items()):
+            gateway_id, address = key
+            if live.get(gateway_id) != address and not lane.in_flight and not lane.queue:
+                del self._lanes[key]
         self._inner.retain(live)
 
     def __len__(self) -> int:

@@ -10,7 +10,6 @@ from router.fleet import CachedFleet
 from router.gateway_client import GatewayClient
 from router.planning import GatewayOutcome, PushOutcome, Target, merge, plan_p2p
 from router.registry import RouteRegistry
-from router.resilient_client import CIRCUIT_OPEN
 from shared.errors import GatewayUnavailable, RegistryUnavailable
 from shared.ids import new_id
 from shared.models import Message, Route
@@ -68,7 +67,7 @@ class P2PPusher:
             *(self._deliver(message, target, expires_ms) for target in plan.targets.values())
         )
         outcome = merge(uids, plan, outcomes)
-        if any(not o.refused for o in outcome.errors) and self._fleet.age() > STALE_RECHECK_S:
+        if any(o.suspect for o in outcome.errors) and self._fleet.age() > STALE_RECHECK_S:
             # A failing gateway may have died since the fleet was cached: read it again,
             # but not on every push while a sick gateway keeps failing.
             self._fleet.invalidate()
@@ -88,10 +87,11 @@ class P2PPusher:
                 target.gateway_id, target.address, batch, self._timeout
             )
         except GatewayUnavailable as exc:
-            refused = exc.code == CIRCUIT_OPEN
-            # The call listeners logged it (an open circuit: when it opened).
+            # Logged where it happened: by the call listeners (per RPC), the coalescer
+            # (queued too long) or the circuit (when it opened).
             log.debug("deliver to %s failed: %s", target.gateway_id, exc.reason)
-            return GatewayOutcome(target.gateway_id, error=exc.reason, refused=refused)
+            suspect = exc.code == "UNAVAILABLE"
+            return GatewayOutcome(target.gateway_id, error=exc.reason, suspect=suspect)
         if reply.expired:
             return GatewayOutcome(target.gateway_id, error="EXPIRED: arrived after its ttl_s")
         if reply.duplicate and not reply.delivered and not reply.missing:

@@ -72,8 +72,10 @@ class GatewayOutcome:
     delivered: Sequence[str] = ()
     missing: Sequence[str] = ()
     error: str | None = None
-    # The call was not even tried (the gateway's circuit is open): no news of the fleet.
-    refused: bool = False
+    # The error suggests the gateway may be gone (it could not be reached): worth a
+    # fresh look at the fleet. Not so for an open circuit, an expired push, or a call
+    # the gateway answered with an error.
+    suspect: bool = False
 
 
 @dataclass(frozen=True, slots=True)

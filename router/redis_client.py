@@ -33,7 +33,8 @@ def create_redis(url: str, timeout_s: float = REDIS_TIMEOUT_S) -> RedisClient:
     """A client for `url`; `redis+cluster://host:port` selects Redis Cluster.
 
     Every command and connect gives up after `timeout_s`: a Redis that stopped answering
-    (paused, partitioned) surfaces as RegistryUnavailable, not as a hang.
+    (paused, partitioned) surfaces as RegistryUnavailable, not as a hang. Waiting for a
+    free pooled connection (all 64 busy) takes up to POOL_WAIT_S more.
     """
     timeouts: dict[str, Any] = {"socket_timeout": timeout_s, "socket_connect_timeout": timeout_s}
     try:
@@ -41,9 +42,11 @@ def create_redis(url: str, timeout_s: float = REDIS_TIMEOUT_S) -> RedisClient:
             return RedisCluster.from_url(
                 "redis://" + url.removeprefix("redis+cluster://"),
                 decode_responses=True,
-                # redis-py retries a cluster command 10 times by default: with a hung
-                # node, over 50 s before an answer. Twice is enough to ride a MOVED or
-                # a failover's new topology; a hung node costs ~3 timeouts.
+                # redis-py retries a cluster command on a connection error or timeout 10
+                # times by default (only the count is used; each retry re-reads the
+                # topology): with a hung node, over 50 s before an answer. Two retries
+                # still ride out a failover's new topology. MOVED and ASK are followed
+                # apart from these retries.
                 retry=Retry(ExponentialWithJitterBackoff(base=0.05, cap=0.5), CLUSTER_RETRIES),
                 **timeouts,
             )

@@ -29,11 +29,17 @@ from router.gateway_client import ManyGatewayClient
 from shared.errors import GatewayUnavailable
 from shared.proto import gateway_pb2
 
-__all__ = ["CIRCUIT_OPEN", "TRANSPORT_CODES", "ResilientGatewayClient"]
+__all__ = ["CIRCUIT_CODES", "CIRCUIT_OPEN", "TRANSPORT_CODES", "ResilientGatewayClient"]
 
 # Worth a retry on the same gateway: the call did not get through. DEADLINE_EXCEEDED is
-# not: the push's time is spent. Both count against the circuit.
+# not: the push's time is spent.
 TRANSPORT_CODES = frozenset({"UNAVAILABLE"})
+# What counts against the circuit: the gateway could not be reached, or did not answer
+# in time. An answer with another error (INVALID_ARGUMENT, UNIMPLEMENTED, INTERNAL) is
+# not a sign the gateway is down.
+CIRCUIT_CODES = frozenset({"UNAVAILABLE", "DEADLINE_EXCEEDED"})
+# The least time an attempt is given (a retry is not tried with less left).
+MIN_ATTEMPT_S = 0.005
 # The code of the error a call refused by an open circuit raises.
 CIRCUIT_OPEN = "CIRCUIT_OPEN"
 
@@ -67,7 +73,10 @@ class ResilientGatewayClient:
     ) -> gateway_pb2.DeliverReply:
         inner = self._inner
         return await self._call(
-            gateway_id, address, lambda: inner.deliver(gateway_id, address, batch, timeout_s)
+            gateway_id,
+            address,
+            timeout_s,
+            lambda left: inner.deliver(gateway_id, address, batch, left),
         )
 
     async def deliver_many(
@@ -81,15 +90,23 @@ class ResilientGatewayClient:
         return await self._call(
             gateway_id,
             address,
-            lambda: inner.deliver_many(gateway_id, address, batches, timeout_s),
+            timeout_s,
+            lambda left: inner.deliver_many(gateway_id, address, batches, left),
         )
 
     async def _call(
-        self, gateway_id: str, address: str, attempt_call: Callable[[], Awaitable[R]]
+        self,
+        gateway_id: str,
+        address: str,
+        timeout_s: float,
+        attempt_call: Callable[[float], Awaitable[R]],
     ) -> R:
+        """Attempts within one deadline (`timeout_s` from now, for all of them)."""
         server = GatewayState(gateway_id, "", "", address, 0, 0)
         clock = self.stats.clock
-        ctx = ExecutionContext(key=None, pinned=gateway_id, started=clock.monotonic())
+        started = clock.monotonic()
+        deadline = started + timeout_s
+        ctx = ExecutionContext(key=None, pinned=gateway_id, started=started)
         events = self._listeners
         events.on_execution_start(ctx)
         retry = 0
@@ -107,13 +124,25 @@ class ResilientGatewayClient:
             ctx.attempts += 1
             attempt = AttemptInfo(server, ctx.attempts, ctx.attempts)
             events.on_start_with_server(ctx, attempt)
-            started = clock.monotonic()
+            attempt_started = clock.monotonic()
             try:
-                reply = await attempt_call()
+                reply = await attempt_call(max(deadline - attempt_started, MIN_ATTEMPT_S))
             except GatewayUnavailable as exc:
-                self.stats.on_failure(ticket)
+                if exc.code in CIRCUIT_CODES:
+                    self.stats.on_failure(ticket)
+                else:  # the gateway answered: a refusal or a bug, not a sign it is down
+                    self.stats.on_release(ticket)
                 events.on_exception_with_server(ctx, attempt, exc)
-                if exc.code not in TRANSPORT_CODES or retry >= self._policy.max_retries_same:
+                backoff = self._policy.backoff(retry + 1)
+                if (
+                    exc.code not in TRANSPORT_CODES
+                    or retry >= self._policy.max_retries_same
+                    # no time left for the backoff and a useful attempt after it
+                    or deadline - clock.monotonic() < backoff + MIN_ATTEMPT_S
+                    # the circuit opened (maybe on this failure): the retry would be
+                    # refused; report the failure itself, not the refusal
+                    or not self.stats.allow(gateway_id)
+                ):
                     events.on_execution_failed(ctx, attempt, exc)
                     raise
             except BaseException:
@@ -121,11 +150,11 @@ class ResilientGatewayClient:
                 raise
             else:
                 self.stats.on_success(ticket)
-                ctx.attributes["elapsed_s"] = clock.monotonic() - started
+                ctx.attributes["elapsed_s"] = clock.monotonic() - attempt_started
                 events.on_execution_success(ctx, attempt, reply)
                 return reply
             retry += 1
-            await self._sleep(self._policy.backoff(retry))
+            await self._sleep(backoff)
 
     def retain(self, live: Mapping[str, str]) -> None:
         """Forget the stats, circuits and channels of gateways that left the fleet (a

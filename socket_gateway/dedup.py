@@ -15,7 +15,7 @@ from shared.clock import Clock
 __all__ = ["RecentIds", "RecentReplies"]
 
 # What an entry costs besides its bitmap: the key, the tuple, the dict slot (roughly).
-ENTRY_OVERHEAD = 160
+ENTRY_OVERHEAD = 300
 
 
 class RecentIds:
@@ -59,7 +59,7 @@ class RecentReplies:
         self,
         clock: Clock,
         window_s: float = 60.0,
-        max_entries: int = 20_000,
+        max_entries: int = 50_000,
         max_bytes: int = 16 << 20,
     ) -> None:
         self._clock = clock

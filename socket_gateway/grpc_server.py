@@ -42,13 +42,14 @@ class DeliverService:
                 return gateway_pb2.DeliverReply(
                     delivered=first[0], missing=first[1], duplicate=True
                 )
+        if batch.batch_id and self._recent.check_and_add(batch.batch_id):
+            # Before the expiry check: a batch delivered in time is a duplicate, not late.
+            self.duplicates += 1
+            return gateway_pb2.DeliverReply(duplicate=True)
         if batch.expires_ms and self._clock.now_ms() > batch.expires_ms:
             # Never late: an expired message is dropped here and counted.
             self.expired += 1
             return gateway_pb2.DeliverReply(expired=True)
-        if batch.batch_id and self._recent.check_and_add(batch.batch_id):
-            self.duplicates += 1
-            return gateway_pb2.DeliverReply(duplicate=True)
         m = batch.message
         message = Message(
             m.msg_id, m.push_id, m.msg_type, getattr(m, "from"), m.content_json, m.ts_ms

@@ -192,3 +192,47 @@ async def test_a_failed_coalesced_call_counts_once_and_is_retried_whole() -> Non
     assert inner.calls == ["b1", many, many]  # the whole call again, same batch ids
     assert resilient.stats.stats("gw1").failures == 1
     assert resilient.stats.breaker("gw1").state is BreakerState.CLOSED
+
+
+async def test_a_retry_gets_only_the_time_left_and_none_without_it() -> None:
+    clock = ManualClock()
+    stats = StatsRegistry(clock, StatsSettings(failure_threshold=10, cool_off_s=5))
+    timeouts: list[float] = []
+
+    class Slow(Inner):
+        async def deliver(
+            self, gateway_id: str, address: str, batch: gateway_pb2.Batch, timeout_s: float
+        ) -> gateway_pb2.DeliverReply:
+            timeouts.append(timeout_s)
+            clock.advance(0.6)  # the connection breaks after 0.6 s
+            return await super().deliver(gateway_id, address, batch, timeout_s)
+
+    async def sleep(seconds: float) -> None:
+        clock.advance(seconds)
+
+    policy = RetryPolicy(max_retries_same=3, max_retries_next=0)
+    client = ResilientGatewayClient(Slow("UNAVAILABLE", "UNAVAILABLE"), stats, policy, sleep)
+    with pytest.raises(GatewayUnavailable, match="UNAVAILABLE"):
+        await client.deliver("gw1", "addr", BATCH, 1.0)
+    # 1.0 s for all attempts: the retry got what was left, and there was no third.
+    assert timeouts[0] == 1.0 and 0.2 < timeouts[1] < 0.4 and len(timeouts) == 2
+
+
+async def test_the_failure_that_opens_the_circuit_is_reported_not_a_refusal() -> None:
+    inner = Inner("UNAVAILABLE")
+    client = wrapper(inner, retries=1, failures=1)
+    with pytest.raises(GatewayUnavailable) as caught:
+        await client.deliver("gw1", "addr", BATCH, 1.0)
+    assert caught.value.code == "UNAVAILABLE"  # no retry into the open circuit
+    assert inner.calls == ["b1"]
+    assert client.stats.breaker("gw1").state is BreakerState.OPEN
+
+
+@pytest.mark.parametrize("code", ["INTERNAL", "UNIMPLEMENTED", "INVALID_ARGUMENT"])
+async def test_an_answered_error_does_not_count_against_the_circuit(code: str) -> None:
+    inner = Inner(code, code, code)
+    client = wrapper(inner, retries=0, failures=1)
+    for _ in range(3):
+        with pytest.raises(GatewayUnavailable, match=code):
+            await client.deliver("gw1", "addr", BATCH, 1.0)
+    assert client.stats.breaker("gw1").state is BreakerState.CLOSED

@@ -1,0 +1,83 @@
+"""P2PPusher's reactions to failures (pure: fake registry, fleet and gateway client).
+
+A failure that suggests a gateway is gone (UNAVAILABLE) makes the next push re-read the
+fleet; a refusal by an open circuit, an expired push or an answered error do not."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+
+import pytest
+
+from router.p2p import P2PPusher
+from router.resilient_client import CIRCUIT_OPEN
+from shared.errors import GatewayUnavailable
+from shared.models import GatewayInfo, Message, Route
+from shared.proto import gateway_pb2
+
+ROUTE = Route("amy", "c1", "gw1", "g1", "10.0.0.1", 7000, 0)
+
+
+class Registry:
+    async def lookup(self, uids: Sequence[str]) -> dict[str, list[Route]]:
+        return {"amy": [ROUTE]} if "amy" in uids else {}
+
+    async def remove(self, routes: Iterable[Route]) -> None:
+        pass
+
+
+class Fleet:
+    def __init__(self) -> None:
+        self.invalidated = 0
+
+    async def live(self) -> list[GatewayInfo]:
+        return [GatewayInfo("gw1", "g1", "ws://x", ROUTE.grpc_address, 1, 0)]
+
+    def age(self) -> float:
+        return 10.0  # old enough for a re-read to be allowed
+
+    def invalidate(self) -> None:
+        self.invalidated += 1
+
+
+class Failing:
+    def __init__(self, code: str | None, expired: bool = False) -> None:
+        self.code = code
+        self.expired = expired
+
+    async def deliver(
+        self, gateway_id: str, address: str, batch: gateway_pb2.Batch, timeout_s: float
+    ) -> gateway_pb2.DeliverReply:
+        if self.expired:
+            return gateway_pb2.DeliverReply(expired=True)
+        raise GatewayUnavailable(gateway_id, f"{self.code}: injected", self.code)
+
+    def retain(self, live: Mapping[str, str]) -> None:
+        pass
+
+    async def close(self) -> None:
+        pass
+
+
+MESSAGE = Message("m1", "p1", 0, "admin", b'"hi"', 0)
+
+
+@pytest.mark.parametrize(
+    ("client", "rereads"),
+    [
+        (Failing("UNAVAILABLE"), 1),
+        (Failing(CIRCUIT_OPEN), 0),
+        (Failing("DEADLINE_EXCEEDED"), 0),
+        (Failing("INTERNAL"), 0),
+        (Failing(None, expired=True), 0),
+    ],
+    ids=["unavailable", "circuit-open", "deadline", "internal", "expired"],
+)
+async def test_only_a_gateway_that_may_be_gone_makes_the_fleet_reread(
+    client: Failing, rereads: int
+) -> None:
+    fleet = Fleet()
+    pusher = P2PPusher(Registry(), fleet, client, 1.0)  # type: ignore[arg-type]
+    outcome = await pusher.push(MESSAGE, ["amy"])
+    assert outcome.failed == ["amy"] and outcome.delivered == []
+    assert fleet.invalidated == rereads
