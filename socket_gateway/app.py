@@ -76,6 +76,7 @@ class Gateway:
         self.draining = False
         self.drained = asyncio.Event()
         self._drain_task: asyncio.Task[None] | None = None
+        self._reregister: asyncio.Task[None] | None = None
 
     @property
     def info(self) -> GatewayInfo:
@@ -177,6 +178,10 @@ class Gateway:
         await self._stack.aclose()
 
     async def _shutdown(self) -> None:
+        if self._reregister is not None:
+            self._reregister.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._reregister
         if self._drain_task is not None:
             self._drain_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -216,23 +221,30 @@ class Gateway:
         # Redis then leaves at most two intervals between records, and the record's TTL
         # is three (a Redis command alone may take IMROUTE_REDIS_TIMEOUT_S, 5 s).
         interval = self.settings.heartbeat_s
+        key = KeySchema(self.settings.redis_prefix).drain(self.settings.gateway_id)
         try:
             async with asyncio.timeout(interval):
                 found = await self.fleet.announce(self.info)
+                drain = not self.draining and await self._redis.exists(key)
         except TimeoutError:
             raise RegistryUnavailable(
                 f"announcing the fleet record took over a heartbeat ({interval}s)"
             ) from None
-        if not found:
+        if not found and (self._reregister is None or self._reregister.done()):
             # Our record was gone: Redis lost its data (a restart, a failover) or was
             # out of reach for a whole TTL. The routes are likely gone too: write every
-            # local connection's now, not at the next route refresh.
+            # local connection's now, not at the next route refresh. In a task of its
+            # own, so that the next beats are not held up by it.
             log.warning("fleet record was missing: re-registering %d connections", len(self.conns))
+            self._reregister = asyncio.create_task(self._refresh_logged(), name="re-register")
+        if drain:  # POST /v1/gateways/{id}/drain
+            self._drain_task = asyncio.create_task(self.drain(), name="drain")
+
+    async def _refresh_logged(self) -> None:
+        try:
             await self._refresh()
-        if not self.draining:
-            key = KeySchema(self.settings.redis_prefix).drain(self.settings.gateway_id)
-            if await self._redis.exists(key):  # POST /v1/gateways/{id}/drain
-                self._drain_task = asyncio.create_task(self.drain(), name="drain")
+        except ImrouteError as exc:
+            log.warning("re-registering connections failed (the route refresh retries): %s", exc)
 
     async def drain(self, window_s: float | None = None) -> None:
         """Stop taking clients, ask each to reconnect elsewhere, and close them (4503)
