@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import AsyncExitStack, asynccontextmanager
 from typing import Annotated, Any
 
@@ -105,7 +105,7 @@ def create_app(settings: Settings, clock: Clock | None = None) -> FastAPI:
                 RedisGatewayFleet(redis, keys, clock, ttl_s=1),
                 clock,
                 settings.gateway_cache_s,
-                on_change=clients.retain,
+                on_change=_retain_all(clients, call_metrics),
             )
             bus = await stack.enter_async_context(bus_from_settings(settings, publish_metrics))
             directory = await stack.enter_async_context(
@@ -214,6 +214,18 @@ def create_app(settings: Settings, clock: Clock | None = None) -> FastAPI:
         },
     )
     return app
+
+
+def _retain_all(
+    clients: CoalescingGatewayClient, call_metrics: CallMetrics
+) -> Callable[[Mapping[str, str]], None]:
+    """What the fleet cache calls after each read: forget what departed gateways left."""
+
+    def retain(live: Mapping[str, str]) -> None:
+        clients.retain(live)
+        call_metrics.retain(live)
+
+    return retain
 
 
 def _gateway_clients(

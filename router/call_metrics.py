@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
+from collections.abc import Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
@@ -19,6 +21,7 @@ class CallMetrics:
     """Calls, retries, failures and latency per gateway (the push service's /metrics)."""
 
     def __init__(self, registry: CollectorRegistry) -> None:
+        self._seen: set[str] = set()  # gateways with series
         self._attempts = Counter(
             "imroute_gateway_call_attempts",
             "Deliver/DeliverMany RPCs to a gateway (one may carry many pushes), by outcome",
@@ -45,8 +48,24 @@ class CallMetrics:
             registry=registry,
         )
 
+    def retain(self, live: Mapping[str, str]) -> None:
+        """Drop the series of gateways that left the fleet: gateway ids that change with
+        every deploy (pod names) would otherwise grow /metrics without bound."""
+        for gateway in self._seen - live.keys():
+            self._seen.discard(gateway)
+            for metric, labels in (
+                (self._attempts, (gateway, "success")),
+                (self._attempts, (gateway, "failure")),
+                (self._retries, (gateway,)),
+                (self._failed, (gateway,)),
+                (self._latency, (gateway,)),
+            ):
+                with contextlib.suppress(KeyError):
+                    metric.remove(*labels)
+
     def on_execution_start(self, ctx: ExecutionContext) -> None:
-        pass
+        if ctx.pinned is not None:
+            self._seen.add(ctx.pinned)
 
     def on_start_with_server(self, ctx: ExecutionContext, attempt: AttemptInfo) -> None:
         if attempt.number > 1:

@@ -45,6 +45,7 @@ async def test_a_departed_gateway_leaves_no_channel_lane_or_stats_behind(
             assert (await recv_json(bob))["content"] == 1
             assert len(grpc_clients) == 2 and len(coalescing) == 2
             assert "gw2" in stats
+            assert 'gateway="gw2"' in (await http.get("/metrics")).text
             channel = grpc_clients._stubs[f"127.0.0.1:{gw2.grpc_port}"].channel
         # gw2 stopped (its fleet record withdrawn); the next push reads the fleet.
         body = await push(["ann", "bob"], 2)
@@ -53,6 +54,8 @@ async def test_a_departed_gateway_leaves_no_channel_lane_or_stats_behind(
         assert (await recv_json(ann))["content"] == 2
         assert len(grpc_clients) == 1 and len(coalescing) == 1
         assert "gw2" not in stats and "gw1" in stats
+        scrape = (await http.get("/metrics")).text
+        assert 'gateway="gw2"' not in scrape and 'gateway="gw1"' in scrape  # series dropped
         # Its channel was closed, not just dropped (nothing was in flight on it).
         for _ in range(100):
             if channel.get_state() is grpc.ChannelConnectivity.SHUTDOWN:
