@@ -22,23 +22,35 @@ __all__ = ["DelayCalls", "FailCalls"]
 if TYPE_CHECKING:
     Handler: TypeAlias = grpc.RpcMethodHandler[Any, Any]
     Continuation: TypeAlias = Callable[[grpc.HandlerCallDetails], Awaitable[Handler | None]]
-    Behaviour: TypeAlias = Callable[[Any, grpc.aio.ServicerContext[Any, Any], Any], Awaitable[Any]]
 
 
-def _wrap(handler: Handler, around: Behaviour) -> Handler:
-    inner = handler.unary_unary
+class _UnaryInterceptor(grpc.aio.ServerInterceptor):
+    """Wraps every unary method's behaviour in `around(request, context, inner)`."""
 
-    async def call(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
-        return await around(request, context, inner)
+    async def around(
+        self, request: Any, context: grpc.aio.ServicerContext[Any, Any], inner: Any
+    ) -> Any:
+        raise NotImplementedError
 
-    return grpc.unary_unary_rpc_method_handler(
-        call,
-        request_deserializer=handler.request_deserializer,
-        response_serializer=handler.response_serializer,
-    )
+    async def intercept_service(
+        self, continuation: Continuation, handler_call_details: grpc.HandlerCallDetails
+    ) -> Handler | None:
+        handler = await continuation(handler_call_details)
+        if handler is None or handler.unary_unary is None:
+            return handler
+        inner = handler.unary_unary
+
+        async def call(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+            return await self.around(request, context, inner)
+
+        return grpc.unary_unary_rpc_method_handler(
+            call,
+            request_deserializer=handler.request_deserializer,
+            response_serializer=handler.response_serializer,
+        )
 
 
-class FailCalls(grpc.aio.ServerInterceptor):
+class FailCalls(_UnaryInterceptor):
     """Fail the next `count` unary calls with UNAVAILABLE; `after`: once delivered."""
 
     def __init__(self, count: int = 0, after: bool = True) -> None:
@@ -49,45 +61,27 @@ class FailCalls(grpc.aio.ServerInterceptor):
     def arm(self, count: int, after: bool = True) -> None:
         self.remaining, self.after = count, after
 
-    async def intercept_service(
-        self, continuation: Continuation, handler_call_details: grpc.HandlerCallDetails
-    ) -> Handler | None:
-        handler = await continuation(handler_call_details)
-        if handler is None or handler.unary_unary is None:
-            return handler
-
-        async def around(
-            request: Any, context: grpc.aio.ServicerContext[Any, Any], inner: Any
-        ) -> Any:
-            if self.remaining <= 0:
-                return await inner(request, context)
-            self.remaining -= 1
-            self.failed += 1
-            if self.after:
-                await inner(request, context)  # delivered; the answer is what gets lost
-            await context.abort(grpc.StatusCode.UNAVAILABLE, "injected transient failure")
-
-        return _wrap(handler, around)
+    async def around(
+        self, request: Any, context: grpc.aio.ServicerContext[Any, Any], inner: Any
+    ) -> Any:
+        if self.remaining <= 0:
+            return await inner(request, context)
+        self.remaining -= 1
+        self.failed += 1
+        if self.after:
+            await inner(request, context)  # delivered; the answer is what gets lost
+        await context.abort(grpc.StatusCode.UNAVAILABLE, "injected transient failure")
 
 
-class DelayCalls(grpc.aio.ServerInterceptor):
+class DelayCalls(_UnaryInterceptor):
     """Answer every unary call `seconds` late (0 turns the delay off)."""
 
     def __init__(self, seconds: float) -> None:
         self.seconds = seconds
 
-    async def intercept_service(
-        self, continuation: Continuation, handler_call_details: grpc.HandlerCallDetails
-    ) -> Handler | None:
-        handler = await continuation(handler_call_details)
-        if handler is None or handler.unary_unary is None:
-            return handler
-
-        async def around(
-            request: Any, context: grpc.aio.ServicerContext[Any, Any], inner: Any
-        ) -> Any:
-            if self.seconds > 0:
-                await asyncio.sleep(self.seconds)
-            return await inner(request, context)
-
-        return _wrap(handler, around)
+    async def around(
+        self, request: Any, context: grpc.aio.ServicerContext[Any, Any], inner: Any
+    ) -> Any:
+        if self.seconds > 0:
+            await asyncio.sleep(self.seconds)
+        return await inner(request, context)
