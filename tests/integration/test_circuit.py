@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import re
 import signal
-import socket
 import time
 from typing import Any
 
@@ -28,18 +27,11 @@ from tests.integration.stack import AUTH, api, client, gateway, recv_json, token
 pytestmark = pytest.mark.integration
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
 async def test_a_dead_gateway_trips_its_circuit_and_a_probe_closes_it(
     redis_url: str, prefix: str, redis: aioredis.Redis
 ) -> None:
     keys, clock = KeySchema(prefix), SystemClock()
-    port = free_port()
+    port = free_port_block([0])
     # A gateway killed a moment ago: its fleet record and a user's route remain, but
     # nothing listens at its address any more.
     fleet = RedisGatewayFleet(redis, keys, clock, ttl_s=30)  # type: ignore[arg-type]

@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import socket
 import subprocess
 import tempfile
 import time
@@ -28,18 +27,12 @@ from router.procs import die_with_parent
 from shared.clock import SystemClock
 from shared.keys import KeySchema
 from shared.models import Message
+from tests.integration.procs import free_port_block
 from tests.integration.stack import AUTH, api, client, gateway, recv_json, token
 
 pytestmark = pytest.mark.integration
 
 TIMEOUT_S = 0.5  # IMROUTE_REDIS_TIMEOUT_S for this test: a hung Redis costs this much
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 class RedisProcess:
@@ -76,7 +69,7 @@ class RedisProcess:
 @contextmanager
 def redis_process() -> Iterator[RedisProcess]:
     with tempfile.TemporaryDirectory(prefix="imroute-outage-") as folder:
-        server = RedisProcess(free_port(), Path(folder))
+        server = RedisProcess(free_port_block([0]), Path(folder))
         server.start()
         try:
             yield server
