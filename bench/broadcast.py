@@ -62,11 +62,11 @@ from multicast import (
 )
 from p2p import BenchError, Harness, all_cpu, cpu_seconds, others_cpu, run_async, run_main
 
-from router.broadcast import run_broadcast
 from router.bus.redis_streams import DEFAULT_MAXLEN, RedisStreamsBus
 from router.directory.migrate import upgrade
 from router.directory.sql import MAX_UPSERT, SqlUserDirectory, UserRecord
-from router.publishing import BROADCAST_TOPIC, BatchPublisher, PushCounters
+from router.fanout.broadcast import run_broadcast
+from router.fanout.publisher import BROADCAST_TOPIC, BatchPublisher, PushCounters
 from shared.clock import SystemClock
 from shared.ids import new_id
 from shared.keys import KeySchema

@@ -9,7 +9,7 @@ in-process:
     run_multicast(chunked(uids), registry, BatchPublisher(bus, message, 0, counters), clock)
 
 with the real `RedisStreamsBus` on the same Redis and prefix as the publisher. The
-registry reads routes the way it would on this client (`router.route_reads`: one packed
+registry reads routes the way it would on this client (`router.routes.reads`: one packed
 request per chunk on standalone Redis); `--pipeline` forces redis-py's pipeline, the
 path Redis Cluster takes, for comparison. It reports
 
@@ -77,17 +77,17 @@ from p2p import (
 )
 
 from router.bus.redis_streams import DEFAULT_MAXLEN, RedisStreamsBus
-from router.multicast import LOOKAHEAD, chunked, run_multicast
-from router.publishing import BatchPublisher, PushCounters, group_topic
-from router.redis_client import create_redis
-from router.registry import (
+from router.fanout.multicast import LOOKAHEAD, chunked, run_multicast
+from router.fanout.publisher import BatchPublisher, PushCounters, group_topic
+from router.redis.client import create_redis
+from router.routes.reads import HashReads, PipelineHashReads, hash_reads_for
+from router.routes.registry import (
     LOOKUP_CHUNK,
     GroupLookup,
     RecipientGroups,
     RedisRouteRegistry,
     Registration,
 )
-from router.route_reads import HashReads, PipelineHashReads, hash_reads_for
 from shared.clock import SystemClock
 from shared.ids import new_id
 from shared.keys import KeySchema

@@ -49,8 +49,8 @@ if TYPE_CHECKING:
     from websockets.asyncio.client import ClientConnection
     from websockets.protocol import Event
 
-from router.embedded_redis import EmbeddedRedis, redis_answers
-from router.procs import die_with_parent
+from router.devtools.embedded_redis import EmbeddedRedis, redis_answers
+from router.devtools.procs import die_with_parent
 from shared.keys import KeySchema
 
 HOST = "127.0.0.1"

@@ -85,7 +85,8 @@ from p2p import (
     uid_of,
 )
 
-from shared.keys import KeySchema, decode_route
+from router.routes.codec import decode_route
+from shared.keys import KeySchema
 
 GATEWAYS = ("gw1", "gw2", "gw3", "gw4")
 SLOW_GATEWAY = "gw4"

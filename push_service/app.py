@@ -35,19 +35,20 @@ from router.balancing import (
     rule_for,
 )
 from router.bus.factory import bus_from_settings, hedging_from_settings
-from router.call_metrics import CallLog, CallMetrics
-from router.coalescer import CoalescingGatewayClient
 from router.directory.sql import SqlUserDirectory
-from router.dispatch import Dispatcher
-from router.fleet import CachedFleet, RedisGatewayFleet
-from router.gateway_client import CLOSE_GRACE_S, GrpcGatewayClients
+from router.fanout.runner import JobRunner
+from router.fleet.cache import CachedFleet
+from router.fleet.dispatch import Dispatcher
+from router.fleet.store import RedisGatewayFleet
+from router.gateway_rpc.coalescer import CoalescingGatewayClient
+from router.gateway_rpc.grpc_client import CLOSE_GRACE_S, GrpcGatewayClients
+from router.gateway_rpc.metrics import CallLog, CallMetrics
+from router.gateway_rpc.resilient import ResilientGatewayClient
 from router.hedging.metrics import PublishMetrics
-from router.job_runner import JobRunner
-from router.jobs import RedisJobStore
-from router.p2p import P2PPusher
-from router.redis_client import create_redis, ping
-from router.registry import RedisRouteRegistry
-from router.resilient_client import ResilientGatewayClient
+from router.jobs.store import RedisJobStore
+from router.p2p.pusher import P2PPusher
+from router.redis.client import create_redis, ping
+from router.routes.registry import RedisRouteRegistry
 from shared.clock import Clock, SystemClock
 from shared.errors import (
     AuthError,

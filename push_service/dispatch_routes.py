@@ -12,7 +12,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from push_service.deps import Key, Svc
 from push_service.schemas import DispatchOut
 from router.balancing import NoEligibleGateway
-from router.redis_client import RedisClient, translate_errors
+from router.fleet.drain import RedisDrainRequests
 from shared.auth import verify_token
 from shared.keys import KeySchema
 
@@ -54,10 +54,6 @@ async def dispatch(
     )
 
 
-# How long a drain request waits for its gateway's next heartbeat to see it.
-DRAIN_REQUEST_TTL_S = 60
-
-
 @router.post("/v1/gateways/{gateway_id}/drain", dependencies=[Key], status_code=202)
 async def drain(
     gateway_id: Annotated[str, Path(min_length=1, max_length=64)], svc: Svc
@@ -70,10 +66,5 @@ async def drain(
         return JSONResponse(
             {"error": "not_found", "detail": f"no live gateway {gateway_id!r}"}, status_code=404
         )
-    await _request_drain(svc.redis, KeySchema(svc.settings.redis_prefix).drain(gateway_id))
+    await RedisDrainRequests(svc.redis, KeySchema(svc.settings.redis_prefix)).request(gateway_id)
     return JSONResponse({"gateway_id": gateway_id, "draining": True}, status_code=202)
-
-
-@translate_errors  # Redis down: RegistryUnavailable, a 503
-async def _request_drain(redis: RedisClient, key: str) -> None:
-    await redis.set(key, "1", ex=DRAIN_REQUEST_TTL_S)

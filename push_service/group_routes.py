@@ -11,9 +11,9 @@ from fastapi.responses import JSONResponse
 from push_service.content import new_message
 from push_service.deps import Key, Services, Svc
 from push_service.schemas import AcceptedOut, BroadcastIn, JobOut, MulticastIn
-from router.broadcast import run_broadcast
-from router.multicast import chunked, run_multicast
-from router.publishing import BatchPublisher, PushCounters
+from router.fanout.broadcast import run_broadcast
+from router.fanout.multicast import chunked, run_multicast
+from router.fanout.publisher import BatchPublisher, PushCounters
 from shared.models import Message
 
 __all__ = ["router"]

@@ -13,10 +13,11 @@ from types import TracebackType
 import grpc.aio
 
 from router.bus.factory import bus_from_settings
-from router.fleet import RedisGatewayFleet
-from router.redis_client import RedisClient, connect_redis, ping
-from router.registry import RedisRouteRegistry
-from router.route_writer import CoalescingRouteWriter
+from router.fleet.drain import RedisDrainRequests
+from router.fleet.store import RedisGatewayFleet
+from router.redis.client import RedisClient, connect_redis, ping
+from router.routes.registry import RedisRouteRegistry
+from router.routes.writer import CoalescingRouteWriter
 from shared.clock import Clock, SystemClock
 from shared.errors import ConfigError, ImrouteError, RegistryUnavailable
 from shared.ids import ConnIdFactory
@@ -221,11 +222,11 @@ class Gateway:
         # Redis then leaves at most two intervals between records, and the record's TTL
         # is three (a Redis command alone may take IMROUTE_REDIS_TIMEOUT_S, 5 s).
         interval = self.settings.heartbeat_s
-        key = KeySchema(self.settings.redis_prefix).drain(self.settings.gateway_id)
+        drains = RedisDrainRequests(self._redis, KeySchema(self.settings.redis_prefix))
         try:
             async with asyncio.timeout(interval):
                 found = await self.fleet.announce(self.info)
-                drain = not self.draining and await self._redis.exists(key)
+                drain = not self.draining and await drains.requested(self.settings.gateway_id)
         except TimeoutError:
             raise RegistryUnavailable(
                 f"announcing the fleet record took over a heartbeat ({interval}s)"

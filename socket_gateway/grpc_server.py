@@ -8,9 +8,8 @@ import grpc
 import grpc.aio
 
 from shared.clock import Clock
-from shared.models import Message
 from shared.proto import gateway_pb2
-from shared.wire import encode_push_json, ws_text_frame
+from shared.wire import encode_push_json, message_of, ws_text_frame
 from socket_gateway.connections import LocalConnections
 from socket_gateway.dedup import RecentIds, RecentReplies
 
@@ -50,12 +49,8 @@ class DeliverService:
             # Never late: an expired message is dropped here and counted.
             self.expired += 1
             return gateway_pb2.DeliverReply(expired=True)
-        m = batch.message
-        message = Message(
-            m.msg_id, m.push_id, m.msg_type, getattr(m, "from"), m.content_json, m.ts_ms
-        )
         # Encoded once per batch, whatever the number of recipients.
-        frame = ws_text_frame(encode_push_json(message))
+        frame = ws_text_frame(encode_push_json(message_of(batch)))
         if batch.everyone:
             return gateway_pb2.DeliverReply(connections=self._conns.deliver_all(frame))
         delivered, missing = self._conns.deliver(batch.uids, frame)

@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator, Iterator
 import pytest
 import redis.asyncio as aioredis
 
-from router.embedded_redis import EmbeddedRedis, redis_answers
+from router.devtools.embedded_redis import EmbeddedRedis, redis_answers
 from tests.pubsub_emulator import PROJECT, find_emulator, running_emulator
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"

@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from router.procs import die_with_parent
+from router.devtools.procs import die_with_parent
 
 __all__ = ["PROJECT", "find_emulator", "running_emulator"]
 

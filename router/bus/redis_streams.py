@@ -16,7 +16,6 @@ import functools
 import logging
 import random
 from collections.abc import AsyncGenerator, Iterator, Mapping, Sequence
-from contextlib import contextmanager
 from typing import Any, TypeVar
 
 import redis.asyncio as aioredis
@@ -38,7 +37,7 @@ from router.hedging import (
     HedgingSettings,
     RetrySettings,
 )
-from router.redis_client import reraise_swallowed_cancel
+from router.redis.errors import is_unreachable, redis_errors, reraise_swallowed_cancel
 from shared.clock import AsyncClock, SystemClock
 from shared.errors import ConfigError
 from shared.keys import KeySchema
@@ -117,7 +116,7 @@ class RedisStreamsBus(BusLifecycle):
             hedging,
             retry or RetrySettings(),
             clock or SystemClock(),
-            _retryable,
+            is_unreachable,
             observer=observer,
         )
 
@@ -145,14 +144,14 @@ class RedisStreamsBus(BusLifecycle):
             reraise_swallowed_cancel()
             return _text(entry_id)
 
-        with _translated():
+        with redis_errors(BusUnavailable):
             self._check_open()
             return await self._hedger.run(topic, attempt)
 
     async def prepare(self, topics: Sequence[str], subscriber: str) -> None:
         """Create the subscriber's groups now, so everything published from here on reaches it."""
         keys = [stream_key(self._prefix, t) for t in validate_subscription(topics, subscriber)]
-        with _translated():
+        with redis_errors(BusUnavailable):
             self._check_open()
             await self._create_groups(keys, subscriber)
 
@@ -166,7 +165,7 @@ class RedisStreamsBus(BusLifecycle):
         """End every subscription and close the client."""
         if not self._begin_close():
             return
-        with _translated():
+        with redis_errors(BusUnavailable):
             await self._redis.aclose()
 
     async def _consume(
@@ -202,7 +201,7 @@ class RedisStreamsBus(BusLifecycle):
                 raise result
 
     async def _ack(self, key: str, group: str, entry_id: bytes) -> None:
-        with _translated():
+        with redis_errors(BusUnavailable):
             self._check_open()
             await self._redis.xack(key, group, entry_id)
 
@@ -329,23 +328,3 @@ def _streams(reply: Any) -> Iterator[tuple[str, Sequence[Any]]]:
 
 def _text(value: bytes | str) -> str:
     return value.decode(errors="replace") if isinstance(value, bytes) else value
-
-
-def _retryable(exc: BaseException) -> bool:
-    """Worth another try: Redis did not answer (in time)."""
-    return isinstance(
-        exc, redis.exceptions.ConnectionError | redis.exceptions.TimeoutError | TimeoutError
-    )
-
-
-@contextmanager
-def _translated() -> Iterator[None]:
-    """Map redis-py errors into BusUnavailable."""
-    try:
-        yield
-    except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
-        raise BusUnavailable(f"redis did not answer: {exc}") from exc
-    except TimeoutError as exc:
-        raise BusUnavailable("redis did not answer in time") from exc
-    except redis.exceptions.RedisError as exc:
-        raise BusUnavailable(f"redis error: {exc}") from exc

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import redis
 
-from router.embedded_redis import find_redis_server, redis_answers
-from router.procs import die_with_parent
+from router.devtools.embedded_redis import find_redis_server, redis_answers
+from router.devtools.procs import die_with_parent
 from tests.integration.procs import free_port_block
 
 SLOTS = 16384

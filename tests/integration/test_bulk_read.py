@@ -13,9 +13,9 @@ import pytest
 import redis.asyncio as aioredis
 from redis.exceptions import ResponseError
 
-from router.bulk_read import RespBulkReader, _stream
-from router.redis_client import create_redis
-from router.route_reads import BulkHashReads
+from router.redis.client import create_redis
+from router.routes.bulk_read import RespBulkReader, _stream
+from router.routes.reads import BulkHashReads
 
 pytestmark = pytest.mark.integration
 

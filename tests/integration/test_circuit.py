@@ -15,8 +15,8 @@ import redis.asyncio as aioredis
 from websockets.asyncio.client import connect
 
 from router.balancing import BreakerState
-from router.fleet import RedisGatewayFleet
-from router.registry import RedisRouteRegistry, Registration
+from router.fleet.store import RedisGatewayFleet
+from router.routes.registry import RedisRouteRegistry, Registration
 from shared.clock import SystemClock
 from shared.keys import KeySchema
 from shared.models import GatewayInfo

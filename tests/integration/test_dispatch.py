@@ -13,8 +13,9 @@ import redis.asyncio as aioredis
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 
-from router.dispatch import Dispatcher
-from router.fleet import CachedFleet, RedisGatewayFleet
+from router.fleet.cache import CachedFleet
+from router.fleet.dispatch import Dispatcher
+from router.fleet.store import RedisGatewayFleet
 from shared.clock import SystemClock
 from shared.keys import KeySchema
 from shared.models import GatewayInfo

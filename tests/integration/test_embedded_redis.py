@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import redis
 
-from router.embedded_redis import EmbeddedRedis, find_redis_server, redis_answers
+from router.devtools.embedded_redis import EmbeddedRedis, find_redis_server, redis_answers
 from tests.integration.procs import alive
 
 pytestmark = pytest.mark.integration

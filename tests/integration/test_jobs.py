@@ -7,9 +7,9 @@ import asyncio
 import pytest
 import redis.asyncio as aioredis
 
-from router.job_runner import JobRunner
-from router.jobs import JobStatus, RedisJobStore
-from router.publishing import PushCounters
+from router.fanout.publisher import PushCounters
+from router.fanout.runner import JobRunner
+from router.jobs.store import JobStatus, RedisJobStore
 from shared.clock import ManualClock, SystemClock
 from shared.errors import InvalidInput
 from shared.keys import KeySchema

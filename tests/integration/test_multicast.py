@@ -14,10 +14,10 @@ from typing import Any
 import pytest
 import redis.asyncio as aioredis
 
-from router.multicast import chunked, run_multicast
-from router.publishing import BatchPublisher, PushCounters
-from router.registry import RedisRouteRegistry, Registration
-from router.route_reads import BulkHashReads
+from router.fanout.multicast import chunked, run_multicast
+from router.fanout.publisher import BatchPublisher, PushCounters
+from router.routes.reads import BulkHashReads
+from router.routes.registry import RedisRouteRegistry, Registration
 from shared.clock import SystemClock
 from shared.errors import RegistryUnavailable
 from shared.keys import KeySchema

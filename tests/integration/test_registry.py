@@ -9,10 +9,10 @@ import pytest
 import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster
 
-from router.redis_client import POOL_SIZE, connect_redis
-from router.registry import LOOKUP_CHUNK, RecipientGroups, RedisRouteRegistry, Registration
-from router.route_reads import BulkHashReads, PipelineHashReads, hash_reads_for
-from router.route_writer import CoalescingRouteWriter
+from router.redis.client import POOL_SIZE, connect_redis
+from router.routes.reads import BulkHashReads, PipelineHashReads, hash_reads_for
+from router.routes.registry import LOOKUP_CHUNK, RecipientGroups, RedisRouteRegistry, Registration
+from router.routes.writer import CoalescingRouteWriter
 from shared.clock import ManualClock, SystemClock
 from shared.errors import RegistryUnavailable
 from shared.keys import KeySchema

@@ -6,11 +6,11 @@ from collections.abc import AsyncIterator, Iterator
 
 import pytest
 
-from router.multicast import chunked, run_multicast
-from router.publishing import BatchPublisher, PushCounters
-from router.redis_client import RedisClient, connect_redis
-from router.registry import RedisRouteRegistry, Registration
-from router.route_reads import PipelineHashReads
+from router.fanout.multicast import chunked, run_multicast
+from router.fanout.publisher import BatchPublisher, PushCounters
+from router.redis.client import RedisClient, connect_redis
+from router.routes.reads import PipelineHashReads
+from router.routes.registry import RedisRouteRegistry, Registration
 from shared.clock import Clock, ManualClock, SystemClock
 from shared.keys import KeySchema
 from tests.integration.redis_cluster import local_cluster

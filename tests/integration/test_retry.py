@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from router.registry import Registration
+from router.routes.registry import Registration
 from socket_gateway.faults import FailCalls
 from tests.integration.stack import AUTH, api, client, gateway, nothing_more, recv_json
 

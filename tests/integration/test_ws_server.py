@@ -17,8 +17,8 @@ import pytest
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
-from router.redis_client import connect_redis
-from router.registry import RedisRouteRegistry
+from router.redis.client import connect_redis
+from router.routes.registry import RedisRouteRegistry
 from shared.auth import issue_token
 from shared.clock import SystemClock
 from shared.errors import RegistryUnavailable

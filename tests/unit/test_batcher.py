@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from router.batcher import FlushReason, GroupBatcher
+from router.fanout.batcher import FlushReason, GroupBatcher
 from shared.clock import ManualClock
 
 

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 import pytest
 
-from router.coalescer import CoalescingGatewayClient
+from router.gateway_rpc.coalescer import CoalescingGatewayClient
 from shared.errors import GatewayUnavailable
 from shared.proto import gateway_pb2
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from router.fleet import CachedFleet
+from router.fleet.cache import CachedFleet
 from shared.clock import ManualClock
 from shared.models import GatewayInfo
 

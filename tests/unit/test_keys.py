@@ -2,15 +2,10 @@ from __future__ import annotations
 
 import pytest
 
+from router.fleet.codec import decode_gateway, encode_gateway
+from router.routes.codec import decode_route, encode_route
 from shared.errors import InvalidInput
-from shared.keys import (
-    KeySchema,
-    decode_gateway,
-    decode_route,
-    encode_gateway,
-    encode_route,
-    validate_id,
-)
+from shared.keys import KeySchema, validate_id
 from shared.models import GatewayInfo
 
 

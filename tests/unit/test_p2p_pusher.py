@@ -9,8 +9,8 @@ from collections.abc import Iterable, Mapping, Sequence
 
 import pytest
 
-from router.p2p import P2PPusher
-from router.resilient_client import CIRCUIT_OPEN
+from router.gateway_rpc.resilient import CIRCUIT_OPEN
+from router.p2p.pusher import P2PPusher
 from shared.errors import GatewayUnavailable
 from shared.models import GatewayInfo, Message, Route
 from shared.proto import gateway_pb2

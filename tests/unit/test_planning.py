@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from router.planning import GatewayOutcome, merge, plan_p2p
+from router.p2p.plan import GatewayOutcome, merge, plan_p2p
 from shared.models import Route
 
 LIVE = {"gw1": "127.0.0.1:9001", "gw2": "127.0.0.1:9002"}

@@ -9,8 +9,8 @@ from collections.abc import Mapping, Sequence
 import pytest
 
 from router.balancing import BreakerState, RetryPolicy, StatsRegistry, StatsSettings
-from router.coalescer import CoalescingGatewayClient
-from router.resilient_client import ResilientGatewayClient
+from router.gateway_rpc.coalescer import CoalescingGatewayClient
+from router.gateway_rpc.resilient import ResilientGatewayClient
 from shared.clock import ManualClock
 from shared.errors import GatewayUnavailable
 from shared.proto import gateway_pb2
@@ -148,7 +148,7 @@ async def test_metrics_count_attempts_retries_and_failures() -> None:
     from prometheus_client import CollectorRegistry
 
     from router.balancing import Listeners
-    from router.call_metrics import CallMetrics
+    from router.gateway_rpc.metrics import CallMetrics
 
     registry = CollectorRegistry()
     client = wrapper(Inner("UNAVAILABLE", "INTERNAL"), retries=1, failures=10)

@@ -8,8 +8,8 @@ from typing import Any, cast
 
 import pytest
 
-from router.registry import RouteOp
-from router.route_writer import CoalescingRouteWriter
+from router.routes.registry import RouteOp
+from router.routes.writer import CoalescingRouteWriter
 from shared.errors import RegistryUnavailable
 
 

@@ -16,9 +16,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import FrameType
 
+from router.devtools.embedded_redis import EmbeddedRedis, redis_answers
+from router.devtools.procs import die_with_parent
 from router.directory.migrate import upgrade_sync
-from router.embedded_redis import EmbeddedRedis, redis_answers
-from router.procs import die_with_parent
 from shared.errors import ConfigError
 from shared.settings import Settings, redact_url
 

@@ -7,8 +7,8 @@ import os
 import sys
 from collections.abc import Sequence
 
-from router.cli_directory import db_upgrade, users_import
-from router.devstack import DevOptions, DevStack
+from router.cli.directory import db_upgrade, users_import
+from router.devtools.devstack import DevOptions, DevStack
 from shared.auth import issue_token
 from shared.clock import SystemClock
 from shared.errors import AuthError, ConfigError, ImrouteError, InvalidInput

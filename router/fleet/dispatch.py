@@ -20,7 +20,7 @@ from router.balancing import (
     rule_for,
 )
 from router.balancing.stats import StatsRegistry
-from router.fleet import CachedFleet
+from router.fleet.cache import CachedFleet
 from shared.clock import Clock
 from shared.models import GatewayInfo
 

@@ -1,7 +1,7 @@
 """Userinfo in Redis: where each live connection of a user lives.
 
 The gateway registers, refreshes and unregisters its connections; the router
-looks users up in chunks of at most 1000 per round trip (`router.route_reads` says how:
+looks users up in chunks of at most 1000 per round trip (`router.routes.reads` says how:
 one packed request on standalone Redis, redis-py's pipeline on Redis Cluster). Key
 layout: `shared.keys`.
 """
@@ -15,10 +15,12 @@ from typing import Protocol, TypeVar
 
 from redis.exceptions import NoScriptError
 
-from router.redis_client import RedisClient, translate_errors
-from router.route_reads import HashReads, hash_reads_for
+from router.redis.client import RedisClient
+from router.redis.errors import translate_errors
+from router.routes.codec import decode_route, encode_route, group_live_routes
+from router.routes.reads import HashReads, hash_reads_for
 from shared.clock import Clock
-from shared.keys import KeySchema, decode_route, encode_route, group_live_routes
+from shared.keys import KeySchema
 from shared.models import Route
 
 __all__ = [

@@ -15,7 +15,7 @@ after an error or a cancellation it is disconnected first, so the pool never han
 a socket with unread replies.
 
 Standalone Redis only: a Redis Cluster client routes each key to its node, so callers
-keep redis-py's pipeline for it (see `router.route_reads`).
+keep redis-py's pipeline for it (see `router.routes.reads`).
 """
 
 from __future__ import annotations

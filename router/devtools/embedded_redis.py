@@ -17,7 +17,7 @@ from types import TracebackType
 import redis
 import redis.exceptions
 
-from router.procs import die_with_parent
+from router.devtools.procs import die_with_parent
 
 __all__ = ["EmbeddedRedis", "find_redis_server", "redis_answers"]
 

@@ -1,11 +1,10 @@
-"""Building the Redis client from a URL, and mapping redis-py errors into ours."""
+"""Building the Redis client from a URL (standalone or Cluster), with its timeouts."""
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Any, ParamSpec, TypeVar
+from typing import Any
 
 import redis.asyncio as aioredis
 import redis.exceptions
@@ -13,9 +12,9 @@ from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialWithJitterBackoff
 
-from shared.errors import ConfigError, RegistryUnavailable
+from shared.errors import ConfigError
 
-__all__ = ["RedisClient", "connect_redis", "reraise_swallowed_cancel", "translate_errors"]
+__all__ = ["RedisClient", "connect_redis", "create_redis", "ping"]
 
 # Both clients offer the commands and pipelines the registry uses.
 RedisClient = aioredis.Redis | RedisCluster
@@ -24,9 +23,6 @@ POOL_SIZE = 64
 POOL_WAIT_S = 5.0
 REDIS_TIMEOUT_S = 5.0  # IMROUTE_REDIS_TIMEOUT_S
 CLUSTER_RETRIES = 2
-
-P = ParamSpec("P")
-T = TypeVar("T")
 
 
 def create_redis(url: str, timeout_s: float = REDIS_TIMEOUT_S) -> RedisClient:
@@ -73,40 +69,6 @@ async def connect_redis(url: str, timeout_s: float = REDIS_TIMEOUT_S) -> AsyncIt
         yield client
     finally:
         await client.aclose()
-
-
-def translate_errors(
-    fn: Callable[P, Coroutine[Any, Any, T]],
-) -> Callable[P, Coroutine[Any, Any, T]]:
-    """Decorate a Redis-calling coroutine so redis-py errors surface as RegistryUnavailable."""
-
-    async def wrapper(*args: P.args, **kwargs: P.kwargs) -> T:
-        try:
-            result = await fn(*args, **kwargs)
-        except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
-            reraise_swallowed_cancel()
-            raise RegistryUnavailable(f"redis did not answer: {exc}") from exc
-        except redis.exceptions.RedisError as exc:
-            reraise_swallowed_cancel()
-            raise RegistryUnavailable(f"redis error: {exc}") from exc
-        reraise_swallowed_cancel()
-        return result
-
-    wrapper.__name__ = getattr(fn, "__name__", "wrapper")
-    wrapper.__doc__ = fn.__doc__
-    return wrapper
-
-
-def reraise_swallowed_cancel() -> None:
-    """Raise CancelledError if this task was cancelled during the call.
-
-    redis-py's asyncio client can swallow a cancellation that lands while a command
-    is in flight (it disconnects and carries on), which would leave a cancelled loop
-    running for ever. The task still counts the request, so honour it here.
-    """
-    task = asyncio.current_task()
-    if task is not None and task.cancelling():
-        raise asyncio.CancelledError
 
 
 async def ping(client: RedisClient) -> bool:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Sequence
 
-from router.publishing import BROADCAST_TOPIC, BatchPublisher
+from router.fanout.publisher import BROADCAST_TOPIC, BatchPublisher
 from shared.proto import gateway_pb2
 
 __all__ = ["run_broadcast"]

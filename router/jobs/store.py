@@ -11,8 +11,9 @@ from dataclasses import asdict, dataclass
 from enum import StrEnum
 from typing import Any
 
-from router.publishing import PushCounters
-from router.redis_client import RedisClient, translate_errors
+from router.fanout.publisher import PushCounters
+from router.redis.client import RedisClient
+from router.redis.errors import translate_errors
 from shared.clock import Clock
 from shared.keys import KeySchema
 

@@ -6,38 +6,22 @@ import asyncio
 import logging
 from collections.abc import Sequence
 
-from router.fleet import CachedFleet
-from router.gateway_client import GatewayClient
-from router.planning import GatewayOutcome, PushOutcome, Target, merge, plan_p2p
-from router.registry import RouteRegistry
+from router.fleet.cache import CachedFleet
+from router.gateway_rpc.grpc_client import GatewayClient
+from router.p2p.plan import GatewayOutcome, PushOutcome, Target, merge, plan_p2p
+from router.routes.registry import RouteRegistry
 from shared.errors import GatewayUnavailable, RegistryUnavailable
 from shared.ids import new_id
 from shared.models import Message, Route
-from shared.proto import gateway_pb2
+from shared.wire import to_batch
 
-__all__ = ["P2PPusher", "to_batch"]
+__all__ = ["P2PPusher"]
 
 log = logging.getLogger(__name__)
 
 # A route of an unknown gateway makes the push re-read the fleet if the cached copy is
 # older than this.
 STALE_RECHECK_S = 0.25
-
-
-def to_batch(message: Message, uids: Sequence[str], batch_id: str) -> gateway_pb2.Batch:
-    return gateway_pb2.Batch(
-        batch_id=batch_id,
-        message=gateway_pb2.Message(
-            msg_id=message.msg_id,
-            push_id=message.push_id,
-            msg_type=message.msg_type,
-            content_json=message.content_json,
-            ts_ms=message.ts_ms,
-            **{"from": message.sender},
-        ),
-        uids=uids,
-        mode=gateway_pb2.MODE_P2P,
-    )
 
 
 class P2PPusher:

@@ -7,8 +7,8 @@ import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 
-from router.jobs import RedisJobStore
-from router.publishing import PushCounters
+from router.fanout.publisher import PushCounters
+from router.jobs.store import RedisJobStore
 from shared.errors import ImrouteError
 
 __all__ = ["JobRunner"]

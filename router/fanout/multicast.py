@@ -12,9 +12,9 @@ import asyncio
 from collections import deque
 from collections.abc import AsyncIterator, Iterable, Sequence
 
-from router.batcher import GroupBatcher, ReadyBatch
-from router.publishing import BatchPublisher, group_topic
-from router.registry import LOOKUP_CHUNK, GroupLookup, RecipientGroups, chunks
+from router.fanout.batcher import GroupBatcher, ReadyBatch
+from router.fanout.publisher import BatchPublisher, group_topic
+from router.routes.registry import LOOKUP_CHUNK, GroupLookup, RecipientGroups, chunks
 from shared.clock import Clock
 from shared.proto import gateway_pb2
 

@@ -1,0 +1,27 @@
+"""The router's gRPC client of the gateways, as a stack of layers, top to bottom:
+
+1. `coalescer.CoalescingGatewayClient`: pushes to one gateway that queue behind the
+   calls in flight leave together in one DeliverMany (each keeps its reply and deadline).
+2. `resilient.ResilientGatewayClient`: per-gateway call stats, the circuit breaker, and
+   retries of a whole RPC on the same gateway (same batch ids, so never twice).
+3. `grpc_client.GrpcGatewayClients`: one grpc.aio channel per gateway address; gRPC
+   errors become GatewayUnavailable here.
+
+`metrics` holds the listeners of every RPC the resilient layer makes (Prometheus series
+and log lines). `P2PPusher` calls the top of the stack; each layer takes the one below.
+"""
+
+from router.gateway_rpc.coalescer import CoalescingGatewayClient
+from router.gateway_rpc.grpc_client import GatewayClient, GrpcGatewayClients, ManyGatewayClient
+from router.gateway_rpc.metrics import CallLog, CallMetrics
+from router.gateway_rpc.resilient import ResilientGatewayClient
+
+__all__ = [
+    "CallLog",
+    "CallMetrics",
+    "CoalescingGatewayClient",
+    "GatewayClient",
+    "GrpcGatewayClients",
+    "ManyGatewayClient",
+    "ResilientGatewayClient",
+]

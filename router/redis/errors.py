@@ -1,0 +1,73 @@
+"""The one mapping of redis-py's errors into ours, used wherever Redis is called.
+
+Which error class a caller raises is its contract (the route store and the fleet raise
+RegistryUnavailable, the Redis Streams bus BusUnavailable, as every bus does); which
+redis-py errors mean "Redis did not answer" and which mean "Redis refused" is decided
+here, once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Coroutine, Iterator
+from contextlib import contextmanager
+from typing import Any, ParamSpec, TypeVar
+
+import redis.exceptions
+
+from shared.errors import ImrouteError, RegistryUnavailable
+
+__all__ = ["is_unreachable", "redis_errors", "reraise_swallowed_cancel", "translate_errors"]
+
+P = ParamSpec("P")
+T = TypeVar("T")
+
+
+def is_unreachable(exc: BaseException) -> bool:
+    """Redis did not answer (in time): worth another try, unlike an error reply."""
+    return isinstance(
+        exc, redis.exceptions.ConnectionError | redis.exceptions.TimeoutError | TimeoutError
+    )
+
+
+@contextmanager
+def redis_errors(to: type[ImrouteError] = RegistryUnavailable) -> Iterator[None]:
+    """Raise redis-py errors from inside as `to`, and a swallowed cancellation as itself."""
+    try:
+        yield
+    except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
+        reraise_swallowed_cancel()
+        raise to(f"redis did not answer: {exc}") from exc
+    except TimeoutError as exc:  # an asyncio.timeout around the command
+        reraise_swallowed_cancel()
+        raise to("redis did not answer in time") from exc
+    except redis.exceptions.RedisError as exc:
+        reraise_swallowed_cancel()
+        raise to(f"redis error: {exc}") from exc
+    reraise_swallowed_cancel()
+
+
+def translate_errors(
+    fn: Callable[P, Coroutine[Any, Any, T]],
+) -> Callable[P, Coroutine[Any, Any, T]]:
+    """Decorate a Redis-calling coroutine so redis-py errors surface as RegistryUnavailable."""
+
+    async def wrapper(*args: P.args, **kwargs: P.kwargs) -> T:
+        with redis_errors(RegistryUnavailable):
+            return await fn(*args, **kwargs)
+
+    wrapper.__name__ = getattr(fn, "__name__", "wrapper")
+    wrapper.__doc__ = fn.__doc__
+    return wrapper
+
+
+def reraise_swallowed_cancel() -> None:
+    """Raise CancelledError if this task was cancelled during the call.
+
+    redis-py's asyncio client can swallow a cancellation that lands while a command
+    is in flight (it disconnects and carries on), which would leave a cancelled loop
+    running for ever. The task still counts the request, so honour it here.
+    """
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError
