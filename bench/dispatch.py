@@ -5,8 +5,7 @@ A fleet of `--gateways` (100) gateways in groups of `--per-group` (4) across `--
 draining, one full, one with an open circuit) and a StatsRegistry that knows every
 gateway. Each rule chooses for distinct uids for `--seconds` of wall time (in batches
 of 1000, on the real clock, one thread); the figure is choices per second, best of
-`--repeats`. The last line runs `execute` (consistent_hash, stats, a listener, an
-instant async call) to show what a whole balanced call costs around the decision.
+`--repeats`.
 
     .venv/bin/python bench/dispatch.py --quick
     .venv/bin/python bench/dispatch.py --gateways 100 --seconds 0.5 --repeats 3
@@ -15,7 +14,6 @@ instant async call) to show what a whole balanced call costs around the decision
 from __future__ import annotations
 
 import argparse
-import asyncio
 import os
 import platform
 import sys
@@ -29,14 +27,9 @@ sys.path.insert(0, str(ROOT))
 
 from router.balancing import (  # noqa: E402
     RULE_NAMES,
-    AttemptInfo,
     Availability,
-    ExecutionContext,
     GatewayState,
-    Listeners,
-    RetryPolicy,
     StatsRegistry,
-    execute,
     rule_for,
 )
 from shared.clock import SystemClock  # noqa: E402
@@ -94,63 +87,6 @@ def measure(choose: Callable[[str], object], uids: list[str], seconds: float) ->
             return done / elapsed
 
 
-class CountingListener:
-    def __init__(self) -> None:
-        self.n = 0
-
-    def on_execution_start(self, ctx: ExecutionContext) -> None:
-        self.n += 1
-
-    def on_start_with_server(self, ctx: ExecutionContext, attempt: AttemptInfo) -> None:
-        pass
-
-    def on_exception_with_server(
-        self, ctx: ExecutionContext, attempt: AttemptInfo, error: BaseException
-    ) -> None:
-        pass
-
-    def on_execution_success(
-        self, ctx: ExecutionContext, attempt: AttemptInfo, result: object
-    ) -> None:
-        pass
-
-    def on_execution_failed(
-        self, ctx: ExecutionContext, attempt: AttemptInfo | None, error: BaseException
-    ) -> None:
-        pass
-
-
-async def measure_execute(
-    fleet: list[GatewayState], stats: StatsRegistry, available: Availability, seconds: float
-) -> float:
-    rule = rule_for("consistent_hash", available)
-    clock = SystemClock()
-    listeners = Listeners([CountingListener()])
-    policy = RetryPolicy()
-
-    async def call(server: GatewayState) -> str:
-        return server.gateway_id
-
-    done, start = 0, time.perf_counter()
-    while True:
-        for i in range(BATCH):
-            await execute(
-                call,
-                servers=fleet,
-                rule=rule,
-                stats=stats,
-                policy=policy,
-                sleep=clock.sleep,
-                is_transport_error=lambda exc: isinstance(exc, ConnectionError),
-                key=f"user-{done + i}",
-                listeners=listeners,
-            )
-        done += BATCH
-        elapsed = time.perf_counter() - start
-        if elapsed >= seconds:
-            return done / elapsed
-
-
 def conditions(args: argparse.Namespace) -> list[str]:
     cpu = "unknown"
     try:
@@ -202,11 +138,6 @@ def main(argv: list[str] | None = None) -> int:
 
         best = max(measure(choose, uids, args.seconds) for _ in range(args.repeats))
         print(f"  {name:<20} {best:>12,.0f} /s   {1e6 / best:7.1f} us per choice")
-    best = max(
-        asyncio.run(measure_execute(fleet, stats, available, args.seconds))
-        for _ in range(args.repeats)
-    )
-    print(f"  {'execute (c. hash)':<20} {best:>12,.0f} /s   {1e6 / best:7.1f} us per call")
     return 0
 
 

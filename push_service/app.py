@@ -244,7 +244,7 @@ def _gateway_clients(
     resilient = ResilientGatewayClient(
         GrpcGatewayClients(close_grace_s=max(CLOSE_GRACE_S, settings.deliver_timeout_s)),
         stats,
-        RetryPolicy(max_retries_same=settings.deliver_retries, max_retries_next=0),
+        RetryPolicy(max_retries_same=settings.deliver_retries),
         listeners=Listeners([call_metrics, CallLog()]),
     )
     return CoalescingGatewayClient(resilient), stats

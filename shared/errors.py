@@ -1,4 +1,21 @@
-"""The one error tree of imroute; library errors are mapped into it where they are caught."""
+"""The one error tree of imroute; library errors are mapped into it where they are caught.
+
+    ImrouteError
+    ├── ConfigError                a setting has a bad value; names the setting
+    ├── InvalidInput               a caller's or client's input is malformed; names the field
+    │   └── PayloadTooLarge        ... because it is over its limit
+    ├── AuthError                  an API key or client token is missing, invalid or expired
+    ├── RegistryUnavailable        Redis (routes, fleet, jobs, drains) did not answer
+    ├── GatewayUnavailable         a gateway could not be reached or failed a call
+    │   └── NoEligibleGateway      no gateway can take a client or a call now
+    ├── BusUnavailable             the message bus did not answer or refused a call
+    └── DirectoryUnavailable       the user directory's database failed
+
+The push service maps them to HTTP answers (`push_service`), the gateway to WebSocket
+close codes; library errors are translated at the module that calls the library: redis-py in
+`router.redis.errors`, grpc in `router.gateway_rpc.grpc_client`, google-api-core in
+`router.bus.pubsub`, SQLAlchemy in `router.directory.sql`.
+"""
 
 from __future__ import annotations
 
@@ -10,6 +27,7 @@ __all__ = [
     "GatewayUnavailable",
     "ImrouteError",
     "InvalidInput",
+    "NoEligibleGateway",
     "PayloadTooLarge",
     "RegistryUnavailable",
 ]
@@ -52,6 +70,13 @@ class GatewayUnavailable(ImrouteError):
         self.gateway_id = gateway_id
         self.reason = reason
         self.code = code  # the gRPC status code's name, when a call failed with one
+
+
+class NoEligibleGateway(GatewayUnavailable):
+    """No gateway could take the call (none eligible, or every one's circuit open)."""
+
+    def __init__(self, reason: str = "no eligible gateway") -> None:
+        super().__init__("*", reason)
 
 
 class BusUnavailable(ImrouteError):

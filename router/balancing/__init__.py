@@ -1,14 +1,20 @@
-"""Load balancing's pure core (issue 5): gateway placement and call routing, Ribbon-style.
+"""Load balancing's pure core: gateway placement and call routing, Ribbon-style.
 
-Rules filter the eligible gateways and pick one; per-gateway stats and circuit breakers
-track calls; a retry policy and `execute` run a call with retries and listeners. Nothing
-here does I/O: the clock, the sleep and the call are injected.
+- `rules`: an Availability filter, then a rule picks one gateway (round robin, least
+  connections, rendezvous consistent hash by group, zone affinity).
+- `stats` and `circuit`: per-gateway call counters and circuit breakers.
+- `retry`: how often a pinned call is retried on its gateway, and the backoff.
+- `listeners`: observers of every call (metrics and logs hook in here).
+
+Nothing here does I/O: the clock is injected. `router.fleet.dispatch` applies the rules
+to the live fleet; `router.gateway_rpc.resilient` runs calls through stats and retries.
 """
 
 from __future__ import annotations
 
+from router.balancing.circuit import BreakerState, CircuitBreaker, Permit
 from router.balancing.listeners import AttemptInfo, ExecutionContext, ExecutionListener, Listeners
-from router.balancing.retry import Decision, Move, NoEligibleGateway, RetryPolicy, execute
+from router.balancing.retry import RetryPolicy
 from router.balancing.rules import (
     RULE_NAMES,
     RULE_SETTING,
@@ -22,15 +28,8 @@ from router.balancing.rules import (
     rule_for,
 )
 from router.balancing.servers import GatewayState
-from router.balancing.stats import (
-    BreakerState,
-    CircuitBreaker,
-    Permit,
-    ServerStats,
-    StatsRegistry,
-    StatsSettings,
-    Ticket,
-)
+from router.balancing.stats import ServerStats, StatsRegistry, StatsSettings, Ticket
+from shared.errors import NoEligibleGateway
 
 __all__ = [
     "RULE_NAMES",
@@ -40,13 +39,11 @@ __all__ = [
     "BreakerState",
     "CircuitBreaker",
     "ConsistentHashRule",
-    "Decision",
     "ExecutionContext",
     "ExecutionListener",
     "GatewayState",
     "LeastConnectionsRule",
     "Listeners",
-    "Move",
     "NoEligibleGateway",
     "Permit",
     "RetryPolicy",
@@ -57,7 +54,6 @@ __all__ = [
     "StatsSettings",
     "Ticket",
     "ZoneAffinityRule",
-    "execute",
     "hrw_score",
     "rule_for",
 ]

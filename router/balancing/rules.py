@@ -51,16 +51,8 @@ class Availability:
         self.stats = stats
         self.require_capacity = require_capacity
 
-    def eligible(self, server: GatewayState, now_ms: int) -> bool:
-        return (
-            server.heartbeat_deadline_ms > now_ms
-            and not server.draining
-            and (not self.require_capacity or server.connections < server.max_connections)
-            and (self.stats is None or self.stats.allow(server.gateway_id))
-        )
-
     def filter(self, servers: Sequence[GatewayState]) -> list[GatewayState]:
-        # The same test as `eligible`, inlined: it runs for every gateway on every choice.
+        """The eligible ones, in order; it runs for every gateway on every choice."""
         now_ms = self.clock.now_ms()
         if self.require_capacity:
             fit = [

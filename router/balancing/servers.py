@@ -22,14 +22,6 @@ class GatewayState:
     started_at_ms: int = 0
     heartbeat_deadline_ms: int = 0  # its fleet record's expiry, wall-clock epoch ms
 
-    def fresh(self, now_ms: int) -> bool:
-        """Whether its heartbeat has not lapsed at `now_ms`."""
-        return self.heartbeat_deadline_ms > now_ms
-
-    @property
-    def has_capacity(self) -> bool:
-        return self.connections < self.max_connections
-
     @property
     def load(self) -> float:
         """Connections as a fraction of capacity (1.0 or more: full)."""

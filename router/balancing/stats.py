@@ -1,29 +1,22 @@
-"""Per-gateway call statistics and circuit breakers, on an injected clock (pure, no I/O).
+"""Per-gateway call statistics, each with its circuit breaker, on an injected clock (pure).
 
-Like Ribbon's ServerStats and its circuit-tripping logic, with two differences:
-
-- The half-open state lets exactly one probe call through, and a call's outcome moves
-  the circuit only if the call started in the circuit's current epoch. A straggler that
-  started before the circuit opened cannot close it (or reopen it) afterwards.
-- Outcomes are reported on the `Ticket` that started the call, which holds its
-  gateway's entries: a gateway forgotten (and maybe re-added) meanwhile is not touched.
+Like Ribbon's ServerStats and its circuit-tripping logic (`circuit`), except that
+outcomes are reported on the `Ticket` that started the call, which holds its gateway's
+entries: a gateway forgotten (and maybe re-added) meanwhile is not touched.
 """
 
 from __future__ import annotations
 
-import enum
 import logging
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from router.balancing.circuit import BreakerState, CircuitBreaker, Permit
 from shared.clock import Clock
 from shared.errors import ConfigError
 
 __all__ = [
-    "BreakerState",
-    "CircuitBreaker",
-    "Permit",
     "ServerStats",
     "StatsRegistry",
     "StatsSettings",
@@ -36,16 +29,13 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True, slots=True)
 class StatsSettings:
-    """How latency is averaged and when a gateway's circuit opens."""
+    """When a gateway's circuit opens, and for how long."""
 
-    ewma_alpha: float = 0.2  # weight of the newest latency sample
     # consecutive transport failures that open the circuit; 0: the circuit never opens
     failure_threshold: int = 5
     cool_off_s: float = 10.0  # how long an open circuit refuses calls before a probe
 
     def __post_init__(self) -> None:
-        if not (0.0 < self.ewma_alpha <= 1.0):
-            raise ConfigError(f"ewma_alpha: {self.ewma_alpha!r} is outside (0, 1]")
         threshold = self.failure_threshold
         if isinstance(threshold, bool) or not isinstance(threshold, int) or threshold < 0:
             raise ConfigError(f"failure_threshold: {threshold!r} is not a whole number >= 0")
@@ -55,28 +45,20 @@ class StatsSettings:
 
 @dataclass(slots=True)
 class ServerStats:
-    """Counters of one gateway's calls, and an EWMA of their latency."""
+    """Counters of one gateway's calls."""
 
-    alpha: float = 0.2
     in_flight: int = 0
     successes: int = 0
     failures: int = 0
     consecutive_failures: int = 0
-    latency_ewma_s: float | None = None  # None until the first success
 
     def on_start(self) -> None:
         self.in_flight += 1
 
-    def on_success(self, latency_s: float) -> None:
+    def on_success(self) -> None:
         self._end()
         self.successes += 1
         self.consecutive_failures = 0
-        # Only successes feed the average: a refused connection fails in microseconds
-        # and would make a dead gateway look like the fastest one.
-        if self.latency_ewma_s is None:
-            self.latency_ewma_s = latency_s
-        else:
-            self.latency_ewma_s += self.alpha * (latency_s - self.latency_ewma_s)
 
     def on_failure(self) -> None:
         self._end()
@@ -91,114 +73,12 @@ class ServerStats:
         self.in_flight = max(0, self.in_flight - 1)
 
 
-class BreakerState(enum.Enum):
-    CLOSED = "closed"
-    OPEN = "open"
-    HALF_OPEN = "half_open"  # the cool-off is over: one probe call may go through
-
-
-@dataclass(frozen=True, slots=True)
-class Permit:
-    """Leave to make one call, from the circuit as it was when the call started."""
-
-    epoch: int
-    probe: bool
-
-
-@dataclass(slots=True)
-class CircuitBreaker:
-    """Closed -> (N consecutive failures) -> open -> (cool-off) -> half-open, one probe ->
-    closed on its success, open again (for another cool-off) on its failure."""
-
-    threshold: int
-    cool_off_s: float
-    clock: Clock
-    on_change: Callable[[bool], None] | None = None  # told `closed` on every open and close
-    _epoch: int = 0  # moves on every transition; permits of older epochs are stale
-    _failures: int = 0
-    _opened_at: float | None = None
-    _probe_since: float | None = None
-
-    @property
-    def state(self) -> BreakerState:
-        if self._opened_at is None:
-            return BreakerState.CLOSED
-        if self.clock.monotonic() - self._opened_at < self.cool_off_s:
-            return BreakerState.OPEN
-        return BreakerState.HALF_OPEN
-
-    def available(self) -> bool:
-        """Whether `acquire` would give a permit now (no side effect)."""
-        state = self.state
-        if state is BreakerState.CLOSED:
-            return True
-        return state is BreakerState.HALF_OPEN and self._probe_slot_free()
-
-    def acquire(self) -> Permit | None:
-        """A permit to call, or None; in half-open, the one probe's permit."""
-        state = self.state
-        if state is BreakerState.CLOSED:
-            return Permit(self._epoch, probe=False)
-        if state is BreakerState.OPEN or not self._probe_slot_free():
-            return None
-        if self._probe_since is not None:
-            self._epoch += 1  # the lost probe's late outcome no longer counts
-        self._probe_since = self.clock.monotonic()
-        return Permit(self._epoch, probe=True)
-
-    def on_success(self, permit: Permit) -> None:
-        if permit.epoch != self._epoch:
-            return
-        if permit.probe:
-            self._close()
-        else:
-            self._failures = 0
-
-    def on_failure(self, permit: Permit) -> None:
-        if permit.epoch != self._epoch:
-            return
-        if permit.probe:
-            self._open()
-            return
-        self._failures += 1
-        if self.threshold and self._failures >= self.threshold:
-            self._open()
-
-    def release(self, permit: Permit) -> None:
-        """The call ended without a verdict on the gateway: free the probe slot."""
-        if permit.probe and permit.epoch == self._epoch:
-            self._probe_since = None
-
-    def _probe_slot_free(self) -> bool:
-        # A probe that has been out longer than a whole cool-off is taken as lost (its
-        # caller's deadline should be far shorter), so the circuit cannot stay stuck.
-        since = self._probe_since
-        return since is None or self.clock.monotonic() - since >= self.cool_off_s
-
-    def _open(self) -> None:
-        self._epoch += 1
-        self._opened_at = self.clock.monotonic()
-        self._probe_since = None
-        self._failures = 0
-        if self.on_change is not None:
-            self.on_change(False)
-
-    def _close(self) -> None:
-        self._epoch += 1
-        self._opened_at = None
-        self._probe_since = None
-        self._failures = 0
-        if self.on_change is not None:
-            self.on_change(True)
-
-
 @dataclass(frozen=True, slots=True)
 class Ticket:
     """One started call: report its outcome to the registry with this."""
 
     gateway_id: str
     permit: Permit
-    started: float  # monotonic seconds
     stats: ServerStats = field(repr=False, compare=False)
     breaker: CircuitBreaker = field(repr=False, compare=False)
 
@@ -225,7 +105,7 @@ class StatsRegistry:
         if entry is None:
             s = self.settings
             breaker = CircuitBreaker(s.failure_threshold, s.cool_off_s, self.clock)
-            entry = self._entries[gateway_id] = _Entry(ServerStats(alpha=s.ewma_alpha), breaker)
+            entry = self._entries[gateway_id] = _Entry(ServerStats(), breaker)
             breaker.on_change = self._watch(gateway_id, breaker)
         return entry
 
@@ -271,10 +151,10 @@ class StatsRegistry:
         if permit is None:
             return None
         entry.stats.on_start()
-        return Ticket(gateway_id, permit, self.clock.monotonic(), entry.stats, entry.breaker)
+        return Ticket(gateway_id, permit, entry.stats, entry.breaker)
 
     def on_success(self, ticket: Ticket) -> None:
-        ticket.stats.on_success(self.clock.monotonic() - ticket.started)
+        ticket.stats.on_success()
         ticket.breaker.on_success(ticket.permit)
 
     def on_failure(self, ticket: Ticket) -> None:

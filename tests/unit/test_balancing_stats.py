@@ -1,4 +1,4 @@
-"""Per-gateway stats, the EWMA and the circuit breaker, on a ManualClock (nothing sleeps)."""
+"""Per-gateway stats and the circuit breaker, on a ManualClock (nothing sleeps)."""
 
 from __future__ import annotations
 
@@ -20,36 +20,15 @@ def fail(reg: StatsRegistry, gateway_id: str, n: int) -> None:
         reg.on_failure(ticket)
 
 
-def test_ewma_arithmetic() -> None:
-    stats = ServerStats(alpha=0.5)
-    assert stats.latency_ewma_s is None
-    stats.on_start()
-    stats.on_success(1.0)
-    assert stats.latency_ewma_s == 1.0  # the first sample is taken as is
-    for sample, expected in [(3.0, 2.0), (0.0, 1.0), (1.0, 1.0), (5.0, 3.0)]:
-        stats.on_start()
-        stats.on_success(sample)
-        assert stats.latency_ewma_s == pytest.approx(expected)
-    assert (stats.successes, stats.failures, stats.in_flight) == (5, 0, 0)
-
-
-def test_ewma_alpha_weights_the_newest_sample() -> None:
-    stats = ServerStats(alpha=0.2)
-    stats.on_success(10.0)
-    stats.on_success(0.0)
-    assert stats.latency_ewma_s == pytest.approx(8.0)  # 0.2 * 0 + 0.8 * 10
-
-
-def test_failures_do_not_feed_the_ewma_and_count_consecutively() -> None:
-    stats = ServerStats(alpha=0.5)
-    stats.on_success(2.0)
+def test_failures_count_consecutively_and_a_success_resets_them() -> None:
+    stats = ServerStats()
+    stats.on_success()
     for n in (1, 2, 3):
         stats.on_start()
         stats.on_failure()
         assert stats.consecutive_failures == n
-    assert stats.latency_ewma_s == 2.0
-    stats.on_success(2.0)
-    assert (stats.failures, stats.consecutive_failures) == (3, 0)
+    stats.on_success()
+    assert (stats.successes, stats.failures, stats.consecutive_failures) == (2, 3, 0)
 
 
 def test_in_flight_counts_started_calls_until_they_end() -> None:
@@ -64,16 +43,6 @@ def test_in_flight_counts_started_calls_until_they_end() -> None:
     assert reg.in_flight("gw1") == 0
     stats = reg.stats("gw1")
     assert (stats.successes, stats.failures) == (1, 1)
-
-
-def test_registry_measures_latency_on_its_clock() -> None:
-    clock = ManualClock()
-    reg = StatsRegistry(clock, StatsSettings(ewma_alpha=0.5))
-    ticket = reg.on_start("gw1")
-    assert ticket is not None
-    clock.advance(0.25)
-    reg.on_success(ticket)
-    assert reg.stats("gw1").latency_ewma_s == pytest.approx(0.25)
 
 
 def test_circuit_opens_after_n_consecutive_failures_only() -> None:
@@ -227,8 +196,6 @@ def test_an_outcome_for_a_forgotten_gateway_does_not_touch_its_successor() -> No
 @pytest.mark.parametrize(
     ("kwargs", "name"),
     [
-        ({"ewma_alpha": 0.0}, "ewma_alpha"),
-        ({"ewma_alpha": 1.5}, "ewma_alpha"),
         ({"failure_threshold": -1}, "failure_threshold"),
         ({"failure_threshold": True}, "failure_threshold"),
         ({"cool_off_s": 0.0}, "cool_off_s"),

@@ -66,7 +66,7 @@ def wrapper(inner: Inner, retries: int = 1, failures: int = 3) -> ResilientGatew
         pass
 
     return ResilientGatewayClient(
-        inner, stats, RetryPolicy(max_retries_same=retries, max_retries_next=0), no_wait
+        inner, stats, RetryPolicy(max_retries_same=retries), no_wait
     )
 
 
@@ -210,7 +210,7 @@ async def test_a_retry_gets_only_the_time_left_and_none_without_it() -> None:
     async def sleep(seconds: float) -> None:
         clock.advance(seconds)
 
-    policy = RetryPolicy(max_retries_same=3, max_retries_next=0)
+    policy = RetryPolicy(max_retries_same=3)
     client = ResilientGatewayClient(Slow("UNAVAILABLE", "UNAVAILABLE"), stats, policy, sleep)
     with pytest.raises(GatewayUnavailable, match="UNAVAILABLE"):
         await client.deliver("gw1", "addr", BATCH, 1.0)
