@@ -8,46 +8,9 @@ from collections.abc import Sequence
 import pytest
 
 from router.gateway_rpc.coalescer import CoalescingGatewayClient
+from router.testing import FakeGatewayClient
 from shared.errors import GatewayUnavailable
 from shared.proto import gateway_pb2
-
-
-class SlowGateway:
-    """Answers every batch after `delay`, recording how it was called."""
-
-    def __init__(self, delay: float = 0.02, fail: bool = False) -> None:
-        self.delay = delay
-        self.fail = fail
-        self.calls: list[int] = []  # batches per call
-        self.closed = False
-
-    def _reply(self, batch: gateway_pb2.Batch) -> gateway_pb2.DeliverReply:
-        return gateway_pb2.DeliverReply(delivered=list(batch.uids))
-
-    async def deliver(
-        self, gateway_id: str, address: str, batch: gateway_pb2.Batch, timeout_s: float
-    ) -> gateway_pb2.DeliverReply:
-        self.calls.append(1)
-        await asyncio.sleep(self.delay)
-        if self.fail:
-            raise GatewayUnavailable(gateway_id, "UNAVAILABLE")
-        return self._reply(batch)
-
-    async def deliver_many(
-        self,
-        gateway_id: str,
-        address: str,
-        batches: Sequence[gateway_pb2.Batch],
-        timeout_s: float,
-    ) -> list[gateway_pb2.DeliverReply]:
-        self.calls.append(len(batches))
-        await asyncio.sleep(min(self.delay, timeout_s))
-        if self.fail or timeout_s < self.delay:
-            raise GatewayUnavailable(gateway_id, "UNAVAILABLE")
-        return [self._reply(b) for b in batches]
-
-    async def close(self) -> None:
-        self.closed = True
 
 
 def batch(uid: str) -> gateway_pb2.Batch:
@@ -55,37 +18,37 @@ def batch(uid: str) -> gateway_pb2.Batch:
 
 
 async def test_low_load_sends_each_batch_alone() -> None:
-    gw = SlowGateway(delay=0.001)
+    gw = FakeGatewayClient(delay_s=0.001)
     client = CoalescingGatewayClient(gw, max_in_flight=2)
     for i in range(3):
         reply = await client.deliver("gw1", "a:1", batch(f"u{i}"), 1.0)
         assert list(reply.delivered) == [f"u{i}"]
-    assert gw.calls == [1, 1, 1]
+    assert gw.sizes == [1, 1, 1]
 
 
 async def test_under_load_queued_batches_share_calls_and_get_their_own_replies() -> None:
-    gw = SlowGateway()
+    gw = FakeGatewayClient(delay_s=0.02)
     client = CoalescingGatewayClient(gw, max_in_flight=2, max_batches=50)
     replies = await asyncio.gather(
         *(client.deliver("gw1", "a:1", batch(f"u{i}"), 1.0) for i in range(102))
     )
     assert [list(r.delivered) for r in replies] == [[f"u{i}"] for i in range(102)]
-    assert gw.calls[:2] == [1, 1]  # the first two go at once
-    assert sum(gw.calls) == 102
-    assert gw.calls == [1, 1, 50, 50]  # then the 100 queued behind them, 50 per call
+    assert gw.sizes[:2] == [1, 1]  # the first two go at once
+    assert sum(gw.sizes) == 102
+    assert gw.sizes == [1, 1, 50, 50]  # then the 100 queued behind them, 50 per call
 
 
 async def test_lanes_are_per_gateway() -> None:
-    gw = SlowGateway()
+    gw = FakeGatewayClient(delay_s=0.02)
     client = CoalescingGatewayClient(gw, max_in_flight=1)
     await asyncio.gather(
         client.deliver("gw1", "a:1", batch("x"), 1.0), client.deliver("gw2", "b:1", batch("y"), 1.0)
     )
-    assert gw.calls == [1, 1]  # neither waited for the other
+    assert gw.sizes == [1, 1]  # neither waited for the other
 
 
 async def test_a_failed_call_fails_every_batch_in_it() -> None:
-    gw = SlowGateway(fail=True)
+    gw = FakeGatewayClient(delay_s=0.02, fail="UNAVAILABLE")
     client = CoalescingGatewayClient(gw, max_in_flight=1)
     results = await asyncio.gather(
         *(client.deliver("gw1", "a:1", batch(f"u{i}"), 1.0) for i in range(4)),
@@ -95,7 +58,7 @@ async def test_a_failed_call_fails_every_batch_in_it() -> None:
 
 
 async def test_batches_queued_past_their_deadline_fail_without_being_sent() -> None:
-    gw = SlowGateway(delay=0.1)
+    gw = FakeGatewayClient(delay_s=0.1)
     client = CoalescingGatewayClient(gw, max_in_flight=1)
     first = asyncio.create_task(client.deliver("gw1", "a:1", batch("first"), 1.0))
     await asyncio.sleep(0)
@@ -103,11 +66,11 @@ async def test_batches_queued_past_their_deadline_fail_without_being_sent() -> N
     with pytest.raises(GatewayUnavailable, match="DEADLINE_EXCEEDED"):
         await late
     await first
-    assert gw.calls == [1]
+    assert gw.sizes == [1]
 
 
 async def test_close_fails_waiters_and_closes_the_inner_client() -> None:
-    gw = SlowGateway(delay=0.2)
+    gw = FakeGatewayClient(delay_s=0.2)
     client = CoalescingGatewayClient(gw, max_in_flight=1)
     first = asyncio.create_task(client.deliver("gw1", "a:1", batch("a"), 1.0))
     await asyncio.sleep(0)
@@ -121,16 +84,16 @@ async def test_close_fails_waiters_and_closes_the_inner_client() -> None:
 
 
 async def test_calls_are_capped_in_bytes_as_well_as_in_count() -> None:
-    gw = SlowGateway()
+    gw = FakeGatewayClient(delay_s=0.02)
     client = CoalescingGatewayClient(gw, max_in_flight=1, max_batches=256, max_bytes=10_000)
     big = [gateway_pb2.Batch(batch_id=f"b{i}", uids=["x" * 3000]) for i in range(9)]
     replies = await asyncio.gather(*(client.deliver("gw1", "a:1", b, 1.0) for b in big))
     assert len(replies) == 9
     # The first goes alone; the eight queued behind it leave three (~9 KB) per call.
-    assert gw.calls == [1, 3, 3, 2]
+    assert gw.sizes == [1, 3, 3, 2]
 
 
-class BrokenGateway(SlowGateway):
+class BrokenGateway(FakeGatewayClient):
     async def deliver_many(
         self,
         gateway_id: str,
@@ -142,7 +105,7 @@ class BrokenGateway(SlowGateway):
 
 
 async def test_no_caller_hangs_whatever_the_call_raises() -> None:
-    client = CoalescingGatewayClient(BrokenGateway(delay=0.05), max_in_flight=1)
+    client = CoalescingGatewayClient(BrokenGateway(delay_s=0.05), max_in_flight=1)
     results = await asyncio.wait_for(
         asyncio.gather(
             *(client.deliver("gw1", "a:1", batch(f"u{i}"), 1.0) for i in range(4)),
@@ -155,7 +118,7 @@ async def test_no_caller_hangs_whatever_the_call_raises() -> None:
 
 
 async def test_close_fails_callers_of_a_call_in_flight() -> None:
-    gw = SlowGateway(delay=5)
+    gw = FakeGatewayClient(delay_s=5)
     client = CoalescingGatewayClient(gw, max_in_flight=1)
     first = asyncio.create_task(client.deliver("gw1", "a:1", batch("a"), 10.0))
     await asyncio.sleep(0)
@@ -165,7 +128,7 @@ async def test_close_fails_callers_of_a_call_in_flight() -> None:
     await asyncio.sleep(0)
     first.cancel()  # frees the lane: the three leave in one DeliverMany, which hangs
     await asyncio.sleep(0.01)
-    assert gw.calls == [1, 3]
+    assert gw.sizes == [1, 3]
     await asyncio.wait_for(client.close(), 1)
     for task in queued:
         with pytest.raises(GatewayUnavailable):
@@ -173,15 +136,7 @@ async def test_close_fails_callers_of_a_call_in_flight() -> None:
 
 
 async def test_retain_drops_idle_lanes_of_departed_gateways_only() -> None:
-    class Retaining(SlowGateway):
-        def __init__(self, delay: float) -> None:
-            super().__init__(delay)
-            self.retained: list[dict[str, str]] = []
-
-        def retain(self, live: dict[str, str]) -> None:
-            self.retained.append(dict(live))
-
-    gw = Retaining(delay=0.05)
+    gw = FakeGatewayClient(delay_s=0.05)
     client = CoalescingGatewayClient(gw, max_in_flight=1)
     await client.deliver("gw1", "a:1", batch("u1"), 1.0)
     busy = asyncio.create_task(client.deliver("gw2", "b:1", batch("u2"), 1.0))

@@ -5,15 +5,14 @@ fleet; a refusal by an open circuit, an expired push or an answered error do not
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 
 import pytest
 
 from router.gateway_rpc.resilient import CIRCUIT_OPEN
 from router.p2p.pusher import P2PPusher
-from shared.errors import GatewayUnavailable
+from router.testing import FakeGatewayClient
 from shared.models import GatewayInfo, Message, Route
-from shared.proto import gateway_pb2
 
 ROUTE = Route("amy", "c1", "gw1", "g1", "10.0.0.1", 7000, 0)
 
@@ -40,41 +39,22 @@ class Fleet:
         self.invalidated += 1
 
 
-class Failing:
-    def __init__(self, code: str | None, expired: bool = False) -> None:
-        self.code = code
-        self.expired = expired
-
-    async def deliver(
-        self, gateway_id: str, address: str, batch: gateway_pb2.Batch, timeout_s: float
-    ) -> gateway_pb2.DeliverReply:
-        if self.expired:
-            return gateway_pb2.DeliverReply(expired=True)
-        raise GatewayUnavailable(gateway_id, f"{self.code}: injected", self.code)
-
-    def retain(self, live: Mapping[str, str]) -> None:
-        pass
-
-    async def close(self) -> None:
-        pass
-
-
 MESSAGE = Message("m1", "p1", 0, "admin", b'"hi"', 0)
 
 
 @pytest.mark.parametrize(
     ("client", "rereads"),
     [
-        (Failing("UNAVAILABLE"), 1),
-        (Failing(CIRCUIT_OPEN), 0),
-        (Failing("DEADLINE_EXCEEDED"), 0),
-        (Failing("INTERNAL"), 0),
-        (Failing(None, expired=True), 0),
+        (FakeGatewayClient(fail="UNAVAILABLE"), 1),
+        (FakeGatewayClient(fail=CIRCUIT_OPEN), 0),
+        (FakeGatewayClient(fail="DEADLINE_EXCEEDED"), 0),
+        (FakeGatewayClient(fail="INTERNAL"), 0),
+        (FakeGatewayClient(expired=True), 0),
     ],
     ids=["unavailable", "circuit-open", "deadline", "internal", "expired"],
 )
 async def test_only_a_gateway_that_may_be_gone_makes_the_fleet_reread(
-    client: Failing, rereads: int
+    client: FakeGatewayClient, rereads: int
 ) -> None:
     fleet = Fleet()
     pusher = P2PPusher(Registry(), fleet, client, 1.0)  # type: ignore[arg-type]

@@ -4,61 +4,21 @@ inner client, a ManualClock, no sleeping)."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping, Sequence
 
 import pytest
 
 from router.balancing import BreakerState, RetryPolicy, StatsRegistry, StatsSettings
 from router.gateway_rpc.coalescer import CoalescingGatewayClient
 from router.gateway_rpc.resilient import ResilientGatewayClient
+from router.testing import FakeGatewayClient
 from shared.clock import ManualClock
 from shared.errors import GatewayUnavailable
 from shared.proto import gateway_pb2
 
 
-class Inner:
-    """Fails with the queued codes first, then answers."""
-
-    def __init__(self, *codes: str) -> None:
-        self.codes = list(codes)
-        self.calls: list[str] = []
-        self.block: asyncio.Event | None = None
-        self.many_codes: list[str] = []  # failures of DeliverMany calls
-
-    async def deliver(
-        self, gateway_id: str, address: str, batch: gateway_pb2.Batch, timeout_s: float
-    ) -> gateway_pb2.DeliverReply:
-        self.calls.append(batch.batch_id)
-        if self.block is not None:
-            await self.block.wait()
-        if self.codes:
-            code = self.codes.pop(0)
-            raise GatewayUnavailable(gateway_id, f"{code}: injected", code)
-        return gateway_pb2.DeliverReply(delivered=list(batch.uids))
-
-    async def deliver_many(
-        self,
-        gateway_id: str,
-        address: str,
-        batches: Sequence[gateway_pb2.Batch],
-        timeout_s: float,
-    ) -> list[gateway_pb2.DeliverReply]:
-        self.calls.append(",".join(b.batch_id for b in batches))
-        if self.block is not None:
-            await self.block.wait()
-        if self.many_codes:
-            code = self.many_codes.pop(0)
-            raise GatewayUnavailable(gateway_id, f"{code}: injected", code)
-        return [gateway_pb2.DeliverReply(delivered=list(b.uids)) for b in batches]
-
-    def retain(self, live: Mapping[str, str]) -> None:
-        pass
-
-    async def close(self) -> None:
-        pass
-
-
-def wrapper(inner: Inner, retries: int = 1, failures: int = 3) -> ResilientGatewayClient:
+def wrapper(
+    inner: FakeGatewayClient, retries: int = 1, failures: int = 3
+) -> ResilientGatewayClient:
     clock = ManualClock()
     stats = StatsRegistry(clock, StatsSettings(failure_threshold=failures, cool_off_s=5))
 
@@ -74,7 +34,7 @@ BATCH = gateway_pb2.Batch(batch_id="b1", uids=["u"])
 
 
 async def test_unavailable_is_retried_on_the_same_gateway_with_the_same_batch() -> None:
-    inner = Inner("UNAVAILABLE")
+    inner = FakeGatewayClient("UNAVAILABLE")
     reply = await wrapper(inner).deliver("gw1", "addr", BATCH, 1.0)
     assert list(reply.delivered) == ["u"]
     assert inner.calls == ["b1", "b1"]  # same batch id: the gateway drops a repeat
@@ -82,21 +42,21 @@ async def test_unavailable_is_retried_on_the_same_gateway_with_the_same_batch() 
 
 @pytest.mark.parametrize("code", ["DEADLINE_EXCEEDED", "INTERNAL", "INVALID_ARGUMENT"])
 async def test_other_errors_are_not_retried(code: str) -> None:
-    inner = Inner(code)
+    inner = FakeGatewayClient(code)
     with pytest.raises(GatewayUnavailable, match=code):
         await wrapper(inner).deliver("gw1", "addr", BATCH, 1.0)
     assert len(inner.calls) == 1
 
 
 async def test_retries_stop_at_the_limit() -> None:
-    inner = Inner("UNAVAILABLE", "UNAVAILABLE", "UNAVAILABLE")
+    inner = FakeGatewayClient("UNAVAILABLE", "UNAVAILABLE", "UNAVAILABLE")
     with pytest.raises(GatewayUnavailable, match="UNAVAILABLE"):
         await wrapper(inner, retries=1, failures=10).deliver("gw1", "addr", BATCH, 1.0)
     assert len(inner.calls) == 2
 
 
 async def test_the_circuit_opens_and_then_fails_fast() -> None:
-    inner = Inner(*["UNAVAILABLE"] * 3)
+    inner = FakeGatewayClient(*["UNAVAILABLE"] * 3)
     client = wrapper(inner, retries=0, failures=3)
     for _ in range(3):
         with pytest.raises(GatewayUnavailable):
@@ -110,7 +70,7 @@ async def test_the_circuit_opens_and_then_fails_fast() -> None:
 
 
 async def test_a_cancelled_call_leaves_nothing_in_flight() -> None:
-    inner = Inner()
+    inner = FakeGatewayClient()
     inner.block = asyncio.Event()
     client = wrapper(inner)
     task = asyncio.ensure_future(client.deliver("gw1", "addr", BATCH, 1.0))
@@ -136,7 +96,7 @@ class Raising:
 async def test_a_listener_that_raises_does_not_fail_the_call() -> None:
     from router.balancing import Listeners
 
-    inner = Inner("UNAVAILABLE")
+    inner = FakeGatewayClient("UNAVAILABLE")
     client = wrapper(inner)
     client._listeners = Listeners([Raising()])  # type: ignore[list-item]
     reply = await client.deliver("gw1", "addr", BATCH, 1.0)
@@ -151,7 +111,7 @@ async def test_metrics_count_attempts_retries_and_failures() -> None:
     from router.gateway_rpc.metrics import CallMetrics
 
     registry = CollectorRegistry()
-    client = wrapper(Inner("UNAVAILABLE", "INTERNAL"), retries=1, failures=10)
+    client = wrapper(FakeGatewayClient("UNAVAILABLE", "INTERNAL"), retries=1, failures=10)
     client._listeners = Listeners([CallMetrics(registry)])
     with pytest.raises(GatewayUnavailable):
         await client.deliver("gw1", "addr", BATCH, 1.0)  # UNAVAILABLE, retried, INTERNAL
@@ -170,7 +130,7 @@ async def test_metrics_count_attempts_retries_and_failures() -> None:
 async def test_a_failed_coalesced_call_counts_once_and_is_retried_whole() -> None:
     """Eight pushes queued behind a busy call share one DeliverMany; it fails once. That
     is one failure for the circuit (threshold 2 here), and one retry of the whole call."""
-    inner = Inner()
+    inner = FakeGatewayClient()
     resilient = wrapper(inner, retries=1, failures=2)
     client = CoalescingGatewayClient(resilient, max_in_flight=1)
     inner.block = asyncio.Event()
@@ -199,7 +159,7 @@ async def test_a_retry_gets_only_the_time_left_and_none_without_it() -> None:
     stats = StatsRegistry(clock, StatsSettings(failure_threshold=10, cool_off_s=5))
     timeouts: list[float] = []
 
-    class Slow(Inner):
+    class Slow(FakeGatewayClient):
         async def deliver(
             self, gateway_id: str, address: str, batch: gateway_pb2.Batch, timeout_s: float
         ) -> gateway_pb2.DeliverReply:
@@ -219,7 +179,7 @@ async def test_a_retry_gets_only_the_time_left_and_none_without_it() -> None:
 
 
 async def test_the_failure_that_opens_the_circuit_is_reported_not_a_refusal() -> None:
-    inner = Inner("UNAVAILABLE")
+    inner = FakeGatewayClient("UNAVAILABLE")
     client = wrapper(inner, retries=1, failures=1)
     with pytest.raises(GatewayUnavailable) as caught:
         await client.deliver("gw1", "addr", BATCH, 1.0)
@@ -230,7 +190,7 @@ async def test_the_failure_that_opens_the_circuit_is_reported_not_a_refusal() ->
 
 @pytest.mark.parametrize("code", ["INTERNAL", "UNIMPLEMENTED", "INVALID_ARGUMENT"])
 async def test_an_answered_error_does_not_count_against_the_circuit(code: str) -> None:
-    inner = Inner(code, code, code)
+    inner = FakeGatewayClient(code, code, code)
     client = wrapper(inner, retries=0, failures=1)
     for _ in range(3):
         with pytest.raises(GatewayUnavailable, match=code):

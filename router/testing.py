@@ -1,0 +1,100 @@
+"""Test doubles shipped with the code (as httpx ships MockTransport): one place for the
+in-memory stand-ins that unit tests, examples and benchmarks share.
+
+- `FakeGatewayClient`: the gateway RPC seam (`ManyGatewayClient`) in memory.
+- `ManualClock`: the injected clock, moved by hand (from `shared.clock`).
+
+Integration tests use the real things: real Redis, gRPC servers and processes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping, Sequence
+
+from shared.clock import ManualClock
+from shared.errors import GatewayUnavailable
+from shared.proto import gateway_pb2
+
+__all__ = ["FakeGatewayClient", "ManualClock"]
+
+
+class FakeGatewayClient:
+    """A gateway client that answers every batch as delivered to all of its uids.
+
+    - `delay_s`: each call answers after this long; a call whose deadline is shorter
+      fails with DEADLINE_EXCEEDED once the deadline has passed.
+    - `block`: when set to an Event, every call waits for it first.
+    - `codes` / `many_codes`: the next Deliver / DeliverMany calls fail, one gRPC status
+      code each, in order; `fail`: every call fails with this code.
+    - `expired`: every batch is answered as arrived after its ttl.
+
+    It records each call's batch ids (`calls`, joined by ","; `sizes`, batches per call),
+    what it was told to retain, and whether it was closed.
+    """
+
+    def __init__(
+        self,
+        *codes: str,
+        delay_s: float = 0.0,
+        fail: str | None = None,
+        expired: bool = False,
+    ) -> None:
+        self.codes = list(codes)
+        self.many_codes: list[str] = []
+        self.delay_s = delay_s
+        self.fail = fail
+        self.expired = expired
+        self.block: asyncio.Event | None = None
+        self.calls: list[str] = []
+        self.sizes: list[int] = []
+        self.retained: list[dict[str, str]] = []
+        self.closed = False
+
+    async def deliver(
+        self, gateway_id: str, address: str, batch: gateway_pb2.Batch, timeout_s: float
+    ) -> gateway_pb2.DeliverReply:
+        await self._call(gateway_id, [batch], timeout_s, self.codes)
+        return self._reply(batch)
+
+    async def deliver_many(
+        self,
+        gateway_id: str,
+        address: str,
+        batches: Sequence[gateway_pb2.Batch],
+        timeout_s: float,
+    ) -> list[gateway_pb2.DeliverReply]:
+        await self._call(gateway_id, batches, timeout_s, self.many_codes)
+        return [self._reply(b) for b in batches]
+
+    def retain(self, live: Mapping[str, str]) -> None:
+        self.retained.append(dict(live))
+
+    async def close(self) -> None:
+        self.closed = True
+
+    async def _call(
+        self,
+        gateway_id: str,
+        batches: Sequence[gateway_pb2.Batch],
+        timeout_s: float,
+        codes: list[str],
+    ) -> None:
+        self.calls.append(",".join(b.batch_id for b in batches))
+        self.sizes.append(len(batches))
+        if self.block is not None:
+            await self.block.wait()
+        if self.delay_s:
+            await asyncio.sleep(min(self.delay_s, timeout_s))
+            if timeout_s < self.delay_s:
+                raise GatewayUnavailable(
+                    gateway_id, "DEADLINE_EXCEEDED: injected", "DEADLINE_EXCEEDED"
+                )
+        code = codes.pop(0) if codes else self.fail
+        if code is not None:
+            raise GatewayUnavailable(gateway_id, f"{code}: injected", code)
+
+    def _reply(self, batch: gateway_pb2.Batch) -> gateway_pb2.DeliverReply:
+        if self.expired:
+            return gateway_pb2.DeliverReply(expired=True)
+        return gateway_pb2.DeliverReply(delivered=list(batch.uids))
