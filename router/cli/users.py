@@ -1,25 +1,35 @@
-"""`imroute db upgrade` and `imroute users import`: the directory from the command line."""
+"""`imroute users import FILE`: users from CSV or JSON Lines into the directory."""
 
 from __future__ import annotations
 
+import argparse
 import asyncio
+import os
 import sys
 from pathlib import Path
+from typing import Any
 
 from router.directory.importer import ImportReport, import_file
-from router.directory.migrate import upgrade_sync
 from router.directory.sql import SqlUserDirectory
 from shared.clock import SystemClock
-from shared.settings import Settings, redact_url
+from shared.settings import Settings
 
-__all__ = ["db_upgrade", "users_import"]
+__all__ = ["register", "users_import"]
 
 
-def db_upgrade(settings: Settings) -> int:
-    """Apply the directory's migrations to IMROUTE_DB_URL (a no-op when up to date)."""
-    upgrade_sync(settings.db_url)
-    print(f"user directory at {redact_url(settings.db_url)} is up to date")
-    return 0
+def register(sub: argparse._SubParsersAction[Any]) -> None:
+    users = sub.add_parser("users", help="the user directory")
+    users_sub = users.add_subparsers(dest="users_command", required=True)
+    imp = users_sub.add_parser(
+        "import", help="import users from CSV (uid,tags with tags split by |) or JSON Lines"
+    )
+    imp.add_argument("file")
+    imp.add_argument("--batch", type=int, default=5000, help="users per write (1-10000)")
+    users.set_defaults(run=_run)
+
+
+def _run(args: argparse.Namespace) -> int:
+    return users_import(Settings.load(os.environ), args.file, args.batch)
 
 
 def users_import(settings: Settings, path: str, batch: int) -> int:
