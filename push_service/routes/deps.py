@@ -33,13 +33,13 @@ async def _require_key(
         raise AuthError("missing or invalid API key (Authorization: Bearer <IMROUTE_API_KEY>)")
 
 
-# Dependencies are async on purpose: FastAPI runs sync ones in a thread pool, which
-# cost more CPU per push than the whole route look-up.
 def _services(request: Request) -> Services:
-    services: Services = request.app.state.services
+    services: Services = request.app.state.services  # put there by the lifespan
     return services
 
 
+# Dependencies are async on purpose: FastAPI runs sync ones in a thread pool, which
+# cost more CPU per push than the whole route look-up.
 async def _pushes(request: Request) -> Pushes:
     return _services(request).pushes
 
