@@ -9,6 +9,7 @@ call. Only this module (and the services' type hints) names router adapters.
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import AsyncExitStack, asynccontextmanager
 
@@ -38,7 +39,7 @@ from router.hedging.metrics import PublishMetrics
 from router.jobs.reaper import reaping
 from router.jobs.store import RedisJobStore
 from router.p2p.pusher import P2PPusher
-from router.redis.client import create_redis
+from router.redis.client import create_redis, ping
 from router.routes.registry import RedisRouteRegistry
 from shared.clock import Clock
 from shared.keys import KeySchema
@@ -118,7 +119,7 @@ class Wiring:
                     flush_timeout_s=settings.flush_timeout_s,
                 ),
                 users=Users(directory, registry),
-                health=Health(redis, self._metrics),
+                health=Health(functools.partial(ping, redis), self._metrics),
             )
 
 

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, generate_latest
+from collections.abc import Awaitable, Callable
 
-from router.redis.client import RedisClient, ping
+from prometheus_client import CollectorRegistry, generate_latest
 
 __all__ = ["Health"]
 
@@ -12,13 +12,13 @@ __all__ = ["Health"]
 class Health:
     """What /healthz and /metrics report."""
 
-    def __init__(self, redis: RedisClient, metrics: CollectorRegistry) -> None:
-        self._redis = redis
+    def __init__(self, ping: Callable[[], Awaitable[bool]], metrics: CollectorRegistry) -> None:
+        self._ping = ping
         self._metrics = metrics
 
     async def redis_answers(self) -> bool:
         """True when Redis answers a ping."""
-        return await ping(self._redis)
+        return await self._ping()
 
     def scrape(self) -> bytes:
         """Prometheus metrics: publishing (and hedging) per topic, calls per gateway."""
