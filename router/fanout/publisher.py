@@ -36,6 +36,8 @@ class PushCounters:
     recipients: int = 0
     online: int = 0
     offline: int = 0
+    # Batches handed to the bus; each ends `published` or, if its publish raised,
+    # `failed_batches` (one still in flight when the service shuts down is neither).
     batches: int = 0
     published: int = 0
     failed_batches: int = 0
@@ -76,5 +78,11 @@ class BatchPublisher:
         self.counters.batches += 1
         if group_id:
             self.counters.per_group[group_id] = self.counters.per_group.get(group_id, 0) + 1
-        await self._publisher.publish(topic, batch.SerializeToString(), attributes)
+        try:
+            await self._publisher.publish(topic, batch.SerializeToString(), attributes)
+        except Exception:
+            # Counted before the error ends the job, so its record says which batch failed.
+            # A cancelled publish (shutdown) is not a failure of the bus: not counted.
+            self.counters.failed_batches += 1
+            raise
         self.counters.published += 1

@@ -9,13 +9,16 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 from enum import StrEnum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from router.fanout.publisher import PushCounters
 from router.redis.client import RedisClient
 from router.redis.errors import translate_errors
 from shared.clock import Clock
 from shared.keys import KeySchema
+
+if TYPE_CHECKING:
+    # For annotations only: router.fanout's runner imports this module.
+    from router.fanout.publisher import PushCounters
 
 __all__ = ["Job", "JobStatus", "RedisJobStore"]
 

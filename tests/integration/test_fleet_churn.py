@@ -26,9 +26,9 @@ async def test_a_departed_gateway_leaves_no_channel_lane_or_stats_behind(
         client(gw1, "ann") as ann,
     ):
         services = http._transport.app.state.services  # type: ignore[attr-defined]
-        coalescing = services.pusher._clients
+        coalescing = services.pushes._pusher._clients
         grpc_clients = coalescing._inner._inner
-        stats = services.call_stats
+        stats = coalescing._inner.stats  # the circuits P2P calls and dispatch share
 
         async def push(to: list[str], content: object) -> dict[str, object]:
             resp = await http.post("/v1/push", json={"to": to, "content": content}, headers=AUTH)

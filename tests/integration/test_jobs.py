@@ -3,16 +3,24 @@
 from __future__ import annotations
 
 import asyncio
+import logging
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
 
-from router.fanout.publisher import PushCounters
+from router.bus.redis_streams import RedisStreamsBus
+from router.fanout.broadcast import run_broadcast
+from router.fanout.publisher import BatchPublisher, PushCounters
 from router.fanout.runner import JobRunner
+from router.jobs.reaper import reaping
 from router.jobs.store import JobStatus, RedisJobStore
 from shared.clock import ManualClock, SystemClock
-from shared.errors import InvalidInput
+from shared.errors import InvalidInput, RegistryUnavailable
 from shared.keys import KeySchema
+from shared.models import Message
+from tests.integration.stack import AUTH, api
 
 pytestmark = pytest.mark.integration
 
@@ -88,3 +96,123 @@ async def test_a_job_orphaned_by_a_dead_push_service_is_failed_by_the_reaper(
     done = await store.get("done")
     assert done is not None and done.status is JobStatus.DONE  # not touched
     assert await store.reap() == 0
+
+
+async def orphan(store: RedisJobStore, clock: ManualClock, push_id: str) -> None:
+    """A running job whose push service died: its lease lapses 11 s later."""
+    await store.create(push_id, "multicast")
+    await store.progress(push_id, PushCounters(recipients=5))
+    clock.advance(11)
+
+
+async def test_the_reaper_fails_orphans_at_start_and_on_each_pass(
+    redis: aioredis.Redis, prefix: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    clock = ManualClock(wall_ms=SystemClock().now_ms())
+    store = RedisJobStore(redis, KeySchema(prefix), clock, lease_s=10)
+    await orphan(store, clock, "early")
+    with caplog.at_level(logging.WARNING, logger="router.jobs.reaper"):
+        async with reaping(store, every_s=0.05) as task:
+            await until_status(store, "early", JobStatus.FAILED)  # the first pass, at once
+            await orphan(store, clock, "later")
+            await until_status(store, "later", JobStatus.FAILED)  # a later pass
+            assert not task.done()
+        assert task.cancelled()  # stopped with the block
+    assert "marked 1 orphaned push jobs failed" in caplog.text
+    later = await store.get("later")
+    assert later is not None and "stopped before it finished" in (later.error or "")
+
+
+async def test_the_reaper_outlives_a_redis_outage(
+    redis: aioredis.Redis, prefix: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    class FlakyStore:
+        """The real store, but Redis does not answer the first two passes."""
+
+        def __init__(self, inner: RedisJobStore) -> None:
+            self.inner = inner
+            self.passes = 0
+
+        async def reap(self) -> int:
+            self.passes += 1
+            if self.passes <= 2:
+                raise RegistryUnavailable("redis: connection refused")
+            return await self.inner.reap()
+
+    clock = ManualClock(wall_ms=SystemClock().now_ms())
+    store = RedisJobStore(redis, KeySchema(prefix), clock, lease_s=10)
+    await orphan(store, clock, "orphan")
+    flaky = FlakyStore(store)
+    with caplog.at_level(logging.WARNING, logger="router.jobs.reaper"):
+        async with reaping(flaky, every_s=0.02):
+            await until_status(store, "orphan", JobStatus.FAILED)
+    assert flaky.passes >= 3
+    assert caplog.text.count("job reaper: redis: connection refused") == 2
+
+
+async def test_the_push_service_reaps_orphans_when_it_starts(
+    redis_url: str, redis: aioredis.Redis, prefix: str
+) -> None:
+    # A job left running by a push service that died a minute ago.
+    clock = ManualClock(wall_ms=SystemClock().now_ms() - 60_000)
+    await orphan(RedisJobStore(redis, KeySchema(prefix), clock, lease_s=10), clock, "dead")
+    async with api(redis_url, prefix) as http:
+        for _ in range(100):
+            job: dict[str, Any] = (await http.get("/v1/pushes/dead", headers=AUTH)).json()
+            if job["status"] != "running":
+                break
+            await asyncio.sleep(0.02)
+    assert job["status"] == "failed" and "stopped before it finished" in job["error"]
+
+
+async def test_a_batch_the_bus_refused_counts_as_failed_in_the_job_record(
+    redis_url: str, redis: aioredis.Redis, prefix: str
+) -> None:
+    store = RedisJobStore(redis, KeySchema(prefix), SystemClock())
+    runner = JobRunner(store)
+    async with RedisStreamsBus(redis_url, prefix) as bus:
+        pass  # a real Redis Streams bus, closed: every publish raises BusUnavailable
+    message = Message(
+        msg_id="m1", push_id="p1", msg_type=0, sender="admin", content_json=b"1", ts_ms=1
+    )
+
+    async def pages() -> AsyncIterator[Sequence[str]]:
+        yield ["ann", "bob"]
+        yield ["cid"]
+
+    async def work(counters: PushCounters) -> None:
+        await run_broadcast(pages(), BatchPublisher(bus, message, 0, counters))
+
+    await runner.submit("p1", "broadcast", work)
+    await runner.wait("p1")
+    job = await store.get("p1")
+    assert job is not None and job.status is JobStatus.FAILED
+    assert "the bus is closed" in (job.error or "")
+    assert (job.recipients, job.batches, job.published, job.failed_batches) == (2, 1, 0, 1)
+
+
+async def test_the_api_reports_the_failed_batches_of_a_job(redis_url: str, prefix: str) -> None:
+    async with api(redis_url, prefix) as http:
+        bus = http._transport.app.state.services.fanout._bus  # type: ignore[attr-defined]
+        await bus.close()  # every publish now raises BusUnavailable
+        resp = await http.post(
+            "/v1/broadcast", json={"content": 1, "audience": {"online": True}}, headers=AUTH
+        )
+        assert resp.status_code == 202, resp.text
+        push_id = resp.json()["push_id"]
+        for _ in range(100):
+            job: dict[str, Any] = (await http.get(f"/v1/pushes/{push_id}", headers=AUTH)).json()
+            if job["status"] in ("done", "failed"):
+                break
+            await asyncio.sleep(0.02)
+    assert job["status"] == "failed" and "the bus is closed" in job["error"]
+    assert (job["batches"], job["published"], job["failed_batches"]) == (1, 0, 1)
+
+
+async def until_status(store: RedisJobStore, push_id: str, status: JobStatus) -> None:
+    for _ in range(250):
+        job = await store.get(push_id)
+        if job is not None and job.status is status:
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"job {push_id} is not {status}: {await store.get(push_id)}")

@@ -1,0 +1,124 @@
+"""Our error tree as HTTP: each error type, its status, its JSON body and headers.
+
+HTTP status codes live here (and in `limits`, which answers before the app runs). The
+services raise from the tree drawn in `shared.errors`, plus the two below, which only
+the HTTP shell needs:
+
+    ImrouteError
+    ├── NotFound       404 not_found   (a job, user or gateway the caller named)
+    ├── Unavailable    503 unavailable (a service that cannot answer now; Retry-After)
+    ├── AuthError      401 unauthorized
+    ├── InvalidInput   422 invalid_request
+    │   └── PayloadTooLarge  413 payload_too_large
+    ├── RegistryUnavailable  503 unavailable, Retry-After: 1
+    └── DirectoryUnavailable 503 unavailable, Retry-After: 1
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+
+from shared.errors import (
+    AuthError,
+    DirectoryUnavailable,
+    ImrouteError,
+    InvalidInput,
+    PayloadTooLarge,
+    RegistryUnavailable,
+)
+
+__all__ = ["NotFound", "Unavailable", "add_error_handlers"]
+
+log = logging.getLogger(__name__)
+
+
+class NotFound(ImrouteError):
+    """What the caller named does not exist; the message says what."""
+
+
+class Unavailable(ImrouteError):
+    """A service cannot answer now; `retry_after_s` (if any) says when to try again."""
+
+    def __init__(self, detail: str, retry_after_s: int | None = None) -> None:
+        super().__init__(detail)
+        self.detail = detail
+        self.retry_after_s = retry_after_s
+
+
+def add_error_handlers(app: FastAPI) -> None:
+    """Our error tree as JSON: 401, 404, 413, 422 naming the field, and 503."""
+    # Registered through the decorator, which accepts a handler of a narrower error type.
+    app.exception_handler(AuthError)(_auth)
+    app.exception_handler(NotFound)(_not_found)
+    app.exception_handler(Unavailable)(_unavailable)
+    app.exception_handler(PayloadTooLarge)(_too_large)
+    app.exception_handler(InvalidInput)(_invalid)
+    app.exception_handler(RequestValidationError)(_validation)
+    app.exception_handler(RegistryUnavailable)(_backend_down)
+    app.exception_handler(DirectoryUnavailable)(_backend_down)
+
+
+async def _auth(_: Request, exc: AuthError) -> JSONResponse:
+    return JSONResponse(
+        {"error": "unauthorized", "detail": str(exc)},
+        status_code=401,
+        headers={"WWW-Authenticate": "Bearer"},
+    )
+
+
+async def _not_found(_: Request, exc: NotFound) -> JSONResponse:
+    return JSONResponse({"error": "not_found", "detail": str(exc)}, status_code=404)
+
+
+async def _unavailable(_: Request, exc: Unavailable) -> JSONResponse:
+    headers = None if exc.retry_after_s is None else {"Retry-After": str(exc.retry_after_s)}
+    return JSONResponse(
+        {"error": "unavailable", "detail": exc.detail}, status_code=503, headers=headers
+    )
+
+
+async def _too_large(_: Request, exc: PayloadTooLarge) -> JSONResponse:
+    return JSONResponse(
+        {"error": "payload_too_large", "detail": [{"field": exc.field, "message": exc.message}]},
+        status_code=413,
+    )
+
+
+async def _invalid(_: Request, exc: InvalidInput) -> JSONResponse:
+    return JSONResponse(
+        {"error": "invalid_request", "detail": [{"field": exc.field, "message": exc.message}]},
+        status_code=422,
+    )
+
+
+async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
+    detail = [_describe_error(err) for err in exc.errors()]
+    return JSONResponse({"error": "invalid_request", "detail": detail}, status_code=422)
+
+
+async def _backend_down(_: Request, exc: ImrouteError) -> JSONResponse:
+    what = (
+        "route registry (Redis) unavailable; nothing was sent"
+        if isinstance(exc, RegistryUnavailable)
+        else "user directory unavailable (is it migrated? imroute db upgrade)"
+    )
+    log.warning("%s: %s", what, exc)
+    return JSONResponse(
+        {"error": "unavailable", "detail": what},
+        status_code=503,
+        headers={"Retry-After": "1"},
+    )
+
+
+def _describe_error(err: Any) -> dict[str, str]:
+    if err.get("type") == "json_invalid":
+        # FastAPI locates a JSON syntax error at ("body", <offset>); say so plainly.
+        reason = (err.get("ctx") or {}).get("error", "")
+        position = err["loc"][1] if len(err["loc"]) > 1 else "?"
+        return {"field": "body", "message": f"invalid JSON at character {position}: {reason}"}
+    return {"field": ".".join(str(p) for p in err["loc"]), "message": err["msg"]}

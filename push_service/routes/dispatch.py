@@ -1,0 +1,30 @@
+"""GET /v1/dispatch: which gateway a client should open its WebSocket on."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Query
+from fastapi.responses import JSONResponse
+from fastapi.security import HTTPAuthorizationCredentials
+
+from push_service.routes.deps import DispatchSvc, bearer
+from push_service.schemas import DispatchOut
+
+__all__ = ["router"]
+
+router = APIRouter()
+
+
+@router.get("/v1/dispatch", response_model=DispatchOut)
+async def dispatch(
+    dispatch: DispatchSvc,
+    creds: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
+    zone: Annotated[str | None, Query(min_length=1, max_length=64)] = None,
+) -> JSONResponse:
+    """The gateway to connect to, for the client whose JWT this is (the same token it
+    will send to /ws). `zone` (optional) is preferred by the zone_affinity rule."""
+    chosen = await dispatch.choose(creds.credentials if creds else None, zone)
+    return JSONResponse(
+        {"ws_url": chosen.ws_url, "gateway_id": chosen.gateway_id, "group_id": chosen.group_id}
+    )

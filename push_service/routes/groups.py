@@ -1,0 +1,33 @@
+"""Broadcast and group multicast: accepted at once (202), run as background jobs."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+from fastapi.responses import JSONResponse
+
+from push_service.routes.deps import FanOutSvc, Key
+from push_service.schemas import AcceptedOut, BroadcastIn, MulticastIn
+
+__all__ = ["router"]
+
+router = APIRouter(dependencies=[Key])
+
+
+@router.post("/v1/broadcast", status_code=202, response_model=AcceptedOut)
+async def broadcast(body: BroadcastIn, fanout: FanOutSvc) -> JSONResponse:
+    """Push to every directory user (or those with any of `tags_any`, or everyone online).
+
+    The directory is paged 1000 uids at a time; each page is one batch that every
+    gateway receives once and delivers to the users it holds.
+    """
+    return JSONResponse({"push_id": await fanout.broadcast(body)}, status_code=202)
+
+
+@router.post("/v1/multicast", status_code=202, response_model=AcceptedOut)
+async def multicast(body: MulticastIn, fanout: FanOutSvc) -> JSONResponse:
+    """Push to a list of users (or those with any of `tags_any`), batched per gateway group.
+
+    Each group's batch is published when it holds `IMROUTE_BATCH_SIZE` users or when its
+    oldest entry has waited `IMROUTE_FLUSH_TIMEOUT_S`; `"priority":"high"` never waits.
+    """
+    return JSONResponse({"push_id": await fanout.multicast(body)}, status_code=202)

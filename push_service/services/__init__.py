@@ -1,0 +1,30 @@
+"""The few service objects that route handlers call, one per resource.
+
+Built once by `push_service.wiring` from the router's objects; each method does one
+thing a handler needs, and raises from our error tree (`push_service.errors` renders it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from push_service.services.dispatch import Dispatch
+from push_service.services.fanout import FanOut
+from push_service.services.fleet import Fleet
+from push_service.services.health import Health
+from push_service.services.pushes import Pushed, Pushes
+from push_service.services.users import Users
+
+__all__ = ["Dispatch", "FanOut", "Fleet", "Health", "Pushed", "Pushes", "Services", "Users"]
+
+
+@dataclass(frozen=True, slots=True)
+class Services:
+    """What the lifespan puts in `app.state.services`; each handler gets one of them."""
+
+    pushes: Pushes
+    dispatch: Dispatch
+    fleet: Fleet
+    fanout: FanOut
+    users: Users
+    health: Health

@@ -1,0 +1,109 @@
+"""Broadcast and multicast: accepted at once, run as background jobs with a status."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+from typing import Protocol
+
+from push_service.content import new_message
+from push_service.errors import NotFound
+from push_service.schemas import BroadcastIn, MulticastIn
+from router.directory.sql import UserDirectory
+from router.fanout.broadcast import run_broadcast
+from router.fanout.multicast import chunked, run_multicast
+from router.fanout.publisher import BatchPublisher, Publisher, PushCounters
+from router.fanout.runner import JobRunner
+from router.jobs.store import Job
+from router.routes.registry import GroupLookup
+from shared.clock import Clock
+from shared.models import Message
+
+__all__ = ["FanOut", "JobReader"]
+
+
+class JobReader(Protocol):
+    """Where job records are read from."""
+
+    async def get(self, push_id: str) -> Job | None: ...
+
+
+class FanOut:
+    """Starts broadcast and multicast jobs on the bus, and reads their status."""
+
+    def __init__(
+        self,
+        bus: Publisher,
+        directory: UserDirectory,
+        groups: GroupLookup,
+        runner: JobRunner,
+        jobs: JobReader,
+        clock: Clock,
+        *,
+        batch_size: int,
+        flush_timeout_s: float,
+    ) -> None:
+        self._bus = bus
+        self._directory = directory
+        self._groups = groups
+        self._runner = runner
+        self._jobs = jobs
+        self._clock = clock
+        self._batch_size = batch_size
+        self._flush_timeout_s = flush_timeout_s
+
+    async def broadcast(self, body: BroadcastIn) -> str:
+        """Start a broadcast job; its push id."""
+        message, expires_ms = self._message(body)
+        audience = body.audience
+        tags_any = audience.tags_any if audience else None
+        online_only = bool(audience and audience.online)
+
+        async def work(counters: PushCounters) -> None:
+            publisher = BatchPublisher(self._bus, message, expires_ms, counters)
+            pages = (
+                None
+                if online_only
+                else self._directory.iter_pages(limit=self._batch_size, tags_any=tags_any)
+            )
+            await run_broadcast(pages, publisher)
+
+        await self._runner.submit(message.push_id, "broadcast", work)
+        return message.push_id
+
+    async def multicast(self, body: MulticastIn) -> str:
+        """Start a multicast job; its push id."""
+        message, expires_ms = self._message(body)
+        to = body.to
+        tags_any = body.audience.tags_any if body.audience else None
+        high_priority = body.priority == "high"
+
+        async def work(counters: PushCounters) -> None:
+            publisher = BatchPublisher(self._bus, message, expires_ms, counters)
+            chunks: AsyncIterator[Sequence[str]] = (
+                chunked(to) if to is not None else self._directory.iter_pages(tags_any=tags_any)
+            )
+            await run_multicast(
+                chunks,
+                self._groups,
+                publisher,
+                self._clock,
+                batch_size=self._batch_size,
+                flush_timeout_s=self._flush_timeout_s,
+                high_priority=high_priority,
+            )
+
+        await self._runner.submit(message.push_id, "multicast", work)
+        return message.push_id
+
+    async def status(self, push_id: str) -> Job:
+        """The job's record; NotFound if there is none (or it expired)."""
+        job = await self._jobs.get(push_id)
+        if job is None:
+            raise NotFound(f"no push job {push_id!r}")
+        return job
+
+    def _message(self, body: BroadcastIn | MulticastIn) -> tuple[Message, int]:
+        """The message (content encoded once) and its expiry in epoch ms (0: none)."""
+        now = self._clock.now_ms()
+        message = new_message(body, now)
+        return message, (now + body.ttl_s * 1000 if body.ttl_s else 0)

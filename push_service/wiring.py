@@ -1,0 +1,156 @@
+"""The composition root: every router object is built here, once, from Settings.
+
+`Wiring(settings)` checks what can be checked before the server starts (the Redis URL,
+hedging, the dispatch rule) and builds the metrics; `Wiring.open()` opens Redis, the
+gRPC client stack, the bus and the directory, and yields the `Services` the handlers
+call. Only this module (and the services' type hints) names router adapters.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from collections.abc import AsyncIterator, Callable, Mapping
+from contextlib import AsyncExitStack, asynccontextmanager
+
+from prometheus_client import CollectorRegistry
+
+from push_service.services import Dispatch, FanOut, Fleet, Health, Pushes, Services, Users
+from router.balancing import (
+    Availability,
+    Listeners,
+    RetryPolicy,
+    StatsRegistry,
+    StatsSettings,
+    rule_for,
+)
+from router.bus.factory import bus_from_settings, hedging_from_settings
+from router.directory.sql import SqlUserDirectory
+from router.fanout.runner import JobRunner
+from router.fleet.cache import CachedFleet
+from router.fleet.dispatch import Dispatcher
+from router.fleet.drain import RedisDrainRequests
+from router.fleet.store import RedisGatewayFleet
+from router.gateway_rpc.coalescer import CoalescingGatewayClient
+from router.gateway_rpc.grpc_client import CLOSE_GRACE_S, GrpcGatewayClients
+from router.gateway_rpc.metrics import CallLog, CallMetrics
+from router.gateway_rpc.resilient import ResilientGatewayClient
+from router.hedging.metrics import PublishMetrics
+from router.jobs.reaper import reaping
+from router.jobs.store import RedisJobStore
+from router.p2p.pusher import P2PPusher
+from router.redis.client import create_redis, ping
+from router.routes.registry import RedisRouteRegistry
+from shared.clock import Clock
+from shared.keys import KeySchema
+from shared.settings import Settings
+
+__all__ = ["JOB_LEASE_S", "Wiring"]
+
+JOB_LEASE_S = 10.0
+
+
+class Wiring:
+    """Builds the push service's objects from Settings; `open()` starts and stops them."""
+
+    def __init__(self, settings: Settings, clock: Clock) -> None:
+        self._settings = settings
+        self._clock = clock
+        self._keys = KeySchema(settings.redis_prefix)
+        # Built here, not in open(), so a bad IMROUTE_REDIS_URL or hedging setting
+        # stops the program with a message before the server starts.
+        self._redis = create_redis(settings.redis_url, settings.redis_timeout_s)
+        hedging_from_settings(settings)
+        rule_for(settings.dispatch_rule, Availability(clock))  # a bad rule name stops it here
+        # A registry per app, so several apps in one process (tests) never collide.
+        self._metrics = CollectorRegistry(auto_describe=True)
+        self._publish_metrics = PublishMetrics(self._metrics)
+        self._call_metrics = CallMetrics(self._metrics)
+
+    @asynccontextmanager
+    async def open(self) -> AsyncIterator[Services]:
+        """Connect everything, yield the services, and close it all in reverse order."""
+        settings, clock, keys = self._settings, self._clock, self._keys
+        async with AsyncExitStack() as stack:
+            redis = await stack.enter_async_context(contextlib.aclosing(self._redis))
+            clients, call_stats = _gateway_clients(settings, clock, self._call_metrics)
+            stack.push_async_callback(clients.close)
+            registry = RedisRouteRegistry(redis, keys, clock)
+            # The fleet's TTL is the gateways' to set; readers only read.
+            # Gateways that leave the fleet take their channels and circuit stats along.
+            fleet = CachedFleet(
+                RedisGatewayFleet(redis, keys, clock, ttl_s=1),
+                clock,
+                settings.gateway_cache_s,
+                on_change=_retain_all(clients, self._call_metrics),
+            )
+            bus = await stack.enter_async_context(
+                bus_from_settings(settings, self._publish_metrics)
+            )
+            directory = await stack.enter_async_context(
+                SqlUserDirectory.from_url(settings.db_url, clock)
+            )
+            jobs = RedisJobStore(redis, keys, clock, lease_s=JOB_LEASE_S)
+            runner = JobRunner(jobs, renew_s=JOB_LEASE_S / 3)
+            stack.push_async_callback(runner.aclose)
+            # At start and every half lease: jobs orphaned by a dead push service fail.
+            await stack.enter_async_context(reaping(jobs, every_s=JOB_LEASE_S / 2))
+            secret = settings.secret.get_secret_value() if settings.secret else None
+            yield Services(
+                pushes=Pushes(
+                    P2PPusher(registry, fleet, clients, settings.deliver_timeout_s), clock
+                ),
+                # One view of gateways' health, for P2P calls and for dispatch.
+                dispatch=Dispatch(
+                    Dispatcher(fleet, clock, settings.dispatch_rule, call_stats),
+                    secret,
+                    clock,
+                    settings.gateway_cache_s,
+                ),
+                fleet=Fleet(fleet, RedisDrainRequests(redis, keys)),
+                fanout=FanOut(
+                    bus,
+                    directory,
+                    registry,
+                    runner,
+                    jobs,
+                    clock,
+                    batch_size=settings.batch_size,
+                    flush_timeout_s=settings.flush_timeout_s,
+                ),
+                users=Users(directory, registry),
+                health=Health(functools.partial(ping, redis), self._metrics),
+            )
+
+
+def _retain_all(
+    clients: CoalescingGatewayClient, call_metrics: CallMetrics
+) -> Callable[[Mapping[str, str]], None]:
+    """What the fleet cache calls after each read: forget what departed gateways left."""
+
+    def retain(live: Mapping[str, str]) -> None:
+        clients.retain(live)
+        call_metrics.retain(live)
+
+    return retain
+
+
+def _gateway_clients(
+    settings: Settings, clock: Clock, call_metrics: CallMetrics
+) -> tuple[CoalescingGatewayClient, StatsRegistry]:
+    """gRPC to the gateways: coalesced, with stats, circuit breakers and retries."""
+    stats = StatsRegistry(
+        clock,
+        StatsSettings(
+            failure_threshold=settings.circuit_failures, cool_off_s=settings.circuit_cool_off_s
+        ),
+    )
+    # Retries and the circuit count RPCs, below the coalescer: one failed DeliverMany is
+    # one failure (and one retry of the whole call), however many pushes it carried.
+    resilient = ResilientGatewayClient(
+        GrpcGatewayClients(close_grace_s=max(CLOSE_GRACE_S, settings.deliver_timeout_s)),
+        stats,
+        RetryPolicy(max_retries_same=settings.deliver_retries),
+        listeners=Listeners([call_metrics, CallLog()]),
+    )
+    return CoalescingGatewayClient(resilient), stats
