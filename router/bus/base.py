@@ -210,7 +210,12 @@ class BusLifecycle:
             self._closing.set_result(None)
         return True
 
-    def _check_open(self) -> None:
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def check_open(self) -> None:
+        """Refuse the call with BusUnavailable once the bus is closed."""
         if self._closed:
             raise BusUnavailable("the bus is closed")
 
