@@ -7,47 +7,57 @@ still fails leaves through the transport's error mapping as BusUnavailable. Prep
 subscribe and close are the transport's own.
 
 The named buses (`RedisStreamsBus`, `PubSubBus`, `MemoryBus`) are this wrapper around
-their transport, built from the transport's arguments plus the wrapper's.
+their transport, built from the transport's keyword arguments plus `Publishing`'s.
 """
 
 from __future__ import annotations
 
 from collections.abc import AsyncGenerator, Mapping, Sequence
-from types import TracebackType
-from typing import Generic, Self, TypeVar
+from typing import Any, Generic, Self, TypedDict, TypeVar, Unpack, cast
 
-from router.bus.base import Received, validate_message, validate_topic
+from router.bus.base import ClosedOnExit, Received, validate_message, validate_topic
 from router.bus.transport import BusTransport
 from router.hedging import HedgeObserver, Hedger, HedgingSettings, RetrySettings
 from shared.clock import AsyncClock, SystemClock
 
-__all__ = ["HedgedBus"]
+__all__ = ["HedgedBus", "Publishing", "split_publishing"]
 
 # Covariant: a HedgedBus of Redis Streams is a HedgedBus of some transport.
 T_co = TypeVar("T_co", bound=BusTransport, covariant=True)
 
 
-class HedgedBus(Generic[T_co]):
-    """A Bus over `transport`; `hedging` hedges every publish (off by default), `retry`
-    governs retries of the original attempt, `observer` gets the publishing metrics."""
+class Publishing(TypedDict, total=False):
+    """How publishes are retried and hedged: HedgedBus's keyword arguments.
 
-    def __init__(
-        self,
-        transport: T_co,
-        *,
-        hedging: HedgingSettings | None = None,
-        retry: RetrySettings | None = None,
-        observer: HedgeObserver | None = None,
-        clock: AsyncClock | None = None,
-    ) -> None:
+    `hedging` hedges every publish (off by default); `retry` governs retries of the
+    original attempt; `observer` gets the publishing metrics; `clock` is for tests.
+    """
+
+    hedging: HedgingSettings | None
+    retry: RetrySettings | None
+    observer: HedgeObserver | None
+    clock: AsyncClock | None
+
+
+def split_publishing(options: Mapping[str, Any]) -> tuple[Publishing, dict[str, Any]]:
+    """A named bus's keyword arguments: the wrapper's (Publishing), and the transport's."""
+    mine = {k: v for k, v in options.items() if k in Publishing.__optional_keys__}
+    theirs = {k: v for k, v in options.items() if k not in mine}
+    return cast(Publishing, mine), theirs
+
+
+class HedgedBus(ClosedOnExit, Generic[T_co]):
+    """A Bus over `transport`, publishing as `Publishing` says."""
+
+    def __init__(self, transport: T_co, **publishing: Unpack[Publishing]) -> None:
         self._transport = transport
         self._hedger = Hedger(
-            hedging,
-            retry or RetrySettings(),
-            clock or SystemClock(),
+            publishing.get("hedging"),
+            publishing.get("retry") or RetrySettings(),
+            publishing.get("clock") or SystemClock(),
             transport.is_retryable,
             message_ordering=transport.message_ordering,
-            observer=observer,
+            observer=publishing.get("observer"),
         )
 
     @property
@@ -84,11 +94,3 @@ class HedgedBus(Generic[T_co]):
     async def __aenter__(self) -> Self:
         await self._transport.__aenter__()
         return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.close()

@@ -24,22 +24,13 @@ from collections import deque
 from collections.abc import AsyncGenerator, Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
+from typing import Unpack
 
 from router.bus.base import BusLifecycle, Received, validate_subscription
-from router.bus.hedged import HedgedBus
-from router.hedging import Attempt, AttemptContext, HedgeObserver, HedgingSettings, RetrySettings
-from shared.clock import AsyncClock
+from router.bus.hedged import HedgedBus, Publishing
+from router.hedging import Attempt, AttemptContext
 
 __all__ = ["MemoryBus", "MemoryTransport"]
-
-
-@dataclass(frozen=True, slots=True)
-class _Message:
-    topic: str
-    data: bytes
-    attributes: Mapping[str, str]
-    message_id: str
-    seq: int
 
 
 @dataclass(slots=True)
@@ -47,8 +38,9 @@ class _Subscription:
     """One subscriber's place on one topic: what it is owed, and what it holds unacked."""
 
     subscriber: str
-    backlog: deque[_Message] = field(default_factory=deque)
-    unacked: dict[str, _Message] = field(default_factory=dict)
+    # (publish sequence number, message): the number orders a subscriber's topics.
+    backlog: deque[tuple[int, Received]] = field(default_factory=deque)
+    unacked: dict[str, tuple[int, Received]] = field(default_factory=dict)
 
 
 class MemoryTransport(BusLifecycle):
@@ -72,11 +64,13 @@ class MemoryTransport(BusLifecycle):
         async def append(ctx: AttemptContext) -> str:
             self.check_open()
             seq = next(self._seq)
-            message = _Message(topic, data, attributes, f"m-{seq}", seq)
+            message_id = f"m-{seq}"
             for sub in self._by_topic.get(topic, ()):
-                sub.backlog.append(message)
+                acker = functools.partial(self._ack, sub, message_id)
+                received = Received(topic, data, dict(attributes), message_id, acker)
+                sub.backlog.append((seq, received))
                 self._wakeup(sub.subscriber).set()
-            return message.message_id
+            return message_id
 
         return append
 
@@ -93,11 +87,6 @@ class MemoryTransport(BusLifecycle):
         checked = validate_subscription(topics, subscriber)
         self.check_open()
         self._subscribe(checked, subscriber)
-
-    def subscribe(self, topics: Sequence[str], subscriber: str) -> AsyncGenerator[Received, None]:
-        """The subscriber's messages, until the bus closes or the caller stops iterating."""
-        checked = validate_subscription(topics, subscriber)
-        return self._consume(checked, subscriber)
 
     async def close(self) -> None:
         """End every subscription; what was not acked is dropped with the bus."""
@@ -127,7 +116,7 @@ class MemoryTransport(BusLifecycle):
         subs = self._subscribe(topics, subscriber)
         for sub in subs:
             # Subscribing again: what was handed out and never acked is owed first.
-            again = sorted(sub.unacked.values(), key=lambda m: m.seq)
+            again = sorted(sub.unacked.values(), key=lambda held: held[0])
             sub.unacked.clear()
             sub.backlog.extendleft(reversed(again))
         wakeup = self._wakeup(subscriber)
@@ -138,16 +127,10 @@ class MemoryTransport(BusLifecycle):
                 await self._until_closed(wakeup.wait())
                 continue
             # The oldest first across the topics (the contract does not promise it).
-            sub = min(ready, key=lambda s: s.backlog[0].seq)
-            message = sub.backlog.popleft()
-            sub.unacked[message.message_id] = message
-            yield Received(
-                topic=message.topic,
-                data=message.data,
-                attributes=dict(message.attributes),
-                message_id=message.message_id,
-                acker=functools.partial(self._ack, sub, message.message_id),
-            )
+            sub = min(ready, key=lambda s: s.backlog[0][0])
+            held = sub.backlog.popleft()
+            sub.unacked[held[1].message_id] = held
+            yield held[1]
 
     async def _ack(self, sub: _Subscription, message_id: str) -> None:
         self.check_open()
@@ -157,14 +140,5 @@ class MemoryTransport(BusLifecycle):
 class MemoryBus(HedgedBus[MemoryTransport]):
     """The in-process transport behind the hedging wrapper: what open_bus gives for memory://."""
 
-    def __init__(
-        self,
-        *,
-        hedging: HedgingSettings | None = None,
-        retry: RetrySettings | None = None,
-        observer: HedgeObserver | None = None,
-        clock: AsyncClock | None = None,
-    ) -> None:
-        super().__init__(
-            MemoryTransport(), hedging=hedging, retry=retry, observer=observer, clock=clock
-        )
+    def __init__(self, **publishing: Unpack[Publishing]) -> None:
+        super().__init__(MemoryTransport(), **publishing)

@@ -23,8 +23,8 @@ import base64
 import logging
 import random
 from collections.abc import AsyncGenerator, Mapping, Sequence
-from contextlib import AbstractContextManager, suppress
-from typing import Self, TypedDict, Unpack
+from contextlib import suppress
+from typing import Any, Self, Unpack
 
 from google.api_core import exceptions as gexc
 from google.api_core.retry import AsyncRetry
@@ -39,19 +39,18 @@ from google.pubsub_v1 import (
 )
 
 from router.bus.base import BusLifecycle, BusUnavailable, Received, validate_subscription
-from router.bus.hedged import HedgedBus
+from router.bus.hedged import HedgedBus, Publishing, split_publishing
 from router.bus.pubsub_clients import PubSubClients
-from router.bus.pubsub_errors import RETRYABLE_CODES, is_retryable, pubsub_errors
+from router.bus.pubsub_errors import RETRYABLE_CODES, is_retryable_code, pubsub_errors
 from router.bus.pubsub_names import subscription_id, topic_id
-from router.bus.pubsub_stream import FlowLimits, StreamingPull
-from router.hedging import Attempt, AttemptContext, HedgeObserver, HedgingSettings, RetrySettings
-from shared.clock import AsyncClock
+from router.bus.pubsub_stream import StreamingPull
+from router.hedging import Attempt, AttemptContext
 
 __all__ = [
     "TELEMETRY_HEADER",
     "PubSubBus",
+    "PubSubBusOptions",
     "PubSubClients",
-    "PubSubOptions",
     "PubSubTransport",
     "telemetry_header",
 ]
@@ -64,8 +63,8 @@ BACKOFF_MIN_S = 0.1
 BACKOFF_MAX_S = 5.0
 
 
-class PubSubOptions(TypedDict, total=False):
-    """PubSubTransport's keyword arguments, as PubSubBus passes them on."""
+class PubSubBusOptions(Publishing, total=False):
+    """PubSubBus's keyword arguments: Publishing's, then PubSubTransport's."""
 
     max_outstanding: int
     max_outstanding_bytes: int
@@ -99,7 +98,8 @@ class PubSubTransport(BusLifecycle):
         `message_ordering` (ordering keys) cannot go with hedging."""
         self._project = project
         self._prefix = prefix
-        self._limits = FlowLimits(max_outstanding, max_outstanding_bytes, ack_deadline_s)
+        self._max_outstanding = max_outstanding
+        self._max_outstanding_bytes = max_outstanding_bytes
         self._ack_deadline_s = ack_deadline_s
         self._retention_s = retention_s
         self._subscription_ttl_s = subscription_ttl_s
@@ -148,12 +148,9 @@ class PubSubTransport(BusLifecycle):
 
         return publish
 
-    def is_retryable(self, exc: BaseException) -> bool:
-        """The codes Google's clients retry a Publish on."""
-        return is_retryable(exc)
-
-    def errors(self, operation: str) -> AbstractContextManager[None]:
-        return pubsub_errors(operation)
+    # Retried: the codes Google's clients retry a Publish on; errors: google-api-core's.
+    is_retryable = staticmethod(is_retryable_code)
+    errors = staticmethod(pubsub_errors)
 
     # --- subscribing ------------------------------------------------------------------
 
@@ -164,11 +161,6 @@ class PubSubTransport(BusLifecycle):
         with pubsub_errors("prepare"):
             for topic in checked:
                 await self.create_subscription(clients, topic, subscriber)
-
-    def subscribe(self, topics: Sequence[str], subscriber: str) -> AsyncGenerator[Received, None]:
-        """The subscriber's messages, until the bus closes or the caller stops iterating."""
-        checked = validate_subscription(topics, subscriber)
-        return self._consume(checked, subscriber)
 
     async def close(self) -> None:
         """End every subscription, handing back what they had not acked; close the clients."""
@@ -216,12 +208,24 @@ class PubSubTransport(BusLifecycle):
         with suppress(gexc.AlreadyExists):
             await clients.publisher.create_topic(name=path, retry=self._admin_retry)
 
+    def _flow_control(self) -> Any:
+        from google.cloud.pubsub_v1.types import FlowControl
+
+        return FlowControl(
+            max_messages=self._max_outstanding,
+            max_bytes=self._max_outstanding_bytes,
+            # Leases of 10 s (Pub/Sub's minimum) instead of the library's 60: held
+            # messages are extended all the same, and a crashed gateway's messages
+            # come again after 10 s.
+            max_duration_per_lease_extension=self._ack_deadline_s,
+        )
+
     async def _consume(
         self, topics: tuple[str, ...], subscriber: str
     ) -> AsyncGenerator[Received, None]:
         backoff = delay = BACKOFF_MIN_S
         while not self._closed:
-            stream = StreamingPull(self, self._limits, topics, subscriber)
+            stream = StreamingPull(self, self._flow_control(), topics, subscriber)
             self._streams.add(stream)
             try:
                 if not await self._until_closed(stream.start()):
@@ -264,17 +268,7 @@ class PubSubBus(HedgedBus[PubSubTransport]):
     """Pub/Sub behind the hedging wrapper: what open_bus gives for pubsub:// URLs."""
 
     def __init__(
-        self,
-        project: str,
-        prefix: str = "imroute:",
-        *,
-        hedging: HedgingSettings | None = None,
-        retry: RetrySettings | None = None,
-        observer: HedgeObserver | None = None,
-        clock: AsyncClock | None = None,
-        **options: Unpack[PubSubOptions],
+        self, project: str, prefix: str = "imroute:", **options: Unpack[PubSubBusOptions]
     ) -> None:
-        super().__init__(
-            PubSubTransport(project, prefix, **options),
-            hedging=hedging, retry=retry, observer=observer, clock=clock,
-        )  # fmt: skip
+        publishing, transport = split_publishing(options)
+        super().__init__(PubSubTransport(project, prefix, **transport), **publishing)

@@ -11,7 +11,7 @@ from google.api_core.retry import if_exception_type
 
 from shared.errors import BusUnavailable
 
-__all__ = ["RETRYABLE_CODES", "is_retryable", "pubsub_errors"]
+__all__ = ["RETRYABLE_CODES", "is_retryable_code", "pubsub_errors"]
 
 # The codes Google's clients retry a Publish on.
 RETRYABLE_CODES = if_exception_type(
@@ -25,7 +25,7 @@ RETRYABLE_CODES = if_exception_type(
 )
 
 
-def is_retryable(exc: BaseException) -> bool:
+def is_retryable_code(exc: BaseException) -> bool:
     """Whether Google's clients would retry a Publish that failed with `exc`."""
     return isinstance(exc, Exception) and RETRYABLE_CODES(exc)
 

@@ -15,23 +15,13 @@ import concurrent.futures
 import functools
 from collections.abc import Sequence
 from contextlib import suppress
-from dataclasses import dataclass
 from typing import Any, Protocol
 
 from router.bus.base import Received
 from router.bus.pubsub_clients import PubSubClients
 from router.bus.pubsub_errors import pubsub_errors
 
-__all__ = ["FlowLimits", "PullOwner", "StreamingPull"]
-
-
-@dataclass(frozen=True, slots=True)
-class FlowLimits:
-    """What one subscription may hold un-acked, and how long each lease extension is."""
-
-    max_messages: int
-    max_bytes: int
-    lease_s: int
+__all__ = ["PullOwner", "StreamingPull"]
 
 
 class PullOwner(Protocol):
@@ -53,10 +43,11 @@ class StreamingPull:
     """One subscribe() call's streaming pulls (one per topic), bridged into the loop."""
 
     def __init__(
-        self, owner: PullOwner, limits: FlowLimits, topics: Sequence[str], subscriber: str
+        self, owner: PullOwner, flow_control: Any, topics: Sequence[str], subscriber: str
     ) -> None:
+        """`flow_control` is the library's FlowControl for each of the streams."""
         self._owner = owner
-        self._limits = limits
+        self._flow_control = flow_control
         self._topics = topics
         self._subscriber = subscriber
         self._loop = asyncio.get_running_loop()
@@ -72,17 +63,8 @@ class StreamingPull:
     async def start(self) -> bool:
         """Open the subscriptions' streams; False when stopped (the bus closed) meanwhile."""
         from google.cloud.pubsub_v1.subscriber.scheduler import ThreadScheduler
-        from google.cloud.pubsub_v1.types import FlowControl
 
         clients = await self._owner.connect()
-        flow = FlowControl(
-            max_messages=self._limits.max_messages,
-            max_bytes=self._limits.max_bytes,
-            # Leases of 10 s (Pub/Sub's minimum) instead of the library's 60: held
-            # messages are extended all the same, and a crashed gateway's messages
-            # come again after 10 s.
-            max_duration_per_lease_extension=self._limits.lease_s,
-        )
         with pubsub_errors("subscribe"):
             paths = {
                 topic: await self._owner.create_subscription(clients, topic, self._subscriber)
@@ -99,7 +81,7 @@ class StreamingPull:
             future = clients.streaming.subscribe(
                 path,
                 callback=functools.partial(self._on_message, topic, path),
-                flow_control=flow,
+                flow_control=self._flow_control,
                 scheduler=ThreadScheduler(executor),
             )
             future.add_done_callback(self._on_done)

@@ -19,24 +19,23 @@ import logging
 import random
 from collections.abc import AsyncGenerator, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
-from typing import Any, TypedDict, Unpack
+from typing import Any, Unpack
 
 import redis.asyncio as aioredis
 import redis.exceptions
 from redis.typing import KeyT, StreamIdT
 
 from router.bus.base import BusLifecycle, BusUnavailable, Received, validate_subscription
-from router.bus.hedged import HedgedBus
-from router.hedging import Attempt, AttemptContext, HedgeObserver, HedgingSettings, RetrySettings
+from router.bus.hedged import HedgedBus, Publishing, split_publishing
+from router.hedging import Attempt, AttemptContext
 from router.redis.errors import is_unreachable, redis_errors, reraise_swallowed_cancel
-from shared.clock import AsyncClock
 from shared.errors import ConfigError
 from shared.keys import KeySchema
 
 __all__ = [
     "DEFAULT_MAXLEN",
     "RedisStreamsBus",
-    "RedisStreamsOptions",
+    "RedisStreamsBusOptions",
     "RedisStreamsTransport",
     "stream_key",
 ]
@@ -62,8 +61,8 @@ def stream_key(prefix: str, topic: str) -> str:
     return KeySchema(prefix).bus_stream(topic)
 
 
-class RedisStreamsOptions(TypedDict, total=False):
-    """RedisStreamsTransport's keyword arguments, as RedisStreamsBus passes them on."""
+class RedisStreamsBusOptions(Publishing, total=False):
+    """RedisStreamsBus's keyword arguments: Publishing's, then RedisStreamsTransport's."""
 
     maxlen: int
     block_s: float
@@ -138,9 +137,8 @@ class RedisStreamsTransport(BusLifecycle):
 
         return xadd
 
-    def is_retryable(self, exc: BaseException) -> bool:
-        """Redis did not answer (in time); an error reply is final."""
-        return is_unreachable(exc)
+    # Redis did not answer (in time): worth another try; an error reply is final.
+    is_retryable = staticmethod(is_unreachable)
 
     def errors(self, operation: str) -> AbstractContextManager[None]:
         """The one redis-py mapping (router.redis.errors), into BusUnavailable."""
@@ -152,12 +150,6 @@ class RedisStreamsTransport(BusLifecycle):
         with redis_errors(BusUnavailable):
             self.check_open()
             await self._create_groups(keys, subscriber)
-
-    def subscribe(self, topics: Sequence[str], subscriber: str) -> AsyncGenerator[Received, None]:
-        """The subscriber's messages, until the bus closes or the caller stops iterating."""
-        # A plain function around the generator, so bad arguments raise at the call.
-        checked = validate_subscription(topics, subscriber)
-        return self._consume(checked, subscriber)
 
     async def close(self) -> None:
         """End every subscription and close the client."""
@@ -332,17 +324,7 @@ class RedisStreamsBus(HedgedBus[RedisStreamsTransport]):
     """Redis Streams behind the hedging wrapper: what open_bus gives for redis:// URLs."""
 
     def __init__(
-        self,
-        url: str,
-        prefix: str = "imroute:",
-        *,
-        hedging: HedgingSettings | None = None,
-        retry: RetrySettings | None = None,
-        observer: HedgeObserver | None = None,
-        clock: AsyncClock | None = None,
-        **options: Unpack[RedisStreamsOptions],
+        self, url: str, prefix: str = "imroute:", **options: Unpack[RedisStreamsBusOptions]
     ) -> None:
-        super().__init__(
-            RedisStreamsTransport(url, prefix, **options),
-            hedging=hedging, retry=retry, observer=observer, clock=clock,
-        )  # fmt: skip
+        publishing, transport = split_publishing(options)
+        super().__init__(RedisStreamsTransport(url, prefix, **transport), **publishing)

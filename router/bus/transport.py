@@ -11,18 +11,17 @@ semantics the Bus protocol (router.bus.base) states, and the wrapper hands them 
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, Mapping, Sequence
+from collections.abc import Mapping
 from contextlib import AbstractContextManager
-from types import TracebackType
-from typing import Protocol, Self
+from typing import Protocol
 
-from router.bus.base import Received
+from router.bus.base import Subscriptions
 from router.hedging import Attempt
 
 __all__ = ["BusTransport"]
 
 
-class BusTransport(Protocol):
+class BusTransport(Subscriptions, Protocol):
     """One bus technology: publish attempts, its error rules, and the subscriber side."""
 
     @property
@@ -43,20 +42,3 @@ class BusTransport(Protocol):
     def errors(self, operation: str) -> AbstractContextManager[None]:
         """Raise the library's errors from inside as BusUnavailable, naming `operation`."""
         ...
-
-    async def prepare(self, topics: Sequence[str], subscriber: str) -> None: ...
-
-    def subscribe(
-        self, topics: Sequence[str], subscriber: str
-    ) -> AsyncGenerator[Received, None]: ...
-
-    async def close(self) -> None: ...
-
-    async def __aenter__(self) -> Self: ...
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None: ...
