@@ -195,6 +195,20 @@ async def test_cancelling_a_subscriber_leaves_the_bus_usable(
         assert got.data == b"still works"
 
 
+async def test_ack_and_publish_after_close_raise_bus_unavailable(new_bus: NewBus) -> None:
+    bus = new_bus()
+    await bus.prepare([BROADCAST], "gw1")
+    await bus.publish(BROADCAST, b"x")
+    async with aclosing(bus.subscribe([BROADCAST], "gw1")) as messages:
+        (got,) = await take(messages, 1)
+    await bus.close()
+    await bus.close()  # closing twice is harmless
+    with pytest.raises(BusUnavailable):
+        await got.ack()
+    with pytest.raises(BusUnavailable):
+        await bus.prepare([BROADCAST], "gw1")
+
+
 @pytest.mark.parametrize("topic", ["", "group.", "group.a|b", "other", "group.g1 ", "Broadcast"])
 async def test_bad_topics_are_refused_before_anything_is_written(
     new_bus: NewBus, redis: aioredis.Redis, prefix: str, topic: str
