@@ -57,7 +57,7 @@ class MemoryTransport(BusLifecycle):
         super().__init__()
 
     async def attempt(self, topic: str, data: bytes, attributes: Mapping[str, str]) -> Attempt[str]:
-        """Appending to every subscription of the topic; it returns the message id."""
+        """An append to every subscription of the topic; it returns the message id."""
         self.check_open()
         attributes = dict(attributes)
 
