@@ -32,7 +32,7 @@ class Settings(BaseSettings):
     secret: SecretStr | None = None
 
     # the bus broadcast and multicast batches travel on; None means Redis Streams on
-    # IMROUTE_REDIS_URL (the embedded default)
+    # IMROUTE_REDIS_URL (the embedded default); memory:// is in-process (tests, examples)
     bus_url: str | None = None
     # Redis Streams: entries kept per topic's stream (MAXLEN ~); about 10 KB each for
     # 1000-uid batches, so the default holds about 100 MB per topic
@@ -100,9 +100,9 @@ class Settings(BaseSettings):
     @classmethod
     def _bus_url(cls, value: str | None) -> str | None:
         if value is not None and not value.startswith(
-            ("redis://", "rediss://", "unix://", "pubsub://")
+            ("redis://", "rediss://", "unix://", "pubsub://", "memory://")
         ):
-            raise ValueError("must start with redis://, rediss://, unix:// or pubsub://")
+            raise ValueError("must start with redis://, rediss://, unix://, pubsub:// or memory://")
         return value
 
     @field_validator("hedge_delay_ms", mode="before")

@@ -40,7 +40,9 @@ __all__ = [
     "Bus",
     "BusLifecycle",
     "BusUnavailable",
+    "ClosedOnExit",
     "Received",
+    "Subscriptions",
     "group_topic",
     "until_closed",
     "validate_message",
@@ -77,12 +79,8 @@ class Received:
         await self.acker()
 
 
-class Bus(Protocol):
-    """Topic fan-out with per-subscriber acks: the push service publishes, gateways subscribe."""
-
-    async def publish(
-        self, topic: str, data: bytes, attributes: Mapping[str, str] | None = None
-    ) -> str: ...
+class Subscriptions(Protocol):
+    """What a Bus and each of its transports both offer: subscribing, and closing."""
 
     async def prepare(self, topics: Sequence[str], subscriber: str) -> None: ...
 
@@ -100,6 +98,14 @@ class Bus(Protocol):
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None: ...
+
+
+class Bus(Subscriptions, Protocol):
+    """Topic fan-out with per-subscriber acks: the push service publishes, gateways subscribe."""
+
+    async def publish(
+        self, topic: str, data: bytes, attributes: Mapping[str, str] | None = None
+    ) -> str: ...
 
 
 def validate_topic(topic: str) -> str:
@@ -179,13 +185,8 @@ async def until_closed(coro: Coroutine[Any, Any, T], closing: asyncio.Future[Non
     return task.result()
 
 
-class BusLifecycle:
-    """What every transport shares: `async with`, a close that ends every wait, and the
-    refusal of calls once closed. A transport calls `_begin_close()` first in `close()`."""
-
-    def __init__(self) -> None:
-        self._closed = False
-        self._closing: asyncio.Future[None] | None = None
+class ClosedOnExit:
+    """`async with` that closes on the way out."""
 
     async def close(self) -> None:
         raise NotImplementedError
@@ -201,6 +202,24 @@ class BusLifecycle:
     ) -> None:
         await self.close()
 
+
+class BusLifecycle(ClosedOnExit):
+    """What every transport shares: `async with`, a close that ends every wait, the
+    refusal of calls once closed, and `subscribe` checking its arguments at the call.
+    A transport calls `_begin_close()` first in `close()`, and reads in `_consume`."""
+
+    def __init__(self) -> None:
+        self._closed = False
+        self._closing: asyncio.Future[None] | None = None
+
+    def subscribe(self, topics: Sequence[str], subscriber: str) -> AsyncGenerator[Received, None]:
+        """The subscriber's messages, until the bus closes or the caller stops iterating."""
+        # A plain function around the generator, so bad arguments raise at the call.
+        return self._consume(validate_subscription(topics, subscriber), subscriber)
+
+    def _consume(self, topics: tuple[str, ...], subscriber: str) -> AsyncGenerator[Received, None]:
+        raise NotImplementedError
+
     def _begin_close(self) -> bool:
         """Mark the bus closed and wake every wait; False if it was closed already."""
         if self._closed:
@@ -210,7 +229,12 @@ class BusLifecycle:
             self._closing.set_result(None)
         return True
 
-    def _check_open(self) -> None:
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def check_open(self) -> None:
+        """Refuse the call with BusUnavailable once the bus is closed."""
         if self._closed:
             raise BusUnavailable("the bus is closed")
 

@@ -1,15 +1,18 @@
-"""Choosing the bus transport from IMROUTE_BUS_URL."""
+"""Choosing the bus transport from IMROUTE_BUS_URL; every bus it gives is a HedgedBus."""
 
 from __future__ import annotations
 
-from router.bus.base import Bus
+from router.bus.hedged import HedgedBus
+from router.bus.memory import MemoryBus
 from router.bus.redis_streams import DEFAULT_MAXLEN, RedisStreamsBus
+from router.bus.transport import BusTransport
 from router.hedging import AUTO, HedgeObserver, HedgingSettings, RetrySettings, check_compatible
 from shared.errors import ConfigError
 from shared.settings import Settings
 
 __all__ = [
     "DEFAULT_MAX_OUTSTANDING",
+    "MEMORY_SCHEME",
     "REDIS_SCHEMES",
     "bus_from_settings",
     "hedging_from_settings",
@@ -17,6 +20,7 @@ __all__ = [
 ]
 
 REDIS_SCHEMES = ("redis", "rediss", "unix")
+MEMORY_SCHEME = "memory"
 DEFAULT_MAX_OUTSTANDING = 100
 
 
@@ -28,15 +32,18 @@ def open_bus(
     max_outstanding: int = DEFAULT_MAX_OUTSTANDING,
     hedging: HedgingSettings | None = None,
     observer: HedgeObserver | None = None,
-) -> Bus:
-    """The bus `url` names: Redis Streams for redis://, rediss:// and unix://, capped at
-    `maxlen` entries per topic; Google Cloud Pub/Sub for pubsub://PROJECT, holding at
-    most `max_outstanding` unacked messages per subscription."""
+) -> HedgedBus[BusTransport]:
+    """The bus `url` names, hedged with `hedging`: Redis Streams for redis://, rediss://
+    and unix://, capped at `maxlen` entries per topic; Google Cloud Pub/Sub for
+    pubsub://PROJECT, holding at most `max_outstanding` unacked messages per
+    subscription; an in-process bus of its own for memory:// (tests and examples)."""
     # Only the scheme is ever echoed back: the rest of the URL may hold a password.
     scheme, sep, _ = url.partition("://")
     scheme = scheme.lower() if sep else ""
     if scheme in REDIS_SCHEMES:
         return RedisStreamsBus(url, prefix, maxlen=maxlen, hedging=hedging, observer=observer)
+    if scheme == MEMORY_SCHEME:
+        return MemoryBus(hedging=hedging, observer=observer)
     if scheme == "pubsub":
         # Imported here: google-cloud-pubsub is heavy, and only processes configured
         # for it should pay for the import.
@@ -50,12 +57,14 @@ def open_bus(
             hedging=hedging,
             observer=observer,
         )
-    accepted = ", ".join(f"{s}://" for s in (*REDIS_SCHEMES, "pubsub"))
+    accepted = ", ".join(f"{s}://" for s in (*REDIS_SCHEMES, "pubsub", MEMORY_SCHEME))
     found = f"scheme {scheme!r}" if scheme else "a value without a scheme"
     raise ConfigError(f"IMROUTE_BUS_URL: {found} is not supported; use {accepted}")
 
 
-def bus_from_settings(settings: Settings, observer: HedgeObserver | None = None) -> Bus:
+def bus_from_settings(
+    settings: Settings, observer: HedgeObserver | None = None
+) -> HedgedBus[BusTransport]:
     """The bus a push service or gateway process is configured for."""
     return open_bus(
         settings.effective_bus_url,

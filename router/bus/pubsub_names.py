@@ -1,4 +1,4 @@
-"""Pure rules of the Pub/Sub transport: resource names and message limits.
+"""Pure rules of the Pub/Sub transport: the project URL and resource names.
 
 Pub/Sub topic and subscription ids are 3-255 characters of letters, digits and
 `-_.~+%`, start with a letter, and never start with `goog`. imroute's names map onto
@@ -18,21 +18,15 @@ two (topic, subscriber) pairs share a subscription.
 
 from __future__ import annotations
 
-import base64
 import re
 from urllib.parse import quote
 
-from google.protobuf import timestamp_pb2
-from google.pubsub_v1 import PubsubClientTelemetry
-
-from router.hedging import AttemptContext
 from shared.errors import ConfigError, InvalidInput
 
 __all__ = [
     "namespace",
     "parse_project",
     "subscription_id",
-    "telemetry_header",
     "topic_id",
 ]
 
@@ -89,17 +83,3 @@ def _checked(resource_id: str) -> str:
             f"(at most {MAX_ID}): use a shorter key prefix, group id or gateway id",
         )
     return resource_id
-
-
-def telemetry_header(ctx: AttemptContext) -> str:
-    """The `x-goog-pubsub-client-telemetry` value of one attempt, as Google's clients send
-    it: a base64 (standard alphabet) PubsubClientTelemetry whose publish operation has
-    the hedged attempt count (0 for the original) and the publish's start time."""
-    start = timestamp_pb2.Timestamp()
-    start.FromMilliseconds(ctx.start_wall_ms)
-    telemetry = PubsubClientTelemetry(
-        publish_operation=PubsubClientTelemetry.PublishOperation(
-            hedged_attempt_count=ctx.hedge, publish_start_time=start
-        )
-    )
-    return base64.b64encode(PubsubClientTelemetry.serialize(telemetry)).decode()

@@ -1,12 +1,14 @@
 """The embedded default bus: one Redis stream per topic, one consumer group per subscriber.
 
-Publishing is `XADD ... MAXLEN ~ N`. Each subscriber (a gateway id) owns a consumer
-group on each of its topics' streams, created at `$`, so it gets every entry published
-after that, independently of every other subscriber. An entry stays pending in the
-group until the subscriber acks it (XACK): a subscriber first re-reads its own pending
-entries (ID 0), then reads new ones (`>`), and now and then XAUTOCLAIMs entries idle
-for `claim_idle_s`: those left by another consumer name of its group, and its own that
-were never acked (like Pub/Sub's ack deadline, such an entry comes again).
+Publishing is one `XADD ... MAXLEN ~ N` per attempt; its retries and hedges are the
+wrapper's (`RedisStreamsBus` is `HedgedBus` around `RedisStreamsTransport`). Each
+subscriber (a gateway id) owns a consumer group on each of its topics' streams, created
+at `$`, so it gets every entry published after that, independently of every other
+subscriber. An entry stays pending in the group until the subscriber acks it (XACK): a
+subscriber first re-reads its own pending entries (ID 0), then reads new ones (`>`),
+and now and then XAUTOCLAIMs entries idle for `claim_idle_s`: those left by another
+consumer name of its group, and its own that were never acked (like Pub/Sub's ack
+deadline, such an entry comes again).
 """
 
 from __future__ import annotations
@@ -16,37 +18,29 @@ import functools
 import logging
 import random
 from collections.abc import AsyncGenerator, Iterator, Mapping, Sequence
-from typing import Any, TypeVar
+from contextlib import AbstractContextManager
+from typing import Any, Unpack
 
 import redis.asyncio as aioredis
 import redis.exceptions
 from redis.typing import KeyT, StreamIdT
 
-from router.bus.base import (
-    BusLifecycle,
-    BusUnavailable,
-    Received,
-    validate_message,
-    validate_subscription,
-    validate_topic,
-)
-from router.hedging import (
-    AttemptContext,
-    HedgeObserver,
-    Hedger,
-    HedgingSettings,
-    RetrySettings,
-)
+from router.bus.base import BusLifecycle, BusUnavailable, Received, validate_subscription
+from router.bus.hedged import HedgedBus, Publishing, split_publishing
+from router.hedging import Attempt, AttemptContext
 from router.redis.errors import is_unreachable, redis_errors, reraise_swallowed_cancel
-from shared.clock import AsyncClock, SystemClock
 from shared.errors import ConfigError
 from shared.keys import KeySchema
 
-__all__ = ["DEFAULT_MAXLEN", "RedisStreamsBus", "stream_key"]
+__all__ = [
+    "DEFAULT_MAXLEN",
+    "RedisStreamsBus",
+    "RedisStreamsBusOptions",
+    "RedisStreamsTransport",
+    "stream_key",
+]
 
 log = logging.getLogger(__name__)
-
-T = TypeVar("T")
 
 DEFAULT_MAXLEN = 10_000
 POOL_SIZE = 64
@@ -67,8 +61,21 @@ def stream_key(prefix: str, topic: str) -> str:
     return KeySchema(prefix).bus_stream(topic)
 
 
-class RedisStreamsBus(BusLifecycle):
-    """A Bus over Redis Streams, on the Redis imroute already runs."""
+class RedisStreamsBusOptions(Publishing, total=False):
+    """RedisStreamsBus's keyword arguments: Publishing's, then RedisStreamsTransport's."""
+
+    maxlen: int
+    block_s: float
+    count: int
+    claim_idle_s: float
+    consumer: str | None
+    pool_size: int
+
+
+class RedisStreamsTransport(BusLifecycle):
+    """The Redis Streams transport, on the Redis imroute already runs."""
+
+    message_ordering = False
 
     def __init__(
         self,
@@ -81,13 +88,7 @@ class RedisStreamsBus(BusLifecycle):
         claim_idle_s: float = 30.0,
         consumer: str | None = None,
         pool_size: int = POOL_SIZE,
-        hedging: HedgingSettings | None = None,
-        retry: RetrySettings | None = None,
-        observer: HedgeObserver | None = None,
-        clock: AsyncClock | None = None,
     ) -> None:
-        """`hedging` hedges every publish (off by default); `retry` governs retries of
-        the original attempt; `observer` gets the publishing metrics."""
         try:
             # Binary payloads, so no decoding; a blocking pool makes a burst of
             # publishers wait for a connection instead of failing at once.
@@ -112,26 +113,16 @@ class RedisStreamsBus(BusLifecycle):
         # entries at once; a per-boot name leaves them to XAUTOCLAIM instead.
         self._consumer = consumer
         super().__init__()
-        self._hedger = Hedger(
-            hedging,
-            retry or RetrySettings(),
-            clock or SystemClock(),
-            is_unreachable,
-            observer=observer,
-        )
 
-    async def publish(
-        self, topic: str, data: bytes, attributes: Mapping[str, str] | None = None
-    ) -> str:
-        """Append one message to the topic's stream; returns its entry id."""
-        validate_topic(topic)
-        validate_message(data, attributes)
+    async def attempt(self, topic: str, data: bytes, attributes: Mapping[str, str]) -> Attempt[str]:
+        """An XADD of the message to the topic's stream; it returns the entry id."""
+        self.check_open()
         fields: dict[bytes, bytes] = {_DATA: data}
-        for name, value in (attributes or {}).items():
+        for name, value in attributes.items():
             fields[_ATTR + name.encode()] = value.encode()
         key = stream_key(self._prefix, topic)
 
-        async def attempt(ctx: AttemptContext) -> str:
+        async def xadd(ctx: AttemptContext) -> str:
             # A hedge is one more XADD of the same batch: a duplicate entry that the
             # gateways drop by batch id. A loser is cancelled mid-command.
             async with asyncio.timeout(ctx.timeout_s):
@@ -144,22 +135,21 @@ class RedisStreamsBus(BusLifecycle):
             reraise_swallowed_cancel()
             return _text(entry_id)
 
-        with redis_errors(BusUnavailable):
-            self._check_open()
-            return await self._hedger.run(topic, attempt)
+        return xadd
+
+    # Redis did not answer (in time): worth another try; an error reply is final.
+    is_retryable = staticmethod(is_unreachable)
+
+    def errors(self, operation: str) -> AbstractContextManager[None]:
+        """The one redis-py mapping (router.redis.errors), into BusUnavailable."""
+        return redis_errors(BusUnavailable)
 
     async def prepare(self, topics: Sequence[str], subscriber: str) -> None:
         """Create the subscriber's groups now, so everything published from here on reaches it."""
         keys = [stream_key(self._prefix, t) for t in validate_subscription(topics, subscriber)]
         with redis_errors(BusUnavailable):
-            self._check_open()
+            self.check_open()
             await self._create_groups(keys, subscriber)
-
-    def subscribe(self, topics: Sequence[str], subscriber: str) -> AsyncGenerator[Received, None]:
-        """The subscriber's messages, until the bus closes or the caller stops iterating."""
-        # A plain function around the generator, so bad arguments raise at the call.
-        checked = validate_subscription(topics, subscriber)
-        return self._consume(checked, subscriber)
 
     async def close(self) -> None:
         """End every subscription and close the client."""
@@ -202,7 +192,7 @@ class RedisStreamsBus(BusLifecycle):
 
     async def _ack(self, key: str, group: str, entry_id: bytes) -> None:
         with redis_errors(BusUnavailable):
-            self._check_open()
+            self.check_open()
             await self._redis.xack(key, group, entry_id)
 
 
@@ -210,7 +200,7 @@ class _Reader:
     """Where one subscription stands: its own pending entries first, then new ones."""
 
     def __init__(
-        self, bus: RedisStreamsBus, topics: Sequence[str], group: str, consumer: str
+        self, bus: RedisStreamsTransport, topics: Sequence[str], group: str, consumer: str
     ) -> None:
         self._bus = bus
         self._redis = bus._redis
@@ -328,3 +318,13 @@ def _streams(reply: Any) -> Iterator[tuple[str, Sequence[Any]]]:
 
 def _text(value: bytes | str) -> str:
     return value.decode(errors="replace") if isinstance(value, bytes) else value
+
+
+class RedisStreamsBus(HedgedBus[RedisStreamsTransport]):
+    """Redis Streams behind the hedging wrapper: what open_bus gives for redis:// URLs."""
+
+    def __init__(
+        self, url: str, prefix: str = "imroute:", **options: Unpack[RedisStreamsBusOptions]
+    ) -> None:
+        publishing, transport = split_publishing(options)
+        super().__init__(RedisStreamsTransport(url, prefix, **transport), **publishing)

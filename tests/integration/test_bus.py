@@ -1,8 +1,10 @@
-"""The message bus against a real Redis: the Bus contract, then what only Redis Streams does.
+"""The Bus contract, run against every transport: Redis Streams on a real Redis, Pub/Sub
+on the official emulator, and the in-process memory bus.
 
-The contract tests take the `new_bus` fixture, parametrized over transports, so the
-Pub/Sub transport can run them too. Gateways call `prepare` at start: a subscriber
-only gets what was published after its subscription existed.
+The tests take the `new_bus` fixture, parametrized over transports. Gateways call
+`prepare` at start: a subscriber only gets what was published after its subscription
+existed. What only one transport does is tested in its own module (test_redis_streams,
+test_hedging for Pub/Sub's publishing, tests/unit/test_memory_bus).
 """
 
 from __future__ import annotations
@@ -15,23 +17,14 @@ from contextlib import aclosing
 import pytest
 import redis.asyncio as aioredis
 
-from router.bus import (
-    BROADCAST,
-    Bus,
-    BusUnavailable,
-    Received,
-    RedisStreamsBus,
-    group_topic,
-    open_bus,
-)
+from router.bus import BROADCAST, Bus, BusUnavailable, Received, group_topic, open_bus
 from router.bus.base import MAX_MESSAGE_BYTES
-from router.bus.pubsub import PubSubBus
-from router.bus.redis_streams import stream_key
-from shared.errors import ConfigError, InvalidInput, PayloadTooLarge
+from shared.errors import InvalidInput, PayloadTooLarge
+from tests.bus_reads import assert_quiet, summary, take
 
 pytestmark = pytest.mark.integration
 
-TRANSPORTS = ["redis-streams", "pubsub"]
+TRANSPORTS = ["redis-streams", "pubsub", "memory"]
 G1, G2 = group_topic("g1"), group_topic("g2")
 
 NewBus = Callable[[], Bus]
@@ -41,12 +34,15 @@ NewBus = Callable[[], Bus]
 async def new_bus(
     request: pytest.FixtureRequest, redis_url: str, prefix: str, redis: aioredis.Redis
 ) -> AsyncIterator[NewBus]:
-    """Makes buses of one transport over one namespace, as separate processes would see it."""
+    """Makes buses of one transport over one namespace, as separate processes would see it
+    (the memory bus excepted: each of its buses is one of its own)."""
     # `redis` is here for its teardown, which deletes this test's keys.
     opened: list[Bus] = []
 
     if request.param == "pubsub":
         url = f"pubsub://{request.getfixturevalue('pubsub_project')}"
+    elif request.param == "memory":
+        url = "memory://"
     else:
         url = redis_url
 
@@ -60,21 +56,8 @@ async def new_bus(
         await bus.close()
 
 
-async def take(messages: AsyncIterator[Received], n: int, timeout: float = 3.0) -> list[Received]:
-    async with asyncio.timeout(timeout):
-        return [await anext(messages) for _ in range(n)]
-
-
-async def assert_quiet(messages: AsyncIterator[Received], wait: float = 0.2) -> None:
-    """Nothing more arrives; this ends the iteration, so call it last."""
-    with pytest.raises(TimeoutError):
-        async with asyncio.timeout(wait):
-            await anext(messages)
-
-
-def summary(received: list[Received]) -> list[tuple[str, bytes, dict[str, str]]]:
-    # The contract promises no order, so compare sorted.
-    return sorted((r.topic, r.data, dict(r.attributes)) for r in received)
+def transport_of(request: pytest.FixtureRequest) -> str:
+    return str(request.node.callspec.params["new_bus"])
 
 
 # --- the Bus contract ---------------------------------------------------------------
@@ -120,16 +103,23 @@ async def test_group_topics_reach_only_their_subscribers(new_bus: NewBus) -> Non
 
 
 # How long an unacked message may take to come again after its subscriber stopped: Redis
-# Streams hands it over at once; Pub/Sub once its lease (10 s) has run out, which the
-# official emulator notices 10-40 s later (it checks leases every 10 s or so). The
-# emulator also hands a message published while no subscriber is connected to the
-# stream that stopped last, so it too comes only then: tests subscribe, then publish.
-REDELIVERY_S = {"redis-streams": 3.0, "pubsub": 60.0}
+# Streams (and the memory bus) hand it over at once; Pub/Sub once its lease (10 s) has
+# run out, which the official emulator notices 10-40 s later (it checks leases every
+# 10 s or so). The emulator also hands a message published while no subscriber is
+# connected to the stream that stopped last, so it too comes only then: tests subscribe,
+# then publish.
+REDELIVERY_S = {"redis-streams": 3.0, "pubsub": 60.0, "memory": 3.0}
 
 
 async def test_unacked_messages_come_again_after_a_restart(
     new_bus: NewBus, request: pytest.FixtureRequest
 ) -> None:
+    transport = transport_of(request)
+    if transport == "memory":
+        pytest.skip(
+            "the memory bus keeps nothing across bus objects, as nothing across a restart; "
+            "tests/unit/test_memory_bus.py subscribes again on the same bus instead"
+        )
     first = new_bus()
     await first.prepare([BROADCAST], "gw1")
     await first.publish(BROADCAST, b"acked")
@@ -142,7 +132,6 @@ async def test_unacked_messages_come_again_after_a_restart(
 
     second = new_bus()
     async with aclosing(second.subscribe([BROADCAST], "gw1")) as messages:
-        transport = request.node.callspec.params["new_bus"]
         (again,) = await take(messages, 1, timeout=REDELIVERY_S[transport])
         assert again.data == b"not acked"
         await again.ack()
@@ -194,16 +183,30 @@ async def test_cancelling_a_subscriber_leaves_the_bus_usable(
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await asyncio.wait_for(task, 1.0)
-    transport = request.node.callspec.params["new_bus"]
-    if transport == "redis-streams":  # published while nobody reads: owed all the same
+    transport = transport_of(request)
+    if transport != "pubsub":  # published while nobody reads: owed all the same
         await bus.publish(BROADCAST, b"still works")
     async with aclosing(bus.subscribe([BROADCAST], "gw1")) as messages:
         first = asyncio.create_task(anext(messages))
-        if transport != "redis-streams":
+        if transport == "pubsub":
             await asyncio.sleep(0.5)  # subscribed again before publishing: see REDELIVERY_S
             await bus.publish(BROADCAST, b"still works")
         got = await asyncio.wait_for(first, REDELIVERY_S[transport])
         assert got.data == b"still works"
+
+
+async def test_ack_and_publish_after_close_raise_bus_unavailable(new_bus: NewBus) -> None:
+    bus = new_bus()
+    await bus.prepare([BROADCAST], "gw1")
+    await bus.publish(BROADCAST, b"x")
+    async with aclosing(bus.subscribe([BROADCAST], "gw1")) as messages:
+        (got,) = await take(messages, 1)
+    await bus.close()
+    await bus.close()  # closing twice is harmless
+    with pytest.raises(BusUnavailable):
+        await got.ack()
+    with pytest.raises(BusUnavailable):
+        await bus.prepare([BROADCAST], "gw1")
 
 
 @pytest.mark.parametrize("topic", ["", "group.", "group.a|b", "other", "group.g1 ", "Broadcast"])
@@ -229,42 +232,6 @@ async def test_bad_subscriptions_are_refused(new_bus: NewBus) -> None:
         bus.subscribe([], "gw1")
     with pytest.raises(InvalidInput, match="topics"):
         bus.subscribe(BROADCAST, "gw1")  # one string is not a list of topics
-
-
-@pytest.mark.parametrize(
-    "url",
-    [
-        "",
-        "localhost:6379",
-        "http://user:s3cret@example.com",
-        "redis+cluster://127.0.0.1:7000",
-        "pubsub://",
-        "pubsub://My Project",
-        "pubsub://ab",
-        "pubsub://my-project/topics/x",
-        "redis://127.0.0.1:notaport/0",
-    ],
-)
-def test_open_bus_refuses_bad_urls(url: str, prefix: str) -> None:
-    with pytest.raises(ConfigError, match="IMROUTE_BUS_URL") as info:
-        open_bus(url, prefix)
-    assert "s3cret" not in str(info.value)
-
-
-@pytest.mark.parametrize(
-    "url", ["redis://127.0.0.1:6379/0", "rediss://127.0.0.1:6380/0", "unix:///tmp/none.sock"]
-)
-async def test_open_bus_takes_redis_urls(url: str, prefix: str) -> None:
-    bus = open_bus(url, prefix)  # nothing is connected yet
-    assert isinstance(bus, RedisStreamsBus)
-    await bus.close()
-
-
-@pytest.mark.parametrize("url", ["pubsub://my-project", "pubsub://example.com:my-project-1"])
-async def test_open_bus_takes_pubsub_urls(url: str, prefix: str) -> None:
-    bus = open_bus(url, prefix)  # nothing is connected yet
-    assert isinstance(bus, PubSubBus)
-    await bus.close()
 
 
 @pytest.mark.parametrize(
@@ -295,111 +262,3 @@ async def test_messages_pubsub_would_refuse_are_refused_by_every_transport(
     async with aclosing(bus.subscribe([BROADCAST], "gw1")) as messages:
         (got,) = await take(messages, 1)
         assert len(got.data) == MAX_MESSAGE_BYTES - 2
-
-
-# --- what only Redis Streams does ----------------------------------------------------
-
-
-async def test_xautoclaim_takes_over_an_entry_stuck_on_another_consumer(
-    redis_url: str, prefix: str, redis: aioredis.Redis
-) -> None:
-    key = stream_key(prefix, BROADCAST)
-    async with RedisStreamsBus(redis_url, prefix, claim_idle_s=0.05) as bus:
-        await bus.prepare([BROADCAST], "gw1")
-        message_id = await bus.publish(BROADCAST, b"stuck")
-        # An earlier boot of gw1 that read under another consumer name, then died.
-        await redis.xreadgroup("gw1", "gw1-old-boot", {key: ">"})
-
-        # Not idle long enough for the default min-idle: left where it is.
-        async with RedisStreamsBus(redis_url, prefix) as patient:
-            async with aclosing(patient.subscribe([BROADCAST], "gw1")) as messages:
-                await assert_quiet(messages)
-
-        await asyncio.sleep(0.1)
-        async with aclosing(bus.subscribe([BROADCAST], "gw1")) as messages:
-            (got,) = await take(messages, 1)
-            assert (got.message_id, got.data) == (message_id, b"stuck")
-            await got.ack()
-    pending = await redis.xpending(key, "gw1")
-    assert pending["pending"] == 0
-
-
-async def test_an_entry_trimmed_while_pending_is_skipped_and_acked(
-    redis_url: str, prefix: str, redis: aioredis.Redis
-) -> None:
-    key = stream_key(prefix, BROADCAST)
-    async with RedisStreamsBus(redis_url, prefix) as bus:
-        await bus.prepare([BROADCAST], "gw1")
-        trimmed = await bus.publish(BROADCAST, b"trimmed")
-        await bus.publish(BROADCAST, b"kept")
-        async with aclosing(bus.subscribe([BROADCAST], "gw1")) as messages:
-            await take(messages, 2)  # and no ack
-    await redis.xdel(key, trimmed)
-    async with RedisStreamsBus(redis_url, prefix) as bus:
-        async with aclosing(bus.subscribe([BROADCAST], "gw1")) as messages:
-            (got,) = await take(messages, 1)
-            assert got.data == b"kept"
-            await got.ack()
-    assert (await redis.xpending(key, "gw1"))["pending"] == 0
-
-
-async def test_maxlen_caps_the_stream(redis_url: str, prefix: str, redis: aioredis.Redis) -> None:
-    async with RedisStreamsBus(redis_url, prefix, maxlen=1000) as bus:
-        for start in range(0, 5000, 500):
-            await asyncio.gather(
-                *(bus.publish(BROADCAST, b"%d" % i) for i in range(start, start + 500))
-            )
-    # `~` trims whole stream nodes (100 entries each by default), so a little over 1000.
-    assert 1000 <= await redis.xlen(stream_key(prefix, BROADCAST)) < 1200
-
-
-async def test_a_subscriber_recovers_when_its_stream_vanishes(
-    redis_url: str, prefix: str, redis: aioredis.Redis
-) -> None:
-    # Redis losing its data (a restart without persistence) looks like this: the key and
-    # its groups are gone, XREADGROUP fails, and the loop must re-create them and go on.
-    key = stream_key(prefix, BROADCAST)
-    async with RedisStreamsBus(redis_url, prefix, block_s=0.2) as bus:
-        await bus.prepare([BROADCAST], "gw1")
-        async with aclosing(bus.subscribe([BROADCAST], "gw1")) as messages:
-            first = asyncio.create_task(anext(messages))
-            await asyncio.sleep(0.1)
-            await redis.delete(key)
-            for _ in range(100):  # the loop re-creates the key with its group
-                if await redis.exists(key):
-                    break
-                await asyncio.sleep(0.02)
-            else:
-                pytest.fail("the subscriber did not re-create its group")
-            await bus.publish(BROADCAST, b"after the loss")
-            got = await asyncio.wait_for(first, 2)
-            assert got.data == b"after the loss"
-
-
-async def test_ack_and_publish_after_close_raise_bus_unavailable(
-    redis_url: str, prefix: str, redis: aioredis.Redis
-) -> None:
-    bus = RedisStreamsBus(redis_url, prefix)
-    await bus.prepare([BROADCAST], "gw1")
-    await bus.publish(BROADCAST, b"x")
-    async with aclosing(bus.subscribe([BROADCAST], "gw1")) as messages:
-        (got,) = await take(messages, 1)
-    await bus.close()
-    await bus.close()  # closing twice is harmless
-    with pytest.raises(BusUnavailable):
-        await got.ack()
-    with pytest.raises(BusUnavailable):
-        await bus.prepare([BROADCAST], "gw1")
-
-
-async def test_pubsub_without_credentials_names_what_to_set(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: object
-) -> None:
-    for name in ("PUBSUB_EMULATOR_HOST", "GOOGLE_APPLICATION_CREDENTIALS", "CLOUDSDK_CONFIG"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("HOME", str(tmp_path))  # no gcloud application-default file
-    monkeypatch.setenv("NO_GCE_CHECK", "true")  # and no metadata server to ask
-    bus = open_bus("pubsub://my-project", "imroute:")
-    with pytest.raises(ConfigError, match="GOOGLE_APPLICATION_CREDENTIALS"):
-        await bus.prepare([BROADCAST], "gw1")
-    await bus.close()

@@ -48,12 +48,12 @@ def bus_for(server: LatencyPublisher, hedging: HedgingSettings | None, **kw: obj
 
 async def earn_tokens(bus: PubSubBus, server: LatencyPublisher, n: int) -> None:
     """Fast, successful publishes until the topic's bucket holds `n` tokens."""
-    hedging = bus._hedger.hedging
+    hedging = bus.hedger.hedging
     assert hedging is not None
     server.plan = lambda call: Behaviour(FAST)
     for _ in range(round(n / hedging.refill_ratio)):
         await bus.publish(BROADCAST, b"warm-up")
-    bucket = bus._hedger.bucket(BROADCAST)
+    bucket = bus.hedger.bucket(BROADCAST)
     assert bucket is not None and bucket.tokens == n
     server.calls.clear()
 

@@ -1,0 +1,69 @@
+"""Choosing the bus from IMROUTE_BUS_URL: which URLs give which bus, and which are refused
+(naming the setting, and never echoing a password). Nothing is connected."""
+
+from __future__ import annotations
+
+import pytest
+
+from router.bus import BROADCAST, HedgedBus, MemoryBus, MemoryTransport, RedisStreamsBus, open_bus
+from router.bus.pubsub import PubSubBus
+from shared.errors import ConfigError
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "",
+        "localhost:6379",
+        "http://user:s3cret@example.com",
+        "redis+cluster://127.0.0.1:7000",
+        "pubsub://",
+        "pubsub://My Project",
+        "pubsub://ab",
+        "pubsub://my-project/topics/x",
+        "redis://127.0.0.1:notaport/0",
+    ],
+)
+def test_open_bus_refuses_bad_urls(url: str, prefix: str) -> None:
+    with pytest.raises(ConfigError, match="IMROUTE_BUS_URL") as info:
+        open_bus(url, prefix)
+    assert "s3cret" not in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "url", ["redis://127.0.0.1:6379/0", "rediss://127.0.0.1:6380/0", "unix:///tmp/none.sock"]
+)
+async def test_open_bus_takes_redis_urls(url: str, prefix: str) -> None:
+    bus = open_bus(url, prefix)  # nothing is connected yet
+    assert isinstance(bus, RedisStreamsBus) and isinstance(bus, HedgedBus)
+    await bus.close()
+
+
+@pytest.mark.parametrize("url", ["pubsub://my-project", "pubsub://example.com:my-project-1"])
+async def test_open_bus_takes_pubsub_urls(url: str, prefix: str) -> None:
+    bus = open_bus(url, prefix)  # nothing is connected yet
+    assert isinstance(bus, PubSubBus)
+    await bus.close()
+
+
+async def test_open_bus_takes_memory_urls(prefix: str) -> None:
+    bus = open_bus("memory://", prefix)
+    assert isinstance(bus, MemoryBus) and isinstance(bus.transport, MemoryTransport)
+    assert isinstance(bus, HedgedBus)
+    other = open_bus("memory://", prefix)
+    assert other is not bus  # each one a bus of its own
+    await bus.close()
+    await other.close()
+
+
+async def test_pubsub_without_credentials_names_what_to_set(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: object
+) -> None:
+    for name in ("PUBSUB_EMULATOR_HOST", "GOOGLE_APPLICATION_CREDENTIALS", "CLOUDSDK_CONFIG"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))  # no gcloud application-default file
+    monkeypatch.setenv("NO_GCE_CHECK", "true")  # and no metadata server to ask
+    bus = open_bus("pubsub://my-project", "imroute:")
+    with pytest.raises(ConfigError, match="GOOGLE_APPLICATION_CREDENTIALS"):
+        await bus.prepare([BROADCAST], "gw1")
+    await bus.close()
