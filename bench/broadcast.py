@@ -175,7 +175,7 @@ async def measure(
     bus = RedisStreamsBus(redis_url, prefix, maxlen=maxlen)
     try:
         async with SqlUserDirectory.from_url(db_url, SystemClock()) as directory:
-            await bus._redis.ping()  # connect first: the run does not pay the handshake
+            await bus.transport._redis.ping()  # connect first: the run does not pay the handshake
             await directory.page(None, 1)  # nor the directory's
             for run, tags in zip(runs, (None, [TAG]), strict=True):
                 await _one(run, directory, bus, tags, profile, redis_pid)

@@ -408,7 +408,7 @@ async def measure(
         # Open the connections first, so the run does not pay the handshakes: the bus uses
         # one, the registry's client up to lookahead + 1 (one per look-up in flight).
         await asyncio.gather(*(client.ping() for _ in range(lookahead + 1)))
-        await bus._redis.ping()
+        await bus.transport._redis.ping()
         inner_reads = PipelineHashReads(client) if pipeline else hash_reads_for(client)
         r.read_path, r.lookahead = type(inner_reads).__name__, lookahead
         counting = CountingReads(inner_reads)

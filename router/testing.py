@@ -2,6 +2,7 @@
 in-memory stand-ins that unit tests, examples and benchmarks share.
 
 - `FakeGatewayClient`: the gateway RPC seam (`ManyGatewayClient`) in memory.
+- `MemoryBus`: the `memory://` bus, in-process (from `router.bus.memory`).
 - `ManualClock`: the injected clock, moved by hand (from `shared.clock`).
 
 Integration tests use the real things: real Redis, gRPC servers and processes.
@@ -12,11 +13,12 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Mapping, Sequence
 
+from router.bus.memory import MemoryBus
 from shared.clock import ManualClock
 from shared.errors import GatewayUnavailable
 from shared.proto import gateway_pb2
 
-__all__ = ["FakeGatewayClient", "ManualClock"]
+__all__ = ["FakeGatewayClient", "ManualClock", "MemoryBus"]
 
 
 class FakeGatewayClient:

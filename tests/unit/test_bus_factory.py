@@ -67,3 +67,14 @@ async def test_pubsub_without_credentials_names_what_to_set(
     with pytest.raises(ConfigError, match="GOOGLE_APPLICATION_CREDENTIALS"):
         await bus.prepare([BROADCAST], "gw1")
     await bus.close()
+
+
+def test_a_service_in_its_own_process_refuses_the_in_process_bus() -> None:
+    from router.bus.factory import refuse_in_process_bus
+    from shared.settings import Settings
+
+    with pytest.raises(ConfigError, match=r"IMROUTE_BUS_URL: memory:// .* the gateway"):
+        refuse_in_process_bus(Settings.load({"IMROUTE_BUS_URL": "memory://"}), "gateway")
+    for url in ("redis://127.0.0.1:6379/0", "pubsub://my-project"):
+        refuse_in_process_bus(Settings.load({"IMROUTE_BUS_URL": url}), "gateway")
+    refuse_in_process_bus(Settings.load({}), "gateway")  # the default: Redis Streams
