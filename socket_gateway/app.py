@@ -28,7 +28,8 @@ from shared.wire import ws_text_frame
 from socket_gateway.bus_consumer import consume, gateway_topics
 from socket_gateway.connections import LocalConnections
 from socket_gateway.dedup import RecentIds
-from socket_gateway.grpc_server import DeliverService, start_grpc_server
+from socket_gateway.delivery import DeliverService
+from socket_gateway.grpc_server import start_grpc_server
 from socket_gateway.metrics import GatewayMetrics, render
 from socket_gateway.ws_server import WsEndpoint, WsServer
 
