@@ -31,7 +31,7 @@ from socket_gateway.dedup import RecentIds
 from socket_gateway.delivery import DeliverService
 from socket_gateway.grpc_server import start_grpc_server
 from socket_gateway.metrics import GatewayMetrics, render
-from socket_gateway.ws_server import WsEndpoint, WsServer
+from socket_gateway.ws import WsEndpoint, WsServer
 
 __all__ = ["CLOSE_DRAIN", "RECONNECT_FRAME", "Gateway"]
 

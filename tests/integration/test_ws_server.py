@@ -27,7 +27,7 @@ from shared.keys import KeySchema
 from shared.models import Message
 from shared.wire import encode_push_json, ws_text_frame
 from socket_gateway.connections import LocalConnections
-from socket_gateway.ws_server import WsEndpoint, WsTimers
+from socket_gateway.ws import WsEndpoint, WsTimers
 from tests.conftest import SECRET
 
 pytestmark = pytest.mark.integration
