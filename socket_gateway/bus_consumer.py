@@ -11,7 +11,7 @@ from google.protobuf.message import DecodeError
 from router.bus.base import BROADCAST, Bus, group_topic
 from shared.errors import BusUnavailable
 from shared.proto import gateway_pb2
-from socket_gateway.grpc_server import DeliverService
+from socket_gateway.delivery import DeliverService
 
 __all__ = ["consume", "gateway_topics"]
 

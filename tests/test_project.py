@@ -21,7 +21,7 @@ def test_import_contracts_hold() -> None:
 
 
 def test_generated_protobuf_code_is_up_to_date(tmp_path: Path) -> None:
-    """The committed gateway_pb2 files are exactly what ./scripts/proto generates."""
+    """The committed gateway_pb2 and gateway_pb2_grpc code is what ./scripts/proto writes."""
     result = subprocess.run(
         [str(ROOT / "scripts" / "proto"), str(tmp_path)],
         cwd=ROOT,
@@ -31,7 +31,12 @@ def test_generated_protobuf_code_is_up_to_date(tmp_path: Path) -> None:
         check=False,
     )
     assert result.returncode == 0, result.stderr
-    for name in ("gateway_pb2.py", "gateway_pb2.pyi"):
+    for name in (
+        "gateway_pb2.py",
+        "gateway_pb2.pyi",
+        "gateway_pb2_grpc.py",
+        "gateway_pb2_grpc.pyi",
+    ):
         generated = tmp_path / "shared" / "proto" / name
         assert filecmp.cmp(generated, ROOT / "shared" / "proto" / name, shallow=False), (
             f"shared/proto/{name} is stale: run ./scripts/proto"

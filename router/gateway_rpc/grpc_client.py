@@ -5,25 +5,25 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import grpc
 import grpc.aio
 
 from shared.errors import GatewayUnavailable
 from shared.proto import gateway_pb2
+from shared.proto.gateway_pb2_grpc import GatewayStub
+
+if TYPE_CHECKING:
+    # Only in the .pyi: what GatewayStub(channel) is for a grpc.aio channel.
+    from shared.proto.gateway_pb2_grpc import GatewayAsyncStub
 
 __all__ = [
     "CLOSE_GRACE_S",
-    "DELIVER_MANY_METHOD",
-    "DELIVER_METHOD",
     "GatewayClient",
     "GrpcGatewayClients",
     "ManyGatewayClient",
 ]
-
-DELIVER_METHOD = "/imroute.v1.Gateway/Deliver"
-DELIVER_MANY_METHOD = "/imroute.v1.Gateway/DeliverMany"
 
 # A channel to a gateway that left the fleet is closed; calls still on it get this long.
 CLOSE_GRACE_S = 5.0
@@ -39,9 +39,6 @@ _CHANNEL_OPTIONS = [
     ("grpc.max_send_message_length", 16 << 20),
     ("grpc.max_receive_message_length", 16 << 20),
 ]
-
-
-Unary = grpc.aio.UnaryUnaryMultiCallable
 
 
 class GatewayClient(Protocol):
@@ -68,8 +65,7 @@ class ManyGatewayClient(GatewayClient, Protocol):
 @dataclass(frozen=True, slots=True)
 class _Stub:
     channel: grpc.aio.Channel
-    deliver: Unary[gateway_pb2.Batch, gateway_pb2.DeliverReply]
-    deliver_many: Unary[gateway_pb2.DeliverManyRequest, gateway_pb2.DeliverManyReply]
+    rpc: GatewayAsyncStub  # the generated stub: method paths and codecs come from the .proto
 
 
 class GrpcGatewayClients:
@@ -84,26 +80,14 @@ class GrpcGatewayClients:
         stub = self._stubs.get(address)
         if stub is None:
             channel = grpc.aio.insecure_channel(address, options=_CHANNEL_OPTIONS)
-            stub = self._stubs[address] = _Stub(
-                channel,
-                channel.unary_unary(
-                    DELIVER_METHOD,
-                    request_serializer=gateway_pb2.Batch.SerializeToString,
-                    response_deserializer=gateway_pb2.DeliverReply.FromString,
-                ),
-                channel.unary_unary(
-                    DELIVER_MANY_METHOD,
-                    request_serializer=gateway_pb2.DeliverManyRequest.SerializeToString,
-                    response_deserializer=gateway_pb2.DeliverManyReply.FromString,
-                ),
-            )
+            stub = self._stubs[address] = _Stub(channel, GatewayStub(channel))
         return stub
 
     async def deliver(
         self, gateway_id: str, address: str, batch: gateway_pb2.Batch, timeout_s: float
     ) -> gateway_pb2.DeliverReply:
         try:
-            return await self._stub(address).deliver(batch, timeout=timeout_s)
+            return await self._stub(address).rpc.Deliver(batch, timeout=timeout_s)
         except (grpc.aio.AioRpcError, grpc.aio.BaseError, grpc.RpcError, ValueError) as exc:
             raise _translate(gateway_id, exc) from None
 
@@ -116,7 +100,7 @@ class GrpcGatewayClients:
     ) -> list[gateway_pb2.DeliverReply]:
         request = gateway_pb2.DeliverManyRequest(batches=batches)
         try:
-            reply = await self._stub(address).deliver_many(request, timeout=timeout_s)
+            reply = await self._stub(address).rpc.DeliverMany(request, timeout=timeout_s)
         except (grpc.aio.AioRpcError, grpc.aio.BaseError, grpc.RpcError, ValueError) as exc:
             raise _translate(gateway_id, exc) from None
         if len(reply.replies) != len(batches):

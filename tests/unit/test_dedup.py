@@ -4,7 +4,7 @@ from shared.clock import ManualClock
 from shared.proto import gateway_pb2
 from socket_gateway.connections import ClientConn, LocalConnections
 from socket_gateway.dedup import RecentIds, RecentReplies
-from socket_gateway.grpc_server import DeliverService
+from socket_gateway.delivery import DeliverService
 from tests.unit.test_connections import ListSink
 
 

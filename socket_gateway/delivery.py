@@ -1,0 +1,58 @@
+"""The gateway's delivery core: one batch to the local sockets it names, at most once.
+
+Both ways in call it: the gRPC servicer (P2P, `grpc_server`) and the bus consumer
+(broadcast and multicast, `bus_consumer`).
+"""
+
+from __future__ import annotations
+
+from shared.clock import Clock
+from shared.proto import gateway_pb2
+from shared.wire import encode_push_json, message_of, ws_text_frame
+from socket_gateway.connections import LocalConnections
+from socket_gateway.dedup import RecentIds, RecentReplies
+
+__all__ = ["DeliverService"]
+
+
+class DeliverService:
+    """Writes batches to local connections; counts what happened for tests and metrics."""
+
+    def __init__(self, conns: LocalConnections, clock: Clock, recent: RecentIds) -> None:
+        self._conns = conns
+        self._clock = clock
+        self._recent = recent
+        self._replies = RecentReplies(clock)
+        self.calls = 0  # gRPC calls (Deliver or DeliverMany), counted by the servicer
+        self.batches = 0
+        self.duplicates = 0
+        self.expired = 0
+
+    def deliver(self, batch: gateway_pb2.Batch) -> gateway_pb2.DeliverReply:
+        """Deliver one batch (from a gRPC call or the bus), at most once per batch_id."""
+        self.batches += 1
+        if batch.batch_id and batch.mode == gateway_pb2.MODE_P2P:
+            first = self._replies.get(batch.batch_id, batch.uids)
+            if first is not None:
+                # A retried call whose first answer was lost: answer as the first attempt
+                # did (even if the push has expired since: it was delivered in time).
+                self.duplicates += 1
+                return gateway_pb2.DeliverReply(
+                    delivered=first[0], missing=first[1], duplicate=True
+                )
+        if batch.batch_id and self._recent.check_and_add(batch.batch_id):
+            # Before the expiry check: a batch delivered in time is a duplicate, not late.
+            self.duplicates += 1
+            return gateway_pb2.DeliverReply(duplicate=True)
+        if batch.expires_ms and self._clock.now_ms() > batch.expires_ms:
+            # Never late: an expired message is dropped here and counted.
+            self.expired += 1
+            return gateway_pb2.DeliverReply(expired=True)
+        # Encoded once per batch, whatever the number of recipients.
+        frame = ws_text_frame(encode_push_json(message_of(batch)))
+        if batch.everyone:
+            return gateway_pb2.DeliverReply(connections=self._conns.deliver_all(frame))
+        delivered, missing = self._conns.deliver(batch.uids, frame)
+        if batch.mode == gateway_pb2.MODE_P2P and batch.batch_id:
+            self._replies.put(batch.batch_id, batch.uids, delivered)
+        return gateway_pb2.DeliverReply(delivered=delivered, missing=missing)

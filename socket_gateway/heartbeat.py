@@ -1,0 +1,180 @@
+"""Keeping this gateway in the fleet: the fleet heartbeat, the route refresh, the drain.
+
+Two loops run for the life of the gateway. The heartbeat re-announces the fleet record,
+re-registers every local connection when the record was found missing, and checks for a
+drain request (`POST /v1/gateways/{id}/drain`); the route refresh pushes the routes'
+deadlines forward. A drain, asked for or run directly, paces the clients' closes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any
+
+from router.fleet.drain import DrainRequests
+from router.fleet.store import GatewayFleet
+from router.routes.registry import RouteRegistry
+from shared.errors import ImrouteError, RegistryUnavailable
+from shared.models import GatewayInfo
+from shared.wire import ws_text_frame
+from socket_gateway.connections import LocalConnections
+from socket_gateway.ws import WsEndpoint
+
+__all__ = [
+    "CLOSE_DRAIN",
+    "DRAIN_CLOSE_GRACE_S",
+    "FLEET_TTL_HEARTBEATS",
+    "RECONNECT_FRAME",
+    "Drain",
+    "Heartbeat",
+]
+
+log = logging.getLogger(__name__)
+
+CLOSE_DRAIN = 4503
+RECONNECT_FRAME = b'{"type":"reconnect","reason":"drain"}'
+# After the last close of a drain, how long clients get to answer it.
+DRAIN_CLOSE_GRACE_S = 5.0
+# The fleet record lapses after this many missed heartbeats.
+FLEET_TTL_HEARTBEATS = 3
+
+
+class Drain:
+    """A gateway's drain: `draining` once begun, `drained` set once every client is gone."""
+
+    def __init__(self, conns: LocalConnections) -> None:
+        self._conns = conns
+        self.draining = False
+        self.drained = asyncio.Event()
+
+    async def run(
+        self,
+        window_s: float,
+        endpoint: WsEndpoint,
+        fleet: GatewayFleet,
+        info: Callable[[], GatewayInfo],
+    ) -> None:
+        """Stop taking clients, ask each to reconnect elsewhere, and close them (4503)
+        spread over `window_s`. Until its close, a client still gets its pushes; each
+        close unregisters its route. A second call waits for the first one's end."""
+        if self.draining:
+            await self.drained.wait()
+            return
+        self.draining = True
+        endpoint.accepting = False
+        with contextlib.suppress(ImrouteError):
+            await fleet.announce(info())  # draining: dispatch stops choosing it
+        self._conns.deliver_all(ws_text_frame(RECONNECT_FRAME))
+        conns = list(self._conns)
+        started = asyncio.get_running_loop().time()
+        for i, conn in enumerate(conns):
+            due = started + window_s * i / max(1, len(conns))
+            await asyncio.sleep(max(0.0, due - asyncio.get_running_loop().time()))
+            conn.sink.close(CLOSE_DRAIN, "gateway draining: reconnect elsewhere")
+        deadline = asyncio.get_running_loop().time() + DRAIN_CLOSE_GRACE_S
+        # The connection map has no change event: poll, for a bounded grace.
+        while len(self._conns) and asyncio.get_running_loop().time() < deadline:  # noqa: ASYNC110
+            await asyncio.sleep(0.05)
+        for conn in list(self._conns):
+            conn.sink.abort()  # did not answer the close in time
+        self.drained.set()
+
+
+class Heartbeat:
+    """The two loops that keep this gateway chosen and its routes alive."""
+
+    def __init__(
+        self,
+        gateway_id: str,
+        heartbeat_s: float,
+        route_ttl_s: float,
+        conns: LocalConnections,
+        fleet: GatewayFleet,
+        registry: RouteRegistry,
+        drains: DrainRequests,
+        info: Callable[[], GatewayInfo],
+        drain: Drain,
+        start_drain: Callable[[], Coroutine[Any, Any, None]],
+    ) -> None:
+        """`start_drain` runs the gateway's drain when a drain request is found."""
+        self._gateway_id = gateway_id
+        self._interval = heartbeat_s
+        self._refresh_s = route_ttl_s / 3
+        self._conns = conns
+        self._fleet = fleet
+        self._registry = registry
+        self._drains = drains
+        self._info = info
+        self._drain = drain
+        self._start_drain = start_drain
+        self._tasks: list[asyncio.Task[None]] = []
+        self._drain_task: asyncio.Task[None] | None = None
+        self._reregister: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._tasks = [
+            asyncio.create_task(self._loop(self._interval, self.announce), name="fleet-heartbeat"),
+            asyncio.create_task(self._loop(self._refresh_s, self.refresh), name="route-refresh"),
+        ]
+
+    async def aclose(self) -> None:
+        """Cancel the loops and what they started (a re-register, a requested drain)."""
+        for task in (self._reregister, self._drain_task, *self._tasks):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+
+    async def _loop(self, interval: float, beat: Callable[[], Awaitable[None]]) -> None:
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                await beat()
+            except ImrouteError as exc:
+                log.warning("heartbeat failed, retrying in %.1fs: %s", interval, exc)
+            except Exception:
+                # A heartbeat loop that died would let every route of this gateway expire
+                # while its clients stay connected: log and keep beating.
+                log.exception("heartbeat failed unexpectedly, retrying in %.1fs", interval)
+
+    async def announce(self) -> None:
+        """One heartbeat: the fleet record, then a drain request, both within the beat."""
+        # A beat may take at most a heartbeat: with the fixed delay between beats, a slow
+        # Redis then leaves at most two intervals between records, and the record's TTL
+        # is three (a Redis command alone may take IMROUTE_REDIS_TIMEOUT_S, 5 s).
+        interval = self._interval
+        try:
+            async with asyncio.timeout(interval):
+                found = await self._fleet.announce(self._info())
+                drain = not self._drain.draining and await self._drains.requested(self._gateway_id)
+        except TimeoutError:
+            raise RegistryUnavailable(
+                f"announcing the fleet record took over a heartbeat ({interval}s)"
+            ) from None
+        if not found and (self._reregister is None or self._reregister.done()):
+            # Our record was gone: Redis lost its data (a restart, a failover) or was
+            # out of reach for a whole TTL. The routes are likely gone too: write every
+            # local connection's now, not at the next route refresh. In a task of its
+            # own, so that the next beats are not held up by it.
+            log.warning("fleet record was missing: re-registering %d connections", len(self._conns))
+            self._reregister = asyncio.create_task(self._refresh_logged(), name="re-register")
+        if drain:  # POST /v1/gateways/{id}/drain
+            self._drain_task = asyncio.create_task(self._start_drain(), name="drain")
+
+    async def _refresh_logged(self) -> None:
+        try:
+            await self.refresh()
+        except ImrouteError as exc:
+            log.warning("re-registering connections failed (the route refresh retries): %s", exc)
+
+    async def refresh(self) -> None:
+        """Push every local route's deadline forward."""
+        snapshot = self._conns.registrations()
+        await self._registry.refresh(snapshot)
+        # A client that left while the refresh was in flight must not stay routed.
+        gone = [r for r in snapshot if not self._conns.holds_registration(r)]
+        if gone:
+            await self._registry.unregister_many(gone)

@@ -1,0 +1,186 @@
+"""One client connection's state, its Sink side, and the frame phase after the 101.
+
+`FrameConn` is the base layer of the connection object (`conn.WsConn`): it holds every
+slot, writes pre-built push frames straight to the transport, feeds received bytes to
+the sans-I/O `websockets` ServerProtocol, acts on the frames it yields, runs the closing
+handshake, and arms the opening/closing deadlines.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING, cast
+
+from websockets.frames import Frame, Opcode
+from websockets.protocol import OPEN
+from websockets.server import ServerProtocol
+
+from shared.wire import PONG_FRAME
+from socket_gateway.connections import ClientConn
+from socket_gateway.ws.protocol import CLOSE_UNSUPPORTED, client_text
+
+if TYPE_CHECKING:
+    from socket_gateway.ws.endpoint import WsEndpoint
+
+__all__ = ["FrameConn"]
+
+_TEXT = Opcode.TEXT
+_BINARY = Opcode.BINARY
+_CONT = Opcode.CONT
+
+
+class FrameConn(asyncio.Protocol):
+    """One client connection: its state, its Sink, its frames and its closing."""
+
+    # Every slot of the connection object lives here; the layers above add none.
+    __slots__ = (
+        "_alive",
+        "_conn",
+        "_ep",
+        "_frag",
+        "_head",
+        "_lost",
+        "_open",
+        "_registering",
+        "_timer",
+        "_transport",
+        "_ws",
+    )
+
+    def __init__(self, ep: WsEndpoint) -> None:
+        self._ep = ep
+        self._transport: asyncio.Transport | None = None
+        # The handshake bytes received so far; None once the handshake is over.
+        self._head: bytes | None = b""
+        # The frame-phase protocol, from the 101 on.
+        self._ws: ServerProtocol | None = None
+        # OPEN and not being closed by us: pushes and pongs may be written.
+        self._open = False
+        # Received something since the last keepalive ping.
+        self._alive = True
+        self._conn: ClientConn | None = None
+        self._registering = False
+        self._lost = False
+        self._timer: asyncio.TimerHandle | None = None
+        # A fragmented text message being reassembled (bounded by MAX_CLIENT_FRAME).
+        self._frag: bytearray | None = None
+
+    # ------------------------------------------------------------------ Sink
+
+    def is_open(self) -> bool:
+        return self._open
+
+    def buffered(self) -> int:
+        t = self._transport
+        return t.get_write_buffer_size() if t is not None else 0
+
+    def write(self, data: bytes) -> None:
+        t = self._transport
+        if t is not None:
+            t.write(data)
+
+    def abort(self) -> None:
+        self._open = False
+        t = self._transport
+        if t is not None:
+            t.abort()
+
+    # ------------------------------------------------------------------ frames
+
+    def _receive(self, ws: ServerProtocol, data: bytes) -> None:
+        ws.receive_data(data)
+        # In the frame phase the library only produces frames.
+        events = cast("list[Frame]", ws.events_received())
+        self._alive = True
+        # Pongs to pings, close echoes, 1009 on oversized messages: the library's own.
+        self._flush(ws)
+        for frame in events:
+            if not self._open:
+                break  # closing: the rest is moot
+            self._on_frame(frame)
+        t = self._transport
+        if t is not None and t.get_write_buffer_size() > self._ep._conns.max_buffer:
+            # A client that sends but does not read: same rule as for slow push consumers.
+            self.abort()
+
+    def _on_frame(self, frame: Frame) -> None:
+        op = frame.opcode
+        if op is _TEXT:
+            if frame.fin:
+                self._on_text(frame.data)
+            else:
+                self._frag = bytearray(frame.data)
+        elif op is _CONT:
+            frag = self._frag
+            if frag is not None:
+                frag += frame.data
+                if frame.fin:
+                    self._frag = None
+                    self._on_text(frag)
+        elif op is _BINARY:
+            self.close(CLOSE_UNSUPPORTED, "binary frames are not supported")
+        # PING, PONG and CLOSE were handled by the library.
+
+    def _on_text(self, data: bytes | bytearray | memoryview) -> None:
+        refused = client_text(data)
+        if refused is not None:
+            self.close(*refused)
+            return
+        t = self._transport
+        if t is not None:
+            t.write(PONG_FRAME)
+
+    # ------------------------------------------------------------------ closing
+
+    def close(self, code: int, reason: str = "") -> None:
+        """Start the closing handshake (no-op unless OPEN)."""
+        ws = self._ws
+        if ws is None or ws.state is not OPEN or self._lost:
+            return
+        ws.send_close(code, reason)
+        self._flush(ws)
+
+    def _flush(self, ws: ServerProtocol) -> None:
+        writes = ws.data_to_send()
+        if writes:
+            self._write_out(writes)
+        if self._open and ws.state is not OPEN:
+            self._open = False
+            self._arm(self._ep.timers.close_s)
+
+    def _write_out(self, writes: list[bytes]) -> None:
+        t = self._transport
+        if t is None or t.is_closing():
+            return
+        for data in writes:
+            if data:
+                t.write(data)
+            elif t.can_write_eof():
+                # Half-close; the client closes its side once it has read everything.
+                try:
+                    t.write_eof()
+                except (OSError, RuntimeError):
+                    t.close()
+                return
+            else:
+                t.close()
+                return
+
+    # ------------------------------------------------------------------ deadlines
+
+    def _arm(self, delay: float) -> None:
+        timer = self._timer
+        if timer is not None:
+            timer.cancel()
+        self._timer = asyncio.get_running_loop().call_later(delay, self._expire)
+
+    def _disarm(self) -> None:
+        timer = self._timer
+        if timer is not None:
+            timer.cancel()
+            self._timer = None
+
+    def _expire(self) -> None:
+        """The handshake or the closing handshake took too long."""
+        self._timer = None
+        self.abort()

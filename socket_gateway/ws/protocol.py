@@ -1,0 +1,75 @@
+"""The WebSocket protocol as the gateway speaks it, sans I/O: close codes, limits, wire
+bytes, deadlines, and what a client's text message calls for.
+
+Nothing here touches a transport, a socket or the event loop: these are decisions on
+bytes, used by the connection layers (`framing`, `handshake`, `keepalive`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from shared.errors import InvalidInput
+from shared.wire import parse_client_frame
+
+__all__ = [
+    "CLOSE_FULL",
+    "CLOSE_GOING_AWAY",
+    "CLOSE_INTERNAL",
+    "CLOSE_INVALID_DATA",
+    "CLOSE_POLICY",
+    "CLOSE_TRY_AGAIN",
+    "CLOSE_UNAUTHORIZED",
+    "CLOSE_UNSUPPORTED",
+    "MAX_CLIENT_FRAME",
+    "MAX_HANDSHAKE_BYTES",
+    "PING_FRAME",
+    "WsTimers",
+    "client_text",
+    "close_reason",
+]
+
+CLOSE_GOING_AWAY = 1001
+CLOSE_UNSUPPORTED = 1003
+CLOSE_INVALID_DATA = 1007
+CLOSE_POLICY = 1008
+CLOSE_INTERNAL = 1011
+CLOSE_TRY_AGAIN = 1013
+CLOSE_UNAUTHORIZED = 4401
+CLOSE_FULL = 4429
+# Clients only send pings; anything bigger is junk and gets 1009 from the library.
+MAX_CLIENT_FRAME = 4096
+# The request line and headers of the opening handshake, at most.
+MAX_HANDSHAKE_BYTES = 16 * 1024
+
+# An unmasked ping with an empty payload, as ServerProtocol.send_ping(b"") would write it
+# (no extensions are ever negotiated, so the bytes are always these).
+PING_FRAME = b"\x89\x00"
+
+
+@dataclass(frozen=True, slots=True)
+class WsTimers:
+    """The endpoint's deadlines, injected so tests (and operators) can shorten them."""
+
+    handshake_s: float = 10.0  # TCP accept -> 101 sent
+    close_s: float = 10.0  # close frame sent -> TCP closed by the client
+    ping_interval_s: float = 30.0  # gateway-wide keepalive round; silent a whole round -> 1011
+    shutdown_s: float = 5.0  # close(close_connections=True) -> remaining ones are aborted
+
+
+def client_text(data: bytes | bytearray | memoryview) -> tuple[int, str] | None:
+    """A client's whole text message: None if it is a ping (answer pong), else the close."""
+    try:
+        text = bytes(data).decode()
+    except UnicodeDecodeError:
+        return CLOSE_INVALID_DATA, "text frames must be UTF-8"
+    try:
+        parse_client_frame(text)
+    except InvalidInput as exc:
+        return CLOSE_POLICY, close_reason(exc.message)
+    return None
+
+
+def close_reason(text: str) -> str:
+    """Close reasons are limited to 123 bytes."""
+    return text.encode()[:120].decode(errors="ignore")

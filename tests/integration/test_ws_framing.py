@@ -1,0 +1,163 @@
+"""The frame phase of a connection (socket_gateway/ws/framing.py): client frames, pushes
+written as pre-built frames, and write-side limits."""
+
+from __future__ import annotations
+
+import asyncio
+import struct
+from typing import Any
+
+import pytest
+
+from shared.wire import ws_text_frame
+from tests.integration.ws_helpers import (
+    RawClient,
+    client,
+    closed_with,
+    gateway,
+    nothing_more,
+    push_frame,
+    recv_json,
+    routes,
+    wait_for,
+)
+
+pytestmark = pytest.mark.integration
+
+
+# --------------------------------------------------------------------------- frames
+
+
+async def test_ping_pong_and_junk_frames_spare_the_bystander(
+    redis_url: str,
+    prefix: str,
+    redis: Any,
+) -> None:
+    async with gateway(redis_url, prefix) as gw:
+        async with client(gw, "bystander") as bystander:
+            cases: list[tuple[str | bytes, int]] = [
+                ("not json", 1008),
+                ('{"type":"push"}', 1008),
+                ("[1,2]", 1008),
+                (b"\x00\x01", 1003),
+                ("x" * 10_000, 1009),  # over the 4096-byte client frame limit
+            ]
+            for junk, code in cases:
+                async with client(gw, "junky") as ws:
+                    await ws.send('{"type":"ping"}')
+                    assert await recv_json(ws) == {"type": "pong"}
+                    await ws.send(junk)
+                    got, reason = await closed_with(ws)
+                    assert got == code, (junk[:20], got, reason)
+                    if code == 1008:
+                        assert "ping" in reason or "JSON" in reason
+                await wait_for(lambda: not any(c.uid == "junky" for c in gw.conns), "junky gone")
+            await bystander.send('{"type":"ping"}')
+            assert await recv_json(bystander) == {"type": "pong"}
+            frame, expected = push_frame("still here")
+            assert gw.conns.deliver(["bystander"], frame) == (["bystander"], [])
+            assert await recv_json(bystander) == expected
+            assert await nothing_more(bystander)
+
+
+async def test_fragmented_ping_is_reassembled(
+    redis_url: str,
+    prefix: str,
+    redis: Any,
+) -> None:
+    async with gateway(redis_url, prefix) as gw, client(gw, "alice") as ws:
+        await ws.send(['{"type"', ':"ping"', "}"])
+        assert await recv_json(ws) == {"type": "pong"}
+
+
+async def test_invalid_utf8_text_is_1007(
+    redis_url: str,
+    prefix: str,
+    redis: Any,
+) -> None:
+    async with gateway(redis_url, prefix) as gw, client(gw, "alice"):
+        raw = await RawClient.open(gw)
+        raw.writer.write(RawClient.request("bob"))
+        assert b" 101 " in await raw.response_head()
+        await wait_for(lambda: any(c.uid == "bob" for c in gw.conns), "bob in the map")
+        raw.writer.write(RawClient.frame(0x1, b'{"type":"\xff"}'))
+        opcode, payload = await raw.read_frame()
+        assert opcode == 0x8 and struct.unpack("!H", payload[:2])[0] == 1007
+        raw.close()
+        await wait_for(lambda: not any(c.uid == "bob" for c in gw.conns), "bob gone")
+
+
+async def test_websocket_pings_are_answered(
+    redis_url: str,
+    prefix: str,
+    redis: Any,
+) -> None:
+    async with gateway(redis_url, prefix) as gw, client(gw, "alice") as ws:
+        pong = await ws.ping(b"hello")
+        assert await asyncio.wait_for(pong, 3) >= 0
+
+
+# --------------------------------------------------------------------------- pushes
+
+
+async def test_multi_device_each_connection_has_its_route_and_gets_the_push(
+    redis_url: str,
+    prefix: str,
+    redis: Any,
+) -> None:
+    async with gateway(redis_url, prefix) as gw:
+        async with client(gw, "alice") as phone, client(gw, "alice") as tablet:
+            async with client(gw, "bob") as other:
+                ids = sorted(c.conn_id for c in gw.conns if c.uid == "alice")
+                assert len(ids) == 2 and len(gw.conns) == 3
+                assert sorted(await routes(redis, gw, "alice")) == ids
+                frame, expected = push_frame("hi both")
+                delivered, missing = gw.conns.deliver(["alice", "nobody"], frame)
+                assert (delivered, missing) == (["alice"], ["nobody"])
+                assert await recv_json(phone) == expected
+                assert await recv_json(tablet) == expected
+                assert await nothing_more(other, 0.2)
+            # One device leaves: only its route goes.
+            await tablet.close()
+            await wait_for(lambda: len(gw.conns) == 1, "tablet removed")
+            await wait_for(lambda: sum(c[0] == "unregister" for c in gw.calls) == 2, "unreg")
+            left = await routes(redis, gw, "alice")
+            assert len(left) == 1 and next(iter(left)) in ids
+            assert gw.conns.deliver(["alice"], frame)[0] == ["alice"]
+            assert await recv_json(phone) == expected
+
+
+async def test_prebuilt_frame_reaches_the_client_exactly_once(
+    redis_url: str,
+    prefix: str,
+    redis: Any,
+) -> None:
+    async with gateway(redis_url, prefix) as gw, client(gw, "ünï") as ws:
+        frame, expected = push_frame("héllo 👋")
+        assert gw.conns.deliver(["ünï"], frame) == (["ünï"], [])
+        assert await recv_json(ws) == expected
+        assert await nothing_more(ws)
+        # And many frames keep their order.
+        for i in range(200):
+            gw.conns.deliver(["ünï"], ws_text_frame(b'{"n":%d}' % i))
+        assert [(await recv_json(ws))["n"] for _ in range(200)] == list(range(200))
+
+
+async def test_client_that_stops_reading_is_aborted_not_buffered(
+    redis_url: str, prefix: str, redis: Any
+) -> None:
+    async with gateway(redis_url, prefix) as gw:
+        gw.conns.max_buffer = 64 * 1024
+        raw = await RawClient.open(gw)
+        raw.writer.transport.pause_reading()  # type: ignore[attr-defined]
+        raw.writer.write(RawClient.request("hog"))
+        await wait_for(lambda: len(gw.conns) == 1, "in the map")
+        big = ws_text_frame(b"x" * 60_000)
+        for _ in range(400):  # ~24 MB: far past any socket buffer
+            gw.conns.deliver(["hog"], big)
+            if len(gw.conns) == 0 or gw.conns.slow_aborted:
+                break
+            await asyncio.sleep(0)
+        await wait_for(lambda: len(gw.conns) == 0, "slow consumer aborted")
+        assert gw.conns.slow_aborted >= 1
+        raw.close()
