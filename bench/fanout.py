@@ -3,7 +3,7 @@
 Starts ONE gateway as a child process (free loopback ports, a unique Redis key prefix),
 measures its idle RSS, connects N clients from a few client processes, measures the RSS
 again (idle memory per connection), then runs broadcast rounds: the gRPC Deliver call is
-made directly (router.gateway_rpc.grpc_client.GrpcGatewayClients + shared.wire.to_batch) with
+made directly (router.gateway_rpc.grpc_client.GrpcGatewayClients + shared.batches.to_batch) with
 batches of 1000 uids that together cover all N clients. Per round it measures
 
 - broadcast latency: first Deliver call -> the last client has the frame;
@@ -60,10 +60,11 @@ from p2p import (
 
 from router.fleet.codec import decode_gateway
 from router.gateway_rpc.grpc_client import GrpcGatewayClients
+from shared.batches import to_batch
 from shared.ids import new_id
 from shared.keys import KeySchema
 from shared.models import Message
-from shared.wire import encode_push_json, to_batch, ws_text_frame
+from shared.wire import encode_push_json, ws_text_frame
 
 GATEWAY_ID = "gw1"
 READY_TIMEOUT_S = 30.0

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["GatewayInfo", "Message", "Route"]
+__all__ = ["GatewayInfo", "Message", "Registration", "Route"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,3 +51,11 @@ class Message:
     sender: str
     content_json: bytes
     ts_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class Registration:
+    """One local connection as the gateway registers it."""
+
+    uid: str
+    conn_id: str

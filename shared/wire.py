@@ -1,5 +1,4 @@
-"""Wire formats: the Batch the router sends a gateway, and on the client WebSocket the
-push frame and the client's control frames.
+"""Wire formats on the client WebSocket: the push frame and the client's control frames.
 
 The push frame's JSON is built once per message and wrapped in a WebSocket frame
 once; the gateway then writes the same bytes to every recipient's transport.
@@ -9,44 +8,17 @@ from __future__ import annotations
 
 import json
 import struct
-from collections.abc import Sequence
 from typing import Any
 
 from shared.errors import InvalidInput
 from shared.models import Message
-from shared.proto import gateway_pb2
 
 __all__ = [
     "PONG_FRAME",
     "encode_push_json",
-    "message_of",
     "parse_client_frame",
-    "to_batch",
     "ws_text_frame",
 ]
-
-
-def to_batch(message: Message, uids: Sequence[str], batch_id: str) -> gateway_pb2.Batch:
-    """A P2P Batch of `message` for `uids`; callers set the mode and the rest."""
-    return gateway_pb2.Batch(
-        batch_id=batch_id,
-        message=gateway_pb2.Message(
-            msg_id=message.msg_id,
-            push_id=message.push_id,
-            msg_type=message.msg_type,
-            content_json=message.content_json,
-            ts_ms=message.ts_ms,
-            **{"from": message.sender},
-        ),
-        uids=uids,
-        mode=gateway_pb2.MODE_P2P,
-    )
-
-
-def message_of(batch: gateway_pb2.Batch) -> Message:
-    """The message a Batch carries, as the gateway builds its frame from it."""
-    m = batch.message
-    return Message(m.msg_id, m.push_id, m.msg_type, getattr(m, "from"), m.content_json, m.ts_ms)
 
 
 def encode_push_json(message: Message) -> bytes:

@@ -6,7 +6,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from router.routes.registry import Registration
+from shared.models import Registration
 
 __all__ = ["ClientConn", "LocalConnections", "Sink"]
 

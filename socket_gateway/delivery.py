@@ -6,9 +6,10 @@ Both ways in call it: the gRPC servicer (P2P, `grpc_server`) and the bus consume
 
 from __future__ import annotations
 
+from shared.batches import message_of
 from shared.clock import Clock
 from shared.proto import gateway_pb2
-from shared.wire import encode_push_json, message_of, ws_text_frame
+from shared.wire import encode_push_json, ws_text_frame
 from socket_gateway.connections import LocalConnections
 from socket_gateway.dedup import RecentIds, RecentReplies
 

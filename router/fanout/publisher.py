@@ -11,10 +11,10 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from router.bus.base import BROADCAST, group_topic
+from shared.batches import to_batch
 from shared.ids import new_id
 from shared.models import Message
 from shared.proto import gateway_pb2
-from shared.wire import to_batch
 
 __all__ = ["BROADCAST_TOPIC", "BatchPublisher", "Publisher", "PushCounters", "group_topic"]
 

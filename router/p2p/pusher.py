@@ -10,10 +10,10 @@ from router.fleet.cache import CachedFleet
 from router.gateway_rpc.grpc_client import GatewayClient
 from router.p2p.plan import GatewayOutcome, PushOutcome, Target, merge, plan_p2p
 from router.routes.registry import RouteRegistry
+from shared.batches import to_batch
 from shared.errors import GatewayUnavailable, RegistryUnavailable
 from shared.ids import new_id
 from shared.models import Message, Route
-from shared.wire import to_batch
 
 __all__ = ["P2PPusher"]
 

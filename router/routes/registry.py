@@ -21,7 +21,7 @@ from router.routes.codec import decode_route, encode_route, group_live_routes
 from router.routes.reads import HashReads, hash_reads_for
 from shared.clock import Clock
 from shared.keys import KeySchema
-from shared.models import Route
+from shared.models import Registration, Route
 
 __all__ = [
     "LOOKUP_CHUNK",
@@ -51,14 +51,6 @@ end
 if redis.call('PTTL', key) < ttl then redis.call('PEXPIRE', key, ttl) end
 return 1
 """
-
-
-@dataclass(frozen=True, slots=True)
-class Registration:
-    """One local connection as the gateway registers it."""
-
-    uid: str
-    conn_id: str
 
 
 @dataclass(frozen=True, slots=True)

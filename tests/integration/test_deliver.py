@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 
 from router.gateway_rpc.grpc_client import GrpcGatewayClients
+from shared.batches import to_batch
 from shared.clock import SystemClock
 from shared.models import Message
 from shared.proto import gateway_pb2
-from shared.wire import to_batch
 from tests.integration.stack import client, gateway, nothing_more, recv_json
 
 pytestmark = pytest.mark.integration

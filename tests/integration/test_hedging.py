@@ -238,9 +238,9 @@ async def test_a_hedged_duplicate_reaches_a_client_once(
     from contextlib import AsyncExitStack
 
     from router.bus.redis_streams import stream_key
+    from shared.batches import to_batch
     from shared.models import Message
     from shared.proto import gateway_pb2
-    from shared.wire import to_batch
 
     def batch(n: int, uids: list[str]) -> bytes:
         message = Message(f"m{n}", f"p{n}", 0, "admin", b'"hedged"', SystemClock().now_ms())

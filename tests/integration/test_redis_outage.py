@@ -23,10 +23,10 @@ import redis.asyncio as aioredis
 from router.devtools.embedded_redis import find_redis_server, redis_answers
 from router.devtools.procs import die_with_parent
 from router.gateway_rpc.grpc_client import GrpcGatewayClients
+from shared.batches import to_batch
 from shared.clock import SystemClock
 from shared.keys import KeySchema
 from shared.models import Message
-from shared.wire import to_batch
 from tests.integration.procs import free_port_block
 from tests.integration.stack import AUTH, api, client, gateway, recv_json, token
 
