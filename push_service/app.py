@@ -35,6 +35,7 @@ def create_app(settings: Settings, clock: Clock | None = None) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         async with wiring.open() as services:
             app.state.services = services
+            app.state.parts = wiring.parts
             yield
 
     app = FastAPI(

@@ -12,6 +12,7 @@ import contextlib
 import functools
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import AsyncExitStack, asynccontextmanager
+from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry
 
@@ -24,6 +25,7 @@ from router.balancing import (
     StatsSettings,
     rule_for,
 )
+from router.bus.base import Bus
 from router.bus.factory import bus_from_settings, hedging_from_settings
 from router.directory.sql import SqlUserDirectory
 from router.fanout.runner import JobRunner
@@ -45,9 +47,21 @@ from shared.clock import Clock
 from shared.keys import KeySchema
 from shared.settings import Settings
 
-__all__ = ["JOB_LEASE_S", "Wiring"]
+__all__ = ["JOB_LEASE_S", "Parts", "Wiring"]
 
 JOB_LEASE_S = 10.0
+
+
+@dataclass(frozen=True, slots=True)
+class Parts:
+    """The router objects behind the services, for tests and operators to inspect
+    (`app.state.parts`); handlers never use them."""
+
+    bus: Bus
+    fleet: CachedFleet
+    call_stats: StatsRegistry  # per-gateway stats and circuits, shared by P2P and dispatch
+    gateway_clients: CoalescingGatewayClient  # the top of the gRPC client stack
+    grpc_clients: GrpcGatewayClients  # its bottom: one channel per gateway
 
 
 class Wiring:
@@ -66,6 +80,7 @@ class Wiring:
         self._metrics = CollectorRegistry(auto_describe=True)
         self._publish_metrics = PublishMetrics(self._metrics)
         self._call_metrics = CallMetrics(self._metrics)
+        self.parts: Parts | None = None  # set while open
 
     @asynccontextmanager
     async def open(self) -> AsyncIterator[Services]:
@@ -73,7 +88,12 @@ class Wiring:
         settings, clock, keys = self._settings, self._clock, self._keys
         async with AsyncExitStack() as stack:
             redis = await stack.enter_async_context(contextlib.aclosing(self._redis))
-            clients, call_stats = _gateway_clients(settings, clock, self._call_metrics)
+            grpc_clients = GrpcGatewayClients(
+                close_grace_s=max(CLOSE_GRACE_S, settings.deliver_timeout_s)
+            )
+            clients, call_stats = _gateway_clients(
+                grpc_clients, settings, clock, self._call_metrics
+            )
             stack.push_async_callback(clients.close)
             registry = RedisRouteRegistry(redis, keys, clock)
             # The fleet's TTL is the gateways' to set; readers only read.
@@ -96,6 +116,8 @@ class Wiring:
             # At start and every half lease: jobs orphaned by a dead push service fail.
             await stack.enter_async_context(reaping(jobs, every_s=JOB_LEASE_S / 2))
             secret = settings.secret.get_secret_value() if settings.secret else None
+            self.parts = Parts(bus, fleet, call_stats, clients, grpc_clients)
+            stack.callback(setattr, self, "parts", None)
             yield Services(
                 pushes=Pushes(
                     P2PPusher(registry, fleet, clients, settings.deliver_timeout_s), clock
@@ -136,7 +158,7 @@ def _retain_all(
 
 
 def _gateway_clients(
-    settings: Settings, clock: Clock, call_metrics: CallMetrics
+    grpc_clients: GrpcGatewayClients, settings: Settings, clock: Clock, call_metrics: CallMetrics
 ) -> tuple[CoalescingGatewayClient, StatsRegistry]:
     """gRPC to the gateways: coalesced, with stats, circuit breakers and retries."""
     stats = StatsRegistry(
@@ -148,7 +170,7 @@ def _gateway_clients(
     # Retries and the circuit count RPCs, below the coalescer: one failed DeliverMany is
     # one failure (and one retry of the whole call), however many pushes it carried.
     resilient = ResilientGatewayClient(
-        GrpcGatewayClients(close_grace_s=max(CLOSE_GRACE_S, settings.deliver_timeout_s)),
+        grpc_clients,
         stats,
         RetryPolicy(max_retries_same=settings.deliver_retries),
         listeners=Listeners([call_metrics, CallLog()]),

@@ -50,8 +50,8 @@ async def test_a_dead_gateway_trips_its_circuit_and_a_probe_closes_it(
         return resp.json(), time.monotonic() - started
 
     async with api(redis_url, prefix, **settings) as http:
-        services = http._transport.app.state.services  # type: ignore[attr-defined]
-        stats = services.pushes._pusher._clients._inner.stats  # shared with dispatch
+        parts = http._transport.app.state.parts  # type: ignore[attr-defined]
+        stats = parts.call_stats  # shared with dispatch
         first, _ = await push(http)
         assert first["failed"] == ["zed"]
         assert first["errors"][0]["error"].startswith("UNAVAILABLE")
@@ -129,8 +129,8 @@ async def test_a_sigkilled_gateway_process_fails_fast_and_closes_its_circuit_whe
         api(redis_url, prefix, **settings) as http,
         gateway(redis_url, prefix, "gw2", "g1", heartbeat_s=0.5),
     ):
-        services = http._transport.app.state.services  # type: ignore[attr-defined]
-        stats = services.pushes._pusher._clients._inner.stats  # shared with dispatch
+        parts = http._transport.app.state.parts  # type: ignore[attr-defined]
+        stats = parts.call_stats  # shared with dispatch
         with running(argv, env) as proc:
             ws = await connect_kim(proc)
             assert await dispatched(http, 4) == {"gwk", "gw2"}
@@ -154,7 +154,7 @@ async def test_a_sigkilled_gateway_process_fails_fast_and_closes_its_circuit_whe
         assert await redis.exists(keys.gateway("gwk")) == 1
         assert await dispatched(http, 6) == {"gw2"}
         failures = stats.stats("gwk").failures
-        fleet = http._transport.app.state.services.fleet._fleet  # type: ignore[attr-defined]
+        fleet = http._transport.app.state.parts.fleet  # type: ignore[attr-defined]
         reads = fleet.reads
         for n in range(4, 9):
             body, elapsed = await push(http, n)

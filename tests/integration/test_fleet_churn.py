@@ -25,10 +25,10 @@ async def test_a_departed_gateway_leaves_no_channel_lane_or_stats_behind(
         api(redis_url, prefix) as http,
         client(gw1, "ann") as ann,
     ):
-        services = http._transport.app.state.services  # type: ignore[attr-defined]
-        coalescing = services.pushes._pusher._clients
-        grpc_clients = coalescing._inner._inner
-        stats = coalescing._inner.stats  # the circuits P2P calls and dispatch share
+        parts = http._transport.app.state.parts  # type: ignore[attr-defined]
+        coalescing = parts.gateway_clients
+        grpc_clients = parts.grpc_clients
+        stats = parts.call_stats  # the circuits P2P calls and dispatch share
 
         async def push(to: list[str], content: object) -> dict[str, object]:
             resp = await http.post("/v1/push", json={"to": to, "content": content}, headers=AUTH)

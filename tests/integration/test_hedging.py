@@ -254,7 +254,7 @@ async def test_a_hedged_duplicate_reaches_a_client_once(
         AsyncExitStack() as stack,
     ):
         sockets = await connect_all(stack, [gw], ["alice"])
-        bus = http._transport.app.state.services.fanout._bus  # type: ignore[attr-defined]
+        bus = http._transport.app.state.parts.bus  # type: ignore[attr-defined]
         for n in range(5):  # five successes: one token
             await bus.publish(BROADCAST, batch(n, ["nobody"]))
         await redis.execute_command("CLIENT", "PAUSE", "400", "WRITE")

@@ -193,7 +193,7 @@ async def test_a_batch_the_bus_refused_counts_as_failed_in_the_job_record(
 
 async def test_the_api_reports_the_failed_batches_of_a_job(redis_url: str, prefix: str) -> None:
     async with api(redis_url, prefix) as http:
-        bus = http._transport.app.state.services.fanout._bus  # type: ignore[attr-defined]
+        bus = http._transport.app.state.parts.bus  # type: ignore[attr-defined]
         await bus.close()  # every publish now raises BusUnavailable
         resp = await http.post(
             "/v1/broadcast", json={"content": 1, "audience": {"online": True}}, headers=AUTH
