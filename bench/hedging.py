@@ -48,10 +48,10 @@ sys.path.insert(0, str(ROOT))
 
 from router.bus import BROADCAST, group_topic  # noqa: E402
 from router.bus.pubsub import PubSubBus  # noqa: E402
+from router.devtools.latency_publisher import Behaviour, Call, LatencyPublisher  # noqa: E402
 from router.devtools.procs import die_with_parent  # noqa: E402
 from router.hedging import AUTO, HedgingSettings, RetrySettings  # noqa: E402
 from shared.errors import BusUnavailable  # noqa: E402
-from tests.latency_publisher import Behaviour, Call, LatencyPublisher  # noqa: E402
 
 T = TypeVar("T")
 
