@@ -3,15 +3,21 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from types import TracebackType
-from typing import Any
+from typing import Any, cast
 
+import redis.asyncio as aioredis
 import redis.asyncio.connection as aioredis_connection
 
 from router.bus.redis_streams import RedisStreamsBus
 
-__all__ = ["CountingPublisher", "WireWrites"]
+__all__ = ["CountingPublisher", "WireWrites", "directory_uid", "stream_entries"]
+
+
+def directory_uid(i: int) -> str:
+    """The fan-out benches' recipients: u0000000, u0000001, ..."""
+    return f"u{i:07d}"
 
 
 class CountingPublisher:
@@ -64,3 +70,16 @@ class WireWrites:
         tb: TracebackType | None,
     ) -> None:
         self._cls.send_packed_command = self._original  # type: ignore[method-assign]
+
+
+async def stream_entries(url: str, stream: str) -> AsyncIterator[dict[bytes, bytes]]:
+    """The fields of every entry of a bus stream, oldest first, read 200 at a time."""
+    client = aioredis.Redis.from_url(url, decode_responses=False)
+    try:
+        start = "-"
+        while entries := await client.xrange(stream, min=start, count=200):
+            for _entry_id, fields in entries:
+                yield cast(dict[bytes, bytes], fields)
+            start = "(" + cast(bytes, entries[-1][0]).decode()  # exclusive: after the last one
+    finally:
+        await client.aclose()
