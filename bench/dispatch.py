@@ -8,8 +8,8 @@ of 1000, on the real clock, one thread); the figure is choices per second, best 
 `--repeats`. The last line runs `execute` (consistent_hash, stats, a listener, an
 instant async call) to show what a whole balanced call costs around the decision.
 
-    .venv/bin/python bench/dispatch.py --quick
-    .venv/bin/python bench/dispatch.py --gateways 100 --seconds 0.5 --repeats 3
+    .venv/bin/python -m bench.dispatch --quick
+    .venv/bin/python -m bench.dispatch --gateways 100 --seconds 0.5 --repeats 3
 """
 
 from __future__ import annotations
@@ -21,13 +21,9 @@ import platform
 import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
 
-# Run as `bench/dispatch.py` from the repository root: the packages resolve.
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from router.balancing import (  # noqa: E402
+from bench.harness.stats import machine_info
+from router.balancing import (
     RULE_NAMES,
     AttemptInfo,
     Availability,
@@ -39,7 +35,7 @@ from router.balancing import (  # noqa: E402
     execute,
     rule_for,
 )
-from shared.clock import SystemClock  # noqa: E402
+from shared.clock import SystemClock
 
 BATCH = 1000
 
@@ -152,14 +148,7 @@ async def measure_execute(
 
 
 def conditions(args: argparse.Namespace) -> list[str]:
-    cpu = "unknown"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
+    cpu = machine_info()["cpu"]
     groups = -(-args.gateways // args.per_group)
     return [
         f"python {platform.python_version()} ({platform.python_implementation()}), "

@@ -197,8 +197,11 @@ def _set_signals(handler: Callable[[int, FrameType | None], Any] | int) -> None:
         signal.signal(sig, handler)
 
 
-def run_async(make: Callable[[], Coroutine[Any, Any, T]], timeout_s: float) -> T:
-    """Run the async part; SIGINT/SIGTERM cancel it (-> Interrupted), and so does a timeout."""
+def run_async(
+    make: Callable[[], Coroutine[Any, Any, T]], timeout_s: float, loop: str | None = None
+) -> T:
+    """Run the async part (on `loop`, see run_loop); SIGINT/SIGTERM cancel it (-> Interrupted),
+    and so does a timeout (-> BenchError)."""
 
     async def guarded() -> T:
         loop = asyncio.get_running_loop()
@@ -225,7 +228,7 @@ def run_async(make: Callable[[], Coroutine[Any, Any, T]], timeout_s: float) -> T
                 loop.remove_signal_handler(sig)
 
     try:
-        return run_loop(guarded())
+        return run_loop(guarded(), loop)
     finally:
         _set_signals(_interrupt)
 
