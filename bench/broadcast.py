@@ -29,7 +29,6 @@ import cProfile
 import gc
 import json
 import math
-import os
 import shutil
 import sqlite3
 import sys
@@ -42,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.harness import stats
+from bench.harness.cli import add_run_flags
 from bench.harness.counting import CountingPublisher, WireWrites, stream_entries
 from bench.harness.counting import directory_uid as uid_of
 from bench.harness.report import (
@@ -53,7 +53,7 @@ from bench.harness.report import (
     redis_facts,
     versions,
 )
-from bench.harness.stack import BenchError, Harness, drop_prefix, run_async, run_main
+from bench.harness.stack import BenchError, Harness, clean_up, run_async, run_main
 from router.bus.redis_streams import DEFAULT_MAXLEN, RedisStreamsBus
 from router.directory.migrate import upgrade
 from router.directory.sql import MAX_UPSERT, SqlUserDirectory, UserRecord
@@ -192,8 +192,7 @@ async def _one(
     gc.collect()
     stats.reset_peak_rss()
     run.rss_before_kib = stats.vm_kib()["VmRSS"]
-    cpu_before, everyone_before = stats.process_cpu_s(), stats.all_cpu()
-    redis_before = stats.cpu_seconds(redis_pid) if redis_pid else None
+    cpu = stats.CpuMeter(redis_pid).start()
     profiler = cProfile.Profile() if profile else None
     with WireWrites() as wire:
         if profiler is not None:
@@ -204,12 +203,8 @@ async def _one(
         run.seconds = time.perf_counter() - started
         if profiler is not None:
             profiler.disable()
-    run.cpu_self_s = stats.process_cpu_s() - cpu_before
-    redis_after = stats.cpu_seconds(redis_pid) if redis_pid else None
-    if redis_before is not None and redis_after is not None:
-        run.cpu_redis_s = redis_after - redis_before
-    mine = {os.getpid()} | ({redis_pid} if redis_pid else set())
-    run.cpu_others_s = stats.others_cpu(everyone_before, stats.all_cpu(), mine)
+    cpu.stop()
+    run.cpu_self_s, run.cpu_redis_s, run.cpu_others_s = cpu.self_s, cpu.redis_s, cpu.others_s
     run.rss_peak_kib = stats.vm_kib()["VmHWM"]
     run.wire_writes = wire.count
     run.pages, run.users, run.page_s = pages.count, pages.users, pages.seconds
@@ -328,8 +323,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--maxlen", type=int, default=DEFAULT_MAXLEN, help=f"bus stream MAXLEN (~{DEFAULT_MAXLEN})"
     )
     p.add_argument("--profile", action="store_true", help="cProfile the measured runs")
-    p.add_argument("--quick", action="store_true", help="smoke run: 20,000 users")
-    p.add_argument("--json", action="store_true", help="also print the results as JSON")
+    add_run_flags(p, "20,000 users")
     args = p.parse_args(argv)
     if args.quick:
         args.users = 20_000
@@ -381,13 +375,7 @@ def _broadcast(h: Harness, args: argparse.Namespace) -> None:
             raise BenchError("a broadcast did not publish every user exactly once")
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-        started = time.perf_counter()
-        deleted = drop_prefix(h.redis_url, h.prefix)
-        print(
-            f"clean-up: deleted {deleted:,} keys under {h.prefix!r} and {tmp} in"
-            f" {time.perf_counter() - started:.1f}s",
-            file=sys.stderr,
-        )
+        clean_up(h, also=f" and {tmp}")
 
 
 if __name__ == "__main__":

@@ -31,6 +31,7 @@ from typing import Any
 
 import redis
 
+from bench.harness.cli import add_run_flags, in_range
 from bench.harness.clients import ClientPool, indices_of, token_url, uid_of
 from bench.harness.link import ChildLink, emit, stdin_commands
 from bench.harness.report import machine_lines, print_json
@@ -121,9 +122,6 @@ async def _worker(spec: dict[str, Any]) -> None:
                  **stats, **pool.stats)  # fmt: skip
     pool.stop()
     os._exit(0)  # no closing handshakes: the OS closes the sockets
-
-
-# --------------------------------------------------------------------------- measurement
 
 
 @dataclass
@@ -329,24 +327,26 @@ def report(r: dict[str, Any], cond: dict[str, str]) -> None:
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--clients", type=int, default=10000, help="connections (default 10000)")
-    p.add_argument("--client-procs", type=int, default=2, help="client processes (default 2)")
-    p.add_argument("--rounds", type=int, default=7, help="measured broadcasts (default 7)")
-    p.add_argument("--batch", type=int, default=1000, help="uids per Deliver call (1000)")
-    p.add_argument("--quick", action="store_true", help="smoke run: 1000 clients, 3 rounds")
-    p.add_argument("--json", action="store_true", help="also print the results as JSON")
+    p.add_argument(
+        "--clients", type=in_range(int, 1, 25000), default=10000, help="connections (default 10000)"
+    )
+    p.add_argument(
+        "--client-procs", type=in_range(int, 1, 8), default=2, help="client processes (default 2)"
+    )
+    p.add_argument(
+        "--rounds", type=in_range(int, 1, 50), default=7, help="measured broadcasts (default 7)"
+    )
+    p.add_argument(
+        "--batch",
+        type=in_range(int, 1, 1000, " (the push API's limit)"),
+        default=1000,
+        help="uids per Deliver call (1000)",
+    )
+    add_run_flags(p, "1000 clients, 3 rounds")
     p.add_argument("--worker", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.quick:
         args.clients, args.rounds = 1000, 3
-    if not 1 <= args.clients <= 25000:
-        p.error("--clients must be 1-25000")
-    if not 1 <= args.client_procs <= 8:
-        p.error("--client-procs must be 1-8")
-    if not 1 <= args.rounds <= 50:
-        p.error("--rounds must be 1-50")
-    if not 1 <= args.batch <= 1000:
-        p.error("--batch must be 1-1000 (the push API's limit)")
     return args
 
 

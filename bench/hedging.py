@@ -55,7 +55,7 @@ from bench.hedging_report import (
 from router.bus import BROADCAST, group_topic
 from router.bus.pubsub import PubSubBus
 from router.devtools.latency_publisher import Behaviour, Call, LatencyPublisher
-from router.devtools.supervisor import Child, Supervisor
+from router.devtools.supervisor import Supervisor
 from router.hedging import AUTO, HedgingSettings, RetrySettings
 from shared.errors import BusUnavailable
 
@@ -157,21 +157,18 @@ class ServerProcess:
         spec = {"fast_s": args.fast_s, "slow_s": args.slow_s, "slow_fraction": args.slow_fraction}
         self._argv = bench_argv("bench.hedging", "--serve", json.dumps(spec))
         self._children = Supervisor()
-        self._child: Child | None = None
         self._link: ChildLink | None = None
         self.address = ""
-
-    @property
-    def pid(self) -> int | None:
-        return self._child.pid if self._child else None
+        self.pid: int | None = None
 
     async def __aenter__(self) -> ServerProcess:
         # Its own session: a terminal Ctrl-C reaches only us, and we stop the server.
-        self._child = self._children.start(
+        child = self._children.start(
             "latency-publisher", self._argv, stdin="pipe", stdout="pipe", new_session=True
         )
+        self.pid = child.pid
         try:
-            self._link = await ChildLink(self._child).open()
+            self._link = await ChildLink(child).open()
             self.address = (await self._link.expect("ready", SERVER_START_S))["address"]
         except BaseException:
             self._stop()

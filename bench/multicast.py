@@ -39,28 +39,26 @@ from __future__ import annotations
 import argparse
 import asyncio
 import cProfile
+import functools
 import gc
 import json
 import math
-import os
 import sys
 import time
 from collections.abc import Mapping, Sequence
 from typing import cast
 
+from bench.harness.cli import add_run_flags
 from bench.harness.counting import CountingPublisher, WireWrites, directory_uid
 from bench.harness.report import (
     profile_summary,
     redis_facts,
     versions,
 )
-from bench.harness.stack import BenchError, Harness, drop_prefix, run_async, run_main
+from bench.harness.stack import BenchError, Harness, clean_up, run_async, run_main
 from bench.harness.stats import (
+    CpuMeter,
     RssSampler,
-    all_cpu,
-    cpu_seconds,
-    others_cpu,
-    process_cpu_s,
     reset_peak_rss,
     ru_maxrss_kib,
     vm_kib,
@@ -211,8 +209,7 @@ async def measure(
         r.list_build_s = time.perf_counter() - started
         r.rss_with_list_kib = vm_kib()["VmRSS"]
 
-        cpu_before, everyone_before = process_cpu_s(), all_cpu()
-        redis_before = cpu_seconds(redis_pid) if redis_pid else None
+        cpu = CpuMeter(redis_pid).start()
         profiler = cProfile.Profile() if profile else None
         with RssSampler() as sampler, WireWrites() as wire:
             if profiler is not None:
@@ -225,12 +222,8 @@ async def measure(
             if profiler is not None:
                 profiler.disable()
         r.seconds = (publisher.last_done or time.perf_counter()) - started
-        r.cpu_self_s = process_cpu_s() - cpu_before
-        redis_after = cpu_seconds(redis_pid) if redis_pid else None
-        if redis_before is not None and redis_after is not None:
-            r.cpu_redis_s = redis_after - redis_before
-        mine = {os.getpid()} | ({redis_pid} if redis_pid else set())
-        r.cpu_others_s = others_cpu(everyone_before, all_cpu(), mine)
+        cpu.stop()
+        r.cpu_self_s, r.cpu_redis_s, r.cpu_others_s = cpu.self_s, cpu.redis_s, cpu.others_s
         status = vm_kib()
         r.rss_peak_kib, r.rss_after_kib = status["VmHWM"], status["VmRSS"]
         r.rss_sampled_peak_kib = sampler.peak_kib
@@ -287,8 +280,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="read routes through redis-py's pipeline (the Redis Cluster path)",
     )
     p.add_argument("--http", action="store_true", help="also time it once through the HTTP API")
-    p.add_argument("--quick", action="store_true", help="smoke run: 20,000 recipients")
-    p.add_argument("--json", action="store_true", help="also print the results as JSON")
+    add_run_flags(p, "20,000 recipients")
     args = p.parse_args(argv)
     if args.quick:
         args.recipients = 20_000
@@ -304,8 +296,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = parse_args(argv)
-    return run_main("multicast", lambda h: _multicast(h, args))
+    return run_main("multicast", functools.partial(_multicast, args=parse_args(argv)))
 
 
 def _multicast(h: Harness, args: argparse.Namespace) -> None:
@@ -343,13 +334,7 @@ def _multicast(h: Harness, args: argparse.Namespace) -> None:
             raise BenchError("the multicast did not publish every recipient exactly once")
     finally:
         h.stack.stop_all()
-        started = time.perf_counter()
-        deleted = drop_prefix(h.redis_url, h.prefix)
-        print(
-            f"clean-up: deleted {deleted:,} keys under {h.prefix!r} in"
-            f" {time.perf_counter() - started:.1f}s",
-            file=sys.stderr,
-        )
+        clean_up(h)
 
 
 if __name__ == "__main__":

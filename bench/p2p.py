@@ -29,6 +29,7 @@ from typing import Any
 
 import httpx
 
+from bench.harness.cli import add_run_flags, in_range
 from bench.harness.clients import ClientPool, indices_of, token_url, uid_of
 from bench.harness.link import ChildLink, emit, stdin_commands
 from bench.harness.load import make_clients, run_load, skip_missing_sniffio
@@ -330,32 +331,32 @@ def report(result: dict[str, Any], cond: dict[str, str]) -> None:
     print("\n".join(lines), flush=True)
 
 
-# --------------------------------------------------------------------------- main
-
-
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--clients", type=int, default=2000, help="WebSocket clients (default 2000)")
-    p.add_argument("--rate", type=float, help="target pushes/s (default 1000; 200 with --quick)")
-    p.add_argument("--duration", type=float, default=10, help="load seconds (default 10)")
-    p.add_argument("--concurrency", type=int, default=64, help="REST calls in flight (64)")
-    p.add_argument("--seed", type=int, default=1, help="random seed for the recipients")
-    p.add_argument("--quick", action="store_true", help="smoke run: 200 clients, 3 s, 200/s")
-    p.add_argument("--json", action="store_true", help="also print the results as JSON")
+    p.add_argument(
+        "--clients",
+        type=in_range(int, 1, 15000),
+        default=2000,
+        help="WebSocket clients (default 2000)",
+    )
+    p.add_argument(
+        "--rate",
+        type=in_range(float, 1, 20000),
+        help="target pushes/s (default 1000; 200 with --quick)",
+    )
+    p.add_argument(
+        "--duration",
+        type=in_range(float, 0.5, 60, " seconds"),
+        default=10,
+        help="load seconds (default 10)",
+    )
+    add_run_flags(p, "200 clients, 3 s, 200/s", concurrency=64)
     p.add_argument("--worker", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.quick:
         args.clients, args.duration = 200, 3.0
     if args.rate is None:
         args.rate = 200.0 if args.quick else 1000.0
-    if not 1 <= args.clients <= 15000:
-        p.error("--clients must be 1-15000")
-    if not 1 <= args.rate <= 20000:
-        p.error("--rate must be 1-20000")
-    if not 0.5 <= args.duration <= 60:
-        p.error("--duration must be 0.5-60 seconds")
-    if not 1 <= args.concurrency <= 1000:
-        p.error("--concurrency must be 1-1000")
     return args
 
 

@@ -55,6 +55,7 @@ from typing import Any
 
 import httpx
 
+from bench.harness.cli import add_run_flags, in_range
 from bench.harness.clients import uid_of
 from bench.harness.link import ChildLink
 from bench.harness.load import make_clients, run_load, skip_missing_sniffio
@@ -254,16 +255,34 @@ async def run_segment(
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--clients", type=int, help="WebSocket clients (default 400; 100 with --quick)")
-    p.add_argument("--rate", type=float, help="pushes/s (default 200; 150 with --quick)")
-    p.add_argument("--duration", type=float, help="seconds per phase (default 30; 8 with --quick)")
     p.add_argument(
-        "--deadline", type=float, default=0.1, help="IMROUTE_DELIVER_TIMEOUT_S (default 0.1)"
+        "--clients",
+        type=in_range(int, 4, 10000),
+        help="WebSocket clients (default 400; 100 with --quick)",
     )
-    p.add_argument("--slow-ms", type=float, default=200, help="gw4's added delay (default 200)")
+    p.add_argument(
+        "--rate", type=in_range(float, 1, 5000), help="pushes/s (default 200; 150 with --quick)"
+    )
+    p.add_argument(
+        "--duration",
+        type=in_range(float, 1, 120, " seconds"),
+        help="seconds per phase (default 30; 8 with --quick)",
+    )
+    p.add_argument(
+        "--deadline",
+        type=in_range(float, 0.001, 60, " seconds"),
+        default=0.1,
+        help="IMROUTE_DELIVER_TIMEOUT_S (default 0.1)",
+    )
+    p.add_argument(
+        "--slow-ms",
+        type=in_range(float, 0, 10000),
+        default=200,
+        help="gw4's added delay (default 200)",
+    )
     p.add_argument(
         "--long-deadline",
-        type=float,
+        type=in_range(float, 0.001, 60, " seconds"),
         help="add the phase 'long': the circuit as in 'with', and this deadline in s\n"
         "(above the delay; default 0.3 when 'long' is named in --phases)",
     )
@@ -272,28 +291,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="which phases, in order, from baseline, without, with, long\n"
         "(default: baseline,without,with; and long with --long-deadline)",
     )
-    p.add_argument("--concurrency", type=int, default=128, help="REST calls in flight (128)")
-    p.add_argument("--seed", type=int, default=1, help="random seed for the recipients")
-    p.add_argument(
-        "--quick", action="store_true", help="smoke run: 100 clients, 150/s, 8 s per phase"
-    )
-    p.add_argument("--json", action="store_true", help="also print the results as JSON")
+    add_run_flags(p, "100 clients, 150/s, 8 s per phase", concurrency=128)
     p.add_argument("--serve-gateways", help=argparse.SUPPRESS)
     p.add_argument("--serve-clients", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     args.clients = args.clients or (100 if args.quick else 400)
     args.rate = args.rate or (150.0 if args.quick else 200.0)
     args.duration = args.duration or (8.0 if args.quick else 30.0)
-    if not 4 <= args.clients <= 10000:
-        p.error("--clients must be 4-10000")
-    if not 1 <= args.rate <= 5000:
-        p.error("--rate must be 1-5000")
-    if not 1 <= args.duration <= 120:
-        p.error("--duration must be 1-120 seconds")
-    if not 0.001 <= args.deadline <= 60:
-        p.error("--deadline must be 0.001-60 seconds")
-    if args.long_deadline is not None and not 0.001 <= args.long_deadline <= 60:
-        p.error("--long-deadline must be 0.001-60 seconds")
     if args.phases is None:
         args.phases = "baseline,without,with" + (",long" if args.long_deadline else "")
     args.phases = tuple(x.strip() for x in args.phases.split(",") if x.strip())
@@ -301,10 +305,6 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         p.error("--phases takes a comma-separated list of baseline, without, with, long")
     if args.long_deadline is None:
         args.long_deadline = 0.3
-    if not 0 <= args.slow_ms <= 10000:
-        p.error("--slow-ms must be 0-10000")
-    if not 1 <= args.concurrency <= 1000:
-        p.error("--concurrency must be 1-1000")
     return args
 
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterator, Mapping
-from types import TracebackType
 from typing import Any, cast
 
 import redis.asyncio as aioredis
@@ -63,12 +62,7 @@ class WireWrites:
         self._cls.send_packed_command = counted  # type: ignore[assignment,method-assign]
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc: object) -> None:
         self._cls.send_packed_command = self._original  # type: ignore[method-assign]
 
 

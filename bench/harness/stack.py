@@ -12,6 +12,7 @@ import shutil
 import signal
 import sys
 import tempfile
+import time
 from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,6 +36,7 @@ __all__ = [
     "Harness",
     "Interrupted",
     "bench_argv",
+    "clean_up",
     "drop_prefix",
     "loop_name",
     "raise_nofile",
@@ -313,6 +315,17 @@ def _local_redis_pid(url: str, embedded: EmbeddedRedis | None) -> int | None:
         if Path(f"/proc/{pid}/comm").read_text().strip().startswith("redis"):
             return pid
     return None
+
+
+def clean_up(h: Harness, also: str = "") -> None:
+    """Delete this run's keys now, saying how many and how long it took."""
+    started = time.perf_counter()
+    deleted = drop_prefix(h.redis_url, h.prefix)
+    print(
+        f"clean-up: deleted {deleted:,} keys under {h.prefix!r}{also} in"
+        f" {time.perf_counter() - started:.1f}s",
+        file=sys.stderr,
+    )
 
 
 def drop_prefix(url: str, prefix: str) -> int:

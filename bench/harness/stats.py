@@ -11,9 +11,9 @@ import statistics
 import threading
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from types import TracebackType
 
 __all__ = [
+    "CpuMeter",
     "RssSampler",
     "all_cpu",
     "best_of",
@@ -98,6 +98,30 @@ def cpu_snapshot(pids: dict[str, int]) -> tuple[dict[str, float], dict[int, floa
     return {name: everyone[pid] for name, pid in pids.items() if pid in everyone}, everyone
 
 
+class CpuMeter:
+    """CPU seconds between `start()` and `stop()`: this process, a local redis-server
+    (None when it is not local), and every other process of the machine."""
+
+    def __init__(self, redis_pid: int | None) -> None:
+        self._redis_pid = redis_pid
+        self._mine = {os.getpid()} | ({redis_pid} if redis_pid else set())
+        self.self_s = self.others_s = 0.0
+        self.redis_s: float | None = None
+
+    def start(self) -> CpuMeter:
+        self._self, self._everyone = process_cpu_s(), all_cpu()
+        self._redis = cpu_seconds(self._redis_pid) if self._redis_pid else None
+        return self
+
+    def stop(self) -> CpuMeter:
+        self.self_s = process_cpu_s() - self._self
+        redis_after = cpu_seconds(self._redis_pid) if self._redis_pid else None
+        if self._redis is not None and redis_after is not None:
+            self.redis_s = redis_after - self._redis
+        self.others_s = others_cpu(self._everyone, all_cpu(), self._mine)
+        return self
+
+
 def process_cpu_s() -> float:
     ru = resource.getrusage(resource.RUSAGE_SELF)
     return ru.ru_utime + ru.ru_stime
@@ -165,12 +189,7 @@ class RssSampler:
         self._thread.start()
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc: object) -> None:
         self._stop.set()
         self._thread.join()
         self.peak_kib = max(self.peak_kib, vm_kib()["VmRSS"])

@@ -24,7 +24,6 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from types import TracebackType
 from typing import IO, Literal, TypeVar
 
 from router.devtools.procs import die_with_parent
@@ -228,12 +227,7 @@ class Supervisor:
     def __enter__(self) -> Supervisor:
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.stop_all()
 
 
