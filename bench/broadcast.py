@@ -17,9 +17,9 @@ process's and Redis's CPU and the peak RSS growth. Afterwards it reads the broad
 stream back and checks every user was published exactly once per run. The temporary
 directory and every Redis key under the prefix are deleted at the end.
 
-    .venv/bin/python bench/broadcast.py --quick
-    .venv/bin/python bench/broadcast.py                  # 1,000,000 users
-    .venv/bin/python bench/broadcast.py --users 200000 --profile
+    .venv/bin/python -m bench.broadcast --quick
+    .venv/bin/python -m bench.broadcast                  # 1,000,000 users
+    .venv/bin/python -m bench.broadcast --users 200000 --profile
 """
 
 from __future__ import annotations
@@ -29,7 +29,6 @@ import cProfile
 import gc
 import json
 import math
-import os
 import shutil
 import sqlite3
 import sys
@@ -41,27 +40,20 @@ from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
-import redis.asyncio as aioredis
-
-# The helpers (process handling, machine facts, counting, memory) live next door.
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from multicast import (
+from bench.harness import stats
+from bench.harness.cli import add_run_flags
+from bench.harness.counting import CountingPublisher, WireWrites, stream_entries
+from bench.harness.counting import directory_uid as uid_of
+from bench.harness.report import (
     MIB,
-    CountingPublisher,
-    WireWrites,
-    drop_prefix,
+    machine_lines,
     mark,
     mib,
-    proc_status,
-    process_cpu_s,
     profile_summary,
     redis_facts,
-    reset_peak_rss,
-    uid_of,
     versions,
 )
-from p2p import BenchError, Harness, all_cpu, cpu_seconds, others_cpu, run_async, run_main
-
+from bench.harness.stack import BenchError, Harness, clean_up, run_async, run_main
 from router.bus.redis_streams import DEFAULT_MAXLEN, RedisStreamsBus
 from router.directory.migrate import upgrade
 from router.directory.sql import MAX_UPSERT, SqlUserDirectory, UserRecord
@@ -198,10 +190,9 @@ async def _one(
     run.push_id = message.push_id
     batches = BatchPublisher(publisher, message, 0, counters)
     gc.collect()
-    reset_peak_rss()
-    run.rss_before_kib = proc_status()["VmRSS"]
-    cpu_before, everyone_before = process_cpu_s(), all_cpu()
-    redis_before = cpu_seconds(redis_pid) if redis_pid else None
+    stats.reset_peak_rss()
+    run.rss_before_kib = stats.vm_kib()["VmRSS"]
+    cpu = stats.CpuMeter(redis_pid).start()
     profiler = cProfile.Profile() if profile else None
     with WireWrites() as wire:
         if profiler is not None:
@@ -212,13 +203,9 @@ async def _one(
         run.seconds = time.perf_counter() - started
         if profiler is not None:
             profiler.disable()
-    run.cpu_self_s = process_cpu_s() - cpu_before
-    redis_after = cpu_seconds(redis_pid) if redis_pid else None
-    if redis_before is not None and redis_after is not None:
-        run.cpu_redis_s = redis_after - redis_before
-    mine = {os.getpid()} | ({redis_pid} if redis_pid else set())
-    run.cpu_others_s = others_cpu(everyone_before, all_cpu(), mine)
-    run.rss_peak_kib = proc_status()["VmHWM"]
+    cpu.stop()
+    run.cpu_self_s, run.cpu_redis_s, run.cpu_others_s = cpu.self_s, cpu.redis_s, cpu.others_s
+    run.rss_peak_kib = stats.vm_kib()["VmHWM"]
     run.wire_writes = wire.count
     run.pages, run.users, run.page_s = pages.count, pages.users, pages.seconds
     run.slowest_page_s = pages.slowest
@@ -239,26 +226,19 @@ async def verify(redis_url: str, prefix: str, n: int, runs: Sequence[Run]) -> No
     seen = {run.push_id: bytearray(n) for run in runs}
     problems = dict.fromkeys(seen, 0)
     tags_run = runs[1].push_id
-    client = aioredis.Redis.from_url(redis_url, decode_responses=False)
-    try:
-        start = "-"
-        while entries := await client.xrange(stream, min=start, count=200):
-            for _entry_id, fields in entries:
-                push_id = fields.get(b"attr:push_id", b"").decode()
-                batch = gateway_pb2.Batch.FromString(fields[b"data"])
-                if push_id not in seen or batch.mode != gateway_pb2.MODE_BROADCAST:
-                    problems[push_id] = problems.get(push_id, 0) + 1
-                    continue
-                marks = seen[push_id]
-                for uid in batch.uids:
-                    i = int(uid[1:])
-                    if not 0 <= i < n or marks[i] or (push_id == tags_run and not tagged(i)):
-                        problems[push_id] += 1
-                        continue
-                    marks[i] = 1
-            start = "(" + entries[-1][0].decode()
-    finally:
-        await client.aclose()
+    async for fields in stream_entries(redis_url, stream):
+        push_id = fields.get(b"attr:push_id", b"").decode()
+        batch = gateway_pb2.Batch.FromString(fields[b"data"])
+        if push_id not in seen or batch.mode != gateway_pb2.MODE_BROADCAST:
+            problems[push_id] = problems.get(push_id, 0) + 1
+            continue
+        marks = seen[push_id]
+        for uid in batch.uids:
+            i = int(uid[1:])
+            if not 0 <= i < n or marks[i] or (push_id == tags_run and not tagged(i)):
+                problems[push_id] += 1
+                continue
+            marks[i] = 1
     for run in runs:
         got = sum(seen[run.push_id])
         run.check = {
@@ -278,9 +258,7 @@ def report(
         "imroute broadcast benchmark (SqlUserDirectory.iter_pages -> run_broadcast ->"
         " BatchPublisher -> RedisStreamsBus)",
         "conditions:",
-        f"  date        {cond['date']}",
-        f"  machine     nproc={cond['nproc']}  cpu={cond['cpu']}  ram={cond['ram']}"
-        f"  kernel={cond['kernel']}",
+        *machine_lines(cond),
         f"  python      {cond['python']}  loop={cond['loop']}  redis-py {cond['redis']}"
         f"  hiredis {cond['hiredis']}  protobuf {cond['protobuf']}",
         f"  directory   SQLite {cond['sqlite']} (WAL, synchronous=NORMAL) via aiosqlite"
@@ -345,8 +323,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--maxlen", type=int, default=DEFAULT_MAXLEN, help=f"bus stream MAXLEN (~{DEFAULT_MAXLEN})"
     )
     p.add_argument("--profile", action="store_true", help="cProfile the measured runs")
-    p.add_argument("--quick", action="store_true", help="smoke run: 20,000 users")
-    p.add_argument("--json", action="store_true", help="also print the results as JSON")
+    add_run_flags(p, "20,000 users")
     args = p.parse_args(argv)
     if args.quick:
         args.users = 20_000
@@ -398,13 +375,7 @@ def _broadcast(h: Harness, args: argparse.Namespace) -> None:
             raise BenchError("a broadcast did not publish every user exactly once")
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-        started = time.perf_counter()
-        deleted = drop_prefix(h.redis_url, h.prefix)
-        print(
-            f"clean-up: deleted {deleted:,} keys under {h.prefix!r} and {tmp} in"
-            f" {time.perf_counter() - started:.1f}s",
-            file=sys.stderr,
-        )
+        clean_up(h, also=f" and {tmp}")
 
 
 if __name__ == "__main__":

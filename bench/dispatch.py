@@ -7,8 +7,8 @@ gateway. Each rule chooses for distinct uids for `--seconds` of wall time (in ba
 of 1000, on the real clock, one thread); the figure is choices per second, best of
 `--repeats`.
 
-    .venv/bin/python bench/dispatch.py --quick
-    .venv/bin/python bench/dispatch.py --gateways 100 --seconds 0.5 --repeats 3
+    .venv/bin/python -m bench.dispatch --quick
+    .venv/bin/python -m bench.dispatch --gateways 100 --seconds 0.5 --repeats 3
 """
 
 from __future__ import annotations
@@ -19,20 +19,16 @@ import platform
 import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
 
-# Run as `bench/dispatch.py` from the repository root: the packages resolve.
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from router.balancing import (  # noqa: E402
+from bench.harness.stats import machine_info
+from router.balancing import (
     RULE_NAMES,
     Availability,
     GatewayState,
     StatsRegistry,
     rule_for,
 )
-from shared.clock import SystemClock  # noqa: E402
+from shared.clock import SystemClock
 
 BATCH = 1000
 
@@ -88,14 +84,7 @@ def measure(choose: Callable[[str], object], uids: list[str], seconds: float) ->
 
 
 def conditions(args: argparse.Namespace) -> list[str]:
-    cpu = "unknown"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
+    cpu = machine_info()["cpu"]
     groups = -(-args.gateways // args.per_group)
     return [
         f"python {platform.python_version()} ({platform.python_implementation()}), "

@@ -2,9 +2,8 @@
 
 Starts ONE gateway as a child process (free loopback ports, a unique Redis key prefix),
 measures its idle RSS, connects N clients from a few client processes, measures the RSS
-again (idle memory per connection), then runs broadcast rounds: the gRPC Deliver call is
-made directly (router.gateway_rpc.grpc_client.GrpcGatewayClients + shared.batches.to_batch) with
-batches of 1000 uids that together cover all N clients. Per round it measures
+again (idle memory per connection), then runs broadcast rounds: Deliver is called directly
+(GrpcGatewayClients, to_batch) with batches of 1000 uids covering all N clients. Per round:
 
 - broadcast latency: first Deliver call -> the last client has the frame;
 - Deliver time: first Deliver call -> every Deliver call has returned, and from it the
@@ -12,8 +11,8 @@ batches of 1000 uids that together cover all N clients. Per round it measures
 
 Every child process is stopped by its PID on exit, Ctrl-C and errors.
 
-    .venv/bin/python bench/fanout.py --quick
-    .venv/bin/python bench/fanout.py --clients 10000 --rounds 7
+    .venv/bin/python -m bench.fanout --quick
+    .venv/bin/python -m bench.fanout --clients 10000 --rounds 7
 """
 
 from __future__ import annotations
@@ -23,41 +22,34 @@ import asyncio
 import json
 import math
 import os
-import statistics
-import subprocess
 import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import redis
 
-# The helpers (process handling, machine facts, client-process link) live next door.
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from p2p import (
+from bench.harness.cli import add_run_flags, in_range
+from bench.harness.clients import ClientPool, indices_of, token_url, uid_of
+from bench.harness.link import ChildLink, emit, stdin_commands
+from bench.harness.report import machine_lines, print_json
+from bench.harness.stack import (
     HOST,
     BenchError,
-    ClientPool,
+    BenchStack,
     Harness,
-    Stack,
-    WorkerLink,
-    all_cpu,
-    emit,
-    free_port,
-    indices_of,
-    others_cpu,
+    bench_argv,
     raise_nofile,
     run_async,
     run_loop,
     run_main,
-    stdin_commands,
-    token_url,
-    uid_of,
     wait_routes,
 )
-
+from bench.harness.stats import all_cpu, best_of, others_cpu, vm_kib
+from router.devtools.devstack import gateway_argv
+from router.devtools.ports import free_port
+from router.devtools.supervisor import Child
 from router.fleet.codec import decode_gateway
 from router.gateway_rpc.grpc_client import GrpcGatewayClients
 from shared.batches import to_batch
@@ -95,7 +87,7 @@ async def _worker(spec: dict[str, Any]) -> None:
     expected = [len(indices_of(spec))]
     cache: list[Any] = [None, -1]  # every client gets the same text in a round: parse once
 
-    def on_frame(now: float, data: bytes) -> None:
+    def on_frame(conn: object, now: float, data: bytes) -> None:
         if data == cache[0]:
             r = cache[1]
         else:
@@ -121,36 +113,15 @@ async def _worker(spec: dict[str, Any]) -> None:
             started = time.monotonic()
             failed = await pool.start()
             expected[0] = len(indices_of(spec)) - len(failed)
-            emit(
-                event="ready",
-                connected=expected[0],
-                failed=failed,
-                seconds=time.monotonic() - started,
-            )
+            seconds = time.monotonic() - started
+            emit(event="ready", connected=expected[0], failed=failed, seconds=seconds)
         elif cmd["cmd"] == "stat":
             st = rounds.get(cmd["round"], [0, math.nan, math.nan])
-            emit(
-                event="stat",
-                round=cmd["round"],
-                n=st[0],
-                first=st[1],
-                last=st[2],
-                open=pool.open,
-                **stats,
-                **pool.stats,
-            )
+            n, first, last = st
+            emit(event="stat", round=cmd["round"], n=n, first=first, last=last, open=pool.open,
+                 **stats, **pool.stats)  # fmt: skip
     pool.stop()
     os._exit(0)  # no closing handshakes: the OS closes the sockets
-
-
-# --------------------------------------------------------------------------- measurement
-
-
-def vm_rss_kb(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1])
-    raise BenchError(f"no VmRSS for pid {pid}")
 
 
 @dataclass
@@ -162,7 +133,9 @@ class Round:
     received: int
 
 
-async def wait_gateway(redis_url: str, keys: KeySchema, stack: Stack, connections: int) -> None:
+async def wait_gateway(
+    redis_url: str, keys: KeySchema, stack: BenchStack, connections: int
+) -> None:
     """Until the gateway's fleet record (refreshed every heartbeat) shows `connections`."""
     import redis.asyncio as aioredis
 
@@ -172,9 +145,8 @@ async def wait_gateway(redis_url: str, keys: KeySchema, stack: Stack, connection
         seen = -1
         while time.monotonic() < deadline:
             stack.check()
-            raw = await client.get(keys.gateway(GATEWAY_ID))
-            value = raw.decode() if isinstance(raw, bytes) else raw
-            info = decode_gateway(value) if value else None
+            value = await client.get(keys.gateway(GATEWAY_ID))
+            info = decode_gateway(str(value)) if value else None  # a str: decode_responses
             if info is not None:
                 seen = info.connections
                 if seen >= connections:
@@ -191,17 +163,11 @@ async def one_round(
     address: str,
     uids: list[str],
     batch_size: int,
-    links: list[WorkerLink],
+    links: list[ChildLink],
     expected: list[int],
 ) -> Round:
-    message = Message(
-        msg_id=new_id(),
-        push_id=new_id(),
-        msg_type=0,
-        sender="bench",
-        content_json=json.dumps({"round": r, "text": "broadcast"}).encode(),
-        ts_ms=time.time_ns() // 1_000_000,
-    )
+    content = json.dumps({"round": r, "text": "broadcast"}).encode()
+    message = Message(new_id(), new_id(), 0, "bench", content, time.time_ns() // 1_000_000)
     batches = [
         to_batch(message, uids[i : i + batch_size], new_id())
         for i in range(0, len(uids), batch_size)
@@ -244,17 +210,11 @@ class Options:
 
 
 async def bench(
-    opts: Options,
-    stack: Stack,
-    workers: list[subprocess.Popen[bytes]],
-    grpc_port: int,
-    redis_url: str,
-    keys: KeySchema,
-    rss_before_kb: int,
+    opts: Options, h: Harness, workers: list[Child], grpc_port: int, rss_before_kb: int
 ) -> dict[str, Any]:
-    loop = asyncio.get_running_loop()
+    stack = h.stack
     gw_pid = stack.pid(GATEWAY_ID)
-    links = [WorkerLink(w, loop) for w in workers]
+    links = [await ChildLink(w).open() for w in workers]
     for link in links:
         link.send(cmd="go")
     readies = [await link.expect("ready", CONNECT_TIMEOUT_S) for link in links]
@@ -266,10 +226,10 @@ async def bench(
         raise BenchError("no client could connect")
     uids = [uid_of(k) for k in range(opts.clients) if k not in failed]
     # Registered (a route) and held (the gateway's count): 1013-closed clients are back.
-    await wait_routes(redis_url, keys, uids)
-    await wait_gateway(redis_url, keys, stack, connected)
+    await wait_routes(h.redis_url, h.keys, uids)
+    await wait_gateway(h.redis_url, h.keys, stack, connected)
     await asyncio.sleep(2.0)  # idle: let the handshakes' garbage go
-    rss_after_kb = vm_rss_kb(gw_pid)
+    rss_after_kb = vm_kib(gw_pid)["VmRSS"]
 
     address = f"{HOST}:{grpc_port}"
     clients = GrpcGatewayClients()
@@ -287,24 +247,14 @@ async def bench(
         t_rounds = time.monotonic() - t_start
     finally:
         await clients.close()
-    finals = []
-    for link in links:
-        link.send(cmd="stat", round=-1)
-        finals.append(await link.expect("stat", 10, lambda m: m["round"] == -1))
+    finals = [await link.ask("stat", 10, cmd="stat", round=-1) for link in links]
 
     worker_pids = {w.pid for w in workers}
-
-    def used(pids: set[int]) -> float:
-        return sum(all1.get(pid, 0.0) - all0.get(pid, 0.0) for pid in pids)
-
-    cpu_gw = used({gw_pid})
-    cpu_clients = used(worker_pids)
+    cpu_gw = all1.get(gw_pid, 0.0) - all0.get(gw_pid, 0.0)
+    cpu_clients = sum(all1.get(pid, 0.0) - all0.get(pid, 0.0) for pid in worker_pids)
     cpu_others = others_cpu(all0, all1, {gw_pid, os.getpid(), *worker_pids})
-    frame = ws_text_frame(
-        encode_push_json(
-            Message("0" * 32, "0" * 32, 0, "bench", b'{"round":1,"text":"broadcast"}', 0)
-        )
-    )
+    sample = Message("0" * 32, "0" * 32, 0, "bench", b'{"round":1,"text":"broadcast"}', 0)
+    frame = ws_text_frame(encode_push_json(sample))
     total_deliver = sum(x.deliver_s for x in rounds)
     return {
         "clients": connected,
@@ -318,10 +268,10 @@ async def bench(
         "rss_before_kb": rss_before_kb,
         "rss_after_kb": rss_after_kb,
         "kb_per_conn": (rss_after_kb - rss_before_kb) / connected,
-        "broadcast_ms": _stats([x.broadcast_s * 1000 for x in rounds]),
-        "deliver_ms": _stats([x.deliver_s * 1000 for x in rounds]),
-        "spread_ms": _stats([x.spread_s * 1000 for x in rounds]),
-        "frames_per_s": _stats([x.delivered / x.deliver_s for x in rounds], best=max),
+        "broadcast_ms": best_of([x.broadcast_s * 1000 for x in rounds]),
+        "deliver_ms": best_of([x.deliver_s * 1000 for x in rounds]),
+        "spread_ms": best_of([x.spread_s * 1000 for x in rounds]),
+        "frames_per_s": best_of([x.delivered / x.deliver_s for x in rounds], best=max),
         "lost": sum(x.delivered - x.received for x in rounds),
         "not_delivered": sum(connected - x.delivered for x in rounds),
         "try_again": sum(f["try_again"] for f in finals),
@@ -335,14 +285,6 @@ async def bench(
     }
 
 
-def _stats(xs: list[float], best: Any = min) -> dict[str, float]:
-    clean = [x for x in xs if not math.isnan(x)]
-    if not clean:
-        return {"median": math.nan, "best": math.nan, "worst": math.nan}
-    worst = min if best is max else max
-    return {"median": statistics.median(clean), "best": best(clean), "worst": worst(clean)}
-
-
 def report(r: dict[str, Any], cond: dict[str, str]) -> None:
     def trio(d: dict[str, float], fmt: str = "{:8.1f}") -> str:
         return "  ".join(f"{k} {fmt.format(v)}" for k, v in d.items())
@@ -350,9 +292,7 @@ def report(r: dict[str, Any], cond: dict[str, str]) -> None:
     lines = [
         "imroute gateway fan-out benchmark (gRPC Deliver -> one gateway -> N WebSockets)",
         "conditions:",
-        f"  date        {cond['date']}",
-        f"  machine     nproc={cond['nproc']}  cpu={cond['cpu']}  ram={cond['ram']}"
-        f"  kernel={cond['kernel']}",
+        *machine_lines(cond),
         f"  python      {cond['python']}  client loop={cond['loop']}; the gateway runs its"
         " own default loop",
         f"  redis       {cond['redis']}",
@@ -385,29 +325,28 @@ def report(r: dict[str, Any], cond: dict[str, str]) -> None:
     print("\n".join(lines), flush=True)
 
 
-# --------------------------------------------------------------------------- main
-
-
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--clients", type=int, default=10000, help="connections (default 10000)")
-    p.add_argument("--client-procs", type=int, default=2, help="client processes (default 2)")
-    p.add_argument("--rounds", type=int, default=7, help="measured broadcasts (default 7)")
-    p.add_argument("--batch", type=int, default=1000, help="uids per Deliver call (1000)")
-    p.add_argument("--quick", action="store_true", help="smoke run: 1000 clients, 3 rounds")
-    p.add_argument("--json", action="store_true", help="also print the results as JSON")
+    p.add_argument(
+        "--clients", type=in_range(int, 1, 25000), default=10000, help="connections (default 10000)"
+    )
+    p.add_argument(
+        "--client-procs", type=in_range(int, 1, 8), default=2, help="client processes (default 2)"
+    )
+    p.add_argument(
+        "--rounds", type=in_range(int, 1, 50), default=7, help="measured broadcasts (default 7)"
+    )
+    p.add_argument(
+        "--batch",
+        type=in_range(int, 1, 1000, " (the push API's limit)"),
+        default=1000,
+        help="uids per Deliver call (1000)",
+    )
+    add_run_flags(p, "1000 clients, 3 rounds")
     p.add_argument("--worker", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.quick:
         args.clients, args.rounds = 1000, 3
-    if not 1 <= args.clients <= 25000:
-        p.error("--clients must be 1-25000")
-    if not 1 <= args.client_procs <= 8:
-        p.error("--client-procs must be 1-8")
-    if not 1 <= args.rounds <= 50:
-        p.error("--rounds must be 1-50")
-    if not 1 <= args.batch <= 1000:
-        p.error("--batch must be 1-1000 (the push API's limit)")
     return args
 
 
@@ -426,69 +365,34 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _fanout(h: Harness, opts: Options) -> None:
     ws_port, grpc_port = free_port(), free_port()
-    # Every child is spawned here, before any thread exists (Stack.spawn uses preexec_fn).
-    h.stack.spawn(
-        GATEWAY_ID,
-        [
-            sys.executable,
-            "-m",
-            "socket_gateway",
-            "--id",
-            GATEWAY_ID,
-            "--group",
-            "g1",
-            "--ws-host",
-            HOST,
-            "--ws-port",
-            str(ws_port),
-            "--grpc-host",
-            HOST,
-            "--grpc-port",
-            str(grpc_port),
-        ],
-    )
-    _wait_announced(h.redis_url, h.keys, h.stack)
+    # Every child is spawned here, before any thread exists (BenchStack.spawn uses preexec_fn).
+    h.stack.spawn(GATEWAY_ID, gateway_argv(GATEWAY_ID, "g1", HOST, ws_port, grpc_port))
+    announced = redis.Redis.from_url(h.redis_url, socket_timeout=2)
+    try:
+        gateway_key = h.keys.gateway(GATEWAY_ID)
+        found = h.stack.wait_until(
+            lambda: announced.exists(gateway_key) or None, READY_TIMEOUT_S, interval_s=0.1
+        )
+    finally:
+        announced.close()
+    if found is None:
+        raise BenchError(f"the gateway did not announce itself within {READY_TIMEOUT_S:.0f}s")
+    spec, n = {"url": f"ws://{HOST}:{ws_port}/ws"}, opts.clients
     workers = [
         h.stack.spawn(
             f"clients{w}",
-            [
-                sys.executable,
-                os.path.abspath(__file__),
-                "--worker",
-                json.dumps(
-                    {
-                        "url": f"ws://{HOST}:{ws_port}/ws",
-                        "indices": [w, opts.clients, opts.procs],
-                    }
-                ),
-            ],
+            bench_argv(
+                "bench.fanout", "--worker", json.dumps(spec | {"indices": [w, n, opts.procs]})
+            ),
             pipes=True,
         )
         for w in range(min(opts.procs, opts.clients))
     ]
     time.sleep(1.0)  # the gateway idles: measure its RSS with no client
-    rss_before = vm_rss_kb(h.stack.pid(GATEWAY_ID))
-    result = run_async(
-        lambda: bench(opts, h.stack, workers, grpc_port, h.redis_url, h.keys, rss_before),
-        OVERALL_TIMEOUT_S,
-    )
+    rss_before = vm_kib(h.stack.pid(GATEWAY_ID))["VmRSS"]
+    result = run_async(lambda: bench(opts, h, workers, grpc_port, rss_before), OVERALL_TIMEOUT_S)
     report(result, h.cond)
-    if opts.json_out:
-        print(json.dumps({"conditions": h.cond, "results": result}))
-
-
-def _wait_announced(redis_url: str, keys: KeySchema, stack: Stack) -> None:
-    client = redis.Redis.from_url(redis_url, socket_timeout=2)
-    try:
-        deadline = time.monotonic() + READY_TIMEOUT_S
-        while time.monotonic() < deadline:
-            stack.check()
-            if client.exists(keys.gateway(GATEWAY_ID)):
-                return
-            time.sleep(0.1)
-    finally:
-        client.close()
-    raise BenchError(f"the gateway did not announce itself within {READY_TIMEOUT_S:.0f}s")
+    print_json(opts.json_out, {"conditions": h.cond, "results": result})
 
 
 if __name__ == "__main__":

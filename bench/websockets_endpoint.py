@@ -1,11 +1,12 @@
-"""Baseline for bench/ws_endpoints.py: the gateway endpoint on the `websockets` asyncio server.
+"""Baseline for bench.ws_endpoints: the gateway endpoint on the `websockets` asyncio server.
 
-imroute's gateway used this until the sans-I/O endpoint (socket_gateway/ws_server.py)
+imroute's gateway used this until the sans-I/O endpoint (socket_gateway/ws/)
 replaced it; it is kept here, unchanged in behaviour, so the comparison stays runnable.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
@@ -63,6 +64,11 @@ class WsSink:
 
     def abort(self) -> None:
         self._transport.abort()
+
+    def close(self, code: int, reason: str = "") -> None:
+        """Start the closing handshake, in a task of the library's (no-op unless OPEN)."""
+        if self._conn.protocol.state is State.OPEN:
+            asyncio.get_running_loop().create_task(self._conn.close(code, reason))
 
 
 class WsEndpoint:

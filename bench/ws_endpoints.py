@@ -1,6 +1,6 @@
 """Idle memory per connection and fan-out speed of the two gateway WebSocket endpoints.
 
-Compares imroute's endpoint, `socket_gateway.ws_server.WsEndpoint` (asyncio.Protocol +
+Compares imroute's endpoint, `socket_gateway.ws.WsEndpoint` (asyncio.Protocol +
 sans-I/O), with the baseline in `bench/websockets_endpoint.py` (the same behaviour on the
 `websockets` asyncio server, which the gateway used before), each on the
 default asyncio loop and on uvloop. Per configuration:
@@ -21,15 +21,14 @@ default asyncio loop and on uvloop. Per configuration:
 
 Every child is stopped by its PID at the end, on errors and on Ctrl-C.
 
-    .venv/bin/python bench/ws_endpoints.py                      # 10000 connections, 4 configs
-    .venv/bin/python bench/ws_endpoints.py --clients 2000 --rounds 3 --quick
+    .venv/bin/python -m bench.ws_endpoints                      # 10000 connections, 4 configs
+    .venv/bin/python -m bench.ws_endpoints --quick              # 2000 connections, 2 rounds
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import gc
 import json
 import os
@@ -37,75 +36,21 @@ import platform
 import statistics
 import sys
 import time
-from collections.abc import Awaitable
 from pathlib import Path
 from typing import Any
 
-SCRIPT = Path(__file__).resolve()
-ROOT = SCRIPT.parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(SCRIPT.parent))
-from p2p import raise_nofile  # noqa: E402  # the benchmarks share their helpers
+from bench.harness.link import ChildLink, emit, stdin_commands
+from bench.harness.stack import HOST, bench_argv, raise_nofile, run_loop
+from bench.harness.stats import vm_kib
+from bench.ws_clients import SECRET, client_side, frame_of
+from router.devtools.supervisor import Supervisor
 
-HOST = "127.0.0.1"
-SECRET = "bench-secret-0123456789abcdef-0123456789"
-FRAME_BYTES = 180
 STEP_TIMEOUT_S = 30.0
 CONNECT_TIMEOUT_S = 180.0
 ROUND_TIMEOUT_S = 20.0
 SETTLE_S = 2.0
 ENDPOINTS = ("websockets", "sansio")
 LOOPS = ("asyncio", "uvloop")
-
-
-def vm_rss_kib(pid: int | str = "self") -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1])
-    raise RuntimeError("no VmRSS")
-
-
-def emit(**msg: Any) -> None:
-    sys.stdout.write(json.dumps(msg, separators=(",", ":")) + "\n")
-    sys.stdout.flush()
-
-
-def run(main: Awaitable[None], loop_name: str) -> None:
-    if loop_name == "uvloop":
-        import uvloop
-
-        uvloop.run(main)  # type: ignore[arg-type]
-    else:
-        asyncio.run(main)  # type: ignore[arg-type]
-
-
-async def stdin_lines() -> asyncio.StreamReader:
-    loop = asyncio.get_running_loop()
-    reader = asyncio.StreamReader()
-    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
-    return reader
-
-
-def uid_of(k: int) -> str:
-    return f"u{k:06d}"
-
-
-def frame_of(round_no: int) -> bytes:
-    """A push frame of exactly FRAME_BYTES bytes whose content names the round."""
-    from shared.models import Message
-    from shared.wire import encode_push_json, ws_text_frame
-
-    def build(pad: int) -> bytes:
-        content = json.dumps({"round": f"{round_no:06d}", "text": "x" * pad}).encode()
-        msg = Message("m" * 16, "p" * 16, 1, "bench", content, 1_700_000_000_000)
-        return ws_text_frame(encode_push_json(msg))
-
-    # Frames of 126+ payload bytes have a 4-byte header.
-    return build(FRAME_BYTES - len(build(0)))
-
-
-def round_marker(round_no: int) -> bytes:
-    return b'"round": "%06d"' % round_no
 
 
 # --------------------------------------------------------------------------- gateway side
@@ -129,14 +74,13 @@ async def gateway_side(endpoint: str, clients: int) -> None:
         await asyncio.sleep(0)
 
     if endpoint == "sansio":
-        from socket_gateway.ws_server import WsEndpoint
+        from socket_gateway.ws import WsEndpoint
 
         ep: Any = WsEndpoint(
             conns, SECRET, SystemClock(), ConnIdFactory("gwb"), register, unregister
         )
     else:
-        sys.path.insert(0, str(Path(__file__).resolve().parent))
-        from websockets_endpoint import WsEndpoint as WebsocketsEndpoint
+        from bench.websockets_endpoint import WsEndpoint as WebsocketsEndpoint
 
         ep = WebsocketsEndpoint(
             conns, SECRET, SystemClock(), ConnIdFactory("gwb"), register, unregister
@@ -145,12 +89,11 @@ async def gateway_side(endpoint: str, clients: int) -> None:
     port = server.sockets[0].getsockname()[1]
     gc.collect()
     emit(event="ready", port=port, pid=os.getpid(), loop=type(asyncio.get_running_loop()).__name__)
-    lines = await stdin_lines()
-    while line := (await lines.readline()).decode().strip():
-        cmd, *args = line.split()
+    async for msg in stdin_commands():
+        cmd, args = msg["cmd"], msg.get("args", [])
         if cmd == "rss":
             gc.collect()
-            emit(event="rss", rss_kib=vm_rss_kib(), conns=len(conns), registered=registered)
+            emit(event="rss", rss_kib=vm_kib()["VmRSS"], conns=len(conns), registered=registered)
         elif cmd == "deliver":
             frame = frame_of(int(args[0]))
             uids = [c.uid for c in conns]
@@ -175,211 +118,25 @@ async def gateway_side(endpoint: str, clients: int) -> None:
             return
 
 
-# --------------------------------------------------------------------------- client side
-
-
-class Pool:
-    """The client connections of one client process and what each got per round."""
-
-    def __init__(self, n: int) -> None:
-        self.open = 0
-        self.failed = 0
-        self.closed = 0
-        self.round = -1
-        self.marker = b"-"
-        self.got = bytearray(n)  # frames of the current round, per connection
-        self.count = 0
-        self.dups = 0
-        self.wrong = 0
-        self.last = 0.0
-        self.expected = 0
-        self.done: asyncio.Future[None] | None = None
-
-    def on_text(self, idx: int, payload: bytes) -> None:
-        if self.marker not in payload:
-            self.wrong += 1
-            return
-        seen = self.got[idx]
-        self.got[idx] = min(seen + 1, 255)
-        if seen:
-            self.dups += 1
-            return
-        self.count += 1
-        self.last = time.monotonic()
-        if self.count == self.expected and self.done is not None and not self.done.done():
-            self.done.set_result(None)
-
-
-class RawWs(asyncio.Protocol):
-    """A minimal WebSocket client: handshake, unmasked server frames, pong, close echo."""
-
-    __slots__ = ("buf", "idx", "opened", "pool", "request", "transport", "upgraded")
-
-    def __init__(self, pool: Pool, idx: int, request: bytes, opened: asyncio.Future[bool]):
-        self.pool = pool
-        self.idx = idx
-        self.request = request
-        self.opened: asyncio.Future[bool] | None = opened
-        self.buf = b""
-        self.upgraded = False
-        self.transport: asyncio.Transport | None = None
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
-        self.transport.write(self.request)  # type: ignore[union-attr]
-
-    def data_received(self, data: bytes) -> None:
-        buf = self.buf + data if self.buf else data
-        if not self.upgraded:
-            end = buf.find(b"\r\n\r\n")
-            if end < 0:
-                self.buf = buf
-                return
-            ok = buf.startswith(b"HTTP/1.1 101 ")
-            self.upgraded = ok
-            if self.opened is not None and not self.opened.done():
-                self.opened.set_result(ok)
-            self.opened = None
-            if not ok:
-                self.transport.close()  # type: ignore[union-attr]
-                return
-            self.pool.open += 1
-            buf = buf[end + 4 :]
-        pos, n = 0, len(buf)
-        while n - pos >= 2:
-            b0, b1 = buf[pos], buf[pos + 1]
-            size, head = b1 & 0x7F, 2
-            if size == 126:
-                if n - pos < 4:
-                    break
-                size, head = int.from_bytes(buf[pos + 2 : pos + 4], "big"), 4
-            elif size == 127:
-                if n - pos < 10:
-                    break
-                size, head = int.from_bytes(buf[pos + 2 : pos + 10], "big"), 10
-            if n - pos < head + size:
-                break
-            payload = buf[pos + head : pos + head + size]
-            pos += head + size
-            opcode = b0 & 0x0F
-            if opcode == 0x1:
-                self.pool.on_text(self.idx, payload)
-            elif opcode == 0x9:  # ping -> pong, masked with a zero key
-                self.transport.write(bytes((0x8A, 0x80 | size)) + b"\0\0\0\0" + payload)  # type: ignore[union-attr]
-            elif opcode == 0x8:
-                self.transport.write(bytes((0x88, 0x80 | size)) + b"\0\0\0\0" + payload)  # type: ignore[union-attr]
-                self.transport.close()  # type: ignore[union-attr]
-                self.pool.closed += 1
-                return
-        self.buf = buf[pos:]
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        if self.opened is not None and not self.opened.done():
-            self.opened.set_result(False)
-        if self.upgraded:
-            self.pool.open -= 1
-
-
-async def client_side(port: int, first: int, count: int) -> None:
-    from shared.auth import issue_token
-    from shared.clock import SystemClock
-
-    raise_nofile(count + 1024)
-    loop = asyncio.get_running_loop()
-    pool = Pool(count)
-    clock = SystemClock()
-    lines = await stdin_lines()
-    emit(event="ready", pid=os.getpid())
-    while line := (await lines.readline()).decode().strip():
-        cmd, *args = line.split()
-        if cmd == "connect":
-            t0 = time.monotonic()
-            sem = asyncio.Semaphore(int(args[0]))
-
-            async def one(i: int, sem: asyncio.Semaphore) -> None:
-                tok = issue_token(SECRET, uid_of(first + i), 3600, clock)
-                req = (
-                    f"GET /ws?token={tok} HTTP/1.1\r\nHost: {HOST}:{port}\r\n"
-                    "Upgrade: websocket\r\nConnection: Upgrade\r\n"
-                    "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
-                    "Sec-WebSocket-Version: 13\r\n\r\n"
-                ).encode()
-                async with sem:
-                    opened: asyncio.Future[bool] = loop.create_future()
-                    try:
-                        await loop.create_connection(
-                            lambda: RawWs(pool, i, req, opened), HOST, port
-                        )
-                        ok = await asyncio.wait_for(opened, 30)
-                    except (OSError, TimeoutError):
-                        ok = False
-                    if not ok:
-                        pool.failed += 1
-
-            await asyncio.gather(*(one(i, sem) for i in range(count)))
-            emit(event="connected", open=pool.open, failed=pool.failed, s=time.monotonic() - t0)
-        elif cmd == "arm":
-            pool.round = int(args[0])
-            pool.marker = round_marker(pool.round)
-            pool.got = bytearray(count)
-            pool.count = pool.dups = pool.wrong = 0
-            pool.last = 0.0
-            pool.expected = pool.open
-            pool.done = loop.create_future()
-            emit(event="armed")
-        elif cmd == "wait":
-            assert pool.done is not None
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(asyncio.shield(pool.done), ROUND_TIMEOUT_S)
-            await asyncio.sleep(0.2)  # time for any duplicate to show up
-            emit(
-                event="got",
-                count=pool.count,
-                expected=pool.expected,
-                last=pool.last,
-                dups=pool.dups,
-                wrong=pool.wrong,
-            )
-        elif cmd == "status":
-            emit(event="status", open=pool.open, closed=pool.closed)
-        elif cmd == "quit":
-            return
-
-
 # --------------------------------------------------------------------------- orchestrator
 
 
 class Child:
-    def __init__(self, proc: asyncio.subprocess.Process, name: str) -> None:
-        self.proc = proc
-        self.name = name
+    """A child of one configuration: text commands in, JSON events out."""
+
+    def __init__(self, link: ChildLink) -> None:
+        self.link = link
 
     async def send(self, line: str) -> None:
-        assert self.proc.stdin is not None
-        self.proc.stdin.write((line + "\n").encode())
-        await self.proc.stdin.drain()
+        cmd, *args = line.split()
+        self.link.send(cmd=cmd, args=[int(a) for a in args])
 
     async def recv(self, event: str, timeout: float = STEP_TIMEOUT_S) -> dict[str, Any]:
-        assert self.proc.stdout is not None
-        while True:
-            raw = await asyncio.wait_for(self.proc.stdout.readline(), timeout)
-            if not raw:
-                raise RuntimeError(f"{self.name} exited (rc={self.proc.returncode})")
-            try:
-                msg: dict[str, Any] = json.loads(raw)
-            except ValueError:
-                continue  # stray output
-            if msg.get("event") == event:
-                return msg
+        return await self.link.expect(event, timeout)
 
     async def ask(self, line: str, event: str, timeout: float = STEP_TIMEOUT_S) -> dict[str, Any]:
         await self.send(line)
         return await self.recv(event, timeout)
-
-    def stop(self) -> None:
-        if self.proc.returncode is None:
-            with contextlib.suppress(ProcessLookupError):
-                self.proc.kill()
 
 
 def cpu_split(pin: bool) -> tuple[set[int] | None, set[int] | None]:
@@ -390,27 +147,21 @@ def cpu_split(pin: bool) -> tuple[set[int] | None, set[int] | None]:
     return {cpus[0]}, set(cpus[1:])
 
 
-async def spawn(name: str, *args: str, cpus: set[int] | None = None) -> Child:
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        str(SCRIPT),
-        *args,
-        stdin=asyncio.subprocess.PIPE,
-        stdout=asyncio.subprocess.PIPE,
-        cwd=str(ROOT),
-    )
+async def spawn(sup: Supervisor, name: str, *args: str, cpus: set[int] | None = None) -> Child:
+    child = sup.start(name, bench_argv("bench.ws_endpoints", *args), stdin="pipe", stdout="pipe")
     if cpus:
-        os.sched_setaffinity(proc.pid, cpus)
-    return Child(proc, name)
+        os.sched_setaffinity(child.pid, cpus)
+    return Child(await ChildLink(child).open())
 
 
 async def one_config(
     endpoint: str, loop_name: str, n: int, procs: int, rounds: int, parallel: int, pin: bool
 ) -> dict[str, Any]:
     gw_cpus, client_cpus = cpu_split(pin)
+    sup = Supervisor()
     children: list[Child] = []
     try:
-        gw = await spawn("gateway", "_gateway", endpoint, loop_name, str(n), cpus=gw_cpus)
+        gw = await spawn(sup, "gateway", "_gateway", endpoint, loop_name, str(n), cpus=gw_cpus)
         children.append(gw)
         ready = await gw.recv("ready")
         port, gw_pid = ready["port"], ready["pid"]
@@ -419,6 +170,7 @@ async def one_config(
         clients = []
         for k in range(procs):
             c = await spawn(
+                sup,
                 f"clients{k}",
                 "_clients",
                 str(port),
@@ -491,15 +243,10 @@ async def one_config(
         }
     finally:
         for c in children:
-            with contextlib.suppress(Exception):
-                if c.proc.stdin is not None:
-                    c.proc.stdin.close()
+            c.link.close()
+        # Their stdin closed, the children end by themselves; the rest are stopped by PID.
         await asyncio.sleep(0.2)
-        for c in children:
-            c.stop()
-        for c in children:
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(c.proc.wait(), 5)
+        sup.stop_all(grace_s=5.0)
 
 
 def summarize(res: dict[str, Any]) -> str:
@@ -556,11 +303,11 @@ async def orchestrate(args: argparse.Namespace) -> dict[str, Any]:
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "_gateway":
         _, _, endpoint, loop_name, n = sys.argv
-        run(gateway_side(endpoint, int(n)), loop_name)
+        run_loop(gateway_side(endpoint, int(n)), loop_name)
         return
     if len(sys.argv) > 1 and sys.argv[1] == "_clients":
         _, _, port, first, count = sys.argv
-        run(client_side(int(port), int(first), int(count)), "uvloop")
+        run_loop(client_side(int(port), int(first), int(count)), "uvloop")
         return
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     p.add_argument("--clients", type=int, default=10_000)

@@ -10,16 +10,15 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import socket
-import subprocess
 import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from router.devtools.procs import die_with_parent
+from router.devtools.ports import free_port
+from router.devtools.supervisor import Supervisor
 
 __all__ = ["PROJECT", "find_emulator", "running_emulator"]
 
@@ -42,13 +41,6 @@ def find_emulator() -> Path | None:
     return None
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
 def _answers(port: int) -> bool:
     try:
         with socket.create_connection(("127.0.0.1", port), timeout=0.2):
@@ -62,32 +54,23 @@ def running_emulator(launcher: Path) -> Iterator[str]:
     """Start the emulator on a free loopback port; yields its host:port; stops it after."""
     if shutil.which("java") is None:
         raise RuntimeError("the Pub/Sub emulator needs java on PATH")
-    port = _free_port()
-    with tempfile.TemporaryDirectory(prefix="imroute-pubsub-") as data_dir:
+    port = free_port()
+    with tempfile.TemporaryDirectory(prefix="imroute-pubsub-") as data_dir, Supervisor() as sup:
         log_path = Path(data_dir) / "emulator.log"
         with log_path.open("wb") as log:
-            # Its own session, so the launcher script and its JVM stop together; the
+            # Its own process group, so the launcher script and its JVM stop together; the
             # script execs java, which dies with this process even on a kill -9.
-            proc = subprocess.Popen(
+            proc = sup.start(
+                "pubsub-emulator",
                 [str(launcher), "--host=127.0.0.1", f"--port={port}", f"--dir={data_dir}"],
                 stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-                preexec_fn=die_with_parent,  # noqa: PLW1509  # a bare prctl, no locks
+                stderr="stdout",
+                whole_group=True,
             )
-        try:
-            deadline = time.monotonic() + START_TIMEOUT_S
-            while not _answers(port):
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    output = log_path.read_text(errors="replace")[-2000:]
-                    raise RuntimeError(f"the Pub/Sub emulator did not start:\n{output}")
-                time.sleep(0.1)
-            yield f"127.0.0.1:{port}"
-        finally:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGTERM)
-                try:
-                    proc.wait(10)
-                except subprocess.TimeoutExpired:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                    proc.wait()
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while not _answers(port):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                output = log_path.read_text(errors="replace")[-2000:]
+                raise RuntimeError(f"the Pub/Sub emulator did not start:\n{output}")
+            time.sleep(0.1)
+        yield f"127.0.0.1:{port}"

@@ -6,23 +6,22 @@ import json
 import os
 import secrets
 import signal
-import socket
-import subprocess
 import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from types import FrameType
 
 from router.devtools.embedded_redis import EmbeddedRedis, redis_answers
-from router.devtools.procs import die_with_parent
+from router.devtools.ports import port_free
+from router.devtools.supervisor import ChildExited, Supervisor
 from router.directory.migrate import upgrade_sync
 from shared.errors import ConfigError
 from shared.settings import Settings, redact_url
 
-__all__ = ["DevOptions", "DevStack"]
+__all__ = ["DevOptions", "DevStack", "gateway_argv", "listed_gateways", "push_service_argv"]
 
 
 @dataclass(frozen=True)
@@ -37,7 +36,7 @@ class DevOptions:
 class DevStack:
     options: DevOptions
     environ: Mapping[str, str]
-    procs: list[tuple[str, subprocess.Popen[bytes]]] = field(default_factory=list)
+    children: Supervisor = field(default_factory=Supervisor)
     redis: EmbeddedRedis | None = None
     _stopping: bool = False
 
@@ -84,33 +83,9 @@ class DevStack:
             print(f"bus: {_bus_description(settings.bus_url, env)}", flush=True)
             if self._stopping:
                 return 0
-            self._spawn(
-                "push-service",
-                [sys.executable, "-m", "push_service", "--host", o.host, "--port", str(o.port)],
-                env,
-            )
+            self.children.start("push-service", push_service_argv(o.host, o.port), env=env)
             for gid, ws, grpc, group in self.ports():
-                self._spawn(
-                    gid,
-                    [
-                        sys.executable,
-                        "-m",
-                        "socket_gateway",
-                        "--id",
-                        gid,
-                        "--group",
-                        group,
-                        "--ws-host",
-                        o.host,
-                        "--ws-port",
-                        str(ws),
-                        "--grpc-host",
-                        o.host,
-                        "--grpc-port",
-                        str(grpc),
-                    ],
-                    env,
-                )
+                self.children.start(gid, gateway_argv(gid, group, o.host, ws, grpc), env=env)
             gateways = self._wait_ready(env["IMROUTE_API_KEY"])
             if gateways is None:  # stopped by a signal while starting
                 return 0
@@ -132,35 +107,19 @@ class DevStack:
                     f"--port {o.port}: {name} would be {port}, outside 1-65535 "
                     f"(gateway i uses PORT+i and PORT+1000+i)"
                 )
-            if not _port_free(o.host, port):
+            if not port_free(port, o.host):
                 raise ConfigError(f"{name}: port {port} on {o.host} is already in use")
 
-    def _spawn(self, name: str, argv: list[str], env: Mapping[str, str]) -> None:
-        proc = subprocess.Popen(
-            argv,
-            env=env,
-            stdin=subprocess.DEVNULL,
-            preexec_fn=die_with_parent,  # noqa: PLW1509
-        )
-        self.procs.append((name, proc))
-
     def _wait_ready(self, api_key: str, timeout_s: float = 30.0) -> list[dict[str, object]] | None:
-        deadline = time.monotonic() + timeout_s
-        url = f"http://{self.options.host}:{self.options.port}/v1/gateways"
-        request = urllib.request.Request(url, headers={"Authorization": f"Bearer {api_key}"})
-        while time.monotonic() < deadline and not self._stopping:
-            self._check_children()
-            try:
-                with urllib.request.urlopen(request, timeout=1) as resp:
-                    gateways: list[dict[str, object]] = json.load(resp)["gateways"]
-                mine = {gid for gid, *_ in self.ports()}
-                if mine <= {str(g["gateway_id"]) for g in gateways}:
-                    return [g for g in gateways if g["gateway_id"] in mine]
-            except (urllib.error.URLError, OSError, ValueError, KeyError):
-                pass
-            time.sleep(0.2)
-        if self._stopping:
-            return None
+        o = self.options
+        mine = {gid for gid, *_ in self.ports()}
+        gateways = self.children.wait_until(
+            lambda: listed_gateways(o.host, o.port, api_key, mine),
+            timeout_s,
+            cancelled=lambda: self._stopping,
+        )
+        if gateways is not None or self._stopping:
+            return gateways
         raise RuntimeError(f"the stack did not become ready within {timeout_s:.0f}s")
 
     def _banner(
@@ -199,27 +158,24 @@ class DevStack:
 
     def _watch(self) -> int:
         while not self._stopping:
-            crashed = self._check_children(raise_=False)
+            crashed = self._check_children()
             if crashed:
                 print(f"imroute dev: {crashed}; stopping the stack", file=sys.stderr, flush=True)
                 return 1
             time.sleep(0.2)
         return 0
 
-    def _check_children(self, raise_: bool = True) -> str | None:
-        for name, proc in list(self.procs):
-            code = proc.poll()
-            if code is not None and not self._stopping:
-                if code == 0 and name != "push-service" and not raise_:
-                    # A gateway that was drained (POST /v1/gateways/{id}/drain) exits
-                    # cleanly once its clients moved: the rest of the stack goes on.
-                    print(f"imroute dev: {name} drained and exited", flush=True)
-                    self.procs.remove((name, proc))
-                    continue
-                message = f"{name} exited with code {code}"
-                if raise_:
-                    raise RuntimeError(message)
-                return message
+    def _check_children(self) -> str | None:
+        for child in self.children.exited():
+            if self._stopping:
+                return None
+            if child.returncode == 0 and child.name != "push-service":
+                # A gateway that was drained (POST /v1/gateways/{id}/drain) exits
+                # cleanly once its clients moved: the rest of the stack goes on.
+                print(f"imroute dev: {child.name} drained and exited", flush=True)
+                self.children.forget(child)
+                continue
+            return str(ChildExited(child))
         return None
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
@@ -229,31 +185,44 @@ class DevStack:
         """SIGINT every child (stop now: a gateway would drain on SIGTERM), wait, SIGKILL
         stragglers, then stop the embedded Redis."""
         self._stopping = True
-        for _, proc in self.procs:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGINT)
-        deadline = time.monotonic() + 10
-        for _, proc in self.procs:
-            try:
-                proc.wait(max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-        self.procs.clear()
+        self.children.stop_all(signal.SIGINT, grace_s=10)
         if self.redis is not None:
             self.redis.stop()
             self.redis = None
 
 
-def _port_free(host: str, port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        # Like the servers themselves: a port in TIME_WAIT is free to reuse.
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind((host, port))
-        except OSError:
-            return False
-    return True
+def push_service_argv(host: str, port: int) -> list[str]:
+    """The push service as a child process (uvicorn, one worker)."""
+    return [sys.executable, "-m", "push_service", "--host", host, "--port", str(port)]
+
+
+def gateway_argv(gateway_id: str, group: str, host: str, ws_port: int, grpc_port: int) -> list[str]:
+    """A socket gateway as a child process."""
+    return [
+        sys.executable,
+        "-m",
+        "socket_gateway",
+        *("--id", gateway_id, "--group", group),
+        *("--ws-host", host, "--ws-port", str(ws_port)),
+        *("--grpc-host", host, "--grpc-port", str(grpc_port)),
+    ]
+
+
+def listed_gateways(
+    host: str, port: int, api_key: str, wanted: Collection[str]
+) -> list[dict[str, object]] | None:
+    """The `wanted` gateways as GET /v1/gateways lists them; None until it lists them all."""
+    request = urllib.request.Request(
+        f"http://{host}:{port}/v1/gateways", headers={"Authorization": f"Bearer {api_key}"}
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=1) as resp:
+            gateways: list[dict[str, object]] = json.load(resp)["gateways"]
+    except (urllib.error.URLError, OSError, ValueError, KeyError):
+        return None
+    if not set(wanted) <= {str(g["gateway_id"]) for g in gateways}:
+        return None
+    return [g for g in gateways if g["gateway_id"] in wanted]
 
 
 def _imroute() -> str:

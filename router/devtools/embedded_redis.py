@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
 import tempfile
 import time
 from pathlib import Path
@@ -17,7 +16,7 @@ from types import TracebackType
 import redis
 import redis.exceptions
 
-from router.devtools.procs import die_with_parent
+from router.devtools.supervisor import Child, Supervisor
 
 __all__ = ["EmbeddedRedis", "find_redis_server", "redis_answers"]
 
@@ -57,7 +56,7 @@ class EmbeddedRedis:
 
     def __init__(self) -> None:
         self._dir: Path | None = None
-        self._proc: subprocess.Popen[bytes] | None = None
+        self._proc: Child | None = None
         self.url = ""
 
     @property
@@ -67,7 +66,8 @@ class EmbeddedRedis:
     def start(self, timeout_s: float = 10.0) -> str:
         self._dir = Path(tempfile.mkdtemp(prefix="imroute-redis-"))
         sock = self._dir / "redis.sock"
-        self._proc = subprocess.Popen(
+        self._proc = Supervisor().start(
+            "redis-server",
             [
                 find_redis_server(),
                 "--port",
@@ -85,10 +85,8 @@ class EmbeddedRedis:
                 "--logfile",
                 str(self._dir / "redis.log"),
             ],
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            preexec_fn=die_with_parent,  # noqa: PLW1509  # started before any thread
+            stdout="null",
+            stderr="null",
         )
         self.url = f"unix://{sock}"
         deadline = time.monotonic() + timeout_s
@@ -104,13 +102,8 @@ class EmbeddedRedis:
         raise RuntimeError(f"embedded redis-server did not answer within {timeout_s}s")
 
     def stop(self) -> None:
-        if self._proc is not None and self._proc.poll() is None:
-            self._proc.terminate()
-            try:
-                self._proc.wait(5)
-            except subprocess.TimeoutExpired:
-                self._proc.kill()
-                self._proc.wait()
+        if self._proc is not None:
+            self._proc.stop(grace_s=5)
         self._proc = None
         if self._dir is not None:
             shutil.rmtree(self._dir, ignore_errors=True)

@@ -8,7 +8,6 @@ it starts is stopped by its own handle.
 from __future__ import annotations
 
 import shutil
-import subprocess
 import tempfile
 import time
 from collections.abc import Iterator
@@ -18,8 +17,8 @@ from pathlib import Path
 import redis
 
 from router.devtools.embedded_redis import find_redis_server, redis_answers
-from router.devtools.procs import die_with_parent
-from tests.integration.procs import free_port_block
+from router.devtools.ports import free_port_block
+from router.devtools.supervisor import Supervisor
 
 SLOTS = 16384
 
@@ -30,19 +29,19 @@ def local_cluster(nodes: int = 3, timeout_s: float = 20.0) -> Iterator[str]:
     base = free_port_block([*range(nodes), *(10000 + i for i in range(nodes))])
     ports = [base + i for i in range(nodes)]
     workdir = Path(tempfile.mkdtemp(prefix="imroute-cluster-"))
-    procs: list[subprocess.Popen[bytes]] = []
     try:
-        procs.extend(_start_node(port, workdir) for port in ports)
-        _form_cluster(ports, time.monotonic() + timeout_s)
-        yield f"redis+cluster://127.0.0.1:{ports[0]}"
+        with Supervisor() as nodes_running:
+            for port in ports:
+                _start_node(nodes_running, port, workdir)
+            _form_cluster(ports, time.monotonic() + timeout_s)
+            yield f"redis+cluster://127.0.0.1:{ports[0]}"
     finally:
-        for proc in procs:
-            _stop(proc)
         shutil.rmtree(workdir, ignore_errors=True)
 
 
-def _start_node(port: int, workdir: Path) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(
+def _start_node(nodes: Supervisor, port: int, workdir: Path) -> None:
+    nodes.start(
+        f"redis-{port}",
         [
             find_redis_server(),
             *("--port", str(port), "--bind", "127.0.0.1"),
@@ -51,10 +50,8 @@ def _start_node(port: int, workdir: Path) -> subprocess.Popen[bytes]:
             *("--save", "", "--appendonly", "no", "--dir", str(workdir)),
             *("--logfile", str(workdir / f"redis-{port}.log")),
         ],
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        preexec_fn=die_with_parent,  # noqa: PLW1509  # no threads of ours yet
+        stdout="null",
+        stderr="null",
     )
 
 
@@ -84,12 +81,3 @@ def _form_cluster(ports: list[int], deadline: float) -> None:
 def _ready(client: redis.Redis, nodes: int) -> bool:
     info = client.cluster("INFO")
     return bool(info["cluster_state"] == "ok" and int(info["cluster_known_nodes"]) == nodes)
-
-
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    proc.terminate()
-    try:
-        proc.wait(5)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()

@@ -15,13 +15,14 @@ import redis.asyncio as aioredis
 from websockets.asyncio.client import connect
 
 from router.balancing import BreakerState
+from router.devtools.ports import free_port_block
 from router.fleet.store import RedisGatewayFleet
 from router.routes.registry import RedisRouteRegistry, Registration
 from shared.clock import SystemClock
 from shared.keys import KeySchema
 from shared.models import GatewayInfo
 from tests.conftest import SECRET
-from tests.integration.procs import BIN, Proc, base_env, free_port_block, read_until, running
+from tests.integration.procs import BIN, Proc, base_env, read_until, running
 from tests.integration.stack import AUTH, api, client, gateway, recv_json, token, wait_for
 
 pytestmark = pytest.mark.integration

@@ -6,7 +6,7 @@ import pytest
 import redis
 
 from router.devtools.embedded_redis import EmbeddedRedis, find_redis_server, redis_answers
-from tests.integration.procs import alive
+from router.devtools.supervisor import alive
 
 pytestmark = pytest.mark.integration
 

@@ -16,7 +16,8 @@ from typing import Any
 
 import pytest
 
-from tests.integration.procs import BIN, Proc, base_env, free_port_block, read_until, running
+from router.devtools.ports import free_port_block
+from tests.integration.procs import BIN, Proc, base_env, read_until, running
 
 pytestmark = pytest.mark.integration
 

@@ -15,13 +15,13 @@ import redis.asyncio as aioredis
 
 from router.bus import BROADCAST
 from router.bus.pubsub import PubSubBus
+from router.devtools.latency_publisher import Behaviour, Call, LatencyPublisher
 from router.hedging import HedgingSettings, RetrySettings
 from router.hedging.metrics import PublishMetrics
 from shared.clock import SystemClock
 from shared.errors import BusUnavailable, ConfigError
 from tests.integration.stack import api, gateway, settings
 from tests.integration.test_group_push import connect_all, frames
-from tests.latency_publisher import Behaviour, Call, LatencyPublisher
 
 pytestmark = pytest.mark.integration
 

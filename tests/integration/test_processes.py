@@ -15,17 +15,11 @@ import pytest
 import redis.asyncio as aioredis
 from websockets.asyncio.client import connect
 
+from router.devtools.ports import free_port_block
+from router.devtools.supervisor import alive, descendants
 from shared.keys import KeySchema
 from tests.conftest import SECRET
-from tests.integration.procs import (
-    BIN,
-    alive,
-    base_env,
-    descendants,
-    free_port_block,
-    read_until,
-    running,
-)
+from tests.integration.procs import BIN, base_env, read_until, running
 from tests.integration.stack import token
 
 pytestmark = pytest.mark.integration

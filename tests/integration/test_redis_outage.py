@@ -7,9 +7,7 @@ test's own, on a TCP port, so that it can be paused, killed and restarted."""
 from __future__ import annotations
 
 import asyncio
-import os
 import signal
-import subprocess
 import tempfile
 import time
 from collections.abc import Iterator
@@ -21,13 +19,13 @@ import pytest
 import redis.asyncio as aioredis
 
 from router.devtools.embedded_redis import find_redis_server, redis_answers
-from router.devtools.procs import die_with_parent
+from router.devtools.ports import free_port_block
+from router.devtools.supervisor import Child, Supervisor
 from router.gateway_rpc.grpc_client import GrpcGatewayClients
 from shared.batches import to_batch
 from shared.clock import SystemClock
 from shared.keys import KeySchema
 from shared.models import Message
-from tests.integration.procs import free_port_block
 from tests.integration.stack import AUTH, api, client, gateway, recv_json, token
 
 pytestmark = pytest.mark.integration
@@ -41,14 +39,14 @@ class RedisProcess:
     def __init__(self, port: int, folder: Path) -> None:
         self.port, self.folder = port, folder
         self.url = f"redis://127.0.0.1:{port}/0"
-        self.proc: subprocess.Popen[bytes] | None = None
+        self.proc: Child | None = None
 
     def start(self) -> None:
-        self.proc = subprocess.Popen(
+        self.proc = Supervisor().start(
+            "redis-server",
             [find_redis_server(), "--port", str(self.port), "--bind", "127.0.0.1",
              "--save", "", "--appendonly", "no", "--dir", str(self.folder)],
-            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-            preexec_fn=die_with_parent,  # noqa: PLW1509
+            stdout="null", stderr="null",
         )  # fmt: skip
         deadline = time.monotonic() + 10
         while not redis_answers(self.url, 0.2):
@@ -58,12 +56,11 @@ class RedisProcess:
 
     def signal(self, sig: int) -> None:
         assert self.proc is not None
-        os.kill(self.proc.pid, sig)
+        self.proc.send_signal(sig)
 
     def kill(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
+        if self.proc is not None:
+            self.proc.stop(signal.SIGKILL)
 
 
 @contextmanager
