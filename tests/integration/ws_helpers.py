@@ -28,6 +28,7 @@ from shared.wire import encode_push_json, ws_text_frame
 from socket_gateway.connections import LocalConnections
 from socket_gateway.ws import WsEndpoint, WsTimers
 from tests.conftest import SECRET
+from tests.integration.stack import nothing_more
 
 __all__ = [
     "Gw",
@@ -156,12 +157,6 @@ async def closed_with(ws: ClientConnection, timeout: float = 3.0) -> tuple[int, 
     return closed.value.rcvd.code, closed.value.rcvd.reason
 
 
-async def nothing_more(ws: ClientConnection, wait: float = 0.3) -> bool:
-    try:
-        await asyncio.wait_for(ws.recv(), wait)
-    except TimeoutError:
-        return True
-    return False
 
 
 def push_frame(text: str) -> tuple[bytes, dict[str, Any]]:
