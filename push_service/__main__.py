@@ -10,7 +10,6 @@ from collections.abc import Sequence
 import uvicorn
 
 from push_service.app import create_app
-from router.bus.factory import refuse_in_process_bus
 from shared.errors import ImrouteError
 from shared.settings import Settings
 
@@ -40,7 +39,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     try:
         settings = Settings.load(os.environ, **vars(args))
-        refuse_in_process_bus(settings, "push service")
         app = create_app(settings)
     except ImrouteError as exc:
         print(f"imroute push-service: {exc}", file=sys.stderr)

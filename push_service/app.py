@@ -11,6 +11,7 @@ from push_service.errors import add_error_handlers
 from push_service.limits import BodyLimit
 from push_service.routes import ROUTERS
 from push_service.wiring import Wiring
+from router.bus.base import Bus
 from shared.clock import Clock, SystemClock
 from shared.errors import ConfigError
 from shared.settings import Settings
@@ -25,11 +26,12 @@ MAX_MULTICAST_BODY_BYTES = 160 << 20
 MAX_USERS_BODY_BYTES = 32 << 20
 
 
-def create_app(settings: Settings, clock: Clock | None = None) -> FastAPI:
-    """Build the app; Redis and gRPC channels are opened by its lifespan."""
+def create_app(settings: Settings, clock: Clock | None = None, bus: Bus | None = None) -> FastAPI:
+    """Build the app; Redis and gRPC channels are opened by its lifespan. `bus`: one the
+    caller owns, e.g. a MemoryBus shared with gateways in the same process."""
     if settings.api_key is None:
         raise ConfigError("IMROUTE_API_KEY: required by the push service")
-    wiring = Wiring(settings, clock or SystemClock())
+    wiring = Wiring(settings, clock or SystemClock(), bus)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

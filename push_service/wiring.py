@@ -67,9 +67,12 @@ class Parts:
 class Wiring:
     """Builds the push service's objects from Settings; `open()` starts and stops them."""
 
-    def __init__(self, settings: Settings, clock: Clock) -> None:
+    def __init__(self, settings: Settings, clock: Clock, bus: Bus | None = None) -> None:
+        """`bus`: a bus the caller opened and closes (a MemoryBus shared with in-process
+        gateways); without it, the one IMROUTE_BUS_URL names is opened and closed here."""
         self._settings = settings
         self._clock = clock
+        self._given_bus = bus
         self._keys = KeySchema(settings.redis_prefix)
         # Built here, not in open(), so a bad IMROUTE_REDIS_URL or hedging setting
         # stops the program with a message before the server starts.
@@ -104,9 +107,13 @@ class Wiring:
                 settings.gateway_cache_s,
                 on_change=_retain_all(clients, self._call_metrics),
             )
-            bus = await stack.enter_async_context(
-                bus_from_settings(settings, self._publish_metrics)
-            )
+            bus: Bus
+            if self._given_bus is not None:
+                bus = self._given_bus
+            else:
+                bus = await stack.enter_async_context(
+                    bus_from_settings(settings, self._publish_metrics)
+                )
             directory = await stack.enter_async_context(
                 SqlUserDirectory.from_url(settings.db_url, clock)
             )

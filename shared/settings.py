@@ -32,7 +32,7 @@ class Settings(BaseSettings):
     secret: SecretStr | None = None
 
     # the bus broadcast and multicast batches travel on; None means Redis Streams on
-    # IMROUTE_REDIS_URL (the embedded default); memory:// is in-process (tests, examples)
+    # IMROUTE_REDIS_URL (the embedded default)
     bus_url: str | None = None
     # Redis Streams: entries kept per topic's stream (MAXLEN ~); about 10 KB each for
     # 1000-uid batches, so the default holds about 100 MB per topic
@@ -99,10 +99,18 @@ class Settings(BaseSettings):
     @field_validator("bus_url")
     @classmethod
     def _bus_url(cls, value: str | None) -> str | None:
+        if value is not None and value.startswith("memory://"):
+            # An in-process bus opened from a setting would be one bus per service: the
+            # push service's batches would reach no gateway. Code that runs both in one
+            # process passes the same MemoryBus object to each instead.
+            raise ValueError(
+                "memory:// is an in-process bus for tests and examples: pass one MemoryBus "
+                "to create_app(settings, bus=...) and Gateway(settings, bus=...) instead"
+            )
         if value is not None and not value.startswith(
-            ("redis://", "rediss://", "unix://", "pubsub://", "memory://")
+            ("redis://", "rediss://", "unix://", "pubsub://")
         ):
-            raise ValueError("must start with redis://, rediss://, unix://, pubsub:// or memory://")
+            raise ValueError("must start with redis://, rediss://, unix:// or pubsub://")
         return value
 
     @field_validator("hedge_delay_ms", mode="before")

@@ -12,7 +12,6 @@ import sys
 from collections.abc import Coroutine, Sequence
 from typing import Any
 
-from router.bus.factory import refuse_in_process_bus
 from shared.errors import ConfigError, ImrouteError
 from shared.settings import Settings
 from socket_gateway.app import Gateway
@@ -98,7 +97,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     try:
         settings = Settings.load(os.environ, **vars(args))
-        refuse_in_process_bus(settings, "gateway")
     except ImrouteError as exc:
         print(f"imroute gateway: {exc}", file=sys.stderr)
         return 2

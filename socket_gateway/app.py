@@ -12,6 +12,7 @@ from types import TracebackType
 
 import grpc.aio
 
+from router.bus.base import Bus
 from router.bus.factory import bus_from_settings
 from router.fleet.drain import RedisDrainRequests
 from router.fleet.store import RedisGatewayFleet
@@ -50,13 +51,17 @@ class Gateway:
         settings: Settings,
         clock: Clock | None = None,
         grpc_interceptors: Sequence[grpc.aio.ServerInterceptor] = (),
+        bus: Bus | None = None,
     ) -> None:
-        """`grpc_interceptors` wrap the gRPC service (tests and benchmarks inject faults)."""
+        """`grpc_interceptors` wrap the gRPC service (tests and benchmarks inject faults);
+        `bus`: one the caller owns (a MemoryBus shared with an in-process push service),
+        else the one IMROUTE_BUS_URL names, opened and closed with the gateway."""
         if settings.secret is None:
             raise ConfigError("IMROUTE_SECRET: required by the gateway to verify client tokens")
         self.settings = settings
         self.clock = clock or SystemClock()
         self._interceptors = tuple(grpc_interceptors)
+        self._given_bus = bus
         self.conns = LocalConnections(max_buffer=settings.max_write_buffer)
         self.deliver_service = DeliverService(self.conns, self.clock, RecentIds(self.clock))
         self.metrics = GatewayMetrics(self.deliver_service, self.conns)
@@ -157,7 +162,11 @@ class Gateway:
         )
         self._ws_server = await self._ws.serve(s.ws_host, s.ws_port)
         self.ws_port = self._ws_server.sockets[0].getsockname()[1]
-        bus = await self._stack.enter_async_context(bus_from_settings(s))
+        bus: Bus
+        if self._given_bus is not None:
+            bus = self._given_bus
+        else:
+            bus = await self._stack.enter_async_context(bus_from_settings(s))
         # Subscribed before announcing: a batch published once this gateway is visible
         # must already be owed to it.
         await bus.prepare(gateway_topics(s.group_id), s.gateway_id)

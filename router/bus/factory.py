@@ -17,7 +17,6 @@ __all__ = [
     "bus_from_settings",
     "hedging_from_settings",
     "open_bus",
-    "refuse_in_process_bus",
 ]
 
 REDIS_SCHEMES = ("redis", "rediss", "unix")
@@ -102,13 +101,3 @@ def hedging_from_settings(settings: Settings) -> HedgingSettings | None:
     except ValueError as exc:
         raise ConfigError(f"publish hedging ({HEDGE_VARS}): {exc}") from None
     return hedging
-
-
-def refuse_in_process_bus(settings: Settings, process: str) -> None:
-    """A service in a process of its own cannot use memory://: nobody would hear it."""
-    url = settings.bus_url or ""
-    if url.split(":", 1)[0] == MEMORY_SCHEME:
-        raise ConfigError(
-            f"IMROUTE_BUS_URL: memory:// lives inside one process (tests, examples); "
-            f"the {process} runs in its own, so use redis:// or pubsub://PROJECT"
-        )

@@ -13,6 +13,7 @@ import httpx
 from websockets.asyncio.client import ClientConnection, connect
 
 from push_service.app import create_app
+from router.bus.base import Bus
 from router.directory.migrate import upgrade
 from shared.auth import issue_token
 from shared.clock import SystemClock
@@ -46,21 +47,24 @@ async def gateway(
     group: str,
     clock: Any = None,
     interceptors: Sequence[Any] = (),
+    bus: Bus | None = None,
     **kw: Any,
 ) -> AsyncIterator[Gateway]:
     s = settings(redis_url, prefix, gateway_id=gid, group_id=group, **kw)
-    async with Gateway(s, clock, interceptors) as gw:
+    async with Gateway(s, clock, interceptors, bus=bus) as gw:
         yield gw
 
 
 @asynccontextmanager
-async def api(redis_url: str, prefix: str, **kw: Any) -> AsyncIterator[httpx.AsyncClient]:
+async def api(
+    redis_url: str, prefix: str, bus: Bus | None = None, **kw: Any
+) -> AsyncIterator[httpx.AsyncClient]:
     with tempfile.TemporaryDirectory(prefix="imroute-test-db-") as folder:
         if "db_url" not in kw:
             # A migrated SQLite directory of its own.
             kw["db_url"] = f"sqlite+aiosqlite:///{folder}/users.db"
             await upgrade(kw["db_url"])
-        app = create_app(settings(redis_url, prefix, **kw))
+        app = create_app(settings(redis_url, prefix, **kw), bus=bus)
         async with app.router.lifespan_context(app):
             transport = httpx.ASGITransport(app=app)
             async with httpx.AsyncClient(transport=transport, base_url="http://push") as client:

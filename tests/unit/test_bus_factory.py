@@ -69,12 +69,10 @@ async def test_pubsub_without_credentials_names_what_to_set(
     await bus.close()
 
 
-def test_a_service_in_its_own_process_refuses_the_in_process_bus() -> None:
-    from router.bus.factory import refuse_in_process_bus
+def test_settings_refuse_the_in_process_bus_naming_the_way_to_share_it() -> None:
     from shared.settings import Settings
 
-    with pytest.raises(ConfigError, match=r"IMROUTE_BUS_URL: memory:// .* the gateway"):
-        refuse_in_process_bus(Settings.load({"IMROUTE_BUS_URL": "memory://"}), "gateway")
+    with pytest.raises(ConfigError, match=r"IMROUTE_BUS_URL.*memory://.*create_app.*Gateway"):
+        Settings.load({"IMROUTE_BUS_URL": "memory://"})
     for url in ("redis://127.0.0.1:6379/0", "pubsub://my-project"):
-        refuse_in_process_bus(Settings.load({"IMROUTE_BUS_URL": url}), "gateway")
-    refuse_in_process_bus(Settings.load({}), "gateway")  # the default: Redis Streams
+        assert Settings.load({"IMROUTE_BUS_URL": url}).bus_url == url
