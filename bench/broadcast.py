@@ -55,10 +55,12 @@ from bench.harness.report import (
 )
 from bench.harness.stack import BenchError, Harness, clean_up, run_async, run_main
 from router.bus.redis_streams import DEFAULT_MAXLEN, RedisStreamsBus
+from router.directory.base import MAX_UPSERT, UserRecord
 from router.directory.migrate import upgrade
-from router.directory.sql import MAX_UPSERT, SqlUserDirectory, UserRecord
+from router.directory.sql import SqlUserDirectory
 from router.fanout.broadcast import run_broadcast
-from router.fanout.publisher import BROADCAST_TOPIC, BatchPublisher, PushCounters
+from router.fanout.publisher import BROADCAST_TOPIC, BatchPublisher
+from router.jobs.base import PushCounters
 from shared.clock import SystemClock
 from shared.ids import new_id
 from shared.keys import KeySchema

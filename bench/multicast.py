@@ -66,15 +66,12 @@ from bench.harness.stats import (
 from bench.multicast_report import CONTENT, GROUPS, Result, http_multicast, report, verify
 from router.bus.redis_streams import DEFAULT_MAXLEN, RedisStreamsBus
 from router.fanout.multicast import LOOKAHEAD, chunked, run_multicast
-from router.fanout.publisher import BatchPublisher, PushCounters
+from router.fanout.publisher import BatchPublisher
+from router.jobs.base import PushCounters
 from router.redis.client import create_redis
+from router.routes.base import GroupLookup, RecipientGroups
 from router.routes.reads import HashReads, PipelineHashReads, hash_reads_for
-from router.routes.registry import (
-    GroupLookup,
-    RecipientGroups,
-    RedisRouteRegistry,
-    Registration,
-)
+from router.routes.registry import RedisRouteRegistry, Registration
 from shared.clock import SystemClock
 from shared.ids import new_id
 from shared.keys import KeySchema

@@ -22,7 +22,7 @@ from bench.harness.stats import cpu_seconds, vm_kib
 from router.devtools.devstack import push_service_argv
 from router.devtools.ports import free_port
 from router.fanout.publisher import group_topic
-from router.routes.registry import LOOKUP_CHUNK
+from router.routes.base import LOOKUP_CHUNK
 from shared.keys import KeySchema
 from shared.proto import gateway_pb2
 

@@ -14,9 +14,8 @@ import logging
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
-from router.fleet.drain import DrainRequests
-from router.fleet.store import GatewayFleet
-from router.routes.registry import RouteRegistry
+from router.fleet.base import DrainRequests, GatewayFleet
+from router.routes.base import RouteRegistry
 from shared.errors import ImrouteError, RegistryUnavailable
 from shared.models import GatewayInfo
 from shared.wire import ws_text_frame

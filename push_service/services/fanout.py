@@ -8,13 +8,13 @@ from typing import Protocol
 from push_service.content import new_message
 from push_service.errors import NotFound
 from push_service.schemas import BroadcastIn, MulticastIn
-from router.directory.sql import UserDirectory
+from router.directory.base import UserDirectory
 from router.fanout.broadcast import run_broadcast
 from router.fanout.multicast import chunked, run_multicast
-from router.fanout.publisher import BatchPublisher, Publisher, PushCounters
+from router.fanout.publisher import BatchPublisher, Publisher
 from router.fanout.runner import JobRunner
-from router.jobs.store import Job
-from router.routes.registry import GroupLookup
+from router.jobs.base import Job, PushCounters
+from router.routes.base import GroupLookup
 from shared.clock import Clock
 from shared.models import Message
 

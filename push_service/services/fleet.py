@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from push_service.errors import NotFound
+from router.fleet.base import DrainRequests
 from router.fleet.cache import CachedFleet
-from router.fleet.drain import DrainRequests
 from shared.models import GatewayInfo
 
 __all__ = ["Fleet"]

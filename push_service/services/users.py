@@ -6,8 +6,8 @@ from collections.abc import Sequence
 
 from push_service.errors import NotFound
 from push_service.schemas import UserIn
-from router.directory.sql import UserDirectory, UserRecord
-from router.routes.registry import RouteRegistry
+from router.directory.base import UserDirectory, UserRecord
+from router.routes.base import RouteRegistry
 from shared.models import Route
 
 __all__ = ["Users"]

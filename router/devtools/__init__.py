@@ -1,24 +1,11 @@
-"""Running imroute on one machine: the dev stack, an embedded Redis, child processes, ports."""
+"""Running imroute on one machine, rather than in a deployment:
 
-from router.devtools.devstack import DevOptions, DevStack
-from router.devtools.embedded_redis import EmbeddedRedis, find_redis_server, redis_answers
-from router.devtools.ports import free_port, free_port_block, port_free
-from router.devtools.procs import die_with_parent
-from router.devtools.supervisor import Child, ChildExited, Supervisor, alive, descendants
+- `devstack`: `imroute dev`, the whole stack as child processes;
+- `supervisor`: the one child-process supervisor (dev, benchmarks, process tests);
+- `ports`: free loopback ports;
+- `embedded_redis`: a real redis-server when none answers;
+- `procs`: children that die with their parent;
+- `latency_publisher`: a Pub/Sub Publisher server that injects latency (tests, benchmarks).
+"""
 
-__all__ = [
-    "Child",
-    "ChildExited",
-    "DevOptions",
-    "DevStack",
-    "EmbeddedRedis",
-    "Supervisor",
-    "alive",
-    "descendants",
-    "die_with_parent",
-    "find_redis_server",
-    "free_port",
-    "free_port_block",
-    "port_free",
-    "redis_answers",
-]
+# No re-exports: importing one module of the package loads only what it needs.

@@ -6,15 +6,9 @@ which only read the directory never load Alembic.
 
 from __future__ import annotations
 
+from router.directory.base import MAX_UPSERT, UserDirectory, UserRecord
 from router.directory.importer import ImportReport, import_file
-from router.directory.sql import (
-    MAX_PAGE,
-    MAX_UPSERT,
-    DirectoryUnavailable,
-    SqlUserDirectory,
-    UserDirectory,
-    UserRecord,
-)
+from router.directory.sql import MAX_PAGE, DirectoryUnavailable, SqlUserDirectory
 
 __all__ = [
     "MAX_PAGE",

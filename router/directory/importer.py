@@ -17,7 +17,7 @@ from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from router.directory.sql import MAX_UPSERT, UserDirectory, UserRecord
+from router.directory.base import MAX_UPSERT, UserDirectory, UserRecord
 from shared.errors import InvalidInput
 
 __all__ = ["MAX_BAD_KEPT", "ImportReport", "import_file"]

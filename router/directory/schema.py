@@ -18,6 +18,8 @@ from sqlalchemy import (
 from sqlalchemy.engine import Dialect
 from sqlalchemy.types import TypeDecorator
 
+from router.directory.base import MAX_TAG_LEN, MAX_TAGS, MAX_UID_LEN
+
 __all__ = [
     "MAX_TAGS",
     "MAX_TAG_LEN",
@@ -30,9 +32,6 @@ __all__ = [
     "users",
 ]
 
-MAX_UID_LEN = 128
-MAX_TAG_LEN = 64
-MAX_TAGS = 32
 
 # Alembic's bookkeeping table for these migrations. Not the default `alembic_version`:
 # the directory may live in a database whose owner runs Alembic for their own tables.

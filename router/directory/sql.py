@@ -8,10 +8,9 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from types import TracebackType
-from typing import Any, Protocol, Self
+from typing import Any, Self
 
 import sqlalchemy.exc
 from sqlalchemy import Select, delete, event, func, select, union
@@ -19,7 +18,8 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
-from router.directory.schema import MAX_TAG_LEN, MAX_TAGS, MAX_UID_LEN, user_tags, users
+from router.directory.base import MAX_TAG_LEN, MAX_UPSERT, UserDirectory, UserRecord, text_problem
+from router.directory.schema import user_tags, users
 from shared.clock import Clock
 from shared.errors import ConfigError, DirectoryUnavailable, InvalidInput
 from shared.settings import redact_url
@@ -37,70 +37,11 @@ __all__ = [
     "translate_errors",
 ]
 
-MAX_UPSERT = 10_000
 MAX_PAGE = 10_000
 MAX_TAGS_ANY = 64
 SQLITE_BUSY_TIMEOUT_MS = 5_000
 # Rows per DELETE ... IN (...): far below SQLite's and asyncpg's limits of ~32k parameters.
 _IN_CHUNK = 1000
-
-
-@dataclass(frozen=True, slots=True)
-class UserRecord:
-    """One user of the directory and their tags."""
-
-    uid: str
-    tags: tuple[str, ...] = ()
-
-    @classmethod
-    def parse(cls, uid: object, tags: object = ()) -> UserRecord:
-        """A valid record from untrusted values; InvalidInput names the bad field.
-
-        Duplicate tags are dropped (keeping the first occurrence's order) before counting.
-        """
-        if not isinstance(uid, str):
-            raise InvalidInput("uid", "must be a string")
-        if problem := _text_problem(uid, MAX_UID_LEN):
-            raise InvalidInput("uid", problem)
-        if isinstance(tags, str | bytes) or not isinstance(tags, list | tuple):
-            raise InvalidInput("tags", "must be a list of strings")
-        for i, tag in enumerate(tags):
-            if not isinstance(tag, str):
-                raise InvalidInput(f"tags[{i}]", "must be a string")
-            if problem := _text_problem(tag, MAX_TAG_LEN):
-                raise InvalidInput(f"tags[{i}]", problem)
-        unique = tuple(dict.fromkeys(tags))
-        if len(unique) > MAX_TAGS:
-            raise InvalidInput("tags", f"at most {MAX_TAGS} distinct tags, got {len(unique)}")
-        return cls(uid, unique)
-
-
-def _text_problem(value: str, max_len: int) -> str | None:
-    if not 1 <= len(value) <= max_len:
-        return f"must be 1-{max_len} characters, got {len(value)}"
-    # PostgreSQL text cannot hold NUL, and lone surrogates are not UTF-8: refuse both here
-    # rather than fail the whole batch in the database.
-    if "\x00" in value:
-        return "must not contain NUL"
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:
-        return "must be valid Unicode (no lone surrogates)"
-    return None
-
-
-class UserDirectory(Protocol):
-    async def upsert(self, users: Sequence[UserRecord]) -> int: ...
-    async def delete(self, uid: str) -> bool: ...
-    async def get(self, uid: str) -> UserRecord | None: ...
-    async def page(
-        self, after: str | None, limit: int = 1000, tags_any: Sequence[str] | None = None
-    ) -> list[str]: ...
-    def iter_pages(
-        self, limit: int = 1000, tags_any: Sequence[str] | None = None
-    ) -> AsyncIterator[list[str]]: ...
-    async def count(self) -> int: ...
-    async def close(self) -> None: ...
 
 
 @contextmanager
@@ -315,6 +256,6 @@ def _check_tags_any(tags_any: Sequence[str] | None) -> list[str] | None:
     for i, tag in enumerate(tags):
         if not isinstance(tag, str):
             raise InvalidInput(f"tags_any[{i}]", "must be a string")
-        if problem := _text_problem(tag, MAX_TAG_LEN):
+        if problem := text_problem(tag, MAX_TAG_LEN):
             raise InvalidInput(f"tags_any[{i}]", problem)
     return tags

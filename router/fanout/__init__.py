@@ -8,22 +8,4 @@
 - `runner`: runs either as a background job with a status and a lease.
 """
 
-from router.fanout.batcher import FlushReason, GroupBatcher, ReadyBatch
-from router.fanout.broadcast import run_broadcast
-from router.fanout.multicast import chunked, run_multicast
-from router.fanout.publisher import BROADCAST_TOPIC, BatchPublisher, Publisher, PushCounters
-from router.fanout.runner import JobRunner
-
-__all__ = [
-    "BROADCAST_TOPIC",
-    "BatchPublisher",
-    "FlushReason",
-    "GroupBatcher",
-    "JobRunner",
-    "Publisher",
-    "PushCounters",
-    "ReadyBatch",
-    "chunked",
-    "run_broadcast",
-    "run_multicast",
-]
+# No re-exports: importing one module of the package loads only what it needs.

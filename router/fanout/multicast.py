@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator, Iterable, Sequence
 
 from router.fanout.batcher import GroupBatcher, ReadyBatch
 from router.fanout.publisher import BatchPublisher, group_topic
-from router.routes.registry import LOOKUP_CHUNK, GroupLookup, RecipientGroups, chunks
+from router.routes.base import LOOKUP_CHUNK, GroupLookup, RecipientGroups, chunks
 from shared.clock import Clock
 from shared.proto import gateway_pb2
 

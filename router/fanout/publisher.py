@@ -7,10 +7,10 @@ sends the same bytes.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Protocol
 
 from router.bus.base import BROADCAST, group_topic
+from router.jobs.base import PushCounters
 from shared.batches import to_batch
 from shared.ids import new_id
 from shared.models import Message
@@ -27,21 +27,6 @@ class Publisher(Protocol):
     async def publish(
         self, topic: str, data: bytes, attributes: Mapping[str, str] | None = None
     ) -> str: ...
-
-
-@dataclass(slots=True)
-class PushCounters:
-    """What a broadcast or multicast job did, for its status record."""
-
-    recipients: int = 0
-    online: int = 0
-    offline: int = 0
-    # Batches handed to the bus; each ends `published` or, if its publish raised,
-    # `failed_batches` (one still in flight when the service shuts down is neither).
-    batches: int = 0
-    published: int = 0
-    failed_batches: int = 0
-    per_group: dict[str, int] = field(default_factory=dict)
 
 
 class BatchPublisher:

@@ -7,8 +7,7 @@ import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 
-from router.fanout.publisher import PushCounters
-from router.jobs.store import RedisJobStore
+from router.jobs.base import JobStore, PushCounters
 from shared.errors import ImrouteError
 
 __all__ = ["JobRunner"]
@@ -19,7 +18,7 @@ Work = Callable[[PushCounters], Awaitable[None]]
 
 
 class JobRunner:
-    def __init__(self, store: RedisJobStore, renew_s: float = 3.0) -> None:
+    def __init__(self, store: JobStore, renew_s: float = 3.0) -> None:
         self._store = store
         self._renew_s = renew_s
         self._tasks: dict[str, asyncio.Task[None]] = {}

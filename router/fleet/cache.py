@@ -6,7 +6,7 @@ import asyncio
 import logging
 from collections.abc import Callable, Mapping
 
-from router.fleet.store import GatewayFleet
+from router.fleet.base import GatewayFleet
 from shared.clock import Clock
 from shared.models import GatewayInfo
 

@@ -7,8 +7,7 @@ nothing behind.
 
 from __future__ import annotations
 
-from typing import Protocol
-
+from router.fleet.base import DrainRequests
 from router.redis.client import RedisClient
 from router.redis.errors import translate_errors
 from shared.keys import KeySchema
@@ -17,13 +16,6 @@ __all__ = ["DRAIN_REQUEST_TTL_S", "DrainRequests", "RedisDrainRequests"]
 
 # How long a drain request waits for its gateway's next heartbeat to see it.
 DRAIN_REQUEST_TTL_S = 60
-
-
-class DrainRequests(Protocol):
-    """Asking a gateway to drain, and a gateway asking whether it was asked."""
-
-    async def request(self, gateway_id: str) -> None: ...
-    async def requested(self, gateway_id: str) -> bool: ...
 
 
 class RedisDrainRequests:

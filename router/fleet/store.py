@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Protocol
 
+from router.fleet.base import GatewayFleet
 from router.fleet.codec import decode_gateway, encode_gateway
 from router.redis.client import RedisClient
 from router.redis.errors import translate_errors
@@ -13,14 +13,6 @@ from shared.keys import KeySchema
 from shared.models import GatewayInfo
 
 __all__ = ["GatewayFleet", "RedisGatewayFleet"]
-
-
-class GatewayFleet(Protocol):
-    """Where gateways announce themselves and where the router finds the live ones."""
-
-    async def announce(self, info: GatewayInfo) -> bool: ...
-    async def withdraw(self, gateway_id: str) -> None: ...
-    async def live(self) -> list[GatewayInfo]: ...
 
 
 class RedisGatewayFleet:

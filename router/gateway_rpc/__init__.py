@@ -11,17 +11,4 @@
 and log lines). `P2PPusher` calls the top of the stack; each layer takes the one below.
 """
 
-from router.gateway_rpc.coalescer import CoalescingGatewayClient
-from router.gateway_rpc.grpc_client import GatewayClient, GrpcGatewayClients, ManyGatewayClient
-from router.gateway_rpc.metrics import CallLog, CallMetrics
-from router.gateway_rpc.resilient import ResilientGatewayClient
-
-__all__ = [
-    "CallLog",
-    "CallMetrics",
-    "CoalescingGatewayClient",
-    "GatewayClient",
-    "GrpcGatewayClients",
-    "ManyGatewayClient",
-    "ResilientGatewayClient",
-]
+# No re-exports: importing one module of the package loads only what it needs.

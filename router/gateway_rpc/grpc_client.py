@@ -5,11 +5,12 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 import grpc
 import grpc.aio
 
+from router.gateway_rpc.base import GatewayClient, ManyGatewayClient
 from shared.errors import GatewayUnavailable
 from shared.proto import gateway_pb2
 from shared.proto.gateway_pb2_grpc import GatewayStub
@@ -39,27 +40,6 @@ _CHANNEL_OPTIONS = [
     ("grpc.max_send_message_length", 16 << 20),
     ("grpc.max_receive_message_length", 16 << 20),
 ]
-
-
-class GatewayClient(Protocol):
-    async def deliver(
-        self, gateway_id: str, address: str, batch: gateway_pb2.Batch, timeout_s: float
-    ) -> gateway_pb2.DeliverReply: ...
-
-    def retain(self, live: Mapping[str, str]) -> None:
-        """Forget what is kept for gateways not in `live` (gateway id -> address)."""
-
-    async def close(self) -> None: ...
-
-
-class ManyGatewayClient(GatewayClient, Protocol):
-    async def deliver_many(
-        self,
-        gateway_id: str,
-        address: str,
-        batches: Sequence[gateway_pb2.Batch],
-        timeout_s: float,
-    ) -> list[gateway_pb2.DeliverReply]: ...
 
 
 @dataclass(frozen=True, slots=True)

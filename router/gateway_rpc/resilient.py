@@ -25,7 +25,7 @@ from router.balancing import (
     RetryPolicy,
     StatsRegistry,
 )
-from router.gateway_rpc.grpc_client import ManyGatewayClient
+from router.gateway_rpc.base import ManyGatewayClient
 from shared.errors import GatewayUnavailable
 from shared.proto import gateway_pb2
 

@@ -4,7 +4,4 @@
 - `reaper`: fails the jobs whose lease lapsed (their push service died).
 """
 
-from router.jobs.reaper import Reapable, reap_forever, reaping
-from router.jobs.store import Job, JobStatus, RedisJobStore
-
-__all__ = ["Job", "JobStatus", "Reapable", "RedisJobStore", "reap_forever", "reaping"]
+# No re-exports: importing one module of the package loads only what it needs.

@@ -7,18 +7,13 @@ lease lapses and the reaper marks the job failed with a reason, so no job is lef
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
-from enum import StrEnum
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from router.jobs.base import Job, JobStatus, PushCounters
 from router.redis.client import RedisClient
 from router.redis.errors import translate_errors
 from shared.clock import Clock
 from shared.keys import KeySchema
-
-if TYPE_CHECKING:
-    # For annotations only: router.fanout's runner imports this module.
-    from router.fanout.publisher import PushCounters
 
 __all__ = ["Job", "JobStatus", "RedisJobStore"]
 
@@ -47,32 +42,6 @@ redis.call('HSET', KEYS[1], 'status', 'running', unpack(ARGV, 3))
 redis.call('ZADD', KEYS[2], ARGV[1], ARGV[2])
 return 1
 """
-
-
-class JobStatus(StrEnum):
-    QUEUED = "queued"
-    RUNNING = "running"
-    DONE = "done"
-    FAILED = "failed"
-
-
-@dataclass(frozen=True, slots=True)
-class Job:
-    push_id: str
-    mode: str
-    status: JobStatus
-    recipients: int
-    online: int
-    offline: int
-    batches: int
-    published: int
-    failed_batches: int
-    error: str | None
-    created_at: int
-    finished_at: int | None
-
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 _COUNTERS = ("recipients", "online", "offline", "batches", "published", "failed_batches")

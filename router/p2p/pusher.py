@@ -7,9 +7,9 @@ import logging
 from collections.abc import Sequence
 
 from router.fleet.cache import CachedFleet
-from router.gateway_rpc.grpc_client import GatewayClient
+from router.gateway_rpc.base import GatewayClient
 from router.p2p.plan import GatewayOutcome, PushOutcome, Target, merge, plan_p2p
-from router.routes.registry import RouteRegistry
+from router.routes.base import RouteRegistry
 from shared.batches import to_batch
 from shared.errors import GatewayUnavailable, RegistryUnavailable
 from shared.ids import new_id

@@ -6,22 +6,4 @@
 - `writer`: coalesces a gateway's concurrent route writes into pipelines.
 """
 
-from router.routes.codec import decode_route, encode_route, group_live_routes
-from router.routes.registry import (
-    LOOKUP_CHUNK,
-    RedisRouteRegistry,
-    Registration,
-    RouteRegistry,
-)
-from router.routes.writer import CoalescingRouteWriter
-
-__all__ = [
-    "LOOKUP_CHUNK",
-    "CoalescingRouteWriter",
-    "RedisRouteRegistry",
-    "Registration",
-    "RouteRegistry",
-    "decode_route",
-    "encode_route",
-    "group_live_routes",
-]
+# No re-exports: importing one module of the package loads only what it needs.

@@ -9,14 +9,20 @@ layout: `shared.keys`.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
-from typing import Protocol, TypeVar
+from collections.abc import Iterable, Sequence
 
 from redis.exceptions import NoScriptError
 
 from router.redis.client import RedisClient
 from router.redis.errors import translate_errors
+from router.routes.base import (
+    LOOKUP_CHUNK,
+    GroupLookup,
+    RecipientGroups,
+    RouteOp,
+    RouteRegistry,
+    chunks,
+)
 from router.routes.codec import decode_route, encode_route, group_live_routes
 from router.routes.reads import HashReads, hash_reads_for
 from shared.clock import Clock
@@ -32,9 +38,6 @@ __all__ = [
     "RouteRegistry",
 ]
 
-LOOKUP_CHUNK = 1000
-
-T = TypeVar("T")
 
 # Sets one connection's field, drops fields whose own deadline has passed, and
 # extends the key's PEXPIRE without ever shortening it. Heartbeats upsert too, so
@@ -51,39 +54,6 @@ end
 if redis.call('PTTL', key) < ttl then redis.call('PEXPIRE', key, ttl) end
 return 1
 """
-
-
-@dataclass(frozen=True, slots=True)
-class RouteOp:
-    """One write: register (True) or unregister (False) a connection."""
-
-    register: bool
-    uid: str
-    conn_id: str
-
-
-@dataclass(slots=True)
-class RecipientGroups:
-    """Who of a chunk of uids is online: how many, and their uids per group id."""
-
-    online: int = 0
-    by_group: dict[str, list[str]] = field(default_factory=dict)
-
-
-class RouteRegistry(Protocol):
-    async def register(self, uid: str, conn_id: str) -> None: ...
-    async def unregister(self, uid: str, conn_id: str) -> None: ...
-    async def unregister_many(self, registrations: Iterable[Registration]) -> None: ...
-    async def apply(self, ops: Sequence[RouteOp]) -> None: ...
-    async def refresh(self, registrations: Iterable[Registration]) -> int: ...
-    async def lookup(self, uids: Sequence[str]) -> dict[str, list[Route]]: ...
-    async def remove(self, routes: Iterable[Route]) -> None: ...
-
-
-class GroupLookup(Protocol):
-    """What group multicast needs: per chunk of uids, who is online in which group."""
-
-    async def lookup_groups(self, uids: Sequence[str]) -> RecipientGroups: ...
 
 
 class RedisRouteRegistry:
@@ -201,19 +171,3 @@ class RedisRouteRegistry:
     async def remove(self, routes: Iterable[Route]) -> None:
         """Delete these exact routes (by connection id), 1000 per round trip."""
         await self.unregister_many(Registration(r.uid, r.conn_id) for r in routes)
-
-
-def chunks(items: Iterable[T], size: int = LOOKUP_CHUNK) -> Iterator[list[T]]:
-    """`items` as lists of at most `size`."""
-    if isinstance(items, list):  # a million-uid `to` list: slices, not item by item
-        for start in range(0, len(items), size):
-            yield items[start : start + size]
-        return
-    chunk: list[T] = []
-    for item in items:
-        chunk.append(item)
-        if len(chunk) == size:
-            yield chunk
-            chunk = []
-    if chunk:
-        yield chunk

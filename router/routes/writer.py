@@ -11,7 +11,7 @@ import asyncio
 import contextlib
 from collections import deque
 
-from router.routes.registry import RouteOp, RouteRegistry
+from router.routes.base import RouteOp, RouteRegistry
 from shared.errors import RegistryUnavailable
 
 __all__ = ["CoalescingRouteWriter"]

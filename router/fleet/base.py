@@ -1,0 +1,25 @@
+"""The fleet's seams: where gateways announce themselves and the live ones are found, and
+how a gateway is asked to drain."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from shared.models import GatewayInfo
+
+__all__ = ["DrainRequests", "GatewayFleet"]
+
+
+class GatewayFleet(Protocol):
+    """Where gateways announce themselves and where the router finds the live ones."""
+
+    async def announce(self, info: GatewayInfo) -> bool: ...
+    async def withdraw(self, gateway_id: str) -> None: ...
+    async def live(self) -> list[GatewayInfo]: ...
+
+
+class DrainRequests(Protocol):
+    """Asking a gateway to drain, and a gateway asking whether it was asked."""
+
+    async def request(self, gateway_id: str) -> None: ...
+    async def requested(self, gateway_id: str) -> bool: ...

@@ -1,0 +1,64 @@
+"""The Userinfo store's seam: what P2P, multicast and the gateway need of it (no Redis)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol, TypeVar
+
+from shared.models import Registration, Route
+
+__all__ = ["LOOKUP_CHUNK", "GroupLookup", "RecipientGroups", "RouteOp", "RouteRegistry", "chunks"]
+
+LOOKUP_CHUNK = 1000
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class RouteOp:
+    """One write: register (True) or unregister (False) a connection."""
+
+    register: bool
+    uid: str
+    conn_id: str
+
+
+@dataclass(slots=True)
+class RecipientGroups:
+    """Who of a chunk of uids is online: how many, and their uids per group id."""
+
+    online: int = 0
+    by_group: dict[str, list[str]] = field(default_factory=dict)
+
+
+class RouteRegistry(Protocol):
+    async def register(self, uid: str, conn_id: str) -> None: ...
+    async def unregister(self, uid: str, conn_id: str) -> None: ...
+    async def unregister_many(self, registrations: Iterable[Registration]) -> None: ...
+    async def apply(self, ops: Sequence[RouteOp]) -> None: ...
+    async def refresh(self, registrations: Iterable[Registration]) -> int: ...
+    async def lookup(self, uids: Sequence[str]) -> dict[str, list[Route]]: ...
+    async def remove(self, routes: Iterable[Route]) -> None: ...
+
+
+class GroupLookup(Protocol):
+    """What group multicast needs: per chunk of uids, who is online in which group."""
+
+    async def lookup_groups(self, uids: Sequence[str]) -> RecipientGroups: ...
+
+
+def chunks(items: Iterable[T], size: int = LOOKUP_CHUNK) -> Iterator[list[T]]:
+    """`items` as lists of at most `size`."""
+    if isinstance(items, list):  # a million-uid `to` list: slices, not item by item
+        for start in range(0, len(items), size):
+            yield items[start : start + size]
+        return
+    chunk: list[T] = []
+    for item in items:
+        chunk.append(item)
+        if len(chunk) == size:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
