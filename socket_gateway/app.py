@@ -199,11 +199,14 @@ class Gateway:
         await self._stack.aclose()
 
     async def _shutdown(self) -> None:
-        assert self._heartbeat is not None and self._consumer is not None
-        await self._heartbeat.aclose()
-        self._consumer.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self._consumer
+        # Registered before the heartbeat and the consumer exist: a start that failed in
+        # between still gets here.
+        if self._heartbeat is not None:
+            await self._heartbeat.aclose()
+        if self._consumer is not None:
+            self._consumer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._consumer
         assert self._ws is not None and self._ws_server is not None
         assert self.fleet is not None and self.registry is not None
         self._ws.accepting = False

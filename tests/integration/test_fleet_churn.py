@@ -26,7 +26,9 @@ async def test_a_departed_gateway_leaves_no_channel_lane_or_stats_behind(
         client(gw1, "ann") as ann,
     ):
         parts = http._transport.app.state.parts  # type: ignore[attr-defined]
+        services = http._transport.app.state.services  # type: ignore[attr-defined]
         coalescing = parts.gateway_clients
+        assert services.pushes._pusher._clients is coalescing  # the stack P2P pushes use
         grpc_clients = parts.grpc_clients
         stats = parts.call_stats  # the circuits P2P calls and dispatch share
 

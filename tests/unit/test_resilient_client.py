@@ -104,6 +104,15 @@ async def test_a_listener_that_raises_does_not_fail_the_call() -> None:
     assert len(inner.calls) == 2  # the retry still happened
 
 
+async def test_a_listener_that_raises_does_not_mask_the_calls_own_error() -> None:
+    from router.balancing import Listeners
+
+    client = wrapper(FakeGatewayClient("INTERNAL"))
+    client._listeners = Listeners([Raising()])  # type: ignore[list-item]
+    with pytest.raises(GatewayUnavailable, match="INTERNAL"):
+        await client.deliver("gw1", "addr", BATCH, 1.0)
+
+
 async def test_metrics_count_attempts_retries_and_failures() -> None:
     from prometheus_client import CollectorRegistry
 
