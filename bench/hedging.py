@@ -1,7 +1,7 @@
 """Hedged publishing benchmark: the tail latency hedging buys, and what it costs.
 
 The real path: `router.bus.pubsub.PubSubBus` -> google-cloud-pubsub's PublisherAsyncClient
--> real gRPC over loopback -> `router.devtools.latency_publisher.LatencyPublisher`, a Publisher
+-> real gRPC over loopback -> `router.testing.pubsub.LatencyPublisher`, a Publisher
 server that makes each call fast or slow. Publishes start on an open-loop schedule
 (publish i is due at t0 + i/rate, each in its own task, whatever the earlier ones do).
 
@@ -54,9 +54,9 @@ from bench.hedging_report import (
 )
 from router.bus import BROADCAST, group_topic
 from router.bus.pubsub import PubSubBus
-from router.devtools.latency_publisher import Behaviour, Call, LatencyPublisher
 from router.devtools.supervisor import Supervisor
 from router.hedging import AUTO, HedgingSettings, RetrySettings
+from router.testing.pubsub import Behaviour, Call, LatencyPublisher
 from shared.errors import BusUnavailable
 
 PROJECT = "imroute-bench"

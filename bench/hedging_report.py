@@ -14,8 +14,8 @@ from typing import Any
 
 from bench.harness.report import git_commit
 from bench.harness.stats import machine_info, percentile
-from router.devtools.latency_publisher import Call
 from router.hedging import HedgingSettings, RetrySettings
+from router.testing.pubsub import Call
 
 __all__ = [
     "TIMEOUT_RETRY",

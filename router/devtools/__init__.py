@@ -4,8 +4,7 @@
 - `supervisor`: the one child-process supervisor (dev, benchmarks, process tests);
 - `ports`: free loopback ports;
 - `embedded_redis`: a real redis-server when none answers;
-- `procs`: children that die with their parent;
-- `latency_publisher`: a Pub/Sub Publisher server that injects latency (tests, benchmarks).
+- `procs`: children that die with their parent.
 """
 
 # No re-exports: importing one module of the package loads only what it needs.

@@ -25,7 +25,7 @@ from router.directory.sql import (
     create_directory_engine,
     page_statement,
 )
-from shared.clock import ManualClock
+from router.testing import ManualClock
 from shared.errors import ConfigError, InvalidInput
 
 pytestmark = pytest.mark.integration

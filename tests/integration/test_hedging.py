@@ -15,9 +15,9 @@ import redis.asyncio as aioredis
 
 from router.bus import BROADCAST
 from router.bus.pubsub import PubSubBus
-from router.devtools.latency_publisher import Behaviour, Call, LatencyPublisher
 from router.hedging import HedgingSettings, RetrySettings
 from router.hedging.metrics import PublishMetrics
+from router.testing.pubsub import Behaviour, Call, LatencyPublisher
 from shared.clock import SystemClock
 from shared.errors import BusUnavailable, ConfigError
 from tests.integration.stack import api, gateway, settings

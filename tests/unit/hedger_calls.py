@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from router.hedging import AttemptContext, Hedger, HedgingSettings, RetrySettings
-from shared.clock import ManualClock
+from router.testing import ManualClock
 
 __all__ = [
     "Calls",

@@ -22,7 +22,7 @@ from router.balancing import (
     hrw_score,
     rule_for,
 )
-from shared.clock import ManualClock
+from router.testing import ManualClock
 from shared.errors import ConfigError
 
 CLOCK_MS = ManualClock().now_ms()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from router.balancing import BreakerState, ServerStats, StatsRegistry, StatsSettings
-from shared.clock import ManualClock
+from router.testing import ManualClock
 from shared.errors import ConfigError
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from router.fanout.batcher import FlushReason, GroupBatcher
-from shared.clock import ManualClock
+from router.testing import ManualClock
 
 
 def test_a_group_flushes_when_it_reaches_batch_size() -> None:

@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from shared.clock import ManualClock
+from router.testing import ManualClock
 from shared.proto import gateway_pb2
 from socket_gateway.connections import ClientConn, LocalConnections
 from socket_gateway.dedup import RecentIds, RecentReplies

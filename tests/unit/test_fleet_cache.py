@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 
 from router.fleet.cache import CachedFleet
-from shared.clock import ManualClock
+from router.testing import ManualClock
 from shared.models import GatewayInfo
 
 

@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from shared.clock import ManualClock
+from router.testing import ManualClock
 from tests.unit.hedger_calls import (
     Calls,
     Fatal,

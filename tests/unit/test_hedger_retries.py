@@ -8,7 +8,7 @@ import asyncio
 import pytest
 
 from router.hedging import AUTO, AttemptContext, Hedger, HedgingSettings, RetrySettings
-from shared.clock import ManualClock
+from router.testing import ManualClock
 from shared.errors import BusUnavailable
 from tests.unit.hedger_calls import Calls, Fatal, Retryable, advance, hedger, settle, start
 

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from router.hedging import AUTO, Hedger, HedgingSettings, RetrySettings
-from shared.clock import ManualClock
+from router.testing import ManualClock
 
 
 @pytest.fixture

@@ -11,7 +11,7 @@ import pytest
 from router.directory.importer import MAX_BAD_KEPT, ImportReport, import_file
 from router.directory.migrate import upgrade
 from router.directory.sql import SqlUserDirectory, UserRecord
-from shared.clock import ManualClock
+from router.testing import ManualClock
 from shared.errors import InvalidInput
 
 

@@ -3,8 +3,8 @@ from __future__ import annotations
 import jwt
 import pytest
 
+from router.testing import ManualClock
 from shared.auth import api_key_matches, issue_token, verify_token
-from shared.clock import ManualClock
 from shared.errors import AuthError, ConfigError
 from shared.settings import Settings, redact_url
 

@@ -4,6 +4,8 @@ in-memory stand-ins that unit tests, examples and benchmarks share.
 - `FakeGatewayClient`: the gateway RPC seam (`ManyGatewayClient`) in memory.
 - `MemoryBus`: the `memory://` bus, in-process (from `router.bus.memory`).
 - `ManualClock`: the injected clock, moved by hand (from `shared.clock`).
+- `router.testing.pubsub.LatencyPublisher`: a real gRPC Pub/Sub Publisher server that
+  injects latency and failures (imported on its own: it loads grpc and google).
 
 Integration tests use the real things: real Redis, gRPC servers and processes.
 """

@@ -22,6 +22,7 @@ from google.pubsub_v1 import PublishRequest, PublishResponse, PubsubClientTeleme
 
 __all__ = ["Behaviour", "Call", "LatencyPublisher"]
 
+# Spelled out here, not imported from router.bus.pubsub: the fake checks the real name.
 TELEMETRY_HEADER = "x-goog-pubsub-client-telemetry"
 
 
