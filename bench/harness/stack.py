@@ -98,7 +98,9 @@ class BenchStack(Supervisor):
         with contextlib.suppress(StopIteration):
             self.stop(self.child(name))
 
-    def stop_all(self, sig: int = signal.SIGTERM, grace_s: float = 10.0) -> None:
+    def stop_all(self, sig: int = signal.SIGINT, grace_s: float = 10.0) -> None:
+        """SIGINT by default, as `imroute dev` does: stop now. On SIGTERM a gateway that
+        still holds clients drains them over IMROUTE_DRAIN_WINDOW_S (10 s)."""
         super().stop_all(sig, grace_s)
         for log in self._logs:
             log.close()
