@@ -100,6 +100,7 @@ class Child:
             except queue.Empty:
                 break
             if line is None:
+                self.lines.put(None)  # the end stays visible to the next call
                 break
             seen.append(line)
             if marker in line:
@@ -117,12 +118,27 @@ class Child:
         except subprocess.TimeoutExpired:
             self.send_signal(signal.SIGKILL)
             code = self.popen.wait()
+        if self.whole_group:
+            self._reap_group(deadline)
         # A pumped stdout is the pump's to close, at its end of file.
         for pipe in (self.popen.stdin, self.stdout):
             if pipe is not None:
                 with contextlib.suppress(OSError):
                     pipe.close()
         return code
+
+    def _reap_group(self, deadline: float) -> None:
+        """The leader is gone; members of its group that outlive the grace get SIGKILL."""
+        while True:
+            try:
+                os.killpg(self.pid, 0)
+            except (ProcessLookupError, PermissionError):
+                return  # no member left
+            if time.monotonic() >= deadline:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(self.pid, signal.SIGKILL)
+                return
+            time.sleep(0.05)
 
     def _pump(self) -> None:
         out, lines = self.popen.stdout, self.lines

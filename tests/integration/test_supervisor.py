@@ -224,12 +224,6 @@ def test_read_until_needs_stdout_lines(sup: Supervisor) -> None:
         child.read_until("ready", 1)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="read_until after the output ended waits the whole timeout: the pump's end-of-output "
-    "sentinel (None) is consumed by the first read_until that sees it, so a later call blocks "
-    "on the empty queue until its deadline instead of raising at once",
-)
 def test_read_until_after_the_output_ended_raises_at_once(sup: Supervisor) -> None:
     child = sup.start("quitter", py("print('bye', flush=True)"), stdout="lines")
     with pytest.raises(TimeoutError):
@@ -375,12 +369,6 @@ def test_without_whole_group_only_the_child_is_signalled(
     assert alive(grandchild)  # signals went to the child's PID only
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="whole_group: a group member that ignores SIGTERM outlives stop() when the leader "
-    "exits on the SIGTERM: _reap only SIGKILLs when the leader's wait times out, and "
-    "send_signal() skips the group once the leader is reaped",
-)
 def test_whole_group_sigkills_group_members_that_outlive_the_leader(
     sup: Supervisor, strays: list[int]
 ) -> None:
