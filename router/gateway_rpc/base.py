@@ -7,7 +7,11 @@ from typing import Protocol
 
 from shared.proto import gateway_pb2
 
-__all__ = ["GatewayClient", "ManyGatewayClient"]
+__all__ = ["Batches", "GatewayClient", "ManyGatewayClient", "Replies"]
+
+# What one DeliverMany carries and answers, in order.
+Batches = Sequence[gateway_pb2.Batch]
+Replies = list[gateway_pb2.DeliverReply]
 
 
 class GatewayClient(Protocol):
@@ -23,9 +27,5 @@ class GatewayClient(Protocol):
 
 class ManyGatewayClient(GatewayClient, Protocol):
     async def deliver_many(
-        self,
-        gateway_id: str,
-        address: str,
-        batches: Sequence[gateway_pb2.Batch],
-        timeout_s: float,
-    ) -> list[gateway_pb2.DeliverReply]: ...
+        self, gateway_id: str, address: str, batches: Batches, timeout_s: float
+    ) -> Replies: ...

@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import grpc
 import grpc.aio
 
-from router.gateway_rpc.base import GatewayClient, ManyGatewayClient
+from router.gateway_rpc.base import Batches, GatewayClient, ManyGatewayClient, Replies
 from shared.errors import GatewayUnavailable
 from shared.proto import gateway_pb2
 from shared.proto.gateway_pb2_grpc import GatewayStub
@@ -72,12 +72,8 @@ class GrpcGatewayClients:
             raise _translate(gateway_id, exc) from None
 
     async def deliver_many(
-        self,
-        gateway_id: str,
-        address: str,
-        batches: Sequence[gateway_pb2.Batch],
-        timeout_s: float,
-    ) -> list[gateway_pb2.DeliverReply]:
+        self, gateway_id: str, address: str, batches: Batches, timeout_s: float
+    ) -> Replies:
         request = gateway_pb2.DeliverManyRequest(batches=batches)
         try:
             reply = await self._stub(address).rpc.DeliverMany(request, timeout=timeout_s)

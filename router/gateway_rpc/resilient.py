@@ -14,7 +14,7 @@ same StatsRegistry tells dispatch to skip the gateway meanwhile.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping
 from typing import TypeVar
 
 from router.balancing import (
@@ -25,7 +25,7 @@ from router.balancing import (
     RetryPolicy,
     StatsRegistry,
 )
-from router.gateway_rpc.base import ManyGatewayClient
+from router.gateway_rpc.base import Batches, ManyGatewayClient, Replies
 from shared.errors import GatewayUnavailable
 from shared.proto import gateway_pb2
 
@@ -80,12 +80,8 @@ class ResilientGatewayClient:
         )
 
     async def deliver_many(
-        self,
-        gateway_id: str,
-        address: str,
-        batches: Sequence[gateway_pb2.Batch],
-        timeout_s: float,
-    ) -> list[gateway_pb2.DeliverReply]:
+        self, gateway_id: str, address: str, batches: Batches, timeout_s: float
+    ) -> Replies:
         inner = self._inner
         return await self._call(
             gateway_id,

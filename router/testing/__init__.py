@@ -16,6 +16,7 @@ import asyncio
 from collections.abc import Mapping, Sequence
 
 from router.bus.memory import MemoryBus
+from router.gateway_rpc.base import Batches, Replies
 from shared.clock import ManualClock
 from shared.errors import GatewayUnavailable
 from shared.proto import gateway_pb2
@@ -62,12 +63,8 @@ class FakeGatewayClient:
         return self._reply(batch)
 
     async def deliver_many(
-        self,
-        gateway_id: str,
-        address: str,
-        batches: Sequence[gateway_pb2.Batch],
-        timeout_s: float,
-    ) -> list[gateway_pb2.DeliverReply]:
+        self, gateway_id: str, address: str, batches: Batches, timeout_s: float
+    ) -> Replies:
         await self._call(gateway_id, batches, timeout_s, self.many_codes)
         return [self._reply(b) for b in batches]
 

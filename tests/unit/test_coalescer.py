@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
 
 import pytest
 
+from router.gateway_rpc.base import Batches, Replies
 from router.gateway_rpc.coalescer import CoalescingGatewayClient
 from router.testing import FakeGatewayClient
 from shared.errors import GatewayUnavailable
@@ -95,12 +95,8 @@ async def test_calls_are_capped_in_bytes_as_well_as_in_count() -> None:
 
 class BrokenGateway(FakeGatewayClient):
     async def deliver_many(
-        self,
-        gateway_id: str,
-        address: str,
-        batches: Sequence[gateway_pb2.Batch],
-        timeout_s: float,
-    ) -> list[gateway_pb2.DeliverReply]:
+        self, gateway_id: str, address: str, batches: Batches, timeout_s: float
+    ) -> Replies:
         raise RuntimeError("a bug, not a gateway error")
 
 

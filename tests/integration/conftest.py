@@ -1,0 +1,32 @@
+"""Fixtures of the integration tests that supervise child processes."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+from collections.abc import Iterator
+
+import pytest
+
+from router.devtools.supervisor import Supervisor, alive
+
+
+@pytest.fixture
+def sup() -> Iterator[Supervisor]:
+    supervisor = Supervisor()
+    try:
+        yield supervisor
+    finally:
+        supervisor.stop_all(grace_s=1.0)
+
+
+@pytest.fixture
+def strays() -> Iterator[list[int]]:
+    """PIDs of grandchildren a test started; SIGKILLed by PID at the end if still alive."""
+    pids: list[int] = []
+    yield pids
+    for pid in pids:
+        if alive(pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
