@@ -1,4 +1,9 @@
-"""`imroute dev`: the whole stack on one machine as child processes, stopped together."""
+"""`imroute dev`: the whole stack on one machine as child processes, stopped together.
+
+A gateway or the push service that dies is restarted after RESTART_FIRST_S, doubling up
+to RESTART_MAX_S while it keeps dying (as compose's `restart:` or a Kubernetes Deployment
+would), and the rest of the stack keeps running. A drained gateway that exits 0 is done.
+"""
 
 from __future__ import annotations
 
@@ -23,6 +28,11 @@ from shared.settings import Settings, redact_url
 
 __all__ = ["DevOptions", "DevStack", "gateway_argv", "listed_gateways", "push_service_argv"]
 
+RESTART_FIRST_S = 1.0
+RESTART_MAX_S = 30.0
+# A child that stayed up this long starts its backoff over when it dies.
+STABLE_S = 30.0
+
 
 @dataclass(frozen=True)
 class DevOptions:
@@ -39,6 +49,12 @@ class DevStack:
     children: Supervisor = field(default_factory=Supervisor)
     redis: EmbeddedRedis | None = None
     _stopping: bool = False
+    # name -> argv and env, to start it again; when it last started; its next delay;
+    # when a dead one is due to start again.
+    _specs: dict[str, tuple[list[str], dict[str, str]]] = field(default_factory=dict)
+    _started: dict[str, float] = field(default_factory=dict)
+    _backoff: dict[str, float] = field(default_factory=dict)
+    _due: dict[str, float] = field(default_factory=dict)
 
     def ports(self) -> list[tuple[str, int, int, str]]:
         """(gateway_id, ws_port, grpc_port, group_id) for each gateway."""
@@ -83,9 +99,9 @@ class DevStack:
             print(f"bus: {_bus_description(settings.bus_url, env)}", flush=True)
             if self._stopping:
                 return 0
-            self.children.start("push-service", push_service_argv(o.host, o.port), env=env)
+            self._start("push-service", push_service_argv(o.host, o.port), env)
             for gid, ws, grpc, group in self.ports():
-                self.children.start(gid, gateway_argv(gid, group, o.host, ws, grpc), env=env)
+                self._start(gid, gateway_argv(gid, group, o.host, ws, grpc), env)
             gateways = self._wait_ready(env["IMROUTE_API_KEY"])
             if gateways is None:  # stopped by a signal while starting
                 return 0
@@ -156,27 +172,48 @@ class DevStack:
         ]
         print("\n".join(lines), flush=True)
 
+    def _start(self, name: str, argv: list[str], env: dict[str, str]) -> None:
+        self._specs[name] = (argv, env)
+        self._started[name] = time.monotonic()
+        self.children.start(name, argv, env=env)
+
     def _watch(self) -> int:
         while not self._stopping:
-            crashed = self._check_children()
-            if crashed:
-                print(f"imroute dev: {crashed}; stopping the stack", file=sys.stderr, flush=True)
-                return 1
+            self._check_children()
+            self._restart_due()
             time.sleep(0.2)
         return 0
 
-    def _check_children(self) -> str | None:
+    def _check_children(self) -> None:
         for child in self.children.exited():
             if self._stopping:
-                return None
+                return
+            self.children.forget(child)
             if child.returncode == 0 and child.name != "push-service":
                 # A gateway that was drained (POST /v1/gateways/{id}/drain) exits
                 # cleanly once its clients moved: the rest of the stack goes on.
                 print(f"imroute dev: {child.name} drained and exited", flush=True)
-                self.children.forget(child)
                 continue
-            return str(ChildExited(child))
-        return None
+            now = time.monotonic()
+            if now - self._started.get(child.name, now) >= STABLE_S:
+                self._backoff.pop(child.name, None)  # it had been up a while: start over
+            delay = self._backoff.get(child.name, RESTART_FIRST_S)
+            self._backoff[child.name] = min(delay * 2, RESTART_MAX_S)
+            self._due[child.name] = now + delay
+            print(
+                f"imroute dev: {ChildExited(child)}; restarting it in {delay:.0f}s",
+                file=sys.stderr,
+                flush=True,
+            )
+
+    def _restart_due(self) -> None:
+        now = time.monotonic()
+        for name, due in list(self._due.items()):
+            if due <= now and not self._stopping:
+                del self._due[name]
+                argv, env = self._specs[name]
+                self._start(name, argv, env)
+                print(f"imroute dev: {name} restarted", file=sys.stderr, flush=True)
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         self._stopping = True
