@@ -1,0 +1,95 @@
+"""What to do after a connection ends: stop, retry the same gateway, or ask dispatch
+for the next one, and after how long (pure; Ribbon's retry-same / retry-next, on the
+client side)."""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from imroute_client.backoff import Backoff
+
+__all__ = [
+    "CLOSE_DRAIN",
+    "CLOSE_FULL",
+    "CLOSE_UNAUTHORIZED",
+    "Outcome",
+    "RetryState",
+    "Step",
+    "classify",
+    "next_step",
+]
+
+CLOSE_UNAUTHORIZED = 4401
+CLOSE_FULL = 4429
+CLOSE_DRAIN = 4503
+
+
+class Outcome(enum.Enum):
+    """How a connection (or an attempt at one) ended."""
+
+    MOVE = "move"  # drained (reconnect frame or 4503) or full (4429): go elsewhere now
+    TRANSPORT = "transport"  # refused, reset, timed out, or closed without a close frame
+    CLOSED = "closed"  # any other close the gateway sent (1001, 1011, 1013, ...)
+    UNAUTHORIZED = "unauthorized"  # 4401: stop for good
+
+
+@dataclass(slots=True)
+class RetryState:
+    """Failures in a row (for the backoff) and tries on the same gateway (for retry-same)."""
+
+    failures: int = 0
+    same_tries: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    """Reconnect after `delay_s`, through dispatch or to the same gateway."""
+
+    dispatch: bool
+    delay_s: float
+
+
+def classify(close_code: int | None, told_to_reconnect: bool) -> Outcome:
+    """The outcome of a connection closed with `close_code` (None: no close frame)."""
+    if close_code == CLOSE_UNAUTHORIZED:
+        return Outcome.UNAUTHORIZED
+    if told_to_reconnect or close_code in (CLOSE_DRAIN, CLOSE_FULL):
+        return Outcome.MOVE
+    if close_code is None:
+        return Outcome.TRANSPORT
+    return Outcome.CLOSED
+
+
+def next_step(
+    state: RetryState,
+    outcome: Outcome,
+    lived_s: float,
+    *,
+    retries_same: int,
+    backoff: Backoff,
+    stable_s: float,
+    rand: Callable[[], float],
+) -> Step:
+    """The next attempt, updating `state`. A connection that lived `stable_s` starts the
+    backoff over. A move goes at once unless the previous attempt failed too (a second
+    4429 in a row waits). A transport error retries the same gateway `retries_same`
+    times, then asks dispatch. UNAUTHORIZED is the caller's to raise."""
+    if outcome is Outcome.UNAUTHORIZED:
+        raise ValueError("4401 is not retried")
+    if lived_s >= stable_s:
+        state.failures = 0
+        state.same_tries = 0
+    delay = backoff.delay(state.failures - 1, rand) if state.failures else 0.0
+    state.failures += 1
+    if outcome is Outcome.MOVE:
+        state.same_tries = 0
+        return Step(dispatch=True, delay_s=delay)
+    # Nothing tells the client the gateway is back: wait at least the first backoff.
+    delay = max(delay, backoff.delay(0, rand))
+    if outcome is Outcome.TRANSPORT and state.same_tries < retries_same:
+        state.same_tries += 1
+        return Step(dispatch=False, delay_s=delay)
+    state.same_tries = 0
+    return Step(dispatch=True, delay_s=delay)

@@ -1,0 +1,26 @@
+"""Counters of what a client went through, for apps and tests to read."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+__all__ = ["ClientStats"]
+
+
+@dataclass(slots=True)
+class ClientStats:
+    """Running totals of one client (never reset)."""
+
+    messages: int = 0  # pushes handed to the app
+    duplicates: int = 0  # pushes dropped: their msg_id was in the dedupe window
+    connects: int = 0  # WebSocket handshakes that succeeded
+    dispatches: int = 0  # gateways dispatch named
+    same_retries: int = 0  # reconnects to the same gateway after a transport error
+    moves: int = 0  # connections left for a drain (reconnect frame or 4503)
+    refused: int = 0  # closes 4429: the gateway was full
+    told: int = 0  # reconnect frames received
+    transport_errors: int = 0  # failed connects and connections lost without a close
+    bad_frames: int = 0  # frames that broke the protocol, skipped
+    incomplete: int = 0  # recovered frames with complete:false
+    dispatch_errors: Counter[str] = field(default_factory=Counter)  # by status or error

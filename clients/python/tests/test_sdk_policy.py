@@ -1,0 +1,58 @@
+"""Retry-same, retry-next and the backoff between them."""
+
+from __future__ import annotations
+
+import pytest
+from imroute_client.backoff import Backoff
+from imroute_client.policy import Outcome, RetryState, Step, classify, next_step
+
+B = Backoff(0.1, 5.0)
+
+
+def step(state: RetryState, outcome: Outcome, lived: float = 0.0, retries: int = 2) -> Step:
+    return next_step(state, outcome, lived, retries_same=retries, backoff=B, stable_s=5.0,
+                     rand=lambda: 0.5)  # fmt: skip
+
+
+def test_close_codes() -> None:
+    assert classify(4401, False) is Outcome.UNAUTHORIZED
+    assert classify(4503, False) is Outcome.MOVE
+    assert classify(4429, False) is Outcome.MOVE
+    assert classify(1000, True) is Outcome.MOVE  # told to reconnect first
+    assert classify(None, True) is Outcome.MOVE
+    assert classify(None, False) is Outcome.TRANSPORT
+    assert classify(1001, False) is Outcome.CLOSED
+    assert classify(1013, False) is Outcome.CLOSED
+
+
+def test_transport_errors_retry_the_same_gateway_then_the_next() -> None:
+    s = RetryState()
+    steps = [step(s, Outcome.TRANSPORT) for _ in range(4)]
+    assert [x.dispatch for x in steps] == [False, False, True, False]
+    assert [x.delay_s for x in steps] == pytest.approx([0.1, 0.1, 0.2, 0.4])
+
+
+def test_a_move_goes_at_once_but_a_second_in_a_row_waits() -> None:
+    s = RetryState()
+    assert step(s, Outcome.MOVE, lived=60) == Step(True, 0.0)
+    again = step(s, Outcome.MOVE)
+    assert again.dispatch and again.delay_s == pytest.approx(0.1)
+    assert step(s, Outcome.MOVE, lived=60) == Step(True, 0.0)  # that one had lived
+
+
+def test_a_connection_that_lived_starts_the_backoff_over() -> None:
+    s = RetryState()
+    for _ in range(5):
+        step(s, Outcome.CLOSED)
+    assert step(s, Outcome.CLOSED).delay_s > 1.0
+    fresh = step(s, Outcome.TRANSPORT, lived=10.0)
+    assert not fresh.dispatch and fresh.delay_s == pytest.approx(0.1)
+
+
+def test_other_closes_ask_dispatch_after_a_backoff_and_4401_is_not_planned() -> None:
+    s = RetryState()
+    closed = step(s, Outcome.CLOSED)
+    assert closed.dispatch and closed.delay_s == pytest.approx(0.1)
+    assert step(s, Outcome.TRANSPORT, retries=0).dispatch
+    with pytest.raises(ValueError, match="4401"):
+        step(s, Outcome.UNAUTHORIZED)
