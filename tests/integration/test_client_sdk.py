@@ -1,0 +1,187 @@
+"""imroute-client against the real stack: in-process gateways and push API on real
+sockets and Redis, and a real gateway process killed and restarted."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import re
+import signal
+from collections.abc import AsyncIterator
+
+import httpx
+import pytest
+import redis.asyncio as aioredis
+from imroute_client import ImrouteClient, Message, Unauthorized
+
+from router.devtools.ports import free_port
+from router.gateway_rpc.grpc_client import GrpcGatewayClients
+from shared.batches import to_batch
+from shared.clock import SystemClock
+from shared.keys import KeySchema
+from shared.models import Message as ServerMessage
+from tests.conftest import SECRET
+from tests.integration.procs import BIN, base_env, read_until, running
+from tests.integration.stack import AUTH, api, gateway, token, wait_for
+
+pytestmark = pytest.mark.integration
+
+API = "http://push"  # the in-process API's base URL (httpx's ASGI transport)
+
+
+async def registered(redis: aioredis.Redis, prefix: str, uid: str) -> None:
+    for _ in range(250):  # route writes are coalesced
+        if await redis.hlen(KeySchema(prefix).route(uid)):
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"{uid} never registered")
+
+
+async def push(http: httpx.AsyncClient, uid: str, content: object) -> list[str]:
+    resp = await http.post("/v1/push", json={"to": [uid], "content": content}, headers=AUTH)
+    assert resp.status_code == 200, resp.text
+    delivered: list[str] = resp.json()["delivered"]
+    return delivered
+
+
+async def next_message(client: ImrouteClient, timeout: float = 5.0) -> Message:
+    return await asyncio.wait_for(anext(client), timeout)
+
+
+@contextlib.asynccontextmanager
+async def pumping(client: ImrouteClient) -> AsyncIterator[list[Message]]:
+    """The client's messages, read by a task into a list, while the block runs."""
+    got: list[Message] = []
+
+    async def pump() -> None:
+        async for msg in client:
+            got.append(msg)
+
+    task = asyncio.create_task(pump())
+    try:
+        yield got
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+async def test_a_p2p_push_arrives_and_a_duplicate_msg_id_is_dropped(
+    redis_url: str, prefix: str, redis: aioredis.Redis
+) -> None:
+    rpc = GrpcGatewayClients()
+    async with (
+        gateway(redis_url, prefix, "gw1", "g1") as gw,
+        api(redis_url, prefix) as http,
+        ImrouteClient(API, token("alice"), http=http) as client,
+    ):
+        await client.connect()
+        assert client.gateway_id == "gw1" and client.pos is None
+        await registered(redis, prefix, "alice")
+        assert await push(http, "alice", {"text": "hi"}) == ["alice"]
+        msg = await next_message(client)
+        assert (msg.sender, msg.content, msg.msg_type, msg.pos, msg.recovered) == (
+            "admin", {"text": "hi"}, 0, None, False,
+        )  # fmt: skip
+
+        # The same message under two batch ids (which the gateway's own dedup cannot
+        # catch) is written twice; the client hands it over once.
+        dup = ServerMessage("dup-1", "p-dup", 0, "admin", b'"twice"', SystemClock().now_ms())
+        after = ServerMessage("after-1", "p-after", 0, "admin", b'"after"', SystemClock().now_ms())
+        address = f"127.0.0.1:{gw.grpc_port}"
+        for batch_id, message in (("b1", dup), ("b2", dup), ("b3", after)):
+            reply = await rpc.deliver("gw1", address, to_batch(message, ["alice"], batch_id), 2.0)
+            assert list(reply.delivered) == ["alice"]
+        assert [(await next_message(client)).msg_id for _ in range(2)] == ["dup-1", "after-1"]
+        assert client.stats.duplicates == 1 and client.stats.messages == 3
+    await rpc.close()
+
+
+async def test_a_drained_gateway_s_client_moves_through_dispatch_and_keeps_receiving(
+    redis_url: str, prefix: str, redis: aioredis.Redis
+) -> None:
+    async with (
+        gateway(redis_url, prefix, "gw1", "g1", heartbeat_s=0.2, drain_window_s=0.3) as gw1,
+        gateway(redis_url, prefix, "gw2", "g1", heartbeat_s=0.2) as gw2,
+        api(redis_url, prefix) as http,
+        ImrouteClient(API, token("bob"), http=http) as client,
+    ):
+        await client.connect()
+        first = client.gateway_id
+        other = {"gw1": "gw2", "gw2": "gw1"}[str(first)]
+        drained = {"gw1": gw1, "gw2": gw2}[str(first)]
+        await registered(redis, prefix, "bob")
+        async with pumping(client) as got:
+            assert await push(http, "bob", 1) == ["bob"]
+            await wait_for(lambda: len(got) == 1, "the first push")
+            resp = await http.post(f"/v1/gateways/{first}/drain", headers=AUTH)
+            assert resp.status_code == 202
+            await drained.drained.wait()
+            await wait_for(lambda: client.gateway_id == other, f"bob on {other}")
+            assert (client.stats.told, client.stats.moves, client.stats.dispatches) == (1, 1, 2)
+            for _ in range(250):  # the new route is written (coalesced) after the connect
+                if await push(http, "bob", 2) == ["bob"]:
+                    break
+                await asyncio.sleep(0.02)
+            await wait_for(lambda: len(got) == 2, "the push after the move")
+        assert [m.content for m in got] == [1, 2]
+
+
+async def test_a_refused_token_stops_the_client_with_unauthorized(
+    redis_url: str, prefix: str
+) -> None:
+    other_secret = "another-secret-0123456789abcdef-01234"
+    async with (
+        # The gateway checks tokens with another secret than dispatch: dispatch accepts
+        # the token, the gateway closes with 4401.
+        gateway(redis_url, prefix, "gw1", "g1", secret=other_secret),
+        api(redis_url, prefix) as http,
+    ):
+        async with ImrouteClient(API, token("carol"), http=http) as client:
+            with pytest.raises(Unauthorized, match="4401"):
+                await next_message(client)
+            with pytest.raises(Unauthorized):  # for good: no retry
+                await next_message(client)
+            assert client.stats.connects == 1 and client.stats.dispatches == 1
+        async with ImrouteClient(API, "not-a-token", http=http) as client:
+            with pytest.raises(Unauthorized, match="401"):
+                await client.connect()
+
+
+async def test_the_only_gateway_killed_and_restarted_is_retried_in_place(
+    redis_url: str, prefix: str, redis: aioredis.Redis
+) -> None:
+    ws_port, grpc_port = free_port(), free_port()
+    argv = [str(BIN / "imroute"), "gateway", "--id", "gwr", "--group", "g1",
+            "--ws-port", str(ws_port), "--grpc-port", str(grpc_port),
+            "--heartbeat", "0.5"]  # fmt: skip
+    env = base_env(IMROUTE_REDIS_URL=redis_url, IMROUTE_REDIS_PREFIX=prefix,
+                   IMROUTE_SECRET=SECRET)  # fmt: skip
+    async with (
+        api(redis_url, prefix) as http,
+        ImrouteClient(
+            API, token("dave"), http=http, retries_same=1000, backoff_max_s=0.2
+        ) as client,
+    ):
+        with running(argv, env) as proc:
+            assert re.search(r"ws=\S+", read_until(proc, "ready")[-1])
+            await client.connect()
+            await registered(redis, prefix, "dave")
+            async with pumping(client) as got:
+                assert await push(http, "dave", "before") == ["dave"]
+                await wait_for(lambda: len(got) == 1, "the push before the crash")
+                proc.send_signal(signal.SIGKILL)  # no close frame, no goodbye
+                proc.wait(5)
+                await wait_for(lambda: client.stats.same_retries >= 2, "retries in place")
+                assert client.gateway_id is None
+                with running(argv, env) as again:
+                    read_until(again, "ready")
+                    await wait_for(lambda: client.gateway_id == "gwr", "dave back", 10)
+                    for _ in range(250):
+                        if await push(http, "dave", "after") == ["dave"]:
+                            break
+                        await asyncio.sleep(0.02)
+                    await wait_for(lambda: len(got) == 2, "the push after the restart")
+        assert [m.content for m in got] == ["before", "after"]
+        # Retry-same: dispatch was asked once, at the start.
+        assert client.stats.dispatches == 1 and client.stats.connects == 2
