@@ -99,7 +99,9 @@ class Settings(BaseSettings):
     @field_validator("bus_url")
     @classmethod
     def _bus_url(cls, value: str | None) -> str | None:
-        if value is not None and value.startswith("memory://"):
+        if value is None:
+            return value
+        if value.startswith("memory://"):
             # An in-process bus opened from a setting would be one bus per service: the
             # push service's batches would reach no gateway. Code that runs both in one
             # process passes the same MemoryBus object to each instead.
@@ -107,9 +109,7 @@ class Settings(BaseSettings):
                 "memory:// is an in-process bus for tests and examples: pass one MemoryBus "
                 "to create_app(settings, bus=...) and Gateway(settings, bus=...) instead"
             )
-        if value is not None and not value.startswith(
-            ("redis://", "rediss://", "unix://", "pubsub://")
-        ):
+        if not value.startswith(("redis://", "rediss://", "unix://", "pubsub://")):
             raise ValueError("must start with redis://, rediss://, unix:// or pubsub://")
         return value
 

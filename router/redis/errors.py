@@ -9,8 +9,9 @@ here, once.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Coroutine, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Coroutine
+from contextlib import AbstractContextManager
+from types import TracebackType
 from typing import Any, ParamSpec, TypeVar
 
 import redis.exceptions
@@ -30,21 +31,47 @@ def is_unreachable(exc: BaseException) -> bool:
     )
 
 
-@contextmanager
-def redis_errors(to: type[ImrouteError] = RegistryUnavailable) -> Iterator[None]:
+class _RedisErrors:
+    """The mapping as a context manager: stateless, so one instance per target class is
+    reused on every call (it runs around every Redis command of the hot P2P path)."""
+
+    __slots__ = ("_to",)
+
+    def __init__(self, to: type[ImrouteError]) -> None:
+        self._to = to
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if exc is None:
+            reraise_swallowed_cancel()
+            return
+        if isinstance(exc, redis.exceptions.ConnectionError | redis.exceptions.TimeoutError):
+            reraise_swallowed_cancel()
+            raise self._to(f"redis did not answer: {exc}") from exc
+        if isinstance(exc, TimeoutError):  # an asyncio.timeout around the command
+            reraise_swallowed_cancel()
+            raise self._to("redis did not answer in time") from exc
+        if isinstance(exc, redis.exceptions.RedisError):
+            reraise_swallowed_cancel()
+            raise self._to(f"redis error: {exc}") from exc
+
+
+_MAPPERS: dict[type[ImrouteError], _RedisErrors] = {}
+
+
+def redis_errors(to: type[ImrouteError] = RegistryUnavailable) -> AbstractContextManager[None]:
     """Raise redis-py errors from inside as `to`, and a swallowed cancellation as itself."""
-    try:
-        yield
-    except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
-        reraise_swallowed_cancel()
-        raise to(f"redis did not answer: {exc}") from exc
-    except TimeoutError as exc:  # an asyncio.timeout around the command
-        reraise_swallowed_cancel()
-        raise to("redis did not answer in time") from exc
-    except redis.exceptions.RedisError as exc:
-        reraise_swallowed_cancel()
-        raise to(f"redis error: {exc}") from exc
-    reraise_swallowed_cancel()
+    mapper = _MAPPERS.get(to)
+    if mapper is None:
+        mapper = _MAPPERS[to] = _RedisErrors(to)
+    return mapper
 
 
 def translate_errors(
@@ -52,8 +79,10 @@ def translate_errors(
 ) -> Callable[P, Coroutine[Any, Any, T]]:
     """Decorate a Redis-calling coroutine so redis-py errors surface as RegistryUnavailable."""
 
+    mapper = redis_errors(RegistryUnavailable)
+
     async def wrapper(*args: P.args, **kwargs: P.kwargs) -> T:
-        with redis_errors(RegistryUnavailable):
+        with mapper:
             return await fn(*args, **kwargs)
 
     wrapper.__name__ = getattr(fn, "__name__", "wrapper")
