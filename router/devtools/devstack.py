@@ -43,18 +43,24 @@ class DevOptions:
 
 
 @dataclass
+class _Managed:
+    """What it takes to start a child again, and when."""
+
+    argv: list[str]
+    env: dict[str, str]
+    started: float = 0.0  # monotonic
+    backoff_s: float = RESTART_FIRST_S  # the delay before its next restart
+    due: float | None = None  # when a dead one starts again
+
+
+@dataclass
 class DevStack:
     options: DevOptions
     environ: Mapping[str, str]
     children: Supervisor = field(default_factory=Supervisor)
     redis: EmbeddedRedis | None = None
     _stopping: bool = False
-    # name -> argv and env, to start it again; when it last started; its next delay;
-    # when a dead one is due to start again.
-    _specs: dict[str, tuple[list[str], dict[str, str]]] = field(default_factory=dict)
-    _started: dict[str, float] = field(default_factory=dict)
-    _backoff: dict[str, float] = field(default_factory=dict)
-    _due: dict[str, float] = field(default_factory=dict)
+    _managed: dict[str, _Managed] = field(default_factory=dict)
 
     def ports(self) -> list[tuple[str, int, int, str]]:
         """(gateway_id, ws_port, grpc_port, group_id) for each gateway."""
@@ -173,9 +179,13 @@ class DevStack:
         print("\n".join(lines), flush=True)
 
     def _start(self, name: str, argv: list[str], env: dict[str, str]) -> None:
-        self._specs[name] = (argv, env)
-        self._started[name] = time.monotonic()
-        self.children.start(name, argv, env=env)
+        self._managed[name] = _Managed(argv, env)
+        self._restart(name)
+
+    def _restart(self, name: str) -> None:
+        managed = self._managed[name]
+        managed.started, managed.due = time.monotonic(), None
+        self.children.start(name, managed.argv, env=managed.env)
 
     def _watch(self) -> int:
         while not self._stopping:
@@ -194,12 +204,12 @@ class DevStack:
                 # cleanly once its clients moved: the rest of the stack goes on.
                 print(f"imroute dev: {child.name} drained and exited", flush=True)
                 continue
-            now = time.monotonic()
-            if now - self._started.get(child.name, now) >= STABLE_S:
-                self._backoff.pop(child.name, None)  # it had been up a while: start over
-            delay = self._backoff.get(child.name, RESTART_FIRST_S)
-            self._backoff[child.name] = min(delay * 2, RESTART_MAX_S)
-            self._due[child.name] = now + delay
+            managed, now = self._managed[child.name], time.monotonic()
+            if now - managed.started >= STABLE_S:
+                managed.backoff_s = RESTART_FIRST_S  # it had been up a while: start over
+            delay = managed.backoff_s
+            managed.backoff_s = min(delay * 2, RESTART_MAX_S)
+            managed.due = now + delay
             print(
                 f"imroute dev: {ChildExited(child)}; restarting it in {delay:.0f}s",
                 file=sys.stderr,
@@ -208,11 +218,9 @@ class DevStack:
 
     def _restart_due(self) -> None:
         now = time.monotonic()
-        for name, due in list(self._due.items()):
-            if due <= now and not self._stopping:
-                del self._due[name]
-                argv, env = self._specs[name]
-                self._start(name, argv, env)
+        for name, managed in self._managed.items():
+            if managed.due is not None and managed.due <= now and not self._stopping:
+                self._restart(name)
                 print(f"imroute dev: {name} restarted", file=sys.stderr, flush=True)
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
