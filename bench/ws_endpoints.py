@@ -99,7 +99,7 @@ async def gateway_side(endpoint: str, clients: int) -> None:
             uids = [c.uid for c in conns]
             gc.collect()
             t0 = time.monotonic()
-            delivered, missing = conns.deliver(uids, frame)
+            delivered, missing = conns.write_to(uids, frame)
             t1 = time.monotonic()
             emit(
                 event="delivered",

@@ -10,6 +10,7 @@ from pydantic import (
     ConfigDict,
     Field,
     JsonValue,
+    StrictBool,
     StringConstraints,
     field_validator,
     model_validator,
@@ -62,6 +63,9 @@ class PushIn(BaseModel):
     # P2P never buffers, so "high" changes nothing here; accepted on every push alike.
     priority: Literal["normal", "high"] = "normal"
     ttl_s: int | None = Field(None, ge=1, le=30 * 24 * 3600)
+    # false: at-most-once (typing indicators and the like): not logged for recovery,
+    # not kept in any inbox
+    store: StrictBool = True
 
     @field_validator("to")
     @classmethod
@@ -83,6 +87,9 @@ class PushOut(BaseModel):
     offline: list[str]
     failed: list[str] = Field(
         description="recipients with routes whose every gateway failed: not delivered"
+    )
+    queued: list[str] = Field(
+        description="offline or failed recipients whose message waits in their inbox"
     )
     errors: list[GatewayError]
 
@@ -151,6 +158,9 @@ class _GroupPushIn(BaseModel):
     sender: str = Field("admin", alias="from", min_length=1, max_length=128)
     priority: Literal["normal", "high"] = "normal"
     ttl_s: int | None = Field(None, ge=1, le=MAX_TTL_S)
+    # false: at-most-once (typing indicators and the like): not logged for recovery,
+    # not kept in any inbox
+    store: StrictBool = True
 
 
 class BroadcastIn(_GroupPushIn):

@@ -41,6 +41,8 @@ from router.hedging.metrics import PublishMetrics
 from router.jobs.reaper import reaping
 from router.jobs.store import RedisJobStore
 from router.p2p.pusher import P2PPusher
+from router.recovery.base import RecoveryLimits
+from router.recovery.store import RedisRecoveryStore
 from router.redis.client import create_redis, ping
 from router.routes.registry import RedisRouteRegistry
 from shared.clock import Clock
@@ -99,6 +101,8 @@ class Wiring:
             )
             stack.push_async_callback(clients.close)
             registry = RedisRouteRegistry(redis, keys, clock)
+            limits = RecoveryLimits.from_settings(settings)
+            recovery = RedisRecoveryStore(redis, keys, clock, limits)
             # The fleet's TTL is the gateways' to set; readers only read.
             # Gateways that leave the fleet take their channels and circuit stats along.
             fleet = CachedFleet(
@@ -127,7 +131,8 @@ class Wiring:
             stack.callback(setattr, self, "parts", None)
             yield Services(
                 pushes=Pushes(
-                    P2PPusher(registry, fleet, clients, settings.deliver_timeout_s), clock
+                    P2PPusher(registry, fleet, clients, settings.deliver_timeout_s, recovery),
+                    clock,
                 ),
                 # One view of gateways' health, for P2P calls and for dispatch.
                 dispatch=Dispatch(
@@ -146,6 +151,7 @@ class Wiring:
                     clock,
                     batch_size=settings.batch_size,
                     flush_timeout_s=settings.flush_timeout_s,
+                    recovery=recovery,
                 ),
                 users=Users(directory, registry),
                 health=Health(functools.partial(ping, redis), self._metrics),

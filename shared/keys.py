@@ -12,6 +12,13 @@ values' formats live with their stores: `router.routes.codec` for a route,
 - ``{prefix}gw:{gateway_id}`` is the gateway's JSON record, with a PEXPIRE.
 - ``{prefix}gateways`` is a sorted set, ``gateway_id`` scored by its record's deadline.
 - ``{prefix}bus:{topic}`` is the Redis Streams bus's stream of one topic.
+- ``{prefix}rseq:{<uid>}``, ``{prefix}rlog:{<uid>}`` and ``{prefix}inbox:{<uid>}`` are a
+  user's recovery sequence (a counter), recovery log (a stream whose entry ids are
+  ``<seq>-0``) and offline inbox (a sorted set scored by seq). The braces are a Redis
+  Cluster hash tag, so the three meet in one slot and one script; a uid holding a brace
+  is tagged by its SHA-1 instead.
+- ``{prefix}tseq:{<topic>}`` and ``{prefix}tlog:{<topic>}`` are a bus topic's batch
+  sequence and batch log, hash-tagged by topic the same way.
 - ``{prefix}job:{push_id}`` is a broadcast or multicast job's status hash; it expires a
   week after the job finished.
 - ``{prefix}jobs:running`` is a sorted set of running jobs' push ids scored by the end of
@@ -20,6 +27,7 @@ values' formats live with their stores: `router.routes.codec` for a route,
 
 from __future__ import annotations
 
+import hashlib
 import re
 from dataclasses import dataclass
 
@@ -60,8 +68,30 @@ class KeySchema:
     def bus_stream(self, topic: str) -> str:
         return f"{self.prefix}bus:{topic}"
 
+    def user_seq(self, uid: str) -> str:
+        return f"{self.prefix}rseq:{_tag(uid)}"
+
+    def user_log(self, uid: str) -> str:
+        return f"{self.prefix}rlog:{_tag(uid)}"
+
+    def user_inbox(self, uid: str) -> str:
+        return f"{self.prefix}inbox:{_tag(uid)}"
+
+    def topic_seq(self, topic: str) -> str:
+        return f"{self.prefix}tseq:{_tag(topic)}"
+
+    def topic_log(self, topic: str) -> str:
+        return f"{self.prefix}tlog:{_tag(topic)}"
+
     def job(self, push_id: str) -> str:
         return f"{self.prefix}job:{push_id}"
 
     def jobs_running(self) -> str:
         return f"{self.prefix}jobs:running"
+
+
+def _tag(name: str) -> str:
+    """`{name}`: a Redis Cluster hash tag, so one user's (or topic's) keys share a slot."""
+    if "{" in name or "}" in name:
+        name = hashlib.sha1(name.encode()).hexdigest()
+    return "{" + name + "}"

@@ -44,6 +44,13 @@ class Settings(BaseSettings):
     hedge_delay_ms: str | None = None
     hedge_max_tokens: int | None = None
     hedge_refill_ratio: float | None = None
+    # recovery (README, "Recovery"): how long a client can resume from its `pos`, and
+    # the bounds of each store: P2P entries per user, batches per topic, the inbox
+    recovery_window_s: float = Field(300.0, ge=1, le=86_400)
+    recovery_user_max: int = Field(1000, ge=1, le=100_000)
+    recovery_topic_max: int = Field(2000, ge=10, le=1_000_000)
+    inbox_ttl_s: float = Field(86_400.0, ge=1, le=30 * 86_400)
+    inbox_max: int = Field(100, ge=1, le=100_000)
     # the user directory broadcast pages through (a SQLAlchemy async URL)
     db_url: str = "sqlite+aiosqlite:///imroute-users.db"
 

@@ -17,6 +17,9 @@ __all__ = [
     "PONG_FRAME",
     "encode_push_json",
     "parse_client_frame",
+    "push_frame",
+    "push_prefix",
+    "recovered_frame",
     "ws_text_frame",
 ]
 
@@ -29,6 +32,24 @@ def encode_push_json(message: Message) -> bytes:
         f'"from":{json.dumps(message.sender)},"content":'
     )
     return b"".join((head.encode(), message.content_json, b',"ts":%d}' % message.ts_ms))
+
+
+def push_prefix(message: Message) -> bytes:
+    """A push frame's JSON up to its position: built once per message, then completed
+    per connection by `push_frame` (each connection has its own `pos`)."""
+    return encode_push_json(message)[:-1]
+
+
+def push_frame(prefix: bytes, pos: str, recovered: bool = False) -> bytes:
+    """The WebSocket frame of a push for one connection: `prefix` plus its `pos`."""
+    tail = b',"recovered":true,"pos":"%s"}' if recovered else b',"pos":"%s"}'
+    return ws_text_frame(prefix + tail % pos.encode())
+
+
+def recovered_frame(count: int, complete: bool) -> bytes:
+    """The frame that ends every connection's replay (count 0 when nothing was sent)."""
+    flag = b"true" if complete else b"false"
+    return ws_text_frame(b'{"type":"recovered","count":%d,"complete":%s}' % (count, flag))
 
 
 def ws_text_frame(payload: bytes) -> bytes:

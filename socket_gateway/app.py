@@ -16,6 +16,8 @@ from router.bus.base import Bus
 from router.bus.factory import bus_from_settings
 from router.fleet.drain import RedisDrainRequests
 from router.fleet.store import RedisGatewayFleet
+from router.recovery.base import RecoveryLimits
+from router.recovery.store import RedisRecoveryStore
 from router.redis.client import connect_redis, ping
 from router.routes.registry import RedisRouteRegistry
 from router.routes.writer import CoalescingRouteWriter
@@ -29,6 +31,7 @@ from socket_gateway.bus_consumer import consume, gateway_topics
 from socket_gateway.connections import LocalConnections
 from socket_gateway.dedup import RecentIds
 from socket_gateway.delivery import DeliverService
+from socket_gateway.follower import TopicFollower
 from socket_gateway.grpc_server import start_grpc_server
 from socket_gateway.heartbeat import (
     CLOSE_DRAIN,
@@ -38,6 +41,7 @@ from socket_gateway.heartbeat import (
     Heartbeat,
 )
 from socket_gateway.metrics import GatewayMetrics, render
+from socket_gateway.resume import Resumer
 from socket_gateway.ws import WsEndpoint, WsServer
 
 __all__ = ["CLOSE_DRAIN", "RECONNECT_FRAME", "Gateway"]
@@ -63,12 +67,16 @@ class Gateway:
         self._interceptors = tuple(grpc_interceptors)
         self._given_bus = bus
         self.conns = LocalConnections(max_buffer=settings.max_write_buffer)
+        self.conns.marks.group = settings.group_id
         self.deliver_service = DeliverService(self.conns, self.clock, RecentIds(self.clock))
         self.metrics = GatewayMetrics(self.deliver_service, self.conns)
         self.ws_port = 0
         self.grpc_port = 0
         self._stack = AsyncExitStack()
         self._consumer: asyncio.Task[None] | None = None
+        self._following: asyncio.Task[None] | None = None
+        self.follower: TopicFollower | None = None
+        self.resumer: Resumer | None = None
         self._ws: WsEndpoint | None = None
         self._ws_server: WsServer | None = None
         self._grpc: grpc.aio.Server | None = None
@@ -146,6 +154,13 @@ class Gateway:
             port=self.grpc_port,
         )
         self._writer = CoalescingRouteWriter(self.registry)
+        recovery = RedisRecoveryStore(redis, keys, self.clock, RecoveryLimits.from_settings(s))
+        self.resumer = Resumer(recovery, self.conns, recovery.limits, self.clock)
+        self.follower = TopicFollower(
+            recovery, self.deliver_service, self.conns.marks, gateway_topics(s.group_id), self.clock
+        )
+        # From the logs' heads, before the first client: each starts where the topics are.
+        await self.follower.start()
         self.fleet = RedisGatewayFleet(
             redis, keys, self.clock, s.heartbeat_s * FLEET_TTL_HEARTBEATS
         )
@@ -159,6 +174,7 @@ class Gateway:
             self._writer.unregister,
             metrics=lambda: render(self.metrics).decode(),
             max_connections=s.gateway_max_connections,
+            resumer=self.resumer,
         )
         self._ws_server = await self._ws.serve(s.ws_host, s.ws_port)
         self.ws_port = self._ws_server.sockets[0].getsockname()[1]
@@ -187,8 +203,9 @@ class Gateway:
         )
         self._heartbeat.start()
         self._consumer = asyncio.create_task(
-            consume(bus, s.gateway_id, s.group_id, self.deliver_service), name="bus-consumer"
+            consume(bus, s.gateway_id, s.group_id, self.follower.offer), name="bus-consumer"
         )
+        self._following = asyncio.create_task(self.follower.run(), name="topic-follower")
 
     async def __aexit__(
         self,
@@ -203,10 +220,11 @@ class Gateway:
         # between still gets here.
         if self._heartbeat is not None:
             await self._heartbeat.aclose()
-        if self._consumer is not None:
-            self._consumer.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._consumer
+        for task in (self._consumer, self._following):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         assert self._ws is not None and self._ws_server is not None
         assert self.fleet is not None and self.registry is not None
         self._ws.accepting = False

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from contextlib import aclosing
 
 from google.protobuf.message import DecodeError
@@ -11,7 +12,6 @@ from google.protobuf.message import DecodeError
 from router.bus.base import BROADCAST, Bus, group_topic
 from shared.errors import BusUnavailable
 from shared.proto import gateway_pb2
-from socket_gateway.delivery import DeliverService
 
 __all__ = ["consume", "gateway_topics"]
 
@@ -25,8 +25,12 @@ def gateway_topics(group_id: str) -> list[str]:
     return [BROADCAST, group_topic(group_id)]
 
 
-async def consume(bus: Bus, gateway_id: str, group_id: str, service: DeliverService) -> None:
-    """Deliver every batch of the gateway's topics, acking each once it is written.
+Offer = Callable[[str, gateway_pb2.Batch], None]
+
+
+async def consume(bus: Bus, gateway_id: str, group_id: str, offer: Offer) -> None:
+    """Hand every batch of the gateway's topics to `offer` (the follower, which writes
+    it in log order), acking each once it was handed over.
 
     The ack comes after the write, so a gateway that dies in between gets the batch
     again on restart; its recent-batch-id set (or the clients' own) absorbs repeats.
@@ -47,7 +51,7 @@ async def consume(bus: Bus, gateway_id: str, group_id: str, service: DeliverServ
                             received.topic,
                         )
                     else:
-                        service.deliver(batch)  # writes, or drops a duplicate or expired batch
+                        offer(received.topic, batch)  # written now, or once its turn comes
                     await received.ack()
             return
         except BusUnavailable as exc:

@@ -1,14 +1,25 @@
-"""The gateway's local connection map and the fan-out of pre-built frames to it."""
+"""The gateway's local connection map and the fan-out of push frames to it.
+
+A push frame is built once per batch up to its `pos` (`shared.wire.push_prefix`); each
+connection completes it with its own position (`shared.positions`), because each
+connection stands at its own place in its user's logs.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
 from shared.models import Registration
+from shared.positions import encode_pos
+from shared.wire import push_frame
 
-__all__ = ["ClientConn", "LocalConnections", "Sink"]
+__all__ = ["ClientConn", "Held", "LocalConnections", "Marks", "Sink"]
+
+# A live push that reached a connection while it was being replayed to: which log (`p`,
+# `b`, `g`), its seq there (0: not logged) and its frame prefix. Written after the replay.
+Held = tuple[str, int, bytes]
 
 
 class Sink(Protocol):
@@ -23,9 +34,37 @@ class Sink(Protocol):
 
 @dataclass(eq=False, slots=True)
 class ClientConn:
+    """One local connection and its position: the highest seq it was written per log."""
+
     uid: str
     conn_id: str
     sink: Sink
+    p: int = 0
+    b: int = 0
+    o: int = 0
+    g: int = 0
+    group: str = ""
+    # The P2P seqs its replay sent: (after, upto] of the log and the inbox's seqs, so a
+    # live copy of one of them (a push that raced the replay) is not written twice.
+    skip: tuple[int, int, frozenset[int]] | None = None
+    # Not None while the replay runs: live pushes wait here, in arrival order.
+    held: list[Held] | None = None
+
+
+@dataclass(slots=True)
+class Marks:
+    """How far the gateway has followed its topics: a live connection stands there too."""
+
+    group: str = ""
+    b: int = 0  # broadcast batches delivered (in seq order) through this seq
+    g: int = 0  # the group's multicast batches, likewise
+    o: int = 0  # the offline-recipients log's head, as last read
+
+    def pos(self, conn: ClientConn) -> str:
+        if conn.held is not None:  # replaying: where the replay has got to
+            return encode_pos(conn.p, conn.b, conn.o, conn.group, conn.g)
+        g = max(conn.g, self.g) if conn.group == self.group else conn.g
+        return encode_pos(conn.p, max(conn.b, self.b), max(conn.o, self.o), conn.group, g)
 
 
 @dataclass(slots=True)
@@ -33,6 +72,7 @@ class LocalConnections:
     """uid -> its connections on this gateway (several when multi-device)."""
 
     max_buffer: int = 1 << 20
+    marks: Marks = field(default_factory=Marks)
     _by_uid: dict[str, list[ClientConn]] = field(default_factory=dict)
     _count: int = 0
     slow_aborted: int = 0
@@ -64,26 +104,92 @@ class LocalConnections:
         for conns in self._by_uid.values():
             yield from conns
 
-    def deliver_all(self, frame: bytes) -> int:
-        """Write `frame` to every open local connection; returns how many."""
+    def write_frame(self, conn: ClientConn, frame: bytes) -> bool:
+        """Write one frame to one connection (aborting it if it is too slow)."""
+        return self._write(conn.sink, frame)
+
+    def write_all(self, frame: bytes) -> int:
+        """Write one pre-built frame (a control frame) to every open connection."""
         write = self._write
-        return sum(write(conn.sink, frame) for conns in self._by_uid.values() for conn in conns)
+        return sum(write(c.sink, frame) for conns in self._by_uid.values() for c in conns)
 
-    def deliver(self, uids: Iterable[str], frame: bytes) -> tuple[list[str], list[str]]:
-        """Write `frame` to every open connection of each uid; (delivered, missing) uids.
+    def write_to(self, uids: Iterable[str], frame: bytes) -> tuple[list[str], list[str]]:
+        """Write one pre-built frame to every open connection of each uid."""
+        delivered: list[str] = []
+        missing: list[str] = []
+        for uid in uids:
+            wrote = False
+            for conn in self._by_uid.get(uid, ()):
+                wrote = self._write(conn.sink, frame) or wrote
+            (delivered if wrote else missing).append(uid)
+        return delivered, missing
 
-        The frame is built once by the caller and the same bytes go to every transport.
-        """
+    def deliver_all(self, prefix: bytes, log: str, seq: int) -> int:
+        """Write a push to every open local connection; returns how many."""
+        put = self._put
+        return sum(put(c, log, seq, prefix) for conns in self._by_uid.values() for c in conns)
+
+    def deliver(
+        self, uids: Iterable[str], prefix: bytes, log: str, seq: int
+    ) -> tuple[list[str], list[str]]:
+        """Write a batch's push to every open connection of each uid; (delivered,
+        missing) uids. The prefix is built once; each connection adds its position."""
         delivered: list[str] = []
         missing: list[str] = []
         by_uid = self._by_uid
-        write = self._write
+        put = self._put
         for uid in uids:
             wrote = False
             for conn in by_uid.get(uid, ()):
-                wrote = write(conn.sink, frame) or wrote
+                wrote = put(conn, log, seq, prefix) or wrote
             (delivered if wrote else missing).append(uid)
         return delivered, missing
+
+    def deliver_p2p(
+        self, uids: Sequence[str], seqs: Sequence[int], prefix: bytes
+    ) -> tuple[list[str], list[str]]:
+        """Like `deliver`, for P2P: each uid has its own seq (none when not stored)."""
+        delivered: list[str] = []
+        missing: list[str] = []
+        by_uid = self._by_uid
+        put = self._put
+        for i, uid in enumerate(uids):
+            seq = seqs[i] if seqs else 0
+            wrote = False
+            for conn in by_uid.get(uid, ()):
+                wrote = put(conn, "p", seq, prefix) or wrote
+            (delivered if wrote else missing).append(uid)
+        return delivered, missing
+
+    def release(self, conn: ClientConn) -> int:
+        """End a connection's replay: write what waited meanwhile; how many were written."""
+        held, conn.held = conn.held, None
+        return sum(self._put(conn, log, seq, prefix) for log, seq, prefix in held or ())
+
+    def _put(self, conn: ClientConn, log: str, seq: int, prefix: bytes) -> bool:
+        """One push to one connection, unless it already had it; True if it is (or will
+        be, once its replay ends) written."""
+        held = conn.held
+        if held is not None:
+            if not conn.sink.is_open():
+                return False
+            held.append((log, seq, prefix))
+            return True
+        if seq:
+            if log == "p":
+                skip = conn.skip
+                if skip is not None and (skip[0] < seq <= skip[1] or seq in skip[2]):
+                    return True  # the replay wrote it
+                conn.p = max(conn.p, seq)
+            elif log == "b":
+                if seq <= conn.b:
+                    return True  # the replay wrote it
+                conn.b = seq
+            elif conn.group == self.marks.group:
+                if seq <= conn.g:
+                    return True
+                conn.g = seq
+        return self._write(conn.sink, push_frame(prefix, self.marks.pos(conn)))
 
     def _write(self, sink: Sink, frame: bytes) -> bool:
         """Write to one open connection. One whose unsent buffer is over `max_buffer` is

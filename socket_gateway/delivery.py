@@ -9,7 +9,7 @@ from __future__ import annotations
 from shared.batches import message_of
 from shared.clock import Clock
 from shared.proto import gateway_pb2
-from shared.wire import encode_push_json, ws_text_frame
+from shared.wire import push_prefix
 from socket_gateway.connections import LocalConnections
 from socket_gateway.dedup import RecentIds, RecentReplies
 
@@ -49,11 +49,17 @@ class DeliverService:
             # Never late: an expired message is dropped here and counted.
             self.expired += 1
             return gateway_pb2.DeliverReply(expired=True)
-        # Encoded once per batch, whatever the number of recipients.
-        frame = ws_text_frame(encode_push_json(message_of(batch)))
+        # Encoded once per batch, whatever the number of recipients; each connection
+        # adds its own position.
+        prefix = push_prefix(message_of(batch))
+        if batch.mode == gateway_pb2.MODE_P2P:
+            delivered, missing = self._conns.deliver_p2p(batch.uids, batch.seqs, prefix)
+            if batch.batch_id:
+                self._replies.put(batch.batch_id, batch.uids, delivered)
+            return gateway_pb2.DeliverReply(delivered=delivered, missing=missing)
+        log = "b" if batch.mode == gateway_pb2.MODE_BROADCAST else "g"
         if batch.everyone:
-            return gateway_pb2.DeliverReply(connections=self._conns.deliver_all(frame))
-        delivered, missing = self._conns.deliver(batch.uids, frame)
-        if batch.mode == gateway_pb2.MODE_P2P and batch.batch_id:
-            self._replies.put(batch.batch_id, batch.uids, delivered)
+            count = self._conns.deliver_all(prefix, log, batch.seq)
+            return gateway_pb2.DeliverReply(connections=count)
+        delivered, missing = self._conns.deliver(batch.uids, prefix, log, batch.seq)
         return gateway_pb2.DeliverReply(delivered=delivered, missing=missing)

@@ -66,7 +66,7 @@ class Drain:
         endpoint.accepting = False
         with contextlib.suppress(ImrouteError):
             await fleet.announce(info())  # draining: dispatch stops choosing it
-        self._conns.deliver_all(ws_text_frame(RECONNECT_FRAME))
+        self._conns.write_all(ws_text_frame(RECONNECT_FRAME))
         conns = list(self._conns)
         started = asyncio.get_running_loop().time()
         for i, conn in enumerate(conns):

@@ -27,6 +27,7 @@ async def push(body: PushIn, pushes: PushesSvc) -> JSONResponse:
             "delivered": outcome.delivered,
             "offline": outcome.offline,
             "failed": outcome.failed,
+            "queued": outcome.queued,
             "errors": [{"gateway_id": e.gateway_id, "error": e.error} for e in outcome.errors],
         }
     )

@@ -14,6 +14,7 @@ from router.fanout.multicast import chunked, run_multicast
 from router.fanout.publisher import BatchPublisher, Publisher
 from router.fanout.runner import JobRunner
 from router.jobs.base import Job, PushCounters
+from router.recovery.base import RecoveryLog
 from router.routes.base import GroupLookup
 from shared.clock import Clock
 from shared.models import Message
@@ -41,7 +42,9 @@ class FanOut:
         *,
         batch_size: int,
         flush_timeout_s: float,
+        recovery: RecoveryLog | None = None,
     ) -> None:
+        self._recovery = recovery
         self._bus = bus
         self._directory = directory
         self._groups = groups
@@ -59,7 +62,7 @@ class FanOut:
         online_only = bool(audience and audience.online)
 
         async def work(counters: PushCounters) -> None:
-            publisher = BatchPublisher(self._bus, message, expires_ms, counters)
+            publisher = self._publisher(message, expires_ms, counters, body.store)
             pages = (
                 None
                 if online_only
@@ -78,7 +81,7 @@ class FanOut:
         high_priority = body.priority == "high"
 
         async def work(counters: PushCounters) -> None:
-            publisher = BatchPublisher(self._bus, message, expires_ms, counters)
+            publisher = self._publisher(message, expires_ms, counters, body.store)
             chunks: AsyncIterator[Sequence[str]] = (
                 chunked(to) if to is not None else self._directory.iter_pages(tags_any=tags_any)
             )
@@ -101,6 +104,12 @@ class FanOut:
         if job is None:
             raise NotFound(f"no push job {push_id!r}")
         return job
+
+    def _publisher(
+        self, message: Message, expires_ms: int, counters: PushCounters, store: bool
+    ) -> BatchPublisher:
+        recovery = self._recovery if store else None
+        return BatchPublisher(self._bus, message, expires_ms, counters, recovery)
 
     def _message(self, body: BroadcastIn | MulticastIn) -> tuple[Message, int]:
         """The message (content encoded once) and its expiry in epoch ms (0: none)."""

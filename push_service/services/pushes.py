@@ -30,7 +30,8 @@ class Pushes:
         self._clock = clock
 
     async def push(self, body: PushIn) -> Pushed:
-        """Deliver now to every recipient's live connections; nothing is queued."""
+        """Deliver now to every recipient's live connections; queue the rest (stored)."""
         message = new_message(body, self._clock.now_ms())
         expires_ms = message.ts_ms + body.ttl_s * 1000 if body.ttl_s else 0
-        return Pushed(message, await self._pusher.push(message, body.to, expires_ms))
+        outcome = await self._pusher.push(message, body.to, expires_ms, store=body.store)
+        return Pushed(message, outcome)

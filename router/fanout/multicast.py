@@ -49,7 +49,7 @@ async def run_multicast(
     batcher = GroupBatcher(clock, batch_size, flush_timeout_s, high_priority=high_priority)
     counters = publisher.counters
     lookups = _Lookups(chunks, registry)
-    ahead: deque[asyncio.Task[tuple[int, RecipientGroups]]] = deque()
+    ahead: deque[asyncio.Task[tuple[Sequence[str], RecipientGroups]]] = deque()
     try:
         while True:
             while len(ahead) < lookahead:
@@ -62,15 +62,18 @@ async def run_multicast(
                 await _publish_all(publisher, batcher.due())
                 continue
             try:
-                count, found = ahead.popleft().result()
+                chunk, found = ahead.popleft().result()
             except StopAsyncIteration:
                 break
+            count = len(chunk)
             # Keep Redis busy with the next chunks while this one is batched and published.
             while len(ahead) < lookahead:
                 ahead.append(asyncio.ensure_future(lookups.next()))
             counters.recipients += count
             counters.online += found.online
             counters.offline += count - found.online
+            if found.online < count:
+                await publisher.record_offline(_offline(chunk, found))
             for group_id, uids in found.by_group.items():
                 await _publish_all(publisher, batcher.add_many(group_id, uids))
             await _publish_all(publisher, batcher.chunk_done())
@@ -96,11 +99,16 @@ class _Lookups:
         self._registry = registry
         self._input = asyncio.Lock()
 
-    async def next(self) -> tuple[int, RecipientGroups]:
-        """(how many uids, who of them is online where); StopAsyncIteration at the end."""
+    async def next(self) -> tuple[Sequence[str], RecipientGroups]:
+        """(the uids, who of them is online where); StopAsyncIteration at the end."""
         async with self._input:
             chunk = await anext(self._chunks)
-        return len(chunk), await self._registry.lookup_groups(chunk)
+        return chunk, await self._registry.lookup_groups(chunk)
+
+
+def _offline(chunk: Sequence[str], found: RecipientGroups) -> list[str]:
+    online = {uid for uids in found.by_group.values() for uid in uids}
+    return [uid for uid in chunk if uid not in online]
 
 
 async def _publish_all(publisher: BatchPublisher, ready: Iterable[ReadyBatch]) -> None:

@@ -11,6 +11,7 @@ from typing import Protocol
 
 from router.bus.base import BROADCAST, group_topic
 from router.jobs.base import PushCounters
+from router.recovery.base import OFFLINE_TOPIC, RecoveryLog
 from shared.batches import to_batch
 from shared.ids import new_id
 from shared.models import Message
@@ -33,12 +34,29 @@ class BatchPublisher:
     """Builds one Batch per call, encodes it once and publishes it to its topic."""
 
     def __init__(
-        self, publisher: Publisher, message: Message, expires_ms: int, counters: PushCounters
+        self,
+        publisher: Publisher,
+        message: Message,
+        expires_ms: int,
+        counters: PushCounters,
+        recovery: RecoveryLog | None = None,
     ) -> None:
+        """With `recovery`, each batch is logged in its topic's batch log (one entry per
+        batch) before it is published, and carries its seq there."""
         self._publisher = publisher
         self._message = message
         self._expires_ms = expires_ms
         self.counters = counters
+        self._recovery = recovery
+
+    async def record_offline(self, uids: Sequence[str]) -> None:
+        """Log recipients who had no route (one entry for all of them), so that a client
+        resuming within the window gets the message; nothing is published."""
+        if self._recovery is not None and uids:
+            batch = to_batch(self._message, uids, new_id())
+            batch.mode = gateway_pb2.MODE_MULTICAST
+            batch.expires_ms = self._expires_ms
+            await self._recovery.append_batch(OFFLINE_TOPIC, batch)
 
     async def publish(
         self,
@@ -60,6 +78,8 @@ class BatchPublisher:
             "mode": gateway_pb2.Mode.Name(mode),
             "group_id": group_id,
         }
+        if self._recovery is not None:
+            batch.seq = await self._recovery.append_batch(topic, batch)
         self.counters.batches += 1
         if group_id:
             self.counters.per_group[group_id] = self.counters.per_group.get(group_id, 0) + 1

@@ -87,6 +87,8 @@ class PushOutcome:
     errors: list[GatewayOutcome]
     # Routes the gateways said they no longer hold: safe to delete.
     gone: list[Route]
+    # Offline or failed recipients whose message waits in their inbox.
+    queued: list[str] = field(default_factory=list)
 
 
 def merge(

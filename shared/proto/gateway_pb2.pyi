@@ -96,6 +96,8 @@ class Batch(_message.Message):
     EVERYONE_FIELD_NUMBER: _builtins.int
     GROUP_ID_FIELD_NUMBER: _builtins.int
     EXPIRES_MS_FIELD_NUMBER: _builtins.int
+    SEQ_FIELD_NUMBER: _builtins.int
+    SEQS_FIELD_NUMBER: _builtins.int
     batch_id: _builtins.str
     mode: Global___Mode.ValueType
     everyone: _builtins.bool
@@ -106,10 +108,20 @@ class Batch(_message.Message):
     """Epoch ms after which the gateway drops the batch instead of delivering it
     late; 0 means no expiry.
     """
+    seq: _builtins.int
+    """Bus batches: the batch's place in its topic's recovery log (dense, from 1); the
+    gateway delivers a topic's batches in this order. 0: not logged.
+    """
     @_builtins.property
     def message(self) -> Global___Message: ...
     @_builtins.property
     def uids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    @_builtins.property
+    def seqs(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """P2P batches: each recipient's place in its own recovery log, parallel to `uids`;
+        empty when the push was sent with "store": false.
+        """
+
     def __init__(
         self,
         *,
@@ -120,10 +132,12 @@ class Batch(_message.Message):
         everyone: _builtins.bool = ...,
         group_id: _builtins.str = ...,
         expires_ms: _builtins.int = ...,
+        seq: _builtins.int = ...,
+        seqs: _abc.Iterable[_builtins.int] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["message", b"message"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["batch_id", b"batch_id", "everyone", b"everyone", "expires_ms", b"expires_ms", "group_id", b"group_id", "message", b"message", "mode", b"mode", "uids", b"uids"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["batch_id", b"batch_id", "everyone", b"everyone", "expires_ms", b"expires_ms", "group_id", b"group_id", "message", b"message", "mode", b"mode", "seq", b"seq", "seqs", b"seqs", "uids", b"uids"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -19,6 +19,7 @@ from shared.clock import Clock
 from shared.errors import RegistryUnavailable
 from shared.ids import ConnIdFactory
 from socket_gateway.connections import ClientConn, LocalConnections
+from socket_gateway.resume import Resumer
 from socket_gateway.ws.conn import WsConn
 from socket_gateway.ws.keepalive import keepalive_loop
 from socket_gateway.ws.protocol import WsTimers
@@ -61,8 +62,10 @@ class WsEndpoint:
         timers: WsTimers | None = None,
         metrics: Callable[[], str] | None = None,
         max_connections: int | None = None,
+        resumer: Resumer | None = None,
     ) -> None:
         self.timers = timers or WsTimers()
+        self.resumer = resumer  # replays to each new connection, when given
         self.max_connections = max_connections  # more are refused with close 4429
         self.metrics = metrics  # GET /metrics: Prometheus text, when given
         self._conns = conns

@@ -100,6 +100,7 @@ class HandshakeConn(FrameConn):
         self._alive = True
         query = parse_qs(url.query)
         token = query["token"][0] if query.get("token") else None
+        since = query["since"][0] if query.get("since") else None
         try:
             uid = verify_token(ep._secret, token, ep._clock)
         except AuthError as exc:
@@ -110,32 +111,37 @@ class HandshakeConn(FrameConn):
                 # elsewhere once the fleet record shows it.
                 self.close(CLOSE_FULL, f"gateway full ({ep.max_connections} connections)")
             else:
-                self._accept(uid)
+                self._accept(uid, since)
         if rest:
             self._receive(ws, rest)
 
-    def _accept(self, uid: str) -> None:
-        """An authenticated client: into the local map, then its route into Redis."""
+    def _accept(self, uid: str, since: str | None) -> None:
+        """An authenticated client: into the local map, then its route into Redis, then
+        its replay (from `since`, or its inbox)."""
         ep = self._ep
         conn = ClientConn(uid, ep._conn_ids(), self)
         self._conn = conn
+        if ep.resumer is not None:
+            ep.resumer.attach(conn)
         # Local map first, then Redis: a route never points at a connection this
         # gateway would report missing.
         ep._conns.add(conn)
         self._registering = True
-        ep._spawn(self._register_route(conn))
+        ep._spawn(self._register_route(conn, since))
 
     def _send_handshake(self, hs: ServerProtocol) -> None:
         """Write a refused handshake's response (and EOF), then wait for the client to go."""
         self._write_out(hs.data_to_send())
         self._arm(self._ep.timers.close_s)
 
-    async def _register_route(self, conn: ClientConn) -> None:
+    async def _register_route(self, conn: ClientConn, since: str | None) -> None:
         ep = self._ep
         try:
             await ep._register(conn.uid, conn.conn_id)
+            if ep.resumer is not None and self._open:
+                await ep.resumer.resume(conn, since)
         except RegistryUnavailable as exc:
-            log.warning("register %s failed: %s", conn.conn_id, exc)
+            log.warning("register or replay of %s failed: %s", conn.conn_id, exc)
             self.close(CLOSE_TRY_AGAIN, "route registry unavailable, retry later")
         except Exception:
             log.exception("register %s failed", conn.conn_id)

@@ -79,10 +79,22 @@ def token(uid: str, ttl: int = 3600) -> str:
 async def client(gw: Gateway, uid: str) -> AsyncIterator[ClientConnection]:
     """A real WebSocket client connected as `uid` and registered in Redis."""
     async with connect(f"ws://127.0.0.1:{gw.ws_port}/ws?token={token(uid)}") as ws:
-        await wait_for(lambda: any(c.uid == uid for c in gw.conns), what=f"{uid} registered")
-        # The route is in Redis once the handler's register call returned.
-        await asyncio.sleep(0.05)
+        await ready(ws)
         yield ws
+
+
+async def ready(ws: ClientConnection, timeout: float = 5.0) -> list[dict[str, Any]]:
+    """Read a new connection's replay (its inbox, without `since`) up to and including
+    the `recovered` frame that ends it; by then its route is in Redis. The replayed
+    push frames, in order."""
+    replayed: list[dict[str, Any]] = []
+    while True:
+        frame = await recv_json(ws, timeout)
+        if frame["type"] == "recovered":
+            assert frame["count"] == len(replayed), (frame, replayed)
+            return replayed
+        assert frame["type"] == "push" and frame.get("recovered") is True, frame
+        replayed.append(frame)
 
 
 async def wait_for(cond: Any, what: str, timeout: float = 5.0) -> None:

@@ -23,7 +23,16 @@ from shared.keys import KeySchema
 from shared.models import GatewayInfo
 from tests.conftest import SECRET
 from tests.integration.procs import BIN, Proc, base_env, read_until, running
-from tests.integration.stack import AUTH, api, client, gateway, recv_json, token, wait_for
+from tests.integration.stack import (
+    AUTH,
+    api,
+    client,
+    gateway,
+    ready,
+    recv_json,
+    token,
+    wait_for,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -95,10 +104,11 @@ async def test_a_sigkilled_gateway_process_fails_fast_and_closes_its_circuit_whe
 
     async def connect_kim(proc: Proc) -> Any:
         # In a thread: blocking the loop would stall the in-process gateway's heartbeats.
-        ready = (await asyncio.to_thread(read_until, proc, "ready"))[-1]
-        ws_url = re.search(r"ws=(\S+)", ready)
-        assert ws_url, ready
+        line = (await asyncio.to_thread(read_until, proc, "ready"))[-1]
+        ws_url = re.search(r"ws=(\S+)", line)
+        assert ws_url, line
         ws = await connect(f"{ws_url.group(1)}?token={token('kim')}")
+        await ready(ws)
         for _ in range(200):
             if await redis.hlen(keys.route("kim")):
                 return ws

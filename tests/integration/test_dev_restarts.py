@@ -18,6 +18,7 @@ from websockets.asyncio.client import connect
 from router.devtools.ports import free_port_block
 from router.devtools.supervisor import alive, descendants
 from tests.integration.procs import BIN, base_env, read_until, running
+from tests.integration.stack import ready
 
 pytestmark = pytest.mark.integration
 
@@ -88,6 +89,7 @@ async def test_a_sigkilled_gateway_is_restarted_and_serves_again(
                 assert time.monotonic() < deadline, "gw1 did not come back"
                 await asyncio.sleep(0.2)
         async with ws:
+            await ready(ws)
             for _ in range(100):  # until the new gateway is in the fleet and has the route
                 body = await asyncio.to_thread(push, port, env["IMROUTE_API_KEY"], "carl")
                 if body["delivered"]:

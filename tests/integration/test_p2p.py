@@ -12,6 +12,7 @@ from websockets.exceptions import ConnectionClosed
 
 from shared.clock import ManualClock, SystemClock
 from shared.keys import KeySchema
+from shared.positions import decode_pos
 from tests.integration.stack import (
     AUTH,
     api,
@@ -49,8 +50,10 @@ async def test_push_reaches_the_client_exactly_once(
                 "from": "admin",
                 "content": {"text": "hi", "n": [1, 2]},
                 "ts": frame["ts"],
+                "pos": frame["pos"],
             }
             assert isinstance(frame["ts"], int) and frame["ts"] > 1_700_000_000_000
+            assert decode_pos(frame["pos"]) is not None
             assert await nothing_more(ws)
             assert gw.deliver_service.calls == 1
 

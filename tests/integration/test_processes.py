@@ -20,7 +20,7 @@ from router.devtools.supervisor import alive, descendants
 from shared.keys import KeySchema
 from tests.conftest import SECRET
 from tests.integration.procs import BIN, base_env, read_until, running
-from tests.integration.stack import token
+from tests.integration.stack import ready, token
 
 pytestmark = pytest.mark.integration
 
@@ -47,9 +47,9 @@ async def test_a_crashed_gateways_routes_expire(
     ]
     keys = KeySchema(prefix)
     with running(argv, env) as proc:
-        ready = read_until(proc, "ready")[-1]
-        ws_url = re.search(r"ws=(\S+)", ready)
-        assert ws_url, ready
+        line = read_until(proc, "ready")[-1]
+        ws_url = re.search(r"ws=(\S+)", line)
+        assert ws_url, line
         async with connect(f"{ws_url.group(1)}?token={token('crashy')}"):
             for _ in range(100):
                 if await redis.hlen(keys.route("crashy")):
@@ -171,6 +171,7 @@ async def test_imroute_dev_serves_a_push_end_to_end_and_stops_cleanly(
             check=True,
         ).stdout.strip()
         async with connect(f"{gateways[1][2]}?token={tok}") as ws:
+            await ready(ws)
             body = None
             for _ in range(50):  # the route is written right after the handshake
                 request = urllib.request.Request(
@@ -292,10 +293,11 @@ async def test_sigterm_drains_the_gateway_then_it_exits(
             "--ws-port", "0", "--grpc-port", "0"]  # fmt: skip
     keys = KeySchema(prefix)
     with running(argv, env) as proc:
-        ready = read_until(proc, "ready")[-1]
-        ws_url = re.search(r"ws=(\S+)", ready)
-        assert ws_url, ready
+        line = read_until(proc, "ready")[-1]
+        ws_url = re.search(r"ws=(\S+)", line)
+        assert ws_url, line
         async with connect(f"{ws_url.group(1)}?token={token('tess')}") as ws:
+            await ready(ws)
             for _ in range(100):
                 if await redis.hlen(keys.route("tess")):
                     break

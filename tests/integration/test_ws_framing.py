@@ -55,7 +55,7 @@ async def test_ping_pong_and_junk_frames_spare_the_bystander(
             await bystander.send('{"type":"ping"}')
             assert await recv_json(bystander) == {"type": "pong"}
             frame, expected = push_frame("still here")
-            assert gw.conns.deliver(["bystander"], frame) == (["bystander"], [])
+            assert gw.conns.write_to(["bystander"], frame) == (["bystander"], [])
             assert await recv_json(bystander) == expected
             assert await nothing_more(bystander)
 
@@ -112,7 +112,7 @@ async def test_multi_device_each_connection_has_its_route_and_gets_the_push(
                 assert len(ids) == 2 and len(gw.conns) == 3
                 assert sorted(await routes(redis, gw, "alice")) == ids
                 frame, expected = push_frame("hi both")
-                delivered, missing = gw.conns.deliver(["alice", "nobody"], frame)
+                delivered, missing = gw.conns.write_to(["alice", "nobody"], frame)
                 assert (delivered, missing) == (["alice"], ["nobody"])
                 assert await recv_json(phone) == expected
                 assert await recv_json(tablet) == expected
@@ -123,7 +123,7 @@ async def test_multi_device_each_connection_has_its_route_and_gets_the_push(
             await wait_for(lambda: sum(c[0] == "unregister" for c in gw.calls) == 2, "unreg")
             left = await routes(redis, gw, "alice")
             assert len(left) == 1 and next(iter(left)) in ids
-            assert gw.conns.deliver(["alice"], frame)[0] == ["alice"]
+            assert gw.conns.write_to(["alice"], frame)[0] == ["alice"]
             assert await recv_json(phone) == expected
 
 
@@ -134,12 +134,12 @@ async def test_prebuilt_frame_reaches_the_client_exactly_once(
 ) -> None:
     async with gateway(redis_url, prefix) as gw, client(gw, "ünï") as ws:
         frame, expected = push_frame("héllo 👋")
-        assert gw.conns.deliver(["ünï"], frame) == (["ünï"], [])
+        assert gw.conns.write_to(["ünï"], frame) == (["ünï"], [])
         assert await recv_json(ws) == expected
         assert await nothing_more(ws)
         # And many frames keep their order.
         for i in range(200):
-            gw.conns.deliver(["ünï"], ws_text_frame(b'{"n":%d}' % i))
+            gw.conns.write_to(["ünï"], ws_text_frame(b'{"n":%d}' % i))
         assert [(await recv_json(ws))["n"] for _ in range(200)] == list(range(200))
 
 
@@ -154,7 +154,7 @@ async def test_client_that_stops_reading_is_aborted_not_buffered(
         await wait_for(lambda: len(gw.conns) == 1, "in the map")
         big = ws_text_frame(b"x" * 60_000)
         for _ in range(400):  # ~24 MB: far past any socket buffer
-            gw.conns.deliver(["hog"], big)
+            gw.conns.write_to(["hog"], big)
             if len(gw.conns) == 0 or gw.conns.slow_aborted:
                 break
             await asyncio.sleep(0)

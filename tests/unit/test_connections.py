@@ -32,7 +32,7 @@ def test_every_connection_of_every_listed_uid_gets_the_same_bytes() -> None:
     conns.add(ClientConn("a", "c2", a2))
     conns.add(ClientConn("b", "c3", b))
     frame = b"\x81\x02hi"
-    delivered, missing = conns.deliver(["a", "zz", "b"], frame)
+    delivered, missing = conns.write_to(["a", "zz", "b"], frame)
     assert delivered == ["a", "b"]
     assert missing == ["zz"]
     assert a1.frames == a2.frames == b.frames == [frame]
@@ -44,7 +44,7 @@ def test_closing_and_slow_connections_are_skipped() -> None:
     closing, slow = ListSink(open=False), ListSink(backlog=101)
     conns.add(ClientConn("a", "c1", closing))
     conns.add(ClientConn("b", "c2", slow))
-    delivered, missing = conns.deliver(["a", "b"], b"x")
+    delivered, missing = conns.write_to(["a", "b"], b"x")
     assert delivered == [] and missing == ["a", "b"]
     assert slow.aborted and conns.slow_aborted == 1
     assert closing.frames == [] and slow.frames == []

@@ -1,0 +1,136 @@
+"""The recovery store's seam (no Redis): what the router writes and the gateway reads.
+
+Three kinds of record, each bounded in count and in time (`RecoveryLimits`):
+
+- a user's **P2P log**: every stored P2P message to the user, one entry each, numbered
+  by a dense per-user sequence; kept for the recovery window;
+- a user's **inbox**: the P2P entries that reached no connection of the user, kept for
+  the inbox TTL until a connection is written them;
+- a topic's **batch log**: every broadcast or multicast batch, one entry per batch (never
+  one per recipient), numbered by a dense per-topic sequence; the gateways deliver a
+  topic's batches in that order, and replay from it.
+
+Dense sequences make loss visible: a resume that finds `since+1 .. head` all present
+and inside the window is complete; a hole (trimmed, expired, or a store that lost its
+data) makes it `complete: false`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Protocol
+
+from shared.models import Message
+from shared.proto import gateway_pb2
+
+if TYPE_CHECKING:
+    from shared.settings import Settings
+
+__all__ = [
+    "OFFLINE_TOPIC",
+    "Entry",
+    "RecoveryLimits",
+    "RecoveryLog",
+    "RecoveryReads",
+    "TopicHistory",
+    "UserHistory",
+]
+
+# The log of multicast recipients who had no route when the multicast was resolved: no
+# gateway subscribes to it; a resuming client's gateway reads it.
+OFFLINE_TOPIC = "offline"
+
+
+@dataclass(frozen=True, slots=True)
+class RecoveryLimits:
+    window_s: float = 300.0  # IMROUTE_RECOVERY_WINDOW_S
+    user_max: int = 1000  # IMROUTE_RECOVERY_USER_MAX: P2P log entries per user
+    topic_max: int = 2000  # IMROUTE_RECOVERY_TOPIC_MAX: batches per topic
+    inbox_ttl_s: float = 86_400.0  # IMROUTE_INBOX_TTL_S
+    inbox_max: int = 100  # IMROUTE_INBOX_MAX: per user, oldest dropped first
+
+    @classmethod
+    def from_settings(cls, s: Settings) -> RecoveryLimits:
+        return cls(
+            s.recovery_window_s,
+            s.recovery_user_max,
+            s.recovery_topic_max,
+            s.inbox_ttl_s,
+            s.inbox_max,
+        )
+
+    @property
+    def window_ms(self) -> int:
+        return int(self.window_s * 1000)
+
+    @property
+    def inbox_ttl_ms(self) -> int:
+        return int(self.inbox_ttl_s * 1000)
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    """One stored P2P message of one user."""
+
+    seq: int
+    message: Message
+    expires_ms: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class UserHistory:
+    """A user's P2P log after a position, and the whole inbox; `head` is the last seq."""
+
+    head: int
+    log: list[Entry] = field(default_factory=list)
+    inbox: list[Entry] = field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True)
+class TopicHistory:
+    """A topic's batches after a position, in seq order; `head` is the last seq."""
+
+    head: int
+    batches: list[gateway_pb2.Batch] = field(default_factory=list)
+
+
+class RecoveryLog(Protocol):
+    """The router's writes."""
+
+    async def append_p2p(self, message: Message, uids: Sequence[str], expires_ms: int) -> list[int]:
+        """Log `message` for each uid; their seqs, in order. One small write per uid."""
+        ...
+
+    async def queue(self, message: Message, expires_ms: int, seqs: Mapping[str, int]) -> int:
+        """Put the logged message into each uid's inbox; how many older entries the
+        inbox bound dropped to make room."""
+        ...
+
+    async def append_batch(self, topic: str, batch: gateway_pb2.Batch) -> int:
+        """Log one bus batch of `topic`; its seq."""
+        ...
+
+    async def forget_inbox(self, uid: str, seqs: Sequence[int]) -> None:
+        """Take entries that a connection was written out of the inbox."""
+        ...
+
+
+class RecoveryReads(Protocol):
+    """The gateway's reads (and its one write: the inbox entries it delivered)."""
+
+    async def read_user(self, uid: str, after: int | None) -> UserHistory:
+        """The P2P log after `after` (nothing when None) and the inbox."""
+        ...
+
+    async def forget_inbox(self, uid: str, seqs: Sequence[int]) -> None:
+        """Take entries that a connection was written out of the inbox."""
+        ...
+
+    async def read_topic(self, topic: str, after: int, upto: int | None = None) -> TopicHistory:
+        """A topic's batches with `after < seq <= upto` (to the head when None)."""
+        ...
+
+    async def heads(self, topics: Sequence[str]) -> list[int]:
+        """The last seq of each topic (0 when none yet)."""
+        ...

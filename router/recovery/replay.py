@@ -1,0 +1,147 @@
+"""Pure replay planning: from a position and what the logs hold, what to send, in order.
+
+Per log, every entry after the position is replayed if it is addressed to the user,
+inside the recovery window and not past its own expiry. The logs are merged by
+acceptance time, each keeping its own order (P2P by seq, batches by bus order). The
+replay is `complete` when every log had each seq from the position to its head (the
+sequences are dense, so a hole is a loss: trimmed, out of the window, or a store that
+lost its data), and when the position was one of ours.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+
+from router.recovery.base import Entry, TopicHistory, UserHistory
+from shared.batches import message_of
+from shared.models import Message
+from shared.positions import Pos
+
+__all__ = ["P2P", "Replay", "ReplayItem", "addressed", "plan_replay"]
+
+P2P = "p"
+
+
+@dataclass(frozen=True, slots=True)
+class ReplayItem:
+    """One message to send again: which log (`p`, `b`, `o` or `g`) and its seq there."""
+
+    log: str
+    seq: int
+    message: Message
+
+
+@dataclass(slots=True)
+class Replay:
+    items: list[ReplayItem] = field(default_factory=list)
+    complete: bool = True
+    # Inbox entries this replay sends: taken out of the inbox once written.
+    inbox_seqs: list[int] = field(default_factory=list)
+    # Messages left out because their ttl_s had passed (never sent late).
+    expired: int = 0
+
+
+def addressed(uid: str, uids: Sequence[str], everyone: bool) -> bool:
+    return everyone or uid in uids
+
+
+def plan_replay(
+    uid: str,
+    since: Pos | None,
+    user: UserHistory,
+    topics: dict[str, TopicHistory],
+    now_ms: int,
+    window_ms: int,
+    inbox_ttl_ms: int,
+    *,
+    since_valid: bool = True,
+) -> Replay:
+    """The replay for `uid` resuming from `since` (None: a new connection, inbox only).
+
+    `topics` maps each log letter (`b`, `o`, `g`) to what was read of it after the
+    position's seq for that log. `since_valid` False: a `since` was sent but is not a
+    position of ours, so whatever it stood for may be missing.
+    """
+    replay = Replay(complete=since_valid)
+    cutoff = now_ms - window_ms
+    p2p: list[ReplayItem] = []
+    seen: set[int] = set()
+    if since is not None:
+        if since.p > user.head:
+            replay.complete = False  # a position from a log that is gone
+        if not _dense(since.p, user.head, (e.seq for e in user.log)):
+            replay.complete = False
+        for e in user.log:
+            if e.message.ts_ms < cutoff:
+                replay.complete = False
+                continue
+            if _expired(e, now_ms, replay):
+                continue
+            seen.add(e.seq)
+            p2p.append(ReplayItem(P2P, e.seq, e.message))
+    for e in user.inbox:
+        # Whatever reached no connection, position or not: a message the position had
+        # passed may have been delivered out of order elsewhere, and missed here.
+        if e.message.ts_ms < now_ms - inbox_ttl_ms or _expired(e, now_ms, replay):
+            replay.inbox_seqs.append(e.seq)  # gone for good: out of the inbox too
+            continue
+        replay.inbox_seqs.append(e.seq)
+        if e.seq not in seen:
+            seen.add(e.seq)
+            p2p.append(ReplayItem(P2P, e.seq, e.message))
+    p2p.sort(key=lambda item: item.seq)
+    streams: list[list[ReplayItem]] = [p2p]
+    if since is not None:
+        for log, after in (("b", since.b), ("o", since.o), ("g", since.g)):
+            history = topics.get(log)
+            if history is None:
+                continue
+            streams.append(_topic_items(uid, log, after, history, cutoff, now_ms, replay))
+    replay.items = list(heapq.merge(*streams, key=lambda item: item.message.ts_ms))
+    return replay
+
+
+def _topic_items(
+    uid: str,
+    log: str,
+    after: int,
+    history: TopicHistory,
+    cutoff: int,
+    now_ms: int,
+    replay: Replay,
+) -> list[ReplayItem]:
+    if after > history.head or not _dense(after, history.head, (b.seq for b in history.batches)):
+        replay.complete = False
+    items: list[ReplayItem] = []
+    for batch in history.batches:
+        if batch.seq <= after or not addressed(uid, batch.uids, batch.everyone):
+            continue
+        if batch.message.ts_ms < cutoff:
+            replay.complete = False
+            continue
+        if batch.expires_ms and now_ms > batch.expires_ms:
+            replay.expired += 1
+            continue
+        items.append(ReplayItem(log, batch.seq, message_of(batch)))
+    return items
+
+
+def _dense(after: int, head: int, seqs: Iterator[int]) -> bool:
+    """Whether `seqs` (ascending) are exactly after+1 .. head."""
+    expected = after + 1
+    for seq in seqs:
+        if seq <= after:
+            continue
+        if seq != expected:
+            return False
+        expected += 1
+    return expected > head
+
+
+def _expired(e: Entry, now_ms: int, replay: Replay) -> bool:
+    if e.expires_ms and now_ms > e.expires_ms:
+        replay.expired += 1
+        return True
+    return False

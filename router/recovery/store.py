@@ -1,0 +1,215 @@
+"""The recovery store in Redis: per-user P2P logs and inboxes, per-topic batch logs.
+
+Key layout: `shared.keys`. Every write is one Lua script on keys that share a hash
+tag, so it works on Redis Cluster; a push to many users pipelines one call per user.
+Each log is trimmed by count on every append (MAXLEN ~), by time from its head (a few
+old entries per append), and expires as a whole one window after its last append.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any, TypeVar
+
+from redis.exceptions import NoScriptError
+
+from router.recovery.base import Entry, RecoveryLimits, TopicHistory, UserHistory
+from router.recovery.codec import decode_batch, decode_message, encode_batch, encode_message
+from router.redis.client import RedisClient
+from router.redis.errors import translate_errors
+from shared.clock import Clock
+from shared.keys import KeySchema
+from shared.models import Message
+from shared.proto import gateway_pb2
+
+__all__ = ["RedisRecoveryStore"]
+
+T = TypeVar("T")
+
+# KEYS: seq, log. ARGV: data, now, cutoff (now - window), maxlen, log ttl, seq ttl (0: none).
+_APPEND = """
+local s = redis.call('INCR', KEYS[1])
+if tonumber(ARGV[6]) > 0 then redis.call('PEXPIRE', KEYS[1], ARGV[6]) end
+redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[4], s .. '-0', 'd', ARGV[1], 't', ARGV[2])
+redis.call('PEXPIRE', KEYS[2], ARGV[5])
+local cutoff = tonumber(ARGV[3])
+for _, e in ipairs(redis.call('XRANGE', KEYS[2], '-', '+', 'COUNT', 4)) do
+  if tonumber(e[2][4]) >= cutoff then break end
+  redis.call('XDEL', KEYS[2], e[1])
+end
+return s
+"""
+
+# KEYS: inbox. ARGV: seq, data, max, ttl. Returns how many old entries were dropped.
+_QUEUE = """
+redis.call('ZADD', KEYS[1], ARGV[1], ARGV[2])
+local over = redis.call('ZCARD', KEYS[1]) - tonumber(ARGV[3])
+if over > 0 then redis.call('ZREMRANGEBYRANK', KEYS[1], 0, over - 1) else over = 0 end
+redis.call('PEXPIRE', KEYS[1], ARGV[4])
+return over
+"""
+
+# KEYS: seq, log, inbox. ARGV: after ('' for no log). Returns {head, log, inbox}.
+_READ_USER = """
+local head = tonumber(redis.call('GET', KEYS[1]) or '0')
+local log = {}
+if ARGV[1] ~= '' then log = redis.call('XRANGE', KEYS[2], '(' .. ARGV[1] .. '-0', '+') end
+return {head, log, redis.call('ZRANGE', KEYS[3], 0, -1)}
+"""
+
+# KEYS: inbox. ARGV: seqs.
+_FORGET = """
+for i = 1, #ARGV do redis.call('ZREMRANGEBYSCORE', KEYS[1], ARGV[i], ARGV[i]) end
+return #ARGV
+"""
+
+# KEYS: seq, log. ARGV: after, upto ('' for the head).
+_READ_TOPIC = """
+local head = tonumber(redis.call('GET', KEYS[1]) or '0')
+local upto = ARGV[2] == '' and '+' or (ARGV[2] .. '-0')
+return {head, redis.call('XRANGE', KEYS[2], '(' .. ARGV[1] .. '-0', upto)}
+"""
+
+
+class _Script:
+    def __init__(self, text: str) -> None:
+        self.text = text
+        self.sha = hashlib.sha1(text.encode()).hexdigest()
+
+    def args(self, keys: Sequence[str], *argv: Any) -> tuple[Any, ...]:
+        # Through execute_command: redis-py's cluster pipeline refuses evalsha() but
+        # routes "EVALSHA sha n key..." by its first key.
+        return ("EVALSHA", self.sha, len(keys), *keys, *argv)
+
+
+class RedisRecoveryStore:
+    """Both halves of the seam: the router's `RecoveryLog`, the gateway's `RecoveryReads`."""
+
+    def __init__(
+        self, redis: RedisClient, keys: KeySchema, clock: Clock, limits: RecoveryLimits
+    ) -> None:
+        self._redis = redis
+        self._keys = keys
+        self._clock = clock
+        self.limits = limits
+        self._append = _Script(_APPEND)
+        self._queue = _Script(_QUEUE)
+        self._read_user = _Script(_READ_USER)
+        self._forget = _Script(_FORGET)
+        self._read_topic = _Script(_READ_TOPIC)
+        self._scripts = (self._append, self._queue, self._read_user, self._forget, self._read_topic)
+        # A sequence outlives what it numbers, so a position never meets a restarted count
+        # while the entries it names could still be read.
+        self._seq_ttl_ms = max(limits.window_ms, limits.inbox_ttl_ms) + limits.window_ms
+
+    async def _run(self, call: Callable[[], Awaitable[T]]) -> T:
+        try:
+            return await call()
+        except NoScriptError:
+            # Redis restarted or failed over and lost its script cache. Nothing ran (every
+            # call of the pipeline failed alike): load the scripts and run it again.
+            for script in self._scripts:
+                await self._redis.script_load(script.text)
+            return await call()
+
+    async def _pipelined(self, calls: Sequence[tuple[Any, ...]]) -> list[Any]:
+        async def go() -> list[Any]:
+            pipe = self._redis.pipeline(transaction=False)
+            for args in calls:
+                pipe.execute_command(*args)
+            return list(await pipe.execute())
+
+        return await self._run(go)
+
+    async def _one(self, args: tuple[Any, ...]) -> Any:
+        return await self._run(lambda: self._redis.execute_command(*args))
+
+    # ------------------------------------------------------------------ RecoveryLog
+
+    @translate_errors
+    async def append_p2p(self, message: Message, uids: Sequence[str], expires_ms: int) -> list[int]:
+        data = encode_message(message, expires_ms)
+        now = self._clock.now_ms()
+        lim = self.limits
+        k = self._keys
+        tail = (data, now, now - lim.window_ms, lim.user_max, lim.window_ms, self._seq_ttl_ms)
+        calls = [self._append.args((k.user_seq(u), k.user_log(u)), *tail) for u in uids]
+        if len(calls) == 1:
+            return [int(await self._one(calls[0]))]
+        return [int(s) for s in await self._pipelined(calls)]
+
+    @translate_errors
+    async def queue(self, message: Message, expires_ms: int, seqs: Mapping[str, int]) -> int:
+        if not seqs:
+            return 0
+        lim = self.limits
+        calls = [
+            self._queue.args(
+                (self._keys.user_inbox(uid),),
+                seq,
+                encode_message(message, expires_ms, seq),
+                lim.inbox_max,
+                lim.inbox_ttl_ms,
+            )
+            for uid, seq in seqs.items()
+        ]
+        return sum(int(n) for n in await self._pipelined(calls))
+
+    @translate_errors
+    async def append_batch(self, topic: str, batch: gateway_pb2.Batch) -> int:
+        now = self._clock.now_ms()
+        lim = self.limits
+        keys = (self._keys.topic_seq(topic), self._keys.topic_log(topic))
+        # The topic's sequence never expires: gateways follow it for as long as they run.
+        args = self._append.args(
+            keys, encode_batch(batch), now, now - lim.window_ms, lim.topic_max, lim.window_ms, 0
+        )
+        return int(await self._one(args))
+
+    # ------------------------------------------------------------------ RecoveryReads
+
+    @translate_errors
+    async def read_user(self, uid: str, after: int | None) -> UserHistory:
+        k = self._keys
+        keys = (k.user_seq(uid), k.user_log(uid), k.user_inbox(uid))
+        head, log, inbox = await self._one(
+            self._read_user.args(keys, "" if after is None else after)
+        )
+        entries = []
+        for entry_id, fields in log:
+            _, message, expires_ms = decode_message(_field(fields, "d"))
+            entries.append(Entry(int(entry_id.split("-")[0]), message, expires_ms))
+        queued = [Entry(*decode_message(text)) for text in inbox]
+        return UserHistory(int(head), entries, queued)
+
+    @translate_errors
+    async def forget_inbox(self, uid: str, seqs: Sequence[int]) -> None:
+        if seqs:
+            await self._one(self._forget.args((self._keys.user_inbox(uid),), *seqs))
+
+    @translate_errors
+    async def read_topic(self, topic: str, after: int, upto: int | None = None) -> TopicHistory:
+        keys = (self._keys.topic_seq(topic), self._keys.topic_log(topic))
+        head, log = await self._one(
+            self._read_topic.args(keys, after, "" if upto is None else upto)
+        )
+        batches = [
+            decode_batch(int(entry_id.split("-")[0]), _field(fields, "d"))
+            for entry_id, fields in log
+        ]
+        return TopicHistory(int(head), batches)
+
+    @translate_errors
+    async def heads(self, topics: Sequence[str]) -> list[int]:
+        pipe = self._redis.pipeline(transaction=False)
+        for topic in topics:
+            pipe.get(self._keys.topic_seq(topic))
+        return [int(v or 0) for v in await pipe.execute()]
+
+
+def _field(fields: Sequence[str], name: str) -> str:
+    for i in range(0, len(fields) - 1, 2):
+        if fields[i] == name:
+            return fields[i + 1]
+    raise ValueError(f"a recovery entry without its {name!r} field")

@@ -1,0 +1,145 @@
+"""A connection's replay: what it missed since its `pos` (or its inbox), then live.
+
+Runs once per connection, right after its route is registered. Live pushes that reach
+the connection meanwhile wait in `ClientConn.held` (from the moment it entered the
+local map), and are written after the replay and its `recovered` frame; those the
+replay already wrote are recognised by seq and not written twice.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from router.bus.base import BROADCAST, group_topic
+from router.recovery.base import OFFLINE_TOPIC, RecoveryLimits, RecoveryReads, TopicHistory
+from router.recovery.replay import Replay, plan_replay
+from shared.clock import Clock
+from shared.errors import RegistryUnavailable
+from shared.positions import Pos, decode_pos
+from shared.wire import push_frame, push_prefix, recovered_frame
+from socket_gateway.connections import ClientConn, LocalConnections
+
+__all__ = ["ResumeStats", "Resumer"]
+
+log = logging.getLogger(__name__)
+
+
+class ResumeStats:
+    __slots__ = ("complete", "expired", "incomplete", "replayed", "resumes")
+
+    def __init__(self) -> None:
+        self.resumes = 0  # connections that sent `since`
+        self.replayed = 0  # push frames written by replays (inbox included)
+        self.complete = 0
+        self.incomplete = 0
+        self.expired = 0  # left out: past their ttl_s
+
+
+class Resumer:
+    def __init__(
+        self,
+        reads: RecoveryReads,
+        conns: LocalConnections,
+        limits: RecoveryLimits,
+        clock: Clock,
+    ) -> None:
+        self._reads = reads
+        self._conns = conns
+        self._limits = limits
+        self._clock = clock
+        self.stats = ResumeStats()
+
+    def attach(self, conn: ClientConn) -> None:
+        """Called as the connection enters the local map: from now on live pushes wait
+        for the replay, and it stands where the gateway's topics stand."""
+        marks = self._conns.marks
+        conn.b, conn.o, conn.g, conn.group = marks.b, marks.o, marks.g, marks.group
+        conn.held = []
+
+    async def resume(self, conn: ClientConn, since_text: str | None) -> None:
+        """Replay, write `recovered`, then what waited. RegistryUnavailable: the store
+        did not answer (the caller closes the connection; the client comes back)."""
+        since = decode_pos(since_text)
+        valid = since_text is None or since is not None
+        replay, ends = await self._plan(conn, since, valid)
+        if not conn.sink.is_open():
+            return
+        own_group, own_g = conn.group, conn.g
+        if since is not None:
+            conn.p, conn.b, conn.o, conn.group, conn.g = (
+                since.p,
+                since.b,
+                since.o,
+                since.group,
+                since.g,
+            )
+        conns = self._conns
+        pos = conns.marks.pos
+        for item in replay.items:
+            setattr(conn, item.log, item.seq)  # the log letters name ClientConn's fields
+            if not conns.write_frame(conn, push_frame(push_prefix(item.message), pos(conn), True)):
+                return  # closed, or too slow to take its replay: it resumes from here later
+        head_p, head_b, head_o, head_g = ends
+        conn.p = head_p
+        if since is not None:
+            conn.b, conn.o = head_b, head_o
+            if since.group == own_group:
+                conn.g = max(head_g, own_g)
+            else:
+                conn.g = own_g
+            conn.group = own_group
+        replayed_p2p = frozenset(i.seq for i in replay.items if i.log == "p")
+        after = since.p if since is not None else head_p
+        if replayed_p2p or after < head_p:
+            conn.skip = (after, head_p, replayed_p2p)
+        conns.write_frame(conn, recovered_frame(len(replay.items), replay.complete))
+        self._count(replay, since_text is not None)
+        self._conns.release(conn)
+        if replay.inbox_seqs:
+            try:
+                await self._reads.forget_inbox(conn.uid, replay.inbox_seqs)
+            except RegistryUnavailable as exc:
+                # They stay in the inbox: the next connection gets them again, and the
+                # client drops them by msg_id.
+                log.warning("could not empty the inbox of a connection: %s", exc)
+
+    async def _plan(
+        self, conn: ClientConn, since: Pos | None, valid: bool
+    ) -> tuple[Replay, tuple[int, int, int, int]]:
+        reads = self._reads
+        user = await reads.read_user(conn.uid, since.p if since is not None else None)
+        topics: dict[str, TopicHistory] = {}
+        if since is not None:
+            topics["b"] = await reads.read_topic(BROADCAST, since.b)
+            topics["o"] = await reads.read_topic(OFFLINE_TOPIC, since.o)
+            if since.group:
+                topics["g"] = await reads.read_topic(group_topic(since.group), since.g)
+        lim = self._limits
+        replay = plan_replay(
+            conn.uid,
+            since,
+            user,
+            topics,
+            self._clock.now_ms(),
+            lim.window_ms,
+            lim.inbox_ttl_ms,
+            since_valid=valid,
+        )
+        ends = (
+            user.head,
+            topics["b"].head if "b" in topics else 0,
+            topics["o"].head if "o" in topics else 0,
+            topics["g"].head if "g" in topics else 0,
+        )
+        return replay, ends
+
+    def _count(self, replay: Replay, resumed: bool) -> None:
+        s = self.stats
+        s.replayed += len(replay.items)
+        s.expired += replay.expired
+        if resumed:
+            s.resumes += 1
+            if replay.complete:
+                s.complete += 1
+            else:
+                s.incomplete += 1

@@ -1,0 +1,75 @@
+"""Clients that resume: connect with `since`, read the replay, and the pushes after."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import httpx
+from websockets.asyncio.client import ClientConnection, connect
+
+from socket_gateway.app import Gateway
+from tests.integration.stack import AUTH, recv_json, token
+
+Frame = dict[str, Any]
+
+
+async def open_ws(gw: Gateway, uid: str, since: str | None = None) -> ClientConnection:
+    url = f"ws://127.0.0.1:{gw.ws_port}/ws?token={token(uid)}"
+    if since is not None:
+        url += f"&since={since}"
+    return await connect(url)
+
+
+async def replay(ws: ClientConnection, timeout: float = 10.0) -> tuple[list[Frame], Frame]:
+    """The pushes a connection is sent before its `recovered` frame, and that frame."""
+    pushes: list[Frame] = []
+    while True:
+        frame = await recv_json(ws, timeout)
+        if frame["type"] == "recovered":
+            return pushes, frame
+        pushes.append(frame)
+
+
+async def pushes(ws: ClientConnection, n: int, timeout: float = 10.0) -> list[Frame]:
+    return [await recv_json(ws, timeout) for _ in range(n)]
+
+
+async def gone(gw: Gateway, uid: str) -> None:
+    """Wait until the gateway let go of every connection of `uid` (route removed)."""
+    for _ in range(500):
+        if not any(c.uid == uid for c in gw.conns):
+            await asyncio.sleep(0.1)  # the coalesced unregister lands
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"{uid} still connected")
+
+
+async def p2p(http: httpx.AsyncClient, uids: list[str], content: Any, **kw: Any) -> Frame:
+    resp = await http.post("/v1/push", json={"to": uids, "content": content, **kw}, headers=AUTH)
+    assert resp.status_code == 200, resp.text
+    body: Frame = resp.json()
+    return body
+
+
+async def fanout(http: httpx.AsyncClient, path: str, body: Frame) -> str:
+    """POST a broadcast or multicast and wait for its job to end; its push id."""
+    resp = await http.post(path, json=body, headers=AUTH)
+    assert resp.status_code == 202, resp.text
+    push_id: str = resp.json()["push_id"]
+    for _ in range(500):
+        job = (await http.get(f"/v1/pushes/{push_id}", headers=AUTH)).json()
+        if job["status"] in ("done", "failed"):
+            assert job["status"] == "done", job
+            return push_id
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"job {push_id} did not finish")
+
+
+def contents(frames: list[Frame]) -> list[Any]:
+    return [f["content"] for f in frames]
+
+
+def dumps(frame: Frame) -> str:
+    return json.dumps(frame, sort_keys=True)
