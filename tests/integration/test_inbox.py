@@ -1,0 +1,132 @@
+"""The offline inbox (issue 11, test 5) and the new input checks: real gateway, API,
+Redis and WebSocket clients."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from shared.errors import ConfigError
+from shared.settings import Settings
+from tests.integration.recovery_helpers import contents, gone, open_ws, p2p, pushes, replay
+from tests.integration.stack import AUTH, api, gateway
+
+pytestmark = pytest.mark.integration
+
+
+async def test_a_push_to_an_offline_user_is_queued_and_delivered_on_connect(
+    redis_url: str, prefix: str
+) -> None:
+    async with gateway(redis_url, prefix, "gw1", "g1") as gw, api(redis_url, prefix) as http:
+        body = await p2p(http, ["olive", "otto"], {"text": "while you were out"})
+        assert body["offline"] == ["olive", "otto"] and body["queued"] == ["olive", "otto"]
+        assert body["delivered"] == [] and body["failed"] == []
+        ws = await open_ws(gw, "olive")
+        got, end = await replay(ws)
+        assert contents(got) == [{"text": "while you were out"}]
+        assert got[0]["msg_id"] == body["msg_id"] and got[0]["push_id"] == body["push_id"]
+        assert got[0]["recovered"] is True and end == {
+            "type": "recovered",
+            "count": 1,
+            "complete": True,
+        }
+        await ws.close()
+        await gone(gw, "olive")
+        # Written to a connection: out of the inbox.
+        ws = await open_ws(gw, "olive")
+        assert (await replay(ws))[0] == []
+        await ws.close()
+
+
+async def test_store_false_is_not_kept_and_an_expired_ttl_is_never_delivered(
+    redis_url: str, prefix: str
+) -> None:
+    async with gateway(redis_url, prefix, "gw1", "g1") as gw, api(redis_url, prefix) as http:
+        body = await p2p(http, ["tia"], "typing...", store=False)
+        assert body["offline"] == ["tia"] and body["queued"] == []
+        body = await p2p(http, ["tia"], "short-lived", ttl_s=1)
+        assert body["queued"] == ["tia"]
+        await p2p(http, ["tia"], "lasting")
+        await asyncio.sleep(1.2)
+        ws = await open_ws(gw, "tia")
+        got, end = await replay(ws)
+        assert contents(got) == ["lasting"] and end["count"] == 1
+        # store:false to a live client: delivered, at most once, with a position.
+        await p2p(http, ["tia"], "typing...", store=False)
+        (live,) = await pushes(ws, 1)
+        assert live["content"] == "typing..." and live["pos"]
+        await ws.close()
+
+
+async def test_the_inbox_bound_drops_the_oldest(redis_url: str, prefix: str) -> None:
+    async with (
+        gateway(redis_url, prefix, "gw1", "g1") as gw,
+        api(redis_url, prefix, inbox_max=3) as http,
+    ):
+        for n in range(5):
+            assert (await p2p(http, ["ivy"], n))["queued"] == ["ivy"]
+        pushers = http._transport.app.state.services.pushes  # type: ignore[attr-defined]
+        assert pushers._pusher.inbox_dropped == 2
+        ws = await open_ws(gw, "ivy")
+        got, end = await replay(ws)
+        assert contents(got) == [2, 3, 4] and end["count"] == 3
+        await ws.close()
+
+
+async def test_two_devices_each_resume_from_their_own_position(redis_url: str, prefix: str) -> None:
+    async with gateway(redis_url, prefix, "gw1", "g1") as gw, api(redis_url, prefix) as http:
+        phone, laptop = await open_ws(gw, "duo"), await open_ws(gw, "duo")
+        await replay(phone)
+        await replay(laptop)
+        for n in range(2):
+            await p2p(http, ["duo"], n)
+        phone_pos = (await pushes(phone, 2))[-1]["pos"]
+        await pushes(laptop, 2)
+        await phone.close()
+        for n in range(2, 5):
+            assert (await p2p(http, ["duo"], n))["delivered"] == ["duo"]
+        laptop_pos = (await pushes(laptop, 3))[-1]["pos"]
+        await laptop.close()
+        await gone(gw, "duo")
+        for n in range(5, 7):
+            await p2p(http, ["duo"], n)
+        phone = await open_ws(gw, "duo", phone_pos)
+        got, end = await replay(phone)
+        assert contents(got) == [2, 3, 4, 5, 6] and end["complete"] is True
+        laptop = await open_ws(gw, "duo", laptop_pos)
+        got, end = await replay(laptop)
+        # 5 and 6 left the inbox with the phone's replay; the laptop's log still has them.
+        assert contents(got) == [5, 6] and end["complete"] is True
+        await phone.close()
+        await laptop.close()
+
+
+async def test_store_must_be_a_boolean(redis_url: str, prefix: str) -> None:
+    async with api(redis_url, prefix) as http:
+        for path, body in [
+            ("/v1/push", {"to": ["a"], "content": 1, "store": "yes"}),
+            ("/v1/push", {"to": ["a"], "content": 1, "store": 1}),
+            ("/v1/multicast", {"to": ["a"], "content": 1, "store": None}),
+            ("/v1/broadcast", {"content": 1, "store": "false"}),
+        ]:
+            resp = await http.post(path, json=body, headers=AUTH)
+            assert resp.status_code == 422, resp.text
+            assert "body.store" in [d["field"] for d in resp.json()["detail"]], resp.json()
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("IMROUTE_RECOVERY_WINDOW_S", "0"),
+        ("IMROUTE_RECOVERY_WINDOW_S", "100000"),
+        ("IMROUTE_INBOX_TTL_S", "-1"),
+        ("IMROUTE_INBOX_MAX", "0"),
+        ("IMROUTE_RECOVERY_USER_MAX", "many"),
+        ("IMROUTE_RECOVERY_TOPIC_MAX", "5"),
+    ],
+)
+def test_the_recovery_settings_are_range_checked_by_name(name: str, value: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        Settings.load({name: value})
+    assert name in str(info.value)
