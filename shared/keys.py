@@ -13,8 +13,8 @@ values' formats live with their stores: `router.routes.codec` for a route,
 - ``{prefix}gateways`` is a sorted set, ``gateway_id`` scored by its record's deadline.
 - ``{prefix}bus:{topic}`` is the Redis Streams bus's stream of one topic.
 - ``{prefix}rseq:{<uid>}``, ``{prefix}rlog:{<uid>}`` and ``{prefix}inbox:{<uid>}`` are a
-  user's recovery sequence (a counter), recovery log (a stream whose entry ids are
-  ``<seq>-0``) and offline inbox (a sorted set scored by seq). The braces are a Redis
+  user's recovery sequence (a counter), recovery log (a list of ``<seq> <ts> <entry>``,
+  in seq order) and offline inbox (a sorted set scored by seq). The braces are a Redis
   Cluster hash tag, so the three meet in one slot and one script; a uid holding a brace
   is tagged by its SHA-1 instead.
 - ``{prefix}tseq:{<topic>}`` and ``{prefix}tlog:{<topic>}`` are a bus topic's batch

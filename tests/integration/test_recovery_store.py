@@ -1,0 +1,113 @@
+"""The recovery store on real Redis, standalone and Cluster: dense sequences, the bounds
+in count and time, the inbox, and keys that meet in one slot through hash tags."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator
+
+import pytest
+
+from router.recovery.base import RecoveryLimits
+from router.recovery.store import RedisRecoveryStore
+from router.redis.client import RedisClient, connect_redis
+from shared.batches import to_batch
+from shared.clock import ManualClock
+from shared.keys import KeySchema
+from shared.models import Message
+from shared.proto import gateway_pb2
+from tests.integration.redis_cluster import local_cluster
+
+pytestmark = pytest.mark.integration
+
+T0 = 1_800_000_000_000
+
+
+def msg(n: int, ts: int = T0) -> Message:
+    return Message(f"m{n}", f"p{n}", 1, "admin", b'{"n":%d}' % n, ts)
+
+
+@pytest.fixture(scope="module")
+def cluster_url() -> Iterator[str]:
+    with local_cluster() as url:
+        yield url
+
+
+@pytest.fixture(params=["standalone", "cluster"])
+async def client(request: pytest.FixtureRequest, redis_url: str) -> AsyncIterator[RedisClient]:
+    url = request.getfixturevalue("cluster_url") if request.param == "cluster" else redis_url
+    async with connect_redis(url) as c:
+        yield c
+
+
+def store(
+    client: RedisClient, prefix: str, clock: ManualClock, **limits: float
+) -> RedisRecoveryStore:
+    return RedisRecoveryStore(client, KeySchema(prefix), clock, RecoveryLimits(**limits))  # type: ignore[arg-type]
+
+
+async def test_p2p_logs_are_dense_per_user_and_read_after_a_position(
+    client: RedisClient, prefix: str
+) -> None:
+    clock = ManualClock(T0)
+    s = store(client, prefix, clock)
+    # Uids that land in many slots, and ones with braces (tagged by their hash).
+    uids = ["a", "b", "{x}", "}y{", "ünï"]
+    assert await s.append_p2p(msg(1), uids, 0) == [1] * 5
+    assert await s.append_p2p(msg(2), uids[:2], T0 + 5) == [2, 2]
+    assert await s.append_p2p(msg(3), ["a"], 0) == [3]
+    h = await s.read_user("a", 1)
+    assert h.head == 3 and [(e.seq, e.message.msg_id) for e in h.log] == [(2, "m2"), (3, "m3")]
+    assert h.log[0].expires_ms == T0 + 5 and h.log[0].message == msg(2)
+    assert (await s.read_user("a", 3)).log == [] and (await s.read_user("a", None)).log == []
+    assert (await s.read_user("}y{", 0)).head == 1
+    assert (await s.read_user("nobody", 0)).head == 0
+
+
+async def test_a_log_keeps_its_bounds_in_count_and_in_time(
+    client: RedisClient, prefix: str
+) -> None:
+    clock = ManualClock(T0)
+    s = store(client, prefix, clock, user_max=3, window_s=10)
+    for n in range(1, 6):
+        await s.append_p2p(msg(n), ["u"], 0)
+    assert [e.seq for e in (await s.read_user("u", 0)).log] == [3, 4, 5]  # count
+    clock.advance(11)
+    await s.append_p2p(msg(6), ["u"], 0)
+    assert [e.seq for e in (await s.read_user("u", 0)).log] == [6]  # time
+    ttl = await client.pttl(KeySchema(prefix).user_log("u"))
+    assert 0 < ttl <= 10_000  # the whole log lapses one window after its last append
+
+
+async def test_the_inbox_holds_its_bound_and_forgets_what_was_written(
+    client: RedisClient, prefix: str
+) -> None:
+    s = store(client, prefix, ManualClock(T0), inbox_max=3)
+    for n in range(1, 6):
+        (seq,) = await s.append_p2p(msg(n), ["i"], 0)
+        dropped = await s.queue(msg(n), 0, {"i": seq})
+        assert dropped == (1 if n > 3 else 0)
+    h = await s.read_user("i", None)
+    assert [e.seq for e in h.inbox] == [3, 4, 5] and h.inbox[0].message == msg(3)
+    await s.forget_inbox("i", [3, 5])
+    assert [e.seq for e in (await s.read_user("i", None)).inbox] == [4]
+
+
+async def test_topic_logs_read_by_range_and_their_sequence_never_lapses(
+    client: RedisClient, prefix: str
+) -> None:
+    clock = ManualClock(T0)
+    s = store(client, prefix, clock, topic_max=10)
+    for n in range(1, 13):
+        b = to_batch(msg(n), [f"u{n}", "all"], f"batch-{n}")
+        b.mode = gateway_pb2.MODE_MULTICAST
+        b.group_id = "g1"
+        assert await s.append_batch("group.g1", b) == n
+    h = await s.read_topic("group.g1", 8)
+    assert h.head == 12 and [b.seq for b in h.batches] == [9, 10, 11, 12]
+    assert list(h.batches[0].uids) == ["u9", "all"] and h.batches[0].batch_id == "batch-9"
+    assert h.batches[0].group_id == "g1" and h.batches[0].mode == gateway_pb2.MODE_MULTICAST
+    assert [b.seq for b in (await s.read_topic("group.g1", 4, 6)).batches] == [5, 6]
+    assert [b.seq for b in (await s.read_topic("group.g1", 0)).batches] == list(range(3, 13))
+    assert (await s.read_topic("group.g1", 12)).batches == []
+    assert await s.heads(["group.g1", "broadcast"]) == [12, 0]
+    assert await client.pttl(KeySchema(prefix).topic_seq("group.g1")) == -1
