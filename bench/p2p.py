@@ -76,6 +76,8 @@ async def _worker(spec: dict[str, Any]) -> None:
     def on_frame(conn: object, now: float, data: bytes) -> None:
         try:
             frame = json.loads(data)
+            if frame["type"] == "recovered":  # ends each new connection's (empty) replay
+                return
             seq = int(frame["content"]["seq"])
             msg_id = str(frame["msg_id"])
         except (ValueError, KeyError, TypeError):
@@ -154,6 +156,7 @@ class Options:
     concurrency: int
     seed: int
     json_out: bool
+    store: bool = True
 
 
 async def bench(
@@ -173,7 +176,9 @@ async def bench(
     total = max(1, round(opts.rate * opts.duration))
     targets = [rng.choice(connected) for _ in range(total)]
     bodies = [
-        json.dumps({"to": [uid_of(k)], "content": {"seq": i, "text": "bench"}}).encode()
+        json.dumps(
+            {"to": [uid_of(k)], "content": {"seq": i, "text": "bench"}, "store": opts.store}
+        ).encode()
         for i, k in enumerate(targets)
     ]
     warm = [
@@ -303,7 +308,8 @@ def report(result: dict[str, Any], cond: dict[str, str]) -> None:
         "conditions:",
         *machine_lines(cond),
         f"  python      {cond['python']}  client/loadgen loop={cond['loop']}",
-        f"  stack       push service (uvicorn, 1 process) + gw1/g1 + gw2/g2; redis {cond['redis']}",
+        f"  stack       push service (uvicorn, 1 process) + gw1/g1 + gw2/g2; redis {cond['redis']}"
+        f"; store {cond.get('store', 'on')}",
         f"  clients     {r['clients']} connected ({r['clients_failed']} failed) in 1 client"
         f" process, connected in {r['connect_s']:.1f}s",
         f"  load        target {r['target_rate']:g} pushes/s for {r['duration_s']:g}s, open loop,"
@@ -333,22 +339,14 @@ def report(result: dict[str, Any], cond: dict[str, str]) -> None:
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    n = in_range(int, 1, 15000)
+    p.add_argument("--clients", type=n, default=2000, help="WebSocket clients (default 2000)")
+    rate = in_range(float, 1, 20000)
+    p.add_argument("--rate", type=rate, help="target pushes/s (default 1000; 200 with --quick)")
+    s = in_range(float, 0.5, 60, " seconds")
+    p.add_argument("--duration", type=s, default=10, help="load seconds (default 10)")
     p.add_argument(
-        "--clients",
-        type=in_range(int, 1, 15000),
-        default=2000,
-        help="WebSocket clients (default 2000)",
-    )
-    p.add_argument(
-        "--rate",
-        type=in_range(float, 1, 20000),
-        help="target pushes/s (default 1000; 200 with --quick)",
-    )
-    p.add_argument(
-        "--duration",
-        type=in_range(float, 0.5, 60, " seconds"),
-        default=10,
-        help="load seconds (default 10)",
+        "--store", choices=["on", "off"], default="on", help='"store" of each push (default on)'
     )
     add_run_flags(p, "200 clients, 3 s, 200/s", concurrency=64)
     p.add_argument("--worker", help=argparse.SUPPRESS)
@@ -364,7 +362,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     if args.worker:
         return worker_main(json.loads(args.worker))
-    opts = Options(args.clients, args.rate, args.duration, args.concurrency, args.seed, args.json)
+    opts = Options(
+        args.clients, args.rate, args.duration, args.concurrency, args.seed, args.json,
+        args.store == "on",
+    )  # fmt: skip
     # Children inherit the limit: each gateway holds about half of the clients.
     raise_nofile(opts.clients + 4096)
     return run_main("p2p", lambda h: _p2p(h, opts))
@@ -373,6 +374,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _p2p(h: Harness, opts: Options) -> None:
     api_key = secrets.token_urlsafe(24)
     h.env["IMROUTE_API_KEY"] = api_key
+    h.cond["store"] = "on" if opts.store else "off"
     http_port = free_port()
     gateways = [("gw1", "g1", free_port(), free_port()), ("gw2", "g2", free_port(), free_port())]
     start_stack(h.stack, http_port, gateways, api_key)

@@ -155,9 +155,11 @@ class Gateway:
         )
         self._writer = CoalescingRouteWriter(self.registry)
         recovery = RedisRecoveryStore(redis, keys, self.clock, RecoveryLimits.from_settings(s))
-        self.resumer = Resumer(recovery, self.conns, recovery.limits, self.clock)
         self.follower = TopicFollower(
             recovery, self.deliver_service, self.conns.marks, gateway_topics(s.group_id), self.clock
+        )
+        self.resumer = Resumer(
+            recovery, self.conns, recovery.limits, self.clock, self.follower.recent
         )
         # From the logs' heads, before the first client: each starts where the topics are.
         await self.follower.start()

@@ -58,7 +58,7 @@ class Marks:
     group: str = ""
     b: int = 0  # broadcast batches delivered (in seq order) through this seq
     g: int = 0  # the group's multicast batches, likewise
-    o: int = 0  # the offline-recipients log's head, as last read
+    o: int = 0  # the offline-recipients log, likewise (read from the log: not on the bus)
 
     def pos(self, conn: ClientConn) -> str:
         if conn.held is not None:  # replaying: where the replay has got to
@@ -185,6 +185,10 @@ class LocalConnections:
                 if seq <= conn.b:
                     return True  # the replay wrote it
                 conn.b = seq
+            elif log == "o":
+                if seq <= conn.o:
+                    return True
+                conn.o = seq
             elif conn.group == self.marks.group:
                 if seq <= conn.g:
                     return True

@@ -29,8 +29,9 @@ class DeliverService:
         self.duplicates = 0
         self.expired = 0
 
-    def deliver(self, batch: gateway_pb2.Batch) -> gateway_pb2.DeliverReply:
-        """Deliver one batch (from a gRPC call or the bus), at most once per batch_id."""
+    def deliver(self, batch: gateway_pb2.Batch, log: str = "") -> gateway_pb2.DeliverReply:
+        """Deliver one batch (from a gRPC call or the bus), at most once per batch_id.
+        `log`: the recovery log it is from (`b`, `g`, `o`); by default, as its mode says."""
         self.batches += 1
         if batch.batch_id and batch.mode == gateway_pb2.MODE_P2P:
             first = self._replies.get(batch.batch_id, batch.uids)
@@ -57,7 +58,7 @@ class DeliverService:
             if batch.batch_id:
                 self._replies.put(batch.batch_id, batch.uids, delivered)
             return gateway_pb2.DeliverReply(delivered=delivered, missing=missing)
-        log = "b" if batch.mode == gateway_pb2.MODE_BROADCAST else "g"
+        log = log or ("b" if batch.mode == gateway_pb2.MODE_BROADCAST else "g")
         if batch.everyone:
             count = self._conns.deliver_all(prefix, log, batch.seq)
             return gateway_pb2.DeliverReply(connections=count)

@@ -1,14 +1,25 @@
-"""Follows the gateway's topics in log order: bus batches through a sequencer each,
-gaps and a lost last batch read from the recovery log, and the marks kept current."""
+"""Follows the gateway's topics in log order, and keeps their recent batches.
+
+- `broadcast` and the group's topic come on the bus: each through a sequencer; a gap
+  that outlives the hold, and a last batch the bus lost, are read from the log.
+- `offline` (multicast recipients who had no route when it was resolved) is on no bus:
+  its log is read as its head moves. A batch there that names a local connection is a
+  multicast that raced that client's connect, and is delivered like any other.
+
+The marks (how far each topic has been delivered) are what a live connection's `pos`
+says for that topic. The last `RECENT` batches of each topic stay in memory, so a storm
+of clients resuming from about the same place reads the batch logs once, not per client.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections import deque
 from collections.abc import Sequence
 
 from router.bus.base import BROADCAST
-from router.recovery.base import OFFLINE_TOPIC, RecoveryReads
+from router.recovery.base import OFFLINE_TOPIC, RecoveryReads, TopicHistory
 from shared.clock import Clock
 from shared.errors import ImrouteError
 from shared.proto import gateway_pb2
@@ -16,9 +27,11 @@ from socket_gateway.connections import Marks
 from socket_gateway.delivery import DeliverService
 from socket_gateway.sequencer import TopicSequencer
 
-__all__ = ["TopicFollower"]
+__all__ = ["RECENT", "TopicFollower"]
 
 log = logging.getLogger(__name__)
+
+RECENT = 512  # batches kept per topic for replays
 
 
 class TopicFollower:
@@ -33,42 +46,62 @@ class TopicFollower:
         hold_s: float = 0.5,
         poll_s: float = 1.0,
     ) -> None:
+        """`topics`: the bus topics followed (broadcast, then the group's)."""
         self._reads = reads
         self._service = service
         self._marks = marks
-        self._topics = list(topics)
+        self._letters = {t: ("b" if t == BROADCAST else "g") for t in topics}
+        self._letters[OFFLINE_TOPIC] = "o"
         self._clock = clock
         self._hold_s = hold_s
         self._poll_s = poll_s
         self.sequencers: dict[str, TopicSequencer] = {}
+        self._recent: dict[str, deque[gateway_pb2.Batch]] = {}
 
     async def start(self) -> None:
         """Start from the logs' heads: what was published before is not owed to us."""
-        heads = await self._reads.heads([*self._topics, OFFLINE_TOPIC])
-        for topic, head in zip(self._topics, heads, strict=False):
-            self.sequencers[topic] = TopicSequencer(topic, head + 1, self._hold_s)
-            self._mark(topic, head)
-        self._marks.o = heads[-1]
+        topics = list(self._letters)
+        for topic, head in zip(topics, await self._reads.heads(topics), strict=True):
+            # Nothing brings the offline log early: it is read as soon as it moved.
+            hold = 0.0 if topic == OFFLINE_TOPIC else self._hold_s
+            self.sequencers[topic] = TopicSequencer(topic, head + 1, hold)
+            self._recent[topic] = deque(maxlen=RECENT)
+            setattr(self._marks, self._letters[topic], head)
 
     def offer(self, topic: str, batch: gateway_pb2.Batch) -> None:
         """A batch from the bus: delivered now if it is next, else when its turn comes."""
         sequencer = self.sequencers.get(topic)
         if sequencer is None or not batch.seq:
-            self._service.deliver(batch)  # not logged (or not ours): as it comes
+            self._service.deliver(batch)  # not logged ("store": false): as it comes
             return
         self._deliver(sequencer, sequencer.offer(batch, self._clock.monotonic()))
 
-    def _deliver(self, sequencer: TopicSequencer, ready: list[gateway_pb2.Batch]) -> None:
-        for batch in ready:
-            self._service.deliver(batch)
-        if ready:
-            self._mark(sequencer.topic, sequencer.delivered_through)
+    def recent(self, topic: str, after: int) -> TopicHistory | None:
+        """The batches after `after` through what was delivered, from memory; None when
+        memory does not hold all of them."""
+        sequencer = self.sequencers.get(topic)
+        if sequencer is None:
+            return None
+        head = sequencer.delivered_through
+        if after >= head:
+            return TopicHistory(head) if after == head else None
+        kept = self._recent[topic]
+        if not kept or kept[0].seq > after + 1:
+            return None
+        batches = [b for b in kept if b.seq > after]
+        if len(batches) != head - after:
+            return None  # a seq the sequencer skipped as lost: let the log say so
+        return TopicHistory(head, batches)
 
-    def _mark(self, topic: str, seq: int) -> None:
-        if topic == BROADCAST:
-            self._marks.b = seq
-        else:
-            self._marks.g = seq
+    def _deliver(self, sequencer: TopicSequencer, ready: list[gateway_pb2.Batch]) -> None:
+        if not ready:
+            return
+        letter = self._letters[sequencer.topic]
+        kept = self._recent[sequencer.topic]
+        for batch in ready:
+            self._service.deliver(batch, letter)
+            kept.append(batch)
+        setattr(self._marks, letter, sequencer.delivered_through)
 
     async def run(self) -> None:
         """Fill gaps that outlived the hold; read the heads every `poll_s`."""
@@ -87,10 +120,9 @@ class TopicFollower:
                 log.warning("could not read the recovery log: %s", exc)
 
     async def _poll(self, now: float) -> None:
-        heads = await self._reads.heads([*self.sequencers, OFFLINE_TOPIC])
-        for sequencer, head in zip(self.sequencers.values(), heads, strict=False):
+        heads = await self._reads.heads(list(self.sequencers))
+        for sequencer, head in zip(self.sequencers.values(), heads, strict=True):
             sequencer.saw_head(head, now)
-        self._marks.o = max(self._marks.o, heads[-1])
 
     async def _fill(self, sequencer: TopicSequencer) -> None:
         gap = sequencer.gap(self._clock.monotonic())

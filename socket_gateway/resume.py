@@ -8,7 +8,9 @@ replay already wrote are recognised by seq and not written twice.
 
 from __future__ import annotations
 
+import asyncio
 import logging
+from collections.abc import Callable
 
 from router.bus.base import BROADCAST, group_topic
 from router.recovery.base import OFFLINE_TOPIC, RecoveryLimits, RecoveryReads, TopicHistory
@@ -35,6 +37,14 @@ class ResumeStats:
         self.expired = 0  # left out: past their ttl_s
 
 
+# A topic read is shared for this long by the resumes that ask for the same range (a
+# storm of clients from one gateway): correct however old, since the replay then stands
+# at the head it read, and the follower brings what came after.
+SHARED_READ_S = 1.0
+
+Recent = Callable[[str, int], TopicHistory | None]
+
+
 class Resumer:
     def __init__(
         self,
@@ -42,12 +52,17 @@ class Resumer:
         conns: LocalConnections,
         limits: RecoveryLimits,
         clock: Clock,
+        recent: Recent | None = None,
     ) -> None:
+        """`recent`: the follower's memory of its topics' latest batches, tried first."""
         self._reads = reads
         self._conns = conns
         self._limits = limits
         self._clock = clock
+        self._recent = recent
+        self._shared: dict[tuple[str, int], tuple[float, asyncio.Future[TopicHistory]]] = {}
         self.stats = ResumeStats()
+        self.topic_reads = 0  # batch-log reads that went to the store
 
     def attach(self, conn: ClientConn) -> None:
         """Called as the connection enters the local map: from now on live pushes wait
@@ -110,10 +125,14 @@ class Resumer:
         user = await reads.read_user(conn.uid, since.p if since is not None else None)
         topics: dict[str, TopicHistory] = {}
         if since is not None:
-            topics["b"] = await reads.read_topic(BROADCAST, since.b)
-            topics["o"] = await reads.read_topic(OFFLINE_TOPIC, since.o)
+            wanted = [("b", BROADCAST, since.b), ("o", OFFLINE_TOPIC, since.o)]
             if since.group:
-                topics["g"] = await reads.read_topic(group_topic(since.group), since.g)
+                wanted.append(("g", group_topic(since.group), since.g))
+            # The heads first (one small read): a replay goes at least that far, so what
+            # it leaves to the live path is newer than anything it sent.
+            heads = await reads.heads([topic for _, topic, _ in wanted])
+            for (letter, topic, after), head in zip(wanted, heads, strict=True):
+                topics[letter] = await self._topic(topic, after, head)
         lim = self._limits
         replay = plan_replay(
             conn.uid,
@@ -132,6 +151,35 @@ class Resumer:
             topics["g"].head if "g" in topics else 0,
         )
         return replay, ends
+
+    async def _topic(self, topic: str, after: int, head: int) -> TopicHistory:
+        """A topic's batches after `after`, through `head` at least: from the follower's
+        memory as far as it goes, the rest from the log (shared by concurrent resumes)."""
+        held = self._recent(topic, after) if self._recent is not None else None
+        if held is None:
+            return await self._shared_read(topic, after, head)
+        if held.head >= head:
+            return held
+        tail = await self._shared_read(topic, held.head, head)
+        return TopicHistory(tail.head, [*held.batches, *tail.batches])
+
+    async def _shared_read(self, topic: str, after: int, head: int) -> TopicHistory:
+        now = self._clock.monotonic()
+        key = (topic, after)
+        shared = self._shared.get(key)
+        if shared is not None and shared[0] >= now:
+            try:
+                history = await asyncio.shield(shared[1])
+            except RegistryUnavailable:
+                history = None
+            if history is not None and history.head >= head:
+                return history
+        if len(self._shared) > 1000:
+            self._shared = {k: v for k, v in self._shared.items() if v[0] >= now}
+        future = asyncio.ensure_future(self._reads.read_topic(topic, after))
+        self.topic_reads += 1
+        self._shared[key] = (now + SHARED_READ_S, future)
+        return await asyncio.shield(future)
 
     def _count(self, replay: Replay, resumed: bool) -> None:
         s = self.stats

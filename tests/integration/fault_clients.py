@@ -1,0 +1,474 @@
+"""Helpers of the recovery fault tests (issue 11, tests 3 and 4): `imroute dev` as real
+processes, hundreds of SDK clients that keep everything they are handed, a load that
+writes down who each push was addressed to, a loopback TCP proxy that can cut a
+connection silently, and a raw WebSocket client that resumes by itself with `since`."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import queue
+import random
+import re
+import signal
+import time
+from collections import Counter
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import httpx
+from imroute_client import ImrouteClient
+from websockets.asyncio.client import ClientConnection, connect
+from websockets.exceptions import ConnectionClosed
+
+from router.devtools.ports import free_port_block
+from shared.auth import issue_token
+from shared.clock import SystemClock
+from tests.integration.procs import BIN, Proc, base_env, read_until, running
+
+__all__ = [
+    "CutClient",
+    "DevRun",
+    "Got",
+    "Ledger",
+    "SdkUser",
+    "TcpProxy",
+    "check",
+    "dev_stack",
+    "drain_output",
+    "key_of",
+    "settle",
+]
+
+API_KEY = "fault-test-api-key-0123456789"
+SECRET = "fault-test-secret-0123456789abcdef-0123"
+
+
+def key_of(content: Any) -> str:
+    """The name of a push from its content ({"kind": "p2p", "n": 17} -> "p2p:17")."""
+    if isinstance(content, dict):
+        return f"{content.get('kind')}:{content.get('n')}"
+    return f"?:{content!r}"
+
+
+# ---------------------------------------------------------------------------- the stack
+
+
+@dataclass
+class DevRun:
+    proc: Proc
+    api_url: str
+    secret: str
+    api_key: str
+    ws_urls: dict[str, str]
+    output: list[str] = field(default_factory=list)
+
+    @property
+    def auth(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.api_key}"}
+
+    def token(self, uid: str, ttl: int = 3600) -> str:
+        return issue_token(self.secret, uid, ttl, SystemClock())
+
+
+@contextmanager
+def dev_stack(
+    redis_url: str, prefix: str, tmp_path: Path, gateways: int, groups: int, **env: str
+) -> Iterator[DevRun]:
+    """`imroute dev --gateways N --groups G` on free loopback ports, with its own key
+    prefix and directory; stopped with SIGINT (every child by PID) at the end."""
+    port = free_port_block([0, *range(1, gateways + 1), *range(1001, 1001 + gateways)])
+    environ = base_env(
+        IMROUTE_REDIS_URL=redis_url,
+        IMROUTE_REDIS_PREFIX=prefix,
+        IMROUTE_DB_URL=f"sqlite+aiosqlite:///{tmp_path}/users.db",
+        IMROUTE_API_KEY=API_KEY,
+        IMROUTE_SECRET=SECRET,
+        **env,
+    )
+    argv = [str(BIN / "imroute"), "dev", "--gateways", str(gateways), "--groups", str(groups),
+            "--port", str(port)]  # fmt: skip
+    with running(argv, environ) as proc:
+        lines = read_until(proc, "Ctrl-C stops everything", timeout=60)
+        banner = "\n".join(lines)
+        ws_urls = dict(re.findall(r"(gw\d+) group=g\d+ ws=(\S+)", banner))
+        assert len(ws_urls) == gateways, banner
+        stack = DevRun(proc, f"http://127.0.0.1:{port}", SECRET, API_KEY, ws_urls, lines)
+        try:
+            yield stack
+        finally:
+            proc.send_signal(signal.SIGINT)
+            with contextlib.suppress(Exception):
+                proc.wait(20)
+            drain_output(stack)
+
+
+def drain_output(stack: DevRun) -> list[str]:
+    """Move what `imroute dev` (and its children) printed so far into `stack.output`."""
+    lines = stack.proc.lines
+    if lines is not None:
+        while True:
+            try:
+                line = lines.get_nowait()
+            except queue.Empty:
+                break
+            if line is None:
+                lines.put(None)
+                break
+            stack.output.append(line)
+    return stack.output
+
+
+# ---------------------------------------------------------------------------- clients
+
+
+@dataclass(frozen=True, slots=True)
+class Got:
+    """One push as a client got it."""
+
+    msg_id: str
+    key: str
+    recovered: bool
+    at: float  # loop time
+
+
+class SdkUser:
+    """One `ImrouteClient`, read in a task of its own into `got`."""
+
+    def __init__(self, uid: str, client: ImrouteClient) -> None:
+        self.uid = uid
+        self.client = client
+        self.got: list[Got] = []
+        self.error: BaseException | None = None
+        self.task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self.task = asyncio.create_task(self._run(), name=f"sdk-{self.uid}")
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            async with self.client as client:
+                async for msg in client:
+                    self.got.append(Got(msg.msg_id, key_of(msg.content), msg.recovered, loop.time()))
+        except asyncio.CancelledError:
+            raise
+        except BaseException as exc:  # noqa: BLE001 - kept for the assertion
+            self.error = exc
+
+    async def stop(self) -> None:
+        if self.task is not None:
+            self.task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self.task
+        with contextlib.suppress(Exception):
+            await self.client.aclose()
+
+
+class TcpProxy:
+    """A loopback TCP proxy to one port. `cut()` stops forwarding in both directions
+    and closes nothing: both ends keep a connection that carries nothing, as across a
+    network that silently drops every packet."""
+
+    def __init__(self, upstream_port: int) -> None:
+        self.upstream_port = upstream_port
+        self.port = 0
+        self._server: asyncio.Server | None = None
+        self._pumps: set[asyncio.Task[None]] = set()
+        self._writers: list[asyncio.StreamWriter] = []
+        self.is_cut = False
+
+    async def start(self) -> int:
+        self._server = await asyncio.start_server(self._accept, "127.0.0.1", 0)
+        self.port = self._server.sockets[0].getsockname()[1]
+        return self.port
+
+    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.upstream_port)
+        self._writers += [writer, up_writer]
+        for src, dst in ((reader, up_writer), (up_reader, writer)):
+            task = asyncio.create_task(self._pump(src, dst))
+            self._pumps.add(task)
+            task.add_done_callback(self._pumps.discard)
+
+    async def _pump(self, src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+        try:
+            while data := await src.read(65536):
+                dst.write(data)
+                await dst.drain()
+        except (ConnectionError, OSError):
+            pass
+        if not self.is_cut:
+            dst.close()
+
+    def cut(self) -> None:
+        """Forward nothing more, either way; every socket stays open."""
+        self.is_cut = True
+        for task in list(self._pumps):
+            task.cancel()
+
+    async def aclose(self) -> None:
+        self.cut()
+        if self._server is not None:
+            self._server.close()
+        for writer in self._writers:
+            writer.transport.abort()
+
+
+class CutClient:
+    """A raw WebSocket client (no SDK) whose first connection goes through a `TcpProxy`.
+    It keeps every push frame it reads and the `pos` of the last one; `cut_and_resume`
+    cuts the proxy, waits, aborts its own socket and reconnects directly with `since`."""
+
+    def __init__(self, uid: str, stack: DevRun) -> None:
+        self.uid = uid
+        self.stack = stack
+        self.token = stack.token(uid)
+        self.got: list[Got] = []
+        self.frames: list[dict[str, Any]] = []  # everything but pushes (recovered, ...)
+        self.last_pos: str | None = None
+        self.proxy: TcpProxy | None = None
+        self.gateways: list[str] = []
+        self._ws: ClientConnection | None = None
+        self._reader: asyncio.Task[None] | None = None
+
+    async def _dispatch(self, http: httpx.AsyncClient) -> tuple[str, str]:
+        resp = await http.get(
+            f"{self.stack.api_url}/v1/dispatch", headers={"Authorization": f"Bearer {self.token}"}
+        )
+        assert resp.status_code == 200, resp.text
+        body = resp.json()
+        self.gateways.append(body["gateway_id"])
+        return body["gateway_id"], body["ws_url"]
+
+    async def start(self, http: httpx.AsyncClient) -> None:
+        _, ws_url = await self._dispatch(http)
+        port = urlsplit(ws_url).port
+        assert port is not None, ws_url
+        self.proxy = TcpProxy(port)
+        await self.proxy.start()
+        await self._open(f"ws://127.0.0.1:{self.proxy.port}/ws?token={self.token}")
+
+    async def _open(self, url: str) -> None:
+        self._ws = await connect(url, ping_interval=None, open_timeout=10)
+        self._reader = asyncio.create_task(self._read(self._ws), name=f"raw-{self.uid}")
+
+    async def _read(self, ws: ClientConnection) -> None:
+        loop = asyncio.get_running_loop()
+        with contextlib.suppress(ConnectionClosed):
+            async for data in ws:
+                frame = json.loads(data)
+                if frame.get("type") == "push":
+                    self.got.append(
+                        Got(frame["msg_id"], key_of(frame.get("content")),
+                            frame.get("recovered") is True, loop.time())
+                    )  # fmt: skip
+                    self.last_pos = frame["pos"]
+                else:
+                    self.frames.append(frame)
+
+    async def cut_and_resume(self, http: httpx.AsyncClient, cut_for_s: float) -> None:
+        assert self.proxy is not None and self._ws is not None and self._reader is not None
+        self.proxy.cut()
+        await asyncio.sleep(cut_for_s)
+        # Give up on the silent connection: abort it (no close frame, nothing sent).
+        self._ws.transport.abort()
+        self._reader.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._reader
+        _, ws_url = await self._dispatch(http)
+        assert self.last_pos is not None, "no push before the cut: nothing to resume from"
+        await self._open(f"{ws_url}?token={self.token}&since={self.last_pos}")
+
+    async def stop(self) -> None:
+        if self._reader is not None:
+            self._reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._reader
+        if self._ws is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._ws.close(), 2)
+        if self.proxy is not None:
+            await self.proxy.aclose()
+
+
+# ---------------------------------------------------------------------------- the load
+
+
+@dataclass
+class Ledger:
+    """Who each accepted push was addressed to, in the order the pushes were accepted:
+    P2P in the order POST /v1/push answered (one sequential task), fan-out in the
+    order the jobs were issued (one sequential task, each job done before the next)."""
+
+    p2p: dict[str, list[str]] = field(default_factory=dict)
+    fanout: dict[str, list[str]] = field(default_factory=dict)
+    outcomes: Counter[str] = field(default_factory=Counter)
+    errors: list[str] = field(default_factory=list)
+    sent: Counter[str] = field(default_factory=Counter)
+
+    def add(self, kind: str, key: str, uids: Sequence[str]) -> None:
+        book = self.p2p if kind == "p2p" else self.fanout
+        for uid in uids:
+            book.setdefault(uid, []).append(key)
+        self.sent[kind] += 1
+
+    def expected(self, uid: str) -> set[str]:
+        return set(self.p2p.get(uid, [])) | set(self.fanout.get(uid, []))
+
+    def total(self) -> int:
+        return sum(map(len, self.p2p.values())) + sum(map(len, self.fanout.values()))
+
+
+async def p2p_push(
+    http: httpx.AsyncClient, stack: DevRun, ledger: Ledger, key: str, content: Any,
+    to: Sequence[str],
+) -> None:  # fmt: skip
+    try:
+        resp = await http.post(
+            f"{stack.api_url}/v1/push", json={"to": list(to), "content": content},
+            headers=stack.auth,
+        )  # fmt: skip
+    except httpx.HTTPError as exc:
+        ledger.errors.append(f"POST /v1/push {key}: {exc!r}")
+        return
+    if resp.status_code != 200:
+        ledger.errors.append(f"POST /v1/push {key}: {resp.status_code} {resp.text[:300]}")
+        return
+    body = resp.json()
+    reached = set(body["delivered"]) | set(body["queued"])
+    if reached != set(to):
+        ledger.errors.append(f"{key}: neither delivered nor queued: {set(to) - reached} {body}")
+    ledger.outcomes["delivered"] += len(body["delivered"])
+    ledger.outcomes["queued"] += len(body["queued"])
+    ledger.outcomes["failed"] += len(body["failed"])
+    ledger.add("p2p", key, to)
+
+
+async def fanout_push(
+    http: httpx.AsyncClient, stack: DevRun, ledger: Ledger, path: str, key: str,
+    body: dict[str, Any], addressed: Sequence[str],
+) -> None:  # fmt: skip
+    """POST a broadcast or multicast and wait for its job to end."""
+    try:
+        resp = await http.post(f"{stack.api_url}{path}", json=body, headers=stack.auth)
+    except httpx.HTTPError as exc:
+        ledger.errors.append(f"POST {path} {key}: {exc!r}")
+        return
+    if resp.status_code != 202:
+        ledger.errors.append(f"POST {path} {key}: {resp.status_code} {resp.text[:300]}")
+        return
+    push_id = resp.json()["push_id"]
+    ledger.add("fanout", key, addressed)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        job = (await http.get(f"{stack.api_url}/v1/pushes/{push_id}", headers=stack.auth)).json()
+        if job["status"] in ("done", "failed"):
+            if job["status"] != "done" or job.get("failed_batches"):
+                ledger.errors.append(f"{key}: job {job}")
+            return
+        await asyncio.sleep(0.02)
+    ledger.errors.append(f"{key}: job {push_id} did not finish within 10 s")
+
+
+async def p2p_load(
+    http: httpx.AsyncClient, stack: DevRun, ledger: Ledger, uids: Sequence[str],
+    start: float, duration_s: float, rate: float, rng: random.Random,
+    favourite: str | None = None, favourite_every: int = 0,
+) -> None:  # fmt: skip
+    """`rate` P2P pushes a second, each to one random user (every `favourite_every`th
+    to `favourite`), one at a time, until `duration_s` after `start` (loop time)."""
+    loop = asyncio.get_running_loop()
+    n = 0
+    while (due := start + n / rate) < start + duration_s:
+        await asyncio.sleep(max(0.0, due - loop.time()))
+        if favourite is not None and favourite_every and n % favourite_every == 0:
+            uid = favourite
+        else:
+            uid = rng.choice(uids)
+        await p2p_push(http, stack, ledger, f"p2p:{n}", {"kind": "p2p", "n": n}, [uid])
+        n += 1
+
+
+async def fanout_load(
+    http: httpx.AsyncClient, stack: DevRun, ledger: Ledger, uids: Sequence[str],
+    everyone: Sequence[str], start: float, duration_s: float, multicast_every_s: float,
+    multicast_size: int, broadcast_every_s: float, rng: random.Random,
+    always: Sequence[str] = (),
+) -> None:  # fmt: skip
+    """Multicasts to `multicast_size` random users (plus `always`) and online
+    broadcasts (addressed to `everyone`), one job at a time, in time order."""
+    events = sorted(
+        [(k * multicast_every_s, "mc", k) for k in range(int(duration_s / multicast_every_s))]
+        + [(0.5 + k * broadcast_every_s, "bc", k)
+           for k in range(int((duration_s - 0.5) / broadcast_every_s) + 1)
+           if 0.5 + k * broadcast_every_s < duration_s]
+    )  # fmt: skip
+    loop = asyncio.get_running_loop()
+    for at, kind, n in events:
+        await asyncio.sleep(max(0.0, start + at - loop.time()))
+        content = {"kind": kind, "n": n}
+        if kind == "mc":
+            to = [*rng.sample(list(uids), multicast_size), *always]
+            body: dict[str, Any] = {"to": to, "content": content}
+            await fanout_push(http, stack, ledger, "/v1/multicast", f"mc:{n}", body, to)
+        else:
+            body = {"content": content, "audience": {"online": True}}
+            await fanout_push(http, stack, ledger, "/v1/broadcast", f"bc:{n}", body, everyone)
+
+
+# ---------------------------------------------------------------------------- checking
+
+
+def check(uid: str, got: Sequence[Got], ledger: Ledger) -> list[str]:
+    """What is wrong with what `uid` got: duplicates, missing or unexpected pushes, and
+    pushes out of order (P2P among P2P, fan-out among fan-out)."""
+    problems: list[str] = []
+    ids = Counter(g.msg_id for g in got)
+    keys = [g.key for g in got]
+    if twice := [k for k, n in ids.items() if n > 1]:
+        problems.append(f"msg_id twice: {twice}")
+    if twice_keys := sorted(k for k, n in Counter(keys).items() if n > 1):
+        problems.append(f"pushes twice: {twice_keys}")
+    expected = ledger.expected(uid)
+    if missing := expected - set(keys):
+        problems.append(f"missing: {sorted(missing)}")
+    if extra := set(keys) - expected:
+        problems.append(f"not addressed to it: {sorted(extra)}")
+    for name, book in (("p2p", ledger.p2p), ("fan-out", ledger.fanout)):
+        want = book.get(uid, [])
+        wanted = set(want)
+        seen = [k for k in dict.fromkeys(keys) if k in wanted]
+        order = [k for k in want if k in set(seen)]
+        if seen != order:
+            problems.append(f"{name} out of order: got {seen}, accepted {order}")
+    return problems
+
+
+async def settle(
+    holders: Sequence[tuple[str, Sequence[Got]]], ledger: Ledger, quiet_s: float,
+    max_s: float,
+) -> float:  # fmt: skip
+    """Wait until every holder has all its pushes, or nothing changed for `quiet_s`, or
+    `max_s` passed; then `min(1, quiet_s)` more, so a late duplicate shows. Returns how
+    long after the call the last push arrived."""
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    last_total, last_change = -1, start
+    while True:
+        total = sum(len(got) for _, got in holders)
+        now = loop.time()
+        if total != last_total:
+            last_total, last_change = total, now
+        done = all(ledger.expected(uid) <= {g.key for g in got} for uid, got in holders)
+        if done or now - last_change >= quiet_s or now - start >= max_s:
+            break
+        await asyncio.sleep(0.1)
+    await asyncio.sleep(min(1.0, quiet_s))
+    arrivals = [g.at for _, got in holders for g in got]
+    return max(0.0, max(arrivals, default=start) - start)

@@ -1,0 +1,267 @@
+"""Recovery under faults (issue 11, tests 3 and 4): `imroute dev` as real processes,
+400 SDK clients on real sockets, 20 s of steady P2P, multicast and online-broadcast
+pushes, and one fault in the middle:
+
+- test 3: gw1 is SIGKILLed (no close frames, no goodbye); `imroute dev` restarts it;
+- test 4: gw1 is drained, and one more client's TCP connection is cut silently (a
+  proxy stops forwarding and closes nothing); it gives up on it later and resumes.
+
+Afterwards every client must hold every push addressed to it exactly once, P2P in the
+order the API accepted them and fan-out in the order the jobs were issued.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import re
+import signal
+import time
+from collections.abc import AsyncIterator, Sequence
+from contextlib import AsyncExitStack, asynccontextmanager
+from pathlib import Path
+
+import httpx
+import pytest
+import redis.asyncio as aioredis
+from imroute_client import ImrouteClient
+
+from tests.integration.fault_clients import (
+    CutClient,
+    DevRun,
+    Got,
+    Ledger,
+    SdkUser,
+    check,
+    dev_stack,
+    drain_output,
+    fanout_load,
+    p2p_load,
+    p2p_push,
+    settle,
+)
+from tests.integration.test_dev_restarts import pid_of
+
+pytestmark = pytest.mark.integration
+
+GATEWAYS, GROUPS = 4, 2
+CLIENTS = 400
+UIDS = [f"c{i:03d}" for i in range(CLIENTS)]
+DURATION_S = 20.0  # of steady pushes
+FAULT_AT_S = 10.0  # gw1 SIGKILLed (test 3) or drained (test 4)
+P2P_PER_S = 20.0  # each to one random user
+MULTICAST_EVERY_S = 1.0
+MULTICAST_SIZE = 100  # random users of the 400
+BROADCAST_EVERY_S = 2.0  # {"audience": {"online": true}}
+DRAIN_WINDOW_S = 4.0  # IMROUTE_DRAIN_WINDOW_S of test 4
+CUT_AT_S = 7.0  # test 4: the extra client's connection goes silent
+CUT_FOR_S = 5.0  # then it aborts its socket and resumes with since
+CUT_UID = "x000"
+CUT_P2P_EVERY = 5  # every 5th P2P push goes to the cut client
+SETTLE_QUIET_S = 5.0  # after the pushes: done once nothing arrived for this long
+SETTLE_MAX_S = 30.0
+BACKOFF_MAX_S = 1.0  # the SDK clients' reconnect backoff cap
+SEED = 11
+
+
+@pytest.fixture(params=["redis-streams", "pubsub"])
+def bus_env(request: pytest.FixtureRequest) -> dict[str, str]:
+    """The stack's env for each bus transport (the Pub/Sub one skips without the
+    emulator; the fixture puts PUBSUB_EMULATOR_HOST in os.environ, which base_env
+    passes on to `imroute dev` and its children)."""
+    if request.param == "pubsub":
+        return {"IMROUTE_BUS_URL": f"pubsub://{request.getfixturevalue('pubsub_project')}"}
+    return {}
+
+
+@asynccontextmanager
+async def sdk_users(dev: DevRun, uids: Sequence[str]) -> AsyncIterator[dict[str, SdkUser]]:
+    """One started SDK client per uid, sharing one HTTP client for dispatch."""
+    limits = httpx.Limits(max_connections=100, max_keepalive_connections=100)
+    async with AsyncExitStack() as stack:
+        http = await stack.enter_async_context(httpx.AsyncClient(timeout=30.0, limits=limits))
+        users = {
+            uid: SdkUser(uid, ImrouteClient(dev.api_url, dev.token(uid), http=http,
+                                            backoff_max_s=BACKOFF_MAX_S))
+            for uid in uids
+        }  # fmt: skip
+        for user in users.values():
+            user.start()
+        try:
+            yield users
+        finally:
+            await asyncio.gather(*(user.stop() for user in users.values()))
+
+
+async def hello(
+    http: httpx.AsyncClient, dev: DevRun, ledger: Ledger, holders: dict[str, Sequence[Got]]
+) -> None:
+    """One P2P push to everyone (live, or from the inbox as they connect), and wait
+    until each has it: from then on every client has a position to resume from."""
+    await p2p_push(http, dev, ledger, "hello:0", {"kind": "hello", "n": 0}, list(holders))
+    deadline = time.monotonic() + 60
+    while not all(holders.values()):
+        if time.monotonic() > deadline:
+            without = [uid for uid, got in holders.items() if not got]
+            raise AssertionError(f"{len(without)} clients never got hello: {without[:20]}")
+        await asyncio.sleep(0.1)
+
+
+def verdict(
+    dev: DevRun, tmp_path: Path, holders: dict[str, Sequence[Got]], ledger: Ledger
+) -> dict[str, list[str]]:
+    """Each client's problems; on any, the stack's output goes to a file named in the
+    failure, with its warnings and errors quoted."""
+    problems = {uid: p for uid, got in holders.items() if (p := check(uid, got, ledger))}
+    return problems
+
+
+def report(dev: DevRun, tmp_path: Path, what: str) -> str:
+    output = drain_output(dev)
+    log = tmp_path / "imroute-dev.log"
+    log.write_text("\n".join(output))
+    notable = [ln for ln in output if re.search(r"WARNING|ERROR|Traceback|exited|restart", ln)]
+    return f"{what}\nimroute dev output: {log}\n" + "\n".join(notable[-60:])
+
+
+def summary(
+    name: str, holders: dict[str, Sequence[Got]], ledger: Ledger, settled_s: float,
+    fault_at: float, users: dict[str, SdkUser],
+) -> str:  # fmt: skip
+    got = [g for seq in holders.values() for g in seq]
+    recovered = [g for g in got if g.recovered and g.at >= fault_at]
+    resumed = {uid for uid, seq in holders.items() if any(g.recovered and g.at >= fault_at
+                                                          for g in seq)}  # fmt: skip
+    stats = [u.client.stats for u in users.values()]
+    return (
+        f"\n[{name}] pushes sent: {dict(ledger.sent)}; addressed: {ledger.total()}; "
+        f"received: {len(got)}; recovered after the fault: {len(recovered)} "
+        f"(by {len(resumed)} clients); P2P answers: {dict(ledger.outcomes)}; "
+        f"settled {settled_s:.1f}s after the last push; SDK duplicates dropped: "
+        f"{sum(s.duplicates for s in stats)}; SDK connects: {sum(s.connects for s in stats)}, "
+        f"dispatches: {sum(s.dispatches for s in stats)}, incomplete resumes: "
+        f"{sum(s.incomplete for s in stats)}"
+    )
+
+
+async def test_a_sigkilled_gateway_s_clients_resume_with_every_push_once_in_order(
+    redis_url: str, prefix: str, redis: aioredis.Redis, tmp_path: Path,
+    bus_env: dict[str, str],
+) -> None:  # fmt: skip
+    """Test 3: gw1 SIGKILLed at 10 s of 20 s of steady pushes to 400 clients."""
+    rng = random.Random(SEED)
+    ledger = Ledger()
+    began = time.monotonic()
+    with dev_stack(redis_url, prefix, tmp_path, GATEWAYS, GROUPS, **bus_env) as dev:
+        async with (
+            httpx.AsyncClient(timeout=30.0) as http,
+            sdk_users(dev, UIDS) as users,
+        ):
+            holders: dict[str, Sequence[Got]] = {uid: u.got for uid, u in users.items()}
+            await hello(http, dev, ledger, holders)
+            loop = asyncio.get_running_loop()
+            start = loop.time()
+            victim = pid_of(dev.proc.pid, "gw1")
+
+            async def kill() -> None:
+                await asyncio.sleep(FAULT_AT_S)
+                os.kill(victim, signal.SIGKILL)
+
+            await asyncio.gather(
+                p2p_load(http, dev, ledger, UIDS, start, DURATION_S, P2P_PER_S, rng),
+                fanout_load(http, dev, ledger, UIDS, UIDS, start, DURATION_S,
+                            MULTICAST_EVERY_S, MULTICAST_SIZE, BROADCAST_EVERY_S, rng),
+                kill(),
+            )  # fmt: skip
+            settled = await settle(list(holders.items()), ledger, SETTLE_QUIET_S, SETTLE_MAX_S)
+            name = f"sigkill/{bus_env.get('IMROUTE_BUS_URL', 'redis-streams')}"
+            text = summary(name, holders, ledger, settled, start + FAULT_AT_S, users)
+            print(text + f"; test took {time.monotonic() - began:.0f}s so far", flush=True)
+
+            errors = {uid: repr(u.error) for uid, u in users.items() if u.error is not None}
+            problems = verdict(dev, tmp_path, holders, ledger)
+            assert not ledger.errors, report(dev, tmp_path, f"push errors: {ledger.errors[:20]}")
+            assert not errors, report(dev, tmp_path, f"clients that stopped: {errors}")
+            assert not problems, report(
+                dev, tmp_path,
+                f"{len(problems)} clients wrong: "
+                + "\n".join(f"{uid}: {p}" for uid, p in list(problems.items())[:30])
+                + text,
+            )  # fmt: skip
+            assert any(g.recovered and g.at >= start + FAULT_AT_S
+                       for seq in holders.values() for g in seq), "no replay: the kill missed"  # fmt: skip
+            said = "\n".join(drain_output(dev))
+            assert "gw1 exited with code -9" in said and "gw1 restarted" in said
+
+
+async def test_a_drain_and_a_silent_cut_lose_and_double_nothing(
+    redis_url: str, prefix: str, redis: aioredis.Redis, tmp_path: Path,
+) -> None:  # fmt: skip
+    """Test 4: gw1 drained at 10 s; one more client cut silently at 7 s that resumes
+    with `since` 5 s later, directly."""
+    rng = random.Random(SEED)
+    ledger = Ledger()
+    everyone = [*UIDS, CUT_UID]
+    env = {"IMROUTE_DRAIN_WINDOW_S": str(DRAIN_WINDOW_S)}
+    with dev_stack(redis_url, prefix, tmp_path, GATEWAYS, GROUPS, **env) as dev:
+        cut = CutClient(CUT_UID, dev)
+        async with (
+            httpx.AsyncClient(timeout=30.0) as http,
+            sdk_users(dev, UIDS) as users,
+        ):
+            try:
+                await cut.start(http)
+                holders: dict[str, Sequence[Got]] = {uid: u.got for uid, u in users.items()}
+                holders[CUT_UID] = cut.got
+                await hello(http, dev, ledger, holders)
+                loop = asyncio.get_running_loop()
+                start = loop.time()
+
+                async def drain() -> None:
+                    await asyncio.sleep(FAULT_AT_S)
+                    resp = await http.post(f"{dev.api_url}/v1/gateways/gw1/drain", headers=dev.auth)
+                    assert resp.status_code == 202, resp.text
+
+                async def cut_then_resume() -> None:
+                    await asyncio.sleep(CUT_AT_S)
+                    await cut.cut_and_resume(http, CUT_FOR_S)
+
+                await asyncio.gather(
+                    p2p_load(http, dev, ledger, UIDS, start, DURATION_S, P2P_PER_S, rng,
+                             favourite=CUT_UID, favourite_every=CUT_P2P_EVERY),
+                    fanout_load(http, dev, ledger, UIDS, everyone, start, DURATION_S,
+                                MULTICAST_EVERY_S, MULTICAST_SIZE, BROADCAST_EVERY_S, rng,
+                                always=[CUT_UID]),
+                    drain(),
+                    cut_then_resume(),
+                )  # fmt: skip
+                settled = await settle(
+                    list(holders.items()), ledger, SETTLE_QUIET_S, SETTLE_MAX_S
+                )
+                text = summary("drain+cut", holders, ledger, settled, start + CUT_AT_S, users)
+                cut_recovered = sum(g.recovered for g in cut.got)
+                text += (
+                    f"; cut client: {len(cut.got)} pushes, {cut_recovered} recovered, "
+                    f"gateways {cut.gateways}, frames {cut.frames}"
+                )
+                print(text, flush=True)
+
+                errors = {uid: repr(u.error) for uid, u in users.items() if u.error is not None}
+                problems = verdict(dev, tmp_path, holders, ledger)
+                assert not ledger.errors, report(dev, tmp_path, f"push errors: {ledger.errors[:20]}")
+                assert not errors, report(dev, tmp_path, f"clients that stopped: {errors}")
+                assert not problems, report(
+                    dev, tmp_path,
+                    f"{len(problems)} clients wrong: "
+                    + "\n".join(f"{uid}: {p}" for uid, p in list(problems.items())[:30])
+                    + text,
+                )  # fmt: skip
+                # The cut mattered: what was written into the silent connection came back
+                # in the replay, which ended complete.
+                assert cut_recovered > 0, text
+                recovered = [f for f in cut.frames if f.get("type") == "recovered"]
+                assert len(recovered) == 2 and recovered[-1]["complete"] is True, cut.frames
+                assert sum(u.client.stats.moves for u in users.values()) > 0, "nobody moved"
+            finally:
+                await cut.stop()
