@@ -68,6 +68,8 @@ from router.bus.redis_streams import DEFAULT_MAXLEN, RedisStreamsBus
 from router.fanout.multicast import LOOKAHEAD, chunked, run_multicast
 from router.fanout.publisher import BatchPublisher
 from router.jobs.base import PushCounters
+from router.recovery.base import RecoveryLimits
+from router.recovery.store import RedisRecoveryStore
 from router.redis.client import create_redis
 from router.routes.base import GroupLookup, RecipientGroups
 from router.routes.reads import HashReads, PipelineHashReads, hash_reads_for
@@ -175,6 +177,7 @@ async def measure(
     redis_pid: int | None,
     pipeline: bool,
     lookahead: int,
+    recovery: bool = True,
 ) -> Result:
     """The timed multicast, with fresh clients; memory is read around building the input."""
     r = Result(n, groups)
@@ -195,7 +198,12 @@ async def measure(
         counters = PushCounters()
         now = SystemClock().now_ms()
         message = Message(new_id(), new_id(), 0, "admin", CONTENT, now)
-        batches = BatchPublisher(publisher, message, 0, counters)
+        # As the push service does (a push is stored by default): each batch logged first.
+        log = (
+            RedisRecoveryStore(client, keys, SystemClock(), RecoveryLimits()) if recovery else None
+        )
+        batches = BatchPublisher(publisher, message, 0, counters, log)
+        r.read_path += " + recovery log" if recovery else " (recovery off)"
 
         gc.collect()
         r.ru_maxrss_before_kib = ru_maxrss_kib()
@@ -277,6 +285,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="read routes through redis-py's pipeline (the Redis Cluster path)",
     )
     p.add_argument("--http", action="store_true", help="also time it once through the HTTP API")
+    p.add_argument("--recovery", choices=["on", "off"], default="on", help="log each batch (on)")
     add_run_flags(p, "20,000 recipients")
     args = p.parse_args(argv)
     if args.quick:
@@ -319,6 +328,7 @@ def _multicast(h: Harness, args: argparse.Namespace) -> None:
                 h.redis_pid,
                 args.pipeline,
                 args.lookahead,
+                args.recovery == "on",
             ),
             TIMEOUT_S,
         )

@@ -110,6 +110,7 @@ class Wiring:
                 clock,
                 settings.gateway_cache_s,
                 on_change=_retain_all(clients, self._call_metrics),
+                on_started=call_stats.restarted,
             )
             bus: Bus
             if self._given_bus is not None:
@@ -127,13 +128,12 @@ class Wiring:
             # At start and every half lease: jobs orphaned by a dead push service fail.
             await stack.enter_async_context(reaping(jobs, every_s=JOB_LEASE_S / 2))
             secret = settings.secret.get_secret_value() if settings.secret else None
+            pusher = P2PPusher(registry, fleet, clients, settings.deliver_timeout_s, recovery)
+            stack.push_async_callback(pusher.aclose)
             self.parts = Parts(bus, fleet, call_stats, clients, grpc_clients)
             stack.callback(setattr, self, "parts", None)
             yield Services(
-                pushes=Pushes(
-                    P2PPusher(registry, fleet, clients, settings.deliver_timeout_s, recovery),
-                    clock,
-                ),
+                pushes=Pushes(pusher, clock),
                 # One view of gateways' health, for P2P calls and for dispatch.
                 dispatch=Dispatch(
                     Dispatcher(fleet, clock, settings.dispatch_rule, call_stats),

@@ -19,7 +19,7 @@ from collections import deque
 from collections.abc import Sequence
 
 from router.bus.base import BROADCAST
-from router.recovery.base import OFFLINE_TOPIC, RecoveryReads, TopicHistory
+from router.recovery.base import OFFLINE_TOPIC, LoggedBatch, RecoveryReads, TopicHistory
 from shared.clock import Clock
 from shared.errors import ImrouteError
 from shared.proto import gateway_pb2
@@ -31,7 +31,7 @@ __all__ = ["RECENT", "TopicFollower"]
 
 log = logging.getLogger(__name__)
 
-RECENT = 512  # batches kept per topic for replays
+RECENT = 64  # batches kept per topic for replays (up to ~165 KB each with 1000 uids)
 
 
 class TopicFollower:
@@ -56,7 +56,7 @@ class TopicFollower:
         self._hold_s = hold_s
         self._poll_s = poll_s
         self.sequencers: dict[str, TopicSequencer] = {}
-        self._recent: dict[str, deque[gateway_pb2.Batch]] = {}
+        self._recent: dict[str, deque[LoggedBatch]] = {}
 
     async def start(self) -> None:
         """Start from the logs' heads: what was published before is not owed to us."""
@@ -100,7 +100,7 @@ class TopicFollower:
         kept = self._recent[sequencer.topic]
         for batch in ready:
             self._service.deliver(batch, letter)
-            kept.append(batch)
+            kept.append(LoggedBatch(batch))
         setattr(self._marks, letter, sequencer.delivered_through)
 
     async def run(self) -> None:
@@ -132,7 +132,10 @@ class TopicFollower:
         history = await self._reads.read_topic(sequencer.topic, after, upto)
         lost = sequencer.lost
         self._deliver(
-            sequencer, sequencer.fill(after, upto, history.batches, self._clock.monotonic())
+            sequencer,
+            sequencer.fill(
+                after, upto, [lb.batch for lb in history.batches], self._clock.monotonic()
+            ),
         )
         if sequencer.lost > lost:
             log.warning(

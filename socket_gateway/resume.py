@@ -16,6 +16,7 @@ from router.bus.base import BROADCAST, group_topic
 from router.recovery.base import OFFLINE_TOPIC, RecoveryLimits, RecoveryReads, TopicHistory
 from router.recovery.replay import Replay, plan_replay
 from shared.clock import Clock
+from shared.coalesce import Coalescer
 from shared.errors import RegistryUnavailable
 from shared.positions import Pos, decode_pos
 from shared.wire import push_frame, push_prefix, recovered_frame
@@ -61,6 +62,11 @@ class Resumer:
         self._clock = clock
         self._recent = recent
         self._shared: dict[tuple[str, int], tuple[float, asyncio.Future[TopicHistory]]] = {}
+        # A storm of resumes asks Redis together: per-user reads and inbox clean-ups in
+        # pipelines, and one heads read for every resume that began before it did.
+        self._read_users = Coalescer(reads.read_users)
+        self._forget = Coalescer(reads.forget_inboxes)
+        self._heads: tuple[float, tuple[str, ...], asyncio.Future[list[int]]] | None = None
         self.stats = ResumeStats()
         self.topic_reads = 0  # batch-log reads that went to the store
 
@@ -92,7 +98,8 @@ class Resumer:
         pos = conns.marks.pos
         for item in replay.items:
             setattr(conn, item.log, item.seq)  # the log letters name ClientConn's fields
-            if not conns.write_frame(conn, push_frame(push_prefix(item.message), pos(conn), True)):
+            prefix = item.prefix or push_prefix(item.message)
+            if not conns.write_frame(conn, push_frame(prefix, pos(conn), True)):
                 return  # closed, or too slow to take its replay: it resumes from here later
         head_p, head_b, head_o, head_g = ends
         conn.p = head_p
@@ -112,7 +119,7 @@ class Resumer:
         self._conns.release(conn)
         if replay.inbox_seqs:
             try:
-                await self._reads.forget_inbox(conn.uid, replay.inbox_seqs)
+                await self._forget((conn.uid, replay.inbox_seqs))
             except RegistryUnavailable as exc:
                 # They stay in the inbox: the next connection gets them again, and the
                 # client drops them by msg_id.
@@ -121,8 +128,8 @@ class Resumer:
     async def _plan(
         self, conn: ClientConn, since: Pos | None, valid: bool
     ) -> tuple[Replay, tuple[int, int, int, int]]:
-        reads = self._reads
-        user = await reads.read_user(conn.uid, since.p if since is not None else None)
+        began = self._clock.monotonic()
+        user = await self._read_users((conn.uid, since.p if since is not None else None))
         topics: dict[str, TopicHistory] = {}
         if since is not None:
             wanted = [("b", BROADCAST, since.b), ("o", OFFLINE_TOPIC, since.o)]
@@ -130,7 +137,7 @@ class Resumer:
                 wanted.append(("g", group_topic(since.group), since.g))
             # The heads first (one small read): a replay goes at least that far, so what
             # it leaves to the live path is newer than anything it sent.
-            heads = await reads.heads([topic for _, topic, _ in wanted])
+            heads = await self._heads_since(began, tuple(topic for _, topic, _ in wanted))
             for (letter, topic, after), head in zip(wanted, heads, strict=True):
                 topics[letter] = await self._topic(topic, after, head)
         lim = self._limits
@@ -151,6 +158,14 @@ class Resumer:
             topics["g"].head if "g" in topics else 0,
         )
         return replay, ends
+
+    async def _heads_since(self, began: float, topics: tuple[str, ...]) -> list[int]:
+        """The topics' heads, read after `began` (shared with resumes that asked too)."""
+        shared = self._heads
+        if shared is None or shared[0] < began or shared[1] != topics:
+            future = asyncio.ensure_future(self._reads.heads(topics))
+            shared = self._heads = (self._clock.monotonic(), topics, future)
+        return await asyncio.shield(shared[2])
 
     async def _topic(self, topic: str, after: int, head: int) -> TopicHistory:
         """A topic's batches after `after`, through `head` at least: from the follower's

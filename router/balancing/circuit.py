@@ -95,6 +95,13 @@ class CircuitBreaker:
         if permit.probe and permit.epoch == self._epoch:
             self._probe_since = None
 
+    def probe_now(self) -> None:
+        """Cut an open circuit's cool-off short: the next call is its probe (the gateway
+        announced a new life, so the failures that opened it may be over)."""
+        if self.state is BreakerState.OPEN:
+            assert self._opened_at is not None
+            self._opened_at = self.clock.monotonic() - self.cool_off_s
+
     def _probe_slot_free(self) -> bool:
         # A probe that has been out longer than a whole cool-off is taken as lost (its
         # caller's deadline should be far shorter), so the circuit cannot stay stuck.

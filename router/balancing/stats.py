@@ -167,6 +167,14 @@ class StatsRegistry:
         ticket.stats.on_release()
         ticket.breaker.release(ticket.permit)
 
+    def restarted(self, gateway_id: str) -> None:
+        """The gateway came back (a new start time in the fleet): an open circuit probes
+        at once instead of waiting out its cool-off. One that keeps crashing fails the
+        probe and stays open."""
+        entry = self._entries.get(gateway_id)
+        if entry is not None:
+            entry.breaker.probe_now()
+
     def forget(self, gateway_id: str) -> None:
         """Drop a gateway that left the fleet."""
         self._entries.pop(gateway_id, None)

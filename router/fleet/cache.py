@@ -29,11 +29,15 @@ class CachedFleet:
         clock: Clock,
         max_age_s: float,
         on_change: Callable[[Mapping[str, str]], None] | None = None,
+        on_started: Callable[[str], None] | None = None,
     ) -> None:
+        """`on_started(gateway_id)`: a known gateway now announces another start time."""
         self._fleet = fleet
         self._clock = clock
         self._max_age = max_age_s
         self._on_change = on_change
+        self._on_started = on_started
+        self._started: dict[str, int] = {}
         self._cached: list[GatewayInfo] | None = None
         self.reads = 0  # reads from the fleet behind the cache
         self._at = 0.0
@@ -59,6 +63,15 @@ class CachedFleet:
             self._refresh = None
 
     def _notify(self, fresh: list[GatewayInfo]) -> None:
+        if self._on_started is not None:
+            started = {g.gateway_id: g.started_ms for g in fresh}
+            for gateway_id, ms in started.items():
+                if self._started.get(gateway_id, ms) != ms:
+                    try:
+                        self._on_started(gateway_id)
+                    except Exception:  # a listener's bug must not fail the read
+                        log.exception("fleet restart listener failed")
+            self._started = started
         if self._on_change is None:
             return
         try:

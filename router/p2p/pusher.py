@@ -14,7 +14,7 @@ from router.p2p.plan import GatewayOutcome, PushOutcome, Target, merge, plan_p2p
 from router.recovery.base import RecoveryLog
 from router.routes.base import RouteRegistry
 from shared.batches import to_batch
-from shared.errors import GatewayUnavailable, RegistryUnavailable
+from shared.errors import GatewayUnavailable, ImrouteError, RegistryUnavailable
 from shared.ids import new_id
 from shared.models import Message, Route
 
@@ -25,6 +25,10 @@ log = logging.getLogger(__name__)
 # A route of an unknown gateway makes the push re-read the fleet if the cached copy is
 # older than this.
 STALE_RECHECK_S = 0.25
+# When a push that failed for a connected recipient is tried again (seconds after the
+# previous try): past a circuit breaker's cool-off (IMROUTE_CIRCUIT_COOL_OFF_S, 10 s).
+RETRY_AFTER_S = (1.0, 2.0, 4.0, 8.0, 16.0)
+MAX_RETRYING = 10_000  # pushes being retried at once; beyond, the inbox alone keeps them
 
 
 class P2PPusher:
@@ -44,6 +48,11 @@ class P2PPusher:
         self._timeout = deliver_timeout_s
         self._recovery = recovery
         self.inbox_dropped = 0  # entries the inbox bound (IMROUTE_INBOX_MAX) pushed out
+        # Queued for a user whose gateway failed: the user may well be connected (a
+        # gateway back from a restart while its circuit is still open), and the inbox is
+        # read only when a connection starts. So the push is tried again, in the background.
+        self._retrying: set[asyncio.Task[None]] = set()
+        self.retried = 0  # recipients a later try reached
 
     async def push(
         self, message: Message, uids: Sequence[str], expires_ms: int = 0, store: bool = True
@@ -116,6 +125,12 @@ class P2PPusher:
             late = set(again.delivered)
             for uid in again.delivered:
                 await recovery.forget_inbox(uid, [seqs[uid]])
+        if outcome.failed and len(self._retrying) < MAX_RETRYING:
+            task = asyncio.create_task(
+                self._retry(recovery, message, list(outcome.failed), expires_ms, dict(seqs))
+            )
+            self._retrying.add(task)
+            task.add_done_callback(self._retrying.discard)
         if not late:
             return dataclasses.replace(outcome, queued=waiting)
         return dataclasses.replace(
@@ -125,6 +140,44 @@ class P2PPusher:
             failed=[u for u in outcome.failed if u not in late],
             queued=[u for u in waiting if u not in late],
         )
+
+    async def _retry(
+        self,
+        recovery: RecoveryLog,
+        message: Message,
+        uids: list[str],
+        expires_ms: int,
+        seqs: Mapping[str, int],
+    ) -> None:
+        """Deliver a queued push to failed recipients again, until it reaches them (and
+        leaves their inbox), it expires, or RETRY_AFTER_S runs out. A recipient that
+        reconnects meanwhile gets it from the inbox; its gateway then writes it once."""
+        # Its age from the loop's clock (no wall clock here): never delivered past ttl_s.
+        waited = 0.0
+        for delay in RETRY_AFTER_S:
+            await asyncio.sleep(delay)
+            waited += delay
+            if not uids or (expires_ms and message.ts_ms + waited * 1000 > expires_ms):
+                return
+            try:
+                routes = await self._registry.lookup(uids)
+                if not routes:
+                    return  # offline now: the inbox has it for their next connection
+                again = await self._deliver_all(message, list(routes), routes, expires_ms, seqs)
+                for uid in again.delivered:
+                    await recovery.forget_inbox(uid, [seqs[uid]])
+            except ImrouteError as exc:
+                log.debug("retrying a queued push failed: %s", exc)
+                continue
+            self.retried += len(again.delivered)
+            reached = set(again.delivered)
+            uids = [u for u in uids if u not in reached]
+
+    async def aclose(self) -> None:
+        """Stop the background retries (what they carry stays in the inboxes)."""
+        for task in list(self._retrying):
+            task.cancel()
+        await asyncio.gather(*self._retrying, return_exceptions=True)
 
     async def _live(self) -> dict[str, str]:
         return {g.gateway_id: g.grpc_address for g in await self._fleet.live()}

@@ -21,8 +21,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
+from shared.batches import message_of
 from shared.models import Message
 from shared.proto import gateway_pb2
+from shared.wire import push_prefix
 
 if TYPE_CHECKING:
     from shared.settings import Settings
@@ -30,6 +32,7 @@ if TYPE_CHECKING:
 __all__ = [
     "OFFLINE_TOPIC",
     "Entry",
+    "LoggedBatch",
     "RecoveryLimits",
     "RecoveryLog",
     "RecoveryReads",
@@ -87,12 +90,46 @@ class UserHistory:
     inbox: list[Entry] = field(default_factory=list)
 
 
+class LoggedBatch:
+    """One batch of a topic log, with what replays ask of it worked out once: a storm of
+    resumes asks each batch "does it name this uid?" thousands of times."""
+
+    __slots__ = ("_message", "_prefix", "_uids", "batch", "seq")
+
+    def __init__(self, batch: gateway_pb2.Batch) -> None:
+        self.batch = batch
+        self.seq = batch.seq
+        self._uids: frozenset[str] | None = None
+        self._message: Message | None = None
+        self._prefix: bytes | None = None
+
+    def addresses(self, uid: str) -> bool:
+        if self.batch.everyone:
+            return True
+        if self._uids is None:
+            self._uids = frozenset(self.batch.uids)
+        return uid in self._uids
+
+    @property
+    def message(self) -> Message:
+        if self._message is None:
+            self._message = message_of(self.batch)
+        return self._message
+
+    @property
+    def prefix(self) -> bytes:
+        """The push frame up to its `pos` (`shared.wire.push_prefix`)."""
+        if self._prefix is None:
+            self._prefix = push_prefix(self.message)
+        return self._prefix
+
+
 @dataclass(frozen=True, slots=True)
 class TopicHistory:
     """A topic's batches after a position, in seq order; `head` is the last seq."""
 
     head: int
-    batches: list[gateway_pb2.Batch] = field(default_factory=list)
+    batches: list[LoggedBatch] = field(default_factory=list)
 
 
 class RecoveryLog(Protocol):
@@ -123,8 +160,16 @@ class RecoveryReads(Protocol):
         """The P2P log after `after` (nothing when None) and the inbox."""
         ...
 
+    async def read_users(self, wanted: Sequence[tuple[str, int | None]]) -> list[UserHistory]:
+        """`read_user` for many (uid, after) at once."""
+        ...
+
     async def forget_inbox(self, uid: str, seqs: Sequence[int]) -> None:
         """Take entries that a connection was written out of the inbox."""
+        ...
+
+    async def forget_inboxes(self, wanted: Sequence[tuple[str, Sequence[int]]]) -> list[None]:
+        """`forget_inbox` for many (uid, seqs) at once."""
         ...
 
     async def read_topic(self, topic: str, after: int, upto: int | None = None) -> TopicHistory:

@@ -11,15 +11,14 @@ lost its data), and when the position was one of ours.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from router.recovery.base import Entry, TopicHistory, UserHistory
-from shared.batches import message_of
 from shared.models import Message
 from shared.positions import Pos
 
-__all__ = ["P2P", "Replay", "ReplayItem", "addressed", "plan_replay"]
+__all__ = ["P2P", "Replay", "ReplayItem", "plan_replay"]
 
 P2P = "p"
 
@@ -31,6 +30,7 @@ class ReplayItem:
     log: str
     seq: int
     message: Message
+    prefix: bytes | None = None  # its frame up to `pos`, when already built (batches)
 
 
 @dataclass(slots=True)
@@ -41,10 +41,6 @@ class Replay:
     inbox_seqs: list[int] = field(default_factory=list)
     # Messages left out because their ttl_s had passed (never sent late).
     expired: int = 0
-
-
-def addressed(uid: str, uids: Sequence[str], everyone: bool) -> bool:
-    return everyone or uid in uids
 
 
 def plan_replay(
@@ -115,16 +111,18 @@ def _topic_items(
     if after > history.head or not _dense(after, history.head, (b.seq for b in history.batches)):
         replay.complete = False
     items: list[ReplayItem] = []
-    for batch in history.batches:
-        if batch.seq <= after or not addressed(uid, batch.uids, batch.everyone):
+    for logged in history.batches:
+        if logged.seq <= after or not logged.addresses(uid):
             continue
-        if batch.message.ts_ms < cutoff:
+        message = logged.message
+        if message.ts_ms < cutoff:
             replay.complete = False
             continue
-        if batch.expires_ms and now_ms > batch.expires_ms:
+        expires_ms = logged.batch.expires_ms
+        if expires_ms and now_ms > expires_ms:
             replay.expired += 1
             continue
-        items.append(ReplayItem(log, batch.seq, message_of(batch)))
+        items.append(ReplayItem(log, logged.seq, message, logged.prefix))
     return items
 
 

@@ -14,7 +14,13 @@ from typing import Any, TypeVar
 
 from redis.exceptions import NoScriptError
 
-from router.recovery.base import Entry, RecoveryLimits, TopicHistory, UserHistory
+from router.recovery.base import (
+    Entry,
+    LoggedBatch,
+    RecoveryLimits,
+    TopicHistory,
+    UserHistory,
+)
 from router.recovery.codec import decode_batch, decode_message, encode_batch, encode_message
 from router.redis.client import RedisClient
 from router.redis.errors import translate_errors
@@ -178,25 +184,34 @@ class RedisRecoveryStore:
 
     # ------------------------------------------------------------------ RecoveryReads
 
-    @translate_errors
     async def read_user(self, uid: str, after: int | None) -> UserHistory:
-        k = self._keys
-        keys = (k.user_seq(uid), k.user_log(uid), k.user_inbox(uid))
-        head, log, inbox = await self._one(
-            self._read_user.args(keys, "" if after is None else after)
-        )
-        entries = []
-        for text in log:
-            seq, _, data = _split(text)
-            _, message, expires_ms = decode_message(data)
-            entries.append(Entry(seq, message, expires_ms))
-        queued = [Entry(*decode_message(text)) for text in inbox]
-        return UserHistory(int(head), entries, queued)
+        return (await self.read_users([(uid, after)]))[0]
 
     @translate_errors
+    async def read_users(self, wanted: Sequence[tuple[str, int | None]]) -> list[UserHistory]:
+        """`read_user` for many users, in one pipelined round trip."""
+        k = self._keys
+        calls = [
+            self._read_user.args(
+                (k.user_seq(uid), k.user_log(uid), k.user_inbox(uid)),
+                "" if after is None else after,
+            )
+            for uid, after in wanted
+        ]
+        replies = [await self._one(calls[0])] if len(calls) == 1 else await self._pipelined(calls)
+        return [_user_history(reply) for reply in replies]
+
     async def forget_inbox(self, uid: str, seqs: Sequence[int]) -> None:
-        if seqs:
-            await self._one(self._forget.args((self._keys.user_inbox(uid),), *seqs))
+        await self.forget_inboxes([(uid, seqs)])
+
+    @translate_errors
+    async def forget_inboxes(self, wanted: Sequence[tuple[str, Sequence[int]]]) -> list[None]:
+        """`forget_inbox` for many users, in one pipelined round trip."""
+        k = self._keys
+        calls = [self._forget.args((k.user_inbox(uid),), *seqs) for uid, seqs in wanted if seqs]
+        if calls:
+            await self._pipelined(calls)
+        return [None] * len(wanted)
 
     @translate_errors
     async def read_topic(self, topic: str, after: int, upto: int | None = None) -> TopicHistory:
@@ -207,7 +222,7 @@ class RedisRecoveryStore:
         batches = []
         for text in log:
             seq, _, data = _split(text)
-            batches.append(decode_batch(seq, data))
+            batches.append(LoggedBatch(decode_batch(seq, data)))
         return TopicHistory(int(head), batches)
 
     @translate_errors
@@ -216,6 +231,22 @@ class RedisRecoveryStore:
         for topic in topics:
             pipe.get(self._keys.topic_seq(topic))
         return [int(v or 0) for v in await pipe.execute()]
+
+
+def _user_history(reply: Sequence[Any]) -> UserHistory:
+    head, log, inbox = reply
+    entries = []
+    for text in log:
+        seq, _, data = _split(text)
+        _, message, expires_ms = decode_message(data)
+        entries.append(Entry(seq, message, expires_ms))
+    logged = {e.seq: e for e in entries}
+    queued = []
+    for text in inbox:
+        # An inbox entry is usually in the log too (a recent miss): decoded once.
+        seen = logged.get(int(text[1 : text.index(",")]))
+        queued.append(seen if seen is not None else Entry(*decode_message(text)))
+    return UserHistory(int(head), entries, queued)
 
 
 def _split(text: str) -> tuple[int, int, str]:

@@ -24,9 +24,9 @@ from urllib.parse import urlsplit
 import httpx
 from imroute_client import ImrouteClient
 from websockets.asyncio.client import ClientConnection, connect
-from websockets.exceptions import ConnectionClosed
+from websockets.exceptions import ConnectionClosed, WebSocketException
 
-from router.devtools.ports import free_port_block
+from router.devtools.ports import port_free
 from shared.auth import issue_token
 from shared.clock import SystemClock
 from tests.integration.procs import BIN, Proc, base_env, read_until, running
@@ -41,10 +41,14 @@ __all__ = [
     "check",
     "dev_stack",
     "drain_output",
+    "explain",
+    "fanout_inversions",
     "key_of",
     "settle",
 ]
 
+RESUME_TRIES = 20  # the raw client's reconnects after a cut, RESUME_BACKOFF_S apart
+RESUME_BACKOFF_S = 0.25
 API_KEY = "fault-test-api-key-0123456789"
 SECRET = "fault-test-secret-0123456789abcdef-0123"
 
@@ -76,13 +80,30 @@ class DevRun:
         return issue_token(self.secret, uid, ttl, SystemClock())
 
 
+def port_block(offsets: Sequence[int]) -> int:
+    """A base port such that base+offset is free for every offset, all below the
+    kernel's ephemeral range (32768 and up by default), where the outgoing
+    connections of this test's hundreds of clients, or of anything else on the
+    machine, could take one between this check and the server's bind."""
+    low = 32768
+    with contextlib.suppress(OSError, ValueError):
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    top = max(offsets)
+    rng = random.Random()
+    for _ in range(200):
+        base = rng.randint(10000, max(10001, low - 1 - top))
+        if all(port_free(base + o) for o in offsets):
+            return base
+    raise RuntimeError("no free port block below the ephemeral range")
+
+
 @contextmanager
 def dev_stack(
     redis_url: str, prefix: str, tmp_path: Path, gateways: int, groups: int, **env: str
 ) -> Iterator[DevRun]:
     """`imroute dev --gateways N --groups G` on free loopback ports, with its own key
     prefix and directory; stopped with SIGINT (every child by PID) at the end."""
-    port = free_port_block([0, *range(1, gateways + 1), *range(1001, 1001 + gateways)])
+    port = port_block([0, *range(1, gateways + 1), *range(1001, 1001 + gateways)])
     environ = base_env(
         IMROUTE_REDIS_URL=redis_url,
         IMROUTE_REDIS_PREFIX=prefix,
@@ -135,6 +156,7 @@ class Got:
     key: str
     recovered: bool
     at: float  # loop time
+    where: str | None = None  # the gateway the client was connected to
 
 
 class SdkUser:
@@ -155,10 +177,13 @@ class SdkUser:
         try:
             async with self.client as client:
                 async for msg in client:
-                    self.got.append(Got(msg.msg_id, key_of(msg.content), msg.recovered, loop.time()))
+                    self.got.append(
+                        Got(msg.msg_id, key_of(msg.content), msg.recovered, loop.time(),
+                            client.gateway_id)
+                    )  # fmt: skip
         except asyncio.CancelledError:
             raise
-        except BaseException as exc:  # noqa: BLE001 - kept for the assertion
+        except BaseException as exc:  # kept for the assertion
             self.error = exc
 
     async def stop(self) -> None:
@@ -234,6 +259,8 @@ class CutClient:
         self.last_pos: str | None = None
         self.proxy: TcpProxy | None = None
         self.gateways: list[str] = []
+        self.where: str | None = None
+        self.refusals: list[str] = []  # reconnects refused (a draining gateway: 503)
         self._ws: ClientConnection | None = None
         self._reader: asyncio.Task[None] | None = None
 
@@ -244,6 +271,7 @@ class CutClient:
         assert resp.status_code == 200, resp.text
         body = resp.json()
         self.gateways.append(body["gateway_id"])
+        self.where = body["gateway_id"]
         return body["gateway_id"], body["ws_url"]
 
     async def start(self, http: httpx.AsyncClient) -> None:
@@ -266,7 +294,7 @@ class CutClient:
                 if frame.get("type") == "push":
                     self.got.append(
                         Got(frame["msg_id"], key_of(frame.get("content")),
-                            frame.get("recovered") is True, loop.time())
+                            frame.get("recovered") is True, loop.time(), self.where)
                     )  # fmt: skip
                     self.last_pos = frame["pos"]
                 else:
@@ -281,9 +309,18 @@ class CutClient:
         self._reader.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await self._reader
-        _, ws_url = await self._dispatch(http)
         assert self.last_pos is not None, "no push before the cut: nothing to resume from"
-        await self._open(f"{ws_url}?token={self.token}&since={self.last_pos}")
+        for _ in range(RESUME_TRIES):
+            _, ws_url = await self._dispatch(http)
+            try:
+                await self._open(f"{ws_url}?token={self.token}&since={self.last_pos}")
+                return
+            except (OSError, TimeoutError, WebSocketException) as exc:
+                # As a real client would: dispatch may still name a gateway that began
+                # to drain within its fleet cache's age; that one answers 503.
+                self.refusals.append(f"{self.where}: {exc!r}")
+                await asyncio.sleep(RESUME_BACKOFF_S)
+        raise AssertionError(f"{self.uid} could not reconnect: {self.refusals}")
 
     async def stop(self) -> None:
         if self._reader is not None:
@@ -311,6 +348,8 @@ class Ledger:
     outcomes: Counter[str] = field(default_factory=Counter)
     errors: list[str] = field(default_factory=list)
     sent: Counter[str] = field(default_factory=Counter)
+    answers: dict[str, Any] = field(default_factory=dict)  # key -> API answer / job record
+    times: dict[str, float] = field(default_factory=dict)  # key -> loop time accepted
 
     def add(self, kind: str, key: str, uids: Sequence[str]) -> None:
         book = self.p2p if kind == "p2p" else self.fanout
@@ -347,6 +386,9 @@ async def p2p_push(
     ledger.outcomes["delivered"] += len(body["delivered"])
     ledger.outcomes["queued"] += len(body["queued"])
     ledger.outcomes["failed"] += len(body["failed"])
+    if len(to) == 1:
+        ledger.answers[key] = body
+    ledger.times[key] = asyncio.get_running_loop().time()
     ledger.add("p2p", key, to)
 
 
@@ -364,11 +406,13 @@ async def fanout_push(
         ledger.errors.append(f"POST {path} {key}: {resp.status_code} {resp.text[:300]}")
         return
     push_id = resp.json()["push_id"]
+    ledger.times[key] = asyncio.get_running_loop().time()
     ledger.add("fanout", key, addressed)
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
         job = (await http.get(f"{stack.api_url}/v1/pushes/{push_id}", headers=stack.auth)).json()
         if job["status"] in ("done", "failed"):
+            ledger.answers[key] = job
             if job["status"] != "done" or job.get("failed_batches"):
                 ledger.errors.append(f"{key}: job {job}")
             return
@@ -425,9 +469,18 @@ async def fanout_load(
 # ---------------------------------------------------------------------------- checking
 
 
+def _order(keys: Sequence[str], want: Sequence[str]) -> tuple[list[str], list[str]]:
+    """The `want` pushes in the order they came, and in the order they were accepted."""
+    wanted = set(want)
+    seen = [k for k in dict.fromkeys(keys) if k in wanted]
+    arrived = set(seen)
+    return seen, [k for k in want if k in arrived]
+
+
 def check(uid: str, got: Sequence[Got], ledger: Ledger) -> list[str]:
     """What is wrong with what `uid` got: duplicates, missing or unexpected pushes, and
-    pushes out of order (P2P among P2P, fan-out among fan-out)."""
+    pushes out of order: P2P among P2P (the user's log), multicasts among multicasts
+    (the group's topic) and broadcasts among broadcasts (the broadcast topic)."""
     problems: list[str] = []
     ids = Counter(g.msg_id for g in got)
     keys = [g.key for g in got]
@@ -440,14 +493,38 @@ def check(uid: str, got: Sequence[Got], ledger: Ledger) -> list[str]:
         problems.append(f"missing: {sorted(missing)}")
     if extra := set(keys) - expected:
         problems.append(f"not addressed to it: {sorted(extra)}")
-    for name, book in (("p2p", ledger.p2p), ("fan-out", ledger.fanout)):
-        want = book.get(uid, [])
-        wanted = set(want)
-        seen = [k for k in dict.fromkeys(keys) if k in wanted]
-        order = [k for k in want if k in set(seen)]
+    fanout = ledger.fanout.get(uid, [])
+    for name, want in (
+        ("p2p", ledger.p2p.get(uid, [])),
+        ("multicast", [k for k in fanout if k.startswith("mc:")]),
+        ("broadcast", [k for k in fanout if k.startswith("bc:")]),
+    ):
+        seen, order = _order(keys, want)
         if seen != order:
             problems.append(f"{name} out of order: got {seen}, accepted {order}")
     return problems
+
+
+def fanout_inversions(got: Sequence[Got], ledger: Ledger, uid: str) -> int:
+    """Pairs of fan-out pushes (a multicast and a broadcast: two topics) that came in the
+    other order than their jobs were issued. Each topic is delivered in its log order;
+    across topics nothing orders them, so this is counted, not asserted."""
+    seen, order = _order([g.key for g in got], ledger.fanout.get(uid, []))
+    rank = {k: i for i, k in enumerate(order)}
+    ranks = [rank[k] for k in seen]
+    return sum(1 for i, a in enumerate(ranks) for b in ranks[i + 1 :] if a > b)
+
+
+def explain(uid: str, got: Sequence[Got], ledger: Ledger, start: float) -> str:
+    """What `uid` got (key, seconds since `start`, R for recovered, gateway) and, for
+    each push addressed to it that it lacks, when it was accepted and the API's answer."""
+    lines = [f"{uid} got: " + " ".join(
+        f"{g.key}@{g.at - start:.2f}{'R' if g.recovered else ''}/{g.where}" for g in got
+    )]  # fmt: skip
+    for key in sorted(ledger.expected(uid) - {g.key for g in got}):
+        lines.append(f"  missing {key} accepted @{ledger.times.get(key, 0.0) - start:.2f}: "
+                     f"{ledger.answers.get(key)}")  # fmt: skip
+    return "\n".join(lines)
 
 
 async def settle(
@@ -456,7 +533,7 @@ async def settle(
 ) -> float:  # fmt: skip
     """Wait until every holder has all its pushes, or nothing changed for `quiet_s`, or
     `max_s` passed; then `min(1, quiet_s)` more, so a late duplicate shows. Returns how
-    long after the call the last push arrived."""
+    long after the last accepted push the last push reached a client (0 if before)."""
     loop = asyncio.get_running_loop()
     start = loop.time()
     last_total, last_change = -1, start
@@ -470,5 +547,6 @@ async def settle(
             break
         await asyncio.sleep(0.1)
     await asyncio.sleep(min(1.0, quiet_s))
-    arrivals = [g.at for _, got in holders for g in got]
-    return max(0.0, max(arrivals, default=start) - start)
+    last_push = max(ledger.times.values(), default=start)
+    last_arrival = max((g.at for _, got in holders for g in got), default=last_push)
+    return max(0.0, last_arrival - last_push)

@@ -104,8 +104,9 @@ async def test_topic_logs_read_by_range_and_their_sequence_never_lapses(
         assert await s.append_batch("group.g1", b) == n
     h = await s.read_topic("group.g1", 8)
     assert h.head == 12 and [b.seq for b in h.batches] == [9, 10, 11, 12]
-    assert list(h.batches[0].uids) == ["u9", "all"] and h.batches[0].batch_id == "batch-9"
-    assert h.batches[0].group_id == "g1" and h.batches[0].mode == gateway_pb2.MODE_MULTICAST
+    first = h.batches[0].batch
+    assert list(first.uids) == ["u9", "all"] and first.batch_id == "batch-9"
+    assert first.group_id == "g1" and first.mode == gateway_pb2.MODE_MULTICAST
     assert [b.seq for b in (await s.read_topic("group.g1", 4, 6)).batches] == [5, 6]
     assert [b.seq for b in (await s.read_topic("group.g1", 0)).batches] == list(range(3, 13))
     assert (await s.read_topic("group.g1", 12)).batches == []

@@ -5,6 +5,7 @@ fleet; a refusal by an open circuit, an expired push or an answered error do not
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterable, Sequence
 
 import pytest
@@ -61,3 +62,48 @@ async def test_only_a_gateway_that_may_be_gone_makes_the_fleet_reread(
     outcome = await pusher.push(MESSAGE, ["amy"])
     assert outcome.failed == ["amy"] and outcome.delivered == []
     assert fleet.invalidated == rereads
+
+
+class Log:
+    """An in-memory recovery log: seqs per user, and what the inbox was asked."""
+
+    def __init__(self) -> None:
+        self.queued: list[dict[str, int]] = []
+        self.forgotten: list[tuple[str, list[int]]] = []
+
+    async def append_p2p(self, message: Message, uids: Sequence[str], expires_ms: int) -> list[int]:
+        return [7 for _ in uids]
+
+    async def queue(self, message: Message, expires_ms: int, seqs: dict[str, int]) -> int:
+        self.queued.append(dict(seqs))
+        return 0
+
+    async def forget_inbox(self, uid: str, seqs: Sequence[int]) -> None:
+        self.forgotten.append((uid, list(seqs)))
+
+
+async def test_a_failed_push_is_queued_then_retried_until_it_reaches_the_user(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr("router.p2p.pusher.RETRY_AFTER_S", (0.01, 0.01, 0.01))
+    client = FakeGatewayClient("UNAVAILABLE", "UNAVAILABLE")  # two calls fail
+    log = Log()
+    pusher = P2PPusher(Registry(), Fleet(), client, 1.0, log)  # type: ignore[arg-type]
+    outcome = await pusher.push(MESSAGE, ["amy"])
+    assert outcome.failed == ["amy"] and outcome.queued == ["amy"]
+    assert log.queued == [{"amy": 7}]
+    for _ in range(100):
+        if pusher.retried:
+            break
+        await asyncio.sleep(0.01)
+    assert pusher.retried == 1 and log.forgotten == [("amy", [7])]
+    assert len(client.calls) == 3  # the push, a failed retry, the one that reached it
+    await pusher.aclose()
+
+
+async def test_store_false_neither_logs_nor_queues() -> None:
+    log = Log()
+    pusher = P2PPusher(Registry(), Fleet(), FakeGatewayClient(fail="UNAVAILABLE"), 1.0, log)  # type: ignore[arg-type]
+    outcome = await pusher.push(MESSAGE, ["amy", "bob"], store=False)
+    assert outcome.failed == ["amy"] and outcome.offline == ["bob"] and outcome.queued == []
+    assert log.queued == []

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from router.recovery.base import Entry, TopicHistory, UserHistory
+from router.recovery.base import Entry, LoggedBatch, TopicHistory, UserHistory
 from router.recovery.replay import plan_replay
 from shared.models import Message
 from shared.positions import Pos
@@ -23,16 +23,18 @@ def entry(seq: int, n: int | None = None, **kw: int) -> Entry:
 
 def batch(
     seq: int, n: int, uids: list[str], everyone: bool = False, ts: int | None = None
-) -> gateway_pb2.Batch:
+) -> LoggedBatch:
     m = msg(n, ts)
-    return gateway_pb2.Batch(
-        batch_id=f"b{seq}",
-        message=gateway_pb2.Message(
-            msg_id=m.msg_id, push_id=m.push_id, content_json=m.content_json, ts_ms=m.ts_ms
-        ),
-        uids=uids,
-        everyone=everyone,
-        seq=seq,
+    return LoggedBatch(
+        gateway_pb2.Batch(
+            batch_id=f"b{seq}",
+            message=gateway_pb2.Message(
+                msg_id=m.msg_id, push_id=m.push_id, content_json=m.content_json, ts_ms=m.ts_ms
+            ),
+            uids=uids,
+            everyone=everyone,
+            seq=seq,
+        )
     )
 
 
