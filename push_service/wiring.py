@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry
+from prometheus_client.core import CounterMetricFamily
+from prometheus_client.registry import Collector
 
 from push_service.services import Dispatch, FanOut, Fleet, Health, Pushes, Services, Users
 from router.balancing import (
@@ -130,6 +132,9 @@ class Wiring:
             secret = settings.secret.get_secret_value() if settings.secret else None
             pusher = P2PPusher(registry, fleet, clients, settings.deliver_timeout_s, recovery)
             stack.push_async_callback(pusher.aclose)
+            collector = _PusherCounts(pusher)
+            self._metrics.register(collector)
+            stack.callback(self._metrics.unregister, collector)
             self.parts = Parts(bus, fleet, call_stats, clients, grpc_clients)
             stack.callback(setattr, self, "parts", None)
             yield Services(
@@ -156,6 +161,25 @@ class Wiring:
                 users=Users(directory, registry),
                 health=Health(functools.partial(ping, redis), self._metrics),
             )
+
+
+class _PusherCounts(Collector):
+    """The P2P path's recovery counters, read per scrape."""
+
+    def __init__(self, pusher: P2PPusher) -> None:
+        self._pusher = pusher
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        yield CounterMetricFamily(
+            "imroute_inbox_dropped",
+            "Inbox entries dropped, oldest first, to keep IMROUTE_INBOX_MAX",
+            self._pusher.inbox_dropped,
+        )
+        yield CounterMetricFamily(
+            "imroute_push_retried_recipients",
+            "Recipients of a failed, queued P2P push that a background retry reached",
+            self._pusher.retried,
+        )
 
 
 def _retain_all(

@@ -69,14 +69,14 @@ class Gateway:
         self.conns = LocalConnections(max_buffer=settings.max_write_buffer)
         self.conns.marks.group = settings.group_id
         self.deliver_service = DeliverService(self.conns, self.clock, RecentIds(self.clock))
-        self.metrics = GatewayMetrics(self.deliver_service, self.conns)
+        self.follower: TopicFollower | None = None
+        self.resumer: Resumer | None = None
+        self.metrics = GatewayMetrics(self.deliver_service, self.conns, self._recovery_counts)
         self.ws_port = 0
         self.grpc_port = 0
         self._stack = AsyncExitStack()
         self._consumer: asyncio.Task[None] | None = None
         self._following: asyncio.Task[None] | None = None
-        self.follower: TopicFollower | None = None
-        self.resumer: Resumer | None = None
         self._ws: WsEndpoint | None = None
         self._ws_server: WsServer | None = None
         self._grpc: grpc.aio.Server | None = None
@@ -85,6 +85,29 @@ class Gateway:
         self._heartbeat: Heartbeat | None = None
         self._started_ms = 0
         self._drain = Drain(self.conns)
+
+    def _recovery_counts(self) -> dict[str, tuple[str, float]]:
+        counts: dict[str, tuple[str, float]] = {}
+        if self.resumer is not None:
+            r = self.resumer.stats
+            counts["resumes"] = ("Connections that asked to resume (since=)", r.resumes)
+            counts["resumes_incomplete"] = ("Resumes answered complete:false", r.incomplete)
+            counts["replayed_pushes"] = ("Push frames written by replays", r.replayed)
+        if self.follower is not None:
+            seqs = self.follower.sequencers.values()
+            counts["batches_filled"] = (
+                "Batches read from the recovery log because the bus had not brought them",
+                sum(q.filled for q in seqs),
+            )
+            counts["batches_lost"] = (
+                "Batches neither on the bus nor still in the recovery log: skipped",
+                sum(q.lost for q in seqs),
+            )
+            counts["batches_late"] = (
+                "Batches the bus brought after their turn (already delivered): dropped",
+                sum(q.late for q in seqs),
+            )
+        return counts
 
     @property
     def draining(self) -> bool:

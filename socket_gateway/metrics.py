@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Protocol
 
 from prometheus_client import CollectorRegistry, generate_latest
@@ -28,9 +28,16 @@ class ConnectionCount(Protocol):
 class GatewayMetrics(Collector):
     """Batches delivered and dropped, and connections, of one gateway."""
 
-    def __init__(self, counts: DeliveryCounts, connections: ConnectionCount) -> None:
+    def __init__(
+        self,
+        counts: DeliveryCounts,
+        connections: ConnectionCount,
+        recovery: Callable[[], Mapping[str, tuple[str, float]]] | None = None,
+    ) -> None:
+        """`recovery`: name -> (help, value) of the recovery counters, read per scrape."""
         self._counts = counts
         self._connections = connections
+        self._recovery = recovery
         self.registry = CollectorRegistry(auto_describe=True)
         self.registry.register(self)
 
@@ -55,6 +62,9 @@ class GatewayMetrics(Collector):
         yield GaugeMetricFamily(
             "imroute_gateway_connections", "Open client connections", len(self._connections)
         )
+        if self._recovery is not None:
+            for name, (text, value) in self._recovery().items():
+                yield CounterMetricFamily(f"imroute_gateway_{name}", text, value)
 
 
 def render(metrics: GatewayMetrics) -> bytes:

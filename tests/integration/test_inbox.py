@@ -66,8 +66,8 @@ async def test_the_inbox_bound_drops_the_oldest(redis_url: str, prefix: str) -> 
     ):
         for n in range(5):
             assert (await p2p(http, ["ivy"], n))["queued"] == ["ivy"]
-        pushers = http._transport.app.state.services.pushes  # type: ignore[attr-defined]
-        assert pushers._pusher.inbox_dropped == 2
+        scrape = (await http.get("/metrics")).text
+        assert "imroute_inbox_dropped_total 2.0" in scrape, scrape
         ws = await open_ws(gw, "ivy")
         got, end = await replay(ws)
         assert contents(got) == [2, 3, 4] and end["count"] == 3

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from shared.positions import decode_pos
+from socket_gateway.metrics import render
 from tests.integration.recovery_helpers import (
     contents,
     fanout,
@@ -158,6 +159,9 @@ async def test_out_of_the_window_and_junk_positions_are_incomplete(
             assert contents(await pushes(ws, 1)) == ["still served"]
             await ws.close()
             await gone(gw, "bob")
+
+        scrape = render(gw.metrics).decode()
+        assert "imroute_gateway_resumes_incomplete_total 6.0" in scrape, scrape
 
         # Ann's position, sent by Bob: Bob's own log is read, never Ann's.
         ws = await open_ws(gw, "bob", a1["pos"])
