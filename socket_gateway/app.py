@@ -184,6 +184,7 @@ class Gateway:
         self.resumer = Resumer(
             recovery, self.conns, recovery.limits, self.clock, self.follower.recent
         )
+        self.conns.gap_filler = self.resumer.fill_gap
         # From the logs' heads, before the first client: each starts where the topics are.
         await self.follower.start()
         self.fleet = RedisGatewayFleet(

@@ -7,9 +7,9 @@ connection stands at its own place in its user's logs.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from shared.models import Registration
 from shared.positions import encode_pos
@@ -46,7 +46,7 @@ class ClientConn:
     group: str = ""
     # The P2P seqs its replay sent: (after, upto] of the log and the inbox's seqs, so a
     # live copy of one of them (a push that raced the replay) is not written twice.
-    skip: tuple[int, int, frozenset[int]] | None = None
+    skip: tuple[int, int, set[int]] | None = None
     # Not None while the replay runs: live pushes wait here, in arrival order.
     held: list[Held] | None = None
 
@@ -73,6 +73,11 @@ class LocalConnections:
 
     max_buffer: int = 1 << 20
     marks: Marks = field(default_factory=Marks)
+    # Called with (connection, after, upto) for a hole in a connection's P2P sequence; it
+    # writes what the log holds of it and then releases the connection.
+    gap_filler: Callable[[ClientConn, int, int], None] | None = None
+    # The frames of the batch being written, by position: (its prefix, {pos: frame}).
+    _frames: list[Any] = field(default_factory=lambda: [None, {}])
     _by_uid: dict[str, list[ClientConn]] = field(default_factory=dict)
     _count: int = 0
     slow_aborted: int = 0
@@ -179,7 +184,14 @@ class LocalConnections:
             if log == "p":
                 skip = conn.skip
                 if skip is not None and (skip[0] < seq <= skip[1] or seq in skip[2]):
-                    return True  # the replay wrote it
+                    return True  # the replay (or a gap fill) wrote it
+                if seq > conn.p + 1 and self.gap_filler is not None:
+                    # A hole in the user's P2P sequence: a push that failed for this
+                    # connection (its gateway was restarting) or one still on its way.
+                    # This and what follows wait until the hole is read from the log.
+                    conn.held = [(log, seq, prefix)]
+                    self.gap_filler(conn, conn.p, seq - 1)
+                    return True
                 conn.p = max(conn.p, seq)
             elif log == "b":
                 if seq <= conn.b:
@@ -193,7 +205,21 @@ class LocalConnections:
                 if seq <= conn.g:
                     return True
                 conn.g = seq
-        return self._write(conn.sink, push_frame(prefix, self.marks.pos(conn)))
+        return self._write(conn.sink, self._frame(prefix, self.marks.pos(conn)))
+
+    def _frame(self, prefix: bytes, pos: str) -> bytes:
+        """The frame of `prefix` at `pos`. Connections that stand at the same place (users
+        without P2P history, in a broadcast) share one; a batch keeps at most 64."""
+        frames = self._frames
+        if frames[0] is not prefix:  # a new batch: the last one's frames are moot
+            frames[0], frames[1] = prefix, {}
+        by_pos: dict[str, bytes] = frames[1]
+        frame = by_pos.get(pos)
+        if frame is None:
+            frame = push_frame(prefix, pos)
+            if len(by_pos) < 64:
+                by_pos[pos] = frame
+        return frame
 
     def _write(self, sink: Sink, frame: bytes) -> bool:
         """Write to one open connection. One whose unsent buffer is over `max_buffer` is

@@ -69,6 +69,9 @@ class Resumer:
         self._heads: tuple[float, tuple[str, ...], asyncio.Future[list[int]]] | None = None
         self.stats = ResumeStats()
         self.topic_reads = 0  # batch-log reads that went to the store
+        self._gaps: set[asyncio.Future[None]] = set()
+        self.gaps = 0  # holes in a live connection's P2P sequence, read from the log
+        self.gap_filled = 0  # pushes those reads wrote
 
     def attach(self, conn: ClientConn) -> None:
         """Called as the connection enters the local map: from now on live pushes wait
@@ -110,7 +113,7 @@ class Resumer:
             else:
                 conn.g = own_g
             conn.group = own_group
-        replayed_p2p = frozenset(i.seq for i in replay.items if i.log == "p")
+        replayed_p2p = {i.seq for i in replay.items if i.log == "p"}
         after = since.p if since is not None else head_p
         if replayed_p2p or after < head_p:
             conn.skip = (after, head_p, replayed_p2p)
@@ -123,6 +126,49 @@ class Resumer:
             except RegistryUnavailable as exc:
                 # They stay in the inbox: the next connection gets them again, and the
                 # client drops them by msg_id.
+                log.warning("could not empty the inbox of a connection: %s", exc)
+
+    def fill_gap(self, conn: ClientConn, after: int, upto: int) -> None:
+        """A hole (after, upto] in a live connection's P2P sequence: write what the log
+        holds of it, in order, then what waited behind it (`LocalConnections.gap_filler`)."""
+        task = asyncio.ensure_future(self._fill_gap(conn, after, upto))
+        self._gaps.add(task)
+        task.add_done_callback(self._gaps.discard)
+
+    async def _fill_gap(self, conn: ClientConn, after: int, upto: int) -> None:
+        self.gaps += 1
+        try:
+            user = await self._read_users((conn.uid, after))
+        except RegistryUnavailable as exc:
+            log.warning("could not read a hole in a connection's messages: %s", exc)
+            user = None
+        conns = self._conns
+        wrote: list[int] = []
+        if user is not None and conn.sink.is_open():
+            now = self._clock.now_ms()
+            skip = conn.skip
+            for e in user.log:
+                if not after < e.seq <= upto or (skip is not None and e.seq in skip[2]):
+                    continue
+                if e.expires_ms and now > e.expires_ms:
+                    continue
+                conn.p = e.seq
+                if conns.write_frame(
+                    conn, push_frame(push_prefix(e.message), conns.marks.pos(conn))
+                ):
+                    wrote.append(e.seq)
+        # What the log no longer holds is past the window or its ttl_s: passed over.
+        conn.p = max(conn.p, upto)
+        if wrote:
+            if conn.skip is None:
+                conn.skip = (0, 0, set())
+            conn.skip[2].update(wrote)
+            self.gap_filled += len(wrote)
+        conns.release(conn)
+        if wrote:
+            try:
+                await self._forget((conn.uid, wrote))
+            except RegistryUnavailable as exc:
                 log.warning("could not empty the inbox of a connection: %s", exc)
 
     async def _plan(

@@ -27,7 +27,7 @@ log = logging.getLogger(__name__)
 STALE_RECHECK_S = 0.25
 # When a push that failed for a connected recipient is tried again (seconds after the
 # previous try): past a circuit breaker's cool-off (IMROUTE_CIRCUIT_COOL_OFF_S, 10 s).
-RETRY_AFTER_S = (1.0, 2.0, 4.0, 8.0, 16.0)
+RETRY_AFTER_S = (1.0, 1.0, 2.0, 2.0, 4.0, 4.0, 8.0, 8.0, 16.0)  # 46 s in all
 MAX_RETRYING = 10_000  # pushes being retried at once; beyond, the inbox alone keeps them
 
 

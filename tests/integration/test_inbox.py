@@ -6,11 +6,13 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from websockets.asyncio.client import ClientConnection
 
 from shared.errors import ConfigError
 from shared.settings import Settings
 from tests.integration.recovery_helpers import contents, gone, open_ws, p2p, pushes, replay
 from tests.integration.stack import AUTH, api, gateway
+from tests.integration.test_retry import FailCalls
 
 pytestmark = pytest.mark.integration
 
@@ -130,3 +132,41 @@ def test_the_recovery_settings_are_range_checked_by_name(name: str, value: str) 
     with pytest.raises(ConfigError) as info:
         Settings.load({name: value})
     assert name in str(info.value)
+
+
+async def test_a_push_that_failed_for_a_live_client_comes_first_when_the_next_one_lands(
+    redis_url: str, prefix: str
+) -> None:
+    """A failed push is queued; the next push to the same user shows the gateway a hole
+    in the user's sequence, which it fills from the log first: both arrive, in order."""
+    faults = FailCalls()
+    async with (
+        gateway(redis_url, prefix, "gw1", "g1", interceptors=[faults]) as gw,
+        api(redis_url, prefix, deliver_retries=0) as http,
+    ):
+        ws = await open_ws(gw, "gail")
+        await replay(ws)
+        await p2p(http, ["gail"], "before")
+        assert contents(await pushes(ws, 1)) == ["before"]
+        faults.arm(1, after=False)
+        body = await p2p(http, ["gail"], "failed")
+        assert body["failed"] == ["gail"] and body["queued"] == ["gail"]
+        assert (await p2p(http, ["gail"], "next"))["delivered"] == ["gail"]
+        got = await pushes(ws, 2)
+        assert contents(got) == ["failed", "next"]
+        assert gw.resumer is not None and gw.resumer.gap_filled == 1
+        await asyncio.sleep(1.5)  # the background retry finds it written: not again
+        assert await _quiet(ws)
+        await ws.close()
+        await gone(gw, "gail")
+        ws = await open_ws(gw, "gail")  # and it left the inbox
+        assert (await replay(ws))[0] == []
+        await ws.close()
+
+
+async def _quiet(ws: ClientConnection, wait: float = 0.3) -> bool:
+    try:
+        await asyncio.wait_for(ws.recv(), wait)
+    except TimeoutError:
+        return True
+    return False
