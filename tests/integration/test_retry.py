@@ -64,4 +64,7 @@ async def test_without_retries_a_transient_failure_is_reported_not_hidden(
             await http.post("/v1/push", json={"to": ["amy"], "content": 2}, headers=AUTH)
         ).json()
         assert body["delivered"] == ["amy"]
+        # The failed push waited in amy's inbox; the next one showed amy's gateway a
+        # hole in her sequence, filled from the log first: both arrive, in order.
+        assert (await recv_json(ws))["content"] == 1
         assert (await recv_json(ws))["content"] == 2
