@@ -37,7 +37,13 @@ def encode_content(content: Any) -> bytes:
         data = json.dumps(content, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
     except ValueError:
         raise InvalidInput("content", "must be JSON (NaN and Infinity are not)") from None
-    encoded = data.encode()
+    try:
+        encoded = data.encode()
+    except UnicodeEncodeError:
+        # JSON allows "\ud83d" (half an emoji, as JS clients cut strings); UTF-8 does not.
+        raise InvalidInput(
+            "content", "holds a lone UTF-16 surrogate (half of a character): not valid Unicode"
+        ) from None
     if len(encoded) > MAX_CONTENT_BYTES:
         raise PayloadTooLarge(
             "content", f"{len(encoded)} bytes once encoded; the limit is {MAX_CONTENT_BYTES}"

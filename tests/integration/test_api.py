@@ -150,3 +150,36 @@ async def test_huge_chunked_body_is_413_too(redis_url: str, prefix: str, redis: 
         )
         assert resp.status_code == 413
         assert resp.json()["error"] == "payload_too_large"
+
+
+@pytest.mark.parametrize(
+    ("path", "raw"),
+    [
+        ("/v1/push", b'{"to":["alice"],"content":"\\ud83d"}'),
+        ("/v1/push", b'{"to":["alice"],"content":{"k\\udc00":1}}'),
+        ("/v1/multicast", b'{"to":["alice"],"content":["ok","\\ud83d"]}'),
+        ("/v1/broadcast", b'{"content":"\\ud83d"}'),
+    ],
+)
+async def test_a_lone_surrogate_in_content_is_422_naming_content(
+    redis_url: str, prefix: str, path: str, raw: bytes
+) -> None:
+    """Half an emoji ("\\ud83d", as a JS client cuts a string) is valid JSON, but not
+    Unicode: a clear 422, not a 500, and nothing is sent."""
+    async with gateway(redis_url, prefix, "gw1", "g1") as gw, api(redis_url, prefix) as http:
+        resp = await http.post(
+            path, content=raw, headers={**AUTH, "Content-Type": "application/json"}
+        )
+        assert resp.status_code == 422, resp.text
+        payload = resp.json()
+        assert payload["error"] == "invalid_request"
+        assert payload["detail"][0]["field"] == "content"
+        assert "surrogate" in payload["detail"][0]["message"]
+        assert gw.deliver_service.calls == 0 and gw.deliver_service.batches == 0
+        # A whole emoji, escaped as its surrogate pair, is fine.
+        ok = await http.post(
+            "/v1/push",
+            content=b'{"to":["alice"],"content":"\\ud83d\\ude00"}',
+            headers={**AUTH, "Content-Type": "application/json"},
+        )
+        assert ok.status_code == 200, ok.text
