@@ -147,8 +147,11 @@ class Heartbeat:
         interval = self._interval
         try:
             async with asyncio.timeout(interval):
-                found = await self._fleet.announce(self._info())
-                drain = not self._drain.draining and await self._drains.requested(self._gateway_id)
+                info = self._info()
+                found = await self._fleet.announce(info)
+                drain = not self._drain.draining and await self._drains.take(
+                    self._gateway_id, info.started_ms
+                )
         except TimeoutError:
             raise RegistryUnavailable(
                 f"announcing the fleet record took over a heartbeat ({interval}s)"

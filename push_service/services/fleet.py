@@ -24,6 +24,8 @@ class Fleet:
 
     async def drain(self, gateway_id: str) -> None:
         """Ask a live gateway to drain (it sees it at its next heartbeat); NotFound if none."""
-        if all(g.gateway_id != gateway_id for g in await self.live()):
+        record = next((g for g in await self.live() if g.gateway_id == gateway_id), None)
+        if record is None:
             raise NotFound(f"no live gateway {gateway_id!r}")
-        await self._drains.request(gateway_id)
+        # For this boot only: a restart (same id) is not drained by an old request.
+        await self._drains.request(gateway_id, record.started_ms)

@@ -21,5 +21,11 @@ class GatewayFleet(Protocol):
 class DrainRequests(Protocol):
     """Asking a gateway to drain, and a gateway asking whether it was asked."""
 
-    async def request(self, gateway_id: str) -> None: ...
-    async def requested(self, gateway_id: str) -> bool: ...
+    async def request(self, gateway_id: str, boot_ms: int) -> None:
+        """Ask the gateway that started at `boot_ms` (its fleet record says) to drain."""
+        ...
+
+    async def take(self, gateway_id: str, boot_ms: int) -> bool:
+        """Whether this boot of the gateway was asked to drain; the request is consumed
+        (one for another boot is dropped), so a restarted gateway never drains again."""
+        ...

@@ -18,8 +18,19 @@ __all__ = ["DRAIN_REQUEST_TTL_S", "DrainRequests", "RedisDrainRequests"]
 DRAIN_REQUEST_TTL_S = 60
 
 
+# The request's value is the boot it is for; taking it deletes it either way.
+_TAKE = """
+local v = redis.call('GET', KEYS[1])
+if not v then return 0 end
+redis.call('DEL', KEYS[1])
+if v == ARGV[1] then return 1 end
+return 0
+"""
+
+
 class RedisDrainRequests:
-    """One key per requested drain, ``drain:{gateway_id}``, expiring after a minute."""
+    """One key per requested drain, ``drain:{gateway_id}`` = the boot it is for (the
+    gateway's `started_ms`), expiring after a minute unless taken first."""
 
     def __init__(
         self, redis: RedisClient, keys: KeySchema, ttl_s: int = DRAIN_REQUEST_TTL_S
@@ -29,9 +40,10 @@ class RedisDrainRequests:
         self._ttl_s = ttl_s
 
     @translate_errors  # Redis down: RegistryUnavailable (a 503 at the API)
-    async def request(self, gateway_id: str) -> None:
-        await self._redis.set(self._keys.drain(gateway_id), "1", ex=self._ttl_s)
+    async def request(self, gateway_id: str, boot_ms: int) -> None:
+        await self._redis.set(self._keys.drain(gateway_id), str(boot_ms), ex=self._ttl_s)
 
     @translate_errors
-    async def requested(self, gateway_id: str) -> bool:
-        return bool(await self._redis.exists(self._keys.drain(gateway_id)))
+    async def take(self, gateway_id: str, boot_ms: int) -> bool:
+        key = self._keys.drain(gateway_id)
+        return bool(await self._redis.eval(_TAKE, 1, key, str(boot_ms)))

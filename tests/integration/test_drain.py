@@ -227,3 +227,28 @@ async def test_200_clients_under_a_push_stream_all_move_and_lose_nothing_deliver
             for task in clients:
                 task.cancel()
             await asyncio.gather(*clients, return_exceptions=True)
+
+
+async def test_a_drain_request_is_taken_once_and_only_by_the_boot_it_was_for(
+    redis_url: str, prefix: str, redis: aioredis.Redis
+) -> None:
+    """A restarted gateway with the same id (compose `restart: unless-stopped`) must not
+    drain itself again on a request meant for its previous life."""
+    keys = KeySchema(prefix)
+    async with api(redis_url, prefix) as http:
+        async with gateway(redis_url, prefix, "gw1", "g1", heartbeat_s=0.2, drain_window_s=0) as gw:
+            resp = await http.post("/v1/gateways/gw1/drain", headers=AUTH)
+            assert resp.status_code == 202, resp.text
+            assert await redis.get(keys.drain("gw1")) == str(gw.info.started_ms)
+            await asyncio.wait_for(gw.drained.wait(), 5)
+            assert await redis.exists(keys.drain("gw1")) == 0  # taken as the drain began
+        # A request for some other boot of gw1 (a stale one) is dropped, not obeyed.
+        await redis.set(keys.drain("gw1"), "1", ex=60)
+        async with gateway(redis_url, prefix, "gw1", "g1", heartbeat_s=0.2) as gw:
+            for _ in range(100):
+                if not await redis.exists(keys.drain("gw1")):
+                    break
+                await asyncio.sleep(0.02)
+            assert await redis.exists(keys.drain("gw1")) == 0
+            await asyncio.sleep(0.5)
+            assert not gw.draining
