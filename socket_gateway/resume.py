@@ -121,12 +121,7 @@ class Resumer:
         self._count(replay, since_text is not None)
         self._conns.release(conn)
         if replay.inbox_seqs:
-            try:
-                await self._forget((conn.uid, replay.inbox_seqs))
-            except RegistryUnavailable as exc:
-                # They stay in the inbox: the next connection gets them again, and the
-                # client drops them by msg_id.
-                log.warning("could not empty the inbox of a connection: %s", exc)
+            await self._forget_written(conn.uid, replay.inbox_seqs)
 
     def fill_gap(self, conn: ClientConn, after: int, upto: int) -> None:
         """A hole (after, upto] in a live connection's P2P sequence: write what the log
@@ -166,10 +161,16 @@ class Resumer:
             self.gap_filled += len(wrote)
         conns.release(conn)
         if wrote:
-            try:
-                await self._forget((conn.uid, wrote))
-            except RegistryUnavailable as exc:
-                log.warning("could not empty the inbox of a connection: %s", exc)
+            await self._forget_written(conn.uid, wrote)
+
+    async def _forget_written(self, uid: str, seqs: list[int]) -> None:
+        """Take what a connection was written out of the user's inbox (coalesced)."""
+        try:
+            await self._forget((uid, seqs))
+        except RegistryUnavailable as exc:
+            # They stay in the inbox: the next connection gets them again, and the client
+            # drops them by msg_id.
+            log.warning("could not empty the inbox of a connection: %s", exc)
 
     async def _plan(
         self, conn: ClientConn, since: Pos | None, valid: bool

@@ -118,13 +118,10 @@ class P2PPusher:
             self.inbox_dropped += dropped
             log.info("inbox full: dropped the %d oldest entries (IMROUTE_INBOX_MAX)", dropped)
         # Only the offline: a failed gateway would fail again, and cost another timeout.
-        routes = await self._registry.lookup(outcome.offline) if outcome.offline else {}
         late: set[str] = set()
-        if routes:
-            again = await self._deliver_all(message, list(routes), routes, expires_ms, seqs)
-            late = set(again.delivered)
-            for uid in again.delivered:
-                await recovery.forget_inbox(uid, [seqs[uid]])
+        if outcome.offline:
+            reached = await self._redeliver(recovery, message, outcome.offline, expires_ms, seqs)
+            late = set(reached or ())
         if outcome.failed and len(self._retrying) < MAX_RETRYING:
             task = asyncio.create_task(
                 self._retry(recovery, message, list(outcome.failed), expires_ms, dict(seqs))
@@ -160,18 +157,33 @@ class P2PPusher:
             if not uids or (expires_ms and message.ts_ms + waited * 1000 > expires_ms):
                 return
             try:
-                routes = await self._registry.lookup(uids)
-                if not routes:
-                    return  # offline now: the inbox has it for their next connection
-                again = await self._deliver_all(message, list(routes), routes, expires_ms, seqs)
-                for uid in again.delivered:
-                    await recovery.forget_inbox(uid, [seqs[uid]])
+                reached = await self._redeliver(recovery, message, uids, expires_ms, seqs)
             except ImrouteError as exc:
                 log.debug("retrying a queued push failed: %s", exc)
                 continue
-            self.retried += len(again.delivered)
-            reached = set(again.delivered)
-            uids = [u for u in uids if u not in reached]
+            if reached is None:
+                return  # offline now: the inbox has it for their next connection
+            self.retried += len(reached)
+            done = set(reached)
+            uids = [u for u in uids if u not in done]
+
+    async def _redeliver(
+        self,
+        recovery: RecoveryLog,
+        message: Message,
+        uids: Sequence[str],
+        expires_ms: int,
+        seqs: Mapping[str, int],
+    ) -> list[str] | None:
+        """Deliver a queued push again to those of `uids` with a live route now; it leaves
+        the inbox of each it reached (one round trip for all). None: none has a route."""
+        routes = await self._registry.lookup(uids)
+        if not routes:
+            return None
+        again = await self._deliver_all(message, list(routes), routes, expires_ms, seqs)
+        if again.delivered:
+            await recovery.forget_inboxes([(u, [seqs[u]]) for u in again.delivered])
+        return list(again.delivered)
 
     async def aclose(self) -> None:
         """Stop the background retries (what they carry stays in the inboxes)."""

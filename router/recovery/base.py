@@ -148,8 +148,8 @@ class RecoveryLog(Protocol):
         """Log one bus batch of `topic`; its seq."""
         ...
 
-    async def forget_inbox(self, uid: str, seqs: Sequence[int]) -> None:
-        """Take entries that a connection was written out of the inbox."""
+    async def forget_inboxes(self, wanted: Sequence[tuple[str, Sequence[int]]]) -> list[None]:
+        """Take entries that a connection was written out of these users' inboxes."""
         ...
 
 

@@ -78,8 +78,9 @@ class Log:
         self.queued.append(dict(seqs))
         return 0
 
-    async def forget_inbox(self, uid: str, seqs: Sequence[int]) -> None:
-        self.forgotten.append((uid, list(seqs)))
+    async def forget_inboxes(self, wanted: Sequence[tuple[str, Sequence[int]]]) -> list[None]:
+        self.forgotten.extend((uid, list(seqs)) for uid, seqs in wanted)
+        return [None] * len(wanted)
 
 
 async def test_a_failed_push_is_queued_then_retried_until_it_reaches_the_user(
