@@ -112,7 +112,7 @@ class Wiring:
                 clock,
                 settings.gateway_cache_s,
                 on_change=_retain_all(clients, self._call_metrics),
-                on_started=call_stats.restarted,
+                on_started=_restarted(grpc_clients, call_stats),
             )
             bus: Bus
             if self._given_bus is not None:
@@ -192,6 +192,19 @@ def _retain_all(
         call_metrics.retain(live)
 
     return retain
+
+
+def _restarted(
+    grpc_clients: GrpcGatewayClients, call_stats: StatsRegistry
+) -> Callable[[str, str], None]:
+    """What the fleet cache calls when a gateway announces a new start: a new channel
+    (the old one may still be backing off from the crash) and a probe of its circuit now."""
+
+    def restarted(gateway_id: str, address: str) -> None:
+        grpc_clients.reconnect(address)
+        call_stats.restarted(gateway_id)
+
+    return restarted
 
 
 def _gateway_clients(

@@ -29,9 +29,10 @@ class CachedFleet:
         clock: Clock,
         max_age_s: float,
         on_change: Callable[[Mapping[str, str]], None] | None = None,
-        on_started: Callable[[str], None] | None = None,
+        on_started: Callable[[str, str], None] | None = None,
     ) -> None:
-        """`on_started(gateway_id)`: a known gateway now announces another start time."""
+        """`on_started(gateway_id, grpc_address)`: a known gateway now announces another
+        start time."""
         self._fleet = fleet
         self._clock = clock
         self._max_age = max_age_s
@@ -65,10 +66,10 @@ class CachedFleet:
     def _notify(self, fresh: list[GatewayInfo]) -> None:
         if self._on_started is not None:
             started = {g.gateway_id: g.started_ms for g in fresh}
-            for gateway_id, ms in started.items():
-                if self._started.get(gateway_id, ms) != ms:
+            for g in fresh:
+                if self._started.get(g.gateway_id, g.started_ms) != g.started_ms:
                     try:
-                        self._on_started(gateway_id)
+                        self._on_started(g.gateway_id, g.grpc_address)
                     except Exception:  # a listener's bug must not fail the read
                         log.exception("fleet restart listener failed")
             self._started = started

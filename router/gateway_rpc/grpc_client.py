@@ -88,10 +88,21 @@ class GrpcGatewayClients:
         `close_grace_s` to finish."""
         addresses = set(live.values())
         for address in [a for a in self._stubs if a not in addresses]:
-            channel = self._stubs.pop(address).channel
-            task = asyncio.create_task(channel.close(self._grace), name=f"close:{address}")
-            self._closing.add(task)
-            task.add_done_callback(self._closing.discard)
+            self._close_later(address, self._stubs.pop(address).channel)
+
+    def reconnect(self, address: str) -> None:
+        """The gateway at `address` restarted: its next call goes on a new channel. The
+        old one may sit in gRPC's reconnect backoff (up to 1 s of failing fast after the
+        crash), which would fail the circuit's probe of a gateway that is back up. Calls
+        still on the old channel get `close_grace_s` to finish."""
+        stub = self._stubs.pop(address, None)
+        if stub is not None:
+            self._close_later(address, stub.channel)
+
+    def _close_later(self, address: str, channel: grpc.aio.Channel) -> None:
+        task = asyncio.create_task(channel.close(self._grace), name=f"close:{address}")
+        self._closing.add(task)
+        task.add_done_callback(self._closing.discard)
 
     def __len__(self) -> int:
         return len(self._stubs)

@@ -1,14 +1,23 @@
-"""The gateway's Deliver semantics over real gRPC: everyone, expiry and duplicates."""
+"""The gateway's Deliver semantics over real gRPC: everyone, expiry and duplicates; and
+the client's channel to a gateway that restarted at the same address."""
 
 from __future__ import annotations
 
+import time
+from typing import Any
+
+import grpc
+import grpc.aio
 import pytest
 
+from router.devtools.ports import free_port
 from router.gateway_rpc.grpc_client import GrpcGatewayClients
 from shared.batches import to_batch
 from shared.clock import SystemClock
+from shared.errors import GatewayUnavailable
 from shared.models import Message
 from shared.proto import gateway_pb2
+from shared.proto.gateway_pb2_grpc import GatewayServicer, add_GatewayServicer_to_server
 from tests.integration.stack import client, gateway, nothing_more, recv_json
 
 pytestmark = pytest.mark.integration
@@ -54,3 +63,42 @@ async def test_everyone_duplicate_and_expired_batches(
         stats = gw.deliver_service
         assert (stats.batches, stats.duplicates, stats.expired) == (4, 1, 1)
     await clients.close()
+
+
+class _Answering(GatewayServicer):
+    async def Deliver(self, request: Any, context: Any) -> gateway_pb2.DeliverReply:
+        return gateway_pb2.DeliverReply(connections=1)
+
+
+async def _serve(port: int) -> grpc.aio.Server:
+    server = grpc.aio.server()
+    add_GatewayServicer_to_server(_Answering(), server)  # type: ignore[no-untyped-call]
+    assert server.add_insecure_port(f"127.0.0.1:{port}") == port
+    await server.start()
+    return server
+
+
+async def test_a_restarted_gateway_is_reached_on_a_new_channel_at_once() -> None:
+    """After a crash the old channel fails fast for up to its reconnect backoff (1 s)
+    even once the gateway is back; `reconnect` (on a new start time) skips that wait."""
+    port = free_port()
+    address = f"127.0.0.1:{port}"
+    clients = GrpcGatewayClients(close_grace_s=0.1)
+    batch = to_batch(message(1), ["a"], "batch-1")
+    server = await _serve(port)
+    try:
+        assert (await clients.deliver("gw1", address, batch, 2.0)).connections == 1
+        await server.stop(0)
+        for _ in range(5):  # the channel sees the refusals and backs off
+            with pytest.raises(GatewayUnavailable):
+                await clients.deliver("gw1", address, batch, 0.5)
+        server = await _serve(port)
+        clients.reconnect(address)
+        started = time.monotonic()
+        for _ in range(5):
+            assert (await clients.deliver("gw1", address, batch, 2.0)).connections == 1
+        assert time.monotonic() - started < 0.5
+        assert len(clients) == 1
+    finally:
+        await server.stop(0)
+        await clients.close()

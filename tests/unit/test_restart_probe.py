@@ -25,10 +25,18 @@ async def test_an_open_circuit_probes_once_its_gateway_restarted() -> None:
     stats.on_failure(ticket)
     assert stats.breaker("gw1").state is BreakerState.OPEN
     fleet = Fleet()
-    cache = CachedFleet(fleet, clock, 0, on_started=stats.restarted)  # type: ignore[arg-type]
+    heard: list[tuple[str, str]] = []
+
+    def restarted(gateway_id: str, address: str) -> None:
+        heard.append((gateway_id, address))
+        stats.restarted(gateway_id)
+
+    cache = CachedFleet(fleet, clock, 0, on_started=restarted)  # type: ignore[arg-type]
     await cache.live()
     assert stats.breaker("gw1").state is BreakerState.OPEN  # same life: still cooling off
+    assert heard == []
     fleet.started = 2
     await cache.live()
+    assert heard == [("gw1", "a:1")]
     assert stats.breaker("gw1").state is BreakerState.HALF_OPEN
     assert stats.allow("gw1")
