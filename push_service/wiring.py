@@ -48,6 +48,7 @@ from router.recovery.store import RedisRecoveryStore
 from router.redis.client import create_redis, ping
 from router.routes.registry import RedisRouteRegistry
 from shared.clock import Clock
+from shared.internal_auth import load_tls
 from shared.keys import KeySchema
 from shared.settings import Settings
 
@@ -88,6 +89,7 @@ class Wiring:
         self._publish_metrics = PublishMetrics(self._metrics)
         self._call_metrics = CallMetrics(self._metrics)
         self.parts: Parts | None = None  # set while open
+        self._tls = load_tls(settings)  # read now: a bad file stops the start, by name
 
     @asynccontextmanager
     async def open(self) -> AsyncIterator[Services]:
@@ -95,8 +97,11 @@ class Wiring:
         settings, clock, keys = self._settings, self._clock, self._keys
         async with AsyncExitStack() as stack:
             redis = await stack.enter_async_context(contextlib.aclosing(self._redis))
+            token = settings.internal_token
             grpc_clients = GrpcGatewayClients(
-                close_grace_s=max(CLOSE_GRACE_S, settings.deliver_timeout_s)
+                close_grace_s=max(CLOSE_GRACE_S, settings.deliver_timeout_s),
+                token=None if token is None else token.get_secret_value(),
+                tls=self._tls,
             )
             clients, call_stats = _gateway_clients(
                 grpc_clients, settings, clock, self._call_metrics
@@ -130,7 +135,9 @@ class Wiring:
             # At start and every half lease: jobs orphaned by a dead push service fail.
             await stack.enter_async_context(reaping(jobs, every_s=JOB_LEASE_S / 2))
             secret = settings.secret.get_secret_value() if settings.secret else None
-            pusher = P2PPusher(registry, fleet, clients, settings.deliver_timeout_s, recovery)
+            pusher = P2PPusher(
+                registry, fleet, clients, settings.deliver_timeout_s, recovery, clock
+            )
             stack.push_async_callback(pusher.aclose)
             collector = _PusherCounts(pusher)
             self._metrics.register(collector)

@@ -51,6 +51,15 @@ class Settings(BaseSettings):
     recovery_topic_max: int = Field(2000, ge=10, le=1_000_000)
     inbox_ttl_s: float = Field(86_400.0, ge=1, le=30 * 86_400)
     inbox_max: int = Field(100, ge=1, le=100_000)
+    # internal calls (push service -> gateway gRPC; shared/internal_auth.py): a shared
+    # token sent as call metadata, and/or mutual TLS (all three files, PEM). A gateway on
+    # a non-loopback gRPC address refuses to start with neither.
+    internal_token: SecretStr | None = None
+    grpc_tls_cert: str | None = Field(None, min_length=1)
+    grpc_tls_key: str | None = Field(None, min_length=1)
+    grpc_tls_ca: str | None = Field(None, min_length=1)
+    # the name the push service expects in the gateways' certs, when not their address
+    grpc_tls_server_name: str | None = Field(None, min_length=1, max_length=253)
     # the user directory broadcast pages through (a SQLAlchemy async URL)
     db_url: str = "sqlite+aiosqlite:///imroute-users.db"
 
@@ -163,6 +172,30 @@ class Settings(BaseSettings):
         if value is not None and len(value.get_secret_value().encode()) < 32:
             raise ValueError("must be at least 32 bytes (an HS256 key, RFC 7518 3.2)")
         return value
+
+    @field_validator("internal_token")
+    @classmethod
+    def _internal_token_len(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is None:
+            return value
+        token = value.get_secret_value()
+        if len(token) < 32:
+            raise ValueError("must be at least 32 characters (e.g. openssl rand -hex 32)")
+        if not token.isascii() or not token.isprintable() or " " in token:
+            raise ValueError("must be printable ASCII without spaces (it travels as gRPC metadata)")
+        return value
+
+    @model_validator(mode="after")
+    def _tls_all_or_none(self) -> Self:
+        files = {
+            "IMROUTE_GRPC_TLS_CERT": self.grpc_tls_cert,
+            "IMROUTE_GRPC_TLS_KEY": self.grpc_tls_key,
+            "IMROUTE_GRPC_TLS_CA": self.grpc_tls_ca,
+        }
+        missing = [name for name, path in files.items() if path is None]
+        if 0 < len(missing) < len(files):
+            raise ValueError(f"mTLS needs all three files: {', '.join(missing)} not set")
+        return self
 
     @model_validator(mode="after")
     def _heartbeat_below_ttl(self) -> Self:

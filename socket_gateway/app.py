@@ -24,6 +24,7 @@ from router.routes.writer import CoalescingRouteWriter
 from shared.clock import Clock, SystemClock
 from shared.errors import ConfigError, ImrouteError, RegistryUnavailable
 from shared.ids import ConnIdFactory
+from shared.internal_auth import is_loopback, load_tls
 from shared.keys import KeySchema
 from shared.models import GatewayInfo
 from shared.settings import Settings, redact_url
@@ -32,6 +33,7 @@ from socket_gateway.connections import LocalConnections
 from socket_gateway.dedup import RecentIds
 from socket_gateway.delivery import DeliverService
 from socket_gateway.follower import TopicFollower
+from socket_gateway.grpc_auth import TokenCheck
 from socket_gateway.grpc_server import start_grpc_server
 from socket_gateway.heartbeat import (
     CLOSE_DRAIN,
@@ -62,9 +64,23 @@ class Gateway:
         else the one IMROUTE_BUS_URL names, opened and closed with the gateway."""
         if settings.secret is None:
             raise ConfigError("IMROUTE_SECRET: required by the gateway to verify client tokens")
+        clock_ = clock or SystemClock()
+        self._tls = load_tls(settings)
+        open_port = not is_loopback(settings.grpc_host)
+        if open_port and settings.internal_token is None and self._tls is None:
+            raise ConfigError(
+                "IMROUTE_INTERNAL_TOKEN: required when the gateway's gRPC listens beyond "
+                f"this machine (IMROUTE_GRPC_HOST={settings.grpc_host}), or mTLS "
+                "(IMROUTE_GRPC_TLS_CERT, _KEY and _CA): anyone who reaches the port "
+                "could push to any user"
+            )
         self.settings = settings
-        self.clock = clock or SystemClock()
-        self._interceptors = tuple(grpc_interceptors)
+        self.clock = clock_
+        token = settings.internal_token
+        # The token check comes first: nothing else sees a call that lacks it.
+        self.token_check = None if token is None else TokenCheck(token.get_secret_value(), clock_)
+        auth = () if self.token_check is None else (self.token_check,)
+        self._interceptors = (*auth, *grpc_interceptors)
         self._given_bus = bus
         self.conns = LocalConnections(max_buffer=settings.max_write_buffer)
         self.conns.marks.group = settings.group_id
@@ -87,7 +103,23 @@ class Gateway:
         self._drain = Drain(self.conns)
 
     def _recovery_counts(self) -> dict[str, tuple[str, float]]:
-        counts: dict[str, tuple[str, float]] = {}
+        counts: dict[str, tuple[str, float]] = {
+            "rejected_batches": (
+                "Batches refused as malformed (content not one JSON value, ids or counts "
+                "over their caps): nothing of them was written",
+                self.deliver_service.rejected,
+            ),
+        }
+        counts["dedupe_evicted_early"] = (
+            "Batch ids forgotten before their dedupe window ran out (its count or byte "
+            "cap): a duplicate of one would be written again",
+            self.deliver_service.evicted_early,
+        )
+        if self.token_check is not None:
+            counts["unauthenticated_calls"] = (
+                "gRPC calls refused for a missing or wrong IMROUTE_INTERNAL_TOKEN",
+                self.token_check.refused,
+            )
         if self.resumer is not None:
             r = self.resumer.stats
             counts["resumes"] = ("Connections that asked to resume (since=)", r.resumes)
@@ -161,7 +193,7 @@ class Gateway:
         keys = KeySchema(s.redis_prefix)
 
         self._grpc, self.grpc_port = await start_grpc_server(
-            self.deliver_service, s.grpc_host, s.grpc_port, self._interceptors
+            self.deliver_service, s.grpc_host, s.grpc_port, self._interceptors, self._tls
         )
         self._stack.push_async_callback(self._grpc.stop, 5)
 

@@ -6,14 +6,24 @@ Both ways in call it: the gRPC servicer (P2P, `grpc_server`) and the bus consume
 
 from __future__ import annotations
 
+import logging
+
 from shared.batches import message_of
 from shared.clock import Clock
 from shared.proto import gateway_pb2
 from shared.wire import push_prefix
+from socket_gateway.batch_check import BatchCheck
 from socket_gateway.connections import LocalConnections
 from socket_gateway.dedup import RecentIds, RecentReplies
 
 __all__ = ["DeliverService"]
+
+log = logging.getLogger(__name__)
+
+# Bad batches may come in floods: one log line per this many seconds at most.
+LOG_EVERY_S = 10.0
+# A P2P batch expired on arrival though its call had this long left: a clock skew.
+SKEW_HINT_S = 0.5
 
 
 class DeliverService:
@@ -28,20 +38,46 @@ class DeliverService:
         self.batches = 0
         self.duplicates = 0
         self.expired = 0
+        self.rejected = 0  # batches refused by `check` (nothing of them was written)
+        self.skewed = 0  # P2P batches expired on arrival while their call had time left
+        self._skew_logged_at = float("-inf")
+        self.check = BatchCheck()
+        self._logged_at = float("-inf")
+        self._unlogged = 0
 
-    def deliver(self, batch: gateway_pb2.Batch, log: str = "") -> gateway_pb2.DeliverReply:
-        """Deliver one batch (from a gRPC call or the bus), at most once per batch_id.
-        `log`: the recovery log it is from (`b`, `g`, `o`); by default, as its mode says."""
-        self.batches += 1
-        if batch.batch_id and batch.mode == gateway_pb2.MODE_P2P:
-            first = self._replies.get(batch.batch_id, batch.uids)
-            if first is not None:
-                # A retried call whose first answer was lost: answer as the first attempt
-                # did (even if the push has expired since: it was delivered in time).
-                self.duplicates += 1
-                return gateway_pb2.DeliverReply(
-                    delivered=first[0], missing=first[1], duplicate=True
+    def problem(self, batch: gateway_pb2.Batch) -> str | None:
+        """What makes `batch` unfit to write (counted and logged), or None."""
+        problem = self.check.problem(batch)
+        if problem is not None:
+            self.rejected += 1
+            self._unlogged += 1
+            now = self._clock.monotonic()
+            if now - self._logged_at >= LOG_EVERY_S:
+                log.error(
+                    "refused %d batch(es), the last (batch_id %.64r): %s",
+                    self._unlogged,
+                    batch.batch_id,
+                    problem,
                 )
+                self._logged_at, self._unlogged = now, 0
+        return problem
+
+    def deliver(
+        self,
+        batch: gateway_pb2.Batch,
+        log: str = "",
+        checked: bool = False,
+        call_left_s: float | None = None,
+    ) -> gateway_pb2.DeliverReply:
+        """Deliver one batch (from a gRPC call or the bus), at most once per batch_id.
+        `log`: the recovery log it is from (`b`, `g`, `o`); by default, as its mode says.
+        `checked`: the caller already had `problem` pass it. A bad batch writes nothing.
+        `call_left_s`: what the gRPC call that brought it has left of its deadline."""
+        self.batches += 1
+        if not checked and self.problem(batch) is not None:
+            return gateway_pb2.DeliverReply()
+        if batch.mode == gateway_pb2.MODE_P2P:
+            return self._deliver_p2p(batch, call_left_s)
         if batch.batch_id and self._recent.check_and_add(batch.batch_id):
             # Before the expiry check: a batch delivered in time is a duplicate, not late.
             self.duplicates += 1
@@ -53,14 +89,64 @@ class DeliverService:
         # Encoded once per batch, whatever the number of recipients; each connection
         # adds its own position.
         prefix = push_prefix(message_of(batch))
-        if batch.mode == gateway_pb2.MODE_P2P:
-            delivered, missing = self._conns.deliver_p2p(batch.uids, batch.seqs, prefix)
-            if batch.batch_id:
-                self._replies.put(batch.batch_id, batch.uids, delivered)
-            return gateway_pb2.DeliverReply(delivered=delivered, missing=missing)
         log = log or ("b" if batch.mode == gateway_pb2.MODE_BROADCAST else "g")
         if batch.everyone:
             count = self._conns.deliver_all(prefix, log, batch.seq)
             return gateway_pb2.DeliverReply(connections=count)
         delivered, missing = self._conns.deliver(batch.uids, prefix, log, batch.seq)
         return gateway_pb2.DeliverReply(delivered=delivered, missing=missing)
+
+    def _deliver_p2p(
+        self, batch: gateway_pb2.Batch, call_left_s: float | None
+    ) -> gateway_pb2.DeliverReply:
+        """P2P batches are deduplicated by their answers (`RecentReplies`), apart from
+        the bus's ids, and never written after their `expires_ms` (the router sets it to
+        the end of its call when the push has no ttl_s) nor after their call's deadline:
+        the caller has been told `failed` by then."""
+        batch_id = batch.batch_id
+        if batch_id:
+            first = self._replies.get(batch_id, batch.uids)
+            if first is not None:
+                # A retried call whose first answer was lost: answer as the first attempt
+                # did (even if the push has expired since: it was delivered in time).
+                self.duplicates += 1
+                return gateway_pb2.DeliverReply(
+                    delivered=first[0], missing=first[1], duplicate=True
+                )
+            if self._replies.seen(batch_id):  # the same id with other uids: not written
+                self.duplicates += 1
+                return gateway_pb2.DeliverReply(duplicate=True)
+        now_ms = self._clock.now_ms()
+        late_ms = now_ms - batch.expires_ms if batch.expires_ms else 0
+        if late_ms > 0 or (call_left_s is not None and call_left_s <= 0):
+            self.expired += 1
+            if late_ms > 0 and call_left_s is not None and call_left_s > SKEW_HINT_S:
+                self._skew_hint(late_ms, call_left_s)
+            return gateway_pb2.DeliverReply(expired=True)
+        delivered, missing = self._conns.deliver_p2p(
+            batch.uids, batch.seqs, push_prefix(message_of(batch))
+        )
+        if batch_id:
+            expires_in = (batch.expires_ms - now_ms) / 1000 if batch.expires_ms else None
+            self._replies.put(batch_id, batch.uids, delivered, expires_in)
+        return gateway_pb2.DeliverReply(delivered=delivered, missing=missing)
+
+    def _skew_hint(self, late_ms: int, call_left_s: float) -> None:
+        # Expired by the wall clock while its call (whose deadline travels as a
+        # duration) still has time: our clock and the router's disagree.
+        self.skewed += 1
+        now = self._clock.monotonic()
+        if now - self._skew_logged_at >= LOG_EVERY_S:
+            log.warning(
+                "P2P batches expire on arrival: one was %d ms past its expires_ms with "
+                "%.1f s left on its call; this gateway's clock is probably ahead of the "
+                "router's (keep clocks in sync, e.g. NTP)",
+                late_ms,
+                call_left_s,
+            )
+            self._skew_logged_at = now
+
+    @property
+    def evicted_early(self) -> int:
+        """Batch ids forgotten before their dedupe window ran out (both memories)."""
+        return self._recent.evicted_early + self._replies.evicted_early

@@ -9,8 +9,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+import grpc
 import grpc.aio
 
+from shared.internal_auth import TlsFiles
 from shared.proto import gateway_pb2, gateway_pb2_grpc
 from socket_gateway.delivery import DeliverService
 
@@ -34,8 +36,12 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
         request: gateway_pb2.Batch,
         context: ServicerContext[gateway_pb2.Batch, gateway_pb2.DeliverReply],
     ) -> gateway_pb2.DeliverReply:
-        self._service.calls += 1
-        return self._service.deliver(request)
+        service = self._service
+        service.calls += 1
+        problem = service.problem(request)
+        if problem is not None:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, problem)
+        return service.deliver(request, checked=True, call_left_s=context.time_remaining())
 
     async def DeliverMany(
         self,
@@ -44,7 +50,15 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
     ) -> gateway_pb2.DeliverManyReply:
         service = self._service
         service.calls += 1
-        return gateway_pb2.DeliverManyReply(replies=[service.deliver(b) for b in request.batches])
+        # All checked before any is written: a call is refused whole, never half-sent.
+        for i, batch in enumerate(request.batches):
+            problem = service.problem(batch)
+            if problem is not None:
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"batch {i}: {problem}")
+        left = context.time_remaining()
+        return gateway_pb2.DeliverManyReply(
+            replies=[service.deliver(b, checked=True, call_left_s=left) for b in request.batches]
+        )
 
 
 async def start_grpc_server(
@@ -52,8 +66,10 @@ async def start_grpc_server(
     host: str,
     port: int,
     interceptors: Sequence[grpc.aio.ServerInterceptor] = (),
+    tls: TlsFiles | None = None,
 ) -> tuple[grpc.aio.Server, int]:
-    """Start a grpc.aio server; returns it and the bound port (port 0 picks one)."""
+    """Start a grpc.aio server; returns it and the bound port (port 0 picks one). With
+    `tls`, the port is mTLS only: a caller without a cert the CA signed gets no call."""
     server = grpc.aio.server(
         interceptors=interceptors,
         options=[
@@ -62,8 +78,15 @@ async def start_grpc_server(
         ],
     )
     gateway_pb2_grpc.add_GatewayServicer_to_server(GatewayServicer(service), server)
-    bound = server.add_insecure_port(f"{host}:{port}")
+    address = f"{host}:{port}"
+    if tls is None:
+        bound = server.add_insecure_port(address)
+    else:
+        credentials = grpc.ssl_server_credentials(
+            [(tls.key, tls.cert)], root_certificates=tls.ca, require_client_auth=True
+        )
+        bound = server.add_secure_port(address, credentials)
     if bound == 0:
-        raise OSError(f"could not bind gRPC on {host}:{port}")
+        raise OSError(f"could not bind gRPC on {address}")
     await server.start()
     return server, bound

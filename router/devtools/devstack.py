@@ -79,6 +79,10 @@ class DevStack:
             env["IMROUTE_API_KEY"] = shown["api key"] = secrets.token_urlsafe(24)
         if settings.secret is None:
             env["IMROUTE_SECRET"] = shown["secret"] = secrets.token_urlsafe(32)
+        if settings.internal_token is None:
+            # Only the children need it (the push service's credential on the gateways'
+            # gRPC ports), so it is not shown.
+            env["IMROUTE_INTERNAL_TOKEN"] = secrets.token_urlsafe(32)
         o = self.options
 
         # Handlers first: a Ctrl-C at any point from here on stops what was started.

@@ -12,6 +12,7 @@ import grpc.aio
 
 from router.gateway_rpc.base import Batches, GatewayClient, ManyGatewayClient, Replies
 from shared.errors import GatewayUnavailable
+from shared.internal_auth import TlsFiles, token_metadata
 from shared.proto import gateway_pb2
 from shared.proto.gateway_pb2_grpc import GatewayStub
 
@@ -29,7 +30,7 @@ __all__ = [
 # A channel to a gateway that left the fleet is closed; calls still on it get this long.
 CLOSE_GRACE_S = 5.0
 
-_CHANNEL_OPTIONS = [
+_CHANNEL_OPTIONS: list[tuple[str, int | str]] = [
     ("grpc.keepalive_time_ms", 30_000),
     # gRPC's own reconnect backoff grows to 120 s by default: a gateway that restarts
     # at the same address would stay unreachable long after the circuit breaker (which
@@ -51,15 +52,34 @@ class _Stub:
 class GrpcGatewayClients:
     """Keeps one grpc.aio channel per gateway address; errors become GatewayUnavailable."""
 
-    def __init__(self, close_grace_s: float = CLOSE_GRACE_S) -> None:
+    def __init__(
+        self,
+        close_grace_s: float = CLOSE_GRACE_S,
+        token: str | None = None,
+        tls: TlsFiles | None = None,
+    ) -> None:
+        """`token`: the gateways' IMROUTE_INTERNAL_TOKEN, sent with every call; `tls`:
+        dial them with mTLS (this side's cert as the client's)."""
         self._stubs: dict[str, _Stub] = {}
         self._grace = close_grace_s
         self._closing: set[asyncio.Task[None]] = set()
+        self._metadata = token_metadata(token) if token is not None else None
+        self._credentials: grpc.ChannelCredentials | None = None
+        self._options = list(_CHANNEL_OPTIONS)
+        if tls is not None:
+            self._credentials = grpc.ssl_channel_credentials(
+                root_certificates=tls.ca, private_key=tls.key, certificate_chain=tls.cert
+            )
+            if tls.server_name:
+                self._options.append(("grpc.ssl_target_name_override", tls.server_name))
 
     def _stub(self, address: str) -> _Stub:
         stub = self._stubs.get(address)
         if stub is None:
-            channel = grpc.aio.insecure_channel(address, options=_CHANNEL_OPTIONS)
+            if self._credentials is None:
+                channel = grpc.aio.insecure_channel(address, options=self._options)
+            else:
+                channel = grpc.aio.secure_channel(address, self._credentials, self._options)
             stub = self._stubs[address] = _Stub(channel, GatewayStub(channel))
         return stub
 
@@ -67,7 +87,9 @@ class GrpcGatewayClients:
         self, gateway_id: str, address: str, batch: gateway_pb2.Batch, timeout_s: float
     ) -> gateway_pb2.DeliverReply:
         try:
-            return await self._stub(address).rpc.Deliver(batch, timeout=timeout_s)
+            return await self._stub(address).rpc.Deliver(
+                batch, timeout=timeout_s, metadata=self._metadata
+            )
         except (grpc.aio.AioRpcError, grpc.aio.BaseError, grpc.RpcError, ValueError) as exc:
             raise _translate(gateway_id, exc) from None
 
@@ -76,7 +98,9 @@ class GrpcGatewayClients:
     ) -> Replies:
         request = gateway_pb2.DeliverManyRequest(batches=batches)
         try:
-            reply = await self._stub(address).rpc.DeliverMany(request, timeout=timeout_s)
+            reply = await self._stub(address).rpc.DeliverMany(
+                request, timeout=timeout_s, metadata=self._metadata
+            )
         except (grpc.aio.AioRpcError, grpc.aio.BaseError, grpc.RpcError, ValueError) as exc:
             raise _translate(gateway_id, exc) from None
         if len(reply.replies) != len(batches):

@@ -35,9 +35,10 @@ __all__ = ["CIRCUIT_CODES", "CIRCUIT_OPEN", "TRANSPORT_CODES", "ResilientGateway
 # not: the push's time is spent.
 TRANSPORT_CODES = frozenset({"UNAVAILABLE"})
 # What counts against the circuit: the gateway could not be reached, or did not answer
-# in time. An answer with another error (INVALID_ARGUMENT, UNIMPLEMENTED, INTERNAL) is
-# not a sign the gateway is down.
-CIRCUIT_CODES = frozenset({"UNAVAILABLE", "DEADLINE_EXCEEDED"})
+# in time, or refuses our internal token (a gateway we cannot push to must not be given
+# clients: dispatch skips an open circuit). An answer with another error
+# (INVALID_ARGUMENT, UNIMPLEMENTED, INTERNAL) is not a sign the gateway is down.
+CIRCUIT_CODES = frozenset({"UNAVAILABLE", "DEADLINE_EXCEEDED", "UNAUTHENTICATED"})
 # The least time an attempt is given (a retry is not tried with less left).
 MIN_ATTEMPT_S = 0.005
 # The code of the error a call refused by an open circuit raises.

@@ -14,11 +14,12 @@ from router.p2p.plan import GatewayOutcome, PushOutcome, Target, merge, plan_p2p
 from router.recovery.base import RecoveryLog
 from router.routes.base import RouteRegistry
 from shared.batches import to_batch
+from shared.clock import Clock, SystemClock
 from shared.errors import GatewayUnavailable, ImrouteError, RegistryUnavailable
 from shared.ids import new_id
 from shared.models import Message, Route
 
-__all__ = ["P2PPusher"]
+__all__ = ["P2PPusher", "deliver_expiry_ms"]
 
 log = logging.getLogger(__name__)
 
@@ -29,6 +30,9 @@ STALE_RECHECK_S = 0.25
 # previous try): past a circuit breaker's cool-off (IMROUTE_CIRCUIT_COOL_OFF_S, 10 s).
 RETRY_AFTER_S = (1.0, 1.0, 2.0, 2.0, 4.0, 4.0, 8.0, 8.0, 16.0)  # 46 s in all
 MAX_RETRYING = 10_000  # pushes being retried at once; beyond, the inbox alone keeps them
+# Every P2P batch expires by the end of its call (`deliver_expiry_ms`), this much early:
+# the gateways' clocks may be a little ahead of ours (NTP keeps them far closer).
+CLOCK_MARGIN_MS = 250
 
 
 class P2PPusher:
@@ -41,8 +45,10 @@ class P2PPusher:
         clients: GatewayClient,
         deliver_timeout_s: float,
         recovery: RecoveryLog | None = None,
+        clock: Clock | None = None,
     ) -> None:
         self._registry = registry
+        self._clock = clock or SystemClock()
         self._fleet = fleet
         self._clients = clients
         self._timeout = deliver_timeout_s
@@ -198,7 +204,7 @@ class P2PPusher:
         self, message: Message, target: Target, expires_ms: int, seqs: Mapping[str, int]
     ) -> GatewayOutcome:
         batch = to_batch(message, target.uids, new_id())
-        batch.expires_ms = expires_ms
+        batch.expires_ms = deliver_expiry_ms(expires_ms, self._clock.now_ms(), self._timeout)
         if seqs:
             batch.seqs.extend([seqs[uid] for uid in target.uids])
         try:
@@ -212,7 +218,11 @@ class P2PPusher:
             suspect = exc.code == "UNAVAILABLE"
             return GatewayOutcome(target.gateway_id, error=exc.reason, suspect=suspect)
         if reply.expired:
-            return GatewayOutcome(target.gateway_id, error="EXPIRED: arrived after its ttl_s")
+            return GatewayOutcome(
+                target.gateway_id,
+                error="EXPIRED: reached the gateway after its ttl_s or the call's deadline; "
+                "not written",
+            )
         if reply.duplicate and not reply.delivered and not reply.missing:
             # A retry of a batch the gateway wrote, whose first answer it no longer holds
             # (its reply cache is bounded): the batch went out, so report its recipients
@@ -234,3 +244,12 @@ class P2PPusher:
             await self._registry.remove(routes)
         except RegistryUnavailable as exc:
             log.warning("could not remove %d stale routes: %s", len(routes), exc)
+
+
+def deliver_expiry_ms(expires_ms: int, now_ms: int, timeout_s: float) -> int:
+    """When the gateway must stop writing a P2P batch sent now: at its ttl_s (`expires_ms`,
+    0 for none) or at the call's deadline, whichever comes first. Past the deadline the
+    caller has been told `failed`; a gateway that writes it later would make that a lie."""
+    margin = min(CLOCK_MARGIN_MS, int(timeout_s * 250))  # a quarter of short timeouts
+    deadline = now_ms + int(timeout_s * 1000) - margin
+    return min(expires_ms, deadline) if expires_ms else deadline

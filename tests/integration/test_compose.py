@@ -23,8 +23,14 @@ ROOT = Path(__file__).resolve().parents[2]
 COMPOSE_FILE = ROOT / "docker-compose.yml"
 API_KEY = "test-api-key-0123456789"
 SECRET = "test-secret-0123456789abcdef-0123456789"
+INTERNAL = "test-internal-token-0123456789abcdef"
 # Variables the compose file interpolates; cleared so the caller's shell cannot leak in.
-COMPOSE_VARS = ("IMROUTE_API_KEY", "IMROUTE_SECRET", "IMROUTE_PUBLIC_HOST")
+COMPOSE_VARS = (
+    "IMROUTE_API_KEY",
+    "IMROUTE_SECRET",
+    "IMROUTE_INTERNAL_TOKEN",
+    "IMROUTE_PUBLIC_HOST",
+)
 INSTALL_HINT = (
     "neither `docker compose` (the Compose v2 plugin) nor `docker-compose` (v1, "
     ">= 1.27) is available; install one, e.g. `apt-get install docker-compose-plugin` "
@@ -117,7 +123,7 @@ def _rendered(compose: Compose, env_file: Path) -> dict[str, Any]:
     proc = _config(
         compose,
         env_file,
-        {"IMROUTE_API_KEY": API_KEY, "IMROUTE_SECRET": SECRET},
+        {"IMROUTE_API_KEY": API_KEY, "IMROUTE_SECRET": SECRET, "IMROUTE_INTERNAL_TOKEN": INTERNAL},
         json_out=use_json,
     )
     assert proc.returncode == 0, f"compose config failed:\n{proc.stderr}"
@@ -167,6 +173,7 @@ def test_compose_defines_every_service(compose: Compose, empty_env_file: Path) -
     push = services["push-service"]
     assert _command(push)[:2] == ["imroute", "push-service"]
     assert _env(push).get("IMROUTE_API_KEY") == API_KEY
+    assert _env(push).get("IMROUTE_INTERNAL_TOKEN") == INTERNAL
     assert "8080" in _published(push)
     for dep in ("redis", "postgres"):
         assert push["depends_on"][dep]["condition"] == "service_healthy"
@@ -184,6 +191,8 @@ def test_compose_defines_every_service(compose: Compose, empty_env_file: Path) -
         advertise = _flag(cmd, "--advertise-host") or env.get("IMROUTE_ADVERTISE_HOST")
         assert advertise == name, f"gateway {name!r} advertises {advertise!r}"
         assert env.get("IMROUTE_SECRET") == SECRET, f"gateway {name!r} lacks IMROUTE_SECRET"
+        # Its gRPC port listens on the compose network: it must take the push service's token.
+        assert env.get("IMROUTE_INTERNAL_TOKEN") == INTERNAL, f"gateway {name!r} takes any caller"
         assert svc["depends_on"]["redis"]["condition"] == "service_healthy"
         ws_ports[name] = _published(svc)
         assert ws_ports[name], f"gateway {name!r} publishes no port"
@@ -195,6 +204,11 @@ def test_compose_defines_every_service(compose: Compose, empty_env_file: Path) -
 
 
 def test_compose_requires_api_key(compose: Compose, empty_env_file: Path) -> None:
-    proc = _config(compose, empty_env_file, {"IMROUTE_SECRET": SECRET})
+    proc = _config(
+        compose, empty_env_file, {"IMROUTE_SECRET": SECRET, "IMROUTE_INTERNAL_TOKEN": INTERNAL}
+    )
     assert proc.returncode != 0, "compose config accepted a missing IMROUTE_API_KEY"
     assert "IMROUTE_API_KEY" in proc.stderr + proc.stdout
+    proc = _config(compose, empty_env_file, {"IMROUTE_SECRET": SECRET, "IMROUTE_API_KEY": API_KEY})
+    assert proc.returncode != 0, "compose config accepted a missing IMROUTE_INTERNAL_TOKEN"
+    assert "IMROUTE_INTERNAL_TOKEN" in proc.stderr + proc.stdout

@@ -11,7 +11,7 @@ from collections.abc import Iterable, Sequence
 import pytest
 
 from router.gateway_rpc.resilient import CIRCUIT_OPEN
-from router.p2p.pusher import P2PPusher
+from router.p2p.pusher import CLOCK_MARGIN_MS, P2PPusher, deliver_expiry_ms
 from router.testing import FakeGatewayClient
 from shared.models import GatewayInfo, Message, Route
 
@@ -108,3 +108,11 @@ async def test_store_false_neither_logs_nor_queues() -> None:
     outcome = await pusher.push(MESSAGE, ["amy", "bob"], store=False)
     assert outcome.failed == ["amy"] and outcome.offline == ["bob"] and outcome.queued == []
     assert log.queued == []
+
+
+def test_every_p2p_batch_expires_by_the_end_of_its_call() -> None:
+    now = 1_000_000
+    assert deliver_expiry_ms(0, now, 2.0) == now + 2000 - CLOCK_MARGIN_MS  # no ttl_s
+    assert deliver_expiry_ms(now + 500, now, 2.0) == now + 500  # the ttl_s comes first
+    assert deliver_expiry_ms(now + 60_000, now, 2.0) == now + 2000 - CLOCK_MARGIN_MS
+    assert deliver_expiry_ms(0, now, 0.2) == now + 150  # short calls keep 3/4 of their time
