@@ -26,6 +26,7 @@ from router.routes.base import (
 from router.routes.codec import decode_route, encode_route, group_live_routes
 from router.routes.reads import HashReads, hash_reads_for
 from shared.clock import Clock
+from shared.errors import RegistryUnavailable
 from shared.keys import KeySchema
 from shared.models import Registration, Route
 
@@ -98,11 +99,36 @@ class RedisRouteRegistry:
             await self.apply(chunk)
 
     async def refresh(self, registrations: Iterable[Registration]) -> int:
-        """Upsert the routes of live connections with a new deadline; returns how many."""
+        """Upsert the routes of live connections with a new deadline; returns how many.
+
+        A chunk that fails (a flaky Redis) does not stop the rest: stopping there would
+        leave the same users, those past it, unrefreshed round after round until their
+        routes lapse while they are connected. Failed chunks are tried once more at the
+        end; if any still fail, RegistryUnavailable says how many routes were left (the
+        next refresh tries them again)."""
         count = 0
+        failed: list[list[RouteOp]] = []
         for chunk in chunks(RouteOp(True, r.uid, r.conn_id) for r in registrations):
-            await self.apply(chunk)
-            count += len(chunk)
+            try:
+                await self.apply(chunk)
+            except RegistryUnavailable:
+                failed.append(chunk)
+            else:
+                count += len(chunk)
+        left = 0
+        error: RegistryUnavailable | None = None
+        for chunk in failed:
+            try:
+                await self.apply(chunk)
+            except RegistryUnavailable as exc:
+                left += len(chunk)
+                error = exc
+            else:
+                count += len(chunk)
+        if error is not None:
+            raise RegistryUnavailable(
+                f"{left} of {count + left} routes not refreshed (retried once): {error}"
+            )
         return count
 
     @translate_errors

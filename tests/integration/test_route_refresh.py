@@ -1,0 +1,83 @@
+"""The route refresh goes on past a chunk that fails (issue 12, small findings): on a
+flaky Redis it used to stop at the first failing 1000-route chunk, so the same users,
+those after it, kept losing their routes while connected. Real Redis; one pipeline's
+round trip fails as a dropped connection would."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import redis.asyncio as aioredis
+from redis.exceptions import ConnectionError as RedisConnectionError
+
+from router.routes.registry import RedisRouteRegistry
+from shared.clock import ManualClock
+from shared.errors import RegistryUnavailable
+from shared.keys import KeySchema
+from shared.models import Registration
+
+pytestmark = pytest.mark.integration
+
+
+class FailingPipelines:
+    """A real client whose pipelines numbered in `fail` fail without reaching Redis."""
+
+    def __init__(self, inner: aioredis.Redis, fail: set[int]) -> None:
+        self.inner, self.fail, self.executions = inner, fail, 0
+
+    def pipeline(self, transaction: bool = True) -> Any:
+        pipe = self.inner.pipeline(transaction=transaction)
+        real_execute = pipe.execute
+
+        async def execute(*args: Any, **kwargs: Any) -> Any:
+            self.executions += 1
+            if self.executions in self.fail:
+                raise RedisConnectionError("Connection closed by server.")
+            return await real_execute(*args, **kwargs)
+
+        pipe.execute = execute  # type: ignore[method-assign]
+        return pipe
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+def registry(redis: Any, prefix: str, clock: ManualClock) -> RedisRouteRegistry:
+    return RedisRouteRegistry(redis, KeySchema(prefix), clock, ttl_s=60, gateway_id="gw1",
+                              group_id="g1", ip="127.0.0.1", port=1)  # fmt: skip
+
+
+async def test_a_failed_chunk_does_not_stop_the_refresh_and_is_retried(
+    redis: aioredis.Redis, prefix: str
+) -> None:
+    clock = ManualClock()
+    regs = [Registration(f"u{i:04}", f"gw1.c.{i}") for i in range(3500)]  # 4 chunks
+    assert await registry(redis, prefix, clock).refresh(regs) == 3500
+    keys = KeySchema(prefix)
+
+    clock.advance(30)
+    flaky = FailingPipelines(redis, fail={2})  # the second chunk's round trip is lost
+    assert await registry(flaky, prefix, clock).refresh(regs) == 3500
+    assert flaky.executions == 5  # 4 chunks, and the failed one again at the end
+    # Every route has its new deadline: the failed chunk's and those after it too.
+    assert await deadlines(redis, keys, regs) == {clock.now_ms() + 60_000}
+
+    # A chunk that fails twice: the others are refreshed, and the error says how many not.
+    clock.advance(30)
+    flaky = FailingPipelines(redis, fail={3, 5})
+    with pytest.raises(RegistryUnavailable, match="1000 of 3500 routes not refreshed"):
+        await registry(flaky, prefix, clock).refresh(regs)
+    assert flaky.executions == 5
+    now = clock.now_ms() + 60_000
+    assert await deadlines(redis, keys, regs[2000:3000]) == {now - 30_000}  # left
+    assert await deadlines(redis, keys, regs[:2000] + regs[3000:]) == {now}
+
+
+async def deadlines(redis: aioredis.Redis, keys: KeySchema, regs: list[Registration]) -> set[int]:
+    """The deadlines the routes of `regs` carry in Redis (the last field of each)."""
+    pipe = redis.pipeline(transaction=False)
+    for r in regs:
+        pipe.hget(keys.route(r.uid), r.conn_id)
+    values = await pipe.execute()
+    return {int(v.rsplit("|", 1)[1]) for v in values}
