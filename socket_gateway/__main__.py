@@ -62,6 +62,8 @@ async def serve(settings: Settings) -> None:
             flush=True,
         )
         await _until_stopped(gw, stop, drain)
+        if gw.failure is not None:
+            raise ImrouteError(f"gave up and drained: {gw.failure}")
 
 
 async def _until_stopped(gw: Gateway, stop: asyncio.Event, drain: asyncio.Event) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import socket
 from collections.abc import Sequence
 from contextlib import AsyncExitStack
@@ -44,9 +45,12 @@ from socket_gateway.heartbeat import (
 )
 from socket_gateway.metrics import GatewayMetrics, render
 from socket_gateway.resume import Resumer
+from socket_gateway.supervise import RestartBudget
 from socket_gateway.ws import WsEndpoint, WsServer
 
 __all__ = ["CLOSE_DRAIN", "RECONNECT_FRAME", "Gateway"]
+
+log = logging.getLogger(__name__)
 
 
 class Gateway:
@@ -87,6 +91,11 @@ class Gateway:
         self.deliver_service = DeliverService(self.conns, self.clock, RecentIds(self.clock))
         self.follower: TopicFollower | None = None
         self.resumer: Resumer | None = None
+        # Set when the gateway gave up on a part it cannot serve without (the bus
+        # consumer): it drains, and its process exits non-zero to be restarted.
+        self.failure: str | None = None
+        self.consumer_restarts = 0
+        self.consumer_budget = RestartBudget(self.clock)
         self.metrics = GatewayMetrics(self.deliver_service, self.conns, self._recovery_counts)
         self.ws_port = 0
         self.grpc_port = 0
@@ -110,6 +119,10 @@ class Gateway:
                 self.deliver_service.rejected,
             ),
         }
+        counts["bus_consumer_restarts"] = (
+            "Times the bus consumer died of an unexpected error and was restarted",
+            self.consumer_restarts,
+        )
         counts["dedupe_evicted_early"] = (
             "Batch ids forgotten before their dedupe window ran out (its count or byte "
             "cap): a duplicate of one would be written again",
@@ -260,10 +273,32 @@ class Gateway:
             self.drain,
         )
         self._heartbeat.start()
-        self._consumer = asyncio.create_task(
-            consume(bus, s.gateway_id, s.group_id, self.follower.offer), name="bus-consumer"
-        )
+        self._consumer = asyncio.create_task(self._consume(bus), name="bus-consumer")
         self._following = asyncio.create_task(self.follower.run(), name="topic-follower")
+
+    async def _consume(self, bus: Bus) -> None:
+        """The bus consumer, restarted when it dies of an unexpected error; when it keeps
+        dying, the gateway drains rather than stay in the fleet deaf to the bus."""
+        s = self.settings
+        assert self.follower is not None
+        budget = self.consumer_budget
+        while True:
+            try:
+                await consume(bus, s.gateway_id, s.group_id, self.follower.offer)
+                return  # the bus closed: the gateway is stopping
+            except Exception as exc:
+                delay = budget.failed()
+                if delay is None:
+                    self.failure = (
+                        f"the bus consumer failed {budget.recent} times within a minute "
+                        f"(last: {type(exc).__name__}: {exc})"
+                    )
+                    log.exception("%s: draining this gateway", self.failure)
+                    await self.drain()
+                    return
+                self.consumer_restarts += 1
+                log.exception("the bus consumer failed; restarting it in %.1fs", delay)
+                await asyncio.sleep(delay)
 
     async def __aexit__(
         self,

@@ -1,0 +1,49 @@
+"""When a background loop that died should be restarted, and when to give up on it.
+
+The gateway's bus consumer is one such loop: a bug or an unexpected library error must
+not leave the gateway in the fleet, taking clients, while deaf to every broadcast and
+multicast. It is restarted with a growing delay; after `max_failures` within `window_s`
+the gateway gives up and drains (socket_gateway.app), so its clients move elsewhere.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+from shared.clock import Clock
+
+__all__ = ["RestartBudget"]
+
+
+class RestartBudget:
+    """`failed()`: the delay before the next restart, or None once the budget is spent."""
+
+    def __init__(
+        self,
+        clock: Clock,
+        max_failures: int = 5,
+        window_s: float = 60.0,
+        first_delay_s: float = 0.5,
+        max_delay_s: float = 8.0,
+    ) -> None:
+        self._clock = clock
+        self._max = max_failures
+        self._window = window_s
+        self._first = first_delay_s
+        self._cap = max_delay_s
+        self._failures: deque[float] = deque()
+
+    def failed(self) -> float | None:
+        now = self._clock.monotonic()
+        failures = self._failures
+        failures.append(now)
+        while failures and now - failures[0] > self._window:
+            failures.popleft()
+        if len(failures) >= self._max:
+            return None
+        return min(self._first * 2.0 ** (len(failures) - 1), self._cap)
+
+    @property
+    def recent(self) -> int:
+        """Failures within the window, as of the last one."""
+        return len(self._failures)
