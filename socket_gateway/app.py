@@ -257,6 +257,7 @@ class Gateway:
         # Subscribed before announcing: a batch published once this gateway is visible
         # must already be owed to it.
         await bus.prepare(gateway_topics(s.group_id), s.gateway_id)
+        await self._claim_id(self.fleet)
         # Announced only once both servers listen, so no route points at a dead port.
         await self.fleet.announce(self.info)
         self._stack.push_async_callback(self._shutdown)
@@ -275,6 +276,40 @@ class Gateway:
         self._heartbeat.start()
         self._consumer = asyncio.create_task(self._consume(bus), name="bus-consumer")
         self._following = asyncio.create_task(self.follower.run(), name="topic-follower")
+
+    async def _claim_id(self, fleet: RedisGatewayFleet) -> None:
+        """Refuse to start under an id another live gateway holds: two would overwrite
+        each other's fleet record, and pushes for one's users would reach the other.
+
+        A record at our own address is this gateway's previous life (a restart). One at
+        another address may be a live gateway or a dead one whose record has not lapsed
+        (a crash, then a restart on a new pod IP): a live gateway renews its record every
+        heartbeat, so we watch it until it renews (live: refuse, naming it) or lapses."""
+        gateway_id = self.settings.gateway_id
+        mine = self.info.grpc_address
+        other, left_ms = await fleet.record(gateway_id)
+        if other is None or other.grpc_address == mine:
+            return
+        log.warning(
+            "gateway id %s is announced at %s: waiting up to %.1fs to see if it is alive",
+            gateway_id,
+            other.grpc_address,
+            left_ms / 1000,
+        )
+        deadline = self.clock.monotonic() + left_ms / 1000 + 0.5
+        while self.clock.monotonic() < deadline:
+            await asyncio.sleep(0.1)
+            again, now_left = await fleet.record(gateway_id)
+            if again is None or again.grpc_address == mine:
+                return  # it lapsed or withdrew: the id is free
+            if now_left > left_ms or again.started_ms != other.started_ms:
+                raise ConfigError(
+                    f"IMROUTE_GATEWAY_ID: {gateway_id} is already live at "
+                    f"{again.grpc_address} (started at {again.started_ms} ms since the epoch, "
+                    f"heartbeating): give this gateway another id, or stop that one"
+                )
+            left_ms = now_left
+        # Past its whole TTL without a renewal: the record is a dead gateway's.
 
     async def _consume(self, bus: Bus) -> None:
         """The bus consumer, restarted when it dies of an unexpected error; when it keeps

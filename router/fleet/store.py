@@ -39,6 +39,16 @@ class RedisGatewayFleet:
         return previous is not None
 
     @translate_errors
+    async def record(self, gateway_id: str) -> tuple[GatewayInfo | None, int]:
+        """The gateway's record as announced, and its milliseconds left (0 when none)."""
+        pipe = self._redis.pipeline(transaction=False)
+        pipe.get(self._keys.gateway(gateway_id))
+        pipe.pttl(self._keys.gateway(gateway_id))
+        value, ttl = await pipe.execute()
+        info = decode_gateway(value) if value else None
+        return info, max(int(ttl), 0) if info is not None else 0
+
+    @translate_errors
     async def withdraw(self, gateway_id: str) -> None:
         """Remove this gateway's record at once (clean shutdown)."""
         pipe = self._redis.pipeline(transaction=False)
