@@ -21,10 +21,13 @@ import math
 import os
 import random
 import secrets
+import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -157,6 +160,7 @@ class Options:
     seed: int
     json_out: bool
     store: bool = True
+    internal: str = "token"
 
 
 async def bench(
@@ -348,6 +352,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--store", choices=["on", "off"], default="on", help='"store" of each push (default on)'
     )
+    p.add_argument(
+        "--internal",
+        choices=["none", "token", "mtls"],
+        default="token",
+        help="the credential of the push service's gRPC calls: none, IMROUTE_INTERNAL_TOKEN "
+        "(default, as imroute dev runs) or mTLS (scripts/grpc-certs)",
+    )
     add_run_flags(p, "200 clients, 3 s, 200/s", concurrency=64)
     p.add_argument("--worker", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -364,7 +375,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return worker_main(json.loads(args.worker))
     opts = Options(
         args.clients, args.rate, args.duration, args.concurrency, args.seed, args.json,
-        args.store == "on",
+        args.store == "on", args.internal,
     )  # fmt: skip
     # Children inherit the limit: each gateway holds about half of the clients.
     raise_nofile(opts.clients + 4096)
@@ -375,6 +386,16 @@ def _p2p(h: Harness, opts: Options) -> None:
     api_key = secrets.token_urlsafe(24)
     h.env["IMROUTE_API_KEY"] = api_key
     h.cond["store"] = "on" if opts.store else "off"
+    h.cond["internal"] = opts.internal
+    if opts.internal == "token":
+        h.env["IMROUTE_INTERNAL_TOKEN"] = secrets.token_urlsafe(32)
+    elif opts.internal == "mtls":
+        folder = tempfile.mkdtemp(prefix="imroute-bench-certs-")
+        script = Path(__file__).resolve().parents[1] / "scripts" / "grpc-certs"
+        subprocess.run([str(script), folder], check=True, stdout=subprocess.DEVNULL)
+        h.env["IMROUTE_GRPC_TLS_CERT"] = f"{folder}/node.pem"
+        h.env["IMROUTE_GRPC_TLS_KEY"] = f"{folder}/node.key"
+        h.env["IMROUTE_GRPC_TLS_CA"] = f"{folder}/ca.pem"
     http_port = free_port()
     gateways = [("gw1", "g1", free_port(), free_port()), ("gw2", "g2", free_port(), free_port())]
     start_stack(h.stack, http_port, gateways, api_key)
