@@ -11,6 +11,8 @@ import time
 import urllib.request
 from pathlib import Path
 
+import grpc
+import grpc.aio
 import pytest
 import redis.asyncio as aioredis
 from websockets.asyncio.client import connect
@@ -18,6 +20,8 @@ from websockets.asyncio.client import connect
 from router.devtools.ports import free_port_block
 from router.devtools.supervisor import alive, descendants
 from shared.keys import KeySchema
+from shared.proto import gateway_pb2
+from shared.proto.gateway_pb2_grpc import GatewayStub
 from tests.conftest import SECRET
 from tests.integration.procs import BIN, base_env, read_until, running
 from tests.integration.stack import ready, token
@@ -160,6 +164,13 @@ async def test_imroute_dev_serves_a_push_end_to_end_and_stops_cleanly(
         assert "started an embedded one" in banner
         gateways = re.findall(r"(gw\d) group=(g\d) ws=(\S+)", banner)
         assert [(g, grp) for g, grp, _ in gateways] == [("gw1", "g1"), ("gw2", "g2")]
+        # dev gave its children an internal token: its gateways take no call without it.
+        grpc_address = re.search(r"gw1 .*grpc=(\S+)", banner)
+        assert grpc_address, banner
+        async with grpc.aio.insecure_channel(grpc_address.group(1)) as channel:
+            with pytest.raises(grpc.aio.AioRpcError) as refused:
+                await GatewayStub(channel).Deliver(gateway_pb2.Batch(), timeout=5)
+            assert refused.value.code() is grpc.StatusCode.UNAUTHENTICATED
         children = descendants(dev.pid)
         assert len(children) >= 4  # push service, two gateways, redis-server
 
