@@ -21,6 +21,7 @@ from router.recovery.store import RedisRecoveryStore
 from router.redis.client import connect_redis, ping
 from router.routes.registry import RedisRouteRegistry
 from router.routes.writer import CoalescingRouteWriter
+from shared.auth import TokenRules
 from shared.clock import Clock, SystemClock
 from shared.errors import ConfigError, ImrouteError, RegistryUnavailable
 from shared.ids import ConnIdFactory
@@ -42,7 +43,7 @@ from socket_gateway.heartbeat import (
 )
 from socket_gateway.metrics import GatewayMetrics, render
 from socket_gateway.resume import Resumer
-from socket_gateway.ws import WsEndpoint, WsServer
+from socket_gateway.ws import HandshakeLimits, WsEndpoint, WsServer, WsTimers
 
 __all__ = ["CLOSE_DRAIN", "RECONNECT_FRAME", "Gateway"]
 
@@ -88,6 +89,8 @@ class Gateway:
 
     def _recovery_counts(self) -> dict[str, tuple[str, float]]:
         counts: dict[str, tuple[str, float]] = {}
+        if self._ws is not None:
+            counts.update(self._ws.refusals.metrics())
         if self.resumer is not None:
             r = self.resumer.stats
             counts["resumes"] = ("Connections that asked to resume (since=)", r.resumes)
@@ -201,6 +204,9 @@ class Gateway:
             metrics=lambda: render(self.metrics).decode(),
             max_connections=s.gateway_max_connections,
             resumer=self.resumer,
+            timers=WsTimers(handshake_s=s.ws_handshake_timeout_s),
+            token_rules=TokenRules.from_settings(s),
+            limits=HandshakeLimits.from_settings(s),
         )
         self._ws_server = await self._ws.serve(s.ws_host, s.ws_port)
         self.ws_port = self._ws_server.sockets[0].getsockname()[1]

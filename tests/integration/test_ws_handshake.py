@@ -1,21 +1,26 @@
 """The WebSocket endpoint's opening handshake (socket_gateway/ws/handshake.py): HTTP
-answers, the token (4401), deadlines, and the route registered after the 101."""
+answers, the token (401 before any 101, in the query or a subprotocol), the limits on
+sockets without a 101, deadlines, and the route registered after the 101."""
 
 from __future__ import annotations
 
 import asyncio
+import json
+import logging
 import struct
+import time
 from typing import Any
 
 import jwt
 import pytest
 from websockets.asyncio.client import connect
 from websockets.exceptions import InvalidStatus
+from websockets.typing import Subprotocol
 
 from router.routes.registry import RedisRouteRegistry
 from shared.clock import SystemClock
 from shared.errors import RegistryUnavailable
-from socket_gateway.ws import WsTimers
+from socket_gateway.ws import HandshakeLimits, WsTimers
 from tests.conftest import SECRET
 from tests.integration.ws_helpers import (
     RawClient,
@@ -30,29 +35,113 @@ from tests.integration.ws_helpers import (
 
 pytestmark = pytest.mark.integration
 
+V1 = Subprotocol("imroute.v1")
+
 
 # --------------------------------------------------------------------------- auth
 
 
-@pytest.mark.parametrize("bad", ["none", "garbage", "expired", "wrong-secret", "no-sub"])
-async def test_bad_tokens_close_4401_before_registering(
-    redis_url: str, prefix: str, redis: Any, bad: str
-) -> None:
+def _bad_tokens() -> dict[str, str]:
     now = SystemClock().now_ms() // 1000
-    tokens = {
+    return {
         "none": "",
         "garbage": "?token=not.a.jwt",
-        "expired": "?token=" + jwt.encode({"sub": "alice", "exp": now - 5}, SECRET, "HS256"),
-        "wrong-secret": "?token=" + jwt.encode({"sub": "alice", "exp": 2**40}, "w" * 32, "HS256"),
-        "no-sub": "?token=" + jwt.encode({"exp": 2**40}, SECRET, "HS256"),
+        # Past the 30 s leeway.
+        "expired": "?token=" + jwt.encode({"sub": "alice", "exp": now - 60}, SECRET, "HS256"),
+        "wrong-secret": "?token="
+        + jwt.encode({"sub": "alice", "exp": now + 60}, "w" * 32, "HS256"),
+        "no-sub": "?token=" + jwt.encode({"exp": now + 60}, SECRET, "HS256"),
+        # Over the default IMROUTE_JWT_MAX_TTL_S (a day).
+        "too-long": "?token=" + jwt.encode({"sub": "alice", "exp": 2**40}, SECRET, "HS256"),
     }
-    async with gateway(redis_url, prefix) as gw:
-        async with connect(gw.url(tokens[bad])) as ws:
-            code, reason = await closed_with(ws)
-        assert code == 4401
-        assert reason  # says why
+
+
+@pytest.mark.parametrize("bad", list(_bad_tokens()))
+async def test_bad_tokens_get_401_with_json_and_no_101(
+    redis_url: str, prefix: str, redis: Any, bad: str
+) -> None:
+    # Long deadlines: the socket must be closed because it was refused, not by a timer.
+    timers = WsTimers(handshake_s=30, close_s=30)
+    async with gateway(redis_url, prefix, timers=timers) as gw:
+        raw = await RawClient.open(gw)
+        raw.writer.write(RawClient.request("alice", query=_bad_tokens()[bad]))
+        head, body = await raw.response()
+        assert head.startswith(b"HTTP/1.1 401 ")
+        assert b"content-type: application/json" in head.lower()
+        answer = json.loads(body)
+        assert answer["error"] == "unauthorized" and answer["detail"]  # says why
+        assert await raw.at_eof(2)  # closed right after the answer
+        raw.close()
+        await wait_for(lambda: not gw.endpoint._live, "the socket gone")
+        assert gw.endpoint.refusals.counts["unauthorized"] == 1
         assert len(gw.conns) == 0 and gw.calls == []
         assert await redis.exists(gw.keys.route("alice")) == 0
+
+
+async def test_a_websockets_client_sees_the_401(redis_url: str, prefix: str, redis: Any) -> None:
+    async with gateway(redis_url, prefix) as gw:
+        with pytest.raises(InvalidStatus) as info:
+            async with connect(gw.url("?token=not.a.jwt")):
+                pass
+        response = info.value.response
+        assert response.status_code == 401
+        assert json.loads(response.body)["error"] == "unauthorized"
+
+
+async def test_the_token_can_travel_as_a_subprotocol_and_is_never_echoed(
+    redis_url: str, prefix: str, redis: Any
+) -> None:
+    tok = token("alice")
+    async with gateway(redis_url, prefix) as gw:
+        # As a browser sends it: new WebSocket(url, ["imroute.v1", "imroute.jwt." + token]).
+        offer = [Subprotocol("imroute.v1"), Subprotocol(f"imroute.jwt.{tok}")]
+        async with connect(gw.url(), subprotocols=offer) as ws:
+            assert ws.subprotocol == "imroute.v1"
+            assert ws.response is not None
+            assert ws.response.headers.get_all("Sec-WebSocket-Protocol") == ["imroute.v1"]
+            await wait_for(lambda: [c.uid for c in gw.conns] == ["alice"], "alice in the map")
+            await ws.send('{"type":"ping"}')
+            assert await recv_json(ws) == {"type": "pong"}
+        # Nothing of the token in the answer's bytes.
+        raw = await RawClient.open(gw)
+        raw.writer.write(
+            RawClient.request(
+                "bob", query="", extra=f"Sec-WebSocket-Protocol: imroute.v1, imroute.jwt.{tok}\r\n"
+            )
+        )
+        head = await raw.response_head()
+        assert b" 101 " in head and b"Sec-WebSocket-Protocol: imroute.v1\r\n" in head
+        assert tok.encode() not in head and b"jwt" not in head
+        raw.close()
+        # A bad token in the subprotocol is refused like one in the query.
+        with pytest.raises(InvalidStatus) as info:
+            await connect(gw.url(), subprotocols=[V1, Subprotocol("imroute.jwt.x.y.z")])
+        assert info.value.response.status_code == 401
+
+
+async def test_the_token_is_never_logged(
+    redis_url: str, prefix: str, redis: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    good, expired = token("alice"), token("alice", ttl=1)
+    bad = jwt.encode({"sub": "alice", "exp": 2**40}, "w" * 32, "HS256")
+    caplog.set_level(logging.DEBUG)
+    async with gateway(redis_url, prefix) as gw:
+        async with connect(gw.url(f"?token={good}")) as ws:
+            await ws.send('{"type":"ping"}')
+            await recv_json(ws)
+        for query in (f"?token={bad}", f"?token={expired}&since=x", f"?token={good}&x=1"):
+            raw = await RawClient.open(gw)
+            raw.writer.write(RawClient.request("alice", query=query))
+            await raw.response()
+            raw.close()
+        with pytest.raises(InvalidStatus):
+            await connect(gw.url(), subprotocols=[V1, Subprotocol(f"imroute.jwt.{bad}")])
+        await wait_for(lambda: not gw.endpoint._live, "all gone")
+    gateway_side = [r for r in caplog.records if not r.name.startswith("websockets.client")]
+    assert any(r.name.startswith("socket_gateway") for r in gateway_side)  # it did log
+    text = "\n".join(r.getMessage() for r in gateway_side)
+    for t in (good, expired, bad):
+        assert t.split(".")[2] not in text
 
 
 # --------------------------------------------------------------------------- HTTP
@@ -68,18 +157,36 @@ async def test_wrong_path_is_404_with_a_text_body(
             async with connect(gw.url(f"?token={token('a')}", path="/other")):
                 pass
         assert info.value.response.status_code == 404
-        assert b"/ws?token=" in info.value.response.body
+        assert json.loads(info.value.response.body) == {
+            "error": "not_found",
+            "detail": "the WebSocket endpoint is /ws?token=<JWT>",
+        }
         assert len(gw.conns) == 0
 
 
-async def test_not_accepting_is_503(redis_url: str, prefix: str, redis: Any) -> None:
-    async with gateway(redis_url, prefix) as gw:
-        gw.endpoint.accepting = False
+async def test_not_accepting_and_full_are_503_with_json_and_retry_after(
+    redis_url: str, prefix: str, redis: Any
+) -> None:
+    async with gateway(redis_url, prefix, max_connections=1) as gw:
+        async with client(gw, "a"):
+            with pytest.raises(InvalidStatus) as info:
+                async with connect(gw.url(f"?token={token('b')}")):
+                    pass
+            full = info.value.response
+            assert full.status_code == 503 and full.headers["Retry-After"] == "2"
+            assert json.loads(full.body)["error"] == "gateway_full"
+            assert [c.uid for c in gw.conns] == ["a"]
+        await wait_for(lambda: len(gw.conns) == 0, "a gone")
+        gw.endpoint.accepting = False  # draining or shutting down
         with pytest.raises(InvalidStatus) as info:
             async with connect(gw.url(f"?token={token('a')}")):
                 pass
-        assert info.value.response.status_code == 503
-        assert gw.calls == []
+        draining = info.value.response
+        assert draining.status_code == 503 and draining.headers["Retry-After"] == "2"
+        assert json.loads(draining.body)["error"] == "unavailable"
+        assert [c[1] for c in gw.calls if c[0] == "register"] == ["a"]
+        counts = gw.endpoint.refusals.counts
+        assert (counts["full"], counts["not_accepting"]) == (1, 1)
 
 
 async def test_plain_http_request_is_refused(
@@ -90,8 +197,9 @@ async def test_plain_http_request_is_refused(
     async with gateway(redis_url, prefix) as gw:
         raw = await RawClient.open(gw)
         raw.writer.write(b"GET /ws HTTP/1.1\r\nHost: x\r\n\r\n")
-        head = await raw.response_head()
-        assert head.startswith(b"HTTP/1.1 426 ")
+        head, body = await raw.response()
+        assert head.startswith(b"HTTP/1.1 426 ") and b"\r\nUpgrade: websocket\r\n" in head
+        assert json.loads(body)["error"] == "bad_handshake"
         raw.close()
         raw = await RawClient.open(gw)
         raw.writer.write(b"\x16\x03\x01 not http at all\r\n\r\n")
@@ -130,29 +238,113 @@ async def test_handshake_and_frames_in_one_segment(redis_url: str, prefix: str, 
         await wait_for(lambda: any(c[0] == "unregister" for c in gw.calls), "unregister")
 
 
-# --------------------------------------------------------------------------- deadline
+# --------------------------------------------------------------------------- before the 101
 
 
 async def test_a_client_that_never_finishes_the_handshake_is_dropped(
     redis_url: str, prefix: str, redis: Any
 ) -> None:
-    timers = WsTimers(handshake_s=0.3)
+    timers = WsTimers(handshake_s=0.5)
     async with (
         gateway(redis_url, prefix, timers=timers) as gw,
         client(gw, "bystander") as bystander,
     ):
         silent = await RawClient.open(gw)
         partial = await RawClient.open(gw)
-        partial.writer.write(RawClient.request("slowpoke")[:40])
+        request = RawClient.request("slowpoke")
+        partial.writer.write(request[:40])
         await wait_for(lambda: len(gw.endpoint._live) == 3, "both accepted")
+        assert len(gw.endpoint._pending) == 2  # the bystander had its 101
+
+        async def trickle() -> None:
+            # Slowloris: a byte every 50 ms never finishes, and does not push the deadline.
+            for b in request[40:-4]:
+                partial.writer.write(bytes([b]))
+                await asyncio.sleep(0.05)
+
+        trickling = asyncio.create_task(trickle())
+        started = time.monotonic()
         for raw in (silent, partial):
-            assert await raw.dropped(2)
+            assert await raw.dropped(3)
             raw.close()
+        assert time.monotonic() - started < 2.5  # the deadline, not the trickle's end
+        trickling.cancel()
         await wait_for(lambda: len(gw.endpoint._live) == 1, "dropped")
+        assert not gw.endpoint._pending
+        assert gw.endpoint.refusals.counts["handshake_timeout"] == 2
         assert [c.uid for c in gw.conns] == ["bystander"]
         # The bystander, past its own handshake long ago, is not affected.
         await bystander.send('{"type":"ping"}')
         assert await recv_json(bystander) == {"type": "pong"}
+
+
+async def test_sockets_without_a_101_are_capped_and_those_over_are_closed_at_once(
+    redis_url: str, prefix: str, redis: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    limits = HandshakeLimits(max_pre_auth=3)
+    async with gateway(redis_url, prefix, limits=limits, timers=WsTimers(handshake_s=30)) as gw:
+        # Connected clients do not count: only sockets still in their handshake.
+        async with client(gw, "a"), client(gw, "b"), client(gw, "c"), client(gw, "d"):
+            silent = [await RawClient.open(gw) for _ in range(3)]
+            await wait_for(lambda: len(gw.endpoint._pending) == 3, "three pending")
+            over = [await RawClient.open(gw) for _ in range(5)]
+            for raw in over:
+                assert await raw.dropped(2)  # at once: the deadline is 30 s
+                raw.close()
+            assert gw.endpoint.refusals.counts["pre_auth_cap"] == 5
+            # One log line for the burst, not five.
+            lines = [r for r in caplog.records if "pre_auth_cap" in r.getMessage()]
+            assert len(lines) == 1 and lines[0].levelno == logging.WARNING
+            silent[0].close()
+            await wait_for(lambda: len(gw.endpoint._pending) == 2, "a place free")
+            async with client(gw, "e"):
+                pass
+            for raw in silent[1:]:
+                raw.close()
+        await wait_for(lambda: not gw.endpoint._live, "all gone")
+        assert not gw.endpoint._pending
+
+
+async def test_connects_per_ip_over_the_rate_get_429_with_retry_after(
+    redis_url: str, prefix: str, redis: Any
+) -> None:
+    limits = HandshakeLimits(connect_rate_per_ip=0.5, connect_burst_per_ip=3)
+    async with gateway(redis_url, prefix, limits=limits) as gw:
+        for uid in ("a", "b", "c"):  # the burst
+            async with client(gw, uid):
+                pass
+        with pytest.raises(InvalidStatus) as info:
+            async with connect(gw.url(f"?token={token('d')}")):
+                pass
+        response = info.value.response
+        assert response.status_code == 429
+        assert response.headers["Retry-After"] == "2"  # one connect per 2 s
+        assert json.loads(response.body)["error"] == "rate_limited"
+        assert gw.endpoint.refusals.counts["rate_limited"] == 1
+        assert [c[1] for c in gw.calls if c[0] == "register"] == ["a", "b", "c"]
+
+
+async def test_with_the_defaults_1500_connects_from_one_address_all_pass(
+    redis_url: str, prefix: str, redis: Any
+) -> None:
+    # Load tests open 10k connections from one loopback address at about 1,500/s: no
+    # default limit may refuse them (each is closed after its 101 to spare descriptors).
+    async with gateway(redis_url, prefix) as gw:
+        accepted = 0
+
+        async def one(i: int) -> None:
+            nonlocal accepted
+            raw = await RawClient.open(gw)
+            raw.writer.write(RawClient.request(f"u{i}"))
+            head = await raw.response_head()
+            assert b" 101 " in head, head
+            accepted += 1
+            raw.close()
+
+        for start in range(0, 1500, 100):
+            await asyncio.gather(*(one(i) for i in range(start, start + 100)))
+        assert accepted == 1500
+        assert sum(gw.endpoint.refusals.counts.values()) == 0
 
 
 # --------------------------------------------------------------------------- routes
