@@ -72,13 +72,13 @@ class Gateway:
         self.deliver_service = DeliverService(self.conns, self.clock, RecentIds(self.clock))
         self.follower: TopicFollower | None = None
         self.resumer: Resumer | None = None
+        self._ws: WsEndpoint | None = None  # before the metrics, which read it at once
         self.metrics = GatewayMetrics(self.deliver_service, self.conns, self._recovery_counts)
         self.ws_port = 0
         self.grpc_port = 0
         self._stack = AsyncExitStack()
         self._consumer: asyncio.Task[None] | None = None
         self._following: asyncio.Task[None] | None = None
-        self._ws: WsEndpoint | None = None
         self._ws_server: WsServer | None = None
         self._grpc: grpc.aio.Server | None = None
         self.registry: RedisRouteRegistry | None = None
