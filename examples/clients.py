@@ -1,7 +1,8 @@
 """N WebSocket clients that behave like real ones, each an `imroute_client.ImrouteClient`
 (clients/python): it asks `GET /v1/dispatch` where to connect, connects there, counts
 the pushes it gets, and when its gateway drains (a `reconnect` frame, then close 4503)
-or is full (4429), asks dispatch again and moves.
+or refuses it for being full or draining (HTTP 503, or 429 over a per-address connect
+rate), asks dispatch again and moves, after the answer's Retry-After.
 
 Every `--every` seconds it prints how the clients spread over the gateways:
 
@@ -9,11 +10,13 @@ Every `--every` seconds it prints how the clients spread over the gateways:
     t=12.6s connected=1000/1000 gw1=262 gw2=247 gw3=253 gw4=238 moves=0 pushes=0
 
 Drain a gateway meanwhile (`POST /v1/gateways/gw1/drain` with the API key) and watch
-its clients move: a client told to go, or refused by a full gateway (4429), asks
-dispatch again at once (a second refusal in a row backs off); one cut off retries the
-same gateway twice, with jittered backoff, before asking dispatch. `--json` prints the
-same as JSON lines; `--duration` stops after that many seconds (else Ctrl-C). Tokens
-are minted with IMROUTE_SECRET, the stack's client secret (`imroute dev` prints it).
+its clients move: a client told to go asks dispatch again at once, one refused by a
+full gateway (503) after its Retry-After; one cut off retries the same gateway twice,
+with jittered backoff, before asking dispatch. A token refused (401, by dispatch or at
+the handshake) stops the run. `--json` prints the same as JSON lines; `--duration`
+stops after that many seconds (else Ctrl-C). Tokens are minted with IMROUTE_SECRET, the
+stack's client secret (`imroute dev` prints it), with IMROUTE_JWT_AUDIENCE and
+IMROUTE_JWT_ISSUER as their `aud` and `iss` when those are set.
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ from imroute_client import ClientError, ImrouteClient, Unauthorized
 from shared.auth import issue_token
 from shared.clock import SystemClock
 
-TOKEN_TTL_S = 24 * 3600
+TOKEN_TTL_S = 24 * 3600  # the gateways' default IMROUTE_JWT_MAX_TTL_S
 CONNECT_PARALLEL = 64  # dispatches and handshakes in flight at start
 
 
@@ -98,7 +101,14 @@ async def run_client(
     client: Client, http: httpx.AsyncClient, api: str, secret: str, gate: asyncio.Semaphore
 ) -> None:
     """One SDK client: dispatch, reconnects, drains and full gateways are the SDK's."""
-    token = issue_token(secret, client.uid, TOKEN_TTL_S, SystemClock())
+    token = issue_token(
+        secret,
+        client.uid,
+        TOKEN_TTL_S,
+        SystemClock(),
+        audience=os.environ.get("IMROUTE_JWT_AUDIENCE") or None,
+        issuer=os.environ.get("IMROUTE_JWT_ISSUER") or None,
+    )
     try:
         async with ImrouteClient(api, token, http=http) as sdk:
             client.sdk = sdk
@@ -107,7 +117,10 @@ async def run_client(
             async for _ in sdk:
                 client.pushes += 1
     except Unauthorized as exc:
-        raise Fatal(f"{exc}; is IMROUTE_SECRET the stack's client secret?") from None
+        raise Fatal(
+            f"{exc}; is IMROUTE_SECRET the stack's client secret (and IMROUTE_JWT_AUDIENCE, "
+            "IMROUTE_JWT_ISSUER its settings)?"
+        ) from None
     except ClientError as exc:
         raise Fatal(str(exc)) from None
 

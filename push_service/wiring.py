@@ -47,6 +47,7 @@ from router.recovery.base import RecoveryLimits
 from router.recovery.store import RedisRecoveryStore
 from router.redis.client import create_redis, ping
 from router.routes.registry import RedisRouteRegistry
+from shared.auth import TokenRules
 from shared.clock import Clock
 from shared.internal_auth import load_tls
 from shared.keys import KeySchema
@@ -152,6 +153,7 @@ class Wiring:
                     secret,
                     clock,
                     settings.gateway_cache_s,
+                    TokenRules.from_settings(settings),
                 ),
                 fleet=Fleet(fleet, RedisDrainRequests(redis, keys)),
                 fanout=FanOut(

@@ -3,28 +3,77 @@
 from __future__ import annotations
 
 import hmac
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import jwt
 
 from shared.clock import Clock
 from shared.errors import AuthError
 
-__all__ = ["api_key_matches", "issue_token", "valid_uid", "verify_token"]
+if TYPE_CHECKING:
+    from shared.settings import Settings
+
+__all__ = ["TokenRules", "api_key_matches", "issue_token", "valid_uid", "verify_token"]
 
 _ALGORITHM = "HS256"
 
 
-def issue_token(secret: str, uid: str, ttl_s: int, clock: Clock) -> str:
+@dataclass(frozen=True, slots=True)
+class TokenRules:
+    """What a client token must satisfy beyond its signature (IMROUTE_JWT_*).
+
+    `audience` and `issuer` are enforced when set (a token that carries an `aud` is
+    refused when no audience is set, RFC 7519 4.1.3); `leeway_s` absorbs clock skew on
+    `exp`, `nbf` and `iat`; `max_ttl_s` (None: no maximum) refuses tokens that live
+    longer: `exp - iat`, or `exp - now` for a token without `iat`.
+    """
+
+    audience: str | None = None
+    issuer: str | None = None
+    leeway_s: float = 30.0
+    max_ttl_s: float | None = 86_400.0
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> TokenRules:
+        return cls(
+            audience=settings.jwt_audience,
+            issuer=settings.jwt_issuer,
+            leeway_s=settings.jwt_leeway_s,
+            max_ttl_s=settings.jwt_max_ttl_s or None,
+        )
+
+
+DEFAULT_RULES = TokenRules()
+
+
+def issue_token(
+    secret: str,
+    uid: str,
+    ttl_s: int,
+    clock: Clock,
+    *,
+    audience: str | None = None,
+    issuer: str | None = None,
+) -> str:
     """A client token for `uid`, valid for `ttl_s` seconds."""
     if not valid_uid(uid):
         raise AuthError("uid must be 1-128 characters of valid Unicode")
     if ttl_s <= 0:
         raise AuthError("ttl must be positive")
     now = clock.now_ms() // 1000
-    return jwt.encode({"sub": uid, "iat": now, "exp": now + ttl_s}, secret, algorithm=_ALGORITHM)
+    claims: dict[str, Any] = {"sub": uid, "iat": now, "exp": now + ttl_s}
+    if audience is not None:
+        claims["aud"] = audience
+    if issuer is not None:
+        claims["iss"] = issuer
+    return jwt.encode(claims, secret, algorithm=_ALGORITHM)
 
 
-def verify_token(secret: str, token: str | None, clock: Clock) -> str:
+def verify_token(
+    secret: str, token: str | None, clock: Clock, rules: TokenRules = DEFAULT_RULES
+) -> str:
     """Return the uid of a valid token; raise AuthError saying why it is not."""
     if not token:
         raise AuthError("missing token")
@@ -33,18 +82,60 @@ def verify_token(secret: str, token: str | None, clock: Clock) -> str:
             token,
             secret,
             algorithms=[_ALGORITHM],
-            options={"require": ["exp", "sub"], "verify_exp": False},
+            audience=rules.audience,
+            issuer=rules.issuer,
+            # The times are checked below against the injected clock, not PyJWT's own
+            # time.time().
+            options={
+                "require": ["exp", "sub"],
+                "verify_exp": False,
+                "verify_nbf": False,
+                "verify_iat": False,
+            },
         )
+    except jwt.MissingRequiredClaimError as exc:
+        raise AuthError(f"invalid token: it has no {exc.claim} claim") from None
+    except jwt.InvalidAudienceError:
+        raise AuthError("invalid token: wrong audience (aud)") from None
+    except jwt.InvalidIssuerError:
+        raise AuthError("invalid token: wrong issuer (iss)") from None
     except jwt.PyJWTError as exc:
         raise AuthError(f"invalid token: {exc}") from None
-    # exp is checked against the injected clock, not PyJWT's own time.time().
-    exp = claims["exp"]
-    if not isinstance(exp, int | float) or exp * 1000 <= clock.now_ms():
+    now = clock.now_ms() / 1000
+    leeway = rules.leeway_s
+    exp = _number(claims, "exp")
+    assert exp is not None  # required above
+    if exp + leeway <= now:
         raise AuthError("token expired")
+    nbf = _number(claims, "nbf")
+    if nbf is not None and nbf > now + leeway:
+        raise AuthError("token not valid yet (nbf)")
+    iat = _number(claims, "iat")
+    if iat is not None and iat > now + leeway:
+        raise AuthError("token issued in the future (iat)")
+    if rules.max_ttl_s is not None:
+        # Without iat the lifetime left is what counts; the leeway covers the issuer's
+        # clock being ahead of ours.
+        lifetime = exp - iat if iat is not None else exp - now - leeway
+        if lifetime > rules.max_ttl_s:
+            raise AuthError(
+                f"token lifetime {math.ceil(lifetime)}s is over the maximum "
+                f"{rules.max_ttl_s:g}s (IMROUTE_JWT_MAX_TTL_S)"
+            )
     uid = claims["sub"]
     if not isinstance(uid, str) or not valid_uid(uid):
         raise AuthError("invalid token: sub must be a uid of 1-128 characters")
     return uid
+
+
+def _number(claims: dict[str, Any], name: str) -> float | None:
+    value = claims.get(name)
+    if value is None:
+        return None
+    # bool is an int to Python, never a time to anyone else.
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise AuthError(f"invalid token: {name} must be a number of seconds")
+    return float(value)
 
 
 def valid_uid(uid: str) -> bool:

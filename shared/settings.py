@@ -92,6 +92,17 @@ class Settings(BaseSettings):
     drain_window_s: float = Field(10.0, ge=0, le=3600)
     zone: str | None = Field(None, min_length=1, max_length=64)
 
+    # issue 12, handshake limits and JWT options: what a socket must do before its 101
+    # (README, "Connecting: the handshake"), and what a client token must carry
+    ws_handshake_timeout_s: float = Field(3.0, gt=0, le=60)  # accept -> request head
+    ws_max_pre_auth: int = Field(1000, ge=1, le=1_000_000)  # sockets before their 101
+    ws_connect_rate_per_ip: float | None = Field(None, gt=0, le=1_000_000)  # None: off
+    ws_connect_burst_per_ip: int = Field(10, ge=1, le=1_000_000)
+    jwt_audience: str | None = Field(None, min_length=1, max_length=256)
+    jwt_issuer: str | None = Field(None, min_length=1, max_length=256)
+    jwt_leeway_s: float = Field(30.0, ge=0, le=3600)
+    jwt_max_ttl_s: int = Field(86_400, ge=0, le=366 * 86_400)  # 0: no maximum
+
     # dispatch: how GET /v1/dispatch places clients (consistent_hash, round_robin,
     # least_connections, zone_affinity); the rule names are checked by router.balancing
     dispatch_rule: str = "consistent_hash"

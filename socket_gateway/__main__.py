@@ -32,7 +32,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--max-connections",
         dest="gateway_max_connections",
         type=int,
-        help="refuse more clients (close 4429) (IMROUTE_GATEWAY_MAX_CONNECTIONS)",
+        help="refuse more clients (HTTP 503) (IMROUTE_GATEWAY_MAX_CONNECTIONS)",
     )
     p.add_argument("--zone", help="this gateway's zone, for zone_affinity (IMROUTE_ZONE)")
     p.add_argument("--redis-url", help="Redis URL (IMROUTE_REDIS_URL)")

@@ -22,6 +22,7 @@ from router.recovery.store import RedisRecoveryStore
 from router.redis.client import connect_redis, ping
 from router.routes.registry import RedisRouteRegistry
 from router.routes.writer import CoalescingRouteWriter
+from shared.auth import TokenRules
 from shared.clock import Clock, SystemClock
 from shared.errors import ConfigError, ImrouteError, RegistryUnavailable
 from shared.ids import ConnIdFactory
@@ -46,7 +47,7 @@ from socket_gateway.heartbeat import (
 from socket_gateway.metrics import GatewayMetrics, render
 from socket_gateway.resume import Resumer
 from socket_gateway.supervise import RestartBudget
-from socket_gateway.ws import WsEndpoint, WsServer
+from socket_gateway.ws import HandshakeLimits, WsEndpoint, WsServer, WsTimers
 
 __all__ = ["CLOSE_DRAIN", "RECONNECT_FRAME", "Gateway"]
 
@@ -96,13 +97,13 @@ class Gateway:
         self.failure: str | None = None
         self.consumer_restarts = 0
         self.consumer_budget = RestartBudget(self.clock)
+        self._ws: WsEndpoint | None = None  # before the metrics, which read it at once
         self.metrics = GatewayMetrics(self.deliver_service, self.conns, self._recovery_counts)
         self.ws_port = 0
         self.grpc_port = 0
         self._stack = AsyncExitStack()
         self._consumer: asyncio.Task[None] | None = None
         self._following: asyncio.Task[None] | None = None
-        self._ws: WsEndpoint | None = None
         self._ws_server: WsServer | None = None
         self._grpc: grpc.aio.Server | None = None
         self.registry: RedisRouteRegistry | None = None
@@ -133,6 +134,8 @@ class Gateway:
                 "gRPC calls refused for a missing or wrong IMROUTE_INTERNAL_TOKEN",
                 self.token_check.refused,
             )
+        if self._ws is not None:
+            counts.update(self._ws.refusals.metrics())
         if self.resumer is not None:
             r = self.resumer.stats
             counts["resumes"] = ("Connections that asked to resume (since=)", r.resumes)
@@ -246,6 +249,9 @@ class Gateway:
             metrics=lambda: render(self.metrics).decode(),
             max_connections=s.gateway_max_connections,
             resumer=self.resumer,
+            timers=WsTimers(handshake_s=s.ws_handshake_timeout_s),
+            token_rules=TokenRules.from_settings(s),
+            limits=HandshakeLimits.from_settings(s),
         )
         self._ws_server = await self._ws.serve(s.ws_host, s.ws_port)
         self.ws_port = self._ws_server.sockets[0].getsockname()[1]

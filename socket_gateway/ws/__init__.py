@@ -17,7 +17,8 @@ or better fan-out. It is built for that small idle footprint:
 - no task and no keepalive task per connection: ONE gateway-wide task pings every
   connection every `WsTimers.ping_interval_s` and closes (1011) those that sent nothing since the
   previous ping; handshake and closing deadlines are `loop.call_later` handles that live
-  only while a connection is opening or closing;
+  only while a connection is opening or closing; sockets without their 101 yet are
+  capped (`HandshakeLimits`), and a refused one is closed once its answer is written;
 - registering and unregistering the route are short-lived tasks at connect and
   disconnect (the registry's calls are coroutines); an unregister always runs after the
   register has finished, so a route is never written back after its removal.
@@ -26,13 +27,23 @@ Modules, in the order bytes travel:
 
 - `protocol`: sans-I/O: close codes, limits, wire bytes, deadlines, what a text message means;
 - `framing`: the connection's state and Sink, the frame phase and the closing handshake;
-- `handshake`: the HTTP upgrade, the token (4401), capacity (4429), the route (1013);
+- `admission`: sans-I/O: the limits before the 101, the per-IP connect rate, refusal counts;
+- `handshake`: the HTTP upgrade and everything refused before the 101 (429, 503, 401),
+  then the route (1013);
 - `keepalive`: the gateway-wide ping round;
 - `conn`: `WsConn`, the layers above joined under the transport callbacks;
 - `endpoint`: `WsEndpoint` (listening, shared state, shutdown) and `WsServer`.
 """
 
+from socket_gateway.ws.admission import HandshakeLimits
 from socket_gateway.ws.endpoint import WsEndpoint, WsServer
 from socket_gateway.ws.protocol import CLOSE_FULL, CLOSE_UNAUTHORIZED, WsTimers
 
-__all__ = ["CLOSE_FULL", "CLOSE_UNAUTHORIZED", "WsEndpoint", "WsServer", "WsTimers"]
+__all__ = [
+    "CLOSE_FULL",
+    "CLOSE_UNAUTHORIZED",
+    "HandshakeLimits",
+    "WsEndpoint",
+    "WsServer",
+    "WsTimers",
+]

@@ -34,7 +34,7 @@ class WsConn(HandshakeConn, KeepaliveConn):
         self._transport = t
         ep = self._ep
         ep._live.add(self)
-        if ep._closing:
+        if ep._closing or not self._pre_auth():
             t.abort()
             return
         t.set_write_buffer_limits(WRITE_HIGH, WRITE_LOW)
@@ -74,6 +74,7 @@ class WsConn(HandshakeConn, KeepaliveConn):
             if not self._registering:
                 ep._spawn(ep._unregister_conn(conn))
         ep._live.discard(self)
+        ep._pending.discard(self)
         if not ep._live:
             ep._idle.set()
 

@@ -1,7 +1,8 @@
 """The listening side: `WsEndpoint` serves `GET /ws?token=<JWT>` and shuts it down.
 
-It holds what every connection shares (the local map, the token secret, the route
-registrar, the deadlines), the one keepalive task, and the short-lived register and
+It holds what every connection shares (the local map, the token secret and rules, the
+route registrar, the deadlines, the limits before the 101 and the count of sockets under
+them, the refusal counts), the one keepalive task, and the short-lived register and
 unregister tasks; an unregister always runs after its register has finished, so a route
 is never written back after its removal.
 """
@@ -15,11 +16,13 @@ import socket
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
+from shared.auth import TokenRules
 from shared.clock import Clock
 from shared.errors import RegistryUnavailable
 from shared.ids import ConnIdFactory
 from socket_gateway.connections import ClientConn, LocalConnections
 from socket_gateway.resume import Resumer
+from socket_gateway.ws.admission import ConnectRate, HandshakeLimits, Refusals
 from socket_gateway.ws.conn import WsConn
 from socket_gateway.ws.keepalive import keepalive_loop
 from socket_gateway.ws.protocol import WsTimers
@@ -63,10 +66,19 @@ class WsEndpoint:
         metrics: Callable[[], str] | None = None,
         max_connections: int | None = None,
         resumer: Resumer | None = None,
+        token_rules: TokenRules | None = None,
+        limits: HandshakeLimits | None = None,
     ) -> None:
         self.timers = timers or WsTimers()
         self.resumer = resumer  # replays to each new connection, when given
-        self.max_connections = max_connections  # more are refused with close 4429
+        self.max_connections = max_connections  # more are refused with HTTP 503
+        self.token_rules = token_rules or TokenRules()
+        self.limits = limits or HandshakeLimits()
+        rate = self.limits.connect_rate_per_ip
+        self.connect_rate = (
+            None if rate is None else ConnectRate(rate, self.limits.connect_burst_per_ip)
+        )
+        self.refusals = Refusals(log)
         self.metrics = metrics  # GET /metrics: Prometheus text, when given
         self._conns = conns
         self._secret = secret
@@ -76,6 +88,8 @@ class WsEndpoint:
         self._unregister = unregister
         self.accepting = True
         self._live: set[WsConn] = set()
+        # Sockets accepted that have not had their 101: at most limits.max_pre_auth.
+        self._pending: set[asyncio.Protocol] = set()
         self._tasks: set[asyncio.Task[None]] = set()
         self._idle = asyncio.Event()
         self._closed = asyncio.Event()

@@ -2,43 +2,77 @@
 
 The HTTP request is parsed and answered by a short-lived `ServerProtocol` that is
 dropped after the 101, so the request and its headers are not kept for the life of the
-connection. After the 101 the token is checked (close 4401), the gateway's capacity
-(close 4429), and the client goes into the local map, then its route into the registry
-(close 1013 when the registry is unavailable).
+connection. Everything a client can be refused for is decided before the 101, and
+answered with HTTP and a JSON body: the per-IP connect rate (429), a draining gateway
+or a full one (503, both with Retry-After), the token (401). A refused socket is closed
+as soon as its answer is written. After the 101 the client goes into the local map,
+then its route into the registry (close 1013 when the registry is unavailable).
 """
 
 from __future__ import annotations
 
 import logging
+import math
 from urllib.parse import parse_qs, urlsplit
 
-from websockets.http11 import Request
+from websockets.headers import parse_subprotocol
+from websockets.http11 import Request, Response
 from websockets.protocol import OPEN
 from websockets.server import ServerProtocol
 
 from shared.auth import verify_token
 from shared.errors import AuthError, RegistryUnavailable
 from socket_gateway.connections import ClientConn
+from socket_gateway.ws.admission import client_key
 from socket_gateway.ws.framing import FrameConn
 from socket_gateway.ws.protocol import (
-    CLOSE_FULL,
     CLOSE_INTERNAL,
     CLOSE_TRY_AGAIN,
-    CLOSE_UNAUTHORIZED,
     MAX_CLIENT_FRAME,
     MAX_HANDSHAKE_BYTES,
-    close_reason,
+    QuietLog,
+    json_refusal,
+    select_subprotocol,
+    token_of,
 )
 
-__all__ = ["HandshakeConn"]
+__all__ = ["RETRY_AFTER_S", "HandshakeConn"]
 
 log = logging.getLogger(__name__)
+
+# Retry-After of a 503: about one fleet heartbeat, after which dispatch knows the
+# gateway is full or draining and names another.
+RETRY_AFTER_S = 2
+
+# Never DEBUG (the request line and headers hold the token), nor a line per connection.
+_LIB_LOG = QuietLog(logging.getLogger("websockets.server"))
+
+# Headers of the library's own refusals that the JSON version keeps.
+_KEPT_HEADERS = ("Upgrade", "Allow")
+
+
+def _handshake_protocol() -> ServerProtocol:
+    return ServerProtocol(
+        select_subprotocol=select_subprotocol, max_size=MAX_CLIENT_FRAME, logger=_LIB_LOG
+    )
 
 
 class HandshakeConn(FrameConn):
     """The connection layer from the first byte to a registered route."""
 
     __slots__ = ()
+
+    def _pre_auth(self) -> bool:
+        """A socket just accepted: counted among those without a 101, or refused (False)
+        when IMROUTE_WS_MAX_PRE_AUTH of them are already open."""
+        ep = self._ep
+        if len(ep._pending) >= ep.limits.max_pre_auth:
+            ep.refusals.note(
+                "pre_auth_cap", ep._clock.monotonic(), f"{ep.limits.max_pre_auth} open"
+            )
+            return False
+        ep._pending.add(self)
+        return True
 
     def _on_head(self, data: bytes) -> None:
         """Bytes before the 101: gather the request head, then answer it."""
@@ -50,8 +84,14 @@ class HandshakeConn(FrameConn):
         if end < 0:
             if len(head) > MAX_HANDSHAKE_BYTES:
                 self._head = None
-                hs = ServerProtocol(max_size=MAX_CLIENT_FRAME)
-                hs.send_response(hs.reject(431, "request header fields too large\n"))
+                hs = _handshake_protocol()
+                hs.send_response(
+                    json_refusal(
+                        431,
+                        "headers_too_large",
+                        f"the request line and headers are over {MAX_HANDSHAKE_BYTES} bytes",
+                    )
+                )
                 self._send_handshake(hs)
             else:
                 self._head = head
@@ -61,7 +101,7 @@ class HandshakeConn(FrameConn):
 
     def _handshake(self, head: bytes, rest: bytes) -> None:
         ep = self._ep
-        hs = ServerProtocol(max_size=MAX_CLIENT_FRAME)
+        hs = _handshake_protocol()
         hs.receive_data(head)
         events = hs.events_received()
         request = events[0] if events else None
@@ -70,6 +110,8 @@ class HandshakeConn(FrameConn):
             self._send_handshake(hs)
             return
         url = urlsplit(request.path)
+        query = parse_qs(url.query)
+        admitted: str | None = None
         if (
             url.path == "/metrics"
             and ep.metrics is not None
@@ -79,13 +121,21 @@ class HandshakeConn(FrameConn):
             # and closed (the text exposition format is text/plain).
             response = hs.reject(200, ep.metrics())
         elif url.path != "/ws":
-            response = hs.reject(404, "not found: the WebSocket endpoint is /ws?token=<JWT>\n")
-        elif not ep.accepting:
-            response = hs.reject(503, "gateway is shutting down\n")
+            response = json_refusal(404, "not_found", "the WebSocket endpoint is /ws?token=<JWT>")
         else:
+            # The library checks the upgrade (and picks the subprotocol) first: a request
+            # that is no WebSocket handshake gets its 4xx whatever its token.
             response = hs.accept(request)
+            if response.status_code != 101:
+                response = _as_json(response)
+            else:
+                decided = self._admit(request, query)
+                if isinstance(decided, Response):
+                    response = decided
+                else:
+                    admitted = decided
         hs.send_response(response)
-        if response.status_code != 101:
+        if admitted is None:
             self._send_handshake(hs)
             return
         t = self._transport
@@ -93,27 +143,61 @@ class HandshakeConn(FrameConn):
         for data in hs.data_to_send():
             t.write(data)
         self._disarm()
+        ep._pending.discard(self)
         # The frame phase runs on a fresh protocol; the request is not kept.
         ws = ServerProtocol(state=OPEN, max_size=MAX_CLIENT_FRAME)
         self._ws = ws
         self._open = True
         self._alive = True
-        query = parse_qs(url.query)
-        token = query["token"][0] if query.get("token") else None
         since = query["since"][0] if query.get("since") else None
-        try:
-            uid = verify_token(ep._secret, token, ep._clock)
-        except AuthError as exc:
-            self.close(CLOSE_UNAUTHORIZED, close_reason(str(exc)))
-        else:
-            if ep.max_connections is not None and len(ep._conns) >= ep.max_connections:
-                # Full: refused before anything is registered; dispatch sends clients
-                # elsewhere once the fleet record shows it.
-                self.close(CLOSE_FULL, f"gateway full ({ep.max_connections} connections)")
-            else:
-                self._accept(uid, since)
+        self._accept(admitted, since)
         if rest:
             self._receive(ws, rest)
+
+    def _admit(self, request: Request, query: dict[str, list[str]]) -> Response | str:
+        """The uid of a client that may have its 101, or the HTTP answer refusing it."""
+        ep = self._ep
+        now = ep._clock.monotonic()
+        rate = ep.connect_rate
+        if rate is not None:
+            t = self._transport
+            key = client_key(t.get_extra_info("peername")) if t is not None else None
+            wait = rate.take(key, now) if key is not None else 0.0
+            if wait > 0:
+                ep.refusals.note("rate_limited", now, f"from {key}")
+                return json_refusal(
+                    429,
+                    "rate_limited",
+                    f"over {rate.rate_per_s:g} connects/s from this address "
+                    "(IMROUTE_WS_CONNECT_RATE_PER_IP)",
+                    retry_after_s=max(1, math.ceil(wait)),
+                )
+        if not ep.accepting:
+            ep.refusals.note("not_accepting", now)
+            return json_refusal(
+                503,
+                "unavailable",
+                "gateway is draining or shutting down: ask /v1/dispatch for another",
+                retry_after_s=RETRY_AFTER_S,
+            )
+        offered = [p for v in request.headers.get_all("Sec-WebSocket-Protocol")
+                   for p in parse_subprotocol(v)]  # fmt: skip
+        try:
+            uid = verify_token(ep._secret, token_of(query, offered), ep._clock, ep.token_rules)
+        except AuthError as exc:
+            ep.refusals.note("unauthorized", now, str(exc))
+            return json_refusal(401, "unauthorized", str(exc))
+        if ep.max_connections is not None and len(ep._conns) >= ep.max_connections:
+            # Refused before anything is registered; dispatch sends clients elsewhere
+            # once the fleet record shows it.
+            ep.refusals.note("full", now)
+            return json_refusal(
+                503,
+                "gateway_full",
+                f"gateway full ({ep.max_connections} connections): ask /v1/dispatch for another",
+                retry_after_s=RETRY_AFTER_S,
+            )
+        return uid
 
     def _accept(self, uid: str, since: str | None) -> None:
         """An authenticated client: into the local map, then its route into Redis, then
@@ -130,9 +214,19 @@ class HandshakeConn(FrameConn):
         ep._spawn(self._register_route(conn, since))
 
     def _send_handshake(self, hs: ServerProtocol) -> None:
-        """Write a refused handshake's response (and EOF), then wait for the client to go."""
+        """Write a refused handshake's answer, then close once it is written: a refused
+        socket is not held. The handshake deadline stays armed, for a client that does
+        not read its answer."""
         self._write_out(hs.data_to_send())
-        self._arm(self._ep.timers.close_s)
+        t = self._transport
+        if t is not None:
+            t.close()
+
+    def _expire(self) -> None:
+        if self._ws is None and self._head is not None:
+            # Still sending its request head (slowloris, or a silent socket).
+            self._ep.refusals.note("handshake_timeout", self._ep._clock.monotonic())
+        super()._expire()
 
     async def _register_route(self, conn: ClientConn, since: str | None) -> None:
         ep = self._ep
@@ -150,3 +244,14 @@ class HandshakeConn(FrameConn):
             self._registering = False
             if self._lost and not ep._abandoned:
                 ep._spawn(ep._unregister_conn(conn))
+
+
+def _as_json(response: Response) -> Response:
+    """The library's plain-text refusal of a bad handshake, as JSON like ours."""
+    detail = bytes(response.body).decode(errors="replace").strip()
+    refusal = json_refusal(response.status_code, "bad_handshake", detail)
+    for name in _KEPT_HEADERS:
+        value = response.headers.get(name)
+        if value is not None:
+            refusal.headers[name] = value
+    return refusal

@@ -7,7 +7,16 @@ bytes, used by the connection layers (`framing`, `handshake`, `keepalive`).
 
 from __future__ import annotations
 
+import email.utils
+import http
+import json
+import logging
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+
+from websockets.datastructures import Headers
+from websockets.http11 import Response
+from websockets.typing import Subprotocol
 
 from shared.errors import InvalidInput
 from shared.wire import parse_client_frame
@@ -24,9 +33,15 @@ __all__ = [
     "MAX_CLIENT_FRAME",
     "MAX_HANDSHAKE_BYTES",
     "PING_FRAME",
+    "SUBPROTOCOL",
+    "TOKEN_SUBPROTOCOL_PREFIX",
+    "QuietLog",
     "WsTimers",
     "client_text",
     "close_reason",
+    "json_refusal",
+    "select_subprotocol",
+    "token_of",
 ]
 
 CLOSE_GOING_AWAY = 1001
@@ -42,6 +57,13 @@ MAX_CLIENT_FRAME = 4096
 # The request line and headers of the opening handshake, at most.
 MAX_HANDSHAKE_BYTES = 16 * 1024
 
+# A browser cannot set headers on a WebSocket: it sends its token as a subprotocol,
+# `imroute.jwt.<token>`, next to SUBPROTOCOL, which is the one the gateway selects (a
+# browser fails a connection that offered subprotocols and got none back, and the
+# token must not be echoed).
+SUBPROTOCOL = "imroute.v1"
+TOKEN_SUBPROTOCOL_PREFIX = "imroute.jwt."
+
 # An unmasked ping with an empty payload, as ServerProtocol.send_ping(b"") would write it
 # (no extensions are ever negotiated, so the bytes are always these).
 PING_FRAME = b"\x89\x00"
@@ -51,7 +73,7 @@ PING_FRAME = b"\x89\x00"
 class WsTimers:
     """The endpoint's deadlines, injected so tests (and operators) can shorten them."""
 
-    handshake_s: float = 10.0  # TCP accept -> 101 sent
+    handshake_s: float = 3.0  # TCP accept -> request head answered (IMROUTE_WS_HANDSHAKE_TIMEOUT_S)
     close_s: float = 10.0  # close frame sent -> TCP closed by the client
     ping_interval_s: float = 30.0  # gateway-wide keepalive round; silent a whole round -> 1011
     shutdown_s: float = 5.0  # close(close_connections=True) -> remaining ones are aborted
@@ -73,3 +95,48 @@ def client_text(data: bytes | bytearray | memoryview) -> tuple[int, str] | None:
 def close_reason(text: str) -> str:
     """Close reasons are limited to 123 bytes."""
     return text.encode()[:120].decode(errors="ignore")
+
+
+def select_subprotocol(_: object, offered: Sequence[Subprotocol]) -> Subprotocol | None:
+    """`ServerProtocol(select_subprotocol=...)`: SUBPROTOCOL when offered, else none
+    (a client that offers other subprotocols only is still served, as before)."""
+    return Subprotocol(SUBPROTOCOL) if SUBPROTOCOL in offered else None
+
+
+def token_of(query: Mapping[str, list[str]], offered: Sequence[str]) -> str | None:
+    """The client's token: from an `imroute.jwt.<token>` subprotocol, else `?token=`."""
+    for value in offered:
+        if value.startswith(TOKEN_SUBPROTOCOL_PREFIX):
+            return value[len(TOKEN_SUBPROTOCOL_PREFIX) :]
+    tokens = query.get("token")
+    return tokens[0] if tokens else None
+
+
+def json_refusal(
+    status: int, error: str, detail: str, retry_after_s: int | None = None
+) -> Response:
+    """An HTTP answer to a handshake that gets no 101: `{"error","detail"}`, closed after."""
+    body = json.dumps({"error": error, "detail": detail}, separators=(",", ":")).encode()
+    headers = Headers(
+        [
+            ("Date", email.utils.formatdate(usegmt=True)),
+            ("Connection", "close"),
+            ("Content-Length", str(len(body))),
+            ("Content-Type", "application/json"),
+        ]
+    )
+    if retry_after_s is not None:
+        headers["Retry-After"] = str(retry_after_s)
+    return Response(status, http.HTTPStatus(status).phrase, headers, body)
+
+
+class QuietLog(logging.LoggerAdapter[logging.Logger]):
+    """The `websockets` logger for handshakes: warnings and errors only.
+
+    At DEBUG the library logs the request line and every header, which hold the client's
+    token; at INFO one line per connection opened or refused, which a flood turns into a
+    flood of log lines. Refusals are counted and logged, rate-limited, by the endpoint.
+    """
+
+    def isEnabledFor(self, level: int) -> bool:
+        return level >= logging.WARNING and self.logger.isEnabledFor(level)

@@ -134,16 +134,17 @@ async def test_a_refused_token_stops_the_client_with_unauthorized(
     other_secret = "another-secret-0123456789abcdef-01234"
     async with (
         # The gateway checks tokens with another secret than dispatch: dispatch accepts
-        # the token, the gateway closes with 4401.
-        gateway(redis_url, prefix, "gw1", "g1", secret=other_secret),
+        # the token, the gateway answers the handshake with 401.
+        gateway(redis_url, prefix, "gw1", "g1", secret=other_secret) as gw,
         api(redis_url, prefix) as http,
     ):
         async with ImrouteClient(API, token("carol"), http=http) as client:
-            with pytest.raises(Unauthorized, match="4401"):
+            with pytest.raises(Unauthorized, match="HTTP 401: invalid token"):
                 await next_message(client)
             with pytest.raises(Unauthorized):  # for good: no retry
                 await next_message(client)
-            assert client.stats.connects == 1 and client.stats.dispatches == 1
+            assert client.stats.connects == 0 and client.stats.dispatches == 1
+            assert gw._ws is not None and gw._ws.refusals.counts["unauthorized"] == 1
         async with ImrouteClient(API, "not-a-token", http=http) as client:
             with pytest.raises(Unauthorized, match="401"):
                 await client.connect()

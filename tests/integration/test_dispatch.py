@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import json
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from typing import Any
@@ -11,7 +12,7 @@ import httpx
 import pytest
 import redis.asyncio as aioredis
 from websockets.asyncio.client import connect
-from websockets.exceptions import ConnectionClosed
+from websockets.exceptions import InvalidStatus
 
 from router.fleet.cache import CachedFleet
 from router.fleet.dispatch import Dispatcher
@@ -155,16 +156,16 @@ async def test_a_bad_dispatch_rule_stops_the_push_service(redis_url: str, prefix
     assert "consistent_hash" in str(info.value)
 
 
-async def test_a_full_gateway_refuses_with_4429_and_keeps_its_clients(
+async def test_a_full_gateway_refuses_with_503_and_keeps_its_clients(
     redis_url: str, prefix: str, redis: aioredis.Redis
 ) -> None:
     async with gateway(redis_url, prefix, "gw1", "g1", gateway_max_connections=2) as gw:
         async with client(gw, "a"), client(gw, "b"):
-            async with connect(f"ws://127.0.0.1:{gw.ws_port}/ws?token={token('c')}") as ws:
-                with pytest.raises(ConnectionClosed) as closed:
-                    await ws.recv()
-            assert closed.value.rcvd is not None and closed.value.rcvd.code == 4429
-            assert "gateway full" in closed.value.rcvd.reason
+            with pytest.raises(InvalidStatus) as refused:
+                await connect(f"ws://127.0.0.1:{gw.ws_port}/ws?token={token('c')}")
+            response = refused.value.response
+            assert response.status_code == 503 and response.headers["Retry-After"]
+            assert "gateway full" in json.loads(response.body)["detail"]
             assert sorted(c.uid for c in gw.conns) == ["a", "b"]
             assert await redis.exists(KeySchema(prefix).route("c")) == 0
             assert gw.info.max_connections == 2

@@ -1,9 +1,12 @@
 """The WebSocket endpoint's opening handshake (socket_gateway/ws/handshake.py): HTTP
-answers, the token (4401), deadlines, and the route registered after the 101."""
+answers, the token (401 before any 101, in the query or a subprotocol), the limits on
+sockets without a 101, deadlines, and the route registered after the 101."""
 
 from __future__ import annotations
 
 import asyncio
+import json
+import logging
 import struct
 from typing import Any
 
@@ -11,6 +14,7 @@ import jwt
 import pytest
 from websockets.asyncio.client import connect
 from websockets.exceptions import InvalidStatus
+from websockets.typing import Subprotocol
 
 from router.routes.registry import RedisRouteRegistry
 from shared.clock import SystemClock
@@ -30,29 +34,114 @@ from tests.integration.ws_helpers import (
 
 pytestmark = pytest.mark.integration
 
+V1 = Subprotocol("imroute.v1")
+
 
 # --------------------------------------------------------------------------- auth
 
 
-@pytest.mark.parametrize("bad", ["none", "garbage", "expired", "wrong-secret", "no-sub"])
-async def test_bad_tokens_close_4401_before_registering(
-    redis_url: str, prefix: str, redis: Any, bad: str
-) -> None:
+def _bad_tokens() -> dict[str, str]:
     now = SystemClock().now_ms() // 1000
-    tokens = {
+    return {
         "none": "",
         "garbage": "?token=not.a.jwt",
-        "expired": "?token=" + jwt.encode({"sub": "alice", "exp": now - 5}, SECRET, "HS256"),
-        "wrong-secret": "?token=" + jwt.encode({"sub": "alice", "exp": 2**40}, "w" * 32, "HS256"),
-        "no-sub": "?token=" + jwt.encode({"exp": 2**40}, SECRET, "HS256"),
+        # Past the 30 s leeway.
+        "expired": "?token=" + jwt.encode({"sub": "alice", "exp": now - 60}, SECRET, "HS256"),
+        "wrong-secret": "?token="
+        + jwt.encode({"sub": "alice", "exp": now + 60}, "w" * 32, "HS256"),
+        "no-sub": "?token=" + jwt.encode({"exp": now + 60}, SECRET, "HS256"),
+        # Over the default IMROUTE_JWT_MAX_TTL_S (a day).
+        "too-long": "?token=" + jwt.encode({"sub": "alice", "exp": 2**40}, SECRET, "HS256"),
     }
-    async with gateway(redis_url, prefix) as gw:
-        async with connect(gw.url(tokens[bad])) as ws:
-            code, reason = await closed_with(ws)
-        assert code == 4401
-        assert reason  # says why
+
+
+@pytest.mark.parametrize("bad", list(_bad_tokens()))
+async def test_bad_tokens_get_401_with_json_and_no_101(
+    redis_url: str, prefix: str, redis: Any, bad: str
+) -> None:
+    # Long deadlines: the socket must be closed because it was refused, not by a timer.
+    timers = WsTimers(handshake_s=30, close_s=30)
+    async with gateway(redis_url, prefix, timers=timers) as gw:
+        raw = await RawClient.open(gw)
+        raw.writer.write(RawClient.request("alice", query=_bad_tokens()[bad]))
+        head, body = await raw.response()
+        assert head.startswith(b"HTTP/1.1 401 ")
+        assert b"content-type: application/json" in head.lower()
+        answer = json.loads(body)
+        assert answer["error"] == "unauthorized" and answer["detail"]  # says why
+        assert await raw.at_eof(2)
+        # Closed by the gateway right after the answer, while the client keeps its end.
+        await wait_for(lambda: not gw.endpoint._live, "the socket closed", timeout=2)
+        raw.close()
+        assert gw.endpoint.refusals.counts["unauthorized"] == 1
         assert len(gw.conns) == 0 and gw.calls == []
         assert await redis.exists(gw.keys.route("alice")) == 0
+
+
+async def test_a_websockets_client_sees_the_401(redis_url: str, prefix: str, redis: Any) -> None:
+    async with gateway(redis_url, prefix) as gw:
+        with pytest.raises(InvalidStatus) as info:
+            async with connect(gw.url("?token=not.a.jwt")):
+                pass
+        response = info.value.response
+        assert response.status_code == 401
+        assert json.loads(response.body)["error"] == "unauthorized"
+
+
+async def test_the_token_can_travel_as_a_subprotocol_and_is_never_echoed(
+    redis_url: str, prefix: str, redis: Any
+) -> None:
+    tok = token("alice")
+    async with gateway(redis_url, prefix) as gw:
+        # As a browser sends it: new WebSocket(url, ["imroute.v1", "imroute.jwt." + token]).
+        offer = [Subprotocol("imroute.v1"), Subprotocol(f"imroute.jwt.{tok}")]
+        async with connect(gw.url(), subprotocols=offer) as ws:
+            assert ws.subprotocol == "imroute.v1"
+            assert ws.response is not None
+            assert ws.response.headers.get_all("Sec-WebSocket-Protocol") == ["imroute.v1"]
+            await wait_for(lambda: [c.uid for c in gw.conns] == ["alice"], "alice in the map")
+            await ws.send('{"type":"ping"}')
+            assert await recv_json(ws) == {"type": "pong"}
+        # Nothing of the token in the answer's bytes.
+        raw = await RawClient.open(gw)
+        raw.writer.write(
+            RawClient.request(
+                "bob", query="", extra=f"Sec-WebSocket-Protocol: imroute.v1, imroute.jwt.{tok}\r\n"
+            )
+        )
+        head = await raw.response_head()
+        assert b" 101 " in head and b"Sec-WebSocket-Protocol: imroute.v1\r\n" in head
+        assert tok.encode() not in head and b"jwt" not in head
+        raw.close()
+        # A bad token in the subprotocol is refused like one in the query.
+        with pytest.raises(InvalidStatus) as info:
+            await connect(gw.url(), subprotocols=[V1, Subprotocol("imroute.jwt.x.y.z")])
+        assert info.value.response.status_code == 401
+
+
+async def test_the_token_is_never_logged(
+    redis_url: str, prefix: str, redis: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    good, expired = token("alice"), token("alice", ttl=1)
+    bad = jwt.encode({"sub": "alice", "exp": 2**40}, "w" * 32, "HS256")
+    caplog.set_level(logging.DEBUG)
+    async with gateway(redis_url, prefix) as gw:
+        async with connect(gw.url(f"?token={good}")) as ws:
+            await ws.send('{"type":"ping"}')
+            await recv_json(ws)
+        for query in (f"?token={bad}", f"?token={expired}&since=x", f"?token={good}&x=1"):
+            raw = await RawClient.open(gw)
+            raw.writer.write(RawClient.request("alice", query=query))
+            await raw.response()
+            raw.close()
+        with pytest.raises(InvalidStatus):
+            await connect(gw.url(), subprotocols=[V1, Subprotocol(f"imroute.jwt.{bad}")])
+        await wait_for(lambda: not gw.endpoint._live, "all gone")
+    gateway_side = [r for r in caplog.records if not r.name.startswith("websockets.client")]
+    assert any(r.name.startswith("socket_gateway") for r in gateway_side)  # it did log
+    text = "\n".join(r.getMessage() for r in gateway_side)
+    for t in (good, expired, bad):
+        assert t.split(".")[2] not in text
 
 
 # --------------------------------------------------------------------------- HTTP
@@ -68,18 +157,36 @@ async def test_wrong_path_is_404_with_a_text_body(
             async with connect(gw.url(f"?token={token('a')}", path="/other")):
                 pass
         assert info.value.response.status_code == 404
-        assert b"/ws?token=" in info.value.response.body
+        assert json.loads(info.value.response.body) == {
+            "error": "not_found",
+            "detail": "the WebSocket endpoint is /ws?token=<JWT>",
+        }
         assert len(gw.conns) == 0
 
 
-async def test_not_accepting_is_503(redis_url: str, prefix: str, redis: Any) -> None:
-    async with gateway(redis_url, prefix) as gw:
-        gw.endpoint.accepting = False
+async def test_not_accepting_and_full_are_503_with_json_and_retry_after(
+    redis_url: str, prefix: str, redis: Any
+) -> None:
+    async with gateway(redis_url, prefix, max_connections=1) as gw:
+        async with client(gw, "a"):
+            with pytest.raises(InvalidStatus) as info:
+                async with connect(gw.url(f"?token={token('b')}")):
+                    pass
+            full = info.value.response
+            assert full.status_code == 503 and full.headers["Retry-After"] == "2"
+            assert json.loads(full.body)["error"] == "gateway_full"
+            assert [c.uid for c in gw.conns] == ["a"]
+        await wait_for(lambda: len(gw.conns) == 0, "a gone")
+        gw.endpoint.accepting = False  # draining or shutting down
         with pytest.raises(InvalidStatus) as info:
             async with connect(gw.url(f"?token={token('a')}")):
                 pass
-        assert info.value.response.status_code == 503
-        assert gw.calls == []
+        draining = info.value.response
+        assert draining.status_code == 503 and draining.headers["Retry-After"] == "2"
+        assert json.loads(draining.body)["error"] == "unavailable"
+        assert [c[1] for c in gw.calls if c[0] == "register"] == ["a"]
+        counts = gw.endpoint.refusals.counts
+        assert (counts["full"], counts["not_accepting"]) == (1, 1)
 
 
 async def test_plain_http_request_is_refused(
@@ -90,8 +197,9 @@ async def test_plain_http_request_is_refused(
     async with gateway(redis_url, prefix) as gw:
         raw = await RawClient.open(gw)
         raw.writer.write(b"GET /ws HTTP/1.1\r\nHost: x\r\n\r\n")
-        head = await raw.response_head()
-        assert head.startswith(b"HTTP/1.1 426 ")
+        head, body = await raw.response()
+        assert head.startswith(b"HTTP/1.1 426 ") and b"\r\nUpgrade: websocket\r\n" in head
+        assert json.loads(body)["error"] == "bad_handshake"
         raw.close()
         raw = await RawClient.open(gw)
         raw.writer.write(b"\x16\x03\x01 not http at all\r\n\r\n")
@@ -128,31 +236,6 @@ async def test_handshake_and_frames_in_one_segment(redis_url: str, prefix: str, 
         raw.close()
         await wait_for(lambda: len(gw.conns) == 0, "removal")
         await wait_for(lambda: any(c[0] == "unregister" for c in gw.calls), "unregister")
-
-
-# --------------------------------------------------------------------------- deadline
-
-
-async def test_a_client_that_never_finishes_the_handshake_is_dropped(
-    redis_url: str, prefix: str, redis: Any
-) -> None:
-    timers = WsTimers(handshake_s=0.3)
-    async with (
-        gateway(redis_url, prefix, timers=timers) as gw,
-        client(gw, "bystander") as bystander,
-    ):
-        silent = await RawClient.open(gw)
-        partial = await RawClient.open(gw)
-        partial.writer.write(RawClient.request("slowpoke")[:40])
-        await wait_for(lambda: len(gw.endpoint._live) == 3, "both accepted")
-        for raw in (silent, partial):
-            assert await raw.dropped(2)
-            raw.close()
-        await wait_for(lambda: len(gw.endpoint._live) == 1, "dropped")
-        assert [c.uid for c in gw.conns] == ["bystander"]
-        # The bystander, past its own handshake long ago, is not affected.
-        await bystander.send('{"type":"ping"}')
-        assert await recv_json(bystander) == {"type": "pong"}
 
 
 # --------------------------------------------------------------------------- routes

@@ -19,14 +19,14 @@ from websockets.exceptions import ConnectionClosed
 
 from router.redis.client import connect_redis
 from router.routes.registry import RedisRouteRegistry
-from shared.auth import issue_token
+from shared.auth import TokenRules, issue_token
 from shared.clock import SystemClock
 from shared.ids import ConnIdFactory
 from shared.keys import KeySchema
 from shared.models import Message
 from shared.wire import encode_push_json, ws_text_frame
 from socket_gateway.connections import LocalConnections
-from socket_gateway.ws import WsEndpoint, WsTimers
+from socket_gateway.ws import HandshakeLimits, WsEndpoint, WsTimers
 from tests.conftest import SECRET
 from tests.integration.stack import nothing_more
 
@@ -71,6 +71,9 @@ async def gateway(
     register: Registrar | None = None,
     unregister: Registrar | None = None,
     timers: WsTimers | None = None,
+    limits: HandshakeLimits | None = None,
+    token_rules: TokenRules | None = None,
+    max_connections: int | None = None,
 ) -> AsyncIterator[Gw]:
     async with connect_redis(redis_url) as redis:
         keys = KeySchema(prefix)
@@ -97,7 +100,16 @@ async def gateway(
 
         conns = LocalConnections()
         endpoint = WsEndpoint(
-            conns, SECRET, SystemClock(), ConnIdFactory("gw1"), reg, unreg, timers
+            conns,
+            SECRET,
+            SystemClock(),
+            ConnIdFactory("gw1"),
+            reg,
+            unreg,
+            timers,
+            max_connections=max_connections,
+            token_rules=token_rules,
+            limits=limits,
         )
         server = await endpoint.serve("127.0.0.1", 0)
         port = server.sockets[0].getsockname()[1]
@@ -157,8 +169,6 @@ async def closed_with(ws: ClientConnection, timeout: float = 3.0) -> tuple[int, 
     return closed.value.rcvd.code, closed.value.rcvd.reason
 
 
-
-
 def push_frame(text: str) -> tuple[bytes, dict[str, Any]]:
     msg = Message("m1", "p1", 3, "admin", json.dumps({"text": text}).encode(), 1_700_000_000_123)
     payload = encode_push_json(msg)
@@ -181,13 +191,27 @@ class RawClient:
         return cls(reader, writer)
 
     @staticmethod
-    def request(uid: str, path: str = "/ws") -> bytes:
+    def request(uid: str, path: str = "/ws", query: str | None = None, extra: str = "") -> bytes:
+        """A handshake for `uid` (its token in the query unless `query` is given);
+        `extra`: more header lines, each ending in CRLF."""
         key = base64.b64encode(os.urandom(16)).decode()
+        q = f"?token={token(uid)}" if query is None else query
         return (
-            f"GET {path}?token={token(uid)} HTTP/1.1\r\nHost: 127.0.0.1\r\n"
-            f"Upgrade: websocket\r\nConnection: Upgrade\r\n"
+            f"GET {path}{q} HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+            f"Upgrade: websocket\r\nConnection: Upgrade\r\n{extra}"
             f"Sec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n\r\n"
         ).encode()
+
+    async def response(self, timeout: float = 3.0) -> tuple[bytes, bytes]:
+        """The head of an HTTP answer and its Content-Length body."""
+        head = await asyncio.wait_for(self.reader.readuntil(b"\r\n\r\n"), timeout)
+        length = 0
+        for line in head.split(b"\r\n"):
+            name, _, value = line.partition(b":")
+            if name.strip().lower() == b"content-length":
+                length = int(value)
+        body = await asyncio.wait_for(self.reader.readexactly(length), timeout)
+        return head, body
 
     @staticmethod
     def frame(opcode: int, payload: bytes, fin: bool = True) -> bytes:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import json
 import logging
 import random
 from collections.abc import Awaitable, Callable
@@ -21,14 +22,22 @@ from types import TracebackType
 
 import httpx
 from websockets.asyncio.client import ClientConnection, connect
-from websockets.exceptions import ConnectionClosed, WebSocketException
+from websockets.exceptions import ConnectionClosed, InvalidStatus, WebSocketException
 
-from imroute_client.backoff import Backoff
+from imroute_client.backoff import Backoff, retry_after
 from imroute_client.dedupe import DedupeWindow
 from imroute_client.dispatch import Target, ask_dispatch
 from imroute_client.errors import ClientError, ProtocolError, Unauthorized
 from imroute_client.frames import Message, Reconnect, Recovered, parse_frame
-from imroute_client.policy import CLOSE_DRAIN, CLOSE_FULL, Outcome, RetryState, Step, classify
+from imroute_client.policy import (
+    CLOSE_DRAIN,
+    CLOSE_FULL,
+    Outcome,
+    RetryState,
+    Step,
+    classify,
+    classify_status,
+)
 from imroute_client.policy import next_step as plan_next
 from imroute_client.stats import ClientStats
 from imroute_client.store import MemoryPosStore, PosStore
@@ -177,6 +186,9 @@ class ImrouteClient:
                     ping_interval=self.ping_interval_s,
                     ping_timeout=self.ping_timeout_s,
                 )
+            except InvalidStatus as exc:
+                self._refused(exc)
+                continue
             except (OSError, TimeoutError, WebSocketException) as exc:
                 log.info("connecting to %s failed: %r", self._target.gateway_id, exc)
                 self.stats.transport_errors += 1
@@ -216,6 +228,24 @@ class ImrouteClient:
         self.stats.transport_errors += outcome is Outcome.TRANSPORT
         log.info("connection to %s ended (%s, close %s)", self._target, outcome.value, code)
         self._step = self._plan(outcome, lived)
+
+    def _refused(self, exc: InvalidStatus) -> None:
+        """The gateway answered the handshake with HTTP, not 101: 401 is final, 429 and
+        503 (over a connect rate, full, draining) go elsewhere, after Retry-After."""
+        response = exc.response
+        status = response.status_code
+        outcome = classify_status(status)
+        detail = _detail(bytes(response.body))
+        if outcome is Outcome.UNAUTHORIZED:
+            self._fatal = Unauthorized(f"the gateway refused the token (HTTP 401: {detail})")
+            raise self._fatal
+        assert self._target is not None
+        log.info("%s refused the connection (HTTP %d: %s)", self._target.gateway_id, status,
+                 detail)  # fmt: skip
+        self.stats.refused += outcome is Outcome.MOVE
+        step = self._plan(outcome, 0.0)
+        wait = retry_after(response.headers.get("Retry-After"), self.backoff, self._rand)
+        self._step = step if wait is None else Step(step.dispatch, max(step.delay_s, wait))
 
     def _plan(self, outcome: Outcome, lived_s: float) -> Step:
         return plan_next(
@@ -264,3 +294,13 @@ class ImrouteClient:
     async def _save(self, pos: str) -> None:
         self.pos = pos
         await self.pos_store.save(pos)
+
+
+def _detail(body: bytes) -> str:
+    """What a refusal's body says: its JSON `detail`, else the start of its text."""
+    try:
+        answer = json.loads(body)
+    except ValueError:
+        return body[:200].decode(errors="replace").strip()
+    detail = answer.get("detail") if isinstance(answer, dict) else None
+    return detail[:200] if isinstance(detail, str) else str(answer)[:200]

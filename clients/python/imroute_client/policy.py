@@ -1,6 +1,6 @@
-"""What to do after a connection ends: stop, retry the same gateway, or ask dispatch
-for the next one, and after how long (pure; Ribbon's retry-same / retry-next, on the
-client side)."""
+"""What to do after a connection ends, or its handshake is refused: stop, retry the same
+gateway, or ask dispatch for the next one, and after how long (pure; Ribbon's
+retry-same / retry-next, on the client side)."""
 
 from __future__ import annotations
 
@@ -18,9 +18,12 @@ __all__ = [
     "RetryState",
     "Step",
     "classify",
+    "classify_status",
     "next_step",
 ]
 
+# Gateways before issue 12 answered the token and a full gateway after the 101, with
+# these closes; newer ones refuse before it, with HTTP 401, 429 and 503.
 CLOSE_UNAUTHORIZED = 4401
 CLOSE_FULL = 4429
 CLOSE_DRAIN = 4503
@@ -29,10 +32,12 @@ CLOSE_DRAIN = 4503
 class Outcome(enum.Enum):
     """How a connection (or an attempt at one) ended."""
 
-    MOVE = "move"  # drained (reconnect frame or 4503) or full (4429): go elsewhere now
+    # drained (reconnect frame, 4503, HTTP 503), full (4429, 503) or over a connect rate
+    # (429): go elsewhere now
+    MOVE = "move"
     TRANSPORT = "transport"  # refused, reset, timed out, or closed without a close frame
-    CLOSED = "closed"  # any other close the gateway sent (1001, 1011, 1013, ...)
-    UNAUTHORIZED = "unauthorized"  # 4401: stop for good
+    CLOSED = "closed"  # any other close or handshake answer (1001, 1011, 1013, 404, ...)
+    UNAUTHORIZED = "unauthorized"  # 4401 or HTTP 401: stop for good
 
 
 @dataclass(slots=True)
@@ -59,6 +64,15 @@ def classify(close_code: int | None, told_to_reconnect: bool) -> Outcome:
         return Outcome.MOVE
     if close_code is None:
         return Outcome.TRANSPORT
+    return Outcome.CLOSED
+
+
+def classify_status(status: int) -> Outcome:
+    """The outcome of a handshake the gateway answered with HTTP `status`, not 101."""
+    if status == 401:
+        return Outcome.UNAUTHORIZED
+    if status in (429, 503):
+        return Outcome.MOVE
     return Outcome.CLOSED
 
 

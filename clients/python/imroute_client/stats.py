@@ -18,7 +18,7 @@ class ClientStats:
     dispatches: int = 0  # gateways dispatch named
     same_retries: int = 0  # reconnects to the same gateway after a transport error
     moves: int = 0  # connections left for a drain (reconnect frame or 4503)
-    refused: int = 0  # closes 4429: the gateway was full
+    refused: int = 0  # handshakes answered 503 or 429, and closes 4429: full, draining, rate
     told: int = 0  # reconnect frames received
     transport_errors: int = 0  # failed connects and connections lost without a close
     bad_frames: int = 0  # frames that broke the protocol, skipped

@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import pytest
 from imroute_client.backoff import Backoff
-from imroute_client.policy import Outcome, RetryState, Step, classify, next_step
+from imroute_client.policy import (
+    Outcome,
+    RetryState,
+    Step,
+    classify,
+    classify_status,
+    next_step,
+)
 
 B = Backoff(0.1, 5.0)
 
@@ -23,6 +30,14 @@ def test_close_codes() -> None:
     assert classify(None, False) is Outcome.TRANSPORT
     assert classify(1001, False) is Outcome.CLOSED
     assert classify(1013, False) is Outcome.CLOSED
+
+
+def test_handshake_answers() -> None:
+    assert classify_status(401) is Outcome.UNAUTHORIZED
+    assert classify_status(503) is Outcome.MOVE  # full or draining
+    assert classify_status(429) is Outcome.MOVE  # over a connect rate
+    assert classify_status(404) is Outcome.CLOSED
+    assert classify_status(500) is Outcome.CLOSED
 
 
 def test_transport_errors_retry_the_same_gateway_then_the_next() -> None:

@@ -1,0 +1,162 @@
+"""Who may open a socket, sans I/O: the limits before the 101, the per-IP connect rate,
+and the counted, rate-limited report of every refusal.
+
+Time is passed in (monotonic seconds), so all of it is tested without sleeping.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import math
+from collections import Counter, OrderedDict
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from shared.settings import Settings
+
+__all__ = [
+    "MAX_TRACKED_IPS",
+    "REFUSALS",
+    "REFUSAL_LOG_EVERY_S",
+    "ConnectRate",
+    "HandshakeLimits",
+    "Refusals",
+    "client_key",
+]
+
+# Per-IP buckets kept at most (least recently seen dropped first): about 150 bytes each.
+MAX_TRACKED_IPS = 65_536
+# One log line per kind of refusal per this many seconds, with the count since the last.
+REFUSAL_LOG_EVERY_S = 10.0
+
+# kind -> (metric help, log level)
+REFUSALS: dict[str, tuple[str, int]] = {
+    "pre_auth_cap": (
+        "Sockets closed at once: the gateway already held IMROUTE_WS_MAX_PRE_AUTH "
+        "sockets without a 101",
+        logging.WARNING,
+    ),
+    "handshake_timeout": (
+        "Sockets cut for not sending their request head within IMROUTE_WS_HANDSHAKE_TIMEOUT_S",
+        logging.INFO,
+    ),
+    "rate_limited": (
+        "Handshakes answered 429: over IMROUTE_WS_CONNECT_RATE_PER_IP",
+        logging.WARNING,
+    ),
+    "unauthorized": ("Handshakes answered 401: missing, bad or expired token", logging.INFO),
+    "full": ("Handshakes answered 503: at IMROUTE_GATEWAY_MAX_CONNECTIONS", logging.WARNING),
+    "not_accepting": ("Handshakes answered 503: draining or shutting down", logging.INFO),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class HandshakeLimits:
+    """What the endpoint allows before a 101 (IMROUTE_WS_*)."""
+
+    max_pre_auth: int = 1000
+    connect_rate_per_ip: float | None = None  # None: no per-IP limit
+    connect_burst_per_ip: int = 10
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> HandshakeLimits:
+        return cls(
+            max_pre_auth=settings.ws_max_pre_auth,
+            connect_rate_per_ip=settings.ws_connect_rate_per_ip,
+            connect_burst_per_ip=settings.ws_connect_burst_per_ip,
+        )
+
+
+def client_key(peer: object) -> str | None:
+    """The rate-limit key of a peer address: the IPv4 address, or the IPv6 /64 (one
+    host usually holds a whole /64); None when it is not an IP socket."""
+    if not isinstance(peer, tuple) or not peer or not isinstance(peer[0], str):
+        return None
+    try:
+        ip = ipaddress.ip_address(peer[0].split("%", 1)[0])
+    except ValueError:
+        return None
+    if isinstance(ip, ipaddress.IPv6Address):
+        if ip.ipv4_mapped is not None:
+            return str(ip.ipv4_mapped)
+        return str(ipaddress.IPv6Network((ip, 64), strict=False))
+    return str(ip)
+
+
+class ConnectRate:
+    """A token bucket per client key: `burst` connects at once, then `rate_per_s`.
+
+    Bounded: at most `max_keys` buckets, the least recently used dropped first. A dropped
+    bucket comes back full, which only forgives a client nobody had heard from for a while.
+    """
+
+    def __init__(self, rate_per_s: float, burst: int, max_keys: int = MAX_TRACKED_IPS) -> None:
+        if rate_per_s <= 0 or burst < 1 or max_keys < 1:
+            raise ValueError("rate_per_s must be positive, burst and max_keys at least 1")
+        self.rate_per_s = rate_per_s
+        self.burst = float(burst)
+        self.max_keys = max_keys
+        self._buckets: OrderedDict[str, tuple[float, float]] = OrderedDict()  # tokens, at
+
+    def __len__(self) -> int:
+        return len(self._buckets)
+
+    def take(self, key: str, now: float) -> float:
+        """Take one connect for `key`: 0.0 if allowed, else the seconds until one is."""
+        buckets = self._buckets
+        entry = buckets.get(key)
+        if entry is None:
+            tokens = self.burst
+        else:
+            tokens, at = entry
+            tokens = min(self.burst, tokens + max(0.0, now - at) * self.rate_per_s)
+            buckets.move_to_end(key)
+        if tokens >= 1.0:
+            buckets[key] = (tokens - 1.0, now)
+            wait = 0.0
+        else:
+            buckets[key] = (tokens, now)
+            wait = (1.0 - tokens) / self.rate_per_s
+        if len(buckets) > self.max_keys:
+            buckets.popitem(last=False)
+        return wait
+
+
+class Refusals:
+    """Counts of refused sockets by kind (for /metrics), each reported in the log at
+    most once per `every_s`, with how many there were since the previous line."""
+
+    def __init__(self, log: logging.Logger, every_s: float = REFUSAL_LOG_EVERY_S) -> None:
+        self.counts: Counter[str] = Counter()
+        self._log = log
+        self._every_s = every_s
+        self._unlogged: Counter[str] = Counter()
+        self._logged_at: dict[str, float] = {}
+
+    def note(self, kind: str, now: float, detail: str = "") -> None:
+        """One refusal of `kind` (a key of REFUSALS); `detail` goes into the log line."""
+        self.counts[kind] += 1
+        self._unlogged[kind] += 1
+        last = self._logged_at.get(kind)
+        if last is not None and now - last < self._every_s:
+            return
+        n = self._unlogged.pop(kind)
+        self._logged_at[kind] = now
+        since = "" if last is None else f" in the last {math.ceil(now - last)}s"
+        self._log.log(
+            REFUSALS[kind][1],
+            "refused %d socket(s)%s: %s%s",
+            n,
+            since,
+            kind,
+            f" ({detail})" if detail else "",
+        )
+
+    def metrics(self) -> dict[str, tuple[str, float]]:
+        """name -> (help, value), for the gateway's metrics."""
+        return {
+            f"handshakes_refused_{kind}": (text, self.counts[kind])
+            for kind, (text, _) in REFUSALS.items()
+        }
