@@ -97,15 +97,21 @@ async def test_a_runner_whose_job_was_taken_over_stops_and_writes_nothing(
     await paused.submit("p1", "broadcast", slow, spec="{}")
     clock.advance(11)  # this process stalls past its lease; another one claims the job
     other = JobRunner(store)
+    resumed = asyncio.Event()
 
     async def rest(run: JobRun) -> None:
+        await resumed.wait()
         run.counters.published = 5
 
     other.resume_with(lambda claim: rest)
     with caplog.at_level(logging.WARNING, logger="router.fanout.runner"):
         assert await other.reap() == 1
-        await other.wait("p1")
+        # The stalled run notices at its next renewal, while the new holder still runs.
         await asyncio.wait_for(paused.wait("p1"), 2)
+        running = await store.get("p1")
+        assert running is not None and running.status is JobStatus.RUNNING
+        resumed.set()
+        await other.wait("p1")
     assert published == []
     job = await store.get("p1")
     assert job is not None and (job.status, job.published, job.attempts) == (JobStatus.DONE, 5, 2)
