@@ -13,7 +13,7 @@ from router.directory.base import UserDirectory
 from router.fanout.broadcast import pages_after, run_broadcast
 from router.fanout.multicast import chunked, run_multicast
 from router.fanout.publisher import BatchPublisher, Publisher
-from router.fanout.resilient import PublishRetry, ResilientPublisher
+from router.fanout.resilient import PublishRetry, ResilientPublisher, StableIdLog
 from router.fanout.runner import JobRun, JobRunner, Work
 from router.jobs.base import Claim, Job, PushCounters
 from router.jobs.specs import BroadcastSpec
@@ -138,7 +138,7 @@ class FanOut:
     def _publisher(
         self, message: Message, expires_ms: int, counters: PushCounters, store: bool
     ) -> BatchPublisher:
-        recovery = self._recovery if store else None
+        recovery = StableIdLog(self._recovery) if store and self._recovery else None
         bus = ResilientPublisher(self._bus, self._retry, asyncio.sleep)
         return BatchPublisher(bus, message, expires_ms, counters, recovery)
 

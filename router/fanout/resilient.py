@@ -1,25 +1,29 @@
-"""A bus publisher for push jobs: each batch retried with backoff, under a stable id.
+"""The bus and batch log as push jobs use them: retries with backoff, stable batch ids.
 
 Batches of a push job may be published more than once: a retried publish whose first
 attempt reached the bus after all, or the page a resumed job publishes again because its
-previous process died between publishing it and recording its checkpoint. Gateways drop a
-batch id they have seen (`socket_gateway.dedup`), so this wrapper gives each batch an id
-derived from what it carries (push id, topic, mode, group, recipients), the same in every
-attempt and in every process: a batch published twice reaches each client once.
+previous process died between logging or publishing it and recording its checkpoint.
+Gateways drop a batch id they have seen (`socket_gateway.dedup`), so each batch gets an
+id derived from what it delivers (push id, mode, group, recipients), the same in every
+attempt and in every process, on the bus (`ResilientPublisher`) and in the recovery log
+(`StableIdLog`, whose entry a gateway may read instead when the bus lost the batch): a
+batch published twice reaches each client once.
 """
 
 from __future__ import annotations
 
 import hashlib
 import logging
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from router.fanout.publisher import Publisher
+from router.recovery.base import RecoveryLog
 from shared.errors import BusUnavailable
+from shared.models import Message
 from shared.proto import gateway_pb2
 
-__all__ = ["PublishRetry", "ResilientPublisher", "stable_batch_id"]
+__all__ = ["PublishRetry", "ResilientPublisher", "StableIdLog", "stable_batch_id"]
 
 log = logging.getLogger(__name__)
 
@@ -99,3 +103,27 @@ def _stable(
     batch = gateway_pb2.Batch.FromString(data)
     batch.batch_id = stable_batch_id(batch)
     return batch.SerializeToString(), {**attributes, "batch_id": batch.batch_id}
+
+
+class StableIdLog:
+    """The recovery log for one push job: each batch logged under its stable id.
+
+    BatchPublisher logs a batch before it publishes it, so the id set here is also the
+    one the bus carries.
+    """
+
+    def __init__(self, log: RecoveryLog) -> None:
+        self._log = log
+
+    async def append_batch(self, topic: str, batch: gateway_pb2.Batch) -> int:
+        batch.batch_id = stable_batch_id(batch)
+        return await self._log.append_batch(topic, batch)
+
+    async def append_p2p(self, message: Message, uids: Sequence[str], expires_ms: int) -> list[int]:
+        return await self._log.append_p2p(message, uids, expires_ms)
+
+    async def queue(self, message: Message, expires_ms: int, seqs: Mapping[str, int]) -> int:
+        return await self._log.queue(message, expires_ms, seqs)
+
+    async def forget_inboxes(self, wanted: Sequence[tuple[str, Sequence[int]]]) -> list[None]:
+        return await self._log.forget_inboxes(wanted)
