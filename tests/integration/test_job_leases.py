@@ -86,7 +86,8 @@ async def test_a_runner_whose_job_was_taken_over_stops_and_writes_nothing(
 ) -> None:
     clock = ManualClock(wall_ms=SystemClock().now_ms())
     store = RedisJobStore(redis, KeySchema(prefix), clock, lease_s=10)
-    paused = JobRunner(store, renew_s=0.02)
+    # Renews rarely, so no renewal of its own lands between the take-over's scan and claim.
+    paused = JobRunner(store, renew_s=0.5)
     published: list[str] = []
     release = asyncio.Event()
 
