@@ -26,6 +26,7 @@ __all__ = [
     "AcceptedOut",
     "Audience",
     "BroadcastIn",
+    "FailedBatchOut",
     "GatewayError",
     "GatewayOut",
     "GatewaysOut",
@@ -186,6 +187,17 @@ class AcceptedOut(BaseModel):
     push_id: str
 
 
+class FailedBatchOut(BaseModel):
+    """A batch that could not be published after its retries."""
+
+    topic: str
+    uids: int
+    after: str | None = Field(
+        description="a broadcast page: the uid it starts after (null: the first page)"
+    )
+    error: str
+
+
 class JobOut(BaseModel):
     push_id: str
     mode: str
@@ -199,6 +211,10 @@ class JobOut(BaseModel):
     error: str | None
     created_at: int
     finished_at: int | None
+    attempts: int = Field(
+        description="runs of the job: 1, plus one per take-over after its process died"
+    )
+    failed: list[FailedBatchOut] = Field(description="the first 100 failed batches")
 
 
 class UserIn(BaseModel):

@@ -30,6 +30,7 @@ from router.balancing import (
 from router.bus.base import Bus
 from router.bus.factory import bus_from_settings, hedging_from_settings
 from router.directory.sql import SqlUserDirectory
+from router.fanout.resilient import PublishRetry
 from router.fanout.runner import JobRunner
 from router.fleet.cache import CachedFleet
 from router.fleet.dispatch import Dispatcher
@@ -53,9 +54,7 @@ from shared.internal_auth import load_tls
 from shared.keys import KeySchema
 from shared.settings import Settings
 
-__all__ = ["JOB_LEASE_S", "Parts", "Wiring"]
-
-JOB_LEASE_S = 10.0
+__all__ = ["Parts", "Wiring"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,11 +129,16 @@ class Wiring:
             directory = await stack.enter_async_context(
                 SqlUserDirectory.from_url(settings.db_url, clock)
             )
-            jobs = RedisJobStore(redis, keys, clock, lease_s=JOB_LEASE_S)
-            runner = JobRunner(jobs, renew_s=JOB_LEASE_S / 3)
+            lease_s = settings.job_lease_s
+            jobs = RedisJobStore(redis, keys, clock, lease_s=lease_s)
+            runner = JobRunner(
+                jobs,
+                renew_s=lease_s / 3,
+                max_attempts=settings.job_max_attempts,
+                grace_s=settings.job_shutdown_grace_s,
+            )
+            # Closed before the bus and the directory: jobs finish or hand over with both.
             stack.push_async_callback(runner.aclose)
-            # At start and every half lease: jobs orphaned by a dead push service fail.
-            await stack.enter_async_context(reaping(jobs, every_s=JOB_LEASE_S / 2))
             secret = settings.secret.get_secret_value() if settings.secret else None
             pusher = P2PPusher(
                 registry, fleet, clients, settings.deliver_timeout_s, recovery, clock
@@ -145,6 +149,23 @@ class Wiring:
             stack.callback(self._metrics.unregister, collector)
             self.parts = Parts(bus, fleet, call_stats, clients, grpc_clients)
             stack.callback(setattr, self, "parts", None)
+            fanout = FanOut(
+                bus,
+                directory,
+                registry,
+                runner,
+                jobs,
+                clock,
+                batch_size=settings.batch_size,
+                flush_timeout_s=settings.flush_timeout_s,
+                retry=PublishRetry(settings.job_publish_retries, settings.job_publish_backoff_s),
+                recovery=recovery,
+            )
+            runner.resume_with(fanout.resume)
+            # At start and every half lease: jobs orphaned by a dead push service (or handed
+            # over by a stopping one) are resumed here, or failed. Stopped before the runner
+            # closes, so a stopping service takes nothing new on.
+            await stack.enter_async_context(reaping(runner, every_s=lease_s / 2))
             yield Services(
                 pushes=Pushes(pusher, clock),
                 # One view of gateways' health, for P2P calls and for dispatch.
@@ -156,17 +177,7 @@ class Wiring:
                     TokenRules.from_settings(settings),
                 ),
                 fleet=Fleet(fleet, RedisDrainRequests(redis, keys)),
-                fanout=FanOut(
-                    bus,
-                    directory,
-                    registry,
-                    runner,
-                    jobs,
-                    clock,
-                    batch_size=settings.batch_size,
-                    flush_timeout_s=settings.flush_timeout_s,
-                    recovery=recovery,
-                ),
+                fanout=fanout,
                 users=Users(directory, registry),
                 health=Health(functools.partial(ping, redis), self._metrics),
             )

@@ -75,6 +75,16 @@ class Settings(BaseSettings):
     circuit_failures: int = Field(5, ge=0, le=1000)  # 0: the circuit never opens
     circuit_cool_off_s: float = Field(10.0, gt=0, le=600)
 
+    # push jobs (issue 12, jobs that survive; README, "Push jobs"): a running job's lease
+    # (renewed every third of it; a lapsed one is taken over by another push service), the
+    # runs a job gets in all when its processes keep dying, how long a stopping push
+    # service lets its jobs finish before it hands them over, and a batch's publish retries
+    job_lease_s: float = Field(10.0, ge=0.3, le=600)
+    job_max_attempts: int = Field(3, ge=1, le=100)
+    job_shutdown_grace_s: float = Field(10.0, ge=0, le=3600)
+    job_publish_retries: int = Field(3, ge=0, le=10)
+    job_publish_backoff_s: float = Field(0.2, ge=0, le=60)
+
     # gateway
     gateway_id: str = "gw1"
     group_id: str = "g1"

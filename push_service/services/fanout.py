@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Sequence
 from typing import Protocol
 
@@ -9,14 +10,17 @@ from push_service.content import new_message
 from push_service.errors import NotFound
 from push_service.schemas import BroadcastIn, MulticastIn
 from router.directory.base import UserDirectory
-from router.fanout.broadcast import run_broadcast
+from router.fanout.broadcast import pages_after, run_broadcast
 from router.fanout.multicast import chunked, run_multicast
 from router.fanout.publisher import BatchPublisher, Publisher
-from router.fanout.runner import JobRunner
-from router.jobs.base import Job, PushCounters
+from router.fanout.resilient import PublishRetry, ResilientPublisher, StableIdLog
+from router.fanout.runner import JobRun, JobRunner, Work
+from router.jobs.base import Claim, Job, PushCounters
+from router.jobs.specs import BroadcastSpec
 from router.recovery.base import RecoveryLog
 from router.routes.base import GroupLookup
 from shared.clock import Clock
+from shared.errors import InvalidInput
 from shared.models import Message
 
 __all__ = ["FanOut", "JobReader"]
@@ -42,9 +46,11 @@ class FanOut:
         *,
         batch_size: int,
         flush_timeout_s: float,
+        retry: PublishRetry,
         recovery: RecoveryLog | None = None,
     ) -> None:
         self._recovery = recovery
+        self._retry = retry
         self._bus = bus
         self._directory = directory
         self._groups = groups
@@ -55,23 +61,47 @@ class FanOut:
         self._flush_timeout_s = flush_timeout_s
 
     async def broadcast(self, body: BroadcastIn) -> str:
-        """Start a broadcast job; its push id."""
+        """Start a broadcast job; its push id. It is resumable (router.jobs.specs)."""
         message, expires_ms = self._message(body)
         audience = body.audience
-        tags_any = audience.tags_any if audience else None
-        online_only = bool(audience and audience.online)
+        spec = BroadcastSpec(
+            message,
+            expires_ms,
+            body.store,
+            tuple(audience.tags_any) if audience and audience.tags_any else None,
+            bool(audience and audience.online),
+            self._batch_size,
+        )
+        await self._runner.submit(
+            message.push_id, "broadcast", self._broadcast(spec), spec.to_json()
+        )
+        return message.push_id
 
-        async def work(counters: PushCounters) -> None:
-            publisher = self._publisher(message, expires_ms, counters, body.store)
+    def resume(self, claim: Claim) -> Work:
+        """The work of a job another process started (JobRunner.reap)."""
+        if claim.mode != "broadcast":
+            raise InvalidInput("mode", f"{claim.mode} jobs are not resumable")
+        return self._broadcast(BroadcastSpec.from_json(claim.spec))
+
+    def _broadcast(self, spec: BroadcastSpec) -> Work:
+        async def work(run: JobRun) -> None:
+            publisher = self._publisher(spec.message, spec.expires_ms, run.counters, spec.store)
+            start = run.start
+            after = start.after if start else None
             pages = (
                 None
-                if online_only
-                else self._directory.iter_pages(limit=self._batch_size, tags_any=tags_any)
+                if spec.online_only
+                else pages_after(self._directory, after, spec.batch_size, spec.tags_any)
             )
-            await run_broadcast(pages, publisher)
+            await run_broadcast(
+                pages,
+                publisher,
+                checkpoint=run.checkpoint,
+                done_pages=start.pages if start else 0,
+                after=after,
+            )
 
-        await self._runner.submit(message.push_id, "broadcast", work)
-        return message.push_id
+        return work
 
     async def multicast(self, body: MulticastIn) -> str:
         """Start a multicast job; its push id."""
@@ -80,8 +110,8 @@ class FanOut:
         tags_any = body.audience.tags_any if body.audience else None
         high_priority = body.priority == "high"
 
-        async def work(counters: PushCounters) -> None:
-            publisher = self._publisher(message, expires_ms, counters, body.store)
+        async def work(run: JobRun) -> None:
+            publisher = self._publisher(message, expires_ms, run.counters, body.store)
             chunks: AsyncIterator[Sequence[str]] = (
                 chunked(to) if to is not None else self._directory.iter_pages(tags_any=tags_any)
             )
@@ -108,8 +138,9 @@ class FanOut:
     def _publisher(
         self, message: Message, expires_ms: int, counters: PushCounters, store: bool
     ) -> BatchPublisher:
-        recovery = self._recovery if store else None
-        return BatchPublisher(self._bus, message, expires_ms, counters, recovery)
+        recovery = StableIdLog(self._recovery) if store and self._recovery else None
+        bus = ResilientPublisher(self._bus, self._retry, asyncio.sleep)
+        return BatchPublisher(bus, message, expires_ms, counters, recovery)
 
     def _message(self, body: BroadcastIn | MulticastIn) -> tuple[Message, int]:
         """The message (content encoded once) and its expiry in epoch ms (0: none)."""

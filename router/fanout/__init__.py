@@ -5,7 +5,10 @@
 - `batcher`: the pure GroupBatcher (a group's batch leaves at 1000 users or when its
   oldest entry waited the flush timeout).
 - `multicast`: resolves recipients' groups and feeds the batcher.
-- `runner`: runs either as a background job with a status and a lease.
+- `failures`: a failed batch is counted and listed, and the push goes on.
+- `resilient`: the bus as push jobs use it: retries, and batch ids stable across re-publishes.
+- `runner`: runs either as a background job with a status, a lease and (broadcasts)
+  checkpoints another process can resume from.
 """
 
 # No re-exports: importing one module of the package loads only what it needs.

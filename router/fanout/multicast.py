@@ -13,6 +13,7 @@ from collections import deque
 from collections.abc import AsyncIterator, Iterable, Sequence
 
 from router.fanout.batcher import GroupBatcher, ReadyBatch
+from router.fanout.failures import publish_or_count
 from router.fanout.publisher import BatchPublisher, group_topic
 from router.routes.base import LOOKUP_CHUNK, GroupLookup, RecipientGroups, chunks
 from shared.clock import Clock
@@ -117,7 +118,9 @@ async def _publish_all(publisher: BatchPublisher, ready: Iterable[ReadyBatch]) -
 
 
 async def _publish(publisher: BatchPublisher, ready: ReadyBatch) -> None:
-    await publisher.publish(
+    # A failed batch is counted and the multicast goes on with the next one.
+    await publish_or_count(
+        publisher,
         gateway_pb2.MODE_MULTICAST,
         group_topic(ready.group_id),
         ready.uids,

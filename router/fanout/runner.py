@@ -1,4 +1,13 @@
-"""Runs push jobs in the background, keeping their status and lease in the job store."""
+"""Runs push jobs in the background, keeping their status, checkpoint and lease in the store.
+
+A job is resumable when it was submitted with a spec and its work checkpoints as it goes
+(`JobRun.checkpoint`): at a shutdown, or when its process died and its lease lapsed,
+another push service claims it (`reap`) and runs it on from its last checkpoint. The other
+jobs end failed when their process stops.
+
+Shutdown (`aclose`): running jobs get `grace_s` to finish; then resumable ones stop at
+their next checkpoint and are released for another process, the rest are cancelled.
+"""
 
 from __future__ import annotations
 
@@ -7,61 +16,226 @@ import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 
-from router.jobs.base import JobStore, PushCounters
+from router.jobs.base import Checkpoint, Claim, JobStore, Lease, PushCounters
 from shared.errors import ImrouteError
 
-__all__ = ["JobRunner"]
+__all__ = ["Handover", "JobRun", "JobRunner", "LeaseLost", "Resume", "Work"]
 
 log = logging.getLogger(__name__)
 
-Work = Callable[[PushCounters], Awaitable[None]]
+# After the grace period, how long a resumable job may take to reach its next
+# checkpoint (the page in flight and its publish retries) before it is cancelled.
+STOP_S = 5.0
+SHUT_DOWN = "the push service shut down before the job finished"
+
+
+class Handover(Exception):  # control flow, not an error
+    """Raised at a checkpoint while the runner stops: the job ends here, to be resumed.
+    Never escapes the runner."""
+
+
+class LeaseLost(Exception):  # control flow, not an error
+    """The store refused a write of this run: another process holds the job now.
+    Never escapes the runner."""
+
+
+class JobRun:
+    """One run of a job in this process: its counters, where it starts, its checkpoints."""
+
+    def __init__(
+        self,
+        lease: Lease,
+        start: Checkpoint | None,
+        store: JobStore,
+        stopping: asyncio.Event,
+    ) -> None:
+        self.lease = lease
+        self.start = start  # None: from the beginning
+        self.counters = start.counters.copy() if start else PushCounters()
+        self.last = start  # the latest consistent point, for a hand-over
+        self.lost = False
+        self._store = store
+        self._stopping = stopping
+
+    @property
+    def push_id(self) -> str:
+        return self.lease.push_id
+
+    async def checkpoint(self, after: str | None, pages: int) -> None:
+        """Record that everything up to `after` (`pages` pages) is published or counted.
+
+        Raises LeaseLost if another process took the job over, Handover if the runner is
+        stopping (the job is released from here). A Redis error is logged and the job
+        goes on: its lease lapses if Redis stays away, and a take-over re-publishes from
+        the last checkpoint that was written (harmless: see ResilientPublisher).
+        """
+        self.last = Checkpoint(after, pages, self.counters.copy())
+        try:
+            written = await self._store.progress(self.lease, self.counters, self.last)
+        except ImrouteError as exc:
+            log.warning("job %s: could not record its checkpoint: %s", self.push_id, exc)
+            written = True
+        if not written:
+            self.lost = True
+            raise LeaseLost(self.push_id)
+        if self._stopping.is_set():
+            raise Handover(self.push_id)
+
+
+Work = Callable[[JobRun], Awaitable[None]]
+# Builds a claimed job's work from its spec; InvalidInput if the spec cannot be run here.
+Resume = Callable[[Claim], Work]
 
 
 class JobRunner:
-    def __init__(self, store: JobStore, renew_s: float = 3.0) -> None:
+    def __init__(
+        self,
+        store: JobStore,
+        renew_s: float = 3.0,
+        *,
+        max_attempts: int = 3,
+        grace_s: float = 0.0,
+    ) -> None:
         self._store = store
         self._renew_s = renew_s
+        self._max_attempts = max_attempts
+        self._grace_s = grace_s
+        self._resume: Resume | None = None
         self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._runs: dict[str, tuple[JobRun, bool]] = {}
+        self._stopping = asyncio.Event()
+        self._closing = False
 
-    async def submit(self, push_id: str, mode: str, work: Work) -> None:
-        """Record the job as queued, then run `work` in the background."""
-        await self._store.create(push_id, mode)
-        task = asyncio.create_task(self._run(push_id, work), name=f"job:{push_id}")
+    def resume_with(self, resume: Resume) -> None:
+        """How claimed jobs are run; without it, `reap` only fails orphans that cannot be."""
+        self._resume = resume
+
+    async def submit(self, push_id: str, mode: str, work: Work, spec: str | None = None) -> None:
+        """Record the job as queued (resumable if it has a `spec`), then run `work`."""
+        lease = await self._store.create(push_id, mode, spec)
+        self._start(JobRun(lease, None, self._store, self._stopping), work, spec is not None)
+
+    async def reap(self) -> int:
+        """Take over the jobs whose process died (or handed them over): resume those that
+        can be, fail the rest. How many were resumed or failed."""
+        if self._closing:
+            return 0
+        claims, failed = await self._store.claim_lapsed(self._max_attempts)
+        if failed:
+            log.warning("marked %d orphaned push jobs failed", failed)
+        for claim in claims:
+            run = JobRun(claim.lease, claim.checkpoint, self._store, self._stopping)
+            at = claim.checkpoint.pages if claim.checkpoint else 0
+            try:
+                if self._resume is None:
+                    raise ImrouteError("this process cannot resume jobs")
+                work = self._resume(claim)
+            except ImrouteError as exc:
+                log.warning("job %s (%s) cannot be resumed: %s", run.push_id, claim.mode, exc)
+                await self._store.finish(claim.lease, run.counters, f"cannot be resumed: {exc}")
+                continue
+            log.warning(
+                "resuming job %s (%s) after page %d, attempt %d",
+                run.push_id,
+                claim.mode,
+                at,
+                claim.attempts,
+            )
+            self._start(run, work, True)
+        return failed + len(claims)
+
+    def _start(self, run: JobRun, work: Work, resumable: bool) -> None:
+        push_id = run.push_id
+        task = asyncio.create_task(self._run(run, work, resumable), name=f"job:{push_id}")
         self._tasks[push_id] = task
-        task.add_done_callback(lambda _: self._tasks.pop(push_id, None))
+        self._runs[push_id] = (run, resumable)
 
-    async def _run(self, push_id: str, work: Work) -> None:
-        counters = PushCounters()
+        def forget(done: asyncio.Task[None]) -> None:
+            # A job this process lost and took back has a newer task under its id.
+            if self._tasks.get(push_id) is done:
+                del self._tasks[push_id]
+                del self._runs[push_id]
+
+        task.add_done_callback(forget)
+
+    async def _run(self, run: JobRun, work: Work, resumable: bool) -> None:
         error: str | None = None
+        handover = False
         stop = asyncio.Event()
-        renew = asyncio.create_task(self._renew(push_id, counters, stop))
+        job = asyncio.current_task()
+        renew = asyncio.create_task(self._renew(run, stop, job))
         try:
-            await work(counters)
+            await work(run)
+        except Handover:
+            handover = True
+        except LeaseLost:
+            pass
         except asyncio.CancelledError:
-            error = "the push service shut down before the job finished"
+            # Cancelled at shutdown (or because the lease was lost): a resumable job is
+            # handed over from its last checkpoint, where the next process starts.
+            handover = resumable
+            error = SHUT_DOWN
             raise
         except ImrouteError as exc:
             error = str(exc)
         except Exception as exc:
-            log.exception("job %s failed", push_id)
+            log.exception("job %s failed", run.push_id)
             error = f"internal error: {type(exc).__name__}"
         finally:
             # Stopped, not cancelled: a renewal in flight completes before the job's end
             # is written (cancelling a Redis call midway is not reliably clean).
             stop.set()
             await renew
-            try:
-                await self._store.finish(push_id, counters, error)
-            except ImrouteError as exc:
-                # The lease lapses and the reaper marks the job failed.
-                log.warning("could not record the end of job %s: %s", push_id, exc)
+            if run.lost:
+                log.warning(
+                    "job %s: another process took it over (this run held epoch %d); "
+                    "this run stopped and wrote nothing more",
+                    run.push_id,
+                    run.lease.epoch,
+                )
+            else:
+                await self._end(run, error, handover)
 
-    async def _renew(self, push_id: str, counters: PushCounters, stop: asyncio.Event) -> None:
+    async def _end(self, run: JobRun, error: str | None, handover: bool) -> None:
+        c = run.counters
+        if error is None and c.failed_batches:
+            error = f"{c.failed_batches} of {c.batches} batches could not be published"
+            if c.failed:
+                error += f" (the first: {c.failed[0].error})"
+        try:
+            if handover:
+                written = await self._store.release(run.lease, run.last)
+                if written:
+                    at = run.last.pages if run.last else 0
+                    log.warning("job %s handed over after page %d", run.push_id, at)
+            else:
+                written = await self._store.finish(run.lease, c, error)
+        except ImrouteError as exc:
+            # The lease lapses and the reaper resumes or fails the job.
+            log.warning("could not record the end of job %s: %s", run.push_id, exc)
+            return
+        if not written:
+            log.warning(
+                "job %s: its record refused this run's %s (epoch %d): another process "
+                "took the job over, or it had ended",
+                run.push_id,
+                "hand-over" if handover else "end",
+                run.lease.epoch,
+            )
+
+    async def _renew(
+        self, run: JobRun, stop: asyncio.Event, job: asyncio.Task[None] | None
+    ) -> None:
         while not stop.is_set():
             try:
-                await self._store.progress(push_id, counters)
+                if not await self._store.progress(run.lease, run.counters):
+                    # Fenced: the job is someone else's now; nothing this run does counts.
+                    run.lost = True
+                    if job is not None:
+                        job.cancel()
+                    return
             except ImrouteError as exc:
-                log.warning("job %s: could not renew its lease: %s", push_id, exc)
+                log.warning("job %s: could not renew its lease: %s", run.push_id, exc)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), self._renew_s)
 
@@ -73,8 +247,20 @@ class JobRunner:
                 await asyncio.shield(task)
 
     async def aclose(self) -> None:
-        """Cancel the jobs still running; each records why it failed."""
+        """Let running jobs finish within the grace period; then hand resumable ones
+        over at their next checkpoint and cancel the rest (each records why)."""
+        self._closing = True
         tasks = list(self._tasks.values())
-        for task in tasks:
+        if not tasks:
+            return
+        log.info("waiting up to %.1f s for %d running push jobs", self._grace_s, len(tasks))
+        _, pending = await asyncio.wait(tasks, timeout=self._grace_s)
+        if pending:
+            self._stopping.set()
+            for run, resumable in list(self._runs.values()):
+                if not resumable:
+                    self._tasks[run.push_id].cancel()
+            _, pending = await asyncio.wait(pending, timeout=STOP_S)
+        for task in pending:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)

@@ -1,8 +1,11 @@
-"""The job reaper: fails the jobs whose push service died, so none stays "running" forever.
+"""The job reaper: takes over the jobs whose push service died, so none stays "running".
 
 Each running job's lease is renewed by the process running it (see `JobRunner`); a lease
-that lapsed means that process is gone. Any push service may reap any job: the store's
-script fails a job only while it is still running, so reapers never race a late finish.
+that lapsed means that process is gone (or hung). Any push service may reap any job: the
+store re-checks the lapse in the same script that claims or fails the job, so a reaper
+never takes a job whose holder renewed it meanwhile, and the claim's new epoch fences off
+whatever the old holder still writes. A resumable job is run on by the reaper's process,
+the rest are marked failed.
 """
 
 from __future__ import annotations
@@ -21,18 +24,17 @@ log = logging.getLogger(__name__)
 
 
 class Reapable(Protocol):
-    """A job store that can fail its orphaned jobs."""
+    """What takes orphaned jobs over (JobRunner): resumes or fails them, logs it, says
+    how many."""
 
     async def reap(self) -> int: ...
 
 
 async def reap_forever(jobs: Reapable, every_s: float) -> None:
-    """Fail orphaned jobs now and every `every_s`; a failed pass is logged and retried."""
+    """Take orphaned jobs over now and every `every_s`; a failed pass is logged and retried."""
     while True:
         try:
-            reaped = await jobs.reap()
-            if reaped:
-                log.warning("marked %d orphaned push jobs failed", reaped)
+            await jobs.reap()
         except ImrouteError as exc:
             # Redis is down: the next pass tries again; the jobs wait meanwhile.
             log.warning("job reaper: %s", exc)

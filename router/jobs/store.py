@@ -1,15 +1,34 @@
 """Push jobs (broadcast, multicast) and their status, kept in Redis.
 
-A running job holds a lease that its push service renews; if that process dies, the
-lease lapses and the reaper marks the job failed with a reason, so no job is left
-"running" forever. Job state therefore survives a push-service restart.
+A running job holds a lease that its push service renews. Every claim of the job bumps
+its epoch (the fencing token, see `router.jobs.base`), and each write below is one Lua
+script that checks the epoch and the status in the same step as it writes, so a stale
+holder's renewal, checkpoint or end is refused, never written over the new holder's.
+
+When a lease lapses (its push service died or hung), `claim_lapsed` re-checks the lapse
+inside its script (a renewal may have landed since the scan) and hands a resumable job
+(one with a spec) to the caller to run on from its checkpoint; a job that is not
+resumable, or has been taken over `max_attempts` times already, is marked failed. A job
+released at a shutdown is claimable at once and its hand-over is not an attempt.
 """
 
 from __future__ import annotations
 
+import json
+from dataclasses import asdict
 from typing import Any
 
-from router.jobs.base import Job, JobStatus, PushCounters
+from router.jobs.base import (
+    COUNTERS,
+    Checkpoint,
+    Claim,
+    FailedBatch,
+    Job,
+    JobStatus,
+    Lease,
+    PushCounters,
+    read_failed,
+)
 from router.redis.client import RedisClient
 from router.redis.errors import translate_errors
 from shared.clock import Clock
@@ -19,32 +38,83 @@ __all__ = ["Job", "JobStatus", "RedisJobStore"]
 
 FINISHED_TTL_S = 7 * 24 * 3600
 
-# Marks a running job failed only if it is still running (a late renewal or finish of
-# the same job must not be overwritten, nor a finished job resurrected).
-_REAP = """
-if redis.call('HGET', KEYS[1], 'status') == 'running' then
-  redis.call('HSET', KEYS[1], 'status', 'failed', 'error', ARGV[1], 'finished_at', ARGV[2])
-  redis.call('EXPIRE', KEYS[1], ARGV[3])
-  redis.call('ZREM', KEYS[2], ARGV[4])
-  return 1
-end
-redis.call('ZREM', KEYS[2], ARGV[4])
-return 0
-"""
+ORPHANED = "the push service running this job stopped before it finished"
 
-
-# A renewal never overwrites an end: a cancelled renewal may still reach Redis after
-# the job finished, over another connection.
-_PROGRESS = """
+# The common head of every fenced write: ARGV[1] is the writer's epoch.
+_FENCE = """
 local status = redis.call('HGET', KEYS[1], 'status')
 if status ~= 'queued' and status ~= 'running' then return 0 end
-redis.call('HSET', KEYS[1], 'status', 'running', unpack(ARGV, 3))
-redis.call('ZADD', KEYS[2], ARGV[1], ARGV[2])
-return 1
+if redis.call('HGET', KEYS[1], 'epoch') ~= ARGV[1] then return -1 end
 """
 
+# Renewal and checkpoint: ARGV = epoch, lease end, push id, checkpoint or '', failed
+# list, then the counters as field/value pairs.
+_PROGRESS = (
+    _FENCE
+    + """
+redis.call('HSET', KEYS[1], 'status', 'running', 'failed', ARGV[5], unpack(ARGV, 6))
+if ARGV[4] ~= '' then redis.call('HSET', KEYS[1], 'checkpoint', ARGV[4]) end
+redis.call('ZADD', KEYS[2], ARGV[2], ARGV[3])
+return 1
+"""
+)
 
-_COUNTERS = ("recipients", "online", "offline", "batches", "published", "failed_batches")
+# ARGV = epoch, push id, finished TTL, failed list, then field/value pairs (status, ...).
+# What only a resume needs (the spec holds up to 64 KiB of content) goes with the end.
+_FINISH = (
+    _FENCE
+    + """
+redis.call('HSET', KEYS[1], 'failed', ARGV[4], unpack(ARGV, 5))
+redis.call('HDEL', KEYS[1], 'spec', 'checkpoint', 'released')
+redis.call('EXPIRE', KEYS[1], ARGV[3])
+redis.call('ZREM', KEYS[2], ARGV[2])
+return 1
+"""
+)
+
+# A hand-over at shutdown: the epoch moves on, so a renewal of this holder still in
+# flight is refused, and the job is claimable at once (lease end 0).
+# ARGV = epoch, push id, checkpoint or '', failed list, then counter pairs.
+_RELEASE = (
+    _FENCE
+    + """
+redis.call('HINCRBY', KEYS[1], 'epoch', 1)
+redis.call('HSET', KEYS[1], 'status', 'queued', 'released', '1', 'failed', ARGV[4], unpack(ARGV, 5))
+if ARGV[3] ~= '' then redis.call('HSET', KEYS[1], 'checkpoint', ARGV[3]) end
+redis.call('ZADD', KEYS[2], 0, ARGV[2])
+return 1
+"""
+)
+
+# One job whose lease the scan saw lapsed. ARGV = now, new lease end, max attempts,
+# push id, finished TTL, the error of an orphan that cannot be resumed, that of one out
+# of attempts. Returns false (live, or already ended), {0} (failed) or {epoch, spec,
+# checkpoint, mode, attempts} (claimed by the caller).
+_CLAIM = """
+local score = redis.call('ZSCORE', KEYS[2], ARGV[4])
+if not score or tonumber(score) > tonumber(ARGV[1]) then return false end
+local status = redis.call('HGET', KEYS[1], 'status')
+if status ~= 'queued' and status ~= 'running' then
+  redis.call('ZREM', KEYS[2], ARGV[4])
+  return false
+end
+local f = redis.call('HMGET', KEYS[1], 'spec', 'attempts', 'released', 'checkpoint', 'mode')
+local attempts = tonumber(f[2] or '1')
+if f[3] ~= '1' then attempts = attempts + 1 end
+if (not f[1]) or attempts > tonumber(ARGV[3]) then
+  local reason = ARGV[6]
+  if f[1] then reason = ARGV[7] end
+  redis.call('HSET', KEYS[1], 'status', 'failed', 'error', reason, 'finished_at', ARGV[1])
+  redis.call('HDEL', KEYS[1], 'spec', 'checkpoint', 'released')
+  redis.call('EXPIRE', KEYS[1], ARGV[5])
+  redis.call('ZREM', KEYS[2], ARGV[4])
+  return {0}
+end
+local epoch = redis.call('HINCRBY', KEYS[1], 'epoch', 1)
+redis.call('HSET', KEYS[1], 'status', 'running', 'attempts', attempts, 'released', '0')
+redis.call('ZADD', KEYS[2], ARGV[2], ARGV[4])
+return {epoch, f[1], f[4] or '', f[5], attempts}
+"""
 
 
 class RedisJobStore:
@@ -53,44 +123,125 @@ class RedisJobStore:
         self._keys = keys
         self._clock = clock
         self._lease_ms = int(lease_s * 1000)
-        self._reap = redis.register_script(_REAP)
         self._progress = redis.register_script(_PROGRESS)
+        self._finish = redis.register_script(_FINISH)
+        self._release = redis.register_script(_RELEASE)
+        self._claim = redis.register_script(_CLAIM)
+
+    def _job_keys(self, push_id: str) -> list[str]:
+        return [self._keys.job(push_id), self._keys.jobs_running()]
 
     @translate_errors
-    async def create(self, push_id: str, mode: str) -> None:
+    async def create(self, push_id: str, mode: str, spec: str | None = None) -> Lease:
+        """Record a queued job, leased to the caller (epoch 1); `spec` makes it resumable."""
         fields_: dict[Any, Any] = {
             "push_id": push_id,
             "mode": mode,
             "status": JobStatus.QUEUED.value,
             "created_at": self._clock.now_ms(),
-            **dict.fromkeys(_COUNTERS, 0),
+            "epoch": 1,
+            "attempts": 1,
+            **dict.fromkeys(COUNTERS, 0),
         }
-        await self._redis.hset(self._keys.job(push_id), mapping=fields_)
-
-    @translate_errors
-    async def progress(self, push_id: str, counters: PushCounters) -> None:
-        """Record the counters and renew the lease (status running)."""
-        args: list[Any] = [self._clock.now_ms() + self._lease_ms, push_id]
-        for name, value in _counter_fields(counters).items():
-            args += [name, value]
-        await self._progress(keys=[self._keys.job(push_id), self._keys.jobs_running()], args=args)
-
-    @translate_errors
-    async def finish(self, push_id: str, counters: PushCounters, error: str | None) -> None:
-        status = JobStatus.FAILED if error else JobStatus.DONE
-        # redis-py's mapping type is invariant in its keys; these are plain str -> str|int.
-        mapping: dict[Any, Any] = {
-            "status": status.value,
-            "finished_at": self._clock.now_ms(),
-            **_counter_fields(counters),
-        }
-        if error:
-            mapping["error"] = error
-        pipe = self._redis.pipeline(transaction=False)
-        pipe.hset(self._keys.job(push_id), mapping=mapping)
-        pipe.expire(self._keys.job(push_id), FINISHED_TTL_S)
-        pipe.zrem(self._keys.jobs_running(), push_id)
+        if spec is not None:
+            fields_["spec"] = spec
+        # Leased from the start: a process that dies before its first renewal still
+        # leaves a job the reaper finds.
+        pipe = self._redis.pipeline(transaction=True)
+        pipe.hset(self._keys.job(push_id), mapping=fields_)
+        pipe.zadd(self._keys.jobs_running(), {push_id: self._clock.now_ms() + self._lease_ms})
         await pipe.execute()
+        return Lease(push_id, 1)
+
+    @translate_errors
+    async def progress(
+        self, lease: Lease, counters: PushCounters, checkpoint: Checkpoint | None = None
+    ) -> bool:
+        """Record the counters (and the checkpoint) and renew the lease; False if fenced."""
+        args: list[Any] = [
+            lease.epoch,
+            self._clock.now_ms() + self._lease_ms,
+            lease.push_id,
+            checkpoint.to_json() if checkpoint else "",
+            _failed_json(counters.failed),
+            *_pairs(counters),
+        ]
+        return bool(await self._progress(keys=self._job_keys(lease.push_id), args=args) == 1)
+
+    @translate_errors
+    async def finish(self, lease: Lease, counters: PushCounters, error: str | None) -> bool:
+        """Record the job's end; False, and nothing written, if fenced or ended already."""
+        status = JobStatus.FAILED if error else JobStatus.DONE
+        args: list[Any] = [
+            lease.epoch,
+            lease.push_id,
+            FINISHED_TTL_S,
+            _failed_json(counters.failed),
+            "status",
+            status.value,
+            "finished_at",
+            self._clock.now_ms(),
+            *_pairs(counters),
+        ]
+        if error:
+            args += ["error", error]
+        return bool(await self._finish(keys=self._job_keys(lease.push_id), args=args) == 1)
+
+    @translate_errors
+    async def release(self, lease: Lease, checkpoint: Checkpoint | None) -> bool:
+        """Hand the job over for another process to resume from `checkpoint`."""
+        counters = checkpoint.counters if checkpoint else PushCounters()
+        args: list[Any] = [
+            lease.epoch,
+            lease.push_id,
+            checkpoint.to_json() if checkpoint else "",
+            _failed_json(counters.failed),
+            *(_pairs(counters) if checkpoint else ()),
+        ]
+        return bool(await self._release(keys=self._job_keys(lease.push_id), args=args) == 1)
+
+    @translate_errors
+    async def claim_lapsed(self, max_attempts: int) -> tuple[list[Claim], int]:
+        """Take over the jobs whose lease lapsed or was released: (claimed, failed).
+
+        Claimed jobs are the caller's to run on (their new lease starts now); the ones
+        that cannot be resumed, or ran out of attempts, are marked failed.
+        """
+        now = self._clock.now_ms()
+        lapsed: list[str] = await self._redis.zrangebyscore(  # type: ignore[assignment]
+            self._keys.jobs_running(), "-inf", now
+        )
+        claims: list[Claim] = []
+        failed = 0
+        for push_id in lapsed:
+            got = await self._claim(
+                keys=self._job_keys(push_id),
+                args=[
+                    now,
+                    now + self._lease_ms,
+                    max_attempts,
+                    push_id,
+                    FINISHED_TTL_S,
+                    ORPHANED,
+                    f"{ORPHANED}, {max_attempts} times (IMROUTE_JOB_MAX_ATTEMPTS)",
+                ],
+            )
+            if not got:
+                continue
+            if got[0] == 0:
+                failed += 1
+                continue
+            epoch, spec, checkpoint, mode, attempts = got
+            claims.append(
+                Claim(
+                    Lease(push_id, int(epoch)),
+                    mode,
+                    spec,
+                    Checkpoint.from_json(checkpoint) if checkpoint else None,
+                    int(attempts),
+                )
+            )
+        return claims, failed
 
     @translate_errors
     async def get(self, push_id: str) -> Job | None:
@@ -104,29 +255,18 @@ class RedisJobStore:
             error=raw.get("error"),
             created_at=int(raw["created_at"]),
             finished_at=int(raw["finished_at"]) if "finished_at" in raw else None,
-            **{name: int(raw.get(name, 0)) for name in _COUNTERS},
+            attempts=int(raw.get("attempts", 1)),
+            failed=tuple(read_failed(json.loads(raw.get("failed") or "[]"))),
+            **{name: int(raw.get(name, 0)) for name in COUNTERS},
         )
 
-    @translate_errors
-    async def reap(self) -> int:
-        """Fail the running jobs whose lease lapsed (their push service died); how many."""
-        now = self._clock.now_ms()
-        orphans: list[str] = await self._redis.zrangebyscore(  # type: ignore[assignment]
-            self._keys.jobs_running(), "-inf", now
-        )
-        failed = 0
-        for push_id in orphans:
-            failed += await self._reap(
-                keys=[self._keys.job(push_id), self._keys.jobs_running()],
-                args=[
-                    "the push service running this job stopped before it finished",
-                    now,
-                    FINISHED_TTL_S,
-                    push_id,
-                ],
-            )
-        return failed
+
+def _pairs(counters: PushCounters) -> list[Any]:
+    pairs: list[Any] = []
+    for name in COUNTERS:
+        pairs += [name, getattr(counters, name)]
+    return pairs
 
 
-def _counter_fields(counters: PushCounters) -> dict[Any, Any]:
-    return {name: getattr(counters, name) for name in _COUNTERS}
+def _failed_json(failed: list[FailedBatch]) -> str:
+    return json.dumps([asdict(f) for f in failed], separators=(",", ":"))

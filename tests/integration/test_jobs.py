@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 
 import pytest
@@ -13,13 +13,15 @@ import redis.asyncio as aioredis
 from router.bus.redis_streams import RedisStreamsBus
 from router.fanout.broadcast import run_broadcast
 from router.fanout.publisher import BatchPublisher, PushCounters
-from router.fanout.runner import JobRunner
+from router.fanout.resilient import PublishRetry, ResilientPublisher
+from router.fanout.runner import JobRun, JobRunner
 from router.jobs.reaper import reaping
 from router.jobs.store import JobStatus, RedisJobStore
 from shared.clock import ManualClock, SystemClock
-from shared.errors import InvalidInput, RegistryUnavailable
+from shared.errors import BusUnavailable, InvalidInput, RegistryUnavailable
 from shared.keys import KeySchema
 from shared.models import Message
+from shared.proto import gateway_pb2
 from tests.integration.stack import AUTH, api
 
 pytestmark = pytest.mark.integration
@@ -29,10 +31,10 @@ async def test_a_job_runs_and_reports(redis: aioredis.Redis, prefix: str) -> Non
     store = RedisJobStore(redis, KeySchema(prefix), SystemClock())
     runner = JobRunner(store, renew_s=0.05)
 
-    async def work(counters: PushCounters) -> None:
-        counters.recipients = 10
+    async def work(run: JobRun) -> None:
+        run.counters.recipients = 10
         await asyncio.sleep(0.15)  # long enough for a lease renewal with the counters
-        counters.batches = counters.published = 2
+        run.counters.batches = run.counters.published = 2
 
     await runner.submit("p1", "multicast", work)
     await asyncio.sleep(0.08)
@@ -52,13 +54,13 @@ async def test_a_failing_job_says_why(redis: aioredis.Redis, prefix: str) -> Non
     store = RedisJobStore(redis, KeySchema(prefix), SystemClock())
     runner = JobRunner(store)
 
-    async def bad(counters: PushCounters) -> None:
+    async def bad(run: JobRun) -> None:
         raise InvalidInput("audience", "unknown key 'nope'")
 
-    async def crash(counters: PushCounters) -> None:
+    async def crash(run: JobRun) -> None:
         raise ZeroDivisionError
 
-    async def forever(counters: PushCounters) -> None:
+    async def forever(run: JobRun) -> None:
         await asyncio.sleep(60)
 
     await runner.submit("bad", "broadcast", bad)
@@ -66,7 +68,7 @@ async def test_a_failing_job_says_why(redis: aioredis.Redis, prefix: str) -> Non
     await runner.submit("forever", "broadcast", forever)
     await runner.wait("bad")
     await runner.wait("crash")
-    await runner.aclose()  # a shutdown while "forever" runs
+    await runner.aclose()  # a shutdown while "forever" runs (no grace period)
     jobs = {p: await store.get(p) for p in ("bad", "crash", "forever")}
     assert {p: (j.status if j else None) for p, j in jobs.items()} == dict.fromkeys(
         jobs, JobStatus.FAILED
@@ -81,27 +83,27 @@ async def test_a_job_orphaned_by_a_dead_push_service_is_failed_by_the_reaper(
 ) -> None:
     clock = ManualClock(wall_ms=SystemClock().now_ms())
     store = RedisJobStore(redis, KeySchema(prefix), clock, lease_s=10)
-    await store.create("orphan", "multicast")
-    await store.progress("orphan", PushCounters(recipients=5))  # then the process dies
-    await store.create("done", "multicast")
-    await store.progress("done", PushCounters())
-    await store.finish("done", PushCounters(published=1), None)
-    assert await store.reap() == 0  # lease still valid
+    lease = await store.create("orphan", "multicast")
+    await store.progress(lease, PushCounters(recipients=5))  # then the process dies
+    done = await store.create("done", "multicast")
+    await store.progress(done, PushCounters())
+    await store.finish(done, PushCounters(published=1), None)
+    assert await store.claim_lapsed(3) == ([], 0)  # lease still valid
     clock.advance(11)
-    assert await store.reap() == 1
+    assert await store.claim_lapsed(3) == ([], 1)  # a multicast is not resumable: failed
     orphan = await store.get("orphan")
     assert orphan is not None and orphan.status is JobStatus.FAILED
     assert "stopped before it finished" in (orphan.error or "")
     assert orphan.recipients == 5
-    done = await store.get("done")
-    assert done is not None and done.status is JobStatus.DONE  # not touched
-    assert await store.reap() == 0
+    finished = await store.get("done")
+    assert finished is not None and finished.status is JobStatus.DONE  # not touched
+    assert await store.claim_lapsed(3) == ([], 0)
 
 
 async def orphan(store: RedisJobStore, clock: ManualClock, push_id: str) -> None:
     """A running job whose push service died: its lease lapses 11 s later."""
-    await store.create(push_id, "multicast")
-    await store.progress(push_id, PushCounters(recipients=5))
+    lease = await store.create(push_id, "multicast")
+    await store.progress(lease, PushCounters(recipients=5))
     clock.advance(11)
 
 
@@ -111,8 +113,8 @@ async def test_the_reaper_fails_orphans_at_start_and_on_each_pass(
     clock = ManualClock(wall_ms=SystemClock().now_ms())
     store = RedisJobStore(redis, KeySchema(prefix), clock, lease_s=10)
     await orphan(store, clock, "early")
-    with caplog.at_level(logging.WARNING, logger="router.jobs.reaper"):
-        async with reaping(store, every_s=0.05) as task:
+    with caplog.at_level(logging.WARNING, logger="router.fanout.runner"):
+        async with reaping(JobRunner(store), every_s=0.05) as task:
             await until_status(store, "early", JobStatus.FAILED)  # the first pass, at once
             await orphan(store, clock, "later")
             await until_status(store, "later", JobStatus.FAILED)  # a later pass
@@ -137,7 +139,7 @@ async def test_the_reaper_outlives_a_redis_outage(
             self.passes += 1
             if self.passes <= 2:
                 raise RegistryUnavailable("redis: connection refused")
-            return await self.inner.reap()
+            return await JobRunner(self.inner).reap()
 
     clock = ManualClock(wall_ms=SystemClock().now_ms())
     store = RedisJobStore(redis, KeySchema(prefix), clock, lease_s=10)
@@ -165,34 +167,66 @@ async def test_the_push_service_reaps_orphans_when_it_starts(
     assert job["status"] == "failed" and "stopped before it finished" in job["error"]
 
 
-async def test_a_batch_the_bus_refused_counts_as_failed_in_the_job_record(
-    redis_url: str, redis: aioredis.Redis, prefix: str
+class FlakyBus:
+    """The real bus, except that the batch starting with a listed uid fails that many
+    times (BusUnavailable, as a dropped connection gives); records what went through."""
+
+    def __init__(self, bus: RedisStreamsBus, fail: dict[str, int]) -> None:
+        self.bus = bus
+        self.fail = fail
+        self.published: list[tuple[str, tuple[str, ...]]] = []
+
+    async def publish(
+        self, topic: str, data: bytes, attributes: Mapping[str, str] | None = None
+    ) -> str:
+        batch = gateway_pb2.Batch.FromString(data)
+        first = batch.uids[0] if batch.uids else ""
+        if self.fail.get(first, 0) > 0:
+            self.fail[first] -= 1
+            raise BusUnavailable("redis streams: connection reset by peer")
+        entry = await self.bus.publish(topic, data, attributes)
+        self.published.append((batch.batch_id, tuple(batch.uids)))
+        return entry
+
+
+MESSAGE = Message(msg_id="m1", push_id="p1", msg_type=0, sender="admin", content_json=b"1", ts_ms=1)
+
+
+async def test_a_failed_batch_is_retried_then_counted_and_the_broadcast_goes_on(
+    redis_url: str, redis: aioredis.Redis, prefix: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     store = RedisJobStore(redis, KeySchema(prefix), SystemClock())
     runner = JobRunner(store)
-    async with RedisStreamsBus(redis_url, prefix) as bus:
-        pass  # a real Redis Streams bus, closed: every publish raises BusUnavailable
-    message = Message(
-        msg_id="m1", push_id="p1", msg_type=0, sender="admin", content_json=b"1", ts_ms=1
-    )
 
     async def pages() -> AsyncIterator[Sequence[str]]:
-        yield ["ann", "bob"]
-        yield ["cid"]
+        yield ["ann", "bob"]  # fails once: the retry publishes it
+        yield ["cid"]  # fails every attempt: counted, listed, and the broadcast goes on
+        yield ["dan", "eve"]
 
-    async def work(counters: PushCounters) -> None:
-        await run_broadcast(pages(), BatchPublisher(bus, message, 0, counters))
+    async with RedisStreamsBus(redis_url, prefix) as real:
+        bus = FlakyBus(real, {"ann": 1, "cid": 3})
 
-    await runner.submit("p1", "broadcast", work)
-    await runner.wait("p1")
+        async def work(run: JobRun) -> None:
+            publisher = ResilientPublisher(bus, PublishRetry(2, 0.01), asyncio.sleep)
+            await run_broadcast(pages(), BatchPublisher(publisher, MESSAGE, 0, run.counters))
+
+        with caplog.at_level(logging.WARNING):
+            await runner.submit("p1", "broadcast", work)
+            await runner.wait("p1")
+    assert [uids for _, uids in bus.published] == [("ann", "bob"), ("dan", "eve")]
     job = await store.get("p1")
     assert job is not None and job.status is JobStatus.FAILED
-    assert "the bus is closed" in (job.error or "")
-    assert (job.recipients, job.batches, job.published, job.failed_batches) == (2, 1, 0, 1)
+    assert (job.recipients, job.batches, job.published, job.failed_batches) == (5, 3, 2, 1)
+    assert job.error == (
+        "1 of 3 batches could not be published (the first: redis streams: connection reset by peer)"
+    )
+    assert [(f.topic, f.uids, f.after) for f in job.failed] == [("broadcast", 1, "bob")]
+    assert "publish to broadcast failed (attempt 1 of 3), retrying" in caplog.text
+    assert "a batch of 1 uids to broadcast (after 'bob') failed" in caplog.text
 
 
 async def test_the_api_reports_the_failed_batches_of_a_job(redis_url: str, prefix: str) -> None:
-    async with api(redis_url, prefix) as http:
+    async with api(redis_url, prefix, job_publish_backoff_s=0.01) as http:
         bus = http._transport.app.state.parts.bus  # type: ignore[attr-defined]
         await bus.close()  # every publish now raises BusUnavailable
         resp = await http.post(
@@ -207,6 +241,10 @@ async def test_the_api_reports_the_failed_batches_of_a_job(redis_url: str, prefi
             await asyncio.sleep(0.02)
     assert job["status"] == "failed" and "the bus is closed" in job["error"]
     assert (job["batches"], job["published"], job["failed_batches"]) == (1, 0, 1)
+    assert job["failed"] == [
+        {"topic": "broadcast", "uids": 0, "after": None, "error": "the bus is closed"}
+    ]
+    assert job["attempts"] == 1
 
 
 async def until_status(store: RedisJobStore, push_id: str, status: JobStatus) -> None:

@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 import pytest
 
 from router.fanout.broadcast import run_broadcast
+from router.fanout.failures import MAX_CONSECUTIVE_FAILURES
 from router.fanout.publisher import BROADCAST_TOPIC, BatchPublisher, PushCounters
 from shared.errors import BusUnavailable
 from shared.models import Message
@@ -53,14 +54,40 @@ async def pages(*sizes: int) -> AsyncIterator[Sequence[str]]:
         yield [f"u{n}-{i}" for i in range(size)]
 
 
-async def test_a_batch_whose_publish_raised_counts_as_failed() -> None:
+async def test_a_batch_whose_publish_raised_counts_as_failed_and_the_broadcast_goes_on() -> None:
     counters = PushCounters()
     publisher = BatchPublisher(FlakyBus(fail_from=1), message(), 0, counters)
-    with pytest.raises(BusUnavailable):  # the error still ends the job
-        await run_broadcast(pages(3, 2, 4), publisher)
-    # Counted before the error propagated: the job's record reports it.
-    assert (counters.batches, counters.published, counters.failed_batches) == (2, 1, 1)
-    assert counters.recipients == 5  # the third page was never read
+    await run_broadcast(pages(3, 2, 4), publisher)
+    assert (counters.batches, counters.published, counters.failed_batches) == (3, 1, 2)
+    assert counters.recipients == 9  # every page was read
+    assert [(f.uids, f.after) for f in counters.failed] == [(2, "u0-2"), (4, "u1-1")]
+
+
+async def test_a_bus_that_stays_down_ends_the_broadcast() -> None:
+    counters = PushCounters()
+    publisher = BatchPublisher(FlakyBus(fail_from=0), message(), 0, counters)
+    with pytest.raises(BusUnavailable):
+        await run_broadcast(pages(*[1] * (MAX_CONSECUTIVE_FAILURES + 5)), publisher)
+    assert counters.failed_batches == MAX_CONSECUTIVE_FAILURES
+    assert counters.recipients == MAX_CONSECUTIVE_FAILURES  # stopped there
+
+
+async def test_a_broadcast_checkpoints_each_page_and_resumes_after_one() -> None:
+    counters = PushCounters()
+    bus = FlakyBus(fail_from=10)
+    publisher = BatchPublisher(bus, message(), 0, counters)
+    marks: list[tuple[str | None, int]] = []
+
+    async def checkpoint(after: str | None, n: int) -> None:
+        marks.append((after, n))
+
+    await run_broadcast(pages(2, 1), publisher, checkpoint=checkpoint, done_pages=3, after="x")
+    assert marks == [("u0-1", 4), ("u1-0", 5)]
+    marks.clear()
+    await run_broadcast(None, publisher, checkpoint=checkpoint)  # everyone online
+    await run_broadcast(None, publisher, checkpoint=checkpoint, done_pages=1)  # resumed: done
+    assert marks == [(None, 1)]
+    assert len(bus.published) == 3
 
 
 async def test_published_batches_are_not_failed() -> None:

@@ -1,0 +1,191 @@
+"""Job leases in a real Redis: the reaper's re-check, fencing, hand-over and resume."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import pytest
+import redis.asyncio as aioredis
+
+from router.fanout.runner import JobRun, JobRunner
+from router.jobs.base import Checkpoint, Lease, PushCounters
+from router.jobs.store import JobStatus, RedisJobStore
+from shared.clock import ManualClock, SystemClock
+from shared.keys import KeySchema
+
+pytestmark = pytest.mark.integration
+
+
+class RenewsAfterScan:
+    """Redis as the reaper sees it when the holder's renewal lands between the reaper's
+    scan for lapsed leases and its look at the job."""
+
+    def __init__(self, redis: aioredis.Redis, renew: Callable[[], Awaitable[Any]]) -> None:
+        self._redis = redis
+        self._renew = renew
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._redis, name)
+
+    async def zrangebyscore(self, *args: Any, **kwargs: Any) -> Any:
+        found = await self._redis.zrangebyscore(*args, **kwargs)
+        await self._renew()
+        return found
+
+
+async def test_the_reaper_leaves_a_job_renewed_after_its_scan_alone(
+    redis: aioredis.Redis, prefix: str
+) -> None:
+    keys = KeySchema(prefix)
+    clock = ManualClock(wall_ms=SystemClock().now_ms())
+    holder = RedisJobStore(redis, keys, clock, lease_s=10)
+    lease = await holder.create("live", "multicast")
+    clock.advance(11)  # the holder was slow to renew: the reaper's scan finds it lapsed...
+    renew = functools.partial(holder.progress, lease, PushCounters(recipients=7))
+    # ... and its renewal lands right after that scan.
+    reaper = RedisJobStore(RenewsAfterScan(redis, renew), keys, clock, lease_s=10)  # type: ignore[arg-type]
+    assert await reaper.claim_lapsed(3) == ([], 0)
+    job = await holder.get("live")
+    assert job is not None and (job.status, job.recipients) == (JobStatus.RUNNING, 7)
+    assert await holder.finish(lease, PushCounters(recipients=7, published=1), None)
+    job = await holder.get("live")
+    assert job is not None and job.status is JobStatus.DONE
+
+
+async def test_a_stale_holders_writes_are_refused(redis: aioredis.Redis, prefix: str) -> None:
+    clock = ManualClock(wall_ms=SystemClock().now_ms())
+    store = RedisJobStore(redis, KeySchema(prefix), clock, lease_s=10)
+    stale = await store.create("p1", "broadcast", spec="{}")
+    assert await store.progress(
+        stale, PushCounters(recipients=1), Checkpoint("a", 1, PushCounters())
+    )
+    clock.advance(11)  # the holder hangs; its lease lapses; another process claims the job
+    [claim], failed = await store.claim_lapsed(3)
+    assert (failed, claim.lease, claim.attempts) == (0, Lease("p1", 2), 2)
+    assert claim.checkpoint is not None and claim.checkpoint.after == "a"
+    # The old holder wakes up: its renewal, checkpoint, hand-over and end are all refused.
+    assert not await store.progress(stale, PushCounters(recipients=99))
+    assert not await store.progress(stale, PushCounters(), Checkpoint("zzz", 9, PushCounters()))
+    assert not await store.release(stale, Checkpoint("zzz", 9, PushCounters()))
+    assert not await store.finish(stale, PushCounters(published=99), None)
+    job = await store.get("p1")
+    assert job is not None and (job.status, job.recipients) == (JobStatus.RUNNING, 1)
+    assert await store.finish(claim.lease, PushCounters(recipients=3, published=3), None)
+    # ... and stays refused after the new holder's end.
+    assert not await store.finish(stale, PushCounters(), "the push service shut down")
+    job = await store.get("p1")
+    assert job is not None and (job.status, job.published, job.error) == (JobStatus.DONE, 3, None)
+
+
+async def test_a_runner_whose_job_was_taken_over_stops_and_writes_nothing(
+    redis: aioredis.Redis, prefix: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    clock = ManualClock(wall_ms=SystemClock().now_ms())
+    store = RedisJobStore(redis, KeySchema(prefix), clock, lease_s=10)
+    # Renews rarely, so no renewal of its own lands between the take-over's scan and claim.
+    paused = JobRunner(store, renew_s=0.5)
+    published: list[str] = []
+    release = asyncio.Event()
+
+    async def slow(run: JobRun) -> None:
+        await release.wait()
+        published.append("late")  # never reached: the run is cancelled when fenced
+
+    await paused.submit("p1", "broadcast", slow, spec="{}")
+    clock.advance(11)  # this process stalls past its lease; another one claims the job
+    other = JobRunner(store)
+    resumed = asyncio.Event()
+
+    async def rest(run: JobRun) -> None:
+        await resumed.wait()
+        run.counters.published = 5
+
+    other.resume_with(lambda claim: rest)
+    with caplog.at_level(logging.WARNING, logger="router.fanout.runner"):
+        assert await other.reap() == 1
+        # The stalled run notices at its next renewal, while the new holder still runs.
+        await asyncio.wait_for(paused.wait("p1"), 2)
+        running = await store.get("p1")
+        assert running is not None and running.status is JobStatus.RUNNING
+        resumed.set()
+        await other.wait("p1")
+    assert published == []
+    job = await store.get("p1")
+    assert job is not None and (job.status, job.published, job.attempts) == (JobStatus.DONE, 5, 2)
+    assert "another process took it over (this run held epoch 1)" in caplog.text
+
+
+async def test_a_stopping_runner_lets_its_jobs_finish_within_the_grace_period(
+    redis: aioredis.Redis, prefix: str
+) -> None:
+    store = RedisJobStore(redis, KeySchema(prefix), SystemClock())
+    runner = JobRunner(store, grace_s=5)
+
+    async def short(run: JobRun) -> None:
+        await asyncio.sleep(0.3)
+        await run.checkpoint("u1", 1)
+        run.counters.published = 1
+
+    await runner.submit("p1", "broadcast", short, spec="{}")
+    await runner.aclose()
+    job = await store.get("p1")
+    assert job is not None and (job.status, job.published) == (JobStatus.DONE, 1)
+
+
+async def test_a_stopped_job_is_handed_over_at_its_checkpoint_and_resumed_elsewhere(
+    redis: aioredis.Redis, prefix: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    store = RedisJobStore(redis, KeySchema(prefix), SystemClock())
+    first = JobRunner(store, grace_s=0.1)
+    done: list[int] = []
+
+    async def pages(run: JobRun) -> None:
+        start = run.start.pages if run.start else 0
+        for n in range(start + 1, 11):
+            await asyncio.sleep(0.05)
+            run.counters.batches += 1
+            run.counters.published += 1
+            done.append(n)
+            await run.checkpoint(f"u{n}", n)
+
+    await first.submit("p1", "broadcast", pages, spec="{}")
+    with caplog.at_level(logging.WARNING, logger="router.fanout.runner"):
+        await first.aclose()  # after 0.1 s: stops at the next checkpoint
+        handed = await store.get("p1")
+        assert handed is not None and handed.status is JobStatus.QUEUED
+        by_first = len(done)
+        assert 1 <= by_first < 10
+        second = JobRunner(store)
+        second.resume_with(lambda claim: pages)
+        assert await second.reap() == 1  # at once: a hand-over waits for no lease
+        await second.wait("p1")
+    assert done == list(range(1, 11))  # every page once, none twice
+    job = await store.get("p1")
+    assert job is not None and (job.status, job.published, job.batches) == (JobStatus.DONE, 10, 10)
+    assert job.attempts == 1  # a hand-over is not a failed attempt
+    assert f"job p1 handed over after page {by_first}" in caplog.text
+    assert f"resuming job p1 (broadcast) after page {by_first}, attempt 1" in caplog.text
+
+
+async def test_a_job_whose_processes_keep_dying_fails_after_its_attempts(
+    redis: aioredis.Redis, prefix: str
+) -> None:
+    clock = ManualClock(wall_ms=SystemClock().now_ms())
+    store = RedisJobStore(redis, KeySchema(prefix), clock, lease_s=10)
+    await store.create("p1", "broadcast", spec="{}")
+    for attempt in (2, 3):
+        clock.advance(11)
+        [claim], _ = await store.claim_lapsed(3)
+        assert claim.attempts == attempt
+    clock.advance(11)
+    assert await store.claim_lapsed(3) == ([], 1)
+    job = await store.get("p1")
+    assert job is not None and job.status is JobStatus.FAILED
+    assert job.error == (
+        "the push service running this job stopped before it finished, 3 times "
+        "(IMROUTE_JOB_MAX_ATTEMPTS)"
+    )

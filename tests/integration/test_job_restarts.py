@@ -1,0 +1,208 @@
+"""A rolling restart of the push service during a 100k-user broadcast loses no batch.
+
+Real processes: two gateways and the push service (`python -m push_service`), on one
+real Redis (routes, jobs, Redis Streams) and a SQLite directory of 100,000 users. The
+push service is stopped while its broadcast runs, with SIGTERM (it hands the job over at
+its next page) or SIGKILL (its lease lapses); a second push service resumes the job from
+its checkpoint. A watcher subscribed to the bus sees every one of the 100 batches, the
+clients spread over the directory each get the push once, and the job ends done with the
+full count.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import re
+import shutil
+import signal
+from collections.abc import AsyncIterator, Iterator
+from contextlib import AsyncExitStack, asynccontextmanager, contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import redis.asyncio as aioredis
+from websockets.asyncio.client import ClientConnection, connect
+from websockets.exceptions import ConnectionClosed
+
+from router.bus.redis_streams import RedisStreamsBus
+from router.devtools.ports import free_port_block
+from router.directory.base import MAX_UPSERT, UserRecord
+from router.directory.migrate import upgrade
+from router.directory.sql import SqlUserDirectory
+from shared.clock import SystemClock
+from shared.keys import KeySchema
+from shared.proto import gateway_pb2
+from tests.conftest import API_KEY, SECRET
+from tests.integration.procs import BIN, Proc, base_env, read_until, running
+from tests.integration.stack import AUTH, ready, token
+
+pytestmark = pytest.mark.integration
+
+USERS = 100_000
+PAGES = USERS // 1000
+CLIENTS = 200  # two per page, split over the two gateways
+
+
+def uid(i: int) -> str:
+    return f"u{i:06d}"
+
+
+async def fill(db_url: str) -> None:
+    await upgrade(db_url)
+    async with SqlUserDirectory.from_url(db_url, SystemClock()) as directory:
+        for start in range(0, USERS, MAX_UPSERT):
+            await directory.upsert([UserRecord(uid(i)) for i in range(start, start + MAX_UPSERT)])
+
+
+@pytest.fixture(scope="module")
+def filled(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A SQLite directory of USERS users, filled once for the module; tests copy it."""
+    path = tmp_path_factory.mktemp("directory") / "users.db"
+    asyncio.run(fill(f"sqlite+aiosqlite:///{path}"))
+    return path
+
+
+@contextmanager
+def push_service(env: dict[str, str], port: int) -> Iterator[Proc]:
+    argv = [str(BIN / "python"), "-m", "push_service", "--port", str(port)]
+    with running(argv, env) as proc:
+        read_until(proc, "Uvicorn running on", timeout=30)
+        yield proc
+
+
+@asynccontextmanager
+async def watching(redis_url: str, prefix: str) -> AsyncIterator[list[gateway_pb2.Batch]]:
+    """Every broadcast batch on the bus, as one more subscriber sees them."""
+    seen: list[gateway_pb2.Batch] = []
+    async with RedisStreamsBus(redis_url, prefix) as bus:
+        await bus.prepare(["broadcast"], "watcher")
+
+        async def read() -> None:
+            async for received in bus.subscribe(["broadcast"], "watcher"):
+                seen.append(gateway_pb2.Batch.FromString(received.data))
+                await received.ack()
+
+        task = asyncio.create_task(read())
+        try:
+            yield seen
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+
+async def listen(ws: ClientConnection, pushes: list[dict[str, Any]]) -> None:
+    with contextlib.suppress(ConnectionClosed):  # the gateways stop first at the end
+        async for data in ws:
+            frame = json.loads(data)
+            if frame["type"] == "push":
+                pushes.append(frame)
+
+
+async def job_of_redis(redis_url: str, prefix: str, push_id: str) -> dict[str, str]:
+    """The job's record, read while no push service runs."""
+    client = aioredis.from_url(redis_url, decode_responses=True)
+    try:
+        return await client.hgetall(KeySchema(prefix).job(push_id))  # type: ignore[no-any-return]
+    finally:
+        await client.aclose()
+
+
+async def job_of(http: httpx.AsyncClient, push_id: str) -> dict[str, Any]:
+    answer: dict[str, Any] = (await http.get(f"/v1/pushes/{push_id}", headers=AUTH)).json()
+    return answer
+
+
+@pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGKILL], ids=["sigterm", "sigkill"])
+async def test_a_restart_during_a_broadcast_loses_no_batch(
+    redis_url: str, prefix: str, tmp_path: Path, filled: Path, stop: signal.Signals
+) -> None:
+    shutil.copy(filled, tmp_path / "users.db")
+    db_url = f"sqlite+aiosqlite:///{tmp_path}/users.db"
+    env = base_env(
+        IMROUTE_REDIS_URL=redis_url,
+        IMROUTE_REDIS_PREFIX=prefix,
+        IMROUTE_SECRET=SECRET,
+        IMROUTE_API_KEY=API_KEY,
+        IMROUTE_DB_URL=db_url,
+        IMROUTE_JOB_LEASE_S="1",
+        IMROUTE_JOB_SHUTDOWN_GRACE_S="0",  # hand every job over at once
+        IMROUTE_GATEWAY_CACHE_S="0",
+    )
+    gateway_argv = [str(BIN / "imroute"), "gateway", "--ws-port", "0", "--grpc-port", "0"]
+    with (
+        running([*gateway_argv, "--id", "gw1", "--group", "g1"], env) as gw1,
+        running([*gateway_argv, "--id", "gw2", "--group", "g1"], env) as gw2,
+    ):
+        urls = []
+        for gw in (gw1, gw2):
+            found = re.search(r"ws=(\S+)", read_until(gw, "ready")[-1])
+            assert found
+            urls.append(found.group(1))
+        pushes: dict[str, list[dict[str, Any]]] = {}
+        async with AsyncExitStack() as stack:
+            listeners = []
+            for n in range(CLIENTS):
+                who = uid(n * (USERS // CLIENTS) + n % 7)
+                ws = await stack.enter_async_context(
+                    connect(f"{urls[n % 2]}?token={token(who)}", max_queue=None)
+                )
+                await ready(ws)
+                pushes[who] = []
+                listeners.append(asyncio.create_task(listen(ws, pushes[who])))
+            batches = await stack.enter_async_context(watching(redis_url, prefix))
+            port = free_port_block([0])
+            base = f"http://127.0.0.1:{port}"
+            async with httpx.AsyncClient(base_url=base, timeout=10) as http:
+                with push_service(env, port) as first:
+                    resp = await http.post(
+                        "/v1/broadcast", json={"content": {"n": 1}}, headers=AUTH
+                    )
+                    assert resp.status_code == 202, resp.text
+                    push_id = resp.json()["push_id"]
+                    # A few pages in, freeze it, then stop it.
+                    for _ in range(2000):
+                        on = await job_of_redis(redis_url, prefix, push_id)
+                        if int(on.get("published", 0)) >= 3:
+                            break
+                        await asyncio.sleep(0.005)
+                    first.send_signal(signal.SIGSTOP)
+                    first.send_signal(stop)
+                    first.send_signal(signal.SIGCONT)
+                    first.wait(15)
+                # It stopped before the end: SIGTERM handed the job over, SIGKILL left it
+                # running under a lease that lapses.
+                left = await job_of_redis(redis_url, prefix, push_id)
+                assert left["status"] == ("queued" if stop == signal.SIGTERM else "running")
+                assert 3 <= int(left["published"]) < PAGES, left
+                with push_service(env, port) as second:
+                    for _ in range(1500):
+                        job = await job_of(http, push_id)
+                        if job["status"] in ("done", "failed"):
+                            break
+                        await asyncio.sleep(0.02)
+                    resumed = "\n".join(read_until(second, "resuming job", timeout=1))
+            for _ in range(250):
+                if all(pushes.values()) and len({b.batch_id for b in batches}) >= PAGES:
+                    break
+                await asyncio.sleep(0.02)
+            await asyncio.sleep(0.5)  # time for a duplicate to show, if any came
+            for task in listeners:
+                task.cancel()
+    assert f"resuming job {push_id} (broadcast)" in resumed
+    assert job["status"] == "done", job
+    assert (job["recipients"], job["batches"], job["published"]) == (USERS, PAGES, PAGES)
+    assert (job["failed_batches"], job["failed"]) == (0, [])
+    # Every batch reached the bus; a page published again (after a SIGKILL) kept its id.
+    by_id: dict[str, set[str]] = {}
+    for batch in batches:
+        assert batch.message.push_id == push_id
+        by_id.setdefault(batch.batch_id, set()).update(batch.uids)
+    assert len(by_id) == PAGES
+    assert sorted(u for uids in by_id.values() for u in uids) == [uid(i) for i in range(USERS)]
+    # Each client got the push exactly once (the gateways dropped any repeated batch).
+    assert {who: len(got) for who, got in pushes.items()} == dict.fromkeys(pushes, 1)
+    assert {got[0]["push_id"] for got in pushes.values()} == {push_id}
