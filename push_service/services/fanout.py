@@ -109,7 +109,9 @@ class FanOut:
         self, message: Message, expires_ms: int, counters: PushCounters, store: bool
     ) -> BatchPublisher:
         recovery = self._recovery if store else None
-        return BatchPublisher(self._bus, message, expires_ms, counters, recovery)
+        # Content is stored once per push even when the batches are not logged.
+        content = self._recovery.content if self._recovery is not None else None
+        return BatchPublisher(self._bus, message, expires_ms, counters, recovery, content=content)
 
     def _message(self, body: BroadcastIn | MulticastIn) -> tuple[Message, int]:
         """The message (content encoded once) and its expiry in epoch ms (0: none)."""
