@@ -3,10 +3,9 @@
 Publishing is one script per attempt: the XADD, and the trim that never drops what a
 live subscriber has not read within the bound, and counts what it drops past it
 (`redis_trim`); its retries and hedges are the wrapper's (`RedisStreamsBus` is
-`HedgedBus` around `RedisStreamsTransport`). Each
-subscriber (a gateway id) owns a consumer group on each of its topics' streams, created
-at `$`, so it gets every entry published after that, independently of every other
-subscriber. An entry stays pending in the group until the subscriber acks it (XACK): a
+`HedgedBus` around `RedisStreamsTransport`). Each subscriber (a gateway id) owns a
+consumer group on each of its topics' streams, created at `$`, so it gets every entry
+published after that, independently of every other subscriber. An entry stays pending in the group until the subscriber acks it (XACK): a
 subscriber first re-reads its own pending entries (ID 0), then reads new ones (`>`),
 and now and then XAUTOCLAIMs entries idle for `claim_idle_s`: those left by another
 consumer name of its group, and its own that were never acked (like Pub/Sub's ack
@@ -31,6 +30,7 @@ from router.bus.base import BusLifecycle, BusUnavailable, Received, validate_sub
 from router.bus.hedged import HedgedBus, Publishing, split_publishing
 from router.bus.losses import BusLosses
 from router.bus.redis_trim import LOST_TTL_MS, MAX_EXCESS, PUBLISH, TrimReporter, parse_reply
+from router.bus.redis_trim import text as _text
 from router.hedging import Attempt, AttemptContext
 from router.redis.errors import is_unreachable, redis_errors, reraise_swallowed_cancel
 from shared.errors import ConfigError
@@ -120,8 +120,8 @@ class RedisStreamsTransport(BusLifecycle):
         self._checked: dict[str, float] = {}  # topic -> when its groups were last looked at
         self._trims = TrimReporter(maxlen, group_idle_s)
         self.losses: BusLosses = self._trims.losses
-        self.pending_trimmed = 0  # entries this subscriber found trimmed when re-read
         self._block_ms = max(1, int(block_s * 1000))
+        self._stalled_s = block_s + SOCKET_SLACK_S
         self._count = count
         self._claim_idle_ms = int(claim_idle_s * 1000)
         # None: each subscriber reads under its own id, so a restart finds its pending
@@ -262,6 +262,12 @@ class _Reader:
             count=self._bus._count,
             block=self._bus._block_ms,
         )
+        if asyncio.get_running_loop().time() - now > self._bus._stalled_s:
+            # This process stalled (SIGSTOP, a frozen VM) while the reply waited: what it
+            # was handed may have been trimmed and counted lost meanwhile. Re-read it
+            # from the pending list, which says what is still there.
+            self._pending = dict.fromkeys(self._topics, b"0")
+            return []
         batch: list[Received] = []
         for key, entries in _streams(reply):
             batch += await self._received(key, entries)
@@ -327,14 +333,7 @@ class _Reader:
                 )
             )
         if gone:
-            self._bus.pending_trimmed += len(gone)
-            log.warning(
-                "bus subscriber %s: %d entries of %s it had not acked were trimmed "
-                "(past IMROUTE_BUS_MAXLEN) before it read them again",
-                self._group,
-                len(gone),
-                key,
-            )
+            log.warning("bus subscriber %s lost %d entries of %s", self._group, len(gone), key)
             await self._redis.xack(key, self._group, *gone)
         return batch
 
@@ -344,10 +343,6 @@ def _streams(reply: Any) -> Iterator[tuple[str, Sequence[Any]]]:
     pairs = reply.items() if isinstance(reply, dict) else (reply or ())
     for key, entries in pairs:
         yield _text(key), entries or ()
-
-
-def _text(value: bytes | str) -> str:
-    return value.decode(errors="replace") if isinstance(value, bytes) else value
 
 
 class RedisStreamsBus(HedgedBus[RedisStreamsTransport]):

@@ -14,9 +14,11 @@ and whenever the stream holds more than `maxlen` entries, a look at its consumer
   else the first after its last-delivered-id. While every live gateway keeps up the
   stream holds little more than what is in flight;
 - past `maxlen` entries the oldest are trimmed all the same (memory stays bounded), and
-  for each live group, those it had not been delivered are counted, exactly (the
-  `bus-lost:{topic}` hash and the reply); so are the (push id, batch id) of each such
-  entry, for the publishing job to count as failed.
+  for each live group, those it had not read, or had not acked, are counted, exactly
+  (the `bus-lost:{topic}` hash and the reply); so are the (push id, batch id) of each
+  such entry, for the publishing job to count as failed. (A pending entry of a gateway
+  that is running, only slow, may still be written from what it holds: so a count can
+  exceed what its clients missed by up to one read, never fall short of it.)
 """
 
 from __future__ import annotations
@@ -28,7 +30,15 @@ from typing import Any
 
 from router.bus.losses import BusLosses
 
-__all__ = ["LOST_TTL_MS", "MAX_EXCESS", "PUBLISH", "TrimReport", "TrimReporter", "parse_reply"]
+__all__ = [
+    "LOST_TTL_MS",
+    "MAX_EXCESS",
+    "PUBLISH",
+    "TrimReport",
+    "TrimReporter",
+    "parse_reply",
+    "text",
+]
 
 log = logging.getLogger("router.bus.redis_streams")
 
@@ -96,12 +106,21 @@ local excess = redis.call('XLEN', KEYS[1]) - maxlen
 if excess <= 0 then return {id, dropped, {}, {}} end
 if excess > tonumber(ARGV[4]) then excess = tonumber(ARGV[4]) end
 local old = redis.call('XRANGE', KEYS[1], '-', '+', 'COUNT', excess)
+local first, last = old[1][1], old[#old][1]
+for _, g in ipairs(live) do
+  -- Entries handed out and not acked: the gateway has to read them again if it stalled
+  -- or restarted, and would find them gone. Lost too, counted once (as they go).
+  g[5] = {}
+  for _, p in ipairs(redis.call('XPENDING', KEYS[1], g[1], first, last, excess)) do
+    g[5][p[1]] = true
+  end
+end
 local batches = {}
 for _, e in ipairs(old) do
   local ems, eseq = parse(e[1])
   local unread = false
   for _, g in ipairs(live) do
-    if before(g[2], g[3], ems, eseq) then
+    if before(g[2], g[3], ems, eseq) or g[5][e[1]] then
       g[4] = g[4] + 1
       unread = true
     end
@@ -112,7 +131,7 @@ for _, e in ipairs(old) do
     batches[#batches + 1] = f['attr:batch_id'] or ''
   end
 end
-local lms, lseq = parse(old[#old][1])
+local lms, lseq = parse(last)
 redis.call('XTRIM', KEYS[1], 'MINID', '=', fmt(lms, lseq + 1))
 local lost = {}
 for _, g in ipairs(live) do
@@ -141,16 +160,17 @@ class TrimReport:
 def parse_reply(reply: Sequence[Any]) -> TrimReport:
     """The script's reply (bytes from redis-py) as a TrimReport."""
     entry_id, dropped, lost, batches = reply
-    flat_batches = [_text(b) for b in batches]
+    flat_batches = [text(b) for b in batches]
     return TrimReport(
-        _text(entry_id),
-        tuple(_text(name) for name in dropped),
-        {_text(lost[i]): int(lost[i + 1]) for i in range(0, len(lost), 2)},
+        text(entry_id),
+        tuple(text(name) for name in dropped),
+        {text(lost[i]): int(lost[i + 1]) for i in range(0, len(lost), 2)},
         tuple(zip(flat_batches[::2], flat_batches[1::2], strict=True)),
     )
 
 
-def _text(value: bytes | str | int) -> str:
+def text(value: bytes | str | int) -> str:
+    """A reply value as text."""
     return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
 
 
