@@ -81,7 +81,7 @@ async def run(url: str, users: int, content_bytes: int) -> dict[str, Any]:
     batches = -(-users // PAGE)
     try:
         limits = RecoveryLimits(topic_max=max(2000, batches + 10))
-        store = RedisRecoveryStore(redis, keys, SystemClock(), limits)  # type: ignore[arg-type]
+        store = RedisRecoveryStore(redis, keys, SystemClock(), limits)
         async with RedisStreamsBus(url, prefix, maxlen=batches * 2) as bus:
             await bus.prepare(["broadcast"], "gw-meter")  # never reads: keeps everything
             metered = MeteredBus(bus)

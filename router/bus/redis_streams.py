@@ -5,11 +5,11 @@ live subscriber has not read within the bound, and counts what it drops past it
 (`redis_trim`); its retries and hedges are the wrapper's (`RedisStreamsBus` is
 `HedgedBus` around `RedisStreamsTransport`). Each subscriber (a gateway id) owns a
 consumer group on each of its topics' streams, created at `$`, so it gets every entry
-published after that, independently of every other subscriber. An entry stays pending in the group until the subscriber acks it (XACK): a
-subscriber first re-reads its own pending entries (ID 0), then reads new ones (`>`),
-and now and then XAUTOCLAIMs entries idle for `claim_idle_s`: those left by another
-consumer name of its group, and its own that were never acked (like Pub/Sub's ack
-deadline, such an entry comes again).
+published after that, independently of every other subscriber. An entry stays pending
+in the group until the subscriber acks it (XACK): a subscriber first re-reads its own
+pending entries (ID 0), then reads new ones (`>`), and now and then XAUTOCLAIMs entries
+idle for `claim_idle_s`: those left by another consumer name of its group, and its own
+that were never acked (like Pub/Sub's ack deadline, such an entry comes again).
 """
 
 from __future__ import annotations

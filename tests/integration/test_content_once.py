@@ -75,8 +75,7 @@ async def test_a_broadcast_costs_the_bus_its_content_once(
         async with aclosing(meter.subscribe([BROADCAST], "meter")) as messages:
             published = await take(messages, BATCHES)
         bus_bytes = sum(
-            len(m.data) + sum(len(k) + len(v) for k, v in m.attributes.items())
-            for m in published
+            len(m.data) + sum(len(k) + len(v) for k, v in m.attributes.items()) for m in published
         )
         # About the uids plus a little per batch; the content is not in any of them.
         assert UID_BYTES < bus_bytes < UID_BYTES + BATCHES * PER_BATCH, bus_bytes
