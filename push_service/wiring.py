@@ -29,6 +29,7 @@ from router.balancing import (
 )
 from router.bus.base import Bus
 from router.bus.factory import bus_from_settings, hedging_from_settings
+from router.bus.metrics import BusLossMetrics
 from router.directory.sql import SqlUserDirectory
 from router.fanout.resilient import PublishRetry
 from router.fanout.runner import JobRunner
@@ -126,6 +127,9 @@ class Wiring:
                 bus = await stack.enter_async_context(
                     bus_from_settings(settings, self._publish_metrics)
                 )
+            losses = BusLossMetrics(bus.losses)
+            self._metrics.register(losses)
+            stack.callback(self._metrics.unregister, losses)
             directory = await stack.enter_async_context(
                 SqlUserDirectory.from_url(settings.db_url, clock)
             )

@@ -7,6 +7,7 @@ does not import protobuf.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from shared.models import Message
 from shared.proto import gateway_pb2
@@ -24,11 +25,16 @@ def to_batch(message: Message, uids: Sequence[str], batch_id: str) -> gateway_pb
             msg_type=message.msg_type,
             content_json=message.content_json,
             ts_ms=message.ts_ms,
-            **{"from": message.sender},
+            **_sender(message.sender),
         ),
         uids=uids,
         mode=gateway_pb2.MODE_P2P,
     )
+
+
+def _sender(sender: str) -> dict[str, Any]:
+    # `from` is a Python keyword: the field can only be given by name in a dict.
+    return {"from": sender}
 
 
 def message_of(batch: gateway_pb2.Batch) -> Message:

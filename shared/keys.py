@@ -11,7 +11,11 @@ values' formats live with their stores: `router.routes.codec` for a route,
   counting at their deadline and vanish from Redis within one route TTL.
 - ``{prefix}gw:{gateway_id}`` is the gateway's JSON record, with a PEXPIRE.
 - ``{prefix}gateways`` is a sorted set, ``gateway_id`` scored by its record's deadline.
-- ``{prefix}bus:{topic}`` is the Redis Streams bus's stream of one topic.
+- ``{prefix}bus:{topic}`` is the Redis Streams bus's stream of one topic, and
+  ``{prefix}bus-lost:{topic}`` a hash ``gateway_id -> n``: how many entries of that
+  stream were trimmed (past ``IMROUTE_BUS_MAXLEN``) before that gateway had read them.
+- ``{prefix}content:{msg_id}`` is a broadcast or multicast push's content, stored once
+  for all its batches (which name it by msg_id), with a TTL.
 - ``{prefix}rseq:{<uid>}``, ``{prefix}rlog:{<uid>}`` and ``{prefix}inbox:{<uid>}`` are a
   user's recovery sequence (a counter), recovery log (a list of ``<seq> <ts> <entry>``,
   in seq order) and offline inbox (a sorted set scored by seq). The braces are a Redis
@@ -67,6 +71,12 @@ class KeySchema:
 
     def bus_stream(self, topic: str) -> str:
         return f"{self.prefix}bus:{topic}"
+
+    def bus_lost(self, topic: str) -> str:
+        return f"{self.prefix}bus-lost:{topic}"
+
+    def content(self, msg_id: str) -> str:
+        return f"{self.prefix}content:{msg_id}"
 
     def user_seq(self, uid: str) -> str:
         return f"{self.prefix}rseq:{_tag(uid)}"

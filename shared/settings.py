@@ -34,9 +34,24 @@ class Settings(BaseSettings):
     # the bus broadcast and multicast batches travel on; None means Redis Streams on
     # IMROUTE_REDIS_URL (the embedded default)
     bus_url: str | None = None
-    # Redis Streams: entries kept per topic's stream (MAXLEN ~); about 10 KB each for
-    # 1000-uid batches, so the default holds about 100 MB per topic
-    bus_maxlen: int = Field(10_000, ge=100, le=10_000_000)
+    # --- issue 12, the bus (no silent loss, content once per push) ---
+    # Redis Streams: the bound, in entries, of a topic's stream. Entries a live gateway
+    # has not read are kept up to it; past it the oldest are trimmed and counted as lost
+    # for each gateway that had not read them (README, "The bus: retention and loss").
+    # About 13 KB per 1000-uid batch (content is stored once per push), so the default
+    # holds about 130 MB per topic at most, and little while every gateway keeps up
+    bus_maxlen: int = Field(10_000, ge=10, le=10_000_000)
+    # Redis Streams: a consumer group that has not read for this long belongs to a
+    # gateway that is gone: it stops holding entries, and is deleted
+    bus_group_idle_s: float = Field(600.0, ge=5, le=7 * 86_400)
+    # content of this many bytes or less travels inline in every batch; larger content
+    # is stored once per push (`content:{msg_id}`) and batches name it; 65536 keeps all
+    # content inline (gateways older than content-once need that during an upgrade)
+    bus_content_inline_max: int = Field(1024, ge=0, le=65_536)
+    # how long stored content outlives the push's last batch: must cover the recovery
+    # window, the Redis Streams group idle time and Pub/Sub's message retention (1 h)
+    bus_content_ttl_s: float = Field(3900.0, ge=60, le=30 * 86_400)
+    # --- end of the bus block ---
     # Pub/Sub: unacked messages a gateway holds per subscription (flow control)
     bus_max_outstanding: int = Field(100, ge=1, le=10_000)
     # publish hedging (off unless hedge_delay_ms is set): milliseconds or "auto"; the
@@ -216,6 +231,17 @@ class Settings(BaseSettings):
         missing = [name for name, path in files.items() if path is None]
         if 0 < len(missing) < len(files):
             raise ValueError(f"mTLS needs all three files: {', '.join(missing)} not set")
+        return self
+
+    @model_validator(mode="after")
+    def _content_outlives_its_readers(self) -> Self:
+        needed = max(self.recovery_window_s, self.bus_group_idle_s)
+        if self.bus_content_ttl_s < needed:
+            raise ValueError(
+                f"IMROUTE_BUS_CONTENT_TTL_S ({self.bus_content_ttl_s}) must be at least "
+                f"IMROUTE_RECOVERY_WINDOW_S and IMROUTE_BUS_GROUP_IDLE_S ({needed}): a "
+                "batch still owed to a gateway or a resuming client must find its content"
+            )
         return self
 
     @model_validator(mode="after")

@@ -155,6 +155,10 @@ class Gateway:
                 "Batches the bus brought after their turn (already delivered): dropped",
                 sum(q.late for q in seqs),
             )
+            counts["batches_without_content"] = (
+                "Bus batches whose content, stored once per push, was gone: dropped",
+                self.follower.without_content,
+            )
         return counts
 
     @property

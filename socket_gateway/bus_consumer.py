@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from contextlib import aclosing
 
 from google.protobuf.message import DecodeError
 
 from router.bus.base import BROADCAST, Bus, group_topic
-from shared.errors import BusUnavailable
+from shared.errors import BusUnavailable, ImrouteError
 from shared.proto import gateway_pb2
 
 __all__ = ["consume", "gateway_topics"]
@@ -25,7 +25,7 @@ def gateway_topics(group_id: str) -> list[str]:
     return [BROADCAST, group_topic(group_id)]
 
 
-Offer = Callable[[str, gateway_pb2.Batch], None]
+Offer = Callable[[str, gateway_pb2.Batch], Awaitable[None]]
 
 
 async def consume(bus: Bus, gateway_id: str, group_id: str, offer: Offer) -> None:
@@ -51,7 +51,16 @@ async def consume(bus: Bus, gateway_id: str, group_id: str, offer: Offer) -> Non
                             received.topic,
                         )
                     else:
-                        offer(received.topic, batch)  # written now, or once its turn comes
+                        try:
+                            # Written now, or once its turn comes; its content read
+                            # first when it was stored once for the push.
+                            await offer(received.topic, batch)
+                        except ImrouteError as exc:
+                            # Redis did not give the content: not acked, so the
+                            # subscription starts over and the batch comes again.
+                            raise BusUnavailable(
+                                f"batch {batch.batch_id} not handed over: {exc}"
+                            ) from exc
                     await received.ack()
             return
         except BusUnavailable as exc:

@@ -56,6 +56,7 @@ class TopicFollower:
         self._hold_s = hold_s
         self._poll_s = poll_s
         self.sequencers: dict[str, TopicSequencer] = {}
+        self.without_content = 0  # bus batches dropped because their content was gone
         self._recent: dict[str, deque[LoggedBatch]] = {}
 
     async def start(self) -> None:
@@ -68,8 +69,20 @@ class TopicFollower:
             self._recent[topic] = deque(maxlen=RECENT)
             setattr(self._marks, self._letters[topic], head)
 
-    def offer(self, topic: str, batch: gateway_pb2.Batch) -> None:
+    async def offer(self, topic: str, batch: gateway_pb2.Batch) -> None:
         """A batch from the bus: delivered now if it is next, else when its turn comes."""
+        if batch.message.content_stored and not (await self._reads.fill_content([batch]))[0]:
+            # Its content is gone: never delivered empty. A logged batch leaves a hole
+            # the sequencer reads from the log (which lacks it too) and counts as lost.
+            self.without_content += 1
+            log.warning(
+                "batch %s of push %s on %s: its stored content is gone (past "
+                "IMROUTE_BUS_CONTENT_TTL_S, or Redis lost it); not delivered",
+                batch.batch_id,
+                batch.message.push_id,
+                topic,
+            )
+            return
         sequencer = self.sequencers.get(topic)
         if sequencer is None or not batch.seq:
             self._service.deliver(batch)  # not logged ("store": false): as it comes

@@ -140,7 +140,9 @@ class FanOut:
     ) -> BatchPublisher:
         recovery = StableIdLog(self._recovery) if store and self._recovery else None
         bus = ResilientPublisher(self._bus, self._retry, asyncio.sleep)
-        return BatchPublisher(bus, message, expires_ms, counters, recovery)
+        # Content is stored once per push even when the batches are not logged.
+        content = self._recovery.content if self._recovery is not None else None
+        return BatchPublisher(bus, message, expires_ms, counters, recovery, content=content)
 
     def _message(self, body: BroadcastIn | MulticastIn) -> tuple[Message, int]:
         """The message (content encoded once) and its expiry in epoch ms (0: none)."""

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, Protocol, Self, TypeVar
 
+from router.bus.losses import BusLosses
 from shared.errors import BusUnavailable, InvalidInput, PayloadTooLarge
 from shared.keys import ID_PATTERN, validate_id
 
@@ -106,6 +107,12 @@ class Bus(Subscriptions, Protocol):
     async def publish(
         self, topic: str, data: bytes, attributes: Mapping[str, str] | None = None
     ) -> str: ...
+
+    @property
+    def losses(self) -> BusLosses:
+        """What the bus lost after publishing: entries trimmed before a live subscriber
+        had read them (router.bus.losses)."""
+        ...
 
 
 def validate_topic(topic: str) -> str:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from router.bus.hedged import HedgedBus
 from router.bus.memory import MemoryBus
-from router.bus.redis_streams import DEFAULT_MAXLEN, RedisStreamsBus
+from router.bus.redis_streams import DEFAULT_GROUP_IDLE_S, DEFAULT_MAXLEN, RedisStreamsBus
 from router.bus.transport import BusTransport
 from router.hedging import AUTO, HedgeObserver, HedgingSettings, RetrySettings, check_compatible
 from shared.errors import ConfigError
@@ -29,19 +29,28 @@ def open_bus(
     prefix: str,
     *,
     maxlen: int = DEFAULT_MAXLEN,
+    group_idle_s: float = DEFAULT_GROUP_IDLE_S,
     max_outstanding: int = DEFAULT_MAX_OUTSTANDING,
     hedging: HedgingSettings | None = None,
     observer: HedgeObserver | None = None,
 ) -> HedgedBus[BusTransport]:
     """The bus `url` names, hedged with `hedging`: Redis Streams for redis://, rediss://
-    and unix://, capped at `maxlen` entries per topic; Google Cloud Pub/Sub for
+    and unix://, keeping what a live gateway (one that read within `group_idle_s`) has
+    not read, up to `maxlen` entries per topic; Google Cloud Pub/Sub for
     pubsub://PROJECT, holding at most `max_outstanding` unacked messages per
     subscription; an in-process bus of its own for memory:// (tests and examples)."""
     # Only the scheme is ever echoed back: the rest of the URL may hold a password.
     scheme, sep, _ = url.partition("://")
     scheme = scheme.lower() if sep else ""
     if scheme in REDIS_SCHEMES:
-        return RedisStreamsBus(url, prefix, maxlen=maxlen, hedging=hedging, observer=observer)
+        return RedisStreamsBus(
+            url,
+            prefix,
+            maxlen=maxlen,
+            group_idle_s=group_idle_s,
+            hedging=hedging,
+            observer=observer,
+        )
     if scheme == MEMORY_SCHEME:
         return MemoryBus(hedging=hedging, observer=observer)
     if scheme == "pubsub":
@@ -70,6 +79,7 @@ def bus_from_settings(
         settings.effective_bus_url,
         settings.redis_prefix,
         maxlen=settings.bus_maxlen,
+        group_idle_s=settings.bus_group_idle_s,
         max_outstanding=settings.bus_max_outstanding,
         hedging=hedging_from_settings(settings),
         observer=observer,

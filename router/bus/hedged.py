@@ -16,6 +16,7 @@ from collections.abc import AsyncGenerator, Mapping, Sequence
 from typing import Any, Generic, Self, TypedDict, TypeVar, Unpack, cast
 
 from router.bus.base import ClosedOnExit, Received, validate_message, validate_topic
+from router.bus.losses import BusLosses
 from router.bus.transport import BusTransport
 from router.hedging import HedgeObserver, Hedger, HedgingSettings, RetrySettings
 from shared.clock import AsyncClock, SystemClock
@@ -63,6 +64,11 @@ class HedgedBus(ClosedOnExit, Generic[T_co]):
     @property
     def transport(self) -> T_co:
         return self._transport
+
+    @property
+    def losses(self) -> BusLosses:
+        """Entries the transport trimmed before a live subscriber had read them."""
+        return self._transport.losses
 
     @property
     def hedger(self) -> Hedger:

@@ -28,6 +28,7 @@ from typing import Unpack
 
 from router.bus.base import BusLifecycle, Received, validate_subscription
 from router.bus.hedged import HedgedBus, Publishing
+from router.bus.losses import BusLosses
 from router.hedging import Attempt, AttemptContext
 
 __all__ = ["MemoryBus", "MemoryTransport"]
@@ -54,6 +55,7 @@ class MemoryTransport(BusLifecycle):
         # Set when a subscriber's backlog grows; its readers clear it before they wait.
         self._wakeups: dict[str, asyncio.Event] = {}
         self._seq = itertools.count(1)
+        self.losses = BusLosses()  # nothing is ever trimmed: stays empty
         super().__init__()
 
     async def attempt(self, topic: str, data: bytes, attributes: Mapping[str, str]) -> Attempt[str]:

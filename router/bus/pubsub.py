@@ -40,6 +40,7 @@ from google.pubsub_v1 import (
 
 from router.bus.base import BusLifecycle, BusUnavailable, Received, validate_subscription
 from router.bus.hedged import HedgedBus, Publishing, split_publishing
+from router.bus.losses import BusLosses
 from router.bus.pubsub_clients import PubSubClients
 from router.bus.pubsub_errors import RETRYABLE_CODES, is_retryable_code, pubsub_errors
 from router.bus.pubsub_names import subscription_id, topic_id
@@ -111,6 +112,9 @@ class PubSubTransport(BusLifecycle):
         self._clients = clients
         self._connecting = asyncio.Lock()
         self._streams: set[StreamingPull] = set()
+        # Pub/Sub drops what outlived its retention without telling the publisher: this
+        # stays empty, and the gateways' sequencers count such batches (README, the bus).
+        self.losses = BusLosses()
         super().__init__()
 
     async def __aenter__(self) -> Self:

@@ -1,14 +1,15 @@
 """The embedded default bus: one Redis stream per topic, one consumer group per subscriber.
 
-Publishing is one `XADD ... MAXLEN ~ N` per attempt; its retries and hedges are the
-wrapper's (`RedisStreamsBus` is `HedgedBus` around `RedisStreamsTransport`). Each
-subscriber (a gateway id) owns a consumer group on each of its topics' streams, created
-at `$`, so it gets every entry published after that, independently of every other
-subscriber. An entry stays pending in the group until the subscriber acks it (XACK): a
-subscriber first re-reads its own pending entries (ID 0), then reads new ones (`>`),
-and now and then XAUTOCLAIMs entries idle for `claim_idle_s`: those left by another
-consumer name of its group, and its own that were never acked (like Pub/Sub's ack
-deadline, such an entry comes again).
+Publishing is one script per attempt: the XADD, and the trim that never drops what a
+live subscriber has not read within the bound, and counts what it drops past it
+(`redis_trim`); its retries and hedges are the wrapper's (`RedisStreamsBus` is
+`HedgedBus` around `RedisStreamsTransport`). Each subscriber (a gateway id) owns a
+consumer group on each of its topics' streams, created at `$`, so it gets every entry
+published after that, independently of every other subscriber. An entry stays pending
+in the group until the subscriber acks it (XACK): a subscriber first re-reads its own
+pending entries (ID 0), then reads new ones (`>`), and now and then XAUTOCLAIMs entries
+idle for `claim_idle_s`: those left by another consumer name of its group, and its own
+that were never acked (like Pub/Sub's ack deadline, such an entry comes again).
 """
 
 from __future__ import annotations
@@ -27,6 +28,9 @@ from redis.typing import KeyT, StreamIdT
 
 from router.bus.base import BusLifecycle, BusUnavailable, Received, validate_subscription
 from router.bus.hedged import HedgedBus, Publishing, split_publishing
+from router.bus.losses import BusLosses
+from router.bus.redis_trim import LOST_TTL_MS, MAX_EXCESS, PUBLISH, TrimReporter, parse_reply
+from router.bus.redis_trim import text as _text
 from router.hedging import Attempt, AttemptContext
 from router.redis.errors import is_unreachable, redis_errors, reraise_swallowed_cancel
 from shared.errors import ConfigError
@@ -43,6 +47,9 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 DEFAULT_MAXLEN = 10_000
+DEFAULT_GROUP_IDLE_S = 600.0
+# How often a topic's publisher looks at its groups while the stream is within the bound.
+TRIM_EVERY_S = 1.0
 POOL_SIZE = 64
 POOL_WAIT_S = 5.0
 BACKOFF_MIN_S = 0.05
@@ -65,6 +72,7 @@ class RedisStreamsBusOptions(Publishing, total=False):
     """RedisStreamsBus's keyword arguments: Publishing's, then RedisStreamsTransport's."""
 
     maxlen: int
+    group_idle_s: float
     block_s: float
     count: int
     claim_idle_s: float
@@ -83,6 +91,7 @@ class RedisStreamsTransport(BusLifecycle):
         prefix: str = "imroute:",
         *,
         maxlen: int = DEFAULT_MAXLEN,
+        group_idle_s: float = DEFAULT_GROUP_IDLE_S,
         block_s: float = 1.0,
         count: int = 100,
         claim_idle_s: float = 30.0,
@@ -106,7 +115,13 @@ class RedisStreamsTransport(BusLifecycle):
         self._redis: aioredis.Redis = aioredis.Redis.from_pool(pool)
         self._prefix = prefix
         self._maxlen = maxlen
+        self._group_idle_ms = int(group_idle_s * 1000)
+        self._publish = self._redis.register_script(PUBLISH)
+        self._checked: dict[str, float] = {}  # topic -> when its groups were last looked at
+        self._trims = TrimReporter(maxlen, group_idle_s)
+        self.losses: BusLosses = self._trims.losses
         self._block_ms = max(1, int(block_s * 1000))
+        self._stalled_s = block_s + SOCKET_SLACK_S
         self._count = count
         self._claim_idle_ms = int(claim_idle_s * 1000)
         # None: each subscriber reads under its own id, so a restart finds its pending
@@ -115,25 +130,29 @@ class RedisStreamsTransport(BusLifecycle):
         super().__init__()
 
     async def attempt(self, topic: str, data: bytes, attributes: Mapping[str, str]) -> Attempt[str]:
-        """An XADD of the message to the topic's stream; it returns the entry id."""
+        """The publish script (an XADD and the trim) on the topic's stream; it returns
+        the entry id."""
         self.check_open()
-        fields: dict[bytes, bytes] = {_DATA: data}
+        fields: list[bytes] = [_DATA, data]
         for name, value in attributes.items():
-            fields[_ATTR + name.encode()] = value.encode()
-        key = stream_key(self._prefix, topic)
+            fields += (_ATTR + name.encode(), value.encode())
+        keys = [stream_key(self._prefix, topic), KeySchema(self._prefix).bus_lost(topic)]
 
         async def xadd(ctx: AttemptContext) -> str:
             # A hedge is one more XADD of the same batch: a duplicate entry that the
             # gateways drop by batch id. A loser is cancelled mid-command.
+            now = asyncio.get_running_loop().time()
+            check = now - self._checked.get(topic, -TRIM_EVERY_S) >= TRIM_EVERY_S
+            if check:
+                self._checked[topic] = now
+            args = [self._maxlen, self._group_idle_ms, int(check), MAX_EXCESS, LOST_TTL_MS]
             async with asyncio.timeout(ctx.timeout_s):
-                entry_id = await self._redis.xadd(
-                    key,
-                    fields,  # type: ignore[arg-type]
-                    maxlen=self._maxlen,
-                    approximate=True,
-                )
+                reply = await self._publish(keys=keys, args=[*args, *fields])
             reraise_swallowed_cancel()
-            return _text(entry_id)
+            report = parse_reply(reply)
+            if report.dropped or report.lost:
+                self._trims.report(topic, report, now)
+            return report.entry_id
 
         return xadd
 
@@ -149,7 +168,7 @@ class RedisStreamsTransport(BusLifecycle):
         keys = [stream_key(self._prefix, t) for t in validate_subscription(topics, subscriber)]
         with redis_errors(BusUnavailable):
             self.check_open()
-            await self._create_groups(keys, subscriber)
+            await self._create_groups(keys, subscriber, self._consumer or subscriber)
 
     async def close(self) -> None:
         """End every subscription and close the client."""
@@ -181,10 +200,13 @@ class RedisStreamsTransport(BusLifecycle):
             for item in batch:
                 yield item
 
-    async def _create_groups(self, keys: Sequence[str], group: str) -> None:
+    async def _create_groups(self, keys: Sequence[str], group: str, consumer: str) -> None:
         pipe = self._redis.pipeline(transaction=False)
         for key in keys:
             pipe.xgroup_create(key, group, id="$", mkstream=True)
+            # The consumer now, not at its first read: the trim tells a live group from
+            # a departed gateway's by its consumers' idle time.
+            pipe.xgroup_createconsumer(key, group, consumer)
         for result in await pipe.execute(raise_on_error=False):
             # BUSYGROUP: the group exists, and keeps its place in the stream.
             if isinstance(result, Exception) and not str(result).startswith("BUSYGROUP"):
@@ -221,7 +243,7 @@ class _Reader:
     async def next_batch(self) -> list[Received]:
         """The next entries to hand out; empty when a blocking read timed out."""
         if not self._ready:
-            await self._bus._create_groups(list(self._topics), self._group)
+            await self._bus._create_groups(list(self._topics), self._group, self._consumer)
             self._pending = dict.fromkeys(self._topics, b"0")
             self._ready = True
         if self._pending:
@@ -240,6 +262,12 @@ class _Reader:
             count=self._bus._count,
             block=self._bus._block_ms,
         )
+        if asyncio.get_running_loop().time() - now > self._bus._stalled_s:
+            # This process stalled (SIGSTOP, a frozen VM) while the reply waited: what it
+            # was handed may have been trimmed and counted lost meanwhile. Re-read it
+            # from the pending list, which says what is still there.
+            self._pending = dict.fromkeys(self._topics, b"0")
+            return []
         batch: list[Received] = []
         for key, entries in _streams(reply):
             batch += await self._received(key, entries)
@@ -287,7 +315,8 @@ class _Reader:
                 continue  # Redis 6.2's XAUTOCLAIM reports a deleted entry as nil
             data = fields.get(_DATA) if fields else None
             if data is None:
-                # MAXLEN trimmed it while it was pending: nothing left to deliver.
+                # Trimmed past IMROUTE_BUS_MAXLEN while it was pending: nothing left to
+                # deliver (this gateway had it once, and did not ack it in time).
                 gone.append(entry_id)
                 continue
             batch.append(
@@ -314,10 +343,6 @@ def _streams(reply: Any) -> Iterator[tuple[str, Sequence[Any]]]:
     pairs = reply.items() if isinstance(reply, dict) else (reply or ())
     for key, entries in pairs:
         yield _text(key), entries or ()
-
-
-def _text(value: bytes | str) -> str:
-    return value.decode(errors="replace") if isinstance(value, bytes) else value
 
 
 class RedisStreamsBus(HedgedBus[RedisStreamsTransport]):

@@ -16,6 +16,7 @@ from contextlib import AbstractContextManager
 from typing import Protocol
 
 from router.bus.base import Subscriptions
+from router.bus.losses import BusLosses
 from router.hedging import Attempt
 
 __all__ = ["BusTransport"]
@@ -23,6 +24,11 @@ __all__ = ["BusTransport"]
 
 class BusTransport(Subscriptions, Protocol):
     """One bus technology: publish attempts, its error rules, and the subscriber side."""
+
+    @property
+    def losses(self) -> BusLosses:
+        """What the transport lost: entries trimmed before a live subscriber read them."""
+        ...
 
     @property
     def message_ordering(self) -> bool:

@@ -1,23 +1,38 @@
 """What broadcast and multicast hand their batches to: a topic, the bytes, attributes.
 
 Batches are encoded once here; every bus transport (and, later, every hedged attempt)
-sends the same bytes.
+sends the same bytes. Content over IMROUTE_BUS_CONTENT_INLINE_MAX is stored once per
+push before its first batch, and the batches name it (`router.recovery.content`).
+
+A batch the bus lost after it was published (Redis Streams trimmed it past
+IMROUTE_BUS_MAXLEN before a live gateway read it) moves from `published` to
+`failed_batches`: the bus reports it (`BusLosses`), and each publish takes the push's
+lost batches so far.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Protocol
+from dataclasses import replace
+from typing import Protocol, runtime_checkable
 
 from router.bus.base import BROADCAST, group_topic
+from router.bus.losses import BusLosses
 from router.jobs.base import PushCounters
-from router.recovery.base import OFFLINE_TOPIC, RecoveryLog
+from router.recovery.base import OFFLINE_TOPIC, ContentWrites, RecoveryLog
 from shared.batches import to_batch
 from shared.ids import new_id
 from shared.models import Message
 from shared.proto import gateway_pb2
 
-__all__ = ["BROADCAST_TOPIC", "BatchPublisher", "Publisher", "PushCounters", "group_topic"]
+__all__ = [
+    "BROADCAST_TOPIC",
+    "BatchPublisher",
+    "Publisher",
+    "PushCounters",
+    "ReportsLosses",
+    "group_topic",
+]
 
 BROADCAST_TOPIC = BROADCAST
 
@@ -30,6 +45,15 @@ class Publisher(Protocol):
     ) -> str: ...
 
 
+@runtime_checkable
+class ReportsLosses(Protocol):
+    """A bus that says what it lost after publishing: every HedgedBus (test doubles
+    that only publish need not)."""
+
+    @property
+    def losses(self) -> BusLosses: ...
+
+
 class BatchPublisher:
     """Builds one Batch per call, encodes it once and publishes it to its topic."""
 
@@ -40,20 +64,28 @@ class BatchPublisher:
         expires_ms: int,
         counters: PushCounters,
         recovery: RecoveryLog | None = None,
+        *,
+        content: ContentWrites | None = None,
     ) -> None:
         """With `recovery`, each batch is logged in its topic's batch log (one entry per
-        batch) before it is published, and carries its seq there."""
+        batch) before it is published, and carries its seq there. With `content` (or
+        `recovery`'s), content it `stores` is written once and the batches name it."""
         self._publisher = publisher
         self._message = message
         self._expires_ms = expires_ms
         self.counters = counters
         self._recovery = recovery
+        if content is None and recovery is not None:
+            content = recovery.content
+        self._content = content if content and content.stores(message.content_json) else None
+        self._bare = replace(message, content_json=b"")  # what batches carry when stored
+        self._losses = publisher.losses if isinstance(publisher, ReportsLosses) else None
 
     async def record_offline(self, uids: Sequence[str]) -> None:
         """Log recipients who had no route (one entry for all of them), so that a client
         resuming within the window gets the message; nothing is published."""
         if self._recovery is not None and uids:
-            batch = to_batch(self._message, uids, new_id())
+            batch = await self._batch(uids)
             batch.mode = gateway_pb2.MODE_MULTICAST
             batch.expires_ms = self._expires_ms
             await self._recovery.append_batch(OFFLINE_TOPIC, batch)
@@ -67,7 +99,7 @@ class BatchPublisher:
         group_id: str = "",
         everyone: bool = False,
     ) -> None:
-        batch = to_batch(self._message, uids, new_id())
+        batch = await self._batch(uids)
         batch.mode = mode
         batch.group_id = group_id
         batch.everyone = everyone
@@ -91,3 +123,23 @@ class BatchPublisher:
             self.counters.failed_batches += 1
             raise
         self.counters.published += 1
+        self.take_losses()
+
+    def take_losses(self) -> int:
+        """Move the push's batches the bus lost since the last call from `published` to
+        `failed_batches`; how many."""
+        if self._losses is None:
+            return 0
+        lost = self._losses.take(self._message.push_id)
+        self.counters.published -= lost
+        self.counters.failed_batches += lost
+        return lost
+
+    async def _batch(self, uids: Sequence[str]) -> gateway_pb2.Batch:
+        if self._content is None:
+            return to_batch(self._message, uids, new_id())
+        # Stored (or its TTL pushed forward) before the batch that names it can exist.
+        await self._content.hold(self._message.msg_id, self._message.content_json)
+        batch = to_batch(self._bare, uids, new_id())
+        batch.message.content_stored = True
+        return batch

@@ -17,8 +17,8 @@ import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from router.fanout.publisher import Publisher
-from router.recovery.base import RecoveryLog
+from router.fanout.publisher import Publisher, ReportsLosses
+from router.recovery.base import ContentWrites, RecoveryLog
 from shared.errors import BusUnavailable
 from shared.models import Message
 from shared.proto import gateway_pb2
@@ -69,6 +69,10 @@ class ResilientPublisher:
         self._bus = bus
         self._policy = policy
         self._sleep = sleep
+        # What the bus lost after publishing (BatchPublisher moves it to failed_batches)
+        # is the bus's to say: passed through, when it says it.
+        if isinstance(bus, ReportsLosses):
+            self.losses = bus.losses
 
     async def publish(
         self, topic: str, data: bytes, attributes: Mapping[str, str] | None = None
@@ -118,6 +122,10 @@ class StableIdLog:
     async def append_batch(self, topic: str, batch: gateway_pb2.Batch) -> int:
         batch.batch_id = stable_batch_id(batch)
         return await self._log.append_batch(topic, batch)
+
+    @property
+    def content(self) -> ContentWrites:
+        return self._log.content
 
     async def append_p2p(self, message: Message, uids: Sequence[str], expires_ms: int) -> list[int]:
         return await self._log.append_p2p(message, uids, expires_ms)

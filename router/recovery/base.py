@@ -31,6 +31,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "OFFLINE_TOPIC",
+    "ContentWrites",
     "Entry",
     "LoggedBatch",
     "RecoveryLimits",
@@ -52,6 +53,8 @@ class RecoveryLimits:
     topic_max: int = 2000  # IMROUTE_RECOVERY_TOPIC_MAX: batches per topic
     inbox_ttl_s: float = 86_400.0  # IMROUTE_INBOX_TTL_S
     inbox_max: int = 100  # IMROUTE_INBOX_MAX: per user, oldest dropped first
+    content_ttl_s: float = 3900.0  # IMROUTE_BUS_CONTENT_TTL_S: past a push's last batch
+    content_inline_max: int = 1024  # IMROUTE_BUS_CONTENT_INLINE_MAX: bytes, else stored once
 
     @classmethod
     def from_settings(cls, s: Settings) -> RecoveryLimits:
@@ -61,6 +64,8 @@ class RecoveryLimits:
             s.recovery_topic_max,
             s.inbox_ttl_s,
             s.inbox_max,
+            s.bus_content_ttl_s,
+            s.bus_content_inline_max,
         )
 
     @property
@@ -132,8 +137,25 @@ class TopicHistory:
     batches: list[LoggedBatch] = field(default_factory=list)
 
 
+class ContentWrites(Protocol):
+    """Where a broadcast or multicast push's content is stored once (`content`)."""
+
+    def stores(self, content: bytes) -> bool:
+        """Whether this content is stored once rather than carried by every batch."""
+        ...
+
+    async def hold(self, msg_id: str, content: bytes) -> None:
+        """Store it before the push's first batch; keep it while the push publishes."""
+        ...
+
+
 class RecoveryLog(Protocol):
     """The router's writes."""
+
+    @property
+    def content(self) -> ContentWrites:
+        """Where pushes' content is stored once for all their batches."""
+        ...
 
     async def append_p2p(self, message: Message, uids: Sequence[str], expires_ms: int) -> list[int]:
         """Log `message` for each uid; their seqs, in order. One small write per uid."""
@@ -173,7 +195,13 @@ class RecoveryReads(Protocol):
         ...
 
     async def read_topic(self, topic: str, after: int, upto: int | None = None) -> TopicHistory:
-        """A topic's batches with `after < seq <= upto` (to the head when None)."""
+        """A topic's batches with `after < seq <= upto` (to the head when None), each
+        with its content; one whose stored content is gone is left out (a hole)."""
+        ...
+
+    async def fill_content(self, batches: Sequence[gateway_pb2.Batch]) -> list[bool]:
+        """Give bus batches that name stored content their content, in place; per
+        batch, whether it has it now (False: gone, not to be delivered)."""
         ...
 
     async def heads(self, topics: Sequence[str]) -> list[int]:

@@ -1,7 +1,9 @@
 """How a recovery entry is stored: compact JSON text (the client holds decoded strings).
 
 A P2P entry is one message for one user; a topic entry is a whole bus batch (its
-recipients and its message), so broadcast and multicast cost one entry per batch.
+recipients and its message), so broadcast and multicast cost one entry per batch. A
+batch whose content is stored once per push (`router.recovery.content`) keeps `null`
+where the content would be: the log holds each push's content no more than the bus.
 """
 
 from __future__ import annotations
@@ -46,8 +48,11 @@ def encode_batch(batch: gateway_pb2.Batch) -> str:
     """A topic entry: the batch without its seq (the log's entry id is the seq)."""
     m = batch.message
     message = Message(m.msg_id, m.push_id, m.msg_type, getattr(m, "from"), m.content_json, m.ts_ms)
+    fields = _fields(message, batch.expires_ms)
+    if m.content_stored:
+        fields[4] = None
     extra = [int(batch.mode), batch.group_id, batch.everyone, list(batch.uids), batch.batch_id]
-    return _dumps([*_fields(message, batch.expires_ms), *extra])
+    return _dumps([*fields, *extra])
 
 
 def decode_batch(seq: int, text: str) -> gateway_pb2.Batch:
@@ -61,8 +66,9 @@ def decode_batch(seq: int, text: str) -> gateway_pb2.Batch:
             msg_id=msg_id,
             push_id=push_id,
             msg_type=int(msg_type),
-            content_json=content.encode(),
+            content_json=b"" if content is None else content.encode(),
             ts_ms=int(ts_ms),
+            content_stored=content is None,
             **{"from": sender},
         ),
         uids=uids,

@@ -22,6 +22,7 @@ from router.recovery.base import (
     UserHistory,
 )
 from router.recovery.codec import decode_batch, decode_message, encode_batch, encode_message
+from router.recovery.content import ContentCache, RedisContentStore
 from router.redis.client import RedisClient
 from router.redis.errors import translate_errors
 from shared.clock import Clock
@@ -117,6 +118,10 @@ class RedisRecoveryStore:
         # A sequence outlives what it numbers, so a position never meets a restarted count
         # while the entries it names could still be read.
         self._seq_ttl_ms = max(limits.window_ms, limits.inbox_ttl_ms) + limits.window_ms
+        self.content = RedisContentStore(
+            redis, keys, clock, limits.content_ttl_s, limits.content_inline_max
+        )
+        self._contents = ContentCache(self.content)
 
     async def _run(self, call: Callable[[], Awaitable[T]]) -> T:
         try:
@@ -219,11 +224,20 @@ class RedisRecoveryStore:
         head, log = await self._one(
             self._read_topic.args(keys, after, "" if upto is None else upto)
         )
-        batches = []
-        for text in log:
-            seq, _, data = _split(text)
-            batches.append(LoggedBatch(decode_batch(seq, data)))
+        decoded = [decode_batch(seq, data) for seq, _, data in map(_split, log)]
+        filled = await self._contents.fill(decoded)
+        # A batch whose content is gone is left out: a hole, which readers count as lost.
+        batches = [LoggedBatch(b) for b, ok in zip(decoded, filled, strict=True) if ok]
         return TopicHistory(int(head), batches)
+
+    @translate_errors
+    async def fill_content(self, batches: Sequence[gateway_pb2.Batch]) -> list[bool]:
+        return await self._contents.fill(batches)
+
+    @property
+    def content_missing(self) -> int:
+        """Batches (from the bus or a topic log) whose stored content was gone."""
+        return self._contents.missing
 
     @translate_errors
     async def heads(self, topics: Sequence[str]) -> list[int]:

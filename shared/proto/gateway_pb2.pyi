@@ -54,6 +54,7 @@ class Message(_message.Message):
     FROM_FIELD_NUMBER: _builtins.int
     CONTENT_JSON_FIELD_NUMBER: _builtins.int
     TS_MS_FIELD_NUMBER: _builtins.int
+    CONTENT_STORED_FIELD_NUMBER: _builtins.int
     msg_id: _builtins.str
     push_id: _builtins.str
     msg_type: _builtins.int
@@ -63,6 +64,11 @@ class Message(_message.Message):
     """
     ts_ms: _builtins.int
     """Epoch milliseconds when the push service accepted the push."""
+    content_stored: _builtins.bool
+    """Bus batches of a broadcast or multicast: content_json is empty, because the push's
+    content is stored once (Redis `content:{msg_id}`) for all its batches, and the
+    gateway reads it from there. Never set on P2P batches.
+    """
     def __init__(
         self,
         *,
@@ -71,10 +77,11 @@ class Message(_message.Message):
         msg_type: _builtins.int = ...,
         content_json: _builtins.bytes = ...,
         ts_ms: _builtins.int = ...,
+        content_stored: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["content_json", b"content_json", "from", b"from", "msg_id", b"msg_id", "msg_type", b"msg_type", "push_id", b"push_id", "ts_ms", b"ts_ms"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["content_json", b"content_json", "content_stored", b"content_stored", "from", b"from", "msg_id", b"msg_id", "msg_type", b"msg_type", "push_id", b"push_id", "ts_ms", b"ts_ms"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -1,0 +1,211 @@
+"""How a Redis Streams topic is trimmed: never below what a live subscriber still needs,
+and past the bound only with every unread entry counted.
+
+Each publish is one script (`PUBLISH`): the XADD, then, about once a second per topic
+and whenever the stream holds more than `maxlen` entries, a look at its consumer groups
+(one per subscribing gateway):
+
+- a group none of whose consumers has read for `idle_ms` belongs to a gateway that left
+  (crashed, scaled in, renamed): it is deleted, so it holds nothing any more (a gateway
+  that comes back under that id gets a new group at the stream's end, and follows its
+  topics from their heads as every restarted gateway does);
+- every other group is live, and the stream is trimmed (MINID) only below the oldest
+  entry a live group still needs: its oldest pending entry (delivered, not yet acked),
+  else the first after its last-delivered-id. While every live gateway keeps up the
+  stream holds little more than what is in flight;
+- past `maxlen` entries the oldest are trimmed all the same (memory stays bounded), and
+  for each live group, those it had not read, or had not acked, are counted, exactly
+  (the `bus-lost:{topic}` hash and the reply); so are the (push id, batch id) of each
+  such entry, for the publishing job to count as failed. (A pending entry of a gateway
+  that is running, only slow, may still be written from what it holds: so a count can
+  exceed what its clients missed by up to one read, never fall short of it.)
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from router.bus.losses import BusLosses
+
+__all__ = [
+    "LOST_TTL_MS",
+    "MAX_EXCESS",
+    "PUBLISH",
+    "TrimReport",
+    "TrimReporter",
+    "parse_reply",
+    "text",
+]
+
+log = logging.getLogger("router.bus.redis_streams")
+
+# A gateway that keeps losing entries is logged at most this often, with the total.
+LOSS_LOG_EVERY_S = 10.0
+
+# Entries trimmed past the bound by one publish at most: after IMROUTE_BUS_MAXLEN was
+# lowered, the excess goes over the next publishes instead of one long script.
+MAX_EXCESS = 1000
+# The per-gateway loss counts stay readable for a week after the last loss.
+LOST_TTL_MS = 7 * 86_400_000
+
+# KEYS: stream, lost counts. ARGV: maxlen, idle_ms, check ('1': look at the groups even
+# within the bound), max excess, lost ttl, then the entry's field/value pairs.
+# Returns {entry id, {dropped groups}, {group, unread trimmed, ...}, {push, batch, ...}}.
+PUBLISH = """
+local fields = {}
+for i = 6, #ARGV do fields[#fields + 1] = ARGV[i] end
+local id = redis.call('XADD', KEYS[1], '*', unpack(fields))
+local maxlen = tonumber(ARGV[1])
+if ARGV[3] ~= '1' and redis.call('XLEN', KEYS[1]) <= maxlen then return {id, {}, {}, {}} end
+
+local function parse(s)
+  local ms, seq = string.match(s, '^(%d+)-(%d+)$')
+  return tonumber(ms), tonumber(seq)
+end
+local function before(ams, aseq, bms, bseq)
+  return ams < bms or (ams == bms and aseq < bseq)
+end
+local function fmt(ms, seq) return string.format('%.0f-%.0f', ms, seq) end
+local function map(flat)
+  local m = {}
+  for i = 1, #flat, 2 do m[flat[i]] = flat[i + 1] end
+  return m
+end
+
+-- Nothing live: only the new entry stays.
+local floor_ms, floor_seq = parse(id)
+local live, dropped = {}, {}
+for _, g in ipairs(redis.call('XINFO', 'GROUPS', KEYS[1])) do
+  local info = map(g)
+  local idle = nil
+  for _, c in ipairs(redis.call('XINFO', 'CONSUMERS', KEYS[1], info['name'])) do
+    local ci = map(c)
+    if idle == nil or ci['idle'] < idle then idle = ci['idle'] end
+  end
+  if idle == nil or idle > tonumber(ARGV[2]) then
+    redis.call('XGROUP', 'DESTROY', KEYS[1], info['name'])
+    dropped[#dropped + 1] = info['name']
+  else
+    local ms, seq = parse(info['last-delivered-id'])
+    local need_ms, need_seq = ms, seq + 1
+    if info['pending'] > 0 then
+      need_ms, need_seq = parse(redis.call('XPENDING', KEYS[1], info['name'])[2])
+    end
+    if before(need_ms, need_seq, floor_ms, floor_seq) then
+      floor_ms, floor_seq = need_ms, need_seq
+    end
+    live[#live + 1] = {info['name'], ms, seq, 0}
+  end
+end
+redis.call('XTRIM', KEYS[1], 'MINID', '~', fmt(floor_ms, floor_seq))
+
+local excess = redis.call('XLEN', KEYS[1]) - maxlen
+if excess <= 0 then return {id, dropped, {}, {}} end
+if excess > tonumber(ARGV[4]) then excess = tonumber(ARGV[4]) end
+local old = redis.call('XRANGE', KEYS[1], '-', '+', 'COUNT', excess)
+local first, last = old[1][1], old[#old][1]
+for _, g in ipairs(live) do
+  -- Entries handed out and not acked: the gateway has to read them again if it stalled
+  -- or restarted, and would find them gone. Lost too, counted once (as they go).
+  g[5] = {}
+  for _, p in ipairs(redis.call('XPENDING', KEYS[1], g[1], first, last, excess)) do
+    g[5][p[1]] = true
+  end
+end
+local batches = {}
+for _, e in ipairs(old) do
+  local ems, eseq = parse(e[1])
+  local unread = false
+  for _, g in ipairs(live) do
+    if before(g[2], g[3], ems, eseq) or g[5][e[1]] then
+      g[4] = g[4] + 1
+      unread = true
+    end
+  end
+  if unread then
+    local f = map(e[2])
+    batches[#batches + 1] = f['attr:push_id'] or ''
+    batches[#batches + 1] = f['attr:batch_id'] or ''
+  end
+end
+local lms, lseq = parse(last)
+redis.call('XTRIM', KEYS[1], 'MINID', '=', fmt(lms, lseq + 1))
+local lost = {}
+for _, g in ipairs(live) do
+  if g[4] > 0 then
+    redis.call('HINCRBY', KEYS[2], g[1], g[4])
+    lost[#lost + 1] = g[1]
+    lost[#lost + 1] = g[4]
+  end
+end
+if #lost > 0 then redis.call('PEXPIRE', KEYS[2], ARGV[5]) end
+return {id, dropped, lost, batches}
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class TrimReport:
+    """What one publish's trim did: groups deleted, entries each live group lost unread,
+    and the (push id, batch id) of every such entry."""
+
+    entry_id: str
+    dropped: tuple[str, ...] = ()
+    lost: dict[str, int] = field(default_factory=dict)
+    batches: tuple[tuple[str, str], ...] = ()
+
+
+def parse_reply(reply: Sequence[Any]) -> TrimReport:
+    """The script's reply (bytes from redis-py) as a TrimReport."""
+    entry_id, dropped, lost, batches = reply
+    flat_batches = [text(b) for b in batches]
+    return TrimReport(
+        text(entry_id),
+        tuple(text(name) for name in dropped),
+        {text(lost[i]): int(lost[i + 1]) for i in range(0, len(lost), 2)},
+        tuple(zip(flat_batches[::2], flat_batches[1::2], strict=True)),
+    )
+
+
+def text(value: bytes | str | int) -> str:
+    """A reply value as text."""
+    return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
+
+
+class TrimReporter:
+    """Counts and logs what the trims did; a gateway losing entries on every publish is
+    logged once per LOSS_LOG_EVERY_S, with what it lost meanwhile."""
+
+    def __init__(self, maxlen: int, group_idle_s: float) -> None:
+        self.losses = BusLosses()
+        self._maxlen = maxlen
+        self._group_idle_s = group_idle_s
+        self._logged: dict[tuple[str, str], tuple[float, int]] = {}
+
+    def report(self, topic: str, report: TrimReport, now: float) -> None:
+        if report.dropped:
+            self.losses.dropped(topic, len(report.dropped))
+            log.warning(
+                "bus %s: deleted the consumer groups of %s, which read nothing for %.0fs "
+                "(IMROUTE_BUS_GROUP_IDLE_S): gateways that left",
+                topic,
+                ", ".join(report.dropped),
+                self._group_idle_s,
+            )
+        self.losses.record(topic, report.lost, report.batches)
+        for group, n in report.lost.items():
+            since, owed = self._logged.get((topic, group), (-LOSS_LOG_EVERY_S, 0))
+            if now - since < LOSS_LOG_EVERY_S:
+                self._logged[topic, group] = (since, owed + n)
+                continue
+            self._logged[topic, group] = (now, 0)
+            log.warning(
+                "bus %s: gateway %s fell more than IMROUTE_BUS_MAXLEN (%d) entries behind; "
+                "%d entries it had not read were trimmed (imroute_bus_unread_trimmed_total)",
+                topic,
+                group,
+                self._maxlen,
+                n + owed,
+            )

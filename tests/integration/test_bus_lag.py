@@ -1,0 +1,197 @@
+"""Loss under a lagging gateway (issue 12, the bus): `imroute dev` as real processes on
+Redis Streams, one gateway SIGSTOPped while a broadcast of more than IMROUTE_BUS_MAXLEN
+batches is published, then SIGCONTed.
+
+Within the bound nothing it had not read is trimmed: its clients get every batch. Past
+it, the oldest entries go and exactly those are reported: the job counts them in
+`failed_batches`, the bus in `bus-lost:{topic}`, the gateway in its log, and its clients
+miss exactly those batches and no others. (Before, `XADD ... MAXLEN ~` trimmed them
+silently and the job said `done` with nothing failed.)
+
+The bounds are scaled down by settings so that the test takes seconds: a bus bound of
+50 entries, a topic log of 10 batches (so the log cannot fill what the bus lost), and
+the gateway stopped for 8 s instead of 30 (past its fleet record's 6 s: liveness on
+the bus is its consumer group's idle time, IMROUTE_BUS_GROUP_IDLE_S, not the fleet).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import signal
+from collections.abc import Sequence
+from contextlib import AsyncExitStack
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import redis.asyncio as aioredis
+from websockets.asyncio.client import ClientConnection, connect
+
+from router.bus import BROADCAST
+from shared.keys import KeySchema
+from tests.integration.fault_clients import DevRun, dev_stack, drain_output
+from tests.integration.stack import ready
+from tests.integration.test_dev_restarts import pid_of
+
+pytestmark = pytest.mark.integration
+
+MAXLEN = 50
+STOPPED_S = 8.0
+ENV = {
+    "IMROUTE_BUS_MAXLEN": str(MAXLEN),
+    "IMROUTE_RECOVERY_TOPIC_MAX": "10",
+    "IMROUTE_BUS_GROUP_IDLE_S": "30",
+}
+
+
+async def connect_clients(
+    stack: AsyncExitStack, dev: DevRun, placed: dict[str, str]
+) -> dict[str, ClientConnection]:
+    """One real WebSocket client per uid, on the gateway `placed` names."""
+
+    async def one(uid: str, gw: str) -> ClientConnection:
+        url = f"{dev.ws_urls[gw]}?token={dev.token(uid)}"
+        ws = await stack.enter_async_context(connect(url, max_queue=None))
+        await ready(ws)
+        return ws
+
+    sockets = await asyncio.gather(*(one(uid, gw) for uid, gw in placed.items()))
+    await asyncio.sleep(0.5)  # the coalesced route writes land
+    return dict(zip(placed, sockets, strict=True))
+
+
+async def pushes(ws: ClientConnection, quiet_s: float = 3.0) -> list[Any]:
+    """The contents of the push frames a client got until it was quiet for `quiet_s`."""
+    got = []
+    while True:
+        try:
+            frame = json.loads(await asyncio.wait_for(ws.recv(), quiet_s))
+        except TimeoutError:
+            return got
+        if frame["type"] == "push":
+            got.append(frame["content"])
+
+
+async def broadcast(
+    http: httpx.AsyncClient, dev: DevRun, n: int, tags: Sequence[str] | None = None
+) -> dict[str, Any]:
+    body: dict[str, Any] = {"content": {"n": n}}
+    if tags is not None:
+        body["audience"] = {"tags_any": list(tags)}
+    resp = await http.post(f"{dev.api_url}/v1/broadcast", json=body, headers=dev.auth)
+    assert resp.status_code == 202, resp.text
+    for _ in range(600):
+        job: dict[str, Any] = (
+            await http.get(f"{dev.api_url}/v1/pushes/{resp.json()['push_id']}", headers=dev.auth)
+        ).json()
+        if job["status"] in ("done", "failed"):
+            return job
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"the broadcast did not finish: {job}")
+
+
+async def lagging_broadcast(
+    http: httpx.AsyncClient,
+    dev: DevRun,
+    sockets: dict[str, ClientConnection],
+    gw: str,
+    n: int,
+    tags: Sequence[str] | None = None,
+) -> tuple[dict[str, Any], dict[str, list[Any]]]:
+    """Broadcast `n` while `gw` is stopped; what the job said and each client got."""
+    pid = pid_of(dev.proc.pid, gw)
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        job = await broadcast(http, dev, n, tags)
+        await asyncio.sleep(STOPPED_S)
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    got = await asyncio.gather(*(pushes(ws) for ws in sockets.values()))
+    return job, dict(zip(sockets, got, strict=True))
+
+
+def lost_in_log(dev: DevRun) -> int:
+    """Batches the gateways' followers logged as neither on the bus nor in the topic log."""
+    text = "\n".join(drain_output(dev))
+    return sum(int(n) for n in re.findall(r"(\d+) batches of broadcast were neither", text))
+
+
+async def put_users(
+    http: httpx.AsyncClient, dev: DevRun, uids: Sequence[str], tagged: Sequence[str] = ()
+) -> None:
+    users = [{"uid": uid, "tags": ["few"] if uid in tagged else []} for uid in uids]
+    resp = await http.put(f"{dev.api_url}/v1/users", json={"users": users}, headers=dev.auth)
+    assert resp.status_code == 200, resp.text
+
+
+def oldest(uids: Sequence[str], missed: Sequence[str]) -> bool:
+    """Whether `missed` are the oldest batches' users, but for the one entry a stopped
+    gateway's blocked read may have been handed as it stopped."""
+    n = len(missed)
+    return list(missed) in (list(uids[:n]), list(uids[1 : n + 1]))
+
+
+async def test_a_stopped_gateway_loses_nothing_within_the_bound_and_exactly_counts_past_it(
+    redis_url: str, prefix: str, redis: aioredis.Redis, tmp_path: Path
+) -> None:
+    """One gateway, one uid per batch, every user connected to it."""
+    uids = [f"u{i:04d}" for i in range(4 * MAXLEN)]
+    within = uids[: MAXLEN - 10]
+    env = {**ENV, "IMROUTE_BATCH_SIZE": "1"}
+    with dev_stack(redis_url, prefix, tmp_path, 1, 1, **env) as dev:
+        async with AsyncExitStack() as stack, httpx.AsyncClient(timeout=30) as http:
+            await put_users(http, dev, uids, tagged=within)
+            sockets = await connect_clients(stack, dev, dict.fromkeys(uids, "gw1"))
+
+            # Within the bound: MAXLEN - 10 batches while gw1 is stopped, all delivered.
+            job, got = await lagging_broadcast(http, dev, sockets, "gw1", 1, tags=["few"])
+            assert (job["status"], job["batches"], job["failed_batches"]) == (
+                "done", len(within), 0,
+            ), job  # fmt: skip
+            assert {uid: c for uid, c in got.items() if c} == {uid: [{"n": 1}] for uid in within}
+
+            # Past it: 4 x MAXLEN batches; the oldest are trimmed before gw1 reads them.
+            job, got = await lagging_broadcast(http, dev, sockets, "gw1", 2)
+        missed = [uid for uid, contents in got.items() if contents != [{"n": 2}]]
+        lost = await redis.hget(KeySchema(prefix).bus_lost(BROADCAST), "gw1")
+        assert (job["status"], job["batches"]) == ("done", len(uids)), job
+        # Exactly the batches gw1 had not read past the bound: counted alike by the job,
+        # the bus and the gateway, and exactly the ones its clients missed (the oldest).
+        assert job["failed_batches"] == int(lost or 0) == len(missed) == lost_in_log(dev), (
+            job, lost, len(missed),
+        )  # fmt: skip
+        assert job["published"] == job["batches"] - job["failed_batches"]
+        assert len(uids) - MAXLEN - 1 <= len(missed) <= len(uids) - MAXLEN
+        assert oldest(uids, missed) and all(got[uid] == [] for uid in missed)
+
+
+async def test_loss_under_a_lagging_gateway(
+    redis_url: str, prefix: str, redis: aioredis.Redis, tmp_path: Path
+) -> None:
+    """Four gateways in two groups; each batch names one user on each gateway; gw3 is
+    stopped during a broadcast of 2.4 x MAXLEN batches. Its clients get every batch it
+    read, and the job reports exactly the ones it did not; nobody else misses any."""
+    gateways = ["gw1", "gw2", "gw3", "gw4"]
+    batches = 120
+    uids = [f"u{i:04d}" for i in range(4 * batches)]
+    placed = {uid: gateways[i % 4] for i, uid in enumerate(uids)}
+    env = {**ENV, "IMROUTE_BATCH_SIZE": "4"}
+    with dev_stack(redis_url, prefix, tmp_path, 4, 2, **env) as dev:
+        async with AsyncExitStack() as stack, httpx.AsyncClient(timeout=30) as http:
+            await put_users(http, dev, uids)
+            sockets = await connect_clients(stack, dev, placed)
+            job, got = await lagging_broadcast(http, dev, sockets, "gw3", 1)
+        missed = [uid for uid, contents in got.items() if contents != [{"n": 1}]]
+        lost = await redis.hgetall(KeySchema(prefix).bus_lost(BROADCAST))
+    assert (job["status"], job["batches"]) == ("done", batches), job
+    assert all(placed[uid] == "gw3" for uid in missed), missed  # nobody else missed any
+    assert all(got[uid] == [] for uid in missed)  # and nobody got one twice
+    gw3_users = [uid for uid in uids if placed[uid] == "gw3"]
+    assert oldest(gw3_users, missed)
+    assert lost == {"gw3": str(len(missed))}
+    assert job["failed_batches"] == len(missed) == lost_in_log(dev) > 0, (job, len(missed))
+    assert job["published"] == batches - len(missed)

@@ -1,0 +1,105 @@
+"""How the Redis Streams bus trims, against a real Redis: never what a live consumer
+group has not read within IMROUTE_BUS_MAXLEN, exactly counted past it, and never held
+for a group whose gateway left."""
+
+from __future__ import annotations
+
+import asyncio
+from contextlib import aclosing
+
+import pytest
+import redis.asyncio as aioredis
+
+from router.bus import BROADCAST, RedisStreamsBus
+from router.bus.redis_streams import stream_key
+from shared.keys import KeySchema
+from tests.bus_reads import take
+
+pytestmark = pytest.mark.integration
+
+
+async def publish(bus: RedisStreamsBus, n: int, push_id: str = "p1", start: int = 0) -> None:
+    for i in range(start, start + n):
+        await bus.publish(BROADCAST, b"%d" % i, {"batch_id": f"b{i}", "push_id": push_id})
+
+
+async def test_a_stream_without_subscribers_stays_within_the_bound(
+    redis_url: str, prefix: str, redis: aioredis.Redis
+) -> None:
+    async with RedisStreamsBus(redis_url, prefix, maxlen=100) as bus:
+        await publish(bus, 1000)
+    # Nobody needs anything: trimmed (by whole stream nodes) below the bound.
+    assert await redis.xlen(stream_key(prefix, BROADCAST)) <= 100
+    assert bus.losses.unread_trimmed == {}
+
+
+async def test_a_group_that_keeps_up_lets_the_stream_shrink(
+    redis_url: str, prefix: str, redis: aioredis.Redis
+) -> None:
+    key = stream_key(prefix, BROADCAST)
+    async with RedisStreamsBus(redis_url, prefix, maxlen=10_000) as bus:
+        await bus.prepare([BROADCAST], "gw1")
+        async with aclosing(bus.subscribe([BROADCAST], "gw1")) as messages:
+            for round_ in range(3):
+                await publish(bus, 300, start=300 * round_)
+                for got in await take(messages, 300):
+                    await got.ack()
+                await asyncio.sleep(1.05)  # the trim looks at the groups once a second
+        await publish(bus, 1, start=900)
+    # Not the last 10,000 entries (MAXLEN ~ kept those whoever had read them): only
+    # what gw1 still needs, and what fell in a partly read stream node.
+    assert await redis.xlen(key) <= 101
+    assert bus.losses.unread_trimmed == {}
+
+
+async def test_unread_entries_are_kept_to_the_bound_and_counted_past_it(
+    redis_url: str, prefix: str, redis: aioredis.Redis
+) -> None:
+    key = stream_key(prefix, BROADCAST)
+    lost_key = KeySchema(prefix).bus_lost(BROADCAST)
+    async with RedisStreamsBus(redis_url, prefix, maxlen=100) as bus:
+        await bus.prepare([BROADCAST], "reader")
+        await bus.prepare([BROADCAST], "stalled")  # subscribed, then never reads
+        async with aclosing(bus.subscribe([BROADCAST], "reader")) as messages:
+            await publish(bus, 100)
+            for got in await take(messages, 100):
+                await got.ack()
+            # Within the bound: everything stalled has not read is still there.
+            assert await redis.xlen(key) == 100
+            assert bus.losses.take("p1") == 0
+
+            for start in range(100, 250, 10):  # reader keeps up; stalled falls behind
+                await publish(bus, 10, start=start)
+                for got in await take(messages, 10):
+                    await got.ack()
+    assert await redis.xlen(key) == 100
+    # The 150 oldest were trimmed before `stalled` read them: counted, exactly, in the
+    # bus's losses, in Redis, and per push (each batch once).
+    assert bus.losses.unread_trimmed == {(BROADCAST, "stalled"): 150}
+    assert await redis.hgetall(lost_key) == {"stalled": "150"}
+    assert bus.losses.take("p1") == 150
+    assert bus.losses.take("p1") == 0
+
+    async with RedisStreamsBus(redis_url, prefix) as late:
+        async with aclosing(late.subscribe([BROADCAST], "stalled")) as messages:
+            got = await take(messages, 100)
+    assert [g.data for g in got] == [b"%d" % i for i in range(150, 250)]
+
+
+async def test_a_group_idle_past_the_limit_is_dropped_and_holds_nothing(
+    redis_url: str, prefix: str, redis: aioredis.Redis
+) -> None:
+    key = stream_key(prefix, BROADCAST)
+    async with RedisStreamsBus(redis_url, prefix, maxlen=100, group_idle_s=0.3) as bus:
+        await bus.prepare([BROADCAST], "departed")
+        await publish(bus, 50)
+        assert await redis.xlen(key) == 50  # departed may still come back for them
+        await asyncio.sleep(1.1)
+        await publish(bus, 200, push_id="p2", start=50)
+    groups = await redis.xinfo_groups(key)
+    assert groups == []
+    assert await redis.xlen(key) <= 100
+    # A gateway that left is not a gateway that lags: nothing counted as lost.
+    assert bus.losses.unread_trimmed == {}
+    assert bus.losses.groups_dropped == {BROADCAST: 1}
+    assert bus.losses.take("p2") == 0
