@@ -199,7 +199,12 @@ class JobRunner:
     async def _end(self, run: JobRun, error: str | None, handover: bool) -> None:
         c = run.counters
         if error is None and c.failed_batches:
-            error = f"{c.failed_batches} of {c.batches} batches could not be published"
+            # Not published after retries, or trimmed by the bus before a lagging gateway
+            # read them (router.bus.losses): either way some recipients did not get it.
+            error = (
+                f"{c.failed_batches} of {c.batches} batches failed: not published, or "
+                "lost by the bus before a gateway read them"
+            )
             if c.failed:
                 error += f" (the first: {c.failed[0].error})"
         try:

@@ -158,7 +158,9 @@ async def test_a_stopped_gateway_loses_nothing_within_the_bound_and_exactly_coun
             job, got = await lagging_broadcast(http, dev, sockets, "gw1", 2)
         missed = [uid for uid, contents in got.items() if contents != [{"n": 2}]]
         lost = await redis.hget(KeySchema(prefix).bus_lost(BROADCAST), "gw1")
-        assert (job["status"], job["batches"]) == ("done", len(uids)), job
+        # A job that lost batches does not end `done`; its error says how many.
+        assert (job["status"], job["batches"]) == ("failed", len(uids)), job
+        assert f"{len(missed)} of {len(uids)} batches failed" in job["error"], job
         # Exactly the batches gw1 had not read past the bound: counted alike by the job,
         # the bus and the gateway, and exactly the ones its clients missed (the oldest).
         assert job["failed_batches"] == int(lost or 0) == len(missed) == lost_in_log(dev), (
@@ -187,7 +189,8 @@ async def test_loss_under_a_lagging_gateway(
             job, got = await lagging_broadcast(http, dev, sockets, "gw3", 1)
         missed = [uid for uid, contents in got.items() if contents != [{"n": 1}]]
         lost = await redis.hgetall(KeySchema(prefix).bus_lost(BROADCAST))
-    assert (job["status"], job["batches"]) == ("done", batches), job
+    assert (job["status"], job["batches"]) == ("failed", batches), job
+    assert f"{len(missed)} of {batches} batches failed" in job["error"], job
     assert all(placed[uid] == "gw3" for uid in missed), missed  # nobody else missed any
     assert all(got[uid] == [] for uid in missed)  # and nobody got one twice
     gw3_users = [uid for uid in uids if placed[uid] == "gw3"]

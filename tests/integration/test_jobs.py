@@ -218,7 +218,8 @@ async def test_a_failed_batch_is_retried_then_counted_and_the_broadcast_goes_on(
     assert job is not None and job.status is JobStatus.FAILED
     assert (job.recipients, job.batches, job.published, job.failed_batches) == (5, 3, 2, 1)
     assert job.error == (
-        "1 of 3 batches could not be published (the first: redis streams: connection reset by peer)"
+        "1 of 3 batches failed: not published, or lost by the bus before a gateway read them "
+        "(the first: redis streams: connection reset by peer)"
     )
     assert [(f.topic, f.uids, f.after) for f in job.failed] == [("broadcast", 1, "bob")]
     assert "publish to broadcast failed (attempt 1 of 3), retrying" in caplog.text
