@@ -43,6 +43,7 @@ from socket_gateway.heartbeat import (
 from socket_gateway.metrics import GatewayMetrics, render
 from socket_gateway.resume import Resumer
 from socket_gateway.ws import WsEndpoint, WsServer
+from socket_gateway.ws.ratelimit import FrameRate, Refusals
 
 __all__ = ["CLOSE_DRAIN", "RECONNECT_FRAME", "Gateway"]
 
@@ -71,7 +72,10 @@ class Gateway:
         self.deliver_service = DeliverService(self.conns, self.clock, RecentIds(self.clock))
         self.follower: TopicFollower | None = None
         self.resumer: Resumer | None = None
-        self.metrics = GatewayMetrics(self.deliver_service, self.conns, self._recovery_counts)
+        self.refusals = Refusals()
+        self.metrics = GatewayMetrics(
+            self.deliver_service, self.conns, self._recovery_counts, self.refusals
+        )
         self.ws_port = 0
         self.grpc_port = 0
         self._stack = AsyncExitStack()
@@ -175,6 +179,7 @@ class Gateway:
             group_id=s.group_id,
             ip=self._advertise_host(),
             port=self.grpc_port,
+            max_per_user=s.max_connections_per_user,
         )
         self._writer = CoalescingRouteWriter(self.registry)
         recovery = RedisRecoveryStore(redis, keys, self.clock, RecoveryLimits.from_settings(s))
@@ -201,6 +206,12 @@ class Gateway:
             metrics=lambda: render(self.metrics).decode(),
             max_connections=s.gateway_max_connections,
             resumer=self.resumer,
+            frame_rate=(
+                FrameRate(s.ws_client_frame_rate, s.ws_client_frame_burst)
+                if s.ws_client_frame_rate
+                else None
+            ),
+            refusals=self.refusals,
         )
         self._ws_server = await self._ws.serve(s.ws_host, s.ws_port)
         self.ws_port = self._ws_server.sockets[0].getsockname()[1]

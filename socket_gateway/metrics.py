@@ -25,6 +25,18 @@ class ConnectionCount(Protocol):
     def __len__(self) -> int: ...
 
 
+class Tally(Protocol):
+    @property
+    def total(self) -> int: ...
+
+
+class RefusalCounts(Protocol):
+    @property
+    def rate_limited(self) -> Tally: ...
+    @property
+    def user_cap(self) -> Tally: ...
+
+
 class GatewayMetrics(Collector):
     """Batches delivered and dropped, and connections, of one gateway."""
 
@@ -33,11 +45,14 @@ class GatewayMetrics(Collector):
         counts: DeliveryCounts,
         connections: ConnectionCount,
         recovery: Callable[[], Mapping[str, tuple[str, float]]] | None = None,
+        refusals: RefusalCounts | None = None,
     ) -> None:
-        """`recovery`: name -> (help, value) of the recovery counters, read per scrape."""
+        """`recovery`: name -> (help, value) of the recovery counters, read per scrape;
+        `refusals`: what the client limits refused (socket_gateway.ws.ratelimit)."""
         self._counts = counts
         self._connections = connections
         self._recovery = recovery
+        self._refusals = refusals
         self.registry = CollectorRegistry(auto_describe=True)
         self.registry.register(self)
 
@@ -62,6 +77,19 @@ class GatewayMetrics(Collector):
         yield GaugeMetricFamily(
             "imroute_gateway_connections", "Open client connections", len(self._connections)
         )
+        if self._refusals is not None:
+            yield CounterMetricFamily(
+                "imroute_gateway_rate_limited_connections",
+                "Connections closed (1008) for sending frames faster than "
+                "IMROUTE_WS_CLIENT_FRAME_RATE / _BURST",
+                self._refusals.rate_limited.total,
+            )
+            yield CounterMetricFamily(
+                "imroute_gateway_user_cap_refusals",
+                "New connections refused (4429) because their user was at "
+                "IMROUTE_MAX_CONNECTIONS_PER_USER live connections",
+                self._refusals.user_cap.total,
+            )
         if self._recovery is not None:
             for name, (text, value) in self._recovery().items():
                 yield CounterMetricFamily(f"imroute_gateway_{name}", text, value)

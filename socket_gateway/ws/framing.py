@@ -4,11 +4,17 @@
 slot, writes pre-built push frames straight to the transport, feeds received bytes to
 the sans-I/O `websockets` ServerProtocol, acts on the frames it yields, runs the closing
 handshake, and arms the opening/closing deadlines.
+
+Every frame a client sends counts against its connection's frame rate (`ratelimit`):
+text, continuation and binary frames, and pings and pongs too, because the library
+answers each ping with a pong that we would write, so a ping flood is not free. Past
+the limit the connection is closed with 1008, and the pongs still queued are dropped.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import TYPE_CHECKING, cast
 
 from websockets.frames import Frame, Opcode
@@ -17,12 +23,15 @@ from websockets.server import ServerProtocol
 
 from shared.wire import PONG_FRAME
 from socket_gateway.connections import ClientConn
-from socket_gateway.ws.protocol import CLOSE_UNSUPPORTED, client_text
+from socket_gateway.ws.protocol import CLOSE_POLICY, CLOSE_UNSUPPORTED, client_text
 
 if TYPE_CHECKING:
     from socket_gateway.ws.endpoint import WsEndpoint
+    from socket_gateway.ws.ratelimit import FrameRate
 
 __all__ = ["FrameConn"]
+
+log = logging.getLogger(__name__)
 
 _TEXT = Opcode.TEXT
 _BINARY = Opcode.BINARY
@@ -42,6 +51,7 @@ class FrameConn(asyncio.Protocol):
         "_lost",
         "_open",
         "_registering",
+        "_tat",
         "_timer",
         "_transport",
         "_ws",
@@ -64,6 +74,8 @@ class FrameConn(asyncio.Protocol):
         self._timer: asyncio.TimerHandle | None = None
         # A fragmented text message being reassembled (bounded by MAX_CLIENT_FRAME).
         self._frag: bytearray | None = None
+        # The frame-rate bucket's state (ratelimit.FrameRate.admit); 0.0 is full.
+        self._tat = 0.0
 
     # ------------------------------------------------------------------ Sink
 
@@ -92,6 +104,13 @@ class FrameConn(asyncio.Protocol):
         # In the frame phase the library only produces frames.
         events = cast("list[Frame]", ws.events_received())
         self._alive = True
+        limit = self._ep.frame_rate
+        if limit is not None and events and ws.state is OPEN:
+            tat = limit.admit(self._tat, self._ep._clock.monotonic(), len(events))
+            if tat is None:
+                self._too_many_frames(ws, limit)
+                return
+            self._tat = tat
         # Pongs to pings, close echoes, 1009 on oversized messages: the library's own.
         self._flush(ws)
         for frame in events:
@@ -102,6 +121,24 @@ class FrameConn(asyncio.Protocol):
         if t is not None and t.get_write_buffer_size() > self._ep._conns.max_buffer:
             # A client that sends but does not read: same rule as for slow push consumers.
             self.abort()
+
+    def _too_many_frames(self, ws: ServerProtocol, limit: FrameRate) -> None:
+        # Still OPEN, so what the library queued is only pongs: not written.
+        ws.data_to_send()
+        self.close(CLOSE_POLICY, f"too many frames: at most {limit.rate:g}/s, burst {limit.burst}")
+        refusals = self._ep.refusals.rate_limited
+        since = refusals.note(self._ep._clock.monotonic())
+        if since:
+            conn = self._conn
+            log.warning(
+                "closed %d connection(s) (1008) for sending frames faster than %g/s "
+                "(burst %d), latest %s (%d in all)",
+                since,
+                limit.rate,
+                limit.burst,
+                conn.conn_id if conn is not None else "before its route",
+                refusals.total,
+            )
 
     def _on_frame(self, frame: Frame) -> None:
         op = frame.opcode

@@ -4,7 +4,7 @@ The HTTP request is parsed and answered by a short-lived `ServerProtocol` that i
 dropped after the 101, so the request and its headers are not kept for the life of the
 connection. After the 101 the token is checked (close 4401), the gateway's capacity
 (close 4429), and the client goes into the local map, then its route into the registry
-(close 1013 when the registry is unavailable).
+(close 1013 when the registry is unavailable, 4429 when its user is at the per-user cap).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from websockets.protocol import OPEN
 from websockets.server import ServerProtocol
 
 from shared.auth import verify_token
-from shared.errors import AuthError, RegistryUnavailable
+from shared.errors import AuthError, RegistryUnavailable, TooManyConnections
 from socket_gateway.connections import ClientConn
 from socket_gateway.ws.framing import FrameConn
 from socket_gateway.ws.protocol import (
@@ -28,6 +28,7 @@ from socket_gateway.ws.protocol import (
     MAX_CLIENT_FRAME,
     MAX_HANDSHAKE_BYTES,
     close_reason,
+    user_cap_reason,
 )
 
 __all__ = ["HandshakeConn"]
@@ -140,6 +141,10 @@ class HandshakeConn(FrameConn):
             await ep._register(conn.uid, conn.conn_id)
             if ep.resumer is not None and self._open:
                 await ep.resumer.resume(conn, since)
+        except TooManyConnections as exc:
+            self.close(CLOSE_FULL, user_cap_reason(exc.limit))
+            if since_logged := ep.refusals.user_cap.note(ep._clock.monotonic()):
+                log.warning("refused %d connection(s) (4429): %s", since_logged, exc)
         except RegistryUnavailable as exc:
             log.warning("register or replay of %s failed: %s", conn.conn_id, exc)
             self.close(CLOSE_TRY_AGAIN, "route registry unavailable, retry later")

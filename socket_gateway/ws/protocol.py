@@ -24,9 +24,11 @@ __all__ = [
     "MAX_CLIENT_FRAME",
     "MAX_HANDSHAKE_BYTES",
     "PING_FRAME",
+    "USER_CAP_REASON",
     "WsTimers",
     "client_text",
     "close_reason",
+    "user_cap_reason",
 ]
 
 CLOSE_GOING_AWAY = 1001
@@ -37,6 +39,9 @@ CLOSE_INTERNAL = 1011
 CLOSE_TRY_AGAIN = 1013
 CLOSE_UNAUTHORIZED = 4401
 CLOSE_FULL = 4429
+# 4429 is also the answer to a user at IMROUTE_MAX_CONNECTIONS_PER_USER: another gateway
+# would refuse too, so clients tell the two apart by this start of the reason.
+USER_CAP_REASON = "too many connections for this user"
 # Clients only send pings; anything bigger is junk and gets 1009 from the library.
 MAX_CLIENT_FRAME = 4096
 # The request line and headers of the opening handshake, at most.
@@ -68,6 +73,11 @@ def client_text(data: bytes | bytearray | memoryview) -> tuple[int, str] | None:
     except InvalidInput as exc:
         return CLOSE_POLICY, close_reason(exc.message)
     return None
+
+
+def user_cap_reason(limit: int) -> str:
+    """The 4429 reason for a user at the per-user cap (it names the cap)."""
+    return f"{USER_CAP_REASON} (at most {limit}, IMROUTE_MAX_CONNECTIONS_PER_USER)"
 
 
 def close_reason(text: str) -> str:
