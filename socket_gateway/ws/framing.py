@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 from typing import TYPE_CHECKING, cast
 
 from websockets.frames import Frame, Opcode
@@ -29,9 +30,17 @@ if TYPE_CHECKING:
     from socket_gateway.ws.endpoint import WsEndpoint
     from socket_gateway.ws.ratelimit import FrameRate
 
-__all__ = ["FrameConn"]
+__all__ = ["LIMITED_CLOSE_S", "READING_STOPPED", "RECEIVE_SLICE", "FrameConn"]
 
 log = logging.getLogger(__name__)
+
+# Received bytes are parsed this many at a time when frames are rate-limited: a slice
+# holds at most a few hundred frames, and a legitimate frame is at most 4 KiB anyway.
+RECEIVE_SLICE = 2048
+# A connection closed for its frame rate is aborted this soon after its close frame.
+LIMITED_CLOSE_S = 1.0
+# `_tat` of a connection that stopped reading for good (over its frame rate).
+READING_STOPPED = math.inf
 
 _TEXT = Opcode.TEXT
 _BINARY = Opcode.BINARY
@@ -74,7 +83,8 @@ class FrameConn(asyncio.Protocol):
         self._timer: asyncio.TimerHandle | None = None
         # A fragmented text message being reassembled (bounded by MAX_CLIENT_FRAME).
         self._frag: bytearray | None = None
-        # The frame-rate bucket's state (ratelimit.FrameRate.admit); 0.0 is full.
+        # The frame-rate bucket's state (ratelimit.FrameRate.admit); 0.0 is full, and
+        # READING_STOPPED once the connection was closed for going over its rate.
         self._tat = 0.0
 
     # ------------------------------------------------------------------ Sink
@@ -100,16 +110,28 @@ class FrameConn(asyncio.Protocol):
     # ------------------------------------------------------------------ frames
 
     def _receive(self, ws: ServerProtocol, data: bytes) -> None:
+        limit = self._ep.frame_rate
+        if limit is None or len(data) <= RECEIVE_SLICE:
+            self._receive_some(ws, data, limit)
+            return
+        # A flood's read holds thousands of frames: parse it a slice at a time, so that
+        # no more than a slice's worth is parsed past the limit.
+        for start in range(0, len(data), RECEIVE_SLICE):
+            if not self._receive_some(ws, data[start : start + RECEIVE_SLICE], limit):
+                return
+
+    def _receive_some(self, ws: ServerProtocol, data: bytes, limit: FrameRate | None) -> bool:
+        """Parse `data` and act on its frames; False once the connection reads no more."""
         ws.receive_data(data)
         # In the frame phase the library only produces frames.
         events = cast("list[Frame]", ws.events_received())
         self._alive = True
-        limit = self._ep.frame_rate
-        if limit is not None and events and ws.state is OPEN:
+        if limit is not None and events:
+            # Counted in every state: frames sent after a close are parsed too.
             tat = limit.admit(self._tat, self._ep._clock.monotonic(), len(events))
             if tat is None:
                 self._too_many_frames(ws, limit)
-                return
+                return False
             self._tat = tat
         # Pongs to pings, close echoes, 1009 on oversized messages: the library's own.
         self._flush(ws)
@@ -121,11 +143,29 @@ class FrameConn(asyncio.Protocol):
         if t is not None and t.get_write_buffer_size() > self._ep._conns.max_buffer:
             # A client that sends but does not read: same rule as for slow push consumers.
             self.abort()
+            return False
+        return True
 
     def _too_many_frames(self, ws: ServerProtocol, limit: FrameRate) -> None:
-        # Still OPEN, so what the library queued is only pongs: not written.
-        ws.data_to_send()
-        self.close(CLOSE_POLICY, f"too many frames: at most {limit.rate:g}/s, burst {limit.burst}")
+        """Close with 1008 and stop reading: a flood is neither parsed nor answered."""
+        if ws.state is OPEN:
+            ws.data_to_send()  # still OPEN, so these are only pongs: not written
+            self.close(
+                CLOSE_POLICY, f"too many frames: at most {limit.rate:g}/s, burst {limit.burst}"
+            )
+        else:
+            self._flush(ws)  # already closing: the close echo, if that is what is queued
+        self._tat = READING_STOPPED
+        t = self._transport
+        if t is not None and not t.is_closing():
+            t.pause_reading()
+            if t.can_write_eof():
+                # Our close frame, then FIN; the client need not answer, it is aborted soon.
+                try:
+                    t.write_eof()
+                except (OSError, RuntimeError):
+                    t.close()
+        self._arm(min(self._ep.timers.close_s, LIMITED_CLOSE_S))
         refusals = self._ep.refusals.rate_limited
         since = refusals.note(self._ep._clock.monotonic())
         if since:
