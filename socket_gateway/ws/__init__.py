@@ -25,8 +25,10 @@ or better fan-out. It is built for that small idle footprint:
 Modules, in the order bytes travel:
 
 - `protocol`: sans-I/O: close codes, limits, wire bytes, deadlines, what a text message means;
+- `ratelimit`: sans-I/O: the per-connection frame rate (1008), and the counts of refusals;
 - `framing`: the connection's state and Sink, the frame phase and the closing handshake;
-- `handshake`: the HTTP upgrade, the token (4401), capacity (4429), the route (1013);
+- `handshake`: the HTTP upgrade, the token (4401), capacity and the per-user cap (4429),
+  the route (1013);
 - `keepalive`: the gateway-wide ping round;
 - `conn`: `WsConn`, the layers above joined under the transport callbacks;
 - `endpoint`: `WsEndpoint` (listening, shared state, shutdown) and `WsServer`.
