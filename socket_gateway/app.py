@@ -43,7 +43,7 @@ from socket_gateway.heartbeat import (
 from socket_gateway.metrics import GatewayMetrics, render
 from socket_gateway.resume import Resumer
 from socket_gateway.ws import WsEndpoint, WsServer
-from socket_gateway.ws.ratelimit import FrameRate, Refusals
+from socket_gateway.ws.ratelimit import FrameRate, LimitCounts
 
 __all__ = ["CLOSE_DRAIN", "RECONNECT_FRAME", "Gateway"]
 
@@ -72,9 +72,9 @@ class Gateway:
         self.deliver_service = DeliverService(self.conns, self.clock, RecentIds(self.clock))
         self.follower: TopicFollower | None = None
         self.resumer: Resumer | None = None
-        self.refusals = Refusals()
+        self.limit_counts = LimitCounts()
         self.metrics = GatewayMetrics(
-            self.deliver_service, self.conns, self._recovery_counts, self.refusals
+            self.deliver_service, self.conns, self._recovery_counts, self.limit_counts
         )
         self.ws_port = 0
         self.grpc_port = 0
@@ -211,7 +211,7 @@ class Gateway:
                 if s.ws_client_frame_rate
                 else None
             ),
-            refusals=self.refusals,
+            limit_counts=self.limit_counts,
         )
         self._ws_server = await self._ws.serve(s.ws_host, s.ws_port)
         self.ws_port = self._ws_server.sockets[0].getsockname()[1]

@@ -30,9 +30,9 @@ class Tally(Protocol):
     def total(self) -> int: ...
 
 
-class RefusalCounts(Protocol):
+class LimitCountsView(Protocol):
     @property
-    def rate_limited(self) -> Tally: ...
+    def frame_rate(self) -> Tally: ...
     @property
     def user_cap(self) -> Tally: ...
 
@@ -45,14 +45,15 @@ class GatewayMetrics(Collector):
         counts: DeliveryCounts,
         connections: ConnectionCount,
         recovery: Callable[[], Mapping[str, tuple[str, float]]] | None = None,
-        refusals: RefusalCounts | None = None,
+        limit_counts: LimitCountsView | None = None,
     ) -> None:
         """`recovery`: name -> (help, value) of the recovery counters, read per scrape;
-        `refusals`: what the client limits refused (socket_gateway.ws.ratelimit)."""
+        `limit_counts`: what the client limits refused or closed
+        (socket_gateway.ws.ratelimit)."""
         self._counts = counts
         self._connections = connections
         self._recovery = recovery
-        self._refusals = refusals
+        self._limit_counts = limit_counts
         self.registry = CollectorRegistry(auto_describe=True)
         self.registry.register(self)
 
@@ -77,18 +78,18 @@ class GatewayMetrics(Collector):
         yield GaugeMetricFamily(
             "imroute_gateway_connections", "Open client connections", len(self._connections)
         )
-        if self._refusals is not None:
+        if self._limit_counts is not None:
             yield CounterMetricFamily(
-                "imroute_gateway_rate_limited_connections",
+                "imroute_gateway_frame_rate_closes",
                 "Connections closed (1008) for sending frames faster than "
                 "IMROUTE_WS_CLIENT_FRAME_RATE / _BURST",
-                self._refusals.rate_limited.total,
+                self._limit_counts.frame_rate.total,
             )
             yield CounterMetricFamily(
                 "imroute_gateway_user_cap_refusals",
                 "New connections refused (4429) because their user was at "
                 "IMROUTE_MAX_CONNECTIONS_PER_USER live connections",
-                self._refusals.user_cap.total,
+                self._limit_counts.user_cap.total,
             )
         if self._recovery is not None:
             for name, (text, value) in self._recovery().items():

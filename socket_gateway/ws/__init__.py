@@ -25,7 +25,8 @@ or better fan-out. It is built for that small idle footprint:
 Modules, in the order bytes travel:
 
 - `protocol`: sans-I/O: close codes, limits, wire bytes, deadlines, what a text message means;
-- `ratelimit`: sans-I/O: the per-connection frame rate (1008), and the counts of refusals;
+- `ratelimit`: sans-I/O: the per-connection frame rate (1008); counts of its closes and of
+  per-user cap refusals;
 - `framing`: the connection's state and Sink, the frame phase and the closing handshake;
 - `handshake`: the HTTP upgrade, the token (4401), capacity and the per-user cap (4429),
   the route (1013);

@@ -23,7 +23,7 @@ from socket_gateway.resume import Resumer
 from socket_gateway.ws.conn import WsConn
 from socket_gateway.ws.keepalive import keepalive_loop
 from socket_gateway.ws.protocol import WsTimers
-from socket_gateway.ws.ratelimit import FrameRate, Refusals
+from socket_gateway.ws.ratelimit import FrameRate, LimitCounts
 
 __all__ = ["LISTEN_BACKLOG", "WsEndpoint", "WsServer"]
 
@@ -65,11 +65,12 @@ class WsEndpoint:
         max_connections: int | None = None,
         resumer: Resumer | None = None,
         frame_rate: FrameRate | None = None,
-        refusals: Refusals | None = None,
+        limit_counts: LimitCounts | None = None,
     ) -> None:
         self.timers = timers or WsTimers()
         self.frame_rate = frame_rate  # each connection's client frames, when limited (1008)
-        self.refusals = refusals or Refusals()  # what the limits refused, for /metrics
+        # what the client limits (frame rate, per-user cap) closed, for /metrics
+        self.limit_counts = limit_counts or LimitCounts()
         self.resumer = resumer  # replays to each new connection, when given
         self.max_connections = max_connections  # more are refused with close 4429
         self.metrics = metrics  # GET /metrics: Prometheus text, when given

@@ -166,8 +166,8 @@ class FrameConn(asyncio.Protocol):
                 except (OSError, RuntimeError):
                     t.close()
         self._arm(min(self._ep.timers.close_s, LIMITED_CLOSE_S))
-        refusals = self._ep.refusals.rate_limited
-        since = refusals.note(self._ep._clock.monotonic())
+        closes = self._ep.limit_counts.frame_rate
+        since = closes.note(self._ep._clock.monotonic())
         if since:
             conn = self._conn
             log.warning(
@@ -177,7 +177,7 @@ class FrameConn(asyncio.Protocol):
                 limit.rate,
                 limit.burst,
                 conn.conn_id if conn is not None else "before its route",
-                refusals.total,
+                closes.total,
             )
 
     def _on_frame(self, frame: Frame) -> None:

@@ -143,7 +143,7 @@ class HandshakeConn(FrameConn):
                 await ep.resumer.resume(conn, since)
         except TooManyConnections as exc:
             self.close(CLOSE_FULL, user_cap_reason(exc.limit))
-            if since_logged := ep.refusals.user_cap.note(ep._clock.monotonic()):
+            if since_logged := ep.limit_counts.user_cap.note(ep._clock.monotonic()):
                 log.warning("refused %d connection(s) (4429): %s", since_logged, exc)
         except RegistryUnavailable as exc:
             log.warning("register or replay of %s failed: %s", conn.conn_id, exc)

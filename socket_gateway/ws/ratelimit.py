@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-__all__ = ["FrameRate", "Refusals", "Throttled"]
+__all__ = ["FrameRate", "LimitCounts", "Throttled"]
 
 # Float slack for a bucket drained one frame at a time: `burst` increments of
 # 1/rate must still fit in `burst / rate`.
@@ -64,10 +64,11 @@ class Throttled:
 
 
 @dataclass(slots=True)
-class Refusals:
-    """What the gateway's client limits refused, for /metrics and the log."""
+class LimitCounts:
+    """What the client limits closed (frame rate) or refused (per-user cap): counts for
+    /metrics, each with its throttled log line."""
 
     # connections closed 1008 for sending frames faster than their FrameRate
-    rate_limited: Throttled = field(default_factory=Throttled)
+    frame_rate: Throttled = field(default_factory=Throttled)
     # new connections closed 4429 because their user was at the per-user cap
     user_cap: Throttled = field(default_factory=Throttled)

@@ -343,7 +343,7 @@ async def test_refusals_are_counted_in_metrics(redis_url: str, prefix: str) -> N
     ):
         code, reason = await attempt(f"ws://127.0.0.1:{gw.ws_port}/ws", "u")
         assert code == 4429 and reason.startswith(USER_CAP_REASON)
-        assert gw.refusals.user_cap.total == 1
+        assert gw.limit_counts.user_cap.total == 1
         assert "imroute_gateway_user_cap_refusals_total 1.0" in render(gw.metrics).decode()
         async with client(gw, "v") as v:  # another user
             await v.send('{"type":"ping"}')

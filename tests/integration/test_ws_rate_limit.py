@@ -46,9 +46,9 @@ async def test_a_flood_of_text_frames_is_closed_with_1008(redis_url: str, prefix
             assert closed.value.rcvd.code == 1008
             assert closed.value.rcvd.reason == "too many frames: at most 10/s, burst 5"
             assert pongs <= 5
-            assert gw.refusals.rate_limited.total == 1
+            assert gw.limit_counts.frame_rate.total == 1
             text = render(gw.metrics).decode()
-            assert "imroute_gateway_rate_limited_connections_total 1.0" in text
+            assert "imroute_gateway_frame_rate_closes_total 1.0" in text
             # The others are not affected.
             await bystander.send(PING)
             assert await recv_json(bystander) == {"type": "pong"}
@@ -65,7 +65,7 @@ async def test_a_client_within_the_rate_is_never_closed(redis_url: str, prefix: 
             await ws.send(PING)
             assert await recv_json(ws) == {"type": "pong"}
         assert await nothing_more(ws, 0.1)
-        assert gw.refusals.rate_limited.total == 0
+        assert gw.limit_counts.frame_rate.total == 0
 
 
 async def test_a_ping_flood_is_not_free(redis_url: str, prefix: str) -> None:
@@ -85,7 +85,7 @@ async def test_a_ping_flood_is_not_free(redis_url: str, prefix: str) -> None:
             (code,) = struct.unpack("!H", payload[:2])
             assert code == 1008 and b"too many frames" in payload
             assert pongs <= 5
-            assert gw.refusals.rate_limited.total == 1
+            assert gw.limit_counts.frame_rate.total == 1
         finally:
             raw.close()
 

@@ -189,6 +189,7 @@ async def oversized(fz: Fuzz) -> None:
 
 
 async def control_frames(fz: Fuzz) -> None:
+    """Control frames, valid and not, and invalid UTF-8."""
     rng = fz.rng
     reader, writer = await opened(fz)
     choices = [
@@ -201,23 +202,13 @@ async def control_frames(fz: Fuzz) -> None:
         frame(0x8, struct.pack("!H", 1000) + b"\xff\xfe"),  # a reason that is not UTF-8
         frame(0x8, b"\x03"),  # a one-byte close payload
         frame(0x8, b""),
+        # text that is not UTF-8, whole or split inside a character
+        frame(0x1, rng.choice([b"\xff\xfe", b"\xed\xa0\x80", b'{"a":"\xe2\x82"}', b"\xc0\xaf"])),
+        frame(0x1, b'{"a":"\xe2', fin=False) + frame(0x0, b'\x28\xa1"}'),
     ]
     for _ in range(rng.randint(1, 5)):
         writer.write(rng.choice(choices))
     fz.done["control"] += 1
-    await drain(reader, 0.1)
-    end(writer, rng)
-
-
-async def bad_utf8(fz: Fuzz) -> None:
-    rng = fz.rng
-    reader, writer = await opened(fz)
-    junk = rng.choice([b"\xff\xfe", b"\xed\xa0\x80", b'{"type":"\xe2\x82"}', b"\xc0\xaf"])
-    if rng.random() < 0.5:
-        writer.write(frame(0x1, junk))
-    else:  # split inside a character
-        writer.write(frame(0x1, b'{"a":"\xe2', fin=False) + frame(0x0, b'\x28\xa1"}'))
-    fz.done["bad_utf8"] += 1
     await drain(reader, 0.1)
     end(writer, rng)
 
@@ -317,8 +308,7 @@ ATTACKS: dict[Attack, int] = {
     random_frames: 3,
     fragments: 2,
     oversized: 2,
-    control_frames: 2,
-    bad_utf8: 1,
+    control_frames: 3,
     slowloris: 40,
     half_closed: 4,
     connect_flood: 12,
