@@ -6,6 +6,7 @@
     │   └── PayloadTooLarge        ... because it is over its limit
     ├── AuthError                  an API key or client token is missing, invalid or expired
     ├── RegistryUnavailable        Redis (routes, fleet, jobs, drains) did not answer
+    ├── TooManyConnections         a user is at IMROUTE_MAX_CONNECTIONS_PER_USER live routes
     ├── GatewayUnavailable         a gateway could not be reached or failed a call
     │   └── NoEligibleGateway      no gateway can take a client or a call now
     ├── BusUnavailable             the message bus did not answer or refused a call
@@ -30,6 +31,7 @@ __all__ = [
     "NoEligibleGateway",
     "PayloadTooLarge",
     "RegistryUnavailable",
+    "TooManyConnections",
 ]
 
 
@@ -60,6 +62,15 @@ class AuthError(ImrouteError):
 
 class RegistryUnavailable(ImrouteError):
     """Redis, holding the routes and the fleet, did not answer."""
+
+
+class TooManyConnections(ImrouteError):
+    """A new connection was refused: its user already has `limit` live routes, fleet-wide."""
+
+    def __init__(self, uid: str, limit: int) -> None:
+        super().__init__(f"user {uid!r} is at the per-user connection cap ({limit})")
+        self.uid = uid
+        self.limit = limit
 
 
 class GatewayUnavailable(ImrouteError):

@@ -127,6 +127,12 @@ class Settings(BaseSettings):
     jwt_issuer: str | None = Field(None, min_length=1, max_length=256)
     jwt_leeway_s: float = Field(30.0, ge=0, le=3600)
     jwt_max_ttl_s: int = Field(86_400, ge=0, le=366 * 86_400)  # 0: no maximum
+    # client limits (issue 12: per-user cap, client frame rate): live connections one
+    # user may hold across the fleet (0: no cap), refused past it with close 4429; and
+    # each connection's client frames, pings included (rate 0: no limit), closed 1008
+    max_connections_per_user: int = Field(10, ge=0, le=1_000_000)
+    ws_client_frame_rate: float = Field(20.0, ge=0, le=100_000)
+    ws_client_frame_burst: int = Field(50, ge=1, le=1_000_000)
 
     # dispatch: how GET /v1/dispatch places clients (consistent_hash, round_robin,
     # least_connections, zone_affinity); the rule names are checked by router.balancing

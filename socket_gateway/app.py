@@ -48,6 +48,7 @@ from socket_gateway.metrics import GatewayMetrics, render
 from socket_gateway.resume import Resumer
 from socket_gateway.supervise import RestartBudget
 from socket_gateway.ws import HandshakeLimits, WsEndpoint, WsServer, WsTimers
+from socket_gateway.ws.ratelimit import FrameRate, LimitCounts
 
 __all__ = ["CLOSE_DRAIN", "RECONNECT_FRAME", "Gateway"]
 
@@ -98,7 +99,10 @@ class Gateway:
         self.consumer_restarts = 0
         self.consumer_budget = RestartBudget(self.clock)
         self._ws: WsEndpoint | None = None  # before the metrics, which read it at once
-        self.metrics = GatewayMetrics(self.deliver_service, self.conns, self._recovery_counts)
+        self.limit_counts = LimitCounts()
+        self.metrics = GatewayMetrics(
+            self.deliver_service, self.conns, self._recovery_counts, self.limit_counts
+        )
         self.ws_port = 0
         self.grpc_port = 0
         self._stack = AsyncExitStack()
@@ -227,6 +231,7 @@ class Gateway:
             group_id=s.group_id,
             ip=self._advertise_host(),
             port=self.grpc_port,
+            max_per_user=s.max_connections_per_user,
         )
         self._writer = CoalescingRouteWriter(self.registry)
         recovery = RedisRecoveryStore(redis, keys, self.clock, RecoveryLimits.from_settings(s))
@@ -256,6 +261,12 @@ class Gateway:
             timers=WsTimers(handshake_s=s.ws_handshake_timeout_s),
             token_rules=TokenRules.from_settings(s),
             limits=HandshakeLimits.from_settings(s),
+            frame_rate=(
+                FrameRate(s.ws_client_frame_rate, s.ws_client_frame_burst)
+                if s.ws_client_frame_rate
+                else None
+            ),
+            limit_counts=self.limit_counts,
         )
         self._ws_server = await self._ws.serve(s.ws_host, s.ws_port)
         self.ws_port = self._ws_server.sockets[0].getsockname()[1]

@@ -25,6 +25,18 @@ class ConnectionCount(Protocol):
     def __len__(self) -> int: ...
 
 
+class Tally(Protocol):
+    @property
+    def total(self) -> int: ...
+
+
+class LimitCountsView(Protocol):
+    @property
+    def frame_rate(self) -> Tally: ...
+    @property
+    def user_cap(self) -> Tally: ...
+
+
 class GatewayMetrics(Collector):
     """Batches delivered and dropped, and connections, of one gateway."""
 
@@ -33,11 +45,15 @@ class GatewayMetrics(Collector):
         counts: DeliveryCounts,
         connections: ConnectionCount,
         recovery: Callable[[], Mapping[str, tuple[str, float]]] | None = None,
+        limit_counts: LimitCountsView | None = None,
     ) -> None:
-        """`recovery`: name -> (help, value) of the recovery counters, read per scrape."""
+        """`recovery`: name -> (help, value) of the recovery counters, read per scrape;
+        `limit_counts`: what the client limits refused or closed
+        (socket_gateway.ws.ratelimit)."""
         self._counts = counts
         self._connections = connections
         self._recovery = recovery
+        self._limit_counts = limit_counts
         self.registry = CollectorRegistry(auto_describe=True)
         self.registry.register(self)
 
@@ -62,6 +78,19 @@ class GatewayMetrics(Collector):
         yield GaugeMetricFamily(
             "imroute_gateway_connections", "Open client connections", len(self._connections)
         )
+        if self._limit_counts is not None:
+            yield CounterMetricFamily(
+                "imroute_gateway_frame_rate_closes",
+                "Connections closed (1008) for sending frames faster than "
+                "IMROUTE_WS_CLIENT_FRAME_RATE / _BURST",
+                self._limit_counts.frame_rate.total,
+            )
+            yield CounterMetricFamily(
+                "imroute_gateway_user_cap_refusals",
+                "New connections refused (4429) because their user was at "
+                "IMROUTE_MAX_CONNECTIONS_PER_USER live connections",
+                self._limit_counts.user_cap.total,
+            )
         if self._recovery is not None:
             for name, (text, value) in self._recovery().items():
                 yield CounterMetricFamily(f"imroute_gateway_{name}", text, value)

@@ -17,11 +17,16 @@ T = TypeVar("T")
 
 @dataclass(frozen=True, slots=True)
 class RouteOp:
-    """One write: register (True) or unregister (False) a connection."""
+    """One write: register (True) or unregister (False) a connection.
+
+    `new`: the connection's first write, refused when its user is at the per-user cap
+    (a refresh of an admitted connection never is).
+    """
 
     register: bool
     uid: str
     conn_id: str
+    new: bool = False
 
 
 @dataclass(slots=True)
@@ -36,7 +41,7 @@ class RouteRegistry(Protocol):
     async def register(self, uid: str, conn_id: str) -> None: ...
     async def unregister(self, uid: str, conn_id: str) -> None: ...
     async def unregister_many(self, registrations: Iterable[Registration]) -> None: ...
-    async def apply(self, ops: Sequence[RouteOp]) -> None: ...
+    async def apply(self, ops: Sequence[RouteOp]) -> list[bool]: ...
     async def refresh(self, registrations: Iterable[Registration]) -> int: ...
     async def lookup(self, uids: Sequence[str]) -> dict[str, list[Route]]: ...
     async def remove(self, routes: Iterable[Route]) -> None: ...

@@ -3,7 +3,8 @@
 The gateway registers, refreshes and unregisters its connections; the router
 looks users up in chunks of at most 1000 per round trip (`router.routes.reads` says how:
 one packed request on standalone Redis, redis-py's pipeline on Redis Cluster). Key
-layout: `shared.keys`.
+layout: `shared.keys`. A new connection is admitted only while its user has fewer than
+`max_per_user` live routes across the fleet, and no write reads the user's whole hash.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from router.routes.base import (
 from router.routes.codec import decode_route, encode_route, group_live_routes
 from router.routes.reads import HashReads, hash_reads_for
 from shared.clock import Clock
-from shared.errors import RegistryUnavailable
+from shared.errors import RegistryUnavailable, TooManyConnections
 from shared.keys import KeySchema
 from shared.models import Registration, Route
 
@@ -40,18 +41,38 @@ __all__ = [
 ]
 
 
-# Sets one connection's field, drops fields whose own deadline has passed, and
-# extends the key's PEXPIRE without ever shortening it. Heartbeats upsert too, so
-# routes come back by themselves after Redis lost its data (restart, failover).
-_UPSERT = """
+# Fields sampled by every write to drop dead ones (a crashed gateway's routes), and by a
+# new connection of a user at the cap before it is refused. HRANDFIELD costs O(count)
+# whatever the hash's size (at most 3 * count on a large hash, or the whole hash when it
+# is smaller than count), so no write ever reads the whole hash of a user with thousands
+# of connections; a hash of at most REAP_SAMPLE fields is swept exactly.
+SWEEP_SAMPLE = 2
+REAP_SAMPLE = 128
+
+# Sets one connection's field and extends the key's PEXPIRE without ever shortening it;
+# first drops the fields past their own deadline among a few sampled ones. A new
+# connection (cap > 0) is refused (0) when its user already has `cap` fields, counted
+# after a sweep of up to REAP_SAMPLE of them, so only live routes count; one script, so
+# two gateways admitting the same user at once cannot both pass the check. Heartbeats
+# upsert too (cap 0), so routes come back by themselves after Redis lost its data
+# (restart, failover). Every call is O(1) in the number of the user's connections.
+_UPSERT = f"""
 local key, field, value = KEYS[1], ARGV[1], ARGV[2]
-local now, ttl = tonumber(ARGV[3]), tonumber(ARGV[4])
-redis.call('HSET', key, field, value)
-local all = redis.call('HGETALL', key)
-for i = 1, #all, 2 do
-  local exp = tonumber(string.match(all[i + 1], '|(%d+)$'))
-  if exp and exp <= now then redis.call('HDEL', key, all[i]) end
+local now, ttl, cap = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
+local function sweep(count)
+  local sample = redis.call('HRANDFIELD', key, count, 'WITHVALUES')
+  for i = 1, #sample, 2 do
+    local exp = tonumber(string.match(sample[i + 1], '|(%d+)$'))
+    if exp and exp <= now then redis.call('HDEL', key, sample[i]) end
+  end
 end
+sweep({SWEEP_SAMPLE})
+if cap > 0 and redis.call('HEXISTS', key, field) == 0
+    and redis.call('HLEN', key) >= cap then
+  sweep({REAP_SAMPLE})
+  if redis.call('HLEN', key) >= cap then return 0 end
+end
+redis.call('HSET', key, field, value)
 if redis.call('PTTL', key) < ttl then redis.call('PEXPIRE', key, ttl) end
 return 1
 """
@@ -72,8 +93,12 @@ class RedisRouteRegistry:
         ip: str = "",
         port: int = 0,
         reads: HashReads | None = None,
+        max_per_user: int = 0,
     ) -> None:
+        """`max_per_user`: live connections a user may have fleet-wide; a `register`
+        past it raises TooManyConnections (0: no cap)."""
         self._redis = redis
+        self.max_per_user = max_per_user
         self.reads = reads or hash_reads_for(redis)
         self._keys = keys
         self._clock = clock
@@ -86,8 +111,11 @@ class RedisRouteRegistry:
         return encode_route(gateway_id, group_id, ip, port, now_ms + self._ttl_ms)
 
     async def register(self, uid: str, conn_id: str) -> None:
-        """Record a new connection of `uid` on this gateway."""
-        await self.apply([RouteOp(True, uid, conn_id)])
+        """Record a new connection of `uid` on this gateway; TooManyConnections when
+        `uid` is at the cap."""
+        (accepted,) = await self.apply([RouteOp(True, uid, conn_id, new=True)])
+        if not accepted:
+            raise TooManyConnections(uid, self.max_per_user)
 
     async def unregister(self, uid: str, conn_id: str) -> None:
         """Remove exactly this connection; other connections of the user stay."""
@@ -132,34 +160,50 @@ class RedisRouteRegistry:
         return count
 
     @translate_errors
-    async def apply(self, ops: Sequence[RouteOp]) -> None:
-        """Apply registers and unregisters in order, in one pipelined round trip."""
+    async def apply(self, ops: Sequence[RouteOp]) -> list[bool]:
+        """Apply registers and unregisters in order, in one pipelined round trip.
+
+        One flag per op: False for a new connection refused by the per-user cap."""
         if not ops:
-            return
+            return []
         try:
-            await self._apply(ops)
+            replies = await self._apply(ops)
         except NoScriptError:
             # Redis restarted (or failed over) and lost its script cache: load and redo;
             # every operation is idempotent.
             await self._redis.script_load(_UPSERT)
-            await self._apply(ops)
+            replies = await self._apply(ops)
+        return [
+            not (op.register and op.new) or reply == 1
+            for op, reply in zip(ops, replies, strict=True)
+        ]
 
-    async def _apply(self, ops: Sequence[RouteOp]) -> None:
+    async def _apply(self, ops: Sequence[RouteOp]) -> list[object]:
         # EVALSHA directly: redis-py's Script objects add a SCRIPT EXISTS round trip to
         # every pipeline that carries them. Through execute_command, because redis-py's
         # cluster pipeline refuses `evalsha()` but routes "EVALSHA sha 1 key" by its key.
         now = self._clock.now_ms()
         value = self._value(now)
+        cap = self.max_per_user
         pipe = self._redis.pipeline(transaction=False)
         for op in ops:
             key = self._keys.route(op.uid)
             if op.register:
                 pipe.execute_command(
-                    "EVALSHA", self._upsert_sha, 1, key, op.conn_id, value, now, self._ttl_ms
+                    "EVALSHA",
+                    self._upsert_sha,
+                    1,
+                    key,
+                    op.conn_id,
+                    value,
+                    now,
+                    self._ttl_ms,
+                    cap if op.new else 0,
                 )
             else:
                 pipe.hdel(key, op.conn_id)
-        await pipe.execute()
+        replies: list[object] = await pipe.execute()
+        return replies
 
     @translate_errors
     async def lookup(self, uids: Sequence[str]) -> dict[str, list[Route]]:

@@ -10,22 +10,33 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections import deque
+from collections.abc import Sequence
+from typing import Protocol
 
-from router.routes.base import RouteOp, RouteRegistry
-from shared.errors import RegistryUnavailable
+from router.routes.base import RouteOp
+from shared.errors import RegistryUnavailable, TooManyConnections
 
-__all__ = ["CoalescingRouteWriter"]
+__all__ = ["CoalescingRouteWriter", "RouteWrites"]
+
+
+class RouteWrites(Protocol):
+    """What the writer needs of a registry: its batch write and the per-user cap."""
+
+    @property
+    def max_per_user(self) -> int: ...
+    async def apply(self, ops: Sequence[RouteOp]) -> list[bool]: ...
 
 
 class CoalescingRouteWriter:
-    def __init__(self, registry: RouteRegistry, max_batch: int = 1000) -> None:
+    def __init__(self, registry: RouteWrites, max_batch: int = 1000) -> None:
         self._registry = registry
         self._max_batch = max_batch
         self._pending: deque[tuple[RouteOp, asyncio.Future[None]]] = deque()
         self._flusher: asyncio.Task[None] | None = None
 
     async def register(self, uid: str, conn_id: str) -> None:
-        await self._submit(RouteOp(True, uid, conn_id))
+        """A new connection's route; TooManyConnections when its user is at the cap."""
+        await self._submit(RouteOp(True, uid, conn_id, new=True))
 
     async def unregister(self, uid: str, conn_id: str) -> None:
         await self._submit(RouteOp(False, uid, conn_id))
@@ -44,7 +55,7 @@ class CoalescingRouteWriter:
                 self._pending.popleft() for _ in range(min(self._max_batch, len(self._pending)))
             ]
             try:
-                await self._registry.apply([op for op, _ in batch])
+                accepted = await self._registry.apply([op for op, _ in batch])
             except asyncio.CancelledError:
                 for _, future in batch:
                     future.cancel()
@@ -57,9 +68,15 @@ class CoalescingRouteWriter:
                     if not future.done():
                         future.set_exception(error)
             else:
-                for _, future in batch:
-                    if not future.done():
+                for (op, future), ok in zip(batch, accepted, strict=True):
+                    if future.done():
+                        continue
+                    if ok:
                         future.set_result(None)
+                    else:
+                        future.set_exception(
+                            TooManyConnections(op.uid, self._registry.max_per_user)
+                        )
 
     async def aclose(self) -> None:
         """Wait for writes already queued (a shutdown must not drop unregisters)."""

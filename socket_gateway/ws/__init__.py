@@ -26,10 +26,12 @@ or better fan-out. It is built for that small idle footprint:
 Modules, in the order bytes travel:
 
 - `protocol`: sans-I/O: close codes, limits, wire bytes, deadlines, what a text message means;
+- `ratelimit`: sans-I/O: the per-connection frame rate (1008); counts of its closes and of
+  per-user cap refusals;
 - `framing`: the connection's state and Sink, the frame phase and the closing handshake;
 - `admission`: sans-I/O: the limits before the 101, the per-IP connect rate, refusal counts;
 - `handshake`: the HTTP upgrade and everything refused before the 101 (429, 503, 401),
-  then the route (1013);
+  then the per-user cap (4429, after it) and the route (1013);
 - `keepalive`: the gateway-wide ping round;
 - `conn`: `WsConn`, the layers above joined under the transport callbacks;
 - `endpoint`: `WsEndpoint` (listening, shared state, shutdown) and `WsServer`.

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 from typing import cast
 
+from socket_gateway.ws.framing import READING_STOPPED
 from socket_gateway.ws.handshake import HandshakeConn
 from socket_gateway.ws.keepalive import KeepaliveConn
 from socket_gateway.ws.protocol import CLOSE_GOING_AWAY
@@ -85,7 +86,7 @@ class WsConn(HandshakeConn, KeepaliveConn):
 
     def resume_writing(self) -> None:
         t = self._transport
-        if t is not None and not t.is_closing():
+        if t is not None and not t.is_closing() and self._tat != READING_STOPPED:
             t.resume_reading()
 
     def _going_away(self) -> None:

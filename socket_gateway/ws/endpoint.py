@@ -26,6 +26,7 @@ from socket_gateway.ws.admission import ConnectRate, HandshakeLimits, Refusals
 from socket_gateway.ws.conn import WsConn
 from socket_gateway.ws.keepalive import keepalive_loop
 from socket_gateway.ws.protocol import WsTimers
+from socket_gateway.ws.ratelimit import FrameRate, LimitCounts
 
 __all__ = ["LISTEN_BACKLOG", "WsEndpoint", "WsServer"]
 
@@ -68,8 +69,13 @@ class WsEndpoint:
         resumer: Resumer | None = None,
         token_rules: TokenRules | None = None,
         limits: HandshakeLimits | None = None,
+        frame_rate: FrameRate | None = None,
+        limit_counts: LimitCounts | None = None,
     ) -> None:
         self.timers = timers or WsTimers()
+        self.frame_rate = frame_rate  # each connection's client frames, when limited (1008)
+        # what the client limits (frame rate, per-user cap) closed, for /metrics
+        self.limit_counts = limit_counts or LimitCounts()
         self.resumer = resumer  # replays to each new connection, when given
         self.max_connections = max_connections  # more are refused with HTTP 503
         self.token_rules = token_rules or TokenRules()

@@ -6,7 +6,8 @@ connection. Everything a client can be refused for is decided before the 101, an
 answered with HTTP and a JSON body: the per-IP connect rate (429), a draining gateway
 or a full one (503, both with Retry-After), the token (401). A refused socket is closed
 as soon as its answer is written. After the 101 the client goes into the local map,
-then its route into the registry (close 1013 when the registry is unavailable).
+then its route into the registry (close 1013 when the registry is unavailable, 4429
+when its user is at the per-user cap: the check is the route write itself).
 """
 
 from __future__ import annotations
@@ -21,11 +22,12 @@ from websockets.protocol import OPEN
 from websockets.server import ServerProtocol
 
 from shared.auth import verify_token
-from shared.errors import AuthError, RegistryUnavailable
+from shared.errors import AuthError, RegistryUnavailable, TooManyConnections
 from socket_gateway.connections import ClientConn
 from socket_gateway.ws.admission import client_key
 from socket_gateway.ws.framing import FrameConn
 from socket_gateway.ws.protocol import (
+    CLOSE_FULL,
     CLOSE_INTERNAL,
     CLOSE_TRY_AGAIN,
     MAX_CLIENT_FRAME,
@@ -34,6 +36,7 @@ from socket_gateway.ws.protocol import (
     json_refusal,
     select_subprotocol,
     token_of,
+    user_cap_reason,
 )
 
 __all__ = ["RETRY_AFTER_S", "HandshakeConn"]
@@ -234,6 +237,10 @@ class HandshakeConn(FrameConn):
             await ep._register(conn.uid, conn.conn_id)
             if ep.resumer is not None and self._open:
                 await ep.resumer.resume(conn, since)
+        except TooManyConnections as exc:
+            self.close(CLOSE_FULL, user_cap_reason(exc.limit))
+            if since_logged := ep.limit_counts.user_cap.note(ep._clock.monotonic()):
+                log.warning("refused %d connection(s) (4429): %s", since_logged, exc)
         except RegistryUnavailable as exc:
             log.warning("register or replay of %s failed: %s", conn.conn_id, exc)
             self.close(CLOSE_TRY_AGAIN, "route registry unavailable, retry later")

@@ -35,6 +35,7 @@ __all__ = [
     "PING_FRAME",
     "SUBPROTOCOL",
     "TOKEN_SUBPROTOCOL_PREFIX",
+    "USER_CAP_REASON",
     "QuietLog",
     "WsTimers",
     "client_text",
@@ -42,6 +43,7 @@ __all__ = [
     "json_refusal",
     "select_subprotocol",
     "token_of",
+    "user_cap_reason",
 ]
 
 CLOSE_GOING_AWAY = 1001
@@ -52,6 +54,9 @@ CLOSE_INTERNAL = 1011
 CLOSE_TRY_AGAIN = 1013
 CLOSE_UNAUTHORIZED = 4401
 CLOSE_FULL = 4429
+# 4429 is also the answer to a user at IMROUTE_MAX_CONNECTIONS_PER_USER: another gateway
+# would refuse too, so clients tell the two apart by this start of the reason.
+USER_CAP_REASON = "too many connections for this user"
 # Clients only send pings; anything bigger is junk and gets 1009 from the library.
 MAX_CLIENT_FRAME = 4096
 # The request line and headers of the opening handshake, at most.
@@ -90,6 +95,11 @@ def client_text(data: bytes | bytearray | memoryview) -> tuple[int, str] | None:
     except InvalidInput as exc:
         return CLOSE_POLICY, close_reason(exc.message)
     return None
+
+
+def user_cap_reason(limit: int) -> str:
+    """The 4429 reason for a user at the per-user cap (it names the cap)."""
+    return f"{USER_CAP_REASON} (at most {limit}, IMROUTE_MAX_CONNECTIONS_PER_USER)"
 
 
 def close_reason(text: str) -> str:

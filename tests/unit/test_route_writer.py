@@ -10,19 +10,33 @@ import pytest
 
 from router.routes.registry import RouteOp
 from router.routes.writer import CoalescingRouteWriter
-from shared.errors import RegistryUnavailable
+from shared.errors import RegistryUnavailable, TooManyConnections
 
 
 class MemoryRegistry:
-    def __init__(self, error: Exception | None = None) -> None:
+    def __init__(self, error: Exception | None = None, max_per_user: int = 0) -> None:
         self.error = error
+        self.max_per_user = max_per_user
         self.calls: list[list[RouteOp]] = []
+        self.routes: dict[str, set[str]] = {}
 
-    async def apply(self, ops: Sequence[RouteOp]) -> None:
+    async def apply(self, ops: Sequence[RouteOp]) -> list[bool]:
         self.calls.append(list(ops))
         await asyncio.sleep(0.01)
         if self.error:
             raise self.error
+        accepted = []
+        for op in ops:
+            held = self.routes.setdefault(op.uid, set())
+            if not op.register:
+                held.discard(op.conn_id)
+            elif op.new and self.max_per_user and len(held) >= self.max_per_user:
+                accepted.append(False)
+                continue
+            else:
+                held.add(op.conn_id)
+            accepted.append(True)
+        return accepted
 
 
 async def test_ops_queued_during_a_round_trip_share_the_next_one_in_order() -> None:
@@ -47,3 +61,20 @@ async def test_every_waiter_hears_of_a_failure(error: Exception) -> None:
         *(writer.register(f"u{i}", str(i)) for i in range(4)), return_exceptions=True
     )
     assert all(isinstance(r, RegistryUnavailable) for r in results)
+
+
+async def test_only_the_registers_past_the_cap_are_refused() -> None:
+    registry = MemoryRegistry(max_per_user=2)
+    writer = CoalescingRouteWriter(registry)
+    results = await asyncio.gather(
+        *(writer.register("a", str(i)) for i in range(4)),
+        writer.register("b", "b1"),
+        writer.unregister("a", "0"),
+        return_exceptions=True,
+    )
+    refused = [r for r in results if isinstance(r, TooManyConnections)]
+    assert [r.limit for r in refused] == [2, 2]
+    assert results[4:] == [None, None]
+    # The unregister freed a place: the next register of "a" goes in.
+    await writer.register("a", "4")
+    assert registry.routes["a"] == {"1", "4"}
