@@ -21,11 +21,13 @@ needs:
 from __future__ import annotations
 
 import logging
+from http import HTTPStatus
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException
 
 from shared.errors import (
     AuthError,
@@ -80,6 +82,8 @@ def add_error_handlers(app: FastAPI) -> None:
     app.exception_handler(RequestValidationError)(_validation)
     app.exception_handler(RegistryUnavailable)(_backend_down)
     app.exception_handler(DirectoryUnavailable)(_backend_down)
+    # The router's own answers (an unknown path, a method a path lacks) in the same shape.
+    app.exception_handler(HTTPException)(_http)
 
 
 async def _auth(_: Request, exc: AuthError) -> JSONResponse:
@@ -143,6 +147,16 @@ async def _backend_down(_: Request, exc: ImrouteError) -> JSONResponse:
         {"error": "unavailable", "detail": what},
         status_code=503,
         headers={"Retry-After": "1"},
+    )
+
+
+async def _http(_: Request, exc: HTTPException) -> JSONResponse:
+    try:
+        error = HTTPStatus(exc.status_code).phrase.lower().replace(" ", "_").replace("-", "_")
+    except ValueError:
+        error = "error"
+    return JSONResponse(
+        {"error": error, "detail": exc.detail}, status_code=exc.status_code, headers=exc.headers
     )
 
 
