@@ -90,6 +90,11 @@ def request_head(method: str, path: str, **headers: str) -> bytes:
     return ("\r\n".join(lines) + "\r\n\r\n").encode()
 
 
+def directory_url(folder: Path) -> str:
+    """The SQLite user directory `push_service` gives a process started in `folder`."""
+    return f"sqlite+aiosqlite:///{folder}/users.db"
+
+
 @contextmanager
 def push_service(
     redis_url: str, prefix: str, tmp_path: Path, **env: str
@@ -102,7 +107,7 @@ def push_service(
         IMROUTE_API_KEY=API_KEY,
         IMROUTE_SECRET=SECRET,
         IMROUTE_PORT=str(port),
-        IMROUTE_DB_URL=f"sqlite+aiosqlite:///{tmp_path}/users.db",
+        IMROUTE_DB_URL=directory_url(tmp_path),
         **env,
     )
     with running([str(BIN / "python"), "-m", "push_service"], environ) as proc:
