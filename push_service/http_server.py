@@ -21,6 +21,8 @@ import asyncio
 import importlib.util
 import json
 import logging
+import time
+from collections.abc import Callable
 from typing import Any, ClassVar, Literal
 
 import h11
@@ -30,7 +32,7 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from shared.settings import Settings
 
-__all__ = ["head_deadline_protocol", "run"]
+__all__ = ["HeadCuts", "head_deadline_protocol", "run"]
 
 log = logging.getLogger(__name__)
 
@@ -56,10 +58,47 @@ def _timeout_response(timeout_s: float) -> bytes:
     )
 
 
+LOG_EVERY_S = 10.0
+
+
+class HeadCuts:
+    """Connections the head deadline closed, counted; logged at once, then at most every
+    LOG_EVERY_S with the count since (a slowloris attack is thousands of sockets, and
+    must not become thousands of log lines)."""
+
+    def __init__(self, timeout_s: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.timeout_s = timeout_s
+        self.partial = 0  # closed with part of a head (answered 408)
+        self.silent = 0  # closed having sent nothing
+        self._clock = clock
+        self._logged = (0, 0)
+        self._next_log = float("-inf")
+
+    def cut(self, began: bool) -> None:
+        if began:
+            self.partial += 1
+        else:
+            self.silent += 1
+        now = self._clock()
+        if now < self._next_log:
+            return
+        partial, silent = self.partial - self._logged[0], self.silent - self._logged[1]
+        log.warning(
+            "closed %d connection(s) with a request head not whole after %gs (408) and %d "
+            "that sent nothing (IMROUTE_HTTP_HEADER_TIMEOUT_S)",
+            partial,
+            self.timeout_s,
+            silent,
+        )
+        self._logged = (self.partial, self.silent)
+        self._next_log = now + LOG_EVERY_S
+
+
 class _HeadDeadline:
     """The deadline's state and its expiry, shared by both parsers' protocols."""
 
     head_timeout_s: ClassVar[float] = 10.0
+    head_cuts: ClassVar[HeadCuts]
     _timeout_response: ClassVar[bytes] = b""
 
     loop: asyncio.AbstractEventLoop
@@ -96,10 +135,8 @@ class _HeadDeadline:
             self._arm_head()
             return
         if self._head_begun:
-            log.info(
-                "request head not whole after %.1fs: closing the connection", self.head_timeout_s
-            )
             self.transport.write(self._timeout_response)
+        self.head_cuts.cut(self._head_begun)
         self.transport.close()
 
 
@@ -163,6 +200,7 @@ def head_deadline_protocol(timeout_s: float, parser: Parser = "auto") -> type[as
     base = _httptools_class() if parser == "httptools" else H11HeadDeadline
     attrs: dict[str, Any] = {
         "head_timeout_s": timeout_s,
+        "head_cuts": HeadCuts(timeout_s),
         "_timeout_response": _timeout_response(timeout_s),
     }
     return type(base.__name__, (base,), attrs)

@@ -24,6 +24,7 @@ from tests.integration.http_raw import (
     read_answer,
     request_head,
 )
+from tests.integration.procs import read_until
 from tests.integration.stack import wait_for
 
 pytestmark = pytest.mark.integration
@@ -59,8 +60,10 @@ async def test_slowloris_heads_are_cut_by_the_header_timeout(
     """Finding 9b: uvicorn holds a head that never ends for ever. The real process, with
     IMROUTE_HTTP_HEADER_TIMEOUT_S=1."""
     env = {"IMROUTE_HTTP_HEADER_TIMEOUT_S": "1", "IMROUTE_HTTP_KEEPALIVE_TIMEOUT_S": "3"}
-    with push_service(redis_url, prefix, tmp_path, **env) as (_, port):
+    with push_service(redis_url, prefix, tmp_path, **env) as (proc, port):
         await _slowloris_is_cut(port, 1.0)
+        # Counted in a log line (at most one every 10 s, with the count since).
+        read_until(proc, "closed 1 connection(s) with a request head not whole after 1s", 5)
         # A connection that sends nothing at all is closed, without a word.
         reader, writer = await asyncio.open_connection(HOST, port)
         assert await closed_by_server(reader, 4)
