@@ -68,6 +68,8 @@ def bearer_token(authorization: str | None) -> str | None:
     """The credential of an `Authorization: Bearer <token>` header value, else None."""
     if not authorization:
         return None
+    # Split as FastAPI's HTTPBearer splits it, so the gate and the handlers' own check
+    # read the same credential.
     scheme, _, token = authorization.partition(" ")
     token = token.strip()
     if scheme.lower() != "bearer" or not token:
