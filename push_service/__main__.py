@@ -7,9 +7,8 @@ import os
 import sys
 from collections.abc import Sequence
 
-import uvicorn
-
 from push_service.app import create_app
+from push_service.http_server import run
 from shared.errors import ImrouteError
 from shared.settings import Settings
 
@@ -43,13 +42,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ImrouteError as exc:
         print(f"imroute push-service: {exc}", file=sys.stderr)
         return 2
-    uvicorn.run(
-        app,
-        host=settings.host,
-        port=settings.port,
-        log_level=settings.log_level,
-        access_log=False,
-    )
+    run(app, settings)
     return 0
 
 

@@ -7,9 +7,12 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
+from push_service.access import ApiKeys
 from push_service.errors import add_error_handlers
+from push_service.gate import AccessRules, KeyGate
 from push_service.limits import BodyLimit
 from push_service.routes import ROUTERS
+from push_service.routes.deps import KEY_SCHEMES
 from push_service.wiring import Wiring
 from router.bus.base import Bus
 from shared.clock import Clock, SystemClock
@@ -46,10 +49,13 @@ def create_app(settings: Settings, clock: Clock | None = None, bus: Bus | None =
         lifespan=lifespan,
         description="Push messages to users connected to imroute socket gateways.",
     )
-    app.state.api_key = settings.api_key.get_secret_value()
+    keys = ApiKeys.from_settings(settings)
+    app.state.keys = keys
     add_error_handlers(app)
     for router in ROUTERS:
         app.include_router(router)
+    # Added last, so it runs first (outermost): requests without the key a path needs
+    # are refused before BodyLimit, so only they reach its large per-path limits.
     app.add_middleware(
         BodyLimit,
         max_bytes=MAX_BODY_BYTES,
@@ -57,5 +63,8 @@ def create_app(settings: Settings, clock: Clock | None = None, bus: Bus | None =
             "/v1/multicast": MAX_MULTICAST_BODY_BYTES,
             "/v1/users": MAX_USERS_BODY_BYTES,
         },
+    )
+    app.add_middleware(
+        KeyGate, keys=keys, rules=AccessRules.from_openapi(app.openapi(), KEY_SCHEMES)
     )
     return app

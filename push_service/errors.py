@@ -1,11 +1,15 @@
 """Our error tree as HTTP: each error type, its status, its JSON body and headers.
 
-HTTP status codes live here (and in `limits`, which answers before the app runs). The
-services raise from the tree drawn in `shared.errors`, plus the two below, which only
-the HTTP shell needs:
+HTTP status codes live here (and in `gate` and `limits`, which answer before the app
+runs, and `http_server`, which answers before a request is whole). The services raise
+from the tree drawn in `shared.errors`, plus the four below, which only the HTTP shell
+needs:
 
     ImrouteError
     ├── NotFound       404 not_found   (a job, user or gateway the caller named)
+    ├── Conflict       409 conflict    (the request would break a rule: draining the
+    │                                   last gateway of a group)
+    ├── Forbidden      403 forbidden   (a valid key of the other scope)
     ├── Unavailable    503 unavailable (a service that cannot answer now; Retry-After)
     ├── AuthError      401 unauthorized
     ├── InvalidInput   422 invalid_request
@@ -17,11 +21,13 @@ the HTTP shell needs:
 from __future__ import annotations
 
 import logging
+from http import HTTPStatus
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException
 
 from shared.errors import (
     AuthError,
@@ -32,13 +38,26 @@ from shared.errors import (
     RegistryUnavailable,
 )
 
-__all__ = ["NotFound", "Unavailable", "add_error_handlers"]
+__all__ = ["Conflict", "Forbidden", "NotFound", "Unavailable", "add_error_handlers"]
 
 log = logging.getLogger(__name__)
 
 
 class NotFound(ImrouteError):
     """What the caller named does not exist; the message says what."""
+
+
+class Conflict(ImrouteError):
+    """The request conflicts with the state it would change; the message says how."""
+
+
+class Forbidden(ImrouteError):
+    """A valid credential without the scope the endpoint needs."""
+
+    def __init__(self, detail: str, www_authenticate: str) -> None:
+        super().__init__(detail)
+        self.detail = detail
+        self.www_authenticate = www_authenticate
 
 
 class Unavailable(ImrouteError):
@@ -51,9 +70,11 @@ class Unavailable(ImrouteError):
 
 
 def add_error_handlers(app: FastAPI) -> None:
-    """Our error tree as JSON: 401, 404, 413, 422 naming the field, and 503."""
+    """Our error tree as JSON: 401, 403, 404, 409, 413, 422 naming the field, and 503."""
     # Registered through the decorator, which accepts a handler of a narrower error type.
     app.exception_handler(AuthError)(_auth)
+    app.exception_handler(Forbidden)(_forbidden)
+    app.exception_handler(Conflict)(_conflict)
     app.exception_handler(NotFound)(_not_found)
     app.exception_handler(Unavailable)(_unavailable)
     app.exception_handler(PayloadTooLarge)(_too_large)
@@ -61,6 +82,8 @@ def add_error_handlers(app: FastAPI) -> None:
     app.exception_handler(RequestValidationError)(_validation)
     app.exception_handler(RegistryUnavailable)(_backend_down)
     app.exception_handler(DirectoryUnavailable)(_backend_down)
+    # The router's own answers (an unknown path, a method a path lacks) in the same shape.
+    app.exception_handler(HTTPException)(_http)
 
 
 async def _auth(_: Request, exc: AuthError) -> JSONResponse:
@@ -69,6 +92,18 @@ async def _auth(_: Request, exc: AuthError) -> JSONResponse:
         status_code=401,
         headers={"WWW-Authenticate": "Bearer"},
     )
+
+
+async def _forbidden(_: Request, exc: Forbidden) -> JSONResponse:
+    return JSONResponse(
+        {"error": "forbidden", "detail": exc.detail},
+        status_code=403,
+        headers={"WWW-Authenticate": exc.www_authenticate},
+    )
+
+
+async def _conflict(_: Request, exc: Conflict) -> JSONResponse:
+    return JSONResponse({"error": "conflict", "detail": str(exc)}, status_code=409)
 
 
 async def _not_found(_: Request, exc: NotFound) -> JSONResponse:
@@ -112,6 +147,16 @@ async def _backend_down(_: Request, exc: ImrouteError) -> JSONResponse:
         {"error": "unavailable", "detail": what},
         status_code=503,
         headers={"Retry-After": "1"},
+    )
+
+
+async def _http(_: Request, exc: HTTPException) -> JSONResponse:
+    try:
+        error = HTTPStatus(exc.status_code).phrase.lower().replace(" ", "_").replace("-", "_")
+    except ValueError:
+        error = "error"
+    return JSONResponse(
+        {"error": error, "detail": exc.detail}, status_code=exc.status_code, headers=exc.headers
     )
 
 

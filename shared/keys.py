@@ -23,6 +23,9 @@ values' formats live with their stores: `router.routes.codec` for a route,
   is tagged by its SHA-1 instead.
 - ``{prefix}tseq:{<topic>}`` and ``{prefix}tlog:{<topic>}`` are a bus topic's batch
   sequence and batch log, hash-tagged by topic the same way.
+- ``{prefix}{drain}:{gateway_id}`` asks that gateway to drain; its value is the boot
+  (``started_ms``) it is for. ``{drain}`` is a literal hash tag: every drain request is
+  in one slot, so the check that a group keeps a gateway not draining is one script.
 - ``{prefix}job:{push_id}`` is a broadcast or multicast job's status hash; it expires a
   week after the job finished.
 - ``{prefix}jobs:running`` is a sorted set of running jobs' push ids scored by the end of
@@ -66,8 +69,9 @@ class KeySchema:
         return f"{self.prefix}gateways"
 
     def drain(self, gateway_id: str) -> str:
-        """Set (with a TTL) to ask a gateway to drain; it checks at every heartbeat."""
-        return f"{self.prefix}drain:{gateway_id}"
+        """Set (with a TTL) to ask a gateway to drain; it checks at every heartbeat. All in
+        one hash slot (the tag ``{drain}``), so one script sees a whole group's."""
+        return f"{self.prefix}{{drain}}:{gateway_id}"
 
     def bus_stream(self, topic: str) -> str:
         return f"{self.prefix}bus:{topic}"

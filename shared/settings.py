@@ -7,7 +7,14 @@ from collections.abc import Mapping
 from typing import Any, Self
 from urllib.parse import urlsplit
 
-from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
+from pydantic import (
+    Field,
+    SecretStr,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from shared.errors import ConfigError
@@ -99,6 +106,17 @@ class Settings(BaseSettings):
     job_shutdown_grace_s: float = Field(10.0, ge=0, le=3600)
     job_publish_retries: int = Field(3, ge=0, le=10)
     job_publish_backoff_s: float = Field(0.2, ge=0, le=60)
+    # push service HTTP edge (issue 12: credentials before bodies, uvicorn's limits).
+    # The admin key alone may drain gateways and write the user directory; without one,
+    # IMROUTE_API_KEY keeps both roles.
+    admin_api_key: SecretStr | None = None
+    # a request head (request line and headers) must arrive within this many seconds of
+    # the connection opening, or of the next request's first byte: slowloris heads are cut
+    http_header_timeout_s: float = Field(10.0, gt=0, le=300)
+    # an idle keep-alive connection is closed after this many seconds (uvicorn's own)
+    http_keepalive_timeout_s: int = Field(5, ge=1, le=3600)
+    # open connections or running requests past which uvicorn answers 503
+    http_max_concurrency: int = Field(10_000, ge=1, le=1_000_000)
 
     # gateway
     gateway_id: str = "gw1"
@@ -205,6 +223,19 @@ class Settings(BaseSettings):
     def _api_key_len(cls, value: SecretStr | None) -> SecretStr | None:
         if value is not None and len(value.get_secret_value()) < 16:
             raise ValueError("must be at least 16 characters")
+        return value
+
+    @field_validator("admin_api_key")
+    @classmethod
+    def _admin_api_key(cls, value: SecretStr | None, info: ValidationInfo) -> SecretStr | None:
+        if value is None:
+            return value
+        if len(value.get_secret_value()) < 16:
+            raise ValueError("must be at least 16 characters")
+        push = info.data.get("api_key")
+        if isinstance(push, SecretStr) and push.get_secret_value() == value.get_secret_value():
+            # One key in two roles would make the admin scope meaningless.
+            raise ValueError("must differ from IMROUTE_API_KEY")
         return value
 
     @field_validator("secret")

@@ -1,4 +1,5 @@
-"""What handlers depend on: the API-key check, and the one service each handler calls."""
+"""What handlers depend on: the API-key checks (one per scope), and the one service each
+handler calls."""
 
 from __future__ import annotations
 
@@ -7,30 +8,64 @@ from typing import Annotated
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
+from push_service.access import ApiKeys, Scope, authorize
+from push_service.errors import Forbidden
 from push_service.services import Dispatch, FanOut, Fleet, Health, Pushes, Services, Users
-from shared.auth import api_key_matches
 from shared.errors import AuthError
 
 __all__ = [
+    "KEY_SCHEMES",
+    "AdminKey",
     "DispatchSvc",
     "FanOutSvc",
     "FleetSvc",
     "HealthSvc",
-    "Key",
+    "PushKey",
     "PushesSvc",
     "UsersSvc",
-    "bearer",
+    "client_bearer",
 ]
 
-bearer = HTTPBearer(auto_error=False)
+# One security scheme per credential, so the OpenAPI document says which each needs.
+_push_bearer = HTTPBearer(scheme_name="PushKey", description="IMROUTE_API_KEY", auto_error=False)
+_admin_bearer = HTTPBearer(
+    scheme_name="AdminKey",
+    description="IMROUTE_ADMIN_API_KEY (IMROUTE_API_KEY when no admin key is set)",
+    auto_error=False,
+)
+client_bearer = HTTPBearer(
+    scheme_name="ClientToken", description="the client's JWT", auto_error=False
+)
 
 
-async def _require_key(
+def _check(request: Request, creds: HTTPAuthorizationCredentials | None, needed: Scope) -> None:
+    # The ASGI gate (push_service.gate) has already refused such a request before its
+    # body was read; this is the second line, and what puts the scheme in the schema.
+    keys: ApiKeys = request.app.state.keys
+    denial = authorize(keys, creds.credentials if creds else None, needed)
+    if denial is None:
+        return
+    if denial.status == 403:
+        raise Forbidden(denial.detail, denial.www_authenticate)
+    raise AuthError(denial.detail)
+
+
+async def _require_push(
     request: Request,
-    creds: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
+    creds: Annotated[HTTPAuthorizationCredentials | None, Depends(_push_bearer)],
 ) -> None:
-    if creds is None or not api_key_matches(request.app.state.api_key, creds.credentials):
-        raise AuthError("missing or invalid API key (Authorization: Bearer <IMROUTE_API_KEY>)")
+    _check(request, creds, Scope.PUSH)
+
+
+async def _require_admin(
+    request: Request,
+    creds: Annotated[HTTPAuthorizationCredentials | None, Depends(_admin_bearer)],
+) -> None:
+    _check(request, creds, Scope.ADMIN)
+
+
+# How the gate finds which scope an operation needs: the scheme its schema names.
+KEY_SCHEMES: dict[str, Scope] = {"PushKey": Scope.PUSH, "AdminKey": Scope.ADMIN}
 
 
 def _services(request: Request) -> Services:
@@ -64,7 +99,8 @@ async def _health(request: Request) -> Health:
     return _services(request).health
 
 
-Key = Depends(_require_key)
+PushKey = Depends(_require_push)
+AdminKey = Depends(_require_admin)
 PushesSvc = Annotated[Pushes, Depends(_pushes)]
 DispatchSvc = Annotated[Dispatch, Depends(_dispatch)]
 FleetSvc = Annotated[Fleet, Depends(_fleet)]

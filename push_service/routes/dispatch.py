@@ -8,7 +8,7 @@ from fastapi import APIRouter, Depends, Query
 from fastapi.responses import JSONResponse
 from fastapi.security import HTTPAuthorizationCredentials
 
-from push_service.routes.deps import DispatchSvc, bearer
+from push_service.routes.deps import DispatchSvc, client_bearer
 from push_service.schemas import DispatchOut
 
 __all__ = ["router"]
@@ -19,7 +19,7 @@ router = APIRouter()
 @router.get("/v1/dispatch", response_model=DispatchOut)
 async def dispatch(
     dispatch: DispatchSvc,
-    creds: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
+    creds: Annotated[HTTPAuthorizationCredentials | None, Depends(client_bearer)],
     zone: Annotated[str | None, Query(min_length=1, max_length=64)] = None,
 ) -> JSONResponse:
     """The gateway to connect to, for the client whose JWT this is (the same token it

@@ -5,12 +5,12 @@ from __future__ import annotations
 from fastapi import APIRouter
 from fastapi.responses import JSONResponse
 
-from push_service.routes.deps import FanOutSvc, Key
+from push_service.routes.deps import FanOutSvc, PushKey
 from push_service.schemas import AcceptedOut, BroadcastIn, MulticastIn
 
 __all__ = ["router"]
 
-router = APIRouter(dependencies=[Key])
+router = APIRouter(dependencies=[PushKey])
 
 
 @router.post("/v1/broadcast", status_code=202, response_model=AcceptedOut)

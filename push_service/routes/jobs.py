@@ -7,12 +7,12 @@ from typing import Annotated
 from fastapi import APIRouter, Path
 from fastapi.responses import JSONResponse
 
-from push_service.routes.deps import FanOutSvc, Key
+from push_service.routes.deps import FanOutSvc, PushKey
 from push_service.schemas import JobOut
 
 __all__ = ["router"]
 
-router = APIRouter(dependencies=[Key])
+router = APIRouter(dependencies=[PushKey])
 
 
 @router.get("/v1/pushes/{push_id}", response_model=JobOut)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter
 from fastapi.responses import JSONResponse
 
-from push_service.routes.deps import Key, PushesSvc
+from push_service.routes.deps import PushesSvc, PushKey
 from push_service.schemas import PushIn, PushOut
 
 __all__ = ["router"]
@@ -13,7 +13,7 @@ __all__ = ["router"]
 router = APIRouter()
 
 
-@router.post("/v1/push", dependencies=[Key], response_model=PushOut)
+@router.post("/v1/push", dependencies=[PushKey], response_model=PushOut)
 async def push(body: PushIn, pushes: PushesSvc) -> JSONResponse:
     """Push one message to 1-1000 users wherever they are connected (P2P)."""
     pushed = await pushes.push(body)

@@ -1,4 +1,5 @@
-"""Users: where one is connected, and the directory's bulk upsert and delete."""
+"""Users: where one is connected (push key), and the directory's bulk upsert and delete
+(admin key)."""
 
 from __future__ import annotations
 
@@ -6,17 +7,17 @@ from typing import Annotated
 
 from fastapi import APIRouter, Path, Response
 
-from push_service.routes.deps import Key, UsersSvc
+from push_service.routes.deps import AdminKey, PushKey, UsersSvc
 from push_service.schemas import RouteOut, UpsertedOut, UserRouteOut, UsersIn
 
 __all__ = ["router"]
 
-router = APIRouter(dependencies=[Key])
+router = APIRouter()
 
 Uid = Annotated[str, Path(min_length=1, max_length=128)]
 
 
-@router.get("/v1/users/{uid}/route", response_model=UserRouteOut)
+@router.get("/v1/users/{uid}/route", dependencies=[PushKey], response_model=UserRouteOut)
 async def user_route(uid: Uid, users: UsersSvc) -> UserRouteOut:
     """Where a user is connected right now (one entry per live connection)."""
     routes = await users.routes(uid)
@@ -30,14 +31,14 @@ async def user_route(uid: Uid, users: UsersSvc) -> UserRouteOut:
     )
 
 
-@router.put("/v1/users", response_model=UpsertedOut)
+@router.put("/v1/users", dependencies=[AdminKey], response_model=UpsertedOut)
 async def upsert_users(body: UsersIn, users: UsersSvc) -> UpsertedOut:
-    """Create or update up to 10,000 users; their tags are replaced."""
+    """Create or update up to 10,000 users; their tags are replaced (admin key)."""
     return UpsertedOut(upserted=await users.upsert(body.users))
 
 
-@router.delete("/v1/users/{uid}", status_code=204, response_class=Response)
+@router.delete("/v1/users/{uid}", dependencies=[AdminKey], status_code=204, response_class=Response)
 async def delete_user(uid: Uid, users: UsersSvc) -> Response:
-    """Remove a user from the directory."""
+    """Remove a user from the directory (admin key)."""
     await users.delete(uid)
     return Response(status_code=204)

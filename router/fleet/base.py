@@ -3,6 +3,7 @@ how a gateway is asked to drain."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Protocol
 
 from shared.models import GatewayInfo
@@ -23,6 +24,14 @@ class DrainRequests(Protocol):
 
     async def request(self, gateway_id: str, boot_ms: int) -> None:
         """Ask the gateway that started at `boot_ms` (its fleet record says) to drain."""
+        ...
+
+    async def request_unless_last(
+        self, gateway_id: str, boot_ms: int, others: Mapping[str, int]
+    ) -> bool:
+        """Ask as `request` does, unless each of `others` (gateway id -> boot, the rest of
+        its group that is not draining) is already asked to drain; False, and nothing
+        asked, then. Atomic: two such requests cannot both take a group's last two."""
         ...
 
     async def take(self, gateway_id: str, boot_ms: int) -> bool:

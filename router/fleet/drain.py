@@ -7,6 +7,8 @@ nothing behind.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from router.fleet.base import DrainRequests
 from router.redis.client import RedisClient
 from router.redis.errors import translate_errors
@@ -28,6 +30,19 @@ return 0
 """
 
 
+# KEYS[1] the drain key asked for, KEYS[2..] the others' (one hash slot: shared.keys);
+# ARGV[1] the TTL, ARGV[2] the boot asked for, ARGV[i + 1] the boot of KEYS[i].
+_REQUEST_UNLESS_LAST = """
+for i = 2, #KEYS do
+  if redis.call('GET', KEYS[i]) ~= ARGV[i + 1] then
+    redis.call('SET', KEYS[1], ARGV[2], 'EX', ARGV[1])
+    return 1
+  end
+end
+return 0
+"""
+
+
 class RedisDrainRequests:
     """One key per requested drain, ``drain:{gateway_id}`` = the boot it is for (the
     gateway's `started_ms`), expiring after a minute unless taken first."""
@@ -42,6 +57,14 @@ class RedisDrainRequests:
     @translate_errors  # Redis down: RegistryUnavailable (a 503 at the API)
     async def request(self, gateway_id: str, boot_ms: int) -> None:
         await self._redis.set(self._keys.drain(gateway_id), str(boot_ms), ex=self._ttl_s)
+
+    @translate_errors
+    async def request_unless_last(
+        self, gateway_id: str, boot_ms: int, others: Mapping[str, int]
+    ) -> bool:
+        keys = [self._keys.drain(gateway_id), *(self._keys.drain(g) for g in others)]
+        args = [str(self._ttl_s), str(boot_ms), *(str(b) for b in others.values())]
+        return bool(await self._redis.eval(_REQUEST_UNLESS_LAST, len(keys), *keys, *args))
 
     @translate_errors
     async def take(self, gateway_id: str, boot_ms: int) -> bool:

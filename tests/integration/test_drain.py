@@ -237,7 +237,8 @@ async def test_a_drain_request_is_taken_once_and_only_by_the_boot_it_was_for(
     keys = KeySchema(prefix)
     async with api(redis_url, prefix) as http:
         async with gateway(redis_url, prefix, "gw1", "g1", heartbeat_s=0.2, drain_window_s=0) as gw:
-            resp = await http.post("/v1/gateways/gw1/drain", headers=AUTH)
+            # gw1 is its group's only gateway: draining it takes force.
+            resp = await http.post("/v1/gateways/gw1/drain?force=true", headers=AUTH)
             assert resp.status_code == 202, resp.text
             assert await redis.get(keys.drain("gw1")) == str(gw.info.started_ms)
             await asyncio.wait_for(gw.drained.wait(), 5)

@@ -1,0 +1,220 @@
+"""uvicorn, with the limit it lacks: a deadline for each request head.
+
+uvicorn's only timer on a connection is its keep-alive one, armed when a response ends
+and cancelled by the next byte that arrives. A connection that never finishes its
+request line and headers (slowloris: a byte every few seconds, or nothing at all after
+connecting) is therefore held for ever. Its HTTP protocols are subclassed here to arm a
+deadline when a connection opens and when the next request's first byte arrives, and to
+drop it once the head is parsed. A head not whole by then gets a 408 (JSON, like every
+other refusal) and the connection is closed; a connection that sent nothing is closed
+without a word, as browsers' speculative pre-connects expect. A request uvicorn cannot
+parse gets a JSON 400 too (uvicorn's own is text/plain).
+
+`limit_concurrency` (503 from uvicorn, past that many open connections or running
+requests) and the keep-alive timeout are uvicorn's own; `run` sets all three from
+Settings.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import json
+import logging
+import time
+from collections.abc import Callable
+from typing import Any, ClassVar, Literal
+
+import h11
+import uvicorn
+from starlette.types import ASGIApp
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+from shared.settings import Settings
+
+__all__ = ["HeadCuts", "head_deadline_protocol", "run"]
+
+log = logging.getLogger(__name__)
+
+Parser = Literal["auto", "httptools", "h11"]
+
+
+def _closing_response(status: str, error: str, detail: str) -> bytes:
+    """A whole JSON response after which the connection is closed."""
+    body = json.dumps({"error": error, "detail": detail}).encode()
+    return (
+        f"HTTP/1.1 {status}\r\ncontent-type: application/json\r\n"
+        f"content-length: {len(body)}\r\nconnection: close\r\n\r\n".encode()
+        + body
+    )
+
+
+def _timeout_response(timeout_s: float) -> bytes:
+    return _closing_response(
+        "408 Request Timeout",
+        "request_timeout",
+        f"the request line and headers did not arrive within {timeout_s:g} s "
+        "(IMROUTE_HTTP_HEADER_TIMEOUT_S)",
+    )
+
+
+LOG_EVERY_S = 10.0
+
+
+class HeadCuts:
+    """Connections the head deadline closed, counted; logged at once, then at most every
+    LOG_EVERY_S with the count since (a slowloris attack is thousands of sockets, and
+    must not become thousands of log lines)."""
+
+    def __init__(self, timeout_s: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.timeout_s = timeout_s
+        self.partial = 0  # closed with part of a head (answered 408)
+        self.silent = 0  # closed having sent nothing
+        self._clock = clock
+        self._logged = (0, 0)
+        self._next_log = float("-inf")
+
+    def cut(self, began: bool) -> None:
+        if began:
+            self.partial += 1
+        else:
+            self.silent += 1
+        now = self._clock()
+        if now < self._next_log:
+            return
+        partial, silent = self.partial - self._logged[0], self.silent - self._logged[1]
+        log.warning(
+            "closed %d connection(s) with a request head not whole after %gs (408) and %d "
+            "that sent nothing (IMROUTE_HTTP_HEADER_TIMEOUT_S)",
+            partial,
+            self.timeout_s,
+            silent,
+        )
+        self._logged = (self.partial, self.silent)
+        self._next_log = now + LOG_EVERY_S
+
+
+class _HeadDeadline:
+    """The deadline's state and its expiry, shared by both parsers' protocols."""
+
+    head_timeout_s: ClassVar[float] = 10.0
+    head_cuts: ClassVar[HeadCuts]
+    _timeout_response: ClassVar[bytes] = b""
+
+    loop: asyncio.AbstractEventLoop
+    transport: asyncio.Transport
+    _head_timer: asyncio.TimerHandle | None = None
+    _head_begun = False  # a byte of the pending head has arrived
+
+    def _arm_head(self) -> None:
+        if self._head_timer is None:
+            self._head_timer = self.loop.call_later(self.head_timeout_s, self._head_expired)
+
+    def _disarm_head(self) -> None:
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+        self._head_begun = False
+
+    def _answering(self) -> bool:
+        """Whether a request before the pending head is still being answered."""
+        raise NotImplementedError
+
+    def send_400_response(self, msg: str) -> None:
+        # uvicorn's own answer to a request it cannot parse is text/plain: ours is JSON,
+        # like every other refusal of the push service.
+        self.transport.write(_closing_response("400 Bad Request", "bad_request", msg))
+        self.transport.close()
+
+    def _head_expired(self) -> None:
+        self._head_timer = None
+        if self.transport.is_closing():
+            return
+        if self._answering():
+            # A pipelined head behind a slow answer: its time starts again after it.
+            self._arm_head()
+            return
+        if self._head_begun:
+            self.transport.write(self._timeout_response)
+        self.head_cuts.cut(self._head_begun)
+        self.transport.close()
+
+
+def _httptools_class() -> type[asyncio.Protocol]:
+    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+    class HttpToolsHeadDeadline(_HeadDeadline, HttpToolsProtocol):
+        """httptools calls back at a head's first byte and at its end."""
+
+        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+            super().connection_made(transport)
+            self._arm_head()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self._disarm_head()
+            super().connection_lost(exc)
+
+        def on_message_begin(self) -> None:
+            super().on_message_begin()
+            self._head_begun = True
+            self._arm_head()
+
+        def on_headers_complete(self) -> None:
+            self._disarm_head()
+            super().on_headers_complete()
+
+        def _answering(self) -> bool:
+            return self.cycle is not None and not self.cycle.response_complete
+
+    return HttpToolsHeadDeadline
+
+
+class H11HeadDeadline(_HeadDeadline, H11Protocol):
+    """h11 has no per-head callbacks: its state says whether a head is pending (IDLE)."""
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._arm_head()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm_head()
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        if data and self.conn.their_state is h11.IDLE:
+            self._head_begun = True
+            self._arm_head()
+        super().data_received(data)
+        if self.conn.their_state is not h11.IDLE:  # the head was parsed
+            self._disarm_head()
+
+    def _answering(self) -> bool:
+        return self.cycle is not None and not self.cycle.response_complete
+
+
+def head_deadline_protocol(timeout_s: float, parser: Parser = "auto") -> type[asyncio.Protocol]:
+    """uvicorn's HTTP protocol (httptools when installed, as uvicorn's "auto" picks, else
+    h11) with a deadline of `timeout_s` for each request head."""
+    if parser == "auto":
+        parser = "httptools" if importlib.util.find_spec("httptools") else "h11"
+    base = _httptools_class() if parser == "httptools" else H11HeadDeadline
+    attrs: dict[str, Any] = {
+        "head_timeout_s": timeout_s,
+        "head_cuts": HeadCuts(timeout_s),
+        "_timeout_response": _timeout_response(timeout_s),
+    }
+    return type(base.__name__, (base,), attrs)
+
+
+def run(app: ASGIApp, settings: Settings) -> None:
+    """Serve `app` with uvicorn until SIGINT or SIGTERM, with the HTTP limits of `settings`."""
+    uvicorn.run(
+        app,
+        host=settings.host,
+        port=settings.port,
+        log_level=settings.log_level,
+        access_log=False,
+        http=head_deadline_protocol(settings.http_header_timeout_s),
+        timeout_keep_alive=settings.http_keepalive_timeout_s,
+        limit_concurrency=settings.http_max_concurrency,
+    )

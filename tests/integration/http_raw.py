@@ -1,0 +1,115 @@
+"""Raw HTTP/1.1 over asyncio streams, for tests that must control every byte a client
+sends (slowloris heads, bodies announced but not sent), and a real push service process."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from router.devtools.ports import free_port
+from tests.conftest import API_KEY, SECRET
+from tests.integration.procs import BIN, Proc, base_env, read_until, running
+
+HOST = "127.0.0.1"
+
+
+@dataclass(frozen=True)
+class Answer:
+    status: int
+    headers: dict[str, str]
+    body: bytes
+
+    def json(self) -> Any:
+        assert self.headers.get("content-type", "").startswith("application/json"), self
+        return json.loads(self.body)
+
+
+async def read_answer(reader: asyncio.StreamReader, timeout: float) -> Answer | None:
+    """The next response on the connection; None if it closes without one."""
+    try:
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), timeout)
+    except asyncio.IncompleteReadError as exc:
+        assert exc.partial == b"", exc.partial  # closed, not cut mid-response
+        return None
+    status, headers = _parse_head(head[:-4])
+    length = int(headers.get("content-length", "0"))
+    body = await asyncio.wait_for(reader.readexactly(length), timeout)
+    return Answer(status, headers, body)
+
+
+def read_answer_blocking(sock: socket.socket) -> Answer | None:
+    """`read_answer` on a blocking socket (whose timeout bounds each read)."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = sock.recv(65536)
+        if not chunk:
+            assert data == b"", data
+            return None
+        data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    status, headers = _parse_head(head)
+    length = int(headers.get("content-length", "0"))
+    while len(body) < length:
+        chunk = sock.recv(65536)
+        assert chunk, "closed mid-response"
+        body += chunk
+    return Answer(status, headers, body[:length])
+
+
+def _parse_head(head: bytes) -> tuple[int, dict[str, str]]:
+    status_line, *lines = head.decode("latin-1").split("\r\n")
+    headers = {}
+    for line in lines:
+        if line:
+            name, _, value = line.partition(":")
+            headers[name.strip().lower()] = value.strip()
+    return int(status_line.split()[1]), headers
+
+
+async def closed_by_server(reader: asyncio.StreamReader, timeout: float) -> bool:
+    """Whether the server closes the connection (EOF or reset) within `timeout`."""
+    try:
+        rest = await asyncio.wait_for(reader.read(), timeout)
+    except TimeoutError:
+        return False
+    except ConnectionError:
+        return True
+    assert rest == b"" or rest.startswith(b"HTTP/1.1 "), rest
+    return True
+
+
+def request_head(method: str, path: str, **headers: str) -> bytes:
+    lines = [f"{method} {path} HTTP/1.1", f"Host: {HOST}"]
+    lines += [f"{name.replace('_', '-')}: {value}" for name, value in headers.items()]
+    return ("\r\n".join(lines) + "\r\n\r\n").encode()
+
+
+def directory_url(folder: Path) -> str:
+    """The SQLite user directory `push_service` gives a process started in `folder`."""
+    return f"sqlite+aiosqlite:///{folder}/users.db"
+
+
+@contextmanager
+def push_service(
+    redis_url: str, prefix: str, tmp_path: Path, **env: str
+) -> Iterator[tuple[Proc, int]]:
+    """`python -m push_service` as a real process on a free port, with its own directory."""
+    port = free_port()
+    environ = base_env(
+        IMROUTE_REDIS_URL=redis_url,
+        IMROUTE_REDIS_PREFIX=prefix,
+        IMROUTE_API_KEY=API_KEY,
+        IMROUTE_SECRET=SECRET,
+        IMROUTE_PORT=str(port),
+        IMROUTE_DB_URL=directory_url(tmp_path),
+        **env,
+    )
+    with running([str(BIN / "python"), "-m", "push_service"], environ) as proc:
+        read_until(proc, "Uvicorn running on")
+        yield proc, port

@@ -1,0 +1,169 @@
+"""uvicorn as the push service runs it (push_service.http_server): a deadline for each
+request head, the keep-alive timeout and the concurrency limit, against a real
+`python -m push_service` and, for each of uvicorn's HTTP parsers, an in-process server."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+import redis.asyncio as aioredis
+import uvicorn
+from starlette.types import Receive, Scope, Send
+
+from push_service.http_server import Parser, head_deadline_protocol
+from router.devtools.ports import free_port
+from tests.integration.http_raw import (
+    HOST,
+    closed_by_server,
+    push_service,
+    read_answer,
+    request_head,
+)
+from tests.integration.procs import read_until
+from tests.integration.stack import wait_for
+
+pytestmark = pytest.mark.integration
+
+
+async def _drip_head(writer: asyncio.StreamWriter, every_s: float) -> None:
+    """A slowloris head: one header line at a time, never the blank line that ends it."""
+    writer.write(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")
+    with contextlib.suppress(ConnectionError):
+        for n in range(1000):
+            await asyncio.sleep(every_s)
+            writer.write(f"X-Drip-{n}: y\r\n".encode())
+            await writer.drain()
+
+
+async def _slowloris_is_cut(port: int, timeout_s: float) -> None:
+    reader, writer = await asyncio.open_connection(HOST, port)
+    drip = asyncio.create_task(_drip_head(writer, every_s=timeout_s / 4))
+    try:
+        answer = await read_answer(reader, timeout=timeout_s + 3)
+        assert answer is not None and answer.status == 408, answer
+        assert answer.json()["error"] == "request_timeout"
+        assert "IMROUTE_HTTP_HEADER_TIMEOUT_S" in answer.json()["detail"]
+        assert await closed_by_server(reader, 2)
+    finally:
+        drip.cancel()
+        writer.close()
+
+
+async def test_slowloris_heads_are_cut_by_the_header_timeout(
+    redis_url: str, prefix: str, redis: aioredis.Redis, tmp_path: Path
+) -> None:
+    """Finding 9b: uvicorn holds a head that never ends for ever. The real process, with
+    IMROUTE_HTTP_HEADER_TIMEOUT_S=1."""
+    env = {"IMROUTE_HTTP_HEADER_TIMEOUT_S": "1", "IMROUTE_HTTP_KEEPALIVE_TIMEOUT_S": "3"}
+    with push_service(redis_url, prefix, tmp_path, **env) as (proc, port):
+        await _slowloris_is_cut(port, 1.0)
+        # Counted in a log line (at most one every 10 s, with the count since).
+        read_until(proc, "closed 1 connection(s) with a request head not whole after 1s", 5)
+        # A connection that sends nothing at all is closed, without a word.
+        reader, writer = await asyncio.open_connection(HOST, port)
+        assert await closed_by_server(reader, 4)
+        assert reader.at_eof()
+        writer.close()
+        # A well-behaved client on a keep-alive connection: its idle time between
+        # requests is the keep-alive timeout's (3 s), not the head's (1 s)...
+        reader, writer = await asyncio.open_connection(HOST, port)
+        for _ in range(2):
+            writer.write(request_head("GET", "/healthz"))
+            answer = await read_answer(reader, timeout=5)
+            assert answer is not None and answer.status == 200
+            assert not await closed_by_server(reader, 1.5)
+        # ...and a slow head on that connection is cut like a first one.
+        drip = asyncio.create_task(_drip_head(writer, every_s=0.25))
+        answer = await read_answer(reader, timeout=4)
+        assert answer is not None and answer.status == 408
+        drip.cancel()
+        writer.close()
+        # Idle past the keep-alive timeout: closed.
+        reader, writer = await asyncio.open_connection(HOST, port)
+        writer.write(request_head("GET", "/healthz"))
+        assert (await read_answer(reader, timeout=5)) is not None
+        assert await closed_by_server(reader, 6)
+        writer.close()
+
+
+async def _hello(scope: Scope, receive: Receive, send: Send) -> None:
+    if scope["type"] == "lifespan":
+        while (await receive())["type"] != "lifespan.shutdown":
+            pass
+        await send({"type": "lifespan.shutdown.complete"})
+        return
+    await send({"type": "http.response.start", "status": 200, "headers": []})
+    await send({"type": "http.response.body", "body": b""})
+
+
+@contextlib.asynccontextmanager
+async def _uvicorn(parser: Parser, header_timeout_s: float) -> AsyncIterator[int]:
+    port = free_port()
+    config = uvicorn.Config(
+        _hello,
+        host=HOST,
+        port=port,
+        http=head_deadline_protocol(header_timeout_s, parser),
+        log_level="warning",
+        lifespan="off",
+    )
+    server = uvicorn.Server(config)
+    task = asyncio.create_task(server.serve())
+    try:
+        await wait_for(lambda: server.started, "uvicorn started")
+        yield port
+    finally:
+        server.should_exit = True
+        await asyncio.wait_for(task, 5)
+
+
+@pytest.mark.parametrize("parser", ["h11", "httptools"])
+async def test_both_parsers_cut_slow_heads_and_answer_bad_ones_in_json(parser: Parser) -> None:
+    async with _uvicorn(parser, 0.5) as port:
+        await _slowloris_is_cut(port, 0.5)
+        reader, writer = await asyncio.open_connection(HOST, port)
+        writer.write(b"NOT HTTP AT ALL\r\n\r\n")
+        answer = await read_answer(reader, timeout=3)
+        assert answer is not None and answer.status == 400
+        assert answer.json()["error"] == "bad_request"
+        writer.close()
+        # A request that arrives in pieces, each well within the deadline, is served.
+        reader, writer = await asyncio.open_connection(HOST, port)
+        for piece in (b"GET / HTTP/1.1\r\n", b"Host: x\r\n", b"\r\n"):
+            writer.write(piece)
+            await asyncio.sleep(0.1)
+        answer = await read_answer(reader, timeout=3)
+        assert answer is not None and answer.status == 200
+        writer.close()
+
+
+async def test_past_the_concurrency_limit_uvicorn_answers_503(
+    redis_url: str, prefix: str, redis: aioredis.Redis, tmp_path: Path
+) -> None:
+    env = {"IMROUTE_HTTP_MAX_CONCURRENCY": "4"}
+    with push_service(redis_url, prefix, tmp_path, **env) as (_, port):
+        conns = []
+        statuses = []
+        for _ in range(6):  # one after the other, each kept open (keep-alive)
+            reader, writer = await asyncio.open_connection(HOST, port)
+            conns.append(writer)
+            writer.write(request_head("GET", "/healthz"))
+            answer = await read_answer(reader, timeout=5)
+            assert answer is not None
+            statuses.append(answer.status)
+        # uvicorn counts the asking connection: with 3 open, the 4th is at the limit.
+        assert statuses == [200, 200, 200, 503, 503, 503], statuses
+        for writer in conns:
+            writer.close()
+        await asyncio.sleep(0.3)
+        reader, writer = await asyncio.open_connection(HOST, port)
+        writer.write(request_head("GET", "/healthz"))
+        answer = await read_answer(reader, timeout=5)
+        assert answer is not None and answer.status == 200
+        assert json.loads(answer.body) == {"status": "ok"}
+        writer.close()

@@ -1,0 +1,139 @@
+"""The key scopes (push_service.access), the gate's rules (push_service.gate) and their
+settings: pure, no server."""
+
+from __future__ import annotations
+
+import pytest
+
+from push_service.access import ApiKeys, Scope, authorize, bearer_token
+from push_service.gate import AccessRules
+from shared.errors import ConfigError
+from shared.settings import Settings
+
+PUSH_KEY = "p" * 20
+ADMIN_KEY = "a" * 20
+
+
+@pytest.mark.parametrize(
+    ("header", "token"),
+    [
+        ("Bearer abc", "abc"),
+        ("bearer abc", "abc"),
+        ("Bearer  abc ", "abc"),
+        ("Basic abc", None),
+        ("Bearer", None),
+        ("Bearer ", None),
+        ("abc", None),
+        ("", None),
+        (None, None),
+    ],
+)
+def test_bearer_token(header: str | None, token: str | None) -> None:
+    assert bearer_token(header) == token
+
+
+def test_without_an_admin_key_the_push_key_holds_both_scopes() -> None:
+    keys = ApiKeys(PUSH_KEY)
+    assert authorize(keys, PUSH_KEY, Scope.PUSH) is None
+    assert authorize(keys, PUSH_KEY, Scope.ADMIN) is None
+    denial = authorize(keys, None, Scope.ADMIN)
+    assert denial is not None and denial.status == 401
+    assert denial.detail == "missing API key (Authorization: Bearer <IMROUTE_API_KEY>)"
+    denial = authorize(keys, "x" * 20, Scope.PUSH)
+    assert denial is not None and (denial.status, denial.error) == (401, "unauthorized")
+    assert denial.detail.startswith("invalid API key") and denial.www_authenticate == "Bearer"
+
+
+def test_with_an_admin_key_each_key_holds_its_own_scope_only() -> None:
+    keys = ApiKeys(PUSH_KEY, ADMIN_KEY)
+    assert authorize(keys, PUSH_KEY, Scope.PUSH) is None
+    assert authorize(keys, ADMIN_KEY, Scope.ADMIN) is None
+    denial = authorize(keys, PUSH_KEY, Scope.ADMIN)
+    assert denial is not None and (denial.status, denial.error) == (403, "forbidden")
+    assert "admin scope" in denial.detail and "IMROUTE_ADMIN_API_KEY" in denial.detail
+    assert denial.www_authenticate == 'Bearer error="insufficient_scope", scope="admin"'
+    denial = authorize(keys, ADMIN_KEY, Scope.PUSH)
+    assert denial is not None and denial.status == 403 and "push scope" in denial.detail
+    denial = authorize(keys, "x" * 20, Scope.ADMIN)
+    assert denial is not None and denial.status == 401
+    assert "IMROUTE_ADMIN_API_KEY" in denial.detail
+    # Neither key's text is ever echoed back.
+    for presented in (PUSH_KEY, ADMIN_KEY, "x" * 20):
+        for scope in Scope:
+            denial = authorize(keys, presented, scope)
+            assert denial is None or (
+                PUSH_KEY not in denial.detail and ADMIN_KEY not in denial.detail
+            )
+
+
+def test_keys_from_settings_and_their_checks() -> None:
+    settings = Settings.load({"IMROUTE_API_KEY": PUSH_KEY, "IMROUTE_ADMIN_API_KEY": ADMIN_KEY})
+    assert ApiKeys.from_settings(settings) == ApiKeys(PUSH_KEY, ADMIN_KEY)
+    assert ApiKeys.from_settings(Settings.load({"IMROUTE_API_KEY": PUSH_KEY})).admin is None
+    with pytest.raises(ConfigError, match=r"IMROUTE_ADMIN_API_KEY: .*at least 16") as info:
+        Settings.load({"IMROUTE_API_KEY": PUSH_KEY, "IMROUTE_ADMIN_API_KEY": "short-secret"})
+    assert "short-secret" not in str(info.value)
+    with pytest.raises(ConfigError, match=r"IMROUTE_ADMIN_API_KEY: .*must differ") as info:
+        Settings.load({"IMROUTE_API_KEY": PUSH_KEY, "IMROUTE_ADMIN_API_KEY": PUSH_KEY})
+    assert PUSH_KEY not in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("env", "named"),
+    [
+        ({"IMROUTE_HTTP_HEADER_TIMEOUT_S": "0"}, "IMROUTE_HTTP_HEADER_TIMEOUT_S"),
+        ({"IMROUTE_HTTP_HEADER_TIMEOUT_S": "301"}, "IMROUTE_HTTP_HEADER_TIMEOUT_S"),
+        ({"IMROUTE_HTTP_KEEPALIVE_TIMEOUT_S": "0"}, "IMROUTE_HTTP_KEEPALIVE_TIMEOUT_S"),
+        ({"IMROUTE_HTTP_KEEPALIVE_TIMEOUT_S": "1.5"}, "IMROUTE_HTTP_KEEPALIVE_TIMEOUT_S"),
+        ({"IMROUTE_HTTP_MAX_CONCURRENCY": "0"}, "IMROUTE_HTTP_MAX_CONCURRENCY"),
+    ],
+)
+def test_http_limits_are_checked(env: dict[str, str], named: str) -> None:
+    with pytest.raises(ConfigError, match=named):
+        Settings.load(env)
+
+
+def test_http_limit_defaults() -> None:
+    s = Settings.load({})
+    assert (s.http_header_timeout_s, s.http_keepalive_timeout_s, s.http_max_concurrency) == (
+        10.0,
+        5,
+        10_000,
+    )
+
+
+SCHEMES = {"PushKey": Scope.PUSH, "AdminKey": Scope.ADMIN}
+SCHEMA = {
+    "paths": {
+        "/v1/push": {"post": {"security": [{"PushKey": []}]}},
+        "/v1/users": {"put": {"security": [{"AdminKey": []}]}},
+        "/v1/users/{uid}": {
+            "get": {"security": [{"PushKey": []}]},
+            "delete": {"security": [{"AdminKey": []}]},
+        },
+        "/v1/users/me": {"get": {}},  # a static path a template also matches
+        "/v1/dispatch": {"get": {"security": [{"ClientToken": []}]}},
+        "/healthz": {"get": {}},
+    }
+}
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "needed"),
+    [
+        ("POST", "/v1/push", Scope.PUSH),
+        ("GET", "/v1/push", Scope.PUSH),  # a 405 to come: still not without the key
+        ("PUT", "/v1/users", Scope.ADMIN),
+        ("GET", "/v1/users/alice", Scope.PUSH),
+        ("DELETE", "/v1/users/alice", Scope.ADMIN),
+        ("POST", "/v1/users/alice", Scope.ADMIN),  # the strictest of the path's
+        ("GET", "/v1/users/me", Scope.PUSH),  # the template's scope, the stricter
+        ("GET", "/v1/users/a/b", None),  # no route: the router's 404
+        ("GET", "/v1/dispatch", None),  # a client token is not one of the keys
+        ("GET", "/healthz", None),
+        ("GET", "/metrics", None),
+        ("GET", "/v1/unknown", None),
+    ],
+)
+def test_access_rules_from_the_schema(method: str, path: str, needed: Scope | None) -> None:
+    assert AccessRules.from_openapi(SCHEMA, SCHEMES).needed(method, path) is needed
