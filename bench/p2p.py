@@ -5,9 +5,8 @@ gateways in two groups, under a unique Redis key prefix), connects N WebSocket c
 separate client process, then sends pushes, each to one random connected uid, through the
 REST API on an open-loop schedule. It reports the achieved pushes/s, the end-to-end latency
 (from just before the REST call until the client process has the frame) and the REST-call
-latency, plus errors and lost frames.
-
-Every child process is stopped by its PID on exit, Ctrl-C and errors.
+latency, plus errors and lost frames; every child process is stopped by its PID on exit,
+Ctrl-C and errors.
 
     .venv/bin/python -m bench.p2p --quick
     .venv/bin/python -m bench.p2p --clients 2000 --rate 1000 --duration 10
@@ -21,19 +20,17 @@ import math
 import os
 import random
 import secrets
-import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import httpx
 
 from bench.harness.cli import add_run_flags, in_range
 from bench.harness.clients import ClientPool, indices_of, token_url, uid_of
+from bench.harness.internal import add_internal_flag, internal_credentials
 from bench.harness.link import ChildLink, emit, stdin_commands
 from bench.harness.load import make_clients, run_load, skip_missing_sniffio
 from bench.harness.report import machine_lines, print_json
@@ -307,13 +304,15 @@ def report(result: dict[str, Any], cond: dict[str, str]) -> None:
         return "  ".join(f"{k} {v:7.2f}" for k, v in d.items()) + " ms"
 
     r = result
+    cpu = ", ".join(f"{k} {v:.0f}%" for k, v in r["cpu_pct"].items())
+    per = ", ".join(f"{k} {v:.2f}" for k, v in r["cpu_ms_per_push"].items())
     lines = [
         "imroute P2P push benchmark (REST -> push service -> gRPC -> gateway -> WebSocket)",
         "conditions:",
         *machine_lines(cond),
         f"  python      {cond['python']}  client/loadgen loop={cond['loop']}",
         f"  stack       push service (uvicorn, 1 process) + gw1/g1 + gw2/g2; redis {cond['redis']}"
-        f"; store {cond.get('store', 'on')}",
+        f"; store {cond.get('store', 'on')}; internal calls {cond.get('internal', 'none')}",
         f"  clients     {r['clients']} connected ({r['clients_failed']} failed) in 1 client"
         f" process, connected in {r['connect_s']:.1f}s",
         f"  load        target {r['target_rate']:g} pushes/s for {r['duration_s']:g}s, open loop,"
@@ -330,13 +329,9 @@ def report(result: dict[str, Any], cond: dict[str, str]) -> None:
         f"  clients     {r['open_clients']} open at the end, {r['closed_clients']} closed;"
         f" {r['try_again']} closes with 1013 (try again) while connecting, reconnected",
         f"  errors      {r['errors'] or 'none'}",
-        "  cpu         "
-        + ", ".join(f"{k} {v:.0f}%" for k, v in r["cpu_pct"].items())
-        + "  (% of one core during the load phase; others = processes not started"
-        " by this run)",
-        "  cpu / push  "
-        + ", ".join(f"{k} {v:.2f}" for k, v in r["cpu_ms_per_push"].items())
-        + "  (ms of CPU per answered push)",
+        f"  cpu         {cpu}  (% of one core during the load phase; others = processes"
+        " not started by this run)",
+        f"  cpu / push  {per}  (ms of CPU per answered push)",
     ]
     print("\n".join(lines), flush=True)
 
@@ -352,13 +347,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--store", choices=["on", "off"], default="on", help='"store" of each push (default on)'
     )
-    p.add_argument(
-        "--internal",
-        choices=["none", "token", "mtls"],
-        default="token",
-        help="the credential of the push service's gRPC calls: none, IMROUTE_INTERNAL_TOKEN "
-        "(default, as imroute dev runs) or mTLS (scripts/grpc-certs)",
-    )
+    add_internal_flag(p)
     add_run_flags(p, "200 clients, 3 s, 200/s", concurrency=64)
     p.add_argument("--worker", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -373,10 +362,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     if args.worker:
         return worker_main(json.loads(args.worker))
-    opts = Options(
-        args.clients, args.rate, args.duration, args.concurrency, args.seed, args.json,
-        args.store == "on", args.internal,
-    )  # fmt: skip
+    opts = Options(args.clients, args.rate, args.duration, args.concurrency, args.seed,
+                   args.json, args.store == "on", args.internal)  # fmt: skip
     # Children inherit the limit: each gateway holds about half of the clients.
     raise_nofile(opts.clients + 4096)
     return run_main("p2p", lambda h: _p2p(h, opts))
@@ -386,16 +373,7 @@ def _p2p(h: Harness, opts: Options) -> None:
     api_key = secrets.token_urlsafe(24)
     h.env["IMROUTE_API_KEY"] = api_key
     h.cond["store"] = "on" if opts.store else "off"
-    h.cond["internal"] = opts.internal
-    if opts.internal == "token":
-        h.env["IMROUTE_INTERNAL_TOKEN"] = secrets.token_urlsafe(32)
-    elif opts.internal == "mtls":
-        folder = tempfile.mkdtemp(prefix="imroute-bench-certs-")
-        script = Path(__file__).resolve().parents[1] / "scripts" / "grpc-certs"
-        subprocess.run([str(script), folder], check=True, stdout=subprocess.DEVNULL)
-        h.env["IMROUTE_GRPC_TLS_CERT"] = f"{folder}/node.pem"
-        h.env["IMROUTE_GRPC_TLS_KEY"] = f"{folder}/node.key"
-        h.env["IMROUTE_GRPC_TLS_CA"] = f"{folder}/ca.pem"
+    internal_credentials(h.env, h.cond, opts.internal)
     http_port = free_port()
     gateways = [("gw1", "g1", free_port(), free_port()), ("gw2", "g2", free_port(), free_port())]
     start_stack(h.stack, http_port, gateways, api_key)

@@ -32,6 +32,7 @@ from shared.models import GatewayInfo
 from shared.settings import Settings, redact_url
 from socket_gateway.bus_consumer import consume, gateway_topics
 from socket_gateway.connections import LocalConnections
+from socket_gateway.counts import gateway_counts
 from socket_gateway.dedup import RecentIds
 from socket_gateway.delivery import DeliverService
 from socket_gateway.follower import TopicFollower
@@ -44,6 +45,7 @@ from socket_gateway.heartbeat import (
     Drain,
     Heartbeat,
 )
+from socket_gateway.identity import claim_id
 from socket_gateway.metrics import GatewayMetrics, render
 from socket_gateway.resume import Resumer
 from socket_gateway.supervise import RestartBudget
@@ -117,53 +119,11 @@ class Gateway:
         self._drain = Drain(self.conns)
 
     def _recovery_counts(self) -> dict[str, tuple[str, float]]:
-        counts: dict[str, tuple[str, float]] = {
-            "rejected_batches": (
-                "Batches refused as malformed (content not one JSON value, ids or counts "
-                "over their caps): nothing of them was written",
-                self.deliver_service.rejected,
-            ),
-        }
-        counts["bus_consumer_restarts"] = (
-            "Times the bus consumer died of an unexpected error and was restarted",
-            self.consumer_restarts,
-        )
-        counts["dedupe_evicted_early"] = (
-            "Batch ids forgotten before their dedupe window ran out (its count or byte "
-            "cap): a duplicate of one would be written again",
-            self.deliver_service.evicted_early,
-        )
-        if self.token_check is not None:
-            counts["unauthenticated_calls"] = (
-                "gRPC calls refused for a missing or wrong IMROUTE_INTERNAL_TOKEN",
-                self.token_check.refused,
-            )
-        if self._ws is not None:
-            counts.update(self._ws.refusals.metrics())
-        if self.resumer is not None:
-            r = self.resumer.stats
-            counts["resumes"] = ("Connections that asked to resume (since=)", r.resumes)
-            counts["resumes_incomplete"] = ("Resumes answered complete:false", r.incomplete)
-            counts["replayed_pushes"] = ("Push frames written by replays", r.replayed)
-        if self.follower is not None:
-            seqs = self.follower.sequencers.values()
-            counts["batches_filled"] = (
-                "Batches read from the recovery log because the bus had not brought them",
-                sum(q.filled for q in seqs),
-            )
-            counts["batches_lost"] = (
-                "Batches neither on the bus nor still in the recovery log: skipped",
-                sum(q.lost for q in seqs),
-            )
-            counts["batches_late"] = (
-                "Batches the bus brought after their turn (already delivered): dropped",
-                sum(q.late for q in seqs),
-            )
-            counts["batches_without_content"] = (
-                "Bus batches whose content, stored once per push, was gone: dropped",
-                self.follower.without_content,
-            )
-        return counts
+        return gateway_counts(self)
+
+    @property
+    def ws_endpoint(self) -> WsEndpoint | None:
+        return self._ws
 
     @property
     def draining(self) -> bool:
@@ -278,7 +238,7 @@ class Gateway:
         # Subscribed before announcing: a batch published once this gateway is visible
         # must already be owed to it.
         await bus.prepare(gateway_topics(s.group_id), s.gateway_id)
-        await self._claim_id(self.fleet)
+        await claim_id(self.fleet, s.gateway_id, self.info.grpc_address, self.clock)
         # Announced only once both servers listen, so no route points at a dead port.
         await self.fleet.announce(self.info)
         self._stack.push_async_callback(self._shutdown)
@@ -297,40 +257,6 @@ class Gateway:
         self._heartbeat.start()
         self._consumer = asyncio.create_task(self._consume(bus), name="bus-consumer")
         self._following = asyncio.create_task(self.follower.run(), name="topic-follower")
-
-    async def _claim_id(self, fleet: RedisGatewayFleet) -> None:
-        """Refuse to start under an id another live gateway holds: two would overwrite
-        each other's fleet record, and pushes for one's users would reach the other.
-
-        A record at our own address is this gateway's previous life (a restart). One at
-        another address may be a live gateway or a dead one whose record has not lapsed
-        (a crash, then a restart on a new pod IP): a live gateway renews its record every
-        heartbeat, so we watch it until it renews (live: refuse, naming it) or lapses."""
-        gateway_id = self.settings.gateway_id
-        mine = self.info.grpc_address
-        other, left_ms = await fleet.record(gateway_id)
-        if other is None or other.grpc_address == mine:
-            return
-        log.warning(
-            "gateway id %s is announced at %s: waiting up to %.1fs to see if it is alive",
-            gateway_id,
-            other.grpc_address,
-            left_ms / 1000,
-        )
-        deadline = self.clock.monotonic() + left_ms / 1000 + 0.5
-        while self.clock.monotonic() < deadline:
-            await asyncio.sleep(0.1)
-            again, now_left = await fleet.record(gateway_id)
-            if again is None or again.grpc_address == mine:
-                return  # it lapsed or withdrew: the id is free
-            if now_left > left_ms or again.started_ms != other.started_ms:
-                raise ConfigError(
-                    f"IMROUTE_GATEWAY_ID: {gateway_id} is already live at "
-                    f"{again.grpc_address} (started at {again.started_ms} ms since the epoch, "
-                    f"heartbeating): give this gateway another id, or stop that one"
-                )
-            left_ms = now_left
-        # Past its whole TTL without a renewal: the record is a dead gateway's.
 
     async def _consume(self, bus: Bus) -> None:
         """The bus consumer, restarted when it dies of an unexpected error; when it keeps

@@ -79,6 +79,10 @@ class DevStack:
             env["IMROUTE_API_KEY"] = shown["api key"] = secrets.token_urlsafe(24)
         if settings.secret is None:
             env["IMROUTE_SECRET"] = shown["secret"] = secrets.token_urlsafe(32)
+        if settings.admin_api_key is None and "api key" in shown:
+            # With a generated API key, an admin key of its own (drains, directory writes);
+            # with the caller's own API key and no admin key, that key keeps both roles.
+            env["IMROUTE_ADMIN_API_KEY"] = shown["admin key"] = secrets.token_urlsafe(24)
         if settings.internal_token is None:
             # Only the children need it (the push service's credential on the gateways'
             # gRPC ports), so it is not shown.
@@ -154,11 +158,18 @@ class DevStack:
         o = self.options
         key = env["IMROUTE_API_KEY"] if "api key" in shown else "$IMROUTE_API_KEY"
         secret = env["IMROUTE_SECRET"] if "secret" in shown else "$IMROUTE_SECRET"
+        if "admin key" in shown:
+            admin, admin_from = env["IMROUTE_ADMIN_API_KEY"], ""
+        elif "IMROUTE_ADMIN_API_KEY" in env:
+            admin, admin_from = "$IMROUTE_ADMIN_API_KEY", "   (from IMROUTE_ADMIN_API_KEY)"
+        else:
+            admin, admin_from = key, "   (none set: the API key holds the admin role)"
         lines = [
             "",
             "imroute dev is up.",
             f"  API:      http://{o.host}:{o.port}   (docs: http://{o.host}:{o.port}/docs)",
             f"  API key:  {key}" + ("" if "api key" in shown else "   (from IMROUTE_API_KEY)"),
+            f"  admin key: {admin}{admin_from}   (drains, user directory writes)",
             f"  secret:   {secret}" + ("" if "secret" in shown else "   (from IMROUTE_SECRET)"),
             "  gateways:",
             *(
@@ -172,7 +183,7 @@ class DevStack:
             f"    curl -s -H 'Authorization: Bearer {key}' -H 'Content-Type: application/json' "
             f'-d \'{{"to":["alice"],"content":{{"text":"hi"}}}}\' '
             f"http://{o.host}:{o.port}/v1/push",
-            f"    curl -s -X PUT -H 'Authorization: Bearer {key}' -H 'Content-Type: "
+            f"    curl -s -X PUT -H 'Authorization: Bearer {admin}' -H 'Content-Type: "
             f'application/json\' -d \'{{"users":[{{"uid":"alice","tags":["vip"]}}]}}\' '
             f"http://{o.host}:{o.port}/v1/users",
             f"    curl -s -H 'Authorization: Bearer {key}' -H 'Content-Type: application/json' "

@@ -50,8 +50,10 @@ def test_clients_dispatch_then_move_off_a_drained_gateway(
     with running(argv, env) as dev:
         banner = "\n".join(read_until(dev, "Ctrl-C stops everything", timeout=60))
         key = re.search(r"API key:\s+(\S+)", banner)
+        admin = re.search(r"admin key:\s+(\S+)", banner)
         secret = re.search(r"secret:\s+(\S+)", banner)
-        assert key and secret, banner
+        assert key and admin and secret, banner
+        assert admin.group(1) != key.group(1)  # dev generated both: two roles
         api = f"http://127.0.0.1:{port}"
         client_argv = [sys.executable, str(CLIENTS), "--api", api, "--count", str(COUNT),
                        "--json", "--every", "0.3"]  # fmt: skip
@@ -80,7 +82,7 @@ def test_clients_dispatch_then_move_off_a_drained_gateway(
             request = urllib.request.Request(
                 f"{api}/v1/gateways/gw1/drain",
                 method="POST",
-                headers={"Authorization": f"Bearer {key.group(1)}"},
+                headers={"Authorization": f"Bearer {admin.group(1)}"},
             )
             with urllib.request.urlopen(request) as resp:
                 assert resp.status == 202

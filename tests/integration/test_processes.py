@@ -8,6 +8,7 @@ import re
 import signal
 import subprocess
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -159,8 +160,9 @@ async def test_imroute_dev_serves_a_push_end_to_end_and_stops_cleanly(
     with running(argv, env) as dev:
         banner = "\n".join(read_until(dev, "Ctrl-C stops everything", timeout=60))
         key = re.search(r"API key:\s+(\S+)", banner)
+        admin = re.search(r"admin key:\s+(\S+)", banner)
         secret = re.search(r"secret:\s+(\S+)", banner)
-        assert key and secret, banner
+        assert key and admin and secret, banner
         assert "started an embedded one" in banner
         gateways = re.findall(r"(gw\d) group=(g\d) ws=(\S+)", banner)
         assert [(g, grp) for g, grp, _ in gateways] == [("gw1", "g1"), ("gw2", "g2")]
@@ -205,13 +207,13 @@ async def test_imroute_dev_serves_a_push_end_to_end_and_stops_cleanly(
             assert frame["content"] == {"text": "hi"}
 
             # The directory was migrated by dev: a broadcast reaches alice too.
-            def call(method: str, path: str, payload: object) -> dict[str, object]:
+            def call(method: str, path: str, payload: object, as_key: str) -> dict[str, object]:
                 request = urllib.request.Request(
                     f"http://127.0.0.1:{port}{path}",
                     method=method,
                     data=json.dumps(payload).encode(),
                     headers={
-                        "Authorization": f"Bearer {key.group(1)}",
+                        "Authorization": f"Bearer {as_key}",
                         "Content-Type": "application/json",
                     },
                 )
@@ -219,10 +221,16 @@ async def test_imroute_dev_serves_a_push_end_to_end_and_stops_cleanly(
                     answer: dict[str, object] = json.loads(resp.read())
                     return answer
 
-            assert await asyncio.to_thread(
-                call, "PUT", "/v1/users", {"users": [{"uid": "alice"}, {"uid": "bob"}]}
-            ) == {"upserted": 2}
-            accepted = await asyncio.to_thread(call, "POST", "/v1/broadcast", {"content": "all"})
+            users = {"users": [{"uid": "alice"}, {"uid": "bob"}]}
+            with pytest.raises(urllib.error.HTTPError) as refused:  # the push key cannot
+                await asyncio.to_thread(call, "PUT", "/v1/users", users, key.group(1))
+            assert refused.value.code == 403
+            assert await asyncio.to_thread(call, "PUT", "/v1/users", users, admin.group(1)) == {
+                "upserted": 2
+            }
+            accepted = await asyncio.to_thread(
+                call, "POST", "/v1/broadcast", {"content": "all"}, key.group(1)
+            )
             frame = json.loads(await asyncio.wait_for(ws.recv(), 5))
             assert (frame["push_id"], frame["content"]) == (accepted["push_id"], "all")
 

@@ -1,0 +1,61 @@
+"""The gateway's own counters for /metrics beyond the delivery counts: name -> (help,
+value), read at each scrape."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from socket_gateway.app import Gateway
+
+__all__ = ["gateway_counts"]
+
+
+def gateway_counts(gw: Gateway) -> dict[str, tuple[str, float]]:
+    counts: dict[str, tuple[str, float]] = {
+        "rejected_batches": (
+            "Batches refused as malformed (content not one JSON value, ids or counts "
+            "over their caps): nothing of them was written",
+            gw.deliver_service.rejected,
+        ),
+    }
+    counts["bus_consumer_restarts"] = (
+        "Times the bus consumer died of an unexpected error and was restarted",
+        gw.consumer_restarts,
+    )
+    counts["dedupe_evicted_early"] = (
+        "Batch ids forgotten before their dedupe window ran out (its count or byte "
+        "cap): a duplicate of one would be written again",
+        gw.deliver_service.evicted_early,
+    )
+    if gw.token_check is not None:
+        counts["unauthenticated_calls"] = (
+            "gRPC calls refused for a missing or wrong IMROUTE_INTERNAL_TOKEN",
+            gw.token_check.refused,
+        )
+    if gw.ws_endpoint is not None:
+        counts.update(gw.ws_endpoint.refusals.metrics())
+    if gw.resumer is not None:
+        r = gw.resumer.stats
+        counts["resumes"] = ("Connections that asked to resume (since=)", r.resumes)
+        counts["resumes_incomplete"] = ("Resumes answered complete:false", r.incomplete)
+        counts["replayed_pushes"] = ("Push frames written by replays", r.replayed)
+    if gw.follower is not None:
+        seqs = gw.follower.sequencers.values()
+        counts["batches_filled"] = (
+            "Batches read from the recovery log because the bus had not brought them",
+            sum(q.filled for q in seqs),
+        )
+        counts["batches_lost"] = (
+            "Batches neither on the bus nor still in the recovery log: skipped",
+            sum(q.lost for q in seqs),
+        )
+        counts["batches_late"] = (
+            "Batches the bus brought after their turn (already delivered): dropped",
+            sum(q.late for q in seqs),
+        )
+        counts["batches_without_content"] = (
+            "Bus batches whose content, stored once per push, was gone: dropped",
+            gw.follower.without_content,
+        )
+    return counts
