@@ -187,3 +187,22 @@ async def test_the_only_gateway_killed_and_restarted_is_retried_in_place(
         assert [m.content for m in got] == ["before", "after"]
         # Retry-same: dispatch was asked once, at the start.
         assert client.stats.dispatches == 1 and client.stats.connects == 2
+
+
+async def test_a_user_at_the_per_user_cap_waits_instead_of_hammering_the_fleet(
+    redis_url: str, prefix: str, redis: aioredis.Redis
+) -> None:
+    async with (
+        gateway(redis_url, prefix, "gw1", "g1", max_connections_per_user=1) as gw,
+        api(redis_url, prefix, max_connections_per_user=1) as http,
+        ImrouteClient(API, token("alice"), http=http) as first,
+    ):
+        await first.connect()
+        await registered(redis, prefix, "alice")
+        async with ImrouteClient(API, token("alice"), http=http) as second, pumping(second):
+            await wait_for(lambda: second.stats.user_cap >= 1, "the 4429 for the cap")
+            await asyncio.sleep(1.0)
+            # It waits (5 s at least) instead of reconnecting at once, again and again.
+            assert second.stats.user_cap == 1 and second.stats.connects == 1
+            assert second.stats.refused == 0  # not counted as a full gateway
+            assert len(gw.conns) == 1

@@ -219,12 +219,15 @@ class ImrouteClient:
         """The connection ended (`code` None: without a close frame): plan the next."""
         self._ws, self.gateway_id = None, None
         lived = asyncio.get_running_loop().time() - self._opened_at
-        outcome = classify(code, self._told)
+        outcome = classify(code, self._told, reason)
         if outcome is Outcome.UNAUTHORIZED:
             self._fatal = Unauthorized(f"the gateway refused the token (close 4401: {reason})")
             raise self._fatal
+        if outcome is Outcome.USER_CAP:
+            self.stats.user_cap += 1
+            log.warning("the gateway refused this connection: %s", reason)
         self.stats.moves += code == CLOSE_DRAIN or self._told
-        self.stats.refused += code == CLOSE_FULL
+        self.stats.refused += code == CLOSE_FULL and outcome is Outcome.MOVE
         self.stats.transport_errors += outcome is Outcome.TRANSPORT
         log.info("connection to %s ended (%s, close %s)", self._target, outcome.value, code)
         self._step = self._plan(outcome, lived)

@@ -14,6 +14,8 @@ __all__ = [
     "CLOSE_DRAIN",
     "CLOSE_FULL",
     "CLOSE_UNAUTHORIZED",
+    "USER_CAP_REASON",
+    "USER_CAP_WAIT_S",
     "Outcome",
     "RetryState",
     "Step",
@@ -27,6 +29,11 @@ __all__ = [
 CLOSE_UNAUTHORIZED = 4401
 CLOSE_FULL = 4429
 CLOSE_DRAIN = 4503
+# The start of a 4429's reason when the user, not the gateway, is full: every gateway
+# would refuse until one of the user's other connections closes.
+USER_CAP_REASON = "too many connections for this user"
+# The least wait before trying again after the per-user cap.
+USER_CAP_WAIT_S = 5.0
 
 
 class Outcome(enum.Enum):
@@ -38,6 +45,8 @@ class Outcome(enum.Enum):
     TRANSPORT = "transport"  # refused, reset, timed out, or closed without a close frame
     CLOSED = "closed"  # any other close or handshake answer (1001, 1011, 1013, 404, ...)
     UNAUTHORIZED = "unauthorized"  # 4401 or HTTP 401: stop for good
+    # 4429 for the per-user cap: another gateway would refuse too; wait, then try again
+    USER_CAP = "user_cap"
 
 
 @dataclass(slots=True)
@@ -56,10 +65,12 @@ class Step:
     delay_s: float
 
 
-def classify(close_code: int | None, told_to_reconnect: bool) -> Outcome:
+def classify(close_code: int | None, told_to_reconnect: bool, reason: str = "") -> Outcome:
     """The outcome of a connection closed with `close_code` (None: no close frame)."""
     if close_code == CLOSE_UNAUTHORIZED:
         return Outcome.UNAUTHORIZED
+    if close_code == CLOSE_FULL and reason.startswith(USER_CAP_REASON):
+        return Outcome.USER_CAP
     if told_to_reconnect or close_code in (CLOSE_DRAIN, CLOSE_FULL):
         return Outcome.MOVE
     if close_code is None:
@@ -97,6 +108,10 @@ def next_step(
         state.same_tries = 0
     delay = backoff.delay(state.failures - 1, rand) if state.failures else 0.0
     state.failures += 1
+    if outcome is Outcome.USER_CAP:
+        # It clears only when another of the user's connections closes: never at once.
+        state.same_tries = 0
+        return Step(dispatch=True, delay_s=max(delay, USER_CAP_WAIT_S))
     if outcome is Outcome.MOVE:
         state.same_tries = 0
         return Step(dispatch=True, delay_s=delay)

@@ -20,6 +20,7 @@ class ClientStats:
     moves: int = 0  # connections left for a drain (reconnect frame or 4503)
     refused: int = 0  # handshakes answered 503 or 429, and closes 4429: full, draining, rate
     told: int = 0  # reconnect frames received
+    user_cap: int = 0  # closes 4429 for the per-user cap: the user has too many connections
     transport_errors: int = 0  # failed connects and connections lost without a close
     bad_frames: int = 0  # frames that broke the protocol, skipped
     incomplete: int = 0  # recovered frames with complete:false

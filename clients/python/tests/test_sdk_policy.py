@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 from imroute_client.backoff import Backoff
 from imroute_client.policy import (
+    USER_CAP_WAIT_S,
     Outcome,
     RetryState,
     Step,
@@ -71,3 +72,14 @@ def test_other_closes_ask_dispatch_after_a_backoff_and_4401_is_not_planned() -> 
     assert step(s, Outcome.TRANSPORT, retries=0).dispatch
     with pytest.raises(ValueError, match="4401"):
         step(s, Outcome.UNAUTHORIZED)
+
+
+def test_the_per_user_cap_waits_instead_of_moving_at_once() -> None:
+    reason = "too many connections for this user (at most 10, IMROUTE_MAX_CONNECTIONS_PER_USER)"
+    assert classify(4429, False, reason) is Outcome.USER_CAP
+    assert classify(4429, False, "gateway full") is Outcome.MOVE  # a full gateway: move
+    state = RetryState()
+    first = step(state, Outcome.USER_CAP)
+    assert first.dispatch and first.delay_s >= USER_CAP_WAIT_S  # never at once
+    assert step(state, Outcome.USER_CAP).delay_s >= USER_CAP_WAIT_S
+    assert step(RetryState(), Outcome.MOVE).delay_s == 0.0  # unlike a drain or a full one
