@@ -125,6 +125,9 @@ class Settings(BaseSettings):
     ws_port: int = Field(8101, ge=0, le=65535)
     grpc_host: str = "127.0.0.1"
     grpc_port: int = Field(9101, ge=0, le=65535)
+    # the gateway's internal HTTP port for Prometheus (GET /metrics); unset: none
+    metrics_host: str = "127.0.0.1"
+    metrics_port: int | None = Field(None, ge=0, le=65535)
     advertise_host: str | None = None
     ws_public_url: str | None = None
     route_ttl_s: float = Field(60.0, ge=1, le=3600)

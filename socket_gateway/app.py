@@ -47,6 +47,7 @@ from socket_gateway.heartbeat import (
 )
 from socket_gateway.identity import claim_id
 from socket_gateway.metrics import GatewayMetrics, render
+from socket_gateway.metrics_http import serve_metrics
 from socket_gateway.resume import Resumer
 from socket_gateway.supervise import RestartBudget
 from socket_gateway.ws import HandshakeLimits, WsEndpoint, WsServer, WsTimers
@@ -107,6 +108,7 @@ class Gateway:
         )
         self.ws_port = 0
         self.grpc_port = 0
+        self.metrics_port: int | None = None  # the internal /metrics port, when one is set
         self._stack = AsyncExitStack()
         self._consumer: asyncio.Task[None] | None = None
         self._following: asyncio.Task[None] | None = None
@@ -117,6 +119,9 @@ class Gateway:
         self._heartbeat: Heartbeat | None = None
         self._started_ms = 0
         self._drain = Drain(self.conns)
+
+    def _render(self) -> bytes:
+        return render(self.metrics)
 
     def _recovery_counts(self) -> dict[str, tuple[str, float]]:
         return gateway_counts(self)
@@ -215,7 +220,6 @@ class Gateway:
             ConnIdFactory(s.gateway_id),
             self._writer.register,
             self._writer.unregister,
-            metrics=lambda: render(self.metrics).decode(),
             max_connections=s.gateway_max_connections,
             resumer=self.resumer,
             timers=WsTimers(handshake_s=s.ws_handshake_timeout_s),
@@ -230,6 +234,10 @@ class Gateway:
         )
         self._ws_server = await self._ws.serve(s.ws_host, s.ws_port)
         self.ws_port = self._ws_server.sockets[0].getsockname()[1]
+        if s.metrics_port is not None:
+            scrapes = await serve_metrics(s.metrics_host, s.metrics_port, self._render)
+            self._stack.push_async_callback(_closed, scrapes)
+            self.metrics_port = scrapes.sockets[0].getsockname()[1]
         bus: Bus
         if self._given_bus is not None:
             bus = self._given_bus
@@ -319,6 +327,11 @@ class Gateway:
         assert self._ws is not None and self.fleet is not None
         window = self.settings.drain_window_s if window_s is None else window_s
         await self._drain.run(window, self._ws, self.fleet, lambda: self.info)
+
+
+async def _closed(server: asyncio.Server) -> None:
+    server.close()
+    await server.wait_closed()
 
 
 def _hostport(host: str, port: int) -> str:

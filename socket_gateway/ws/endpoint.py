@@ -64,7 +64,6 @@ class WsEndpoint:
         register: Callable[[str, str], Awaitable[None]],
         unregister: Callable[[str, str], Awaitable[None]],
         timers: WsTimers | None = None,
-        metrics: Callable[[], str] | None = None,
         max_connections: int | None = None,
         resumer: Resumer | None = None,
         token_rules: TokenRules | None = None,
@@ -85,7 +84,6 @@ class WsEndpoint:
             None if rate is None else ConnectRate(rate, self.limits.connect_burst_per_ip)
         )
         self.refusals = Refusals(log)
-        self.metrics = metrics  # GET /metrics: Prometheus text, when given
         self._conns = conns
         self._secret = secret
         self._clock = clock

@@ -115,15 +115,7 @@ class HandshakeConn(FrameConn):
         url = urlsplit(request.path)
         query = parse_qs(url.query)
         admitted: str | None = None
-        if (
-            url.path == "/metrics"
-            and ep.metrics is not None
-            and request.headers.get("Upgrade") is None
-        ):
-            # Prometheus scrapes the gateway on its WebSocket port: a plain GET, answered
-            # and closed (the text exposition format is text/plain).
-            response = hs.reject(200, ep.metrics())
-        elif url.path != "/ws":
+        if url.path != "/ws":  # /metrics is on the internal port (metrics_http)
             response = json_refusal(404, "not_found", "the WebSocket endpoint is /ws?token=<JWT>")
         else:
             # The library checks the upgrade (and picks the subprotocol) first: a request

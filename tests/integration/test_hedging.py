@@ -249,7 +249,7 @@ async def test_a_hedged_duplicate_reaches_a_client_once(
         return b.SerializeToString()
 
     async with (
-        gateway(redis_url, prefix, "gw1", "g1") as gw,
+        gateway(redis_url, prefix, "gw1", "g1", metrics_port=0) as gw,
         api(redis_url, prefix, hedge_delay_ms="100", hedge_refill_ratio=0.2) as http,
         AsyncExitStack() as stack,
     ):
@@ -264,7 +264,7 @@ async def test_a_hedged_duplicate_reaches_a_client_once(
         assert [f["msg_id"] for f in got["alice"]] == ["m99"]
         await wait_until(lambda: gw.deliver_service.duplicates == 1)
         async with httpx.AsyncClient() as client:
-            scrape = await client.get(f"http://127.0.0.1:{gw.ws_port}/metrics")
+            scrape = await client.get(f"http://127.0.0.1:{gw.metrics_port}/metrics")
         assert scrape.status_code == 200
         assert "imroute_gateway_duplicate_batches_total 1.0" in scrape.text
         push_metrics = (await http.get("/metrics")).text
