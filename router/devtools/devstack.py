@@ -167,10 +167,10 @@ class DevStack:
         lines = [
             "",
             "imroute dev is up.",
-            f"  API:      http://{o.host}:{o.port}   (docs: http://{o.host}:{o.port}/docs)",
-            f"  API key:  {key}" + ("" if "api key" in shown else "   (from IMROUTE_API_KEY)"),
+            f"  API:       http://{o.host}:{o.port}   (docs: http://{o.host}:{o.port}/docs)",
+            f"  API key:   {key}" + ("" if "api key" in shown else "   (from IMROUTE_API_KEY)"),
             f"  admin key: {admin}{admin_from}   (drains, user directory writes)",
-            f"  secret:   {secret}" + ("" if "secret" in shown else "   (from IMROUTE_SECRET)"),
+            f"  secret:    {secret}" + ("" if "secret" in shown else "   (from IMROUTE_SECRET)"),
             "  gateways:",
             *(
                 f"    {g['gateway_id']} group={g['group_id']} ws={g['ws_url']} "
