@@ -279,6 +279,11 @@ async def test_a_gateway_process_on_an_open_address_without_a_token_refuses_to_s
         sys.executable, "-m", "socket_gateway", env=env,
         stdout=subprocess.PIPE, stderr=subprocess.PIPE,
     )  # fmt: skip
-    out, err = await asyncio.wait_for(proc.communicate(), 30)
+    try:
+        out, err = await asyncio.wait_for(proc.communicate(), 30)
+    finally:
+        if proc.returncode is None:  # it started after all: never leave it running
+            proc.kill()
+            await proc.wait()
     assert proc.returncode == 2, (out, err)
     assert b"IMROUTE_INTERNAL_TOKEN: required" in err, err
