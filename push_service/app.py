@@ -11,6 +11,7 @@ from push_service.access import ApiKeys
 from push_service.errors import add_error_handlers
 from push_service.gate import AccessRules, KeyGate
 from push_service.limits import BodyLimit
+from push_service.ratelimit import LimiterSlot, RateGate
 from push_service.routes import ROUTERS
 from push_service.routes.deps import KEY_SCHEMES
 from push_service.wiring import Wiring
@@ -35,13 +36,18 @@ def create_app(settings: Settings, clock: Clock | None = None, bus: Bus | None =
     if settings.api_key is None:
         raise ConfigError("IMROUTE_API_KEY: required by the push service")
     wiring = Wiring(settings, clock or SystemClock(), bus)
+    slot = LimiterSlot()
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         async with wiring.open() as services:
             app.state.services = services
             app.state.parts = wiring.parts
-            yield
+            slot.limiter = wiring.rate_limiter
+            try:
+                yield
+            finally:
+                slot.limiter = None
 
     app = FastAPI(
         title="imroute push service",
@@ -64,6 +70,9 @@ def create_app(settings: Settings, clock: Clock | None = None, bus: Bus | None =
             "/v1/users": MAX_USERS_BODY_BYTES,
         },
     )
+    # Inside the key gate, outside the body limit: only a valid key is counted, and a
+    # request over its rate is answered before its body is read.
+    app.add_middleware(RateGate, slot=slot)
     app.add_middleware(
         KeyGate, keys=keys, rules=AccessRules.from_openapi(app.openapi(), KEY_SCHEMES)
     )

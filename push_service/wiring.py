@@ -45,6 +45,7 @@ from router.hedging.metrics import PublishMetrics
 from router.jobs.reaper import reaping
 from router.jobs.store import RedisJobStore
 from router.p2p.pusher import P2PPusher
+from router.ratelimit import RateLimit, RateLimiter, RedisRateLimiter
 from router.recovery.base import RecoveryLimits
 from router.recovery.store import RedisRecoveryStore
 from router.redis.client import create_redis, ping
@@ -90,6 +91,10 @@ class Wiring:
         self._publish_metrics = PublishMetrics(self._metrics)
         self._call_metrics = CallMetrics(self._metrics)
         self.parts: Parts | None = None  # set while open
+        limit = settings.rate_limit
+        # Parsed now: a bad IMROUTE_RATE_LIMIT stops the start, by name.
+        self._rate = None if limit is None else RateLimit.parse(limit, settings.rate_burst)
+        self.rate_limiter: RateLimiter | None = None  # set while open, when a limit is set
         self._tls = load_tls(settings)  # read now: a bad file stops the start, by name
 
     @asynccontextmanager
@@ -153,6 +158,9 @@ class Wiring:
             stack.callback(self._metrics.unregister, collector)
             self.parts = Parts(bus, fleet, call_stats, clients, grpc_clients)
             stack.callback(setattr, self, "parts", None)
+            if self._rate is not None:
+                self.rate_limiter = RedisRateLimiter(redis, keys, self._rate)
+                stack.callback(setattr, self, "rate_limiter", None)
             fanout = FanOut(
                 bus,
                 directory,

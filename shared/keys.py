@@ -30,6 +30,9 @@ values' formats live with their stores: `router.routes.codec` for a route,
   week after the job finished.
 - ``{prefix}jobs:running`` is a sorted set of running jobs' push ids scored by the end of
   their lease; a job whose lease lapsed was orphaned by a dead push service.
+- ``{prefix}rate:{bucket}`` is a rate limit's bucket (one per API key, named by a hash of
+  the key): its GCRA theoretical arrival time in microseconds, expiring once the bucket
+  is full again.
 """
 
 from __future__ import annotations
@@ -102,6 +105,9 @@ class KeySchema:
 
     def jobs_running(self) -> str:
         return f"{self.prefix}jobs:running"
+
+    def rate(self, bucket: str) -> str:
+        return f"{self.prefix}rate:{bucket}"
 
 
 def _tag(name: str) -> str:

@@ -82,6 +82,11 @@ class Settings(BaseSettings):
     grpc_tls_ca: str | None = Field(None, min_length=1)
     # the name the push service expects in the gateways' certs, when not their address
     grpc_tls_server_name: str | None = Field(None, min_length=1, max_length=253)
+    # issue 13, rate limits (README, "Rate limits"): requests a second per API key to the
+    # sending endpoints (POST /v1/push, /v1/broadcast, /v1/multicast), as "<n>/s", shared
+    # by every push service through Redis; unset: no limit. The burst defaults to n.
+    rate_limit: str | None = Field(None, min_length=3, max_length=32)
+    rate_burst: int | None = Field(None, ge=1, le=1_000_000)
     # the user directory broadcast pages through (a SQLAlchemy async URL)
     db_url: str = "sqlite+aiosqlite:///imroute-users.db"
 
