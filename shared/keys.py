@@ -30,6 +30,10 @@ values' formats live with their stores: `router.routes.codec` for a route,
   week after the job finished.
 - ``{prefix}jobs:running`` is a sorted set of running jobs' push ids scored by the end of
   their lease; a job whose lease lapsed was orphaned by a dead push service.
+- ``{prefix}idem:{scope_hash}:{key_hash}`` is one Idempotency-Key's entry (a hash: the
+  request's fingerprint, ``running`` with a lease or ``done`` with the answer), with a
+  TTL. Both parts are SHA-256 hex digests: of the caller's API key (never stored) and of
+  the header's value. One key per entry, so it is cluster-safe without a tag.
 """
 
 from __future__ import annotations
@@ -102,6 +106,9 @@ class KeySchema:
 
     def jobs_running(self) -> str:
         return f"{self.prefix}jobs:running"
+
+    def idempotency(self, scope_hash: str, key_hash: str) -> str:
+        return f"{self.prefix}idem:{scope_hash}:{key_hash}"
 
 
 def _tag(name: str) -> str:
