@@ -97,9 +97,7 @@ async def test_a_replay_answers_again_and_keys_are_scoped_per_api_key(
             assert 0 < await redis.ttl(names[0]) <= 86_400
 
 
-async def test_a_5xx_is_not_kept_so_the_retry_runs(
-    redis_url: str, prefix: str, redis: Any
-) -> None:
+async def test_a_5xx_is_not_kept_so_the_retry_runs(redis_url: str, prefix: str, redis: Any) -> None:
     async with gateway(redis_url, prefix, "gw1", "g1") as gw, api(redis_url, prefix) as http:
         async with client(gw, "alice") as ws:
             # A value of the wrong type where alice's routes are: Redis refuses the look-up
