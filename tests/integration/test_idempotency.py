@@ -4,11 +4,17 @@ WebSocket clients (README, "Idempotent pushes")."""
 from __future__ import annotations
 
 import asyncio
+from contextlib import ExitStack
+from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
+from router.devtools.ports import free_port
 from shared.keys import KeySchema
+from tests.conftest import API_KEY
+from tests.integration.procs import BIN, base_env, read_until, running
 from tests.integration.stack import AUTH, api, client, gateway, nothing_more, recv_json
 
 pytestmark = pytest.mark.integration
@@ -163,3 +169,37 @@ async def test_255_printable_characters_are_a_key(redis_url: str, prefix: str, r
         again = await http.post("/v1/push", json=PUSH, headers=_with_key(key))
         assert first.status_code == again.status_code == 200, first.text
         assert again.json()["push_id"] == first.json()["push_id"]
+
+
+async def test_one_key_pushes_once_across_two_push_services(
+    redis_url: str, prefix: str, redis: Any, tmp_path: Path
+) -> None:
+    env = base_env(
+        IMROUTE_REDIS_URL=redis_url,
+        IMROUTE_REDIS_PREFIX=prefix,
+        IMROUTE_API_KEY=API_KEY,
+        IMROUTE_DB_URL=f"sqlite+aiosqlite:///{tmp_path}/users.db",
+    )
+    ports = [free_port(), free_port()]
+    with ExitStack() as procs:
+        for port in ports:
+            argv = [str(BIN / "python"), "-m", "push_service", "--port", str(port)]
+            started = procs.enter_context(running(argv, env))
+            read_until(started, "Uvicorn running on", timeout=30)
+        async with gateway(redis_url, prefix, "gw1", "g1") as gw:
+            async with client(gw, "alice") as phone, client(gw, "alice") as laptop:
+                async with httpx.AsyncClient(timeout=10) as http:
+                    answers = await asyncio.gather(
+                        *(
+                            http.post(
+                                f"http://127.0.0.1:{ports[n % 2]}/v1/push",
+                                json=PUSH,
+                                headers=_with_key("k-two"),
+                            )
+                            for n in range(20)
+                        )
+                    )
+                assert {a.status_code for a in answers} == {200}, [a.text for a in answers]
+                assert len({a.json()["push_id"] for a in answers}) == 1
+                for ws in (phone, laptop):
+                    assert await _drain(ws) == [answers[0].json()["push_id"]]
