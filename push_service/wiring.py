@@ -18,6 +18,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
 
+from push_service.idempotency import Idempotency
 from push_service.services import Dispatch, FanOut, Fleet, Health, Pushes, Services, Users
 from router.balancing import (
     Availability,
@@ -42,6 +43,7 @@ from router.gateway_rpc.grpc_client import CLOSE_GRACE_S, GrpcGatewayClients
 from router.gateway_rpc.metrics import CallLog, CallMetrics
 from router.gateway_rpc.resilient import ResilientGatewayClient
 from router.hedging.metrics import PublishMetrics
+from router.idempotency.store import RedisIdempotencyStore
 from router.jobs.reaper import reaping
 from router.jobs.store import RedisJobStore
 from router.p2p.pusher import P2PPusher
@@ -192,6 +194,15 @@ class Wiring:
                 fanout=fanout,
                 users=Users(directory, registry),
                 health=Health(functools.partial(ping, redis), self._metrics),
+                idempotency=Idempotency.waiting_for_pushes(
+                    RedisIdempotencyStore(
+                        redis,
+                        keys,
+                        ttl_s=settings.idempotency_ttl_s,
+                        lease_s=settings.idempotency_lease_s,
+                    ),
+                    settings.deliver_timeout_s,
+                ),
             )
 
 

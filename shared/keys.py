@@ -33,6 +33,10 @@ values' formats live with their stores: `router.routes.codec` for a route,
 - ``{prefix}rate:{bucket}`` is a rate limit's bucket (one per API key, named by a hash of
   the key): its GCRA theoretical arrival time in microseconds, expiring once the bucket
   is full again.
+- ``{prefix}idem:{scope_hash}:{key_hash}`` is one Idempotency-Key's entry (a hash: the
+  request's fingerprint, ``running`` with a lease or ``done`` with the answer), with a
+  TTL. Both parts are SHA-256 hex digests: of the caller's API key (never stored) and of
+  the header's value. One key per entry, so it is cluster-safe without a tag.
 """
 
 from __future__ import annotations
@@ -108,6 +112,9 @@ class KeySchema:
 
     def rate(self, bucket: str) -> str:
         return f"{self.prefix}rate:{bucket}"
+
+    def idempotency(self, scope_hash: str, key_hash: str) -> str:
+        return f"{self.prefix}idem:{scope_hash}:{key_hash}"
 
 
 def _tag(name: str) -> str:

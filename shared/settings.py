@@ -123,6 +123,15 @@ class Settings(BaseSettings):
     # open connections or running requests past which uvicorn answers 503
     http_max_concurrency: int = Field(10_000, ge=1, le=1_000_000)
 
+    # --- issue 13, idempotency (README, "Idempotent pushes") ---
+    # how long a push's answer is kept for replay under its Idempotency-Key (Stripe: 24 h)
+    idempotency_ttl_s: float = Field(86_400.0, ge=1, le=30 * 86_400)
+    # the lease of a request still running under a key: a process that dies mid-request
+    # frees the key after it. It must outlast the slowest push (P2P is bounded by
+    # IMROUTE_DELIVER_TIMEOUT_S, at most 60), or a slow push could be sent twice
+    idempotency_lease_s: float = Field(90.0, ge=1, le=600)
+    # --- end of the idempotency block ---
+
     # gateway
     gateway_id: str = "gw1"
     group_id: str = "g1"
@@ -286,6 +295,16 @@ class Settings(BaseSettings):
                 f"IMROUTE_BUS_CONTENT_TTL_S ({self.bus_content_ttl_s}) must be at least "
                 f"IMROUTE_RECOVERY_WINDOW_S and IMROUTE_BUS_GROUP_IDLE_S ({needed}): a "
                 "batch still owed to a gateway or a resuming client must find its content"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _idempotency_lease_covers_a_push(self) -> Self:
+        if self.idempotency_lease_s <= self.deliver_timeout_s:
+            raise ValueError(
+                f"IMROUTE_IDEMPOTENCY_LEASE_S ({self.idempotency_lease_s}) must exceed "
+                f"IMROUTE_DELIVER_TIMEOUT_S ({self.deliver_timeout_s}): a push still "
+                "running when its lease lapses could be sent twice"
             )
         return self
 

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import Depends, Request
+from fastapi import Depends, Header, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from push_service.access import ApiKeys, Scope, authorize
 from push_service.errors import Forbidden
+from push_service.idempotency import Once
 from push_service.services import Dispatch, FanOut, Fleet, Health, Pushes, Services, Users
+from router.idempotency.base import HEADER, parse_key
 from shared.errors import AuthError
 
 __all__ = [
@@ -20,6 +22,7 @@ __all__ = [
     "FanOutSvc",
     "FleetSvc",
     "HealthSvc",
+    "IdempotentOnce",
     "PushKey",
     "PushesSvc",
     "UsersSvc",
@@ -107,3 +110,21 @@ FleetSvc = Annotated[Fleet, Depends(_fleet)]
 FanOutSvc = Annotated[FanOut, Depends(_fanout)]
 UsersSvc = Annotated[Users, Depends(_users)]
 HealthSvc = Annotated[Health, Depends(_health)]
+
+
+# --- issue 13, idempotency: the Idempotency-Key of the three push endpoints ---
+async def _once(
+    request: Request,
+    key: Annotated[
+        str | None,
+        Header(
+            alias=HEADER,
+            description="1-255 printable characters; the same key and body within "
+            "IMROUTE_IDEMPOTENCY_TTL_S get the first answer again, and nothing is re-sent",
+        ),
+    ] = None,
+) -> Once:
+    return Once(_services(request).idempotency, request, None if key is None else parse_key(key))
+
+
+IdempotentOnce = Annotated[Once, Depends(_once)]

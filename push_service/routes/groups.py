@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter
-from fastapi.responses import JSONResponse
+from collections.abc import Awaitable, Callable
 
-from push_service.routes.deps import FanOutSvc, PushKey
+from fastapi import APIRouter
+from fastapi.responses import JSONResponse, Response
+
+from push_service.routes.deps import FanOutSvc, IdempotentOnce, PushKey
 from push_service.schemas import AcceptedOut, BroadcastIn, MulticastIn
 
 __all__ = ["router"]
@@ -14,20 +16,29 @@ router = APIRouter(dependencies=[PushKey])
 
 
 @router.post("/v1/broadcast", status_code=202, response_model=AcceptedOut)
-async def broadcast(body: BroadcastIn, fanout: FanOutSvc) -> JSONResponse:
+async def broadcast(body: BroadcastIn, fanout: FanOutSvc, once: IdempotentOnce) -> Response:
     """Push to every directory user (or those with any of `tags_any`, or everyone online).
 
     The directory is paged 1000 uids at a time; each page is one batch that every
     gateway receives once and delivers to the users it holds.
     """
-    return JSONResponse({"push_id": await fanout.broadcast(body)}, status_code=202)
+    return await once(_accepted(lambda: fanout.broadcast(body)))
 
 
 @router.post("/v1/multicast", status_code=202, response_model=AcceptedOut)
-async def multicast(body: MulticastIn, fanout: FanOutSvc) -> JSONResponse:
+async def multicast(body: MulticastIn, fanout: FanOutSvc, once: IdempotentOnce) -> Response:
     """Push to a list of users (or those with any of `tags_any`), batched per gateway group.
 
     Each group's batch is published when it holds `IMROUTE_BATCH_SIZE` users or when its
     oldest entry has waited `IMROUTE_FLUSH_TIMEOUT_S`; `"priority":"high"` never waits.
     """
-    return JSONResponse({"push_id": await fanout.multicast(body)}, status_code=202)
+    return await once(_accepted(lambda: fanout.multicast(body)))
+
+
+def _accepted(start: Callable[[], Awaitable[str]]) -> Callable[[], Awaitable[Response]]:
+    """The 202 of a job `start` starts, started only when `once` runs it."""
+
+    async def accept() -> Response:
+        return JSONResponse({"push_id": await start()}, status_code=202)
+
+    return accept

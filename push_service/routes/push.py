@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from fastapi import APIRouter
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 
-from push_service.routes.deps import PushesSvc, PushKey
+from push_service.routes.deps import IdempotentOnce, PushesSvc, PushKey
 from push_service.schemas import PushIn, PushOut
 
 __all__ = ["router"]
@@ -14,8 +14,12 @@ router = APIRouter()
 
 
 @router.post("/v1/push", dependencies=[PushKey], response_model=PushOut)
-async def push(body: PushIn, pushes: PushesSvc) -> JSONResponse:
+async def push(body: PushIn, pushes: PushesSvc, once: IdempotentOnce) -> Response:
     """Push one message to 1-1000 users wherever they are connected (P2P)."""
+    return await once(lambda: _push(body, pushes))
+
+
+async def _push(body: PushIn, pushes: PushesSvc) -> JSONResponse:
     pushed = await pushes.push(body)
     message, outcome = pushed.message, pushed.outcome
     # Built directly: validating our own output through PushOut again is pure cost on

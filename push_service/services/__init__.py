@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from push_service.idempotency import Idempotency
 from push_service.services.dispatch import Dispatch
 from push_service.services.fanout import FanOut
 from push_service.services.fleet import Fleet
@@ -28,3 +29,4 @@ class Services:
     fanout: FanOut
     users: Users
     health: Health
+    idempotency: Idempotency  # issue 13: the Idempotency-Key of the push endpoints

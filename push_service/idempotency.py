@@ -1,0 +1,145 @@
+"""Idempotency-Key on the push endpoints, as HTTP: claim, wait, replay, keep.
+
+The decisions are `router.idempotency.base`'s; this is the shell that reads the request
+(its API key, method, path and the raw body FastAPI has already read), turns a handler's
+error into the answer the client would get, and replays a kept answer.
+
+A request that finds its key still running waits for that first request, polling its
+entry, for up to IMROUTE_DELIVER_TIMEOUT_S plus a margin (the longest a push runs), and
+then gets the same answer; past that it gets 409. Waiting, not Stripe's immediate 409,
+because the usual concurrent duplicate is a client's own timeout-and-retry racing the
+first try, and the answer it wants is the first try's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from fastapi import Request
+from fastapi.responses import Response
+
+from push_service.access import bearer_token
+from push_service.errors import Conflict
+from router.idempotency.base import (
+    HEADER,
+    Answer,
+    Claimed,
+    IdempotencyStore,
+    Mismatch,
+    Running,
+    fingerprint,
+    is_kept,
+    scope_hash,
+)
+from shared.errors import InvalidInput
+
+__all__ = ["REPLAYED_HEADER", "Idempotency", "Once"]
+
+log = logging.getLogger(__name__)
+
+REPLAYED_HEADER = "Idempotent-Replayed"  # Stripe's name, on a replayed answer
+WAIT_MARGIN_S = 5.0
+POLL_S = 0.05
+
+Handler = Callable[[], Awaitable[Response]]
+
+
+class Idempotency:
+    """Runs a push handler at most once per (API key, Idempotency-Key)."""
+
+    def __init__(self, store: IdempotencyStore, wait_s: float, poll_s: float = POLL_S) -> None:
+        self._store = store
+        self._wait_s = wait_s
+        self._poll_s = poll_s
+
+    @classmethod
+    def waiting_for_pushes(cls, store: IdempotencyStore, deliver_timeout_s: float) -> Idempotency:
+        """Concurrent duplicates wait as long as a P2P push can take, plus a margin."""
+        return cls(store, deliver_timeout_s + WAIT_MARGIN_S)
+
+    async def run(self, request: Request, key: str, handler: Handler) -> Response:
+        """The handler's answer, or the kept answer of the first request with `key`."""
+        scope = scope_hash(bearer_token(request.headers.get("authorization")) or "")
+        # FastAPI read (and cached) the body to bind it; this reads no byte again.
+        print_ = fingerprint(request.method, request.url.path, await request.body())
+        # The event loop's clock: a bound on real waiting, whatever clock the app has.
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._wait_s
+        while True:
+            outcome = await self._store.claim(scope, key, print_)
+            if isinstance(outcome, Claimed):
+                break
+            if isinstance(outcome, Answer):
+                return _replay(outcome)
+            if isinstance(outcome, Mismatch):
+                raise InvalidInput(
+                    HEADER, "this key was already used with another request (method, path or body)"
+                )
+            assert isinstance(outcome, Running)
+            if loop.time() >= deadline:
+                raise Conflict(f"a request with this {HEADER} is still running; retry it later")
+            await asyncio.sleep(self._poll_s)
+        return await self._run_claimed(request, scope, key, outcome.token, handler)
+
+    async def _run_claimed(
+        self, request: Request, scope: str, key: str, token: str, handler: Handler
+    ) -> Response:
+        # A cancelled handler (a shutdown) leaves its entry running until the lease
+        # lapses: the push may be half sent, and a retry at once could send it twice.
+        try:
+            response = await handler()
+        except Exception as exc:
+            rendered = await _render(request, exc)
+            if rendered is None or not is_kept(rendered.status_code):
+                await self._store.release(scope, key, token)
+                if rendered is None:
+                    raise
+                return rendered
+            response = rendered
+        if not is_kept(response.status_code):
+            await self._store.release(scope, key, token)
+            return response
+        answer = Answer(response.status_code, bytes(response.body))
+        if not await self._store.complete(scope, key, token, answer):
+            log.warning("an idempotent push outlived its lease; its answer was not kept")
+        return response
+
+
+class Once:
+    """What a handler gets: runs its work once per Idempotency-Key, or plainly without."""
+
+    __slots__ = ("_idempotency", "_key", "_request")
+
+    def __init__(self, idempotency: Idempotency, request: Request, key: str | None) -> None:
+        self._idempotency = idempotency
+        self._request = request
+        self._key = key
+
+    async def __call__(self, handler: Handler) -> Response:
+        if self._key is None:
+            return await handler()
+        return await self._idempotency.run(self._request, self._key, handler)
+
+
+def _replay(answer: Answer) -> Response:
+    return Response(
+        answer.body,
+        status_code=answer.status,
+        media_type="application/json",
+        headers={REPLAYED_HEADER: "true"},
+    )
+
+
+async def _render(request: Request, exc: Exception) -> Response | None:
+    """The answer the app's error handlers give `exc`, or None where none handles it
+    (a 500 to come, which is not kept either)."""
+    handlers: dict[Any, Any] = request.app.exception_handlers
+    for cls in type(exc).__mro__:
+        handler = handlers.get(cls)
+        if handler is not None:
+            response: Response = await handler(request, exc)
+            return response
+    return None

@@ -1,0 +1,205 @@
+"""Idempotency-Key on the push endpoints: real Redis, in-process apps, real gateways and
+WebSocket clients (README, "Idempotent pushes")."""
+
+from __future__ import annotations
+
+import asyncio
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from router.devtools.ports import free_port
+from shared.keys import KeySchema
+from tests.conftest import API_KEY
+from tests.integration.procs import BIN, base_env, read_until, running
+from tests.integration.stack import AUTH, api, client, gateway, nothing_more, recv_json
+
+pytestmark = pytest.mark.integration
+
+PUSH = {"to": ["alice"], "content": {"text": "once"}}
+
+
+def _with_key(key: str | bytes, auth: dict[str, str] = AUTH) -> dict[str, Any]:
+    return {**auth, "Idempotency-Key": key}
+
+
+async def test_twenty_concurrent_requests_with_one_key_push_once(
+    redis_url: str, prefix: str, redis: object
+) -> None:
+    async with gateway(redis_url, prefix, "gw1", "g1") as gw, api(redis_url, prefix) as http:
+        async with client(gw, "alice") as phone, client(gw, "alice") as laptop:
+            answers = await asyncio.gather(
+                *(http.post("/v1/push", json=PUSH, headers=_with_key("k-20")) for _ in range(20))
+            )
+            assert {a.status_code for a in answers} == {200}, [a.text for a in answers]
+            bodies = [a.json() for a in answers]
+            assert len({b["push_id"] for b in bodies}) == 1
+            assert all(b == bodies[0] for b in bodies)
+            assert bodies[0]["delivered"] == ["alice"]
+            # One frame per device, then nothing: the push ran once.
+            for ws in (phone, laptop):
+                frame = await recv_json(ws)
+                assert frame["push_id"] == bodies[0]["push_id"]
+                assert await nothing_more(ws)
+            assert gw.deliver_service.calls == 1
+            # All but the first were answered from Redis.
+            assert sum(a.headers.get("Idempotent-Replayed") == "true" for a in answers) == 19
+
+
+async def test_the_same_key_with_another_body_or_path_is_refused(
+    redis_url: str, prefix: str, redis: object
+) -> None:
+    async with gateway(redis_url, prefix, "gw1", "g1") as gw, api(redis_url, prefix) as http:
+        async with client(gw, "alice") as ws:
+            first = await http.post("/v1/push", json=PUSH, headers=_with_key("k1"))
+            assert first.status_code == 200, first.text
+            await recv_json(ws)
+            other = {**PUSH, "content": {"text": "twice"}}
+            for path, body in (("/v1/push", other), ("/v1/multicast", PUSH)):
+                refused = await http.post(path, json=body, headers=_with_key("k1"))
+                assert refused.status_code == 422, refused.text
+                assert refused.json()["error"] == "invalid_request"
+                assert refused.json()["detail"][0]["field"] == "Idempotency-Key"
+            assert await nothing_more(ws)
+
+
+async def test_a_replay_answers_again_and_keys_are_scoped_per_api_key(
+    redis_url: str, prefix: str, redis: Any
+) -> None:
+    other_key = "another-api-key-9876543210"
+    async with (
+        gateway(redis_url, prefix, "gw1", "g1") as gw,
+        api(redis_url, prefix) as http,
+        api(redis_url, prefix, api_key=other_key) as other,
+    ):
+        async with client(gw, "alice") as ws:
+            first = await http.post("/v1/push", json=PUSH, headers=_with_key("k1"))
+            assert first.status_code == 200, first.text
+            assert "Idempotent-Replayed" not in first.headers
+            await recv_json(ws)
+            again = await http.post("/v1/push", json=PUSH, headers=_with_key("k1"))
+            assert again.status_code == 200
+            assert again.content == first.content
+            assert again.headers["Idempotent-Replayed"] == "true"
+            assert await nothing_more(ws)
+            # The other API key's "k1" is its own: pushed again, with a push_id of its own.
+            theirs = await other.post(
+                "/v1/push",
+                json=PUSH,
+                headers=_with_key("k1", {"Authorization": f"Bearer {other_key}"}),
+            )
+            assert theirs.status_code == 200, theirs.text
+            assert theirs.json()["push_id"] != first.json()["push_id"]
+            assert (await recv_json(ws))["push_id"] == theirs.json()["push_id"]
+            # Stored under digests: neither API key nor the header's value is in Redis.
+            names = [k async for k in redis.scan_iter(match=f"{prefix}idem:*")]
+            assert len(names) == 2
+            for name in names:
+                assert "k1" not in name.removeprefix(prefix) and "api-key" not in name
+                assert all(other_key not in str(v) for v in (await redis.hgetall(name)).values())
+            assert 0 < await redis.ttl(names[0]) <= 86_400
+
+
+async def test_a_5xx_is_not_kept_so_the_retry_runs(redis_url: str, prefix: str, redis: Any) -> None:
+    async with gateway(redis_url, prefix, "gw1", "g1") as gw, api(redis_url, prefix) as http:
+        async with client(gw, "alice") as ws:
+            # A value of the wrong type where alice's routes are: Redis refuses the look-up
+            # (WRONGTYPE), so the push fails with 503 and nothing is sent.
+            route = KeySchema(prefix).route("alice")
+            saved = await redis.hgetall(route)
+            await redis.delete(route)
+            await redis.set(route, "not a hash")
+            failed = await http.post("/v1/push", json=PUSH, headers=_with_key("r1"))
+            assert failed.status_code == 503, failed.text
+            await redis.delete(route)
+            await redis.hset(route, mapping=saved)
+            retried = await http.post("/v1/push", json=PUSH, headers=_with_key("r1"))
+            assert retried.status_code == 200, retried.text
+            assert retried.json()["delivered"] == ["alice"]
+            assert "Idempotent-Replayed" not in retried.headers
+            kept = await http.post("/v1/push", json=PUSH, headers=_with_key("r1"))
+            assert kept.content == retried.content
+            assert kept.headers["Idempotent-Replayed"] == "true"
+            pushed = await _drain(ws)
+            # The retry was delivered once. (The failed attempt's message comes too: it was
+            # written to alice's recovery log before the route look-up failed, and the
+            # retry's delivery replays the gap. That is the P2P path's doing, not the key's.)
+            assert pushed.count(retried.json()["push_id"]) == 1, pushed
+
+
+async def _drain(ws: Any) -> list[str]:
+    """The push_ids of every frame that comes within 0.3 s of the last."""
+    pushed = []
+    while True:
+        try:
+            frame = await recv_json(ws, timeout=0.3)
+        except TimeoutError:
+            return pushed
+        pushed.append(frame.get("push_id", frame["type"]))
+
+
+@pytest.mark.parametrize(
+    ("value", "problem"),
+    [
+        (b"", "empty"),
+        (b"k" * 256, "at most 255"),
+        (b"tab\there", "printable"),
+        ("caf\u00e9".encode("latin-1"), "printable"),
+    ],
+)
+async def test_a_bad_header_is_refused_by_name(
+    redis_url: str, prefix: str, redis: Any, value: bytes, problem: str
+) -> None:
+    async with api(redis_url, prefix) as http:
+        for path, body in (("/v1/push", PUSH), ("/v1/broadcast", {"content": 1})):
+            resp = await http.post(path, json=body, headers=_with_key(value))
+            assert resp.status_code == 422, resp.text
+            (detail,) = resp.json()["detail"]
+            assert detail["field"] == "Idempotency-Key" and problem in detail["message"]
+        assert [k async for k in redis.scan_iter(match=f"{prefix}idem:*")] == []
+
+
+async def test_255_printable_characters_are_a_key(redis_url: str, prefix: str, redis: Any) -> None:
+    async with api(redis_url, prefix) as http:
+        key = ("a b~!" * 51)[:255]
+        first = await http.post("/v1/push", json=PUSH, headers=_with_key(key))
+        again = await http.post("/v1/push", json=PUSH, headers=_with_key(key))
+        assert first.status_code == again.status_code == 200, first.text
+        assert again.json()["push_id"] == first.json()["push_id"]
+
+
+async def test_one_key_pushes_once_across_two_push_services(
+    redis_url: str, prefix: str, redis: Any, tmp_path: Path
+) -> None:
+    env = base_env(
+        IMROUTE_REDIS_URL=redis_url,
+        IMROUTE_REDIS_PREFIX=prefix,
+        IMROUTE_API_KEY=API_KEY,
+        IMROUTE_DB_URL=f"sqlite+aiosqlite:///{tmp_path}/users.db",
+    )
+    ports = [free_port(), free_port()]
+    with ExitStack() as procs:
+        for port in ports:
+            argv = [str(BIN / "python"), "-m", "push_service", "--port", str(port)]
+            started = procs.enter_context(running(argv, env))
+            read_until(started, "Uvicorn running on", timeout=30)
+        async with gateway(redis_url, prefix, "gw1", "g1") as gw:
+            async with client(gw, "alice") as phone, client(gw, "alice") as laptop:
+                async with httpx.AsyncClient(timeout=10) as http:
+                    answers = await asyncio.gather(
+                        *(
+                            http.post(
+                                f"http://127.0.0.1:{ports[n % 2]}/v1/push",
+                                json=PUSH,
+                                headers=_with_key("k-two"),
+                            )
+                            for n in range(20)
+                        )
+                    )
+                assert {a.status_code for a in answers} == {200}, [a.text for a in answers]
+                assert len({a.json()["push_id"] for a in answers}) == 1
+                for ws in (phone, laptop):
+                    assert await _drain(ws) == [answers[0].json()["push_id"]]

@@ -1,0 +1,60 @@
+"""RedisIdempotencyStore on a real Redis: the claim, its lease and its fencing token."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from router.idempotency.base import Answer, Claimed, Mismatch, Running
+from router.idempotency.store import RedisIdempotencyStore
+from router.redis.client import create_redis
+from shared.keys import KeySchema
+
+pytestmark = pytest.mark.integration
+
+
+async def test_a_claim_is_leased_then_kept_for_the_ttl(
+    redis_url: str, prefix: str, redis: Any
+) -> None:
+    client = create_redis(redis_url)
+    try:
+        store = RedisIdempotencyStore(client, KeySchema(prefix), ttl_s=60, lease_s=0.3)
+        first = await store.claim("s", "k", "fp")
+        assert isinstance(first, Claimed)
+        assert await store.claim("s", "k", "fp") == Running()
+        assert await store.claim("s", "k", "other") == Mismatch()
+        assert isinstance(await store.claim("other-scope", "k", "fp"), Claimed)
+        # The holder died: its lease lapses and the next request claims the key.
+        await asyncio.sleep(0.5)
+        second = await store.claim("s", "k", "fp")
+        assert isinstance(second, Claimed)
+        # The first holder's token is fenced out; the second's answer is kept.
+        assert not await store.complete("s", "k", first.token, Answer(200, b'{"n":1}'))
+        await store.release("s", "k", first.token)
+        assert await store.claim("s", "k", "fp") == Running()
+        assert await store.complete("s", "k", second.token, Answer(202, b'{"n":2}'))
+        assert await store.claim("s", "k", "fp") == Answer(202, b'{"n":2}')
+        await asyncio.sleep(0.5)  # past the lease: kept for the TTL, not the lease
+        assert await store.claim("s", "k", "fp") == Answer(202, b'{"n":2}')
+        entry = KeySchema(prefix).idempotency("s", "")[: -len(":")]
+        ttls = [await redis.pttl(k) async for k in redis.scan_iter(match=f"{prefix}idem:*")]
+        assert any(50_000 < t <= 60_000 for t in ttls), ttls
+        assert entry.startswith(f"{prefix}idem:")
+    finally:
+        await client.aclose()
+
+
+async def test_a_released_claim_lets_the_next_request_run(
+    redis_url: str, prefix: str, redis: Any
+) -> None:
+    client = create_redis(redis_url)
+    try:
+        store = RedisIdempotencyStore(client, KeySchema(prefix), ttl_s=60, lease_s=30)
+        first = await store.claim("s", "k", "fp")
+        assert isinstance(first, Claimed)
+        await store.release("s", "k", first.token)
+        assert isinstance(await store.claim("s", "k", "fp"), Claimed)
+    finally:
+        await client.aclose()
