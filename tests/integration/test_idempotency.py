@@ -4,6 +4,8 @@ WebSocket clients (README, "Idempotent pushes")."""
 from __future__ import annotations
 
 import asyncio
+import json
+import time
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
@@ -12,6 +14,8 @@ import httpx
 import pytest
 
 from router.devtools.ports import free_port
+from router.idempotency.base import Answer, Claimed, fingerprint, scope_hash
+from router.idempotency.store import RedisIdempotencyStore
 from shared.keys import KeySchema
 from tests.conftest import API_KEY
 from tests.integration.procs import BIN, base_env, read_until, running
@@ -203,3 +207,35 @@ async def test_one_key_pushes_once_across_two_push_services(
                 assert len({a.json()["push_id"] for a in answers}) == 1
                 for ws in (phone, laptop):
                     assert await _drain(ws) == [answers[0].json()["push_id"]]
+
+
+async def test_a_duplicate_waits_for_a_running_first_then_gets_409_past_the_bound(
+    redis_url: str, prefix: str, redis: Any
+) -> None:
+    """A first request still running (here: one whose process holds the claim and never
+    answers, within its lease): a duplicate waits the deliver timeout plus 5 s, then 409.
+    Once the first answers, a duplicate gets that answer."""
+    store = RedisIdempotencyStore(redis, KeySchema(prefix), ttl_s=60, lease_s=30)
+    body = json.dumps({"to": ["nobody"], "content": 1, "store": False}).encode()
+    scope = scope_hash(API_KEY)
+    held = await store.claim(scope, "slow-1", fingerprint("POST", "/v1/push", body))
+    assert isinstance(held, Claimed)
+    headers = {**_with_key("slow-1"), "Content-Type": "application/json"}
+    async with api(redis_url, prefix, deliver_timeout_s=0.2) as http:
+        started = time.monotonic()
+        resp = await http.post("/v1/push", content=body, headers=headers)
+        waited = time.monotonic() - started
+        assert resp.status_code == 409 and resp.json()["error"] == "conflict", resp.text
+        assert "still running" in resp.json()["detail"]
+        assert 5.0 <= waited < 8.0, waited  # 0.2 s + the 5 s margin, then no more
+
+        # The first request answers while a duplicate waits: the duplicate gets it.
+        async def answer_soon() -> None:
+            await asyncio.sleep(0.5)
+            assert await store.complete(scope, "slow-1", held.token, Answer(200, b'{"first":1}'))
+
+        answering = asyncio.create_task(answer_soon())
+        resp = await http.post("/v1/push", content=body, headers=headers)
+        await answering
+        assert resp.status_code == 200 and resp.json() == {"first": 1}
+        assert resp.headers["idempotent-replayed"] == "true"
