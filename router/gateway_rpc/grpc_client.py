@@ -38,6 +38,11 @@ _CHANNEL_OPTIONS: list[tuple[str, int | str]] = [
     ("grpc.initial_reconnect_backoff_ms", 100),
     ("grpc.min_reconnect_backoff_ms", 100),
     ("grpc.max_reconnect_backoff_ms", 1_000),
+    # Each channel its own subchannels: gRPC otherwise shares them process-wide between
+    # channels with equal arguments, so the new channel `reconnect` makes for a restarted
+    # gateway would inherit the old one's subchannel, still backing off from the crash.
+    # One channel per address is kept anyway, so nothing is lost by not sharing.
+    ("grpc.use_local_subchannel_pool", 1),
     ("grpc.max_send_message_length", 16 << 20),
     ("grpc.max_receive_message_length", 16 << 20),
 ]

@@ -89,7 +89,7 @@ async def test_a_restarted_gateway_is_reached_on_a_new_channel_at_once() -> None
     try:
         assert (await clients.deliver("gw1", address, batch, 2.0)).connections == 1
         await server.stop(0)
-        for _ in range(5):  # the channel sees the refusals and backs off
+        for _ in range(12):  # the channel sees the refusals and backs off
             with pytest.raises(GatewayUnavailable):
                 await clients.deliver("gw1", address, batch, 0.5)
         server = await _serve(port)
