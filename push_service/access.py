@@ -13,12 +13,13 @@ disagree. Keys are compared in constant time (`shared.auth.api_key_matches`).
 from __future__ import annotations
 
 import enum
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from shared.auth import api_key_matches
 from shared.settings import Settings
 
-__all__ = ["ApiKeys", "Denial", "Scope", "authorize", "bearer_token"]
+__all__ = ["ApiKeys", "Denial", "Scope", "authorize", "bearer_token", "presented"]
 
 
 class Scope(enum.Enum):
@@ -75,6 +76,21 @@ def bearer_token(authorization: str | None) -> str | None:
     if scheme.lower() != "bearer" or not token:
         return None
     return token
+
+
+def presented(headers: Iterable[tuple[bytes, bytes]]) -> tuple[str | None, bool]:
+    """From a request's raw (ASGI) headers: the Bearer credential it presents, and
+    whether it announced a body (which a refusal then closes the connection on)."""
+    authorization = None
+    has_body = False
+    for name, value in headers:
+        if name == b"authorization" and authorization is None:
+            authorization = value.decode("latin-1")
+        elif (name == b"content-length" and value not in (b"0", b"")) or (
+            name == b"transfer-encoding"
+        ):
+            has_body = True
+    return bearer_token(authorization), has_body
 
 
 def authorize(keys: ApiKeys, presented: str | None, needed: Scope) -> Denial | None:

@@ -23,7 +23,7 @@ from typing import Any
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from push_service.access import ApiKeys, Denial, authorize, bearer_token
+from push_service.access import ApiKeys, Denial, authorize, presented
 from push_service.access import Scope as KeyScope
 
 __all__ = ["AccessRules", "KeyGate"]
@@ -119,16 +119,8 @@ class KeyGate:
         if needed is None:
             await self.app(scope, receive, send)
             return
-        authorization = None
-        has_body = False
-        for name, value in scope["headers"]:
-            if name == b"authorization" and authorization is None:
-                authorization = value.decode("latin-1")
-            elif (name == b"content-length" and value not in (b"0", b"")) or (
-                name == b"transfer-encoding"
-            ):
-                has_body = True
-        denial = authorize(self.keys, bearer_token(authorization), needed)
+        key, has_body = presented(scope["headers"])
+        denial = authorize(self.keys, key, needed)
         if denial is None:
             await self.app(scope, receive, send)
             return

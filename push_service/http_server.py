@@ -94,8 +94,9 @@ class HeadCuts:
         self._next_log = now + LOG_EVERY_S
 
 
-class _HeadDeadline:
-    """The deadline's state and its expiry, shared by both parsers' protocols."""
+class _HeadDeadline(asyncio.Protocol):
+    """The deadline's state and its expiry, shared by both parsers' protocols (it comes
+    first in their bases, so `super()` here is uvicorn's protocol)."""
 
     head_timeout_s: ClassVar[float] = 10.0
     head_cuts: ClassVar[HeadCuts]
@@ -105,6 +106,14 @@ class _HeadDeadline:
     transport: asyncio.Transport
     _head_timer: asyncio.TimerHandle | None = None
     _head_begun = False  # a byte of the pending head has arrived
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._arm_head()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm_head()
+        super().connection_lost(exc)
 
     def _arm_head(self) -> None:
         if self._head_timer is None:
@@ -146,14 +155,6 @@ def _httptools_class() -> type[asyncio.Protocol]:
     class HttpToolsHeadDeadline(_HeadDeadline, HttpToolsProtocol):
         """httptools calls back at a head's first byte and at its end."""
 
-        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-            super().connection_made(transport)
-            self._arm_head()
-
-        def connection_lost(self, exc: Exception | None) -> None:
-            self._disarm_head()
-            super().connection_lost(exc)
-
         def on_message_begin(self) -> None:
             super().on_message_begin()
             self._head_begun = True
@@ -171,14 +172,6 @@ def _httptools_class() -> type[asyncio.Protocol]:
 
 class H11HeadDeadline(_HeadDeadline, H11Protocol):
     """h11 has no per-head callbacks: its state says whether a head is pending (IDLE)."""
-
-    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        super().connection_made(transport)
-        self._arm_head()
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self._disarm_head()
-        super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
         if data and self.conn.their_state is h11.IDLE:

@@ -16,7 +16,7 @@ import math
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from push_service.access import bearer_token
+from push_service.access import presented
 from router.ratelimit import RateLimiter
 from shared.errors import ImrouteError
 
@@ -54,16 +54,7 @@ class RateGate:
         ):
             await self.app(scope, receive, send)
             return
-        authorization = None
-        has_body = False
-        for name, value in scope["headers"]:
-            if name == b"authorization" and authorization is None:
-                authorization = value.decode("latin-1")
-            elif (name == b"content-length" and value not in (b"0", b"")) or (
-                name == b"transfer-encoding"
-            ):
-                has_body = True
-        key = bearer_token(authorization)
+        key, has_body = presented(scope["headers"])
         if key is None:  # the key gate let it through without one: not ours to judge
             await self.app(scope, receive, send)
             return
