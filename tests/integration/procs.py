@@ -5,12 +5,12 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 from router.devtools.supervisor import Child, Supervisor
 
-__all__ = ["BIN", "Proc", "base_env", "read_until", "running"]
+__all__ = ["BIN", "Proc", "base_env", "push_services", "read_until", "running"]
 
 BIN = Path(sys.executable).parent
 
@@ -22,6 +22,19 @@ def running(argv: list[str], env: dict[str, str]) -> Iterator[Proc]:
     """A subprocess with its output read line by line, always reaped (by PID) on exit."""
     with Supervisor(env) as children:
         yield children.start(argv[0], argv, stdout="lines", stderr="stdout")
+
+
+@contextmanager
+def push_services(env: dict[str, str], ports: list[int]) -> Iterator[list[Proc]]:
+    """One `python -m push_service` per port, each once uvicorn says it listens."""
+    with ExitStack() as stack:
+        procs = []
+        for port in ports:
+            argv = [str(BIN / "python"), "-m", "push_service", "--port", str(port)]
+            procs.append(stack.enter_context(running(argv, env)))
+        for proc in procs:
+            read_until(proc, "Uvicorn running on", timeout=30)
+        yield procs
 
 
 def read_until(proc: Proc, marker: str, timeout: float = 30.0) -> list[str]:

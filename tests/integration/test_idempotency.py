@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +17,7 @@ from router.idempotency.base import Answer, Claimed, fingerprint, scope_hash
 from router.idempotency.store import RedisIdempotencyStore
 from shared.keys import KeySchema
 from tests.conftest import API_KEY
-from tests.integration.procs import BIN, base_env, read_until, running
+from tests.integration.procs import base_env, push_services
 from tests.integration.stack import AUTH, api, client, gateway, nothing_more, recv_json
 
 pytestmark = pytest.mark.integration
@@ -185,11 +184,7 @@ async def test_one_key_pushes_once_across_two_push_services(
         IMROUTE_DB_URL=f"sqlite+aiosqlite:///{tmp_path}/users.db",
     )
     ports = [free_port(), free_port()]
-    with ExitStack() as procs:
-        for port in ports:
-            argv = [str(BIN / "python"), "-m", "push_service", "--port", str(port)]
-            started = procs.enter_context(running(argv, env))
-            read_until(started, "Uvicorn running on", timeout=30)
+    with push_services(env, ports):
         async with gateway(redis_url, prefix, "gw1", "g1") as gw:
             async with client(gw, "alice") as phone, client(gw, "alice") as laptop:
                 async with httpx.AsyncClient(timeout=10) as http:

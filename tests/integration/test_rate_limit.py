@@ -7,8 +7,6 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 import pytest
@@ -17,24 +15,12 @@ from router.devtools.ports import free_port
 from router.ratelimit import RateLimit
 from shared.errors import ConfigError
 from tests.conftest import API_KEY
-from tests.integration.procs import BIN, Proc, base_env, read_until, running
+from tests.integration.procs import base_env, push_services
 from tests.integration.stack import AUTH, api
 
 pytestmark = pytest.mark.integration
 
 BODY = {"to": ["nobody"], "content": 1, "store": False}
-
-
-@contextmanager
-def push_services(env: dict[str, str], ports: list[int]) -> Iterator[list[Proc]]:
-    with ExitStack() as stack:
-        procs = []
-        for port in ports:
-            argv = [str(BIN / "python"), "-m", "push_service", "--port", str(port)]
-            procs.append(stack.enter_context(running(argv, env)))
-        for proc in procs:
-            read_until(proc, "Uvicorn running on", timeout=30)
-        yield procs
 
 
 async def test_the_limit_holds_across_two_push_services(
