@@ -4,26 +4,32 @@ Guarantees, given what the server sends:
 - a msg_id is handed to the app at most once within the last `dedupe_window` ids;
 - the position saved is the one of the last push the app has finished with (the one
   before the current `__anext__` call), so a push is never skipped on a resume;
-- the client only ever sends the WebSocket protocol's own pings and pongs: the gateway
-  asks nothing else of it (it pings every client and closes those silent a whole round;
-  the `websockets` library answers its pings). The client's own pings
-  (`ping_interval_s`) find a connection cut without a close.
+- delivery is at least once: a push no ack covered is sent again on the next connect,
+  and dropped there by the dedupe window, which spans connections;
+- with `auto_ack`, a push is acked once the app is done with it (when it asks for the
+  next one, as for the position); an ack only names the connection the push came on, and
+  at most one ack frame leaves per `ack_interval_s`, the latest within it;
+- besides acks the client sends only the WebSocket protocol's own pings and pongs (the
+  gateway pings every client and closes those silent a whole round; the `websockets`
+  library answers). The client's own pings (`ping_interval_s`) find a connection cut
+  without a close.
 """
 
 from __future__ import annotations
 
 import asyncio
 import inspect
-import json
 import logging
 import random
 from collections.abc import Awaitable, Callable
+from dataclasses import replace
 from types import TracebackType
 
 import httpx
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus, WebSocketException
 
+from imroute_client.acking import ConnAcks
 from imroute_client.backoff import Backoff, retry_after
 from imroute_client.dedupe import DedupeWindow
 from imroute_client.dispatch import Target, ask_dispatch
@@ -32,11 +38,14 @@ from imroute_client.frames import Message, Reconnect, Recovered, parse_frame
 from imroute_client.policy import (
     CLOSE_DRAIN,
     CLOSE_FULL,
+    CLOSE_POLICY,
+    NO_ACKS_REASON,
     Outcome,
     RetryState,
     Step,
     classify,
     classify_status,
+    refusal_detail,
 )
 from imroute_client.policy import next_step as plan_next
 from imroute_client.stats import ClientStats
@@ -56,7 +65,8 @@ class ImrouteClient:
     It connects on the first `__anext__` (or `connect()`), reconnects by itself, and
     raises `Unauthorized` for a refused token. `last_recovery` holds the last
     `recovered` frame; `on_incomplete` (sync or async) is called with each one whose
-    `complete` is False, before the next message is handed over.
+    `complete` is False, before the next message is handed over. With `auto_ack` off
+    the app acks with `await client.ack(message)`; the client then never acks itself.
     """
 
     def __init__(
@@ -77,9 +87,13 @@ class ImrouteClient:
         ping_interval_s: float | None = 20.0,
         ping_timeout_s: float | None = 20.0,
         rand: Callable[[], float] = random.random,
+        auto_ack: bool = True,
+        ack_interval_s: float = 0.1,
     ) -> None:
         if retries_same < 0:
             raise ValueError(f"retries_same {retries_same} is negative")
+        if ack_interval_s < 0:
+            raise ValueError(f"ack_interval_s {ack_interval_s} is negative")
         self.api_url = api_url
         self._token = token
         self.pos_store: PosStore = pos_store if pos_store is not None else MemoryPosStore()
@@ -92,6 +106,10 @@ class ImrouteClient:
         self.ping_interval_s = ping_interval_s
         self.ping_timeout_s = ping_timeout_s
         self._rand = rand
+        self.auto_ack = auto_ack
+        self.ack_interval_s = ack_interval_s
+        self._acks: ConnAcks | None = None  # the current connection's
+        self._acks_off = False  # a gateway refused an ack frame (one older than acks)
         self._http = http  # the app's, when given: the client never closes it
         self._own_http: httpx.AsyncClient | None = None
         self._dedupe = DedupeWindow(dedupe_window)
@@ -101,7 +119,7 @@ class ImrouteClient:
         self._ws: ClientConnection | None = None
         self._opened_at = 0.0
         self._told = False  # this connection got a reconnect frame
-        self._pending: str | None = None  # pos of the message the app holds
+        self._held: Message | None = None  # the message the app holds
         self._fatal: ClientError | None = None
         self._closed = False
         self.pos: str | None = None  # the last position saved
@@ -126,9 +144,11 @@ class ImrouteClient:
         await self.aclose()
 
     async def aclose(self) -> None:
-        """Close the connection (1000) and the client's own HTTP client; iteration ends."""
+        """Send the pending ack, close the connection (1000) and the client's own HTTP
+        client; iteration ends."""
         self._closed = True
         ws, self._ws, self.gateway_id = self._ws, None, None
+        await self._drop_acks(flush=ws is not None)
         if ws is not None:
             await ws.close()
         if self._own_http is not None:
@@ -160,6 +180,14 @@ class ImrouteClient:
         """Be connected now (dispatch, backoff and retries as needed); the iterator
         connects by itself, so this is only for apps that want to know when it is."""
         await self._connected()
+
+    async def ack(self, message: Message) -> None:
+        """Acknowledge `message` and every one before it on its connection (cumulative;
+        paced like the client's own acks). A message from a connection that has ended
+        is not acked: the server sends it again, and the dedupe window drops it."""
+        acks = self._acks
+        if acks is not None and message.conn == acks.conn_id and message.number:
+            acks.ack(message.number, message.pos)
 
     # ------------------------------------------------------------------ connecting
 
@@ -201,6 +229,8 @@ class ImrouteClient:
             self._opened_at = asyncio.get_running_loop().time()
             self.gateway_id = self._target.gateway_id
             self.stats.connects += 1
+            if not self._acks_off:
+                self._acks = ConnAcks(ws, self.stats.connects, self.ack_interval_s, self.stats)
         return self._ws
 
     async def _dispatch(self, http: httpx.AsyncClient) -> Target:
@@ -218,6 +248,12 @@ class ImrouteClient:
     async def _lost(self, code: int | None, reason: str) -> None:
         """The connection ended (`code` None: without a close frame): plan the next."""
         self._ws, self.gateway_id = None, None
+        acked = self._acks is not None and self._acks.sent_any
+        await self._drop_acks(flush=False)  # their positions name nothing on the next one
+        if code == CLOSE_POLICY and acked and NO_ACKS_REASON in reason:
+            self._acks_off = True
+            self.stats.acks_refused += 1
+            log.warning("the gateway takes no ack frames (close 1008: %s): acks are off", reason)
         lived = asyncio.get_running_loop().time() - self._opened_at
         outcome = classify(code, self._told, reason)
         if outcome is Outcome.UNAUTHORIZED:
@@ -238,7 +274,7 @@ class ImrouteClient:
         response = exc.response
         status = response.status_code
         outcome = classify_status(status)
-        detail = _detail(bytes(response.body))
+        detail = refusal_detail(bytes(response.body))
         if outcome is Outcome.UNAUTHORIZED:
             self._fatal = Unauthorized(f"the gateway refused the token (HTTP 401: {detail})")
             raise self._fatal
@@ -266,12 +302,17 @@ class ImrouteClient:
             self.stats.bad_frames += 1
             return None
         if isinstance(frame, Message):
+            acks = self._acks
             if self._dedupe.seen(frame.msg_id):
                 self.stats.duplicates += 1
+                if acks is not None:
+                    acks.duplicate(frame.pos)
                 if frame.pos is not None:
                     await self._save(frame.pos)  # nothing is held: it is processed
                 return None
-            self._pending = frame.pos
+            if acks is not None:
+                frame = replace(frame, conn=acks.conn_id, number=acks.message(frame.pos))
+            self._held = frame
             self.stats.messages += 1
             return frame
         if isinstance(frame, Reconnect):
@@ -290,20 +331,19 @@ class ImrouteClient:
         return None
 
     async def _commit(self) -> None:
-        pos, self._pending = self._pending, None
-        if pos is not None:
-            await self._save(pos)
+        held, self._held = self._held, None
+        if held is None:
+            return
+        if held.pos is not None:
+            await self._save(held.pos)
+        if self.auto_ack:
+            await self.ack(held)
+
+    async def _drop_acks(self, *, flush: bool) -> None:
+        acks, self._acks = self._acks, None
+        if acks is not None:
+            await acks.close(flush=flush)
 
     async def _save(self, pos: str) -> None:
         self.pos = pos
         await self.pos_store.save(pos)
-
-
-def _detail(body: bytes) -> str:
-    """What a refusal's body says: its JSON `detail`, else the start of its text."""
-    try:
-        answer = json.loads(body)
-    except ValueError:
-        return body[:200].decode(errors="replace").strip()
-    detail = answer.get("detail") if isinstance(answer, dict) else None
-    return detail[:200] if isinstance(detail, str) else str(answer)[:200]

@@ -9,7 +9,7 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeGuard
 
 from imroute_client.errors import ProtocolError
@@ -22,7 +22,9 @@ MAX_POS = 256
 @dataclass(frozen=True, slots=True)
 class Message:
     """One push. `pos` is its place in the user's recovery log (None from servers that
-    do not send one); `recovered` is True when it was replayed on a resume."""
+    do not send one); `recovered` is True when it was replayed on a resume. `conn` and
+    `number` (which of the client's connections it came on, and its place there) are
+    the client's, for `ImrouteClient.ack`; they take no part in equality."""
 
     msg_id: str
     push_id: str
@@ -32,6 +34,8 @@ class Message:
     ts: int
     pos: str | None = None
     recovered: bool = False
+    conn: int = field(default=0, compare=False, repr=False)
+    number: int = field(default=0, compare=False, repr=False)
 
 
 @dataclass(frozen=True, slots=True)

@@ -5,6 +5,7 @@ retry-same / retry-next, on the client side)."""
 from __future__ import annotations
 
 import enum
+import json
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -13,7 +14,9 @@ from imroute_client.backoff import Backoff
 __all__ = [
     "CLOSE_DRAIN",
     "CLOSE_FULL",
+    "CLOSE_POLICY",
     "CLOSE_UNAUTHORIZED",
+    "NO_ACKS_REASON",
     "USER_CAP_REASON",
     "USER_CAP_WAIT_S",
     "Outcome",
@@ -22,6 +25,7 @@ __all__ = [
     "classify",
     "classify_status",
     "next_step",
+    "refusal_detail",
 ]
 
 # Gateways before issue 12 answered the token and a full gateway after the 101, with
@@ -29,6 +33,9 @@ __all__ = [
 CLOSE_UNAUTHORIZED = 4401
 CLOSE_FULL = 4429
 CLOSE_DRAIN = 4503
+# Gateways before client acks close with 1008 on any client frame but a ping, saying so.
+CLOSE_POLICY = 1008
+NO_ACKS_REASON = 'only {"type":"ping"}'
 # The start of a 4429's reason when the user, not the gateway, is full: every gateway
 # would refuse until one of the user's other connections closes.
 USER_CAP_REASON = "too many connections for this user"
@@ -122,3 +129,13 @@ def next_step(
         return Step(dispatch=False, delay_s=delay)
     state.same_tries = 0
     return Step(dispatch=True, delay_s=delay)
+
+
+def refusal_detail(body: bytes) -> str:
+    """What a refused handshake's body says: its JSON `detail`, else its text's start."""
+    try:
+        answer = json.loads(body)
+    except ValueError:
+        return body[:200].decode(errors="replace").strip()
+    detail = answer.get("detail") if isinstance(answer, dict) else None
+    return detail[:200] if isinstance(detail, str) else str(answer)[:200]

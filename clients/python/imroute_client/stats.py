@@ -24,4 +24,8 @@ class ClientStats:
     transport_errors: int = 0  # failed connects and connections lost without a close
     bad_frames: int = 0  # frames that broke the protocol, skipped
     incomplete: int = 0  # recovered frames with complete:false
+    acks_sent: int = 0  # ack frames written
+    acked: int = 0  # pushes those frames acknowledged (dropped duplicates too)
+    unacked_at_close: int = 0  # pushes no ack covered when their connection ended: resent
+    acks_refused: int = 0  # closes 1008 of a gateway that takes no acks (acks are then off)
     dispatch_errors: Counter[str] = field(default_factory=Counter)  # by status or error
