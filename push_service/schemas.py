@@ -67,6 +67,9 @@ class PushIn(BaseModel):
     # false: at-most-once (typing indicators and the like): not logged for recovery,
     # not kept in any inbox
     store: StrictBool = True
+    # wait up to this long for the recipients' devices to ack; the answer then lists
+    # `acked` and `unacked` (it returns early once every online recipient acked)
+    wait_ack_ms: int | None = Field(None, ge=0, le=10_000)
 
     @field_validator("to")
     @classmethod
@@ -93,6 +96,12 @@ class PushOut(BaseModel):
         description="offline or failed recipients whose message waits in their inbox"
     )
     errors: list[GatewayError]
+    acked: list[str] | None = Field(
+        None, description="with wait_ack_ms: recipients at least one device acked"
+    )
+    unacked: list[str] | None = Field(
+        None, description="with wait_ack_ms: every other recipient (offline ones too)"
+    )
 
 
 class RouteOut(BaseModel):
@@ -215,6 +224,32 @@ class JobOut(BaseModel):
         description="runs of the job: 1, plus one per take-over after its process died"
     )
     failed: list[FailedBatchOut] = Field(description="the first 100 failed batches")
+    delivered: int = Field(0, description="recipients written to at least one connection")
+    acked: int = Field(0, description="recipients at least one device acked")
+    queued: int = Field(0, description="recipients not written anywhere yet")
+    expired: int = Field(0, description="recipients whose ttl_s passed first")
+    listable: bool = Field(False, description="whether /recipients can list them")
+
+
+class P2PStatusOut(BaseModel):
+    push_id: str
+    mode: str
+    status: Literal["done"]
+    recipients: int
+    online: int
+    offline: int
+    delivered: int
+    acked: int
+    queued: int
+    expired: int
+    listable: bool
+
+
+class RecipientsOut(BaseModel):
+    push_id: str
+    state: Literal["acked", "unacked", "queued"]
+    uids: list[str]
+    cursor: str | None = Field(description="pass it as ?cursor= for the next page; null: last")
 
 
 class UserIn(BaseModel):

@@ -19,7 +19,17 @@ from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
 
 from push_service.idempotency import Idempotency
-from push_service.services import Dispatch, FanOut, Fleet, Health, Pushes, Services, Users
+from push_service.services import (
+    Dispatch,
+    FanOut,
+    Fleet,
+    Health,
+    Pushes,
+    Receipts,
+    ReceiptsView,
+    Services,
+    Users,
+)
 from router.balancing import (
     Availability,
     Listeners,
@@ -48,6 +58,8 @@ from router.jobs.reaper import reaping
 from router.jobs.store import RedisJobStore
 from router.p2p.pusher import P2PPusher
 from router.ratelimit import RateLimit, RateLimiter, RedisRateLimiter
+from router.receipts.base import ReceiptLimits
+from router.receipts.store import RedisReceiptStore
 from router.recovery.base import RecoveryLimits
 from router.recovery.store import RedisRecoveryStore
 from router.redis.client import create_redis, ping
@@ -163,6 +175,13 @@ class Wiring:
             if self._rate is not None:
                 self.rate_limiter = RedisRateLimiter(redis, keys, self._rate)
                 stack.callback(setattr, self, "rate_limiter", None)
+            rlimits = ReceiptLimits.from_settings(settings)
+            receipts = RedisReceiptStore(redis, keys, rlimits) if rlimits.enabled else None
+            on_receipts = (
+                None
+                if receipts is None
+                else Receipts(receipts, receipts, rlimits, settings.webhook_preview)
+            )
             fanout = FanOut(
                 bus,
                 directory,
@@ -174,6 +193,7 @@ class Wiring:
                 flush_timeout_s=settings.flush_timeout_s,
                 retry=PublishRetry(settings.job_publish_retries, settings.job_publish_backoff_s),
                 recovery=recovery,
+                receipts=on_receipts,
             )
             runner.resume_with(fanout.resume)
             # At start and every half lease: jobs orphaned by a dead push service (or handed
@@ -181,7 +201,7 @@ class Wiring:
             # closes, so a stopping service takes nothing new on.
             await stack.enter_async_context(reaping(runner, every_s=lease_s / 2))
             yield Services(
-                pushes=Pushes(pusher, clock),
+                pushes=Pushes(pusher, clock, on_receipts),
                 # One view of gateways' health, for P2P calls and for dispatch.
                 dispatch=Dispatch(
                     Dispatcher(fleet, clock, settings.dispatch_rule, call_stats),
@@ -203,6 +223,7 @@ class Wiring:
                     ),
                     settings.deliver_timeout_s,
                 ),
+                receipts=ReceiptsView(receipts),
             )
 
 

@@ -37,6 +37,10 @@ values' formats live with their stores: `router.routes.codec` for a route,
   request's fingerprint, ``running`` with a lease or ``done`` with the answer), with a
   TTL. Both parts are SHA-256 hex digests: of the caller's API key (never stored) and of
   the header's value. One key per entry, so it is cluster-safe without a tag.
+- ``{prefix}rcpt:{<push_id>}`` is a push's receipt (a hash: its counts, and for a
+  listable push ``u:<uid> -> state`` per recipient); ``{prefix}rcpt-a:{<push_id>}`` and
+  ``{prefix}rcpt-d:{<push_id>}`` are the HyperLogLogs of the acked and delivered uids of
+  a counts-only one. Hash-tagged by push_id, so one script updates all three.
 """
 
 from __future__ import annotations
@@ -115,6 +119,12 @@ class KeySchema:
 
     def idempotency(self, scope_hash: str, key_hash: str) -> str:
         return f"{self.prefix}idem:{scope_hash}:{key_hash}"
+
+    def receipt(self, push_id: str) -> tuple[str, str, str]:
+        """A push's receipt hash and its acked and delivered HyperLogLogs."""
+        tag = _tag(push_id)
+        p = self.prefix
+        return f"{p}rcpt:{tag}", f"{p}rcpt-a:{tag}", f"{p}rcpt-d:{tag}"
 
 
 def _tag(name: str) -> str:

@@ -131,6 +131,11 @@ class Settings(BaseSettings):
     # IMROUTE_DELIVER_TIMEOUT_S, at most 60), or a slow push could be sent twice
     idempotency_lease_s: float = Field(90.0, ge=1, le=600)
     # --- end of the idempotency block ---
+    # --- issue 13, receipts (README, "Acks and receipts"); ttl 0: no receipts ---
+    receipts_ttl_s: float = Field(86_400.0, ge=0, le=30 * 86_400)
+    # pushes with at most this many recipients keep each one's state (and list them)
+    receipts_max_recipients: int = Field(10_000, ge=1, le=100_000)
+    webhook_preview: bool = True  # message.unacked carries the content's first 256 B
 
     # gateway
     gateway_id: str = "gw1"

@@ -14,6 +14,7 @@ from shared.errors import InvalidInput
 from shared.models import Message
 
 __all__ = [
+    "MAX_ACK_POS",
     "PONG_FRAME",
     "encode_push_json",
     "parse_client_frame",
@@ -65,14 +66,22 @@ def ws_text_frame(payload: bytes) -> bytes:
 
 
 PONG_FRAME = ws_text_frame(b'{"type":"pong"}')
+# An ack's `pos` is one the gateway wrote (shared.positions.MAX_POS_CHARS at most).
+MAX_ACK_POS = 256
 
 
-def parse_client_frame(text: str) -> str:
-    """Return the type of a client frame; raise InvalidInput for anything else."""
+def parse_client_frame(text: str) -> str | None:
+    """What a client frame is: None for `{"type":"ping"}`, or the `pos` of an ack,
+    `{"type":"ack","pos":"<pos>"}` (empty when the ack is malformed: the gateway ignores
+    and counts it, never closes for it); InvalidInput for anything else."""
     try:
         frame: Any = json.loads(text)
     except ValueError:
         raise InvalidInput("frame", "not JSON") from None
-    if not isinstance(frame, dict) or frame.get("type") != "ping":
-        raise InvalidInput("frame", 'only {"type":"ping"} is accepted from clients')
-    return "ping"
+    kind = frame.get("type") if isinstance(frame, dict) else None
+    if kind == "ping":
+        return None
+    if kind == "ack":
+        pos = frame.get("pos")
+        return pos if isinstance(pos, str) and 0 < len(pos) <= MAX_ACK_POS else ""
+    raise InvalidInput("frame", 'only {"type":"ping"} and {"type":"ack","pos":...} are accepted')

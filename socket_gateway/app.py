@@ -17,6 +17,8 @@ from router.bus.base import Bus
 from router.bus.factory import bus_from_settings
 from router.fleet.drain import RedisDrainRequests
 from router.fleet.store import RedisGatewayFleet
+from router.receipts.base import ReceiptLimits
+from router.receipts.store import RedisReceiptStore
 from router.recovery.base import RecoveryLimits
 from router.recovery.store import RedisRecoveryStore
 from router.redis.client import connect_redis, ping
@@ -30,6 +32,7 @@ from shared.internal_auth import is_loopback, load_tls
 from shared.keys import KeySchema
 from shared.models import GatewayInfo
 from shared.settings import Settings, redact_url
+from socket_gateway.acks import AckReporter
 from socket_gateway.bus_consumer import consume, gateway_topics
 from socket_gateway.connections import LocalConnections
 from socket_gateway.counts import gateway_counts
@@ -96,6 +99,7 @@ class Gateway:
         self.deliver_service = DeliverService(self.conns, self.clock, RecentIds(self.clock))
         self.follower: TopicFollower | None = None
         self.resumer: Resumer | None = None
+        self.acks: AckReporter | None = None
         # Set when the gateway gave up on a part it cannot serve without (the bus
         # consumer): it drains, and its process exits non-zero to be restarted.
         self.failure: str | None = None
@@ -203,8 +207,17 @@ class Gateway:
         self.follower = TopicFollower(
             recovery, self.deliver_service, self.conns.marks, gateway_topics(s.group_id), self.clock
         )
+        rlimits = ReceiptLimits.from_settings(s)
+        receipts = RedisReceiptStore(redis, keys, rlimits) if rlimits.enabled else None
+        self.acks = AckReporter(self.conns, recovery, receipts, self.clock)
+        self.deliver_service.report = self.acks.report
         self.resumer = Resumer(
-            recovery, self.conns, recovery.limits, self.clock, self.follower.recent
+            recovery,
+            self.conns,
+            recovery.limits,
+            self.clock,
+            self.follower.recent,
+            report=self.acks.report,
         )
         self.conns.gap_filler = self.resumer.fill_gap
         # From the logs' heads, before the first client: each starts where the topics are.
@@ -231,6 +244,7 @@ class Gateway:
                 else None
             ),
             limit_counts=self.limit_counts,
+            acks=self.acks,
         )
         self._ws_server = await self._ws.serve(s.ws_host, s.ws_port)
         self.ws_port = self._ws_server.sockets[0].getsockname()[1]
@@ -317,8 +331,10 @@ class Gateway:
         self._ws_server.close(close_connections=True)
         await self._ws_server.wait_closed()
         # wait_closed() waited for every connection and its unregister; the writer
-        # flushes what is still queued.
+        # flushes what is still queued, and so do the acks.
         await self._writer.aclose()
+        if self.acks is not None:
+            await self.acks.aclose()
 
     async def drain(self, window_s: float | None = None) -> None:
         """Stop taking clients, ask each to reconnect elsewhere, and close them (4503)

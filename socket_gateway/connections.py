@@ -15,11 +15,20 @@ from shared.models import Registration
 from shared.positions import encode_pos
 from shared.wire import push_frame
 
-__all__ = ["ClientConn", "Held", "LocalConnections", "Marks", "Sink"]
+__all__ = ["MAX_UNACKED", "ClientConn", "Held", "LocalConnections", "Marks", "Sent", "Sink"]
 
 # A live push that reached a connection while it was being replayed to: which log (`p`,
-# `b`, `g`), its seq there (0: not logged) and its frame prefix. Written after the replay.
-Held = tuple[str, int, bytes]
+# `b`, `g`), its seq there (0: not logged), its frame prefix and its push_id. Written
+# after the replay.
+Held = tuple[str, int, bytes, str]
+# A push written to a connection and not acked yet: the `pos` it carried, its log, its
+# seq there (0: not logged) and its push_id. An ack of a `pos` takes every entry up to
+# the last one that carried it (`LocalConnections.ack`).
+Sent = tuple[str, str, int, str]
+# Unacked pushes remembered per connection; past it the oldest are forgotten (counted):
+# they stay in the inbox, so a client that never acks gets them again on its next
+# connect, and its memory here stays bounded.
+MAX_UNACKED = 128
 
 
 class Sink(Protocol):
@@ -49,6 +58,8 @@ class ClientConn:
     skip: tuple[int, int, set[int]] | None = None
     # Not None while the replay runs: live pushes wait here, in arrival order.
     held: list[Held] | None = None
+    # What it was written and has not acked, in write order (None: nothing).
+    sent: list[Sent] | None = None
 
 
 @dataclass(slots=True)
@@ -81,6 +92,7 @@ class LocalConnections:
     _by_uid: dict[str, list[ClientConn]] = field(default_factory=dict)
     _count: int = 0
     slow_aborted: int = 0
+    unacked_forgotten: int = 0  # entries past MAX_UNACKED: not acked here, still queued
 
     def __len__(self) -> int:
         return self._count
@@ -102,6 +114,10 @@ class LocalConnections:
     def holds_registration(self, reg: Registration) -> bool:
         return any(c.conn_id == reg.conn_id for c in self._by_uid.get(reg.uid, ()))
 
+    def uids(self) -> list[str]:
+        """The users with a connection here."""
+        return list(self._by_uid)
+
     def registrations(self) -> list[Registration]:
         return [Registration(c.uid, c.conn_id) for c in self]
 
@@ -112,6 +128,42 @@ class LocalConnections:
     def write_frame(self, conn: ClientConn, frame: bytes) -> bool:
         """Write one frame to one connection (aborting it if it is too slow)."""
         return self._write(conn.sink, frame)
+
+    def write_push(
+        self, conn: ClientConn, prefix: bytes, log: str, seq: int, ref: str, recovered: bool
+    ) -> bool:
+        """Write one push (a replay's, a gap fill's) at the connection's position now,
+        and remember it until it is acked."""
+        pos = self.marks.pos(conn)
+        if not self._write(conn.sink, push_frame(prefix, pos, recovered)):
+            return False
+        self._note(conn, pos, log, seq, ref)
+        return True
+
+    def ack(self, conn: ClientConn, pos: str) -> list[Sent] | None:
+        """An ack of `pos` from `conn`: the pushes it covers, taken out (cumulative: every
+        entry up to the last that carried `pos`). None when no entry carried it: unknown,
+        ahead of what was written, already acked, or forgotten."""
+        sent = conn.sent
+        if not sent:
+            return None
+        for i in range(len(sent) - 1, -1, -1):
+            if sent[i][0] == pos:
+                acked = sent[: i + 1]
+                rest = sent[i + 1 :]
+                conn.sent = rest or None
+                return acked
+        return None
+
+    def _note(self, conn: ClientConn, pos: str, log: str, seq: int, ref: str) -> None:
+        sent = conn.sent
+        if sent is None:
+            conn.sent = [(pos, log, seq, ref)]
+            return
+        sent.append((pos, log, seq, ref))
+        if len(sent) > MAX_UNACKED:
+            del sent[0]
+            self.unacked_forgotten += 1
 
     def write_all(self, frame: bytes) -> int:
         """Write one pre-built frame (a control frame) to every open connection."""
@@ -129,13 +181,13 @@ class LocalConnections:
             (delivered if wrote else missing).append(uid)
         return delivered, missing
 
-    def deliver_all(self, prefix: bytes, log: str, seq: int) -> int:
+    def deliver_all(self, prefix: bytes, log: str, seq: int, ref: str = "") -> int:
         """Write a push to every open local connection; returns how many."""
         put = self._put
-        return sum(put(c, log, seq, prefix) for conns in self._by_uid.values() for c in conns)
+        return sum(put(c, log, seq, prefix, ref) for conns in self._by_uid.values() for c in conns)
 
     def deliver(
-        self, uids: Iterable[str], prefix: bytes, log: str, seq: int
+        self, uids: Iterable[str], prefix: bytes, log: str, seq: int, ref: str = ""
     ) -> tuple[list[str], list[str]]:
         """Write a batch's push to every open connection of each uid; (delivered,
         missing) uids. The prefix is built once; each connection adds its position."""
@@ -146,12 +198,12 @@ class LocalConnections:
         for uid in uids:
             wrote = False
             for conn in by_uid.get(uid, ()):
-                wrote = put(conn, log, seq, prefix) or wrote
+                wrote = put(conn, log, seq, prefix, ref) or wrote
             (delivered if wrote else missing).append(uid)
         return delivered, missing
 
     def deliver_p2p(
-        self, uids: Sequence[str], seqs: Sequence[int], prefix: bytes
+        self, uids: Sequence[str], seqs: Sequence[int], prefix: bytes, ref: str = ""
     ) -> tuple[list[str], list[str]]:
         """Like `deliver`, for P2P: each uid has its own seq (none when not stored)."""
         delivered: list[str] = []
@@ -162,50 +214,61 @@ class LocalConnections:
             seq = seqs[i] if seqs else 0
             wrote = False
             for conn in by_uid.get(uid, ()):
-                wrote = put(conn, "p", seq, prefix) or wrote
+                wrote = put(conn, "p", seq, prefix, ref) or wrote
             (delivered if wrote else missing).append(uid)
         return delivered, missing
 
     def release(self, conn: ClientConn) -> int:
         """End a connection's replay: write what waited meanwhile; how many were written."""
         held, conn.held = conn.held, None
-        return sum(self._put(conn, log, seq, prefix) for log, seq, prefix in held or ())
+        put = self._put
+        return sum(put(conn, log, seq, prefix, ref) for log, seq, prefix, ref in held or ())
 
-    def _put(self, conn: ClientConn, log: str, seq: int, prefix: bytes) -> bool:
+    def _put(self, conn: ClientConn, log: str, seq: int, prefix: bytes, ref: str) -> bool:
         """One push to one connection, unless it already had it; True if it is (or will
         be, once its replay ends) written."""
         held = conn.held
         if held is not None:
             if not conn.sink.is_open():
                 return False
-            held.append((log, seq, prefix))
+            held.append((log, seq, prefix, ref))
             return True
-        if seq:
-            if log == "p":
-                skip = conn.skip
-                if skip is not None and (skip[0] < seq <= skip[1] or seq in skip[2]):
-                    return True  # the replay (or a gap fill) wrote it
-                if seq > conn.p + 1 and self.gap_filler is not None:
-                    # A hole in the user's P2P sequence: a push that failed for this
-                    # connection (its gateway was restarting) or one still on its way.
-                    # This and what follows wait until the hole is read from the log.
-                    conn.held = [(log, seq, prefix)]
-                    self.gap_filler(conn, conn.p, seq - 1)
-                    return True
-                conn.p = max(conn.p, seq)
-            elif log == "b":
-                if seq <= conn.b:
-                    return True  # the replay wrote it
-                conn.b = seq
-            elif log == "o":
-                if seq <= conn.o:
-                    return True
-                conn.o = seq
-            elif conn.group == self.marks.group:
-                if seq <= conn.g:
-                    return True
-                conn.g = seq
-        return self._write(conn.sink, self._frame(prefix, self.marks.pos(conn)))
+        if seq and self._had(conn, log, seq, prefix, ref):
+            return True
+        pos = self.marks.pos(conn)
+        if not self._write(conn.sink, self._frame(prefix, pos)):
+            return False
+        self._note(conn, pos, log, seq, ref)
+        return True
+
+    def _had(self, conn: ClientConn, log: str, seq: int, prefix: bytes, ref: str) -> bool:
+        """Whether the connection already had (or will have) this logged push; if not,
+        it stands at `seq` in `log` from now on."""
+        if log == "p":
+            skip = conn.skip
+            if skip is not None and (skip[0] < seq <= skip[1] or seq in skip[2]):
+                return True  # the replay (or a gap fill) wrote it
+            if seq > conn.p + 1 and self.gap_filler is not None:
+                # A hole in the user's P2P sequence: a push that failed for this
+                # connection (its gateway was restarting) or one still on its way.
+                # This and what follows wait until the hole is read from the log.
+                conn.held = [(log, seq, prefix, ref)]
+                self.gap_filler(conn, conn.p, seq - 1)
+                return True
+            conn.p = max(conn.p, seq)
+        elif log == "b":
+            if seq <= conn.b:
+                return True  # the replay wrote it
+            conn.b = seq
+        elif log == "o":
+            if seq <= conn.o:
+                return True
+            conn.o = seq
+        elif conn.group == self.marks.group:
+            if seq <= conn.g:
+                return True
+            conn.g = seq
+        return False
 
     def _frame(self, prefix: bytes, pos: str) -> bytes:
         """The frame of `prefix` at `pos`. Connections that stand at the same place (users

@@ -58,4 +58,26 @@ def gateway_counts(gw: Gateway) -> dict[str, tuple[str, float]]:
             "Bus batches whose content, stored once per push, was gone: dropped",
             gw.follower.without_content,
         )
+    if gw.acks is not None:
+        a = gw.acks.counts
+        counts["acks"] = ("Client ack frames that acked pushes", a.acks)
+        counts["acked_pushes"] = ("Pushes (per connection) those acks covered", a.acked)
+        counts["bad_acks"] = (
+            "Client ack frames ignored: malformed, unknown, ahead of what was sent, or "
+            "already acked",
+            a.bad,
+        )
+        counts["ack_flush_failures"] = (
+            "Writes of acks to Redis that failed (kept for the next one)",
+            a.failed_flushes,
+        )
+        counts["ack_updates_dropped"] = (
+            "Ack and delivery updates dropped while Redis kept failing",
+            a.dropped,
+        )
+    counts["unacked_forgotten"] = (
+        "Pushes a connection was sent and never acked, past the 128 it is remembered "
+        "for: still in the inbox, sent again on the next connect",
+        gw.conns.unacked_forgotten,
+    )
     return counts

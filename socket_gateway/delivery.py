@@ -7,7 +7,9 @@ Both ways in call it: the gRPC servicer (P2P, `grpc_server`) and the bus consume
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Sequence
 
+from router.receipts.base import DELIVERED
 from shared.batches import message_of
 from shared.clock import Clock
 from shared.proto import gateway_pb2
@@ -44,6 +46,9 @@ class DeliverService:
         self.check = BatchCheck()
         self._logged_at = float("-inf")
         self._unlogged = 0
+        # Told of the recipients each bus batch reached (their push's receipt); the P2P
+        # path's are known from its call's answer.
+        self.report: Callable[[str, str, Sequence[str]], None] | None = None
 
     def problem(self, batch: gateway_pb2.Batch) -> str | None:
         """What makes `batch` unfit to write (counted and logged), or None."""
@@ -88,12 +93,20 @@ class DeliverService:
             return gateway_pb2.DeliverReply(expired=True)
         # Encoded once per batch, whatever the number of recipients; each connection
         # adds its own position.
-        prefix = push_prefix(message_of(batch))
+        message = message_of(batch)
+        prefix = push_prefix(message)
         log = log or ("b" if batch.mode == gateway_pb2.MODE_BROADCAST else "g")
+        report = self.report
         if batch.everyone:
-            count = self._conns.deliver_all(prefix, log, batch.seq)
+            count = self._conns.deliver_all(prefix, log, batch.seq, message.push_id)
+            if report is not None and count:
+                report(DELIVERED, message.push_id, self._conns.uids())
             return gateway_pb2.DeliverReply(connections=count)
-        delivered, missing = self._conns.deliver(batch.uids, prefix, log, batch.seq)
+        delivered, missing = self._conns.deliver(
+            batch.uids, prefix, log, batch.seq, message.push_id
+        )
+        if report is not None and delivered:
+            report(DELIVERED, message.push_id, delivered)
         return gateway_pb2.DeliverReply(delivered=delivered, missing=missing)
 
     def _deliver_p2p(
@@ -123,8 +136,9 @@ class DeliverService:
             if late_ms > 0 and call_left_s is not None and call_left_s > SKEW_HINT_S:
                 self._skew_hint(late_ms, call_left_s)
             return gateway_pb2.DeliverReply(expired=True)
+        message = message_of(batch)
         delivered, missing = self._conns.deliver_p2p(
-            batch.uids, batch.seqs, push_prefix(message_of(batch))
+            batch.uids, batch.seqs, push_prefix(message), message.push_id
         )
         if batch_id:
             expires_in = (batch.expires_ms - now_ms) / 1000 if batch.expires_ms else None

@@ -10,16 +10,17 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from router.bus.base import BROADCAST, group_topic
+from router.receipts.base import ACKED, DELIVERED
 from router.recovery.base import OFFLINE_TOPIC, RecoveryLimits, RecoveryReads, TopicHistory
 from router.recovery.replay import Replay, plan_replay
 from shared.clock import Clock
 from shared.coalesce import Coalescer
 from shared.errors import RegistryUnavailable
 from shared.positions import Pos, decode_pos
-from shared.wire import push_frame, push_prefix, recovered_frame
+from shared.wire import push_prefix, recovered_frame
 from socket_gateway.connections import ClientConn, LocalConnections
 
 __all__ = ["ResumeStats", "Resumer"]
@@ -44,6 +45,8 @@ class ResumeStats:
 SHARED_READ_S = 1.0
 
 Recent = Callable[[str, int], TopicHistory | None]
+# (state, push_id, uids): `socket_gateway.acks.AckReporter.report`.
+Report = Callable[[str, str, Sequence[str]], None]
 
 
 class Resumer:
@@ -54,8 +57,11 @@ class Resumer:
         limits: RecoveryLimits,
         clock: Clock,
         recent: Recent | None = None,
+        report: Report | None = None,
     ) -> None:
-        """`recent`: the follower's memory of its topics' latest batches, tried first."""
+        """`recent`: the follower's memory of its topics' latest batches, tried first.
+        `report`: told of each push a replay or a gap fill wrote (its receipt)."""
+        self._report = report
         self._reads = reads
         self._conns = conns
         self._limits = limits
@@ -98,12 +104,15 @@ class Resumer:
                 since.g,
             )
         conns = self._conns
-        pos = conns.marks.pos
+        report = self._report
         for item in replay.items:
             setattr(conn, item.log, item.seq)  # the log letters name ClientConn's fields
             prefix = item.prefix or push_prefix(item.message)
-            if not conns.write_frame(conn, push_frame(prefix, pos(conn), True)):
+            push_id = item.message.push_id
+            if not conns.write_push(conn, prefix, item.log, item.seq, push_id, True):
                 return  # closed, or too slow to take its replay: it resumes from here later
+            if report is not None:
+                report(DELIVERED, push_id, (conn.uid,))
         head_p, head_b, head_o, head_g = ends
         conn.p = head_p
         if since is not None:
@@ -120,8 +129,13 @@ class Resumer:
         conns.write_frame(conn, recovered_frame(len(replay.items), replay.complete))
         self._count(replay, since_text is not None)
         self._conns.release(conn)
-        if replay.inbox_seqs:
-            await self._forget_written(conn.uid, replay.inbox_seqs)
+        covered = replay.inbox_covered
+        if covered and report is not None:
+            for e in covered:
+                report(ACKED, e.message.push_id, (conn.uid,))
+        gone = [*replay.inbox_gone, *(e.seq for e in covered)]
+        if gone:
+            await self._forget_gone(conn.uid, gone)
 
     def fill_gap(self, conn: ClientConn, after: int, upto: int) -> None:
         """A hole (after, upto] in a live connection's P2P sequence: write what the log
@@ -138,6 +152,7 @@ class Resumer:
             log.warning("could not read a hole in a connection's messages: %s", exc)
             user = None
         conns = self._conns
+        report = self._report
         wrote: list[int] = []
         if user is not None and conn.sink.is_open():
             now = self._clock.now_ms()
@@ -148,10 +163,11 @@ class Resumer:
                 if e.expires_ms and now > e.expires_ms:
                     continue
                 conn.p = e.seq
-                if conns.write_frame(
-                    conn, push_frame(push_prefix(e.message), conns.marks.pos(conn))
-                ):
+                push_id = e.message.push_id
+                if conns.write_push(conn, push_prefix(e.message), "p", e.seq, push_id, False):
                     wrote.append(e.seq)
+                    if report is not None:
+                        report(DELIVERED, push_id, (conn.uid,))
         # What the log no longer holds is past the window or its ttl_s: passed over.
         conn.p = max(conn.p, upto)
         if wrote:
@@ -160,17 +176,15 @@ class Resumer:
             conn.skip[2].update(wrote)
             self.gap_filled += len(wrote)
         conns.release(conn)
-        if wrote:
-            await self._forget_written(conn.uid, wrote)
 
-    async def _forget_written(self, uid: str, seqs: list[int]) -> None:
-        """Take what a connection was written out of the user's inbox (coalesced)."""
+    async def _forget_gone(self, uid: str, seqs: list[int]) -> None:
+        """Take inbox entries past their ttl_s or the inbox TTL, or that the position
+        acked, out (coalesced)."""
         try:
             await self._forget((uid, seqs))
         except RegistryUnavailable as exc:
-            # They stay in the inbox: the next connection gets them again, and the client
-            # drops them by msg_id.
-            log.warning("could not empty the inbox of a connection: %s", exc)
+            # They stay in the inbox, and every replay leaves them out again.
+            log.warning("could not take expired entries out of an inbox: %s", exc)
 
     async def _plan(
         self, conn: ClientConn, since: Pos | None, valid: bool

@@ -11,7 +11,16 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from push_service.access import ApiKeys, Scope, authorize
 from push_service.errors import Forbidden
 from push_service.idempotency import Once
-from push_service.services import Dispatch, FanOut, Fleet, Health, Pushes, Services, Users
+from push_service.services import (
+    Dispatch,
+    FanOut,
+    Fleet,
+    Health,
+    Pushes,
+    ReceiptsView,
+    Services,
+    Users,
+)
 from router.idempotency.base import HEADER, parse_key
 from shared.errors import AuthError
 
@@ -102,6 +111,10 @@ async def _health(request: Request) -> Health:
     return _services(request).health
 
 
+async def _receipts(request: Request) -> ReceiptsView:
+    return _services(request).receipts
+
+
 PushKey = Depends(_require_push)
 AdminKey = Depends(_require_admin)
 PushesSvc = Annotated[Pushes, Depends(_pushes)]
@@ -110,6 +123,7 @@ FleetSvc = Annotated[Fleet, Depends(_fleet)]
 FanOutSvc = Annotated[FanOut, Depends(_fanout)]
 UsersSvc = Annotated[Users, Depends(_users)]
 HealthSvc = Annotated[Health, Depends(_health)]
+ReceiptsSvc = Annotated[ReceiptsView, Depends(_receipts)]
 
 
 # --- issue 13, idempotency: the Idempotency-Key of the three push endpoints ---

@@ -1,23 +1,43 @@
-"""GET /v1/pushes/{push_id}: the status of a broadcast or multicast job."""
+"""GET /v1/pushes/{push_id}: a push's status and receipt (any mode), and its recipients
+by state."""
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
-from fastapi import APIRouter, Path
+from fastapi import APIRouter, Path, Query
 from fastapi.responses import JSONResponse
 
-from push_service.routes.deps import FanOutSvc, PushKey
-from push_service.schemas import JobOut
+from push_service.errors import NotFound
+from push_service.routes.deps import FanOutSvc, PushKey, ReceiptsSvc
+from push_service.schemas import JobOut, P2PStatusOut, RecipientsOut
+from push_service.services.receipts import MAX_PAGE
 
 __all__ = ["router"]
 
 router = APIRouter(dependencies=[PushKey])
 
+PushId = Annotated[str, Path(min_length=1, max_length=64)]
 
-@router.get("/v1/pushes/{push_id}", response_model=JobOut)
-async def push_status(
-    push_id: Annotated[str, Path(min_length=1, max_length=64)], fanout: FanOutSvc
+
+@router.get("/v1/pushes/{push_id}", response_model=JobOut | P2PStatusOut)
+async def push_status(push_id: PushId, fanout: FanOutSvc, receipts: ReceiptsSvc) -> JSONResponse:
+    """A broadcast or multicast job's state, or a P2P push's; with the receipt's counts."""
+    try:
+        job = await fanout.status(push_id)
+    except NotFound:
+        job = None
+    return JSONResponse(await receipts.status(push_id, job))
+
+
+@router.get("/v1/pushes/{push_id}/recipients", response_model=RecipientsOut)
+async def push_recipients(
+    push_id: PushId,
+    receipts: ReceiptsSvc,
+    state: Annotated[Literal["acked", "unacked", "queued"], Query()],
+    cursor: Annotated[str | None, Query(min_length=1, max_length=128)] = None,
+    limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 100,
 ) -> JSONResponse:
-    """The state of a broadcast or multicast job."""
-    return JSONResponse((await fanout.status(push_id)).as_dict())
+    """The recipients in a state, in uid order, a page at a time (409 for a push with
+    more than IMROUTE_RECEIPTS_MAX_RECIPIENTS recipients: counts only)."""
+    return JSONResponse(await receipts.recipients(push_id, state, cursor, limit))

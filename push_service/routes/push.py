@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from fastapi import APIRouter
 from fastapi.responses import JSONResponse, Response
 
@@ -24,14 +26,16 @@ async def _push(body: PushIn, pushes: PushesSvc) -> JSONResponse:
     message, outcome = pushed.message, pushed.outcome
     # Built directly: validating our own output through PushOut again is pure cost on
     # the hottest endpoint. PushOut still documents it in the OpenAPI schema.
-    return JSONResponse(
-        {
-            "push_id": message.push_id,
-            "msg_id": message.msg_id,
-            "delivered": outcome.delivered,
-            "offline": outcome.offline,
-            "failed": outcome.failed,
-            "queued": outcome.queued,
-            "errors": [{"gateway_id": e.gateway_id, "error": e.error} for e in outcome.errors],
-        }
-    )
+    answer: dict[str, Any] = {
+        "push_id": message.push_id,
+        "msg_id": message.msg_id,
+        "delivered": outcome.delivered,
+        "offline": outcome.offline,
+        "failed": outcome.failed,
+        "queued": outcome.queued,
+        "errors": [{"gateway_id": e.gateway_id, "error": e.error} for e in outcome.errors],
+    }
+    if pushed.acked is not None:
+        answer["acked"] = pushed.acked
+        answer["unacked"] = pushed.unacked
+    return JSONResponse(answer)

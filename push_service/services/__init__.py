@@ -13,10 +13,22 @@ from push_service.services.dispatch import Dispatch
 from push_service.services.fanout import FanOut
 from push_service.services.fleet import Fleet
 from push_service.services.health import Health
-from push_service.services.pushes import Pushed, Pushes
+from push_service.services.pushes import Pushed, Pushes, Receipts
+from push_service.services.receipts import ReceiptsView
 from push_service.services.users import Users
 
-__all__ = ["Dispatch", "FanOut", "Fleet", "Health", "Pushed", "Pushes", "Services", "Users"]
+__all__ = [
+    "Dispatch",
+    "FanOut",
+    "Fleet",
+    "Health",
+    "Pushed",
+    "Pushes",
+    "Receipts",
+    "ReceiptsView",
+    "Services",
+    "Users",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,3 +42,4 @@ class Services:
     users: Users
     health: Health
     idempotency: Idempotency  # issue 13: the Idempotency-Key of the push endpoints
+    receipts: ReceiptsView  # issue 13: GET /v1/pushes/{push_id} (any mode), /recipients

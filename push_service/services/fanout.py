@@ -9,6 +9,7 @@ from typing import Protocol
 from push_service.content import new_message
 from push_service.errors import NotFound
 from push_service.schemas import BroadcastIn, MulticastIn
+from push_service.services.pushes import Receipts
 from router.directory.base import UserDirectory
 from router.fanout.broadcast import pages_after, run_broadcast
 from router.fanout.multicast import chunked, run_multicast
@@ -17,6 +18,8 @@ from router.fanout.resilient import PublishRetry, ResilientPublisher, StableIdLo
 from router.fanout.runner import JobRun, JobRunner, Work
 from router.jobs.base import Claim, Job, PushCounters
 from router.jobs.specs import BroadcastSpec
+from router.receipts.fanout import FanoutReceipt
+from router.receipts.record import message_meta
 from router.recovery.base import RecoveryLog
 from router.routes.base import GroupLookup
 from shared.clock import Clock
@@ -48,8 +51,10 @@ class FanOut:
         flush_timeout_s: float,
         retry: PublishRetry,
         recovery: RecoveryLog | None = None,
+        receipts: Receipts | None = None,
     ) -> None:
         self._recovery = recovery
+        self._receipts = receipts
         self._retry = retry
         self._bus = bus
         self._directory = directory
@@ -86,6 +91,9 @@ class FanOut:
     def _broadcast(self, spec: BroadcastSpec) -> Work:
         async def work(run: JobRun) -> None:
             publisher = self._publisher(spec.message, spec.expires_ms, run.counters, spec.store)
+            receipt = self._receipt(spec.message, "broadcast", None)
+            if receipt is not None:
+                await receipt.start()
             start = run.start
             after = start.after if start else None
             pages = (
@@ -112,6 +120,9 @@ class FanOut:
 
         async def work(run: JobRun) -> None:
             publisher = self._publisher(message, expires_ms, run.counters, body.store)
+            receipt = self._receipt(message, "multicast", None if to is None else len(to))
+            if receipt is not None:
+                await receipt.start()
             chunks: AsyncIterator[Sequence[str]] = (
                 chunked(to) if to is not None else self._directory.iter_pages(tags_any=tags_any)
             )
@@ -123,6 +134,7 @@ class FanOut:
                 batch_size=self._batch_size,
                 flush_timeout_s=self._flush_timeout_s,
                 high_priority=high_priority,
+                on_resolved=None if receipt is None else receipt.resolved,
             )
 
         await self._runner.submit(message.push_id, "multicast", work)
@@ -143,6 +155,15 @@ class FanOut:
         # Content is stored once per push even when the batches are not logged.
         content = self._recovery.content if self._recovery is not None else None
         return BatchPublisher(bus, message, expires_ms, counters, recovery, content=content)
+
+    def _receipt(self, message: Message, mode: str, count: int | None) -> FanoutReceipt | None:
+        """The job's receipt: listable for a `to` list within the bound (`count`)."""
+        r = self._receipts
+        if r is None:
+            return None
+        listable = count is not None and count <= r.limits.max_recipients
+        meta = message_meta(message, r.preview)
+        return FanoutReceipt(r.log, message.push_id, mode, listable, meta)
 
     def _message(self, body: BroadcastIn | MulticastIn) -> tuple[Message, int]:
         """The message (content encoded once) and its expiry in epoch ms (0: none)."""

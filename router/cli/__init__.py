@@ -1,11 +1,11 @@
 """The `imroute` command: one module per subcommand, registered here in help order.
 
-    dev            the whole stack on this machine          (dev.py)
-    push-service   one push service                         (services.py)
-    gateway        one gateway                              (services.py)
-    db upgrade     the directory's migrations               (db.py)
-    users import   users from CSV or JSON Lines             (users.py)
-    token          a client JWT                             (token.py)
+dev            the whole stack on this machine          (dev.py)
+push-service   one push service                         (services.py)
+gateway        one gateway                              (services.py)
+db upgrade     the directory's migrations               (db.py)
+users import   users from CSV or JSON Lines             (users.py)
+token          a client JWT                             (token.py)
 """
 
 from __future__ import annotations

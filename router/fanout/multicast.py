@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import AsyncIterator, Iterable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 
 from router.fanout.batcher import GroupBatcher, ReadyBatch
 from router.fanout.failures import publish_or_count
@@ -19,7 +19,11 @@ from router.routes.base import LOOKUP_CHUNK, GroupLookup, RecipientGroups, chunk
 from shared.clock import Clock
 from shared.proto import gateway_pb2
 
-__all__ = ["LOOKAHEAD", "chunked", "run_multicast"]
+__all__ = ["LOOKAHEAD", "OnResolved", "chunked", "run_multicast"]
+
+# Told of each chunk once it is resolved, before any of its batches is published: its
+# uids and who of them is online (the push's receipt).
+OnResolved = Callable[[Sequence[str], RecipientGroups], Awaitable[None]]
 
 # Look-ups in flight at once: while Redis answers one chunk, this process parses and
 # batches the one before (see docs/benchmarks.md, multicast, for the measurements).
@@ -43,6 +47,7 @@ async def run_multicast(
     flush_timeout_s: float = 1.0,
     high_priority: bool = False,
     lookahead: int = LOOKAHEAD,
+    on_resolved: OnResolved | None = None,
 ) -> None:
     """Publish every online recipient to its group's topic; count the offline ones."""
     if lookahead < 1:
@@ -73,6 +78,8 @@ async def run_multicast(
             counters.recipients += count
             counters.online += found.online
             counters.offline += count - found.online
+            if on_resolved is not None:
+                await on_resolved(chunk, found)
             if found.online < count:
                 await publisher.record_offline(_offline(chunk, found))
             for group_id, uids in found.by_group.items():

@@ -130,6 +130,11 @@ class StableIdLog:
     async def append_p2p(self, message: Message, uids: Sequence[str], expires_ms: int) -> list[int]:
         return await self._log.append_p2p(message, uids, expires_ms)
 
+    async def append_queued(
+        self, message: Message, uids: Sequence[str], expires_ms: int
+    ) -> tuple[list[int], int]:
+        return await self._log.append_queued(message, uids, expires_ms)
+
     async def queue(self, message: Message, expires_ms: int, seqs: Mapping[str, int]) -> int:
         return await self._log.queue(message, expires_ms, seqs)
 

@@ -1,5 +1,6 @@
-"""The P2P path: log the message, resolve routes, one concurrent Deliver call per gateway,
-merge the answers, and put what reached nobody into the recipients' inboxes."""
+"""The P2P path: log the message into each recipient's log and inbox (where it stays
+until a device acks it), resolve routes, one concurrent Deliver call per gateway, merge
+the answers, and record the push's receipt."""
 
 from __future__ import annotations
 
@@ -72,10 +73,13 @@ class P2PPusher:
             routes = await self._registry.lookup(uids)
         else:
             # Logged before any gateway can write it: a replay never misses a live push.
-            routes, logged = await asyncio.gather(
-                self._registry.lookup(uids), recovery.append_p2p(message, uids, expires_ms)
+            routes, (logged, dropped) = await asyncio.gather(
+                self._registry.lookup(uids), recovery.append_queued(message, uids, expires_ms)
             )
             seqs = dict(zip(uids, logged, strict=True))
+            if dropped:
+                self.inbox_dropped += dropped
+                log.info("inbox full: dropped the %d oldest entries (IMROUTE_INBOX_MAX)", dropped)
         outcome = await self._deliver_all(message, uids, routes, expires_ms, seqs)
         if recovery is not None and (outcome.offline or outcome.failed):
             outcome = await self._queue(recovery, message, outcome, expires_ms, seqs)
@@ -116,13 +120,10 @@ class P2PPusher:
         expires_ms: int,
         seqs: Mapping[str, int],
     ) -> PushOutcome:
-        """Queue the message for whoever it reached no connection of; then look once more,
-        for a client that connected (and read its inbox) while this push was on its way."""
+        """For whoever it reached no connection of (it waits in their inbox): look once
+        more, for a client that connected (and read its inbox, maybe before the message
+        was in it) while this push was on its way; retry the failed in the background."""
         waiting = [*outcome.offline, *outcome.failed]
-        dropped = await recovery.queue(message, expires_ms, {u: seqs[u] for u in waiting})
-        if dropped:
-            self.inbox_dropped += dropped
-            log.info("inbox full: dropped the %d oldest entries (IMROUTE_INBOX_MAX)", dropped)
         # Only the offline: a failed gateway would fail again, and cost another timeout.
         late: set[str] = set()
         if outcome.offline:
@@ -181,14 +182,12 @@ class P2PPusher:
         expires_ms: int,
         seqs: Mapping[str, int],
     ) -> list[str] | None:
-        """Deliver a queued push again to those of `uids` with a live route now; it leaves
-        the inbox of each it reached (one round trip for all). None: none has a route."""
+        """Deliver a queued push again to those of `uids` with a live route now (it stays
+        in their inboxes until a device acks it). None: none has a route."""
         routes = await self._registry.lookup(uids)
         if not routes:
             return None
         again = await self._deliver_all(message, list(routes), routes, expires_ms, seqs)
-        if again.delivered:
-            await recovery.forget_inboxes([(u, [seqs[u]]) for u in again.delivered])
         return list(again.delivered)
 
     async def aclose(self) -> None:

@@ -4,8 +4,9 @@ Three kinds of record, each bounded in count and in time (`RecoveryLimits`):
 
 - a user's **P2P log**: every stored P2P message to the user, one entry each, numbered
   by a dense per-user sequence; kept for the recovery window;
-- a user's **inbox**: the P2P entries that reached no connection of the user, kept for
-  the inbox TTL until a connection is written them;
+- a user's **inbox**: every stored P2P message of the user until one of the user's
+  devices acks it (a client ack, `socket_gateway.acks`), for the inbox TTL at most;
+  a connection is written the whole inbox when it starts;
 - a topic's **batch log**: every broadcast or multicast batch, one entry per batch (never
   one per recipient), numbered by a dense per-topic sequence; the gateways deliver a
   topic's batches in that order, and replay from it.
@@ -159,6 +160,14 @@ class RecoveryLog(Protocol):
 
     async def append_p2p(self, message: Message, uids: Sequence[str], expires_ms: int) -> list[int]:
         """Log `message` for each uid; their seqs, in order. One small write per uid."""
+        ...
+
+    async def append_queued(
+        self, message: Message, uids: Sequence[str], expires_ms: int
+    ) -> tuple[list[int], int]:
+        """`append_p2p`, and the message into each uid's inbox, where it stays until a
+        device acks it (one script per uid); (the seqs, how many older entries the
+        inbox bound dropped to make room)."""
         ...
 
     async def queue(self, message: Message, expires_ms: int, seqs: Mapping[str, int]) -> int:

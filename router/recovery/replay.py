@@ -37,8 +37,12 @@ class ReplayItem:
 class Replay:
     items: list[ReplayItem] = field(default_factory=list)
     complete: bool = True
-    # Inbox entries this replay sends: taken out of the inbox once written.
-    inbox_seqs: list[int] = field(default_factory=list)
+    # Inbox entries gone for good (past their ttl_s or the inbox TTL): taken out now.
+    # Those it sends stay in the inbox until a device acks them.
+    inbox_gone: list[int] = field(default_factory=list)
+    # Inbox entries the position covers: the client had them (it saves its position once
+    # it is done with a push, as it acks), so the position acks them: out of the inbox.
+    inbox_covered: list[Entry] = field(default_factory=list)
     # Messages left out because their ttl_s had passed (never sent late).
     expired: int = 0
 
@@ -77,16 +81,9 @@ def plan_replay(
                 continue
             seen.add(e.seq)
             p2p.append(ReplayItem(P2P, e.seq, e.message))
-    for e in user.inbox:
-        # Whatever reached no connection, position or not: a message the position had
-        # passed may have been delivered out of order elsewhere, and missed here.
-        if e.message.ts_ms < now_ms - inbox_ttl_ms or _expired(e, now_ms, replay):
-            replay.inbox_seqs.append(e.seq)  # gone for good: out of the inbox too
-            continue
-        replay.inbox_seqs.append(e.seq)
-        if e.seq not in seen:
-            seen.add(e.seq)
-            p2p.append(ReplayItem(P2P, e.seq, e.message))
+    # A position past the head is from a log that is gone: it covers nothing of this one.
+    covered = since.p if since is not None and since.p <= user.head else 0
+    _inbox_items(user, covered, now_ms, inbox_ttl_ms, seen, p2p, replay)
     p2p.sort(key=lambda item: item.seq)
     streams: list[list[ReplayItem]] = [p2p]
     if since is not None:
@@ -97,6 +94,26 @@ def plan_replay(
             streams.append(_topic_items(uid, log, after, history, cutoff, now_ms, replay))
     replay.items = list(heapq.merge(*streams, key=lambda item: item.message.ts_ms))
     return replay
+
+
+def _inbox_items(
+    user: UserHistory,
+    covered: int,
+    now_ms: int,
+    inbox_ttl_ms: int,
+    seen: set[int],
+    p2p: list[ReplayItem],
+    replay: Replay,
+) -> None:
+    """What no device acked, but what this client's position says it had (`covered`)."""
+    for e in user.inbox:
+        if e.message.ts_ms < now_ms - inbox_ttl_ms or _expired(e, now_ms, replay):
+            replay.inbox_gone.append(e.seq)
+        elif e.seq <= covered:
+            replay.inbox_covered.append(e)
+        elif e.seq not in seen:
+            seen.add(e.seq)
+            p2p.append(ReplayItem(P2P, e.seq, e.message))
 
 
 def _topic_items(

@@ -53,6 +53,22 @@ redis.call('PEXPIRE', KEYS[2], ARGV[5])
 return s
 """
 
+# KEYS: seq, log, inbox. ARGV: as _APPEND's, then the inbox's max and ttl. _APPEND, and
+# the entry (its text starts "[0," for seq 0: the inbox's copy carries its seq) into the
+# inbox, where it stays until a device acks it. Returns {seq, entries the inbox dropped}.
+_APPEND_QUEUED = (
+    "local function append()\n"
+    + _APPEND
+    + """end
+local s = append()
+redis.call('ZADD', KEYS[3], s, '[' .. s .. ',' .. string.sub(ARGV[1], 4))
+local over = redis.call('ZCARD', KEYS[3]) - tonumber(ARGV[7])
+if over > 0 then redis.call('ZREMRANGEBYRANK', KEYS[3], 0, over - 1) else over = 0 end
+redis.call('PEXPIRE', KEYS[3], ARGV[8])
+return {s, over}
+"""
+)
+
 # KEYS: inbox. ARGV: seq, data, max, ttl. Returns how many old entries were dropped.
 _QUEUE = """
 redis.call('ZADD', KEYS[1], ARGV[1], ARGV[2])
@@ -114,7 +130,15 @@ class RedisRecoveryStore:
         self._read_user = _Script(_READ_USER)
         self._forget = _Script(_FORGET)
         self._read_topic = _Script(_READ_TOPIC)
-        self._scripts = (self._append, self._queue, self._read_user, self._forget, self._read_topic)
+        self._append_queued = _Script(_APPEND_QUEUED)
+        self._scripts = (
+            self._append,
+            self._queue,
+            self._read_user,
+            self._forget,
+            self._read_topic,
+            self._append_queued,
+        )
         # A sequence outlives what it numbers, so a position never meets a restarted count
         # while the entries it names could still be read.
         self._seq_ttl_ms = max(limits.window_ms, limits.inbox_ttl_ms) + limits.window_ms
@@ -158,6 +182,34 @@ class RedisRecoveryStore:
         if len(calls) == 1:
             return [int(await self._one(calls[0]))]
         return [int(s) for s in await self._pipelined(calls)]
+
+    @translate_errors
+    async def append_queued(
+        self, message: Message, uids: Sequence[str], expires_ms: int
+    ) -> tuple[list[int], int]:
+        data = encode_message(message, expires_ms)
+        now = self._clock.now_ms()
+        lim = self.limits
+        k = self._keys
+        tail = (
+            data,
+            now,
+            now - lim.window_ms,
+            lim.user_max,
+            lim.window_ms,
+            self._seq_ttl_ms,
+            lim.inbox_max,
+            lim.inbox_ttl_ms,
+        )
+        calls = [
+            self._append_queued.args((k.user_seq(u), k.user_log(u), k.user_inbox(u)), *tail)
+            for u in uids
+        ]
+        if len(calls) == 1:
+            replies = [await self._one(calls[0])]
+        else:
+            replies = await self._pipelined(calls)
+        return [int(r[0]) for r in replies], sum(int(r[1]) for r in replies)
 
     @translate_errors
     async def queue(self, message: Message, expires_ms: int, seqs: Mapping[str, int]) -> int:

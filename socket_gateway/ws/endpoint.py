@@ -20,6 +20,7 @@ from shared.auth import TokenRules
 from shared.clock import Clock
 from shared.errors import RegistryUnavailable
 from shared.ids import ConnIdFactory
+from socket_gateway.acks import AckReporter
 from socket_gateway.connections import ClientConn, LocalConnections
 from socket_gateway.resume import Resumer
 from socket_gateway.ws.admission import ConnectRate, HandshakeLimits, Refusals
@@ -70,12 +71,14 @@ class WsEndpoint:
         limits: HandshakeLimits | None = None,
         frame_rate: FrameRate | None = None,
         limit_counts: LimitCounts | None = None,
+        acks: AckReporter | None = None,
     ) -> None:
         self.timers = timers or WsTimers()
         self.frame_rate = frame_rate  # each connection's client frames, when limited (1008)
         # what the client limits (frame rate, per-user cap) closed, for /metrics
         self.limit_counts = limit_counts or LimitCounts()
         self.resumer = resumer  # replays to each new connection, when given
+        self.acks = acks  # takes the clients' ack frames, when given (else ignored)
         self.max_connections = max_connections  # more are refused with HTTP 503
         self.token_rules = token_rules or TokenRules()
         self.limits = limits or HandshakeLimits()

@@ -199,13 +199,17 @@ class FrameConn(asyncio.Protocol):
         # PING, PONG and CLOSE were handled by the library.
 
     def _on_text(self, data: bytes | bytearray | memoryview) -> None:
-        refused = client_text(data)
-        if refused is not None:
-            self.close(*refused)
-            return
-        t = self._transport
-        if t is not None:
-            t.write(PONG_FRAME)
+        what = client_text(data)
+        if what is None:
+            t = self._transport
+            if t is not None:
+                t.write(PONG_FRAME)
+        elif isinstance(what, str):  # an ack (never a close, even when it is bad)
+            acks = self._ep.acks
+            if acks is not None:
+                acks.on_ack(self._conn, what)
+        else:
+            self.close(*what)
 
     # ------------------------------------------------------------------ closing
 

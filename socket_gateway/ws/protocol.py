@@ -57,7 +57,7 @@ CLOSE_FULL = 4429
 # 4429 is also the answer to a user at IMROUTE_MAX_CONNECTIONS_PER_USER: another gateway
 # would refuse too, so clients tell the two apart by this start of the reason.
 USER_CAP_REASON = "too many connections for this user"
-# Clients only send pings; anything bigger is junk and gets 1009 from the library.
+# Clients only send pings and acks; anything bigger is junk and gets 1009 from the library.
 MAX_CLIENT_FRAME = 4096
 # The request line and headers of the opening handshake, at most.
 MAX_HANDSHAKE_BYTES = 16 * 1024
@@ -84,17 +84,17 @@ class WsTimers:
     shutdown_s: float = 5.0  # close(close_connections=True) -> remaining ones are aborted
 
 
-def client_text(data: bytes | bytearray | memoryview) -> tuple[int, str] | None:
-    """A client's whole text message: None if it is a ping (answer pong), else the close."""
+def client_text(data: bytes | bytearray | memoryview) -> tuple[int, str] | str | None:
+    """A client's whole text message: None for a ping (answer pong), a str for an ack
+    (its `pos`; empty when malformed), else the close code and reason."""
     try:
         text = bytes(data).decode()
     except UnicodeDecodeError:
         return CLOSE_INVALID_DATA, "text frames must be UTF-8"
     try:
-        parse_client_frame(text)
+        return parse_client_frame(text)
     except InvalidInput as exc:
         return CLOSE_POLICY, close_reason(exc.message)
-    return None
 
 
 def user_cap_reason(limit: int) -> str:

@@ -36,6 +36,21 @@ async def pushes(ws: ClientConnection, n: int, timeout: float = 10.0) -> list[Fr
     return [await recv_json(ws, timeout) for _ in range(n)]
 
 
+async def ack(ws: ClientConnection, frame: Frame) -> None:
+    """Ack a push frame (and, cumulatively, everything the connection had before it)."""
+    await ws.send(json.dumps({"type": "ack", "pos": frame["pos"]}))
+
+
+async def acked(gw: Gateway, n: int, timeout: float = 5.0) -> None:
+    """Wait until the gateway has written `n` acked pushes in all (its acks flush)."""
+    assert gw.acks is not None
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while gw.acks.counts.acked < n or gw.acks.pending:
+        assert loop.time() < deadline, f"{gw.acks.counts.acked} acked, wanted {n}"
+        await asyncio.sleep(0.02)
+
+
 async def gone(gw: Gateway, uid: str) -> None:
     """Wait until the gateway let go of every connection of `uid` (route removed)."""
     for _ in range(500):

@@ -10,7 +10,16 @@ from websockets.asyncio.client import ClientConnection
 
 from shared.errors import ConfigError
 from shared.settings import Settings
-from tests.integration.recovery_helpers import contents, gone, open_ws, p2p, pushes, replay
+from tests.integration.recovery_helpers import (
+    ack,
+    acked,
+    contents,
+    gone,
+    open_ws,
+    p2p,
+    pushes,
+    replay,
+)
 from tests.integration.stack import AUTH, api, gateway
 from tests.integration.test_retry import FailCalls
 
@@ -35,7 +44,15 @@ async def test_a_push_to_an_offline_user_is_queued_and_delivered_on_connect(
         }
         await ws.close()
         await gone(gw, "olive")
-        # Written to a connection: out of the inbox.
+        # Written to a connection but never acked: still in the inbox, sent again.
+        ws = await open_ws(gw, "olive")
+        got, _ = await replay(ws)
+        assert contents(got) == [{"text": "while you were out"}]
+        await ack(ws, got[0])
+        await acked(gw, 1)
+        await ws.close()
+        await gone(gw, "olive")
+        # Acked: out of the inbox.
         ws = await open_ws(gw, "olive")
         assert (await replay(ws))[0] == []
         await ws.close()
@@ -157,9 +174,11 @@ async def test_a_push_that_failed_for_a_live_client_comes_first_when_the_next_on
         assert gw.resumer is not None and gw.resumer.gap_filled == 1
         await asyncio.sleep(1.5)  # the background retry finds it written: not again
         assert await _quiet(ws)
+        await ack(ws, got[1])  # both, cumulatively
+        await acked(gw, 2)
         await ws.close()
         await gone(gw, "gail")
-        ws = await open_ws(gw, "gail")  # and it left the inbox
+        ws = await open_ws(gw, "gail")  # and, acked, they left the inbox
         assert (await replay(ws))[0] == []
         await ws.close()
 

@@ -11,6 +11,8 @@ import pytest
 from shared.positions import decode_pos
 from socket_gateway.metrics import render
 from tests.integration.recovery_helpers import (
+    ack,
+    acked,
     contents,
     fanout,
     gone,
@@ -82,13 +84,15 @@ async def test_a_client_that_missed_20_gets_exactly_those_in_order(
         await ws.close()
         await gone(gw, "amy")
 
-        # The inbox entries went out with the replay: a new connection gets nothing.
-        ws = await open_ws(gw, "amy")
-        assert (await replay(ws))[0] == []
-        await ws.close()
-        # And resuming from the last position gives nothing more, completely.
+        # Resuming from the last position gives nothing more, completely; the position
+        # acks the inbox entries it covers (this client never sent an ack frame).
         ws = await open_ws(gw, "amy", last)
         assert (await replay(ws)) == ([], {"type": "recovered", "count": 0, "complete": True})
+        await ws.close()
+        await gone(gw, "amy")
+        # So a new connection (no position) gets nothing from the inbox either.
+        ws = await open_ws(gw, "amy")
+        assert (await replay(ws))[0] == []
         await ws.close()
 
 
@@ -151,12 +155,17 @@ async def test_out_of_the_window_and_junk_positions_are_incomplete(
         assert contents(got) == ["a2"]  # it reached no connection: the inbox keeps it
         await ws.close()
 
-        for junk in ["%25%25%25", "x" * 300, "1~2~3", "1~01~0~0~g1~0", "%F0%9F%98%80"]:
+        junks = ["%25%25%25", "x" * 300, "1~2~3", "1~01~0~0~g1~0", "%F0%9F%98%80"]
+        for junk in junks:
             ws = await open_ws(gw, "bob", junk)
             got, end = await replay(ws)
             assert (got, end) == ([], {"type": "recovered", "count": 0, "complete": False}), junk
             await p2p(http, ["bob"], "still served")
-            assert contents(await pushes(ws, 1)) == ["still served"]
+            (served,) = await pushes(ws, 1)
+            assert served["content"] == "still served"
+            # Acked, so the next connection (a junk position is none) does not get it.
+            await ack(ws, served)
+            await acked(gw, 1 + junks.index(junk))
             await ws.close()
             await gone(gw, "bob")
 

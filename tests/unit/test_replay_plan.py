@@ -72,11 +72,13 @@ def test_an_expired_message_is_never_sent_and_does_not_make_it_incomplete() -> N
     assert [i.seq for i in r.items] == [2] and r.complete and r.expired == 1
 
 
-def test_the_inbox_joins_without_duplicates_and_is_emptied() -> None:
-    user = UserHistory(4, [entry(3), entry(4)], inbox=[entry(1), entry(3)])
+def test_the_inbox_joins_without_duplicates_and_stays_until_acked() -> None:
+    user = UserHistory(4, [entry(3), entry(4)], inbox=[entry(3), entry(4)])
     r = plan(Pos(p=2), user)
-    assert [i.seq for i in r.items] == [1, 3, 4]
-    assert sorted(r.inbox_seqs) == [1, 3]
+    assert [i.seq for i in r.items] == [3, 4]
+    assert r.inbox_gone == [] and r.inbox_covered == []  # sent, not acked: they stay
+    r = plan(None, user)
+    assert [i.seq for i in r.items] == [3, 4]  # a new connection: the whole inbox
 
 
 def test_without_since_only_the_inbox_and_stale_inbox_entries_are_dropped() -> None:
@@ -85,7 +87,7 @@ def test_without_since_only_the_inbox_and_stale_inbox_entries_are_dropped() -> N
     )
     r = plan(None, user)
     assert [i.seq for i in r.items] == [2] and r.complete
-    assert sorted(r.inbox_seqs) == [1, 2, 3]  # all out of the inbox
+    assert sorted(r.inbox_gone) == [1, 3]  # gone for good; 2 waits for its ack
 
 
 def test_a_malformed_since_is_incomplete_but_still_gets_the_inbox() -> None:
@@ -117,3 +119,13 @@ def test_another_users_batches_give_nothing() -> None:
     topics = {"b": TopicHistory(2, [batch(1, 1, ["bob"]), batch(2, 2, ["bob"])])}
     r = plan(Pos(b=0), UserHistory(0), topics)
     assert r.items == [] and r.complete
+
+
+def test_a_position_acks_the_inbox_entries_it_covers() -> None:
+    user = UserHistory(4, [entry(4)], inbox=[entry(1), entry(3), entry(4)])
+    r = plan(Pos(p=3), user)
+    assert [i.seq for i in r.items] == [4]  # what comes after the position, as before
+    assert [e.seq for e in r.inbox_covered] == [1, 3]  # the client had them: acked
+    # A position from a log that is gone (past the head) covers nothing.
+    r = plan(Pos(p=9), UserHistory(2, [], inbox=[entry(1), entry(2)]))
+    assert [i.seq for i in r.items] == [1, 2] and r.inbox_covered == []

@@ -53,7 +53,12 @@ def test_pong_frame() -> None:
 
 
 def test_client_frames() -> None:
-    assert parse_client_frame('{"type":"ping"}') == "ping"
+    assert parse_client_frame('{"type":"ping"}') is None
+    assert parse_client_frame('{"type":"ack","pos":"1~3~0~0~~0"}') == "1~3~0~0~~0"
+    # A malformed ack is an ack all the same (ignored and counted, never a close).
+    for bad in ['{"type":"ack"}', '{"type":"ack","pos":3}', '{"type":"ack","pos":""}']:
+        assert parse_client_frame(bad) == ""
+    assert parse_client_frame('{"type":"ack","pos":"%s"}' % ("1" * 257)) == ""
     for junk in ["nope", "[]", '{"type":"push"}', "{}", '"ping"']:
         with pytest.raises(InvalidInput):
             parse_client_frame(junk)

@@ -1,0 +1,70 @@
+"""Receipts as the HTTP API shows them: a push's counts (any mode) and its recipients
+by state (listable pushes only)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from push_service.errors import Conflict, NotFound
+from router.jobs.base import Job
+from router.receipts.base import Counts, ReceiptReads
+
+__all__ = ["MAX_PAGE", "ReceiptsView"]
+
+MAX_PAGE = 1000
+
+_ZERO = Counts("", 0, 0, 0, 0, 0, 0, False)
+
+
+class ReceiptsView:
+    def __init__(self, reads: ReceiptReads | None) -> None:
+        self._reads = reads
+
+    async def counts(self, push_id: str) -> Counts | None:
+        return None if self._reads is None else await self._reads.counts(push_id)
+
+    async def status(self, push_id: str, job: Job | None) -> dict[str, Any]:
+        """A job's record with its receipt's counts, or a P2P push's receipt."""
+        counts = await self.counts(push_id)
+        if job is not None:
+            answer = job.as_dict()
+            c = counts or _ZERO
+            answer.update(
+                delivered=c.delivered,
+                acked=c.acked,
+                queued=c.queued,
+                expired=c.expired,
+                listable=c.listable,
+            )
+            if counts is not None and counts.recipients > answer["recipients"]:
+                answer["recipients"] = counts.recipients
+            return answer
+        if counts is None:
+            raise NotFound(f"no push {push_id!r} (or its receipt expired: IMROUTE_RECEIPTS_TTL_S)")
+        return {
+            "push_id": push_id,
+            "mode": counts.mode,
+            "status": "done",
+            "recipients": counts.recipients,
+            "online": counts.online,
+            "offline": counts.recipients - counts.online,
+            "delivered": counts.delivered,
+            "acked": counts.acked,
+            "queued": counts.queued,
+            "expired": counts.expired,
+            "listable": counts.listable,
+        }
+
+    async def recipients(
+        self, push_id: str, state: str, cursor: str | None, limit: int
+    ) -> dict[str, Any]:
+        counts = await self.counts(push_id)
+        if counts is None or self._reads is None:
+            raise NotFound(f"no receipt for push {push_id!r}")
+        if not counts.listable:
+            raise Conflict(
+                f"push {push_id!r} has {counts.recipients} recipients, more than "
+                "IMROUTE_RECEIPTS_MAX_RECIPIENTS: its receipt keeps counts only"
+            )
+        page = await self._reads.page(push_id, state, cursor, limit)
+        return {"push_id": push_id, "state": state, "uids": page.uids, "cursor": page.cursor}

@@ -1,0 +1,239 @@
+"""Receipts in Redis (`shared.keys.KeySchema.receipt`): one hash per push, updated by
+single-key scripts (the HyperLogLogs share its hash tag), so it works on Redis Cluster.
+
+Hash fields: `m` mode, `n` recipients, `on` online, `l` listable (1/0), the per-state
+counters `cq`, `cx`, `cd`, `ca`, the message's fields for the webhook (`mi`, `mt`,
+`fr`, `pv`), and for a listable push `u:<uid> -> q|x|d|a`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from router.receipts.base import (
+    ACKED,
+    DELIVERED,
+    EXPIRED,
+    QUEUED,
+    Counts,
+    NewReceipt,
+    ReceiptLimits,
+    RecipientPage,
+)
+from router.redis.client import RedisClient
+from router.redis.errors import translate_errors
+from router.redis.scripts import Script, ScriptRunner
+from shared.errors import InvalidInput
+from shared.keys import KeySchema
+
+__all__ = ["EARLY_TTL_MS", "MARK_CHUNK", "RedisReceiptStore"]
+
+# An ack that arrives before the router has recorded its push (the record follows the
+# gateway's answer by a round trip) starts the receipt; it lives this long unless the
+# record comes, so an ack for a push whose receipt expired leaves nothing for long.
+EARLY_TTL_MS = 120_000
+# uids per script call (Lua's unpack and argument limits).
+MARK_CHUNK = 1000
+
+# Moves one uid to a state if that is up from where it is, keeping the counters.
+_MOVE = """
+local rank = {q = 1, x = 2, d = 3, a = 4}
+local function move(k, uid, new)
+  local f = 'u:' .. uid
+  local cur = redis.call('HGET', k, f)
+  if cur and rank[new] <= rank[cur] then return 0 end
+  redis.call('HSET', k, f, new)
+  redis.call('HINCRBY', k, 'c' .. new, 1)
+  if cur then redis.call('HINCRBY', k, 'c' .. cur, -1) end
+  return 1
+end
+"""
+
+# KEYS: receipt. ARGV: ttl ms, mode, recipients, online, listable, queued (counts-only),
+# n meta, meta k v..., then uid state pairs.
+_RECORD = (
+    _MOVE
+    + """
+local k = KEYS[1]
+redis.call('HSET', k, 'm', ARGV[2], 'n', ARGV[3], 'on', ARGV[4], 'l', ARGV[5])
+if ARGV[5] == '0' then redis.call('HSET', k, 'cq', ARGV[6]) end
+local i = 8
+for _ = 1, tonumber(ARGV[7]) do
+  redis.call('HSET', k, ARGV[i], ARGV[i + 1])
+  i = i + 2
+end
+while i < #ARGV do
+  move(k, ARGV[i], ARGV[i + 1])
+  i = i + 2
+end
+redis.call('PEXPIRE', k, ARGV[1])
+return 1
+"""
+)
+
+# KEYS: receipt, acked HLL, delivered HLL. ARGV: state, early ttl ms, uids...
+_MARK = (
+    _MOVE
+    + """
+local k, state = KEYS[1], ARGV[1]
+local l = redis.call('HGET', k, 'l')
+if l == '0' then
+  local uids = {unpack(ARGV, 3)}
+  if state == 'x' then
+    redis.call('HINCRBY', k, 'cx', #uids)
+  else
+    if state == 'a' then redis.call('PFADD', KEYS[2], unpack(uids)) end
+    redis.call('PFADD', KEYS[3], unpack(uids))
+  end
+  local ttl = redis.call('PTTL', k)
+  if ttl > 0 then
+    redis.call('PEXPIRE', KEYS[2], ttl)
+    redis.call('PEXPIRE', KEYS[3], ttl)
+  end
+  return 0
+end
+if not l then
+  if state ~= 'a' then return 0 end
+  redis.call('HSET', k, 'l', '1')
+  redis.call('PEXPIRE', k, ARGV[2])
+end
+local moved = 0
+for i = 3, #ARGV do moved = moved + move(k, ARGV[i], state) end
+return moved
+"""
+)
+
+# KEYS: receipt. ARGV: ttl ms, mode, recipients, online, queued (added to the counts).
+_ADD = """
+local k = KEYS[1]
+redis.call('HSET', k, 'm', ARGV[2], 'l', '0')
+redis.call('HINCRBY', k, 'n', ARGV[3])
+redis.call('HINCRBY', k, 'on', ARGV[4])
+redis.call('HINCRBY', k, 'cq', ARGV[5])
+if redis.call('PTTL', k) < 0 then redis.call('PEXPIRE', k, ARGV[1]) end
+return 1
+"""
+
+_COUNTS = ("m", "n", "on", "l", "cq", "cx", "cd", "ca")
+_META = ("mi", "mt", "fr", "pv")
+# What `page` lists: the states each name covers.
+_LISTS = {"acked": {ACKED}, "unacked": {QUEUED, EXPIRED, DELIVERED}, "queued": {QUEUED}}
+
+
+class RedisReceiptStore:
+    """All three halves: the router's `ReceiptLog`, the gateways' `ReceiptUpdates`, and
+    the push service's `ReceiptReads`."""
+
+    def __init__(self, redis: RedisClient, keys: KeySchema, limits: ReceiptLimits) -> None:
+        self._redis = redis
+        self._keys = keys
+        self.limits = limits
+        self._record = Script(_RECORD)
+        self._mark = Script(_MARK)
+        self._add = Script(_ADD)
+        self._scripts = ScriptRunner(redis, (self._record, self._mark, self._add))
+
+    # ------------------------------------------------------------------ ReceiptLog
+
+    @translate_errors
+    async def record(self, receipt: NewReceipt, listable: bool) -> None:
+        key = self._keys.receipt(receipt.push_id)[0]
+        queued = 0 if listable else receipt.recipients - receipt.online
+        meta = [v for kv in receipt.meta.items() for v in kv]
+        pairs = [v for kv in receipt.states.items() for v in kv] if listable else []
+        await self._scripts.one(
+            self._record.args(
+                (key,),
+                self.limits.ttl_ms,
+                receipt.mode,
+                receipt.recipients,
+                receipt.online,
+                1 if listable else 0,
+                queued,
+                len(receipt.meta),
+                *meta,
+                *pairs,
+            )
+        )
+
+    @translate_errors
+    async def add(self, push_id: str, recipients: int, online: int, queued: int) -> None:
+        key = self._keys.receipt(push_id)[0]
+        await self._scripts.one(
+            self._add.args((key,), self.limits.ttl_ms, "broadcast", recipients, online, queued)
+        )
+
+    # ------------------------------------------------------------------ ReceiptUpdates
+
+    @translate_errors
+    async def mark(self, state: str, by_push: Mapping[str, Sequence[str]]) -> None:
+        calls = []
+        for push_id, uids in by_push.items():
+            keys = self._keys.receipt(push_id)
+            for start in range(0, len(uids), MARK_CHUNK):
+                chunk = uids[start : start + MARK_CHUNK]
+                calls.append(self._mark.args(keys, state, EARLY_TTL_MS, *chunk))
+        if calls:
+            await self._scripts.many(calls)
+
+    # ------------------------------------------------------------------ ReceiptReads
+
+    @translate_errors
+    async def counts(self, push_id: str) -> Counts | None:
+        key, acked_hll, delivered_hll = self._keys.receipt(push_id)
+        pipe = self._redis.pipeline(transaction=False)
+        pipe.hmget(key, *_COUNTS)
+        pipe.pfcount(acked_hll)
+        pipe.pfcount(delivered_hll)
+        fields, acked_n, delivered_n = await pipe.execute()
+        m, n, on, listable, cq, cx, cd, ca = fields
+        if m is None:
+            return None
+        if listable == "1":
+            acked = int(ca or 0)
+            delivered = int(cd or 0) + acked
+        else:  # HyperLogLog estimates: never more than there are recipients
+            acked = min(int(acked_n), int(n or 0))
+            delivered = min(max(int(delivered_n), acked), int(n or 0))
+        return Counts(
+            mode=str(m),
+            recipients=int(n or 0),
+            online=int(on or 0),
+            delivered=delivered,
+            acked=acked,
+            queued=int(cq or 0),
+            expired=int(cx or 0),
+            listable=listable == "1",
+        )
+
+    @translate_errors
+    async def states(self, push_id: str, uids: Sequence[str]) -> dict[str, str]:
+        if not uids:
+            return {}
+        key = self._keys.receipt(push_id)[0]
+        values = await self._redis.hmget(key, [f"u:{u}" for u in uids])
+        return {u: str(v) for u, v in zip(uids, values, strict=True) if v is not None}
+
+    @translate_errors
+    async def page(self, push_id: str, state: str, cursor: str | None, limit: int) -> RecipientPage:
+        wanted = _LISTS.get(state)
+        if wanted is None:
+            raise InvalidInput("state", "must be acked, unacked or queued")
+        key = self._keys.receipt(push_id)[0]
+        # A listable receipt holds at most IMROUTE_RECEIPTS_MAX_RECIPIENTS uids: read
+        # whole (HSCAN's order is not stable across pages of a changing hash).
+        fields: dict[Any, Any] = await self._redis.hgetall(key)
+        uids = sorted(
+            f[2:]
+            for f, v in fields.items()
+            if f.startswith("u:") and v in wanted and (cursor is None or f[2:] > cursor)
+        )
+        page = uids[:limit]
+        return RecipientPage(page, page[-1] if len(uids) > limit else None)
+
+    @translate_errors
+    async def meta(self, push_id: str) -> dict[str, str]:
+        key = self._keys.receipt(push_id)[0]
+        values = await self._redis.hmget(key, list(_META))
+        return {k: str(v) for k, v in zip(_META, values, strict=True) if v is not None}

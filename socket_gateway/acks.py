@@ -1,0 +1,188 @@
+"""Client acks on the gateway: what a connection's `{"type":"ack","pos"}` covers leaves
+its user's inbox, and counts in the receipts of the pushes it names.
+
+Acks arrive by the thousand a second; none of them is a Redis round trip of its own.
+Each is taken apart on arrival (`LocalConnections.ack`, no I/O) and its effects wait
+here: the inbox entries to forget, per user, and the receipt updates, per push. One
+flush a FLUSH_S at most writes them all, in one pipeline each for the inboxes and the
+receipts. A flush that fails is logged and counted; its entries go back for the next
+flush (up to MAX_PENDING), because an inbox entry that is never forgotten is sent again
+on every connect.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Sequence
+from typing import Protocol
+
+from router.receipts.base import ACKED, DELIVERED, EXPIRED, ReceiptUpdates
+from shared.clock import Clock
+from shared.errors import ImrouteError
+from socket_gateway.connections import ClientConn, LocalConnections
+
+__all__ = ["FLUSH_S", "AckCounts", "AckReporter", "InboxForget"]
+
+log = logging.getLogger(__name__)
+
+# Acks (and delivery reports) wait at most this long before they are written.
+FLUSH_S = 0.05
+# Updates held at most (users' inbox entries plus receipt uids); past it, new ones are
+# dropped and counted: Redis has been failing for a while.
+MAX_PENDING = 200_000
+LOG_EVERY_S = 10.0
+
+
+class InboxForget(Protocol):
+    async def forget_inboxes(self, wanted: Sequence[tuple[str, Sequence[int]]]) -> list[None]: ...
+
+
+class AckCounts:
+    __slots__ = ("acked", "acks", "bad", "dropped", "failed_flushes", "flushes")
+
+    def __init__(self) -> None:
+        self.acks = 0  # ack frames that covered something
+        self.acked = 0  # pushes they covered
+        self.bad = 0  # ack frames ignored: malformed, unknown, ahead, or already acked
+        self.flushes = 0
+        self.failed_flushes = 0
+        self.dropped = 0  # updates dropped past MAX_PENDING
+
+
+class AckReporter:
+    """Takes acks and delivery reports from connections, writes them in batches."""
+
+    def __init__(
+        self,
+        conns: LocalConnections,
+        inbox: InboxForget,
+        receipts: ReceiptUpdates | None,
+        clock: Clock,
+        flush_s: float = FLUSH_S,
+    ) -> None:
+        self._conns = conns
+        self._inbox = inbox
+        self._receipts = receipts
+        self._clock = clock
+        self._flush_s = flush_s
+        self._forget: dict[str, list[int]] = {}
+        self._marks: dict[str, dict[str, set[str]]] = {ACKED: {}, DELIVERED: {}, EXPIRED: {}}
+        self._pending = 0
+        self._timer: asyncio.TimerHandle | None = None
+        self._flushing: asyncio.Task[None] | None = None
+        self._logged_at = float("-inf")
+        self.counts = AckCounts()
+
+    # ------------------------------------------------------------------ the connections' side
+
+    def on_ack(self, conn: ClientConn | None, pos: str) -> None:
+        """One ack frame (`pos` empty: malformed). Never closes the connection."""
+        acked = self._conns.ack(conn, pos) if conn is not None and pos else None
+        c = self.counts
+        if not acked:
+            c.bad += 1
+            return
+        c.acks += 1
+        c.acked += len(acked)
+        uid = conn.uid if conn is not None else ""
+        seqs = [seq for _, log_, seq, _ in acked if log_ == "p" and seq]
+        if seqs:
+            self._forget.setdefault(uid, []).extend(seqs)
+        for _, _, _, push_id in acked:
+            if push_id:
+                self._add(ACKED, push_id, uid)
+        self._pending += len(seqs) + len(acked)
+        self._schedule()
+
+    def report(self, state: str, push_id: str, uids: Sequence[str]) -> None:
+        """Recipients of a push that were delivered (or expired) outside the P2P call's
+        answer: by a replay, a gap fill, or a bus batch."""
+        if self._receipts is None or not push_id or not uids:
+            return
+        for uid in uids:
+            self._add(state, push_id, uid)
+        self._pending += len(uids)
+        self._schedule()
+
+    def _add(self, state: str, push_id: str, uid: str) -> None:
+        if self._pending >= MAX_PENDING:
+            self.counts.dropped += 1
+            return
+        by_push = self._marks[state]
+        uids = by_push.get(push_id)
+        if uids is None:
+            by_push[push_id] = {uid}
+        else:
+            uids.add(uid)
+
+    @property
+    def pending(self) -> bool:
+        """Whether updates wait for a flush, or one is being written."""
+        flushing = self._flushing is not None and not self._flushing.done()
+        return bool(self._pending or flushing or self._timer is not None)
+
+    # ------------------------------------------------------------------ the flushes
+
+    def _schedule(self) -> None:
+        if self._timer is None and (self._flushing is None or self._flushing.done()):
+            loop = asyncio.get_running_loop()
+            self._timer = loop.call_later(self._flush_s, self._start_flush)
+
+    def _start_flush(self) -> None:
+        self._timer = None
+        self._flushing = asyncio.ensure_future(self.flush())
+
+    async def flush(self) -> None:
+        """Write what waits; what arrives meanwhile goes in the next flush."""
+        forget, self._forget = self._forget, {}
+        marks = self._marks
+        self._marks = {ACKED: {}, DELIVERED: {}, EXPIRED: {}}
+        self._pending = 0
+        if not forget and not any(marks.values()):
+            return
+        self.counts.flushes += 1
+        try:
+            writes: list[Awaitable[object]] = []
+            if forget:
+                writes.append(self._inbox.forget_inboxes(list(forget.items())))
+            receipts = self._receipts
+            if receipts is not None:
+                # Delivered before acked: a state only moves up, so the order is moot
+                # for the outcome; it keeps a receipt's counts plausible meanwhile.
+                for state in (EXPIRED, DELIVERED, ACKED):
+                    if marks[state]:
+                        by_push = {p: sorted(u) for p, u in marks[state].items()}
+                        writes.append(receipts.mark(state, by_push))
+            await asyncio.gather(*writes)
+        except ImrouteError as exc:
+            self.counts.failed_flushes += 1
+            self._put_back(forget, marks)
+            now = self._clock.monotonic()
+            if now - self._logged_at >= LOG_EVERY_S:
+                log.warning("could not write acks (kept for the next try): %s", exc)
+                self._logged_at = now
+        finally:
+            if self._pending:
+                self._schedule()
+
+    def _put_back(
+        self, forget: dict[str, list[int]], marks: dict[str, dict[str, set[str]]]
+    ) -> None:
+        for uid, seqs in forget.items():
+            self._forget.setdefault(uid, []).extend(seqs)
+            self._pending += len(seqs)
+        for state, by_push in marks.items():
+            for push_id, uids in by_push.items():
+                for uid in uids:
+                    self._add(state, push_id, uid)
+                self._pending += len(uids)
+
+    async def aclose(self) -> None:
+        """Write what waits (a shutdown must not lose acks it has)."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if self._flushing is not None:
+            await asyncio.gather(self._flushing, return_exceptions=True)
+        await self.flush()

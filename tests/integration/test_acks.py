@@ -1,0 +1,209 @@
+"""Client acks, the inbox and receipts (issue 13, tests 1-3): a real gateway (gRPC and
+WebSocket), the API, real Redis and raw WebSocket clients."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from typing import Any
+
+import httpx
+import pytest
+from websockets.asyncio.client import ClientConnection, connect
+
+from socket_gateway.app import Gateway
+from tests.integration.fault_clients import TcpProxy
+from tests.integration.recovery_helpers import (
+    Frame,
+    ack,
+    acked,
+    contents,
+    gone,
+    open_ws,
+    p2p,
+    pushes,
+    replay,
+)
+from tests.integration.stack import AUTH, api, gateway, recv_json, token
+
+pytestmark = pytest.mark.integration
+
+
+async def status(http: httpx.AsyncClient, push_id: str) -> Frame:
+    resp = await http.get(f"/v1/pushes/{push_id}", headers=AUTH)
+    assert resp.status_code == 200, resp.text
+    body: Frame = resp.json()
+    return body
+
+
+async def reconnect(gw: Gateway, ws: ClientConnection, uid: str) -> list[Frame]:
+    """Close, wait until the gateway let go, connect afresh (no since): the replay."""
+    await ws.close()
+    await gone(gw, uid)
+    again = await open_ws(gw, uid)
+    got, _ = await replay(again)
+    await again.close()
+    await gone(gw, uid)
+    return got
+
+
+async def test_an_acked_push_leaves_the_inbox_and_its_receipt_says_acked(
+    redis_url: str, prefix: str
+) -> None:
+    async with gateway(redis_url, prefix, "gw1", "g1") as gw, api(redis_url, prefix) as http:
+        ws = await open_ws(gw, "ana")
+        await replay(ws)
+        body = await p2p(http, ["ana", "ben"], "hello")
+        assert body["delivered"] == ["ana"] and body["offline"] == ["ben"]
+        first = await status(http, body["push_id"])
+        assert first["mode"] == "p2p" and first["listable"] is True
+        assert (first["recipients"], first["online"], first["offline"]) == (2, 1, 1)
+        assert (first["delivered"], first["acked"], first["queued"]) == (1, 0, 1)
+        (frame,) = await pushes(ws, 1)
+        await ack(ws, frame)
+        await acked(gw, 1)
+        after = await status(http, body["push_id"])
+        assert (after["delivered"], after["acked"], after["queued"]) == (1, 1, 1)
+        assert await reconnect(gw, ws, "ana") == []  # acked: out of the inbox
+        # Ben connects: the replay delivers it (his receipt state moves to delivered).
+        ws = await open_ws(gw, "ben")
+        got, _ = await replay(ws)
+        assert contents(got) == ["hello"]
+        for _ in range(100):
+            if (await status(http, body["push_id"]))["queued"] == 0:
+                break
+            await asyncio.sleep(0.05)
+        last = await status(http, body["push_id"])
+        assert (last["delivered"], last["acked"], last["queued"]) == (2, 1, 0)
+        await ws.close()
+
+
+async def test_a_push_never_acked_comes_again_and_a_cumulative_ack_covers_all_before(
+    redis_url: str, prefix: str
+) -> None:
+    async with gateway(redis_url, prefix, "gw1", "g1") as gw, api(redis_url, prefix) as http:
+        ws = await open_ws(gw, "cy")
+        await replay(ws)
+        ids = [(await p2p(http, ["cy"], n))["push_id"] for n in range(3)]
+        frames = await pushes(ws, 3)
+        # Received, never acked (auto-ack off): every one is in the inbox still.
+        got = await reconnect(gw, ws, "cy")
+        assert contents(got) == [0, 1, 2] and all(f["recovered"] for f in got)
+        ws = await open_ws(gw, "cy")
+        frames, _ = await replay(ws)
+        await ack(ws, frames[2])  # the last one's pos: all three
+        await acked(gw, 3)
+        for push_id in ids:
+            assert (await status(http, push_id))["acked"] == 1
+        assert await reconnect(gw, ws, "cy") == []
+
+
+async def test_bad_acks_are_ignored_counted_and_never_close(redis_url: str, prefix: str) -> None:
+    async with (
+        gateway(redis_url, prefix, "gw1", "g1", metrics_port=0) as gw,
+        api(redis_url, prefix) as http,
+    ):
+        ws = await open_ws(gw, "dee")
+        await replay(ws)
+        await p2p(http, ["dee"], "x")
+        (frame,) = await pushes(ws, 1)
+        bad: list[Any] = [
+            {"type": "ack"},
+            {"type": "ack", "pos": 12},
+            {"type": "ack", "pos": "1~999~0~0~~0"},  # ahead of what was sent
+            {"type": "ack", "pos": "nonsense"},
+        ]
+        for junk in bad:
+            await ws.send(json.dumps(junk))
+        await ws.send('{"type":"ping"}')
+        assert await recv_json(ws) == {"type": "pong"}  # still open
+        assert gw.acks is not None and gw.acks.counts.bad == 4
+        await ack(ws, frame)
+        await ack(ws, frame)  # already acked: ignored too
+        await acked(gw, 1)
+        await ws.send('{"type":"ping"}')
+        assert await recv_json(ws) == {"type": "pong"}
+        assert gw.acks.counts.bad == 5
+        scrape = (await httpx.AsyncClient().get(f"http://127.0.0.1:{gw.metrics_port}/metrics")).text
+        assert "imroute_gateway_bad_acks_total 5.0" in scrape, scrape
+        await ws.close()
+
+
+async def _acking(ws: ClientConnection) -> None:
+    """A client that acks each push as it arrives."""
+    while True:
+        frame = json.loads(await ws.recv())
+        if frame["type"] == "push":
+            await ack(ws, frame)
+
+
+async def test_wait_ack_ms_lists_who_acked_and_returns_early_when_all_did(
+    redis_url: str, prefix: str
+) -> None:
+    async with gateway(redis_url, prefix, "gw1", "g1") as gw, api(redis_url, prefix) as http:
+        users = ["w1", "w2", "w3", "quiet"]
+        sockets = {u: await open_ws(gw, u) for u in users}
+        for ws in sockets.values():
+            await replay(ws)
+        readers = [asyncio.create_task(_acking(sockets[u])) for u in users[:3]]
+        begun = time.monotonic()
+        resp = await http.post(
+            "/v1/push",
+            json={"to": [*users, "away"], "content": "ping?", "wait_ack_ms": 1500},
+            headers=AUTH,
+        )
+        took = time.monotonic() - begun
+        body = resp.json()
+        assert resp.status_code == 200, body
+        assert sorted(body["acked"]) == ["w1", "w2", "w3"]
+        assert body["unacked"] == ["quiet", "away"]
+        assert 1.4 <= took < 4.0, took  # it waited for "quiet", about wait_ack_ms
+        # Every online recipient acks: the answer comes well before wait_ack_ms.
+        readers.append(asyncio.create_task(_acking(sockets["quiet"])))
+        begun = time.monotonic()
+        resp = await http.post(
+            "/v1/push", json={"to": users, "content": "all?", "wait_ack_ms": 8000}, headers=AUTH
+        )
+        took = time.monotonic() - begun
+        assert sorted(resp.json()["acked"]) == sorted(users) and resp.json()["unacked"] == []
+        assert took < 4.0, took
+        for task in readers:
+            task.cancel()
+        for ws in sockets.values():
+            await ws.close()
+        # Bad input: a clear 422.
+        bad = await http.post(
+            "/v1/push", json={"to": ["w1"], "content": 1, "wait_ack_ms": 10_001}, headers=AUTH
+        )
+        assert bad.status_code == 422 and "wait_ack_ms" in bad.text
+
+
+async def test_a_half_open_connection_gets_its_push_again_on_reconnect(
+    redis_url: str, prefix: str
+) -> None:
+    """Written to a socket the network no longer carries (no close, no FIN): the push
+    counts as delivered, but stays in the inbox until acked, so the next connection
+    (even one that lost its position) gets it."""
+    async with gateway(redis_url, prefix, "gw1", "g1") as gw, api(redis_url, prefix) as http:
+        proxy = TcpProxy(gw.ws_port)
+        await proxy.start()
+        ws = await connect(
+            f"ws://127.0.0.1:{proxy.port}/ws?token={token('hal')}", ping_interval=None
+        )
+        await replay(ws)
+        await p2p(http, ["hal"], "seen")
+        (seen,) = await pushes(ws, 1)
+        await ack(ws, seen)
+        await acked(gw, 1)
+        proxy.cut()
+        body = await p2p(http, ["hal"], "lost on the wire")
+        assert body["delivered"] == ["hal"]  # written to the socket: "delivered"
+        ws.transport.abort()
+        # The gateway only learns of it from its keepalive; a new device connects now.
+        fresh = await open_ws(gw, "hal")
+        got, _ = await replay(fresh)
+        assert contents(got) == ["lost on the wire"]
+        assert (await status(http, body["push_id"]))["acked"] == 0
+        await fresh.close()
+        await proxy.aclose()

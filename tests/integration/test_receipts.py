@@ -1,0 +1,103 @@
+"""Receipts of a multicast (issue 13, test 4): paging a 5,000-recipient multicast's
+recipients by state, and the counts-only answer past the bound. A real gateway, the
+API, real Redis and raw WebSocket clients."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.integration.recovery_helpers import Frame, ack, acked, fanout, open_ws, pushes, replay
+from tests.integration.stack import AUTH, api, gateway
+
+pytestmark = pytest.mark.integration
+
+
+async def listing(http: httpx.AsyncClient, push_id: str, state: str, limit: int) -> list[str]:
+    """Every uid in `state`, page by page; checks each page's order and size."""
+    uids: list[str] = []
+    cursor: str | None = None
+    while True:
+        params: dict[str, Any] = {"state": state, "limit": limit}
+        if cursor is not None:
+            params["cursor"] = cursor
+        resp = await http.get(f"/v1/pushes/{push_id}/recipients", params=params, headers=AUTH)
+        assert resp.status_code == 200, resp.text
+        page = resp.json()
+        assert len(page["uids"]) <= limit and page["uids"] == sorted(page["uids"])
+        uids += page["uids"]
+        cursor = page["cursor"]
+        if cursor is None:
+            return uids
+
+
+async def status(http: httpx.AsyncClient, push_id: str) -> Frame:
+    resp = await http.get(f"/v1/pushes/{push_id}", headers=AUTH)
+    assert resp.status_code == 200, resp.text
+    body: Frame = resp.json()
+    return body
+
+
+async def test_paging_a_5000_recipient_multicast_by_state(redis_url: str, prefix: str) -> None:
+    everyone = [f"u{n:04d}" for n in range(5000)]
+    online = everyone[::250]  # 20 connected, of whom 10 ack
+    acking = online[::2]
+    async with gateway(redis_url, prefix, "gw1", "g1") as gw, api(redis_url, prefix) as http:
+        sockets = {u: await open_ws(gw, u) for u in online}
+        for ws in sockets.values():
+            await replay(ws)
+        push_id = await fanout(http, "/v1/multicast", {"to": everyone, "content": "news"})
+        frames = {u: (await pushes(ws, 1))[0] for u, ws in sockets.items()}
+        for u in acking:
+            await ack(sockets[u], frames[u])
+        await acked(gw, len(acking))
+        for _ in range(100):  # the gateway's delivery reports land with its acks
+            s = await status(http, push_id)
+            if s["delivered"] == len(online):
+                break
+            await asyncio.sleep(0.05)
+        assert (s["mode"], s["status"], s["listable"]) == ("multicast", "done", True)
+        assert (s["recipients"], s["online"], s["offline"]) == (5000, 20, 4980)
+        assert (s["delivered"], s["acked"], s["queued"]) == (20, 10, 4980)
+        assert await listing(http, push_id, "acked", 3) == sorted(acking)
+        unacked = await listing(http, push_id, "unacked", 1000)
+        assert unacked == sorted(set(everyone) - set(acking)) and len(unacked) == 4990
+        queued = await listing(http, push_id, "queued", 700)
+        assert queued == sorted(set(everyone) - set(online))
+        # Bad input: a clear 422; an unknown push: 404.
+        bad = await http.get(
+            f"/v1/pushes/{push_id}/recipients", params={"state": "lost"}, headers=AUTH
+        )
+        assert bad.status_code == 422 and "state" in bad.text
+        missing = await http.get("/v1/pushes/nope/recipients?state=acked", headers=AUTH)
+        assert missing.status_code == 404 and missing.json()["error"] == "not_found"
+        for ws in sockets.values():
+            await ws.close()
+
+
+async def test_past_the_bound_a_receipt_keeps_counts_only(redis_url: str, prefix: str) -> None:
+    async with (
+        gateway(redis_url, prefix, "gw1", "g1") as gw,
+        api(redis_url, prefix, receipts_max_recipients=10) as http,
+    ):
+        ws = await open_ws(gw, "big0")
+        await replay(ws)
+        to = [f"big{n}" for n in range(50)]
+        push_id = await fanout(http, "/v1/multicast", {"to": to, "content": "all"})
+        (frame,) = await pushes(ws, 1)
+        await ack(ws, frame)
+        await acked(gw, 1)
+        for _ in range(100):
+            s = await status(http, push_id)
+            if s["acked"] == 1:
+                break
+            await asyncio.sleep(0.05)
+        assert (s["recipients"], s["online"], s["delivered"], s["acked"]) == (50, 1, 1, 1)
+        assert s["listable"] is False and s["queued"] == 49
+        resp = await http.get(f"/v1/pushes/{push_id}/recipients?state=acked", headers=AUTH)
+        assert resp.status_code == 409, resp.text
+        assert "IMROUTE_RECEIPTS_MAX_RECIPIENTS" in resp.json()["detail"]
+        await ws.close()
