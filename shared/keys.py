@@ -37,6 +37,15 @@ values' formats live with their stores: `router.routes.codec` for a route,
   request's fingerprint, ``running`` with a lease or ``done`` with the answer), with a
   TTL. Both parts are SHA-256 hex digests: of the caller's API key (never stored) and of
   the header's value. One key per entry, so it is cluster-safe without a tag.
+- ``{prefix}{wh}:...`` are the webhooks' (README, "Webhooks"), all in one hash slot (the
+  literal tag ``{wh}``), so each of their scripts is atomic on Redis Cluster too:
+  ``{wh}:events`` the outbox stream (field ``e``: one event's JSON; read by the consumer
+  group ``senders``, deleted once delivered), ``{wh}:overflow`` a counter of events
+  refused by a full outbox, ``{wh}:p:{uid}`` a user's presence hash (``e`` the epoch of
+  its newest connection, ``r`` the epoch last reported offline), ``{wh}:due`` a sorted
+  set of ``<epoch>:<uid>`` scored by when that user.offline is due (or checked again),
+  ``{wh}:gw:{gateway_id}`` the set of users a gateway admitted (so a crashed gateway's
+  users still get user.offline), and ``{wh}:gws`` the set of gateways that have one.
 """
 
 from __future__ import annotations
@@ -115,6 +124,25 @@ class KeySchema:
 
     def idempotency(self, scope_hash: str, key_hash: str) -> str:
         return f"{self.prefix}idem:{scope_hash}:{key_hash}"
+
+    def webhook_events(self) -> str:
+        return f"{self.prefix}{{wh}}:events"
+
+    def webhook_overflow(self) -> str:
+        return f"{self.prefix}{{wh}}:overflow"
+
+    def offline_due(self) -> str:
+        return f"{self.prefix}{{wh}}:due"
+
+    def presence_gateways(self) -> str:
+        return f"{self.prefix}{{wh}}:gws"
+
+    def presence_prefix(self) -> str:
+        """``presence_prefix() + uid`` is a user's presence hash (scripts build it)."""
+        return f"{self.prefix}{{wh}}:p:"
+
+    def gateway_users(self, gateway_id: str) -> str:
+        return f"{self.prefix}{{wh}}:gw:{gateway_id}"
 
 
 def _tag(name: str) -> str:

@@ -19,13 +19,14 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from shared.errors import ConfigError
 from shared.keys import ID_PATTERN
+from shared.webhook_settings import WebhookSettings
 
 __all__ = ["ENV_PREFIX", "Settings", "redact_url"]
 
 ENV_PREFIX = "IMROUTE_"
 
 
-class Settings(BaseSettings):
+class Settings(WebhookSettings, BaseSettings):
     """Every setting of every imroute process; each entry point uses what it needs."""
 
     model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="forbid", frozen=True)
@@ -131,6 +132,7 @@ class Settings(BaseSettings):
     # IMROUTE_DELIVER_TIMEOUT_S, at most 60), or a slow push could be sent twice
     idempotency_lease_s: float = Field(90.0, ge=1, le=600)
     # --- end of the idempotency block ---
+    # --- issue 13, webhook --- the IMROUTE_WEBHOOK_* fields: shared/webhook_settings.py
 
     # gateway
     gateway_id: str = "gw1"

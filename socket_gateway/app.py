@@ -22,6 +22,7 @@ from router.recovery.store import RedisRecoveryStore
 from router.redis.client import connect_redis, ping
 from router.routes.registry import RedisRouteRegistry
 from router.routes.writer import CoalescingRouteWriter
+from router.webhook.presence import RedisPresence, presence_from_settings
 from shared.auth import TokenRules
 from shared.clock import Clock, SystemClock
 from shared.errors import ConfigError, ImrouteError, RegistryUnavailable
@@ -115,6 +116,7 @@ class Gateway:
         self._ws_server: WsServer | None = None
         self._grpc: grpc.aio.Server | None = None
         self.registry: RedisRouteRegistry | None = None
+        self.presence: RedisPresence | None = None  # webhooks on: user.offline/online
         self.fleet: RedisGatewayFleet | None = None
         self._heartbeat: Heartbeat | None = None
         self._started_ms = 0
@@ -187,6 +189,9 @@ class Gateway:
         self._stack.push_async_callback(self._grpc.stop, 5)
 
         self._started_ms = self.clock.now_ms()
+        self.presence = presence_from_settings(s, redis, keys, self.clock)
+        if self.presence is not None:  # this id's last run, if it crashed: its users
+            await self.presence.adopt(s.gateway_id)
         self.registry = RedisRouteRegistry(
             redis,
             keys,
@@ -197,6 +202,7 @@ class Gateway:
             ip=self._advertise_host(),
             port=self.grpc_port,
             max_per_user=s.max_connections_per_user,
+            presence=self.presence,
         )
         self._writer = CoalescingRouteWriter(self.registry)
         recovery = RedisRecoveryStore(redis, keys, self.clock, RecoveryLimits.from_settings(s))
@@ -319,6 +325,9 @@ class Gateway:
         # wait_closed() waited for every connection and its unregister; the writer
         # flushes what is still queued.
         await self._writer.aclose()
+        if self.presence is not None:  # a clean stop: every user was unregistered
+            with contextlib.suppress(ImrouteError):
+                await self.presence.retire(self.settings.gateway_id)
 
     async def drain(self, window_s: float | None = None) -> None:
         """Stop taking clients, ask each to reconnect elsewhere, and close them (4503)

@@ -15,6 +15,7 @@ from push_service.services.fleet import Fleet
 from push_service.services.health import Health
 from push_service.services.pushes import Pushed, Pushes
 from push_service.services.users import Users
+from router.webhook.base import EventSink
 
 __all__ = ["Dispatch", "FanOut", "Fleet", "Health", "Pushed", "Pushes", "Services", "Users"]
 
@@ -30,3 +31,5 @@ class Services:
     users: Users
     health: Health
     idempotency: Idempotency  # issue 13: the Idempotency-Key of the push endpoints
+    # issue 13: where webhook events are emitted (message.unacked); None: webhooks off
+    webhooks: EventSink | None = None
