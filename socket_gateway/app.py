@@ -190,8 +190,6 @@ class Gateway:
 
         self._started_ms = self.clock.now_ms()
         self.presence = presence_from_settings(s, redis, keys, self.clock)
-        if self.presence is not None:  # this id's last run, if it crashed: its users
-            await self.presence.adopt(s.gateway_id)
         self.registry = RedisRouteRegistry(
             redis,
             keys,
@@ -253,6 +251,8 @@ class Gateway:
         # must already be owed to it.
         await bus.prepare(gateway_topics(s.group_id), s.gateway_id)
         await claim_id(self.fleet, s.gateway_id, self.info.grpc_address, self.clock)
+        if self.presence is not None:  # the id is ours: its last run's users, if it crashed
+            await self.presence.adopt(s.gateway_id)
         # Announced only once both servers listen, so no route points at a dead port.
         await self.fleet.announce(self.info)
         self._stack.push_async_callback(self._shutdown)

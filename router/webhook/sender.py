@@ -126,6 +126,8 @@ class WebhookSender:
                 )
                 await asyncio.sleep(delay)
                 await self._until_ok(lambda: self.consumer.touch(batch))
+                with contextlib.suppress(ImrouteError):  # the queue grows while we wait
+                    await self._refresh_stats()
                 continue
             if outcome is Outcome.SENT:
                 self.sent += len(batch)

@@ -101,9 +101,7 @@ async def test_a_reconnect_within_the_grace_to_this_or_another_gateway_gives_non
     assert not rx.of_type("user.online") and not rx.rejected and not rx.duplicates()
 
 
-async def test_online_after_offline_carries_a_higher_epoch(
-    redis_url: str, prefix: str
-) -> None:
+async def test_online_after_offline_carries_a_higher_epoch(redis_url: str, prefix: str) -> None:
     async with WebhookReceiver(HOOK_SECRET) as rx:
         wh = hooks(rx, grace_s=0.3)
         async with (

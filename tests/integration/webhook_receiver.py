@@ -110,9 +110,7 @@ class WebhookReceiver:
                 }
                 body = await reader.readexactly(int(headers.get("content-length", "0")))
                 status = self._answer(lines[0], headers, body)
-                writer.write(
-                    f"HTTP/1.1 {status} X\r\nContent-Length: 0\r\n\r\n".encode("latin-1")
-                )
+                writer.write(f"HTTP/1.1 {status} X\r\nContent-Length: 0\r\n\r\n".encode("latin-1"))
                 await writer.drain()
         except (asyncio.IncompleteReadError, ConnectionError):
             pass
