@@ -36,7 +36,8 @@ class EventSink(Protocol):
         """Queue `events` for delivery: one Redis round trip at most, never an HTTP call.
 
         Events a full queue refuses are counted and logged, not raised: a producer on
-        the push path never fails because a receiver is down."""
+        the push path never fails because a receiver is down. RegistryUnavailable when
+        Redis did not answer; InvalidInput when `data` reuses an envelope field."""
         ...
 
 
