@@ -252,7 +252,10 @@ class Gateway:
         await bus.prepare(gateway_topics(s.group_id), s.gateway_id)
         await claim_id(self.fleet, s.gateway_id, self.info.grpc_address, self.clock)
         if self.presence is not None:  # the id is ours: its last run's users, if it crashed
-            await self.presence.adopt(s.gateway_id)
+            try:
+                await self.presence.adopt(s.gateway_id)
+            except ImrouteError as exc:  # Redis failed just after the ping: they get none
+                log.warning("last run's users not scheduled for user.offline: %s", exc)
         # Announced only once both servers listen, so no route points at a dead port.
         await self.fleet.announce(self.info)
         self._stack.push_async_callback(self._shutdown)

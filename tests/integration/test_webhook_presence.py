@@ -20,7 +20,7 @@ from websockets.asyncio.client import connect
 
 from shared.keys import KeySchema
 from tests.conftest import SECRET
-from tests.integration.procs import BIN, base_env, read_until, running
+from tests.integration.procs import BIN, Proc, base_env, read_until, running
 from tests.integration.stack import api, client, gateway, ready, token
 from tests.integration.webhook_receiver import WebhookReceiver
 
@@ -124,34 +124,64 @@ async def test_online_after_offline_carries_a_higher_epoch(redis_url: str, prefi
     assert not rx.rejected and not rx.duplicates()
 
 
-async def test_the_users_of_a_crashed_gateway_still_get_user_offline(
+def gateway_proc(
+    redis_url: str, prefix: str, rx: WebhookReceiver
+) -> tuple[list[str], dict[str, str]]:
+    env = base_env(
+        IMROUTE_REDIS_URL=redis_url,
+        IMROUTE_REDIS_PREFIX=prefix,
+        IMROUTE_SECRET=SECRET,
+        IMROUTE_WEBHOOK_URL=rx.url,
+        IMROUTE_WEBHOOK_SECRET=HOOK_SECRET,
+        IMROUTE_WEBHOOK_OFFLINE_GRACE_S="0.5",
+    )
+    argv = [str(BIN / "imroute"), "gateway", "--id", "gwc", "--group", "g1",
+            "--ws-port", "0", "--grpc-port", "0", "--route-ttl", "1",
+            "--heartbeat", "0.2"]  # fmt: skip
+    return argv, env
+
+
+async def connect_then_crash(proc: Proc, redis: aioredis.Redis, prefix: str, uid: str) -> int:
+    """Connect `uid` to the gateway process, SIGKILL it (no unregister); `uid`'s epoch."""
+    found = re.search(r"ws=(\S+)", read_until(proc, "ready")[-1])
+    assert found
+    async with connect(f"{found.group(1)}?token={token(uid)}") as ws:
+        await ready(ws)
+        epoch = await epoch_of(redis, prefix, uid)
+        proc.send_signal(signal.SIGKILL)
+        await asyncio.to_thread(proc.wait, 5)
+    return epoch
+
+
+async def test_the_users_of_a_crashed_gateway_that_stays_gone_get_user_offline(
     redis_url: str, prefix: str, redis: aioredis.Redis
 ) -> None:
     async with WebhookReceiver(HOOK_SECRET) as rx:
-        wh = hooks(rx, grace_s=0.5)
-        env = base_env(
-            IMROUTE_REDIS_URL=redis_url,
-            IMROUTE_REDIS_PREFIX=prefix,
-            IMROUTE_SECRET=SECRET,
-            IMROUTE_WEBHOOK_URL=rx.url,
-            IMROUTE_WEBHOOK_SECRET=HOOK_SECRET,
-        )
-        argv = [str(BIN / "imroute"), "gateway", "--id", "gwc", "--group", "g1",
-                "--ws-port", "0", "--grpc-port", "0", "--route-ttl", "1",
-                "--heartbeat", "0.2"]  # fmt: skip
-        async with api(redis_url, prefix, **wh):
+        argv, env = gateway_proc(redis_url, prefix, rx)
+        async with api(redis_url, prefix, **hooks(rx, grace_s=0.5)):
             with running(argv, env) as proc:
-                found = re.search(r"ws=(\S+)", read_until(proc, "ready")[-1])
-                assert found
-                async with connect(f"{found.group(1)}?token={token('crashy')}") as ws:
-                    await ready(ws)
-                    epoch = await epoch_of(redis, prefix, "crashy")
-                    proc.send_signal(signal.SIGKILL)  # no goodbye, no unregister
-                    await asyncio.to_thread(proc.wait, 5)
-                # Out of the fleet for two looks (1 s apart), then past its route's
-                # deadline: then sent, once.
-                await rx.wait_for(lambda: bool(offline(rx, "crashy")), "crashy's user.offline")
+                epoch = await connect_then_crash(proc, redis, prefix, "crashy")
+            # Out of the fleet for two sweeps' looks (1 s apart), then past its route's
+            # deadline: then sent, once.
+            await rx.wait_for(lambda: bool(offline(rx, "crashy")), "crashy's user.offline")
     assert [e["epoch"] for e in offline(rx, "crashy")] == [epoch]
+    assert not rx.rejected and not rx.duplicates()
+
+
+async def test_a_crashed_gateway_that_restarts_schedules_its_last_runs_users(
+    redis_url: str, prefix: str, redis: aioredis.Redis
+) -> None:
+    async with WebhookReceiver(HOOK_SECRET) as rx:
+        argv, env = gateway_proc(redis_url, prefix, rx)
+        with running(argv, env) as proc:
+            epoch = await connect_then_crash(proc, redis, prefix, "phoenix")
+        with running(argv, env) as again:
+            read_until(again, "ready")  # it adopted its last run's users
+            gws = await redis.smembers(KeySchema(prefix).presence_gateways())
+            assert "gwc" not in gws  # nothing left for a sweeper to adopt
+            async with api(redis_url, prefix, **hooks(rx, grace_s=0.5)):
+                await rx.wait_for(lambda: bool(offline(rx, "phoenix")), "phoenix's offline")
+    assert [e["epoch"] for e in offline(rx, "phoenix")] == [epoch]
     assert not rx.rejected and not rx.duplicates()
 
 
