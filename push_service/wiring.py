@@ -15,7 +15,7 @@ from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
 
 from push_service.idempotency import Idempotency
@@ -50,13 +50,10 @@ from router.p2p.pusher import P2PPusher
 from router.ratelimit import RateLimit, RateLimiter, RedisRateLimiter
 from router.recovery.base import RecoveryLimits
 from router.recovery.store import RedisRecoveryStore
-from router.redis.client import RedisClient, create_redis, ping
+from router.redis.client import create_redis, ping
 from router.routes.registry import RedisRouteRegistry
 from router.webhook.base import EventSink
-from router.webhook.outbox import RedisOutbox
-from router.webhook.presence import RedisPresence
-from router.webhook.sender import WebhookSender
-from router.webhook.sweeper import OfflineSweeper
+from router.webhook.running import running_webhooks
 from shared.auth import TokenRules
 from shared.clock import Clock
 from shared.internal_auth import load_tls
@@ -168,7 +165,7 @@ class Wiring:
             stack.callback(self._metrics.unregister, collector)
             if settings.webhook_url is not None:
                 self.webhooks = await stack.enter_async_context(
-                    _webhooks(settings, clock, keys, redis, registry, fleet, self._metrics)
+                    running_webhooks(settings, clock, keys, redis, registry, fleet, self._metrics)
                 )
                 stack.callback(setattr, self, "webhooks", None)
             self.parts = Parts(bus, fleet, call_stats, clients, grpc_clients)
@@ -237,64 +234,6 @@ class _PusherCounts(Collector):
             "Recipients of a failed, queued P2P push that a background retry reached",
             self._pusher.retried,
         )
-
-
-@asynccontextmanager
-async def _webhooks(
-    settings: Settings,
-    clock: Clock,
-    keys: KeySchema,
-    redis: RedisClient,
-    registry: RedisRouteRegistry,
-    fleet: CachedFleet,
-    metrics: CollectorRegistry,
-) -> AsyncIterator[RedisOutbox]:
-    """The outbox, its sender and the offline sweeper (README, "Webhooks"), running."""
-    url, secret = settings.webhook_url, settings.webhook_secret
-    assert url is not None and secret is not None  # Settings requires the secret with a URL
-    queue_max, grace_s = settings.webhook_queue_max, settings.webhook_offline_grace_s
-    outbox = RedisOutbox(redis, keys, queue_max)
-    sender = WebhookSender(
-        redis,
-        keys,
-        outbox,
-        clock,
-        url=url,
-        secret=secret.get_secret_value(),
-        timeout_s=settings.webhook_timeout_s,
-        batch_max=settings.webhook_batch_max,
-        backoff_max_s=settings.webhook_backoff_max_s,
-    )
-    presence = RedisPresence(redis, keys, clock, grace_s=grace_s, queue_max=queue_max)
-    # user.offline at most a quarter grace late; a gone gateway noticed within 2 x grace
-    every_s, adopt_s = min(1.0, max(0.05, grace_s / 4)), min(5.0, max(1.0, grace_s))
-    sweeper = OfflineSweeper(presence, registry, fleet, clock, every_s, adopt_s)
-    collector = _WebhookCounts(sender)
-    metrics.register(collector)
-    try:
-        async with sender.running(), sweeper.running():
-            yield outbox
-    finally:
-        metrics.unregister(collector)
-
-
-class _WebhookCounts(Collector):
-    """The webhook sender's counters (this process) and the outbox's (fleet-wide)."""
-
-    def __init__(self, sender: WebhookSender) -> None:
-        self._sender = sender
-
-    def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
-        sender, stats = self._sender, self._sender.stats  # stats: read every second
-        for name, doc, value in (
-            ("sent", "Webhook events this process delivered (2xx)", sender.sent),
-            ("retried", "Webhook POSTs that failed and were retried", sender.retried),
-            ("dropped", "Webhook events the receiver refused (4xx), dropped", sender.dropped),
-            ("overflowed", "Webhook events a full outbox refused, fleet-wide", stats.overflowed),
-        ):
-            yield CounterMetricFamily(f"imroute_webhook_{name}", doc, value)
-        queued = "Webhook events not yet delivered, fleet-wide"
-        yield GaugeMetricFamily("imroute_webhook_queue_length", queued, stats.queued)
 
 
 def _retain_all(

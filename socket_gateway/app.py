@@ -22,7 +22,7 @@ from router.recovery.store import RedisRecoveryStore
 from router.redis.client import connect_redis, ping
 from router.routes.registry import RedisRouteRegistry
 from router.routes.writer import CoalescingRouteWriter
-from router.webhook.presence import RedisPresence, presence_from_settings
+from router.webhook import presence as wh_presence
 from shared.auth import TokenRules
 from shared.clock import Clock, SystemClock
 from shared.errors import ConfigError, ImrouteError, RegistryUnavailable
@@ -116,7 +116,6 @@ class Gateway:
         self._ws_server: WsServer | None = None
         self._grpc: grpc.aio.Server | None = None
         self.registry: RedisRouteRegistry | None = None
-        self.presence: RedisPresence | None = None  # webhooks on: user.offline/online
         self.fleet: RedisGatewayFleet | None = None
         self._heartbeat: Heartbeat | None = None
         self._started_ms = 0
@@ -189,7 +188,7 @@ class Gateway:
         self._stack.push_async_callback(self._grpc.stop, 5)
 
         self._started_ms = self.clock.now_ms()
-        self.presence = presence_from_settings(s, redis, keys, self.clock)
+        self.presence = wh_presence.from_settings(s, redis, keys, self.clock)  # webhooks on
         self.registry = RedisRouteRegistry(
             redis,
             keys,
@@ -251,11 +250,7 @@ class Gateway:
         # must already be owed to it.
         await bus.prepare(gateway_topics(s.group_id), s.gateway_id)
         await claim_id(self.fleet, s.gateway_id, self.info.grpc_address, self.clock)
-        if self.presence is not None:  # the id is ours: its last run's users, if it crashed
-            try:
-                await self.presence.adopt(s.gateway_id)
-            except ImrouteError as exc:  # Redis failed just after the ping: they get none
-                log.warning("last run's users not scheduled for user.offline: %s", exc)
+        await wh_presence.adopt_last_run(self.presence, s.gateway_id)  # the id is ours now
         # Announced only once both servers listen, so no route points at a dead port.
         await self.fleet.announce(self.info)
         self._stack.push_async_callback(self._shutdown)
@@ -328,9 +323,7 @@ class Gateway:
         # wait_closed() waited for every connection and its unregister; the writer
         # flushes what is still queued.
         await self._writer.aclose()
-        if self.presence is not None:  # a clean stop: every user was unregistered
-            with contextlib.suppress(ImrouteError):
-                await self.presence.retire(self.settings.gateway_id)
+        await wh_presence.retire(self.presence, self.settings.gateway_id)
 
     async def drain(self, window_s: float | None = None) -> None:
         """Stop taking clients, ask each to reconnect elsewhere, and close them (4503)

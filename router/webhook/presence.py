@@ -16,6 +16,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 from collections.abc import Sequence
@@ -25,10 +26,11 @@ from router.redis.client import RedisClient
 from router.redis.errors import translate_errors
 from router.webhook.scripts import ADOPT, CLAIM, CONNECTED, EMPTIED, SETTLE
 from shared.clock import Clock
+from shared.errors import ImrouteError
 from shared.keys import KeySchema
 from shared.settings import Settings
 
-__all__ = ["KEEP_MS", "RedisPresence", "Settled", "presence_from_settings"]
+__all__ = ["KEEP_MS", "RedisPresence", "Settled", "adopt_last_run", "from_settings", "retire"]
 
 log = logging.getLogger(__name__)
 
@@ -186,7 +188,7 @@ class RedisPresence:
             )
 
 
-def presence_from_settings(
+def from_settings(
     settings: Settings, redis: RedisClient, keys: KeySchema, clock: Clock
 ) -> RedisPresence | None:
     """A gateway's presence writer, or None while IMROUTE_WEBHOOK_URL is unset (webhooks
@@ -201,3 +203,24 @@ def presence_from_settings(
         queue_max=settings.webhook_queue_max,
         gateway_id=settings.gateway_id,
     )
+
+
+async def adopt_last_run(presence: RedisPresence | None, gateway_id: str) -> None:
+    """At a gateway's start, once its id is its own: schedule the users its last run
+    admitted (they got no unregister if it crashed). Logged, not raised, on failure."""
+    if presence is None:
+        return
+    try:
+        n = await presence.adopt(gateway_id)
+    except ImrouteError as exc:  # Redis failed just after the gateway's ping: they get none
+        log.warning("last run's users not scheduled for user.offline: %s", exc)
+        return
+    if n:
+        log.info("webhook presence: %d users of this gateway's last run scheduled", n)
+
+
+async def retire(presence: RedisPresence | None, gateway_id: str) -> None:
+    """At a gateway's clean stop, once every client was unregistered: forget its set."""
+    if presence is not None:
+        with contextlib.suppress(ImrouteError):
+            await presence.retire(gateway_id)

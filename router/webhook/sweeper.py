@@ -19,7 +19,7 @@ from shared.clock import Clock
 from shared.errors import ImrouteError
 from shared.models import GatewayInfo, Route
 
-__all__ = ["OfflineSweeper"]
+__all__ = ["LiveFleet", "OfflineSweeper", "RouteLookup"]
 
 log = logging.getLogger(__name__)
 
