@@ -5,12 +5,17 @@ from __future__ import annotations
 
 import asyncio
 import json
+from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
+from router.devtools.ports import free_port
+from tests.integration.procs import push_services
 from tests.integration.recovery_helpers import ack, acked, fanout, open_ws, p2p, pushes, replay
-from tests.integration.stack import api, gateway
+from tests.integration.stack import AUTH, api, gateway
+from tests.integration.test_webhook_delivery import env_for
 from tests.integration.webhook_receiver import WebhookReceiver
 
 pytestmark = pytest.mark.integration
@@ -92,3 +97,33 @@ async def test_a_large_multicast_names_whoever_did_not_ack_without_a_preview(
             named = [u for e in events for u in e["uids"]]
             assert named == to[1:] and all(e["preview"] is None for e in events)
             await ws.close()
+
+
+async def test_two_push_services_each_send_each_message_unacked_once(
+    redis_url: str, prefix: str, tmp_path: Path
+) -> None:
+    """Pushes through two real push-service processes: both sweep, each push's event is
+    claimed by one of them, and the receiver gets each once."""
+    async with WebhookReceiver(HOOK_SECRET) as rx:
+        ports = [free_port(), free_port()]
+        env = env_for(redis_url, prefix, tmp_path, rx.url, IMROUTE_WEBHOOK_UNACKED_S="1")
+        with push_services(env, ports):
+            push_ids = []
+            async with httpx.AsyncClient() as http:
+                for n in range(40):
+                    port = ports[n % 2]
+                    resp = await http.post(
+                        f"http://127.0.0.1:{port}/v1/push",
+                        json={"to": [f"off{n}"], "content": n},
+                        headers=AUTH,
+                    )
+                    assert resp.status_code == 200, resp.text
+                    push_ids.append(resp.json()["push_id"])
+            await rx.wait_for(
+                lambda: len(rx.of_type("message.unacked")) >= 40, "40 message.unacked"
+            )
+            await asyncio.sleep(2.0)  # more sweeps: nothing more
+        events = rx.of_type("message.unacked")
+        assert sorted(e["push_id"] for e in events) == sorted(push_ids)
+        assert all(e["uids"] == [f"off{push_ids.index(e['push_id'])}"] for e in events)
+        assert not rx.duplicates() and not rx.rejected
