@@ -246,3 +246,51 @@ async def test_the_sdk_acks_and_with_auto_ack_off_the_app_does(redis_url: str, p
             assert (redo.msg_id, redo.recovered) == (msg.msg_id, True)
             await again.ack(redo)
             await acked(gw, 2)
+
+
+async def test_the_sdk_on_a_half_open_connection_gets_the_push_again_and_yields_it_once(
+    redis_url: str, prefix: str
+) -> None:
+    """The SDK's link goes silent (a proxy that forwards nothing and closes nothing):
+    the push the gateway wrote to it meanwhile comes again once the SDK's pings find
+    the link dead and it reconnects, and the SDK hands it over once."""
+    from imroute_client import ImrouteClient
+
+    from router.devtools.ports import free_port
+    from tests.integration.test_client_sdk import API, next_message
+
+    ws_port = free_port()
+    proxy = TcpProxy(ws_port)
+    await proxy.start()
+    public = f"ws://127.0.0.1:{proxy.port}/ws"
+    async with (
+        gateway(redis_url, prefix, "gw1", "g1", ws_port=ws_port, ws_public_url=public) as gw,
+        api(redis_url, prefix) as http,
+        ImrouteClient(
+            API, token("hank"), http=http, ping_interval_s=0.3, ping_timeout_s=0.3
+        ) as client,
+    ):
+        await client.connect()
+        await asyncio.sleep(0.2)
+        await p2p(http, ["hank"], "before")
+        assert (await next_message(client)).content == "before"
+        got: list[Any] = []
+
+        async def pump() -> None:
+            async for msg in client:
+                got.append(msg)
+
+        reader = asyncio.create_task(pump())
+        await acked(gw, 1)
+        proxy.cut()  # new connections through it still work; this one carries nothing
+        body = await p2p(http, ["hank"], "into the void")
+        assert body["delivered"] == ["hank"]  # written to the dead link's socket
+        for _ in range(200):
+            if got:
+                break
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(1.0)  # nothing more comes
+        assert [(m.content, m.recovered) for m in got] == [("into the void", True)]
+        assert client.stats.connects >= 2
+        reader.cancel()
+    await proxy.aclose()
