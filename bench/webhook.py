@@ -5,7 +5,7 @@ a signed-webhook receiver in this process (it checks every request's HMAC, as an
 server would), and `--online` real WebSocket clients, also in this process, that ack
 every push. Then one `POST /v1/multicast` to `--recipients` uids, of which the first
 `--online` are connected and the rest have never connected (offline). After
-IMROUTE_WEBHOOK_UNACKED_S (1 s here) the push service's sweeper names every recipient
+IMROUTE_WEBHOOK_UNACKED_S (`--unacked-s`, 5 s) the push service's sweeper names every recipient
 no device acked: the offline ones, 1000 per event, through the outbox and its sender.
 
 It reports the time from the multicast's 202 to its job's end, to the first and to the
@@ -85,7 +85,7 @@ class Receiver:
                 status = b"200 OK" if ok else b"400 Bad Request"
                 writer.write(b"HTTP/1.1 " + status + b"\r\nContent-Length: 0\r\n\r\n")
                 await writer.drain()
-        except (asyncio.IncompleteReadError, ConnectionError):
+        except (asyncio.IncompleteReadError, ConnectionError, asyncio.CancelledError):
             writer.close()
 
     def _take(self, body: bytes, header: str) -> bool:
@@ -117,7 +117,7 @@ def run(h: Harness, args: argparse.Namespace) -> dict[str, Any]:
     h.env.update(
         IMROUTE_API_KEY=API_KEY,
         IMROUTE_WEBHOOK_SECRET=HOOK_SECRET,
-        IMROUTE_WEBHOOK_UNACKED_S="1",
+        IMROUTE_WEBHOOK_UNACKED_S=str(args.unacked_s),
         IMROUTE_GATEWAY_MAX_CONNECTIONS=str(args.online + 1000),
     )
 
@@ -192,7 +192,7 @@ def run(h: Harness, args: argparse.Namespace) -> dict[str, Any]:
             "last_event_s": round(rx.last_at - t0, 2) if rx.last_at else None,
             "events": rx.events,
             "posts": rx.posts,
-            "mib": round(rx.size / 2**20, 1),
+            "mib": round(rx.size / 2**20, 2),
             "uids_per_s": round(len(named) / span) if span > 0 else None,
             "events_per_s": round(rx.events / span, 1) if span > 0 else None,
             "exact": named == expected,
@@ -213,6 +213,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--recipients", type=int, default=100_000)
     p.add_argument("--online", type=int, default=50_000)
     p.add_argument("--timeout", type=float, default=120.0, help="for the last event, s")
+    p.add_argument(
+        "--unacked-s", type=int, default=5, help="IMROUTE_WEBHOOK_UNACKED_S: time to ack"
+    )
     p.add_argument("--quick", action="store_true", help="10,000 recipients, 5,000 online")
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
