@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
 
@@ -58,7 +58,7 @@ from router.jobs.reaper import reaping
 from router.jobs.store import RedisJobStore
 from router.p2p.pusher import P2PPusher
 from router.ratelimit import RateLimit, RateLimiter, RedisRateLimiter
-from router.receipts.base import ReceiptLimits
+from router.receipts.base import DELIVERED, ReceiptLimits
 from router.receipts.store import RedisReceiptStore
 from router.receipts.unacked import UnackedSweeper
 from router.recovery.base import RecoveryLimits
@@ -188,6 +188,8 @@ class Wiring:
                 self.rate_limiter = RedisRateLimiter(redis, keys, self._rate)
                 stack.callback(setattr, self, "rate_limiter", None)
             receipts, on_receipts = await self._receipts(stack, redis)
+            if receipts is not None:
+                pusher.on_retried = functools.partial(_retried, receipts)
             fanout = FanOut(
                 bus,
                 directory,
@@ -250,6 +252,11 @@ class Wiring:
             self.unacked = UnackedSweeper(receipts, self.webhooks, self._clock)
             await stack.enter_async_context(self.unacked.running())
         return receipts, view
+
+
+async def _retried(receipts: RedisReceiptStore, push_id: str, uids: Sequence[str]) -> None:
+    """A background retry reached these recipients: delivered, in the push's receipt."""
+    await receipts.mark(DELIVERED, {push_id: uids})
 
 
 class _PusherCounts(Collector):

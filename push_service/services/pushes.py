@@ -84,7 +84,8 @@ class Pushes:
         if r is None:
             return Pushed(message, outcome)
         listable = len(body.to) <= r.limits.max_recipients
-        receipt = p2p_receipt(message, body.to, outcome, message_meta(message, r.preview))
+        meta = message_meta(message, r.preview)
+        receipt = p2p_receipt(message, body.to, outcome, meta, body.store)
         try:
             due = r.due_ms(self._clock.now_ms(), body.store)
             await r.log.record(receipt, listable, due)

@@ -77,6 +77,10 @@ async def test_an_acked_push_leaves_the_inbox_and_its_receipt_says_acked(
         last = await status(http, body["push_id"])
         assert (last["delivered"], last["acked"], last["queued"]) == (2, 1, 0)
         await ws.close()
+        # store:false to someone offline: kept nowhere, so expired for them, not queued.
+        gone_push = await p2p(http, ["nobody"], "typing", store=False)
+        s = await status(http, gone_push["push_id"])
+        assert (s["delivered"], s["queued"], s["expired"]) == (0, 0, 1)
 
 
 async def test_a_push_never_acked_comes_again_and_a_cumulative_ack_covers_all_before(
