@@ -5,35 +5,39 @@ gateways in two groups, under a unique Redis key prefix), connects N WebSocket c
 separate client process, then sends pushes, each to one random connected uid, through the
 REST API on an open-loop schedule. It reports the achieved pushes/s, the end-to-end latency
 (from just before the REST call until the client process has the frame) and the REST-call
-latency, plus errors and lost frames; every child process is stopped by its PID on exit,
-Ctrl-C and errors.
+latency, plus errors and lost frames, the CPU of every process and what Redis did per
+push (INFO deltas); every child process is stopped by its PID on exit, Ctrl-C and errors.
+With --ack on every client acks each push as it arrives; --wait-ack-ms N sends each
+push with `wait_ack_ms` (the REST latency then includes the ack's way back); --receipts
+off runs the stack with IMROUTE_RECEIPTS_TTL_S=0.
 
     .venv/bin/python -m bench.p2p --quick
     .venv/bin/python -m bench.p2p --clients 2000 --rate 1000 --duration 10
+    .venv/bin/python -m bench.p2p --ack on --wait-ack-ms 5000 --rate 100
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
-import math
 import os
 import random
 import secrets
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 
 from bench.harness.cli import add_run_flags, in_range
-from bench.harness.clients import ClientPool, indices_of, token_url, uid_of
+from bench.harness.clients import ClientPool, ack_frame, indices_of, send_now, token_url, uid_of
 from bench.harness.internal import add_internal_flag, internal_credentials
 from bench.harness.link import ChildLink, emit, stdin_commands
 from bench.harness.load import make_clients, run_load, skip_missing_sniffio
-from bench.harness.report import machine_lines, print_json
+from bench.harness.redis_info import redis_counters
+from bench.harness.report import print_json
 from bench.harness.stack import (
     HOST,
     BenchError,
@@ -46,14 +50,19 @@ from bench.harness.stack import (
     start_stack,
     wait_routes,
 )
-from bench.harness.stats import cpu_snapshot, others_cpu, spread
+from bench.harness.stats import cpu_snapshot, others_cpu
+from bench.p2p_report import Options, PushRecord, report, summarize
 from router.devtools.ports import free_port
 from router.devtools.supervisor import Child
+
+if TYPE_CHECKING:
+    from websockets.asyncio.client import ClientConnection
 
 CONNECT_TIMEOUT_S = 120.0
 DRAIN_TIMEOUT_S = 5.0
 OVERALL_TIMEOUT_S = 200.0  # the async part; each run stays well under five minutes
 WARMUP_PUSHES = 200
+RECEIPTS_SAMPLED = 200  # delivered pushes whose receipt is read after the run
 
 
 # --------------------------------------------------------------------------- client process
@@ -71,18 +80,22 @@ async def _worker(spec: dict[str, Any]) -> None:
     secret = os.environ["IMROUTE_SECRET"]
     # seq -> (arrival, msg_id); time.monotonic() is CLOCK_MONOTONIC, shared by all processes.
     arrivals: dict[int, tuple[float, str]] = {}
-    stats = {"duplicates": 0, "bad": 0}
+    stats = {"duplicates": 0, "bad": 0, "acks_sent": 0}
+    ack = bool(spec.get("ack"))
 
-    def on_frame(conn: object, now: float, data: bytes) -> None:
+    def on_frame(conn: ClientConnection, now: float, data: bytes) -> None:
         try:
             frame = json.loads(data)
             if frame["type"] == "recovered":  # ends each new connection's (empty) replay
                 return
             seq = int(frame["content"]["seq"])
             msg_id = str(frame["msg_id"])
+            pos = str(frame["pos"]) if ack else ""
         except (ValueError, KeyError, TypeError):
             stats["bad"] += 1
             return
+        if pos and send_now(conn, ack_frame(pos)):  # done with it at once
+            stats["acks_sent"] += 1
         if seq in arrivals:
             stats["duplicates"] += 1
         else:
@@ -123,43 +136,6 @@ async def _worker(spec: dict[str, Any]) -> None:
 # --------------------------------------------------------------------------- load generator
 
 
-@dataclass
-class PushRecord:
-    due: float = math.nan
-    sent: float = math.nan
-    answered: float = math.nan
-    status: int = 0
-    delivered: bool = False
-    failed: bool = False
-    msg_id: str = ""
-    error: str = ""
-
-    def answer(self, resp: httpx.Response) -> None:
-        self.status = resp.status_code
-        if resp.status_code == 200:
-            out = resp.json()
-            self.msg_id = out["msg_id"]
-            self.delivered = bool(out["delivered"])
-            self.failed = bool(out["failed"])
-        else:
-            self.error = f"HTTP {resp.status_code}"
-
-    def fail(self, exc: Exception) -> None:
-        self.error = type(exc).__name__
-
-
-@dataclass
-class Options:
-    clients: int
-    rate: float
-    duration: float
-    concurrency: int
-    seed: int
-    json_out: bool
-    store: bool = True
-    internal: str = "token"
-
-
 async def bench(
     opts: Options, h: Harness, worker: Child, http_port: int, api_key: str, pids: dict[str, int]
 ) -> dict[str, Any]:
@@ -179,6 +155,7 @@ async def bench(
     bodies = [
         json.dumps(
             {"to": [uid_of(k)], "content": {"seq": i, "text": "bench"}, "store": opts.store}
+            | ({} if opts.wait_ack_ms is None else {"wait_ack_ms": opts.wait_ack_ms})
         ).encode()
         for i, k in enumerate(targets)
     ]
@@ -191,6 +168,7 @@ async def bench(
     try:
         # Warm-up, not measured: opens the keep-alive and gRPC connections, fills caches.
         await run_load(clients, [PushRecord() for _ in warm], warm, 1e9, opts.concurrency, 60)
+        redis_before = redis_counters(h.redis_url)
         cpu_before, all_before = cpu_snapshot(pids)
         wall0 = time.monotonic()
         records = [PushRecord() for _ in bodies]
@@ -201,139 +179,42 @@ async def bench(
             rec.error = "not sent: schedule overrun"
         wall1 = time.monotonic()
         cpu_after, all_after = cpu_snapshot(pids)
+        redis_after = redis_counters(h.redis_url)
         cpu_after["others"] = others_cpu(all_before, all_after, set(pids.values()))
         cpu_before["others"] = 0.0
+        # Drain: wait for frames still on their way, then fetch every arrival.
+        await link.count_up_to(sum(1 for r in records if r.delivered), DRAIN_TIMEOUT_S)
+        sampled = await read_receipts(clients[0], records, rng) if opts.receipts else None
     finally:
         for client in clients:
             await client.aclose()
-
-    # Drain: wait for frames still on their way, then fetch every arrival.
-    await link.count_up_to(sum(1 for r in records if r.delivered), DRAIN_TIMEOUT_S)
     dump = await link.ask("dump", 30, cmd="dump")
     h.stack.check()
+    delta = redis_after.minus(redis_before) if redis_before and redis_after else None
     return summarize(
-        opts, records, dump, len(connected), ready, wall1 - wall0, cpu_before, cpu_after
-    )
+        opts, records, dump, len(connected), ready, wall1 - wall0, cpu_before, cpu_after,
+        delta, sampled,
+    )  # fmt: skip
 
 
-def summarize(
-    opts: Options,
-    records: list[PushRecord],
-    dump: dict[str, Any],
-    connected: int,
-    ready: dict[str, Any],
-    wall_s: float,
-    cpu_before: dict[str, float],
-    cpu_after: dict[str, float],
-) -> dict[str, Any]:
-    arrivals = {
-        s: (t, m)
-        for s, t, m in zip(dump["seqs"], dump["times"], dump["msg_ids"], strict=True)
-        if s >= 0
-    }
-    ok = [r for r in records if r.status == 200]
-    answered = [r.answered for r in ok]
-    first_sent = min((r.sent for r in records if not math.isnan(r.sent)), default=math.nan)
-    span = (max(answered) - first_sent) if answered else math.nan
-    e2e: list[float] = []
-    lost = mismatched = unexpected = 0
-    for i, r in enumerate(records):
-        got = arrivals.get(i)
-        if r.delivered:
-            if got is None:
-                lost += 1
-                continue
-            if got[1] != r.msg_id:
-                mismatched += 1
-            e2e.append((got[0] - r.sent) * 1000)
-        elif got is not None:
-            unexpected += 1
-    e2e.sort()
-    rest = sorted((r.answered - r.sent) * 1000 for r in ok)
-    lag = sorted((r.sent - r.due) * 1000 for r in records if not math.isnan(r.sent))
-    errors: dict[str, int] = {}
-    for r in records:
-        kind = (
-            r.error
-            or (r.failed and "failed (gateway error)")
-            or (not r.delivered and "offline (no route)")
-            or ""
-        )
-        if kind:
-            errors[kind] = errors.get(kind, 0) + 1
-    cpu = {
-        name: 100 * (cpu_after[name] - cpu_before[name]) / wall_s
-        for name in cpu_after
-        if name in cpu_before and wall_s > 0
-    }
-
-    return {
-        "clients": connected,
-        "clients_failed": len(ready["failed"]),
-        "connect_s": ready["seconds"],
-        "target_rate": opts.rate,
-        "duration_s": opts.duration,
-        "concurrency": opts.concurrency,
-        "scheduled": len(records),
-        "pushes": sum(1 for r in records if not math.isnan(r.sent)),
-        "ok": len(ok),
-        "delivered": sum(1 for r in records if r.delivered),
-        "achieved_rate": len(ok) / span if span and span > 0 else math.nan,
-        "e2e_ms": spread(e2e),
-        "rest_ms": spread(rest),
-        "send_lag_ms": spread(lag),
-        "received": len(e2e),
-        "lost": lost,
-        "msg_id_mismatch": mismatched,
-        "unexpected": unexpected,
-        "duplicates": dump["duplicates"],
-        "closed_clients": dump["closed"],
-        "open_clients": dump["open"],
-        "try_again": dump["try_again"],
-        "bad_frames": dump["bad"],
-        "errors": errors,
-        "cpu_pct": cpu,
-        "cpu_ms_per_push": {
-            name: 1000 * (cpu_after[name] - cpu_before[name]) / len(ok) for name in cpu if ok
-        },
-    }
-
-
-def report(result: dict[str, Any], cond: dict[str, str]) -> None:
-    def ms(d: dict[str, float]) -> str:
-        return "  ".join(f"{k} {v:7.2f}" for k, v in d.items()) + " ms"
-
-    r = result
-    cpu = ", ".join(f"{k} {v:.0f}%" for k, v in r["cpu_pct"].items())
-    per = ", ".join(f"{k} {v:.2f}" for k, v in r["cpu_ms_per_push"].items())
-    lines = [
-        "imroute P2P push benchmark (REST -> push service -> gRPC -> gateway -> WebSocket)",
-        "conditions:",
-        *machine_lines(cond),
-        f"  python      {cond['python']}  client/loadgen loop={cond['loop']}",
-        f"  stack       push service (uvicorn, 1 process) + gw1/g1 + gw2/g2; redis {cond['redis']}"
-        f"; store {cond.get('store', 'on')}; internal calls {cond.get('internal', 'none')}",
-        f"  clients     {r['clients']} connected ({r['clients_failed']} failed) in 1 client"
-        f" process, connected in {r['connect_s']:.1f}s",
-        f"  load        target {r['target_rate']:g} pushes/s for {r['duration_s']:g}s, open loop,"
-        f" concurrency {r['concurrency']}, 1 random uid per push (httpx, keep-alive)",
-        "results:",
-        f"  pushes      {r['scheduled']} scheduled, {r['pushes']} sent, {r['ok']} HTTP 200,"
-        f" {r['delivered']} delivered",
-        f"  achieved    {r['achieved_rate']:.0f} pushes/s (target {r['target_rate']:g})",
-        f"  end-to-end  {ms(r['e2e_ms'])}  (n={r['received']})",
-        f"  REST call   {ms(r['rest_ms'])}",
-        f"  send lag    {ms(r['send_lag_ms'])}  (actual send - scheduled send)",
-        f"  frames      lost {r['lost']}, msg_id mismatch {r['msg_id_mismatch']}, unexpected"
-        f" {r['unexpected']}, duplicates {r['duplicates']}, bad {r['bad_frames']}",
-        f"  clients     {r['open_clients']} open at the end, {r['closed_clients']} closed;"
-        f" {r['try_again']} closes with 1013 (try again) while connecting, reconnected",
-        f"  errors      {r['errors'] or 'none'}",
-        f"  cpu         {cpu}  (% of one core during the load phase; others = processes"
-        " not started by this run)",
-        f"  cpu / push  {per}  (ms of CPU per answered push)",
-    ]
-    print("\n".join(lines), flush=True)
+async def read_receipts(
+    client: httpx.AsyncClient, records: list[PushRecord], rng: random.Random
+) -> dict[str, int]:
+    """The receipts of some delivered pushes, once the gateways' last ack flush is in:
+    how many of their recipients are acked, and delivered."""
+    await asyncio.sleep(0.5)  # a gateway writes acks every 50 ms
+    ids = [r.push_id for r in records if r.delivered and r.push_id]
+    out = {"pushes": 0, "acked": 0, "delivered": 0, "errors": 0}
+    for push_id in rng.sample(ids, min(RECEIPTS_SAMPLED, len(ids))):
+        resp = await client.get(f"/v1/pushes/{push_id}")
+        if resp.status_code != 200:
+            out["errors"] += 1
+            continue
+        got = resp.json()
+        out["pushes"] += 1
+        out["acked"] += int(got.get("acked") or 0)
+        out["delivered"] += int(got.get("delivered") or 0)
+    return out
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -348,9 +229,23 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--store", choices=["on", "off"], default="on", help='"store" of each push (default on)'
     )
     add_internal_flag(p)
+    p.add_argument(
+        "--ack", choices=["on", "off"], default="off",
+        help="on: every client acks each push as it arrives (default off)",
+    )  # fmt: skip
+    p.add_argument(
+        "--wait-ack-ms", type=in_range(int, 0, 10000), default=None,
+        help='"wait_ack_ms" of each push (default: none)',
+    )  # fmt: skip
+    p.add_argument(
+        "--receipts", choices=["on", "off"], default="on",
+        help="off: IMROUTE_RECEIPTS_TTL_S=0 (no receipts; default on)",
+    )  # fmt: skip
     add_run_flags(p, "200 clients, 3 s, 200/s", concurrency=64)
     p.add_argument("--worker", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    if args.wait_ack_ms is not None and args.receipts == "off":
+        p.error("--wait-ack-ms needs receipts (--receipts on)")
     if args.quick:
         args.clients, args.duration = 200, 3.0
     if args.rate is None:
@@ -363,7 +258,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.worker:
         return worker_main(json.loads(args.worker))
     opts = Options(args.clients, args.rate, args.duration, args.concurrency, args.seed,
-                   args.json, args.store == "on", args.internal)  # fmt: skip
+                   args.json, args.store == "on", args.internal, args.ack == "on",
+                   args.wait_ack_ms, args.receipts == "on")  # fmt: skip
     # Children inherit the limit: each gateway holds about half of the clients.
     raise_nofile(opts.clients + 4096)
     return run_main("p2p", lambda h: _p2p(h, opts))
@@ -373,6 +269,8 @@ def _p2p(h: Harness, opts: Options) -> None:
     api_key = secrets.token_urlsafe(24)
     h.env["IMROUTE_API_KEY"] = api_key
     h.cond["store"] = "on" if opts.store else "off"
+    if not opts.receipts:
+        h.env["IMROUTE_RECEIPTS_TTL_S"] = "0"
     internal_credentials(h.env, h.cond, opts.internal)
     http_port = free_port()
     gateways = [("gw1", "g1", free_port(), free_port()), ("gw2", "g2", free_port(), free_port())]
@@ -380,6 +278,7 @@ def _p2p(h: Harness, opts: Options) -> None:
     spec = {
         "urls": [f"ws://{HOST}:{ws}/ws" for _, _, ws, _ in gateways],
         "indices": [0, opts.clients, 1],
+        "ack": opts.ack,
     }
     worker = h.stack.spawn(
         "clients", bench_argv("bench.p2p", "--worker", json.dumps(spec)), pipes=True

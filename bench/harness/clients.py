@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import random
 import time
 from collections.abc import Callable, Sequence
@@ -12,7 +13,15 @@ if TYPE_CHECKING:
     from websockets.asyncio.client import ClientConnection
     from websockets.protocol import Event
 
-__all__ = ["CONNECT_PARALLEL", "ClientPool", "indices_of", "token_url", "uid_of"]
+__all__ = [
+    "CONNECT_PARALLEL",
+    "ClientPool",
+    "ack_frame",
+    "indices_of",
+    "send_now",
+    "token_url",
+    "uid_of",
+]
 
 TOKEN_TTL_S = 3600
 CONNECT_PARALLEL = 64  # WebSocket handshakes in flight per client process
@@ -22,6 +31,25 @@ OnFrame = Callable[["ClientConnection", float, bytes], None]
 
 def uid_of(k: int) -> str:
     return f"u{k}"
+
+
+def ack_frame(pos: str) -> bytes:
+    """The frame a client sends once it is done with the push that carried `pos`."""
+    return json.dumps({"type": "ack", "pos": pos}, separators=(",", ":")).encode()
+
+
+def send_now(conn: ClientConnection, text: bytes) -> bool:
+    """Write a text frame from a frame callback (`on_frame`), without a task: the frame
+    goes to the transport at once, as `await conn.send(...)` would put it there. False
+    when the connection is closing (the frame is not sent)."""
+    from websockets.exceptions import InvalidState
+
+    try:
+        conn.protocol.send_text(text)
+    except InvalidState:
+        return False
+    conn.send_data()
+    return True
 
 
 def indices_of(spec: dict[str, Any]) -> range:
