@@ -64,6 +64,8 @@ from router.recovery.base import RecoveryLimits
 from router.recovery.store import RedisRecoveryStore
 from router.redis.client import create_redis, ping
 from router.routes.registry import RedisRouteRegistry
+from router.webhook.base import EventSink
+from router.webhook.running import running_webhooks
 from shared.auth import TokenRules
 from shared.clock import Clock
 from shared.internal_auth import load_tls
@@ -109,6 +111,9 @@ class Wiring:
         # Parsed now: a bad IMROUTE_RATE_LIMIT stops the start, by name.
         self._rate = None if limit is None else RateLimit.parse(limit, settings.rate_burst)
         self.rate_limiter: RateLimiter | None = None  # set while open, when a limit is set
+        # issue 13: where producers (message.unacked) emit webhook events; set while open,
+        # when IMROUTE_WEBHOOK_URL is set (None: webhooks off, nothing to emit)
+        self.webhooks: EventSink | None = None
         self._tls = load_tls(settings)  # read now: a bad file stops the start, by name
 
     @asynccontextmanager
@@ -170,6 +175,11 @@ class Wiring:
             collector = _PusherCounts(pusher)
             self._metrics.register(collector)
             stack.callback(self._metrics.unregister, collector)
+            if settings.webhook_url is not None:
+                self.webhooks = await stack.enter_async_context(
+                    running_webhooks(settings, clock, keys, redis, registry, fleet, self._metrics)
+                )
+                stack.callback(setattr, self, "webhooks", None)
             self.parts = Parts(bus, fleet, call_stats, clients, grpc_clients)
             stack.callback(setattr, self, "parts", None)
             if self._rate is not None:
@@ -224,6 +234,7 @@ class Wiring:
                     settings.deliver_timeout_s,
                 ),
                 receipts=ReceiptsView(receipts),
+                webhooks=self.webhooks,
             )
 
 

@@ -41,6 +41,15 @@ values' formats live with their stores: `router.routes.codec` for a route,
   listable push ``u:<uid> -> state`` per recipient); ``{prefix}rcpt-a:{<push_id>}`` and
   ``{prefix}rcpt-d:{<push_id>}`` are the HyperLogLogs of the acked and delivered uids of
   a counts-only one. Hash-tagged by push_id, so one script updates all three.
+- ``{prefix}{wh}:...`` are the webhooks' (README, "Webhooks"), all in one hash slot (the
+  literal tag ``{wh}``), so each of their scripts is atomic on Redis Cluster too:
+  ``{wh}:events`` the outbox stream (field ``e``: one event's JSON; read by the consumer
+  group ``senders``, deleted once delivered), ``{wh}:overflow`` a counter of events
+  refused by a full outbox, ``{wh}:p:{uid}`` a user's presence hash (``e`` the epoch of
+  its newest connection, ``r`` the epoch last reported offline), ``{wh}:due`` a sorted
+  set of ``<epoch>:<uid>`` scored by when that user.offline is due (or checked again),
+  ``{wh}:gw:{gateway_id}`` the set of users a gateway admitted (so a crashed gateway's
+  users still get user.offline), and ``{wh}:gws`` the set of gateways that have one.
 """
 
 from __future__ import annotations
@@ -125,6 +134,24 @@ class KeySchema:
         tag = _tag(push_id)
         p = self.prefix
         return f"{p}rcpt:{tag}", f"{p}rcpt-a:{tag}", f"{p}rcpt-d:{tag}"
+    def webhook_events(self) -> str:
+        return f"{self.prefix}{{wh}}:events"
+
+    def webhook_overflow(self) -> str:
+        return f"{self.prefix}{{wh}}:overflow"
+
+    def offline_due(self) -> str:
+        return f"{self.prefix}{{wh}}:due"
+
+    def presence_gateways(self) -> str:
+        return f"{self.prefix}{{wh}}:gws"
+
+    def presence_prefix(self) -> str:
+        """``presence_prefix() + uid`` is a user's presence hash (scripts build it)."""
+        return f"{self.prefix}{{wh}}:p:"
+
+    def gateway_users(self, gateway_id: str) -> str:
+        return f"{self.prefix}{{wh}}:gw:{gateway_id}"
 
 
 def _tag(name: str) -> str:

@@ -19,13 +19,14 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from shared.errors import ConfigError
 from shared.keys import ID_PATTERN
+from shared.webhook_settings import WebhookSettings
 
 __all__ = ["ENV_PREFIX", "Settings", "redact_url"]
 
 ENV_PREFIX = "IMROUTE_"
 
 
-class Settings(BaseSettings):
+class Settings(WebhookSettings, BaseSettings):
     """Every setting of every imroute process; each entry point uses what it needs."""
 
     model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="forbid", frozen=True)
@@ -135,7 +136,7 @@ class Settings(BaseSettings):
     receipts_ttl_s: float = Field(86_400.0, ge=0, le=30 * 86_400)
     # pushes with at most this many recipients keep each one's state (and list them)
     receipts_max_recipients: int = Field(10_000, ge=1, le=100_000)
-    webhook_preview: bool = True  # message.unacked carries the content's first 256 B
+    # --- issue 13, webhook --- the IMROUTE_WEBHOOK_* fields: shared/webhook_settings.py
 
     # gateway
     gateway_id: str = "gw1"

@@ -24,6 +24,7 @@ from router.recovery.store import RedisRecoveryStore
 from router.redis.client import connect_redis, ping
 from router.routes.registry import RedisRouteRegistry
 from router.routes.writer import CoalescingRouteWriter
+from router.webhook import presence as wh_presence
 from shared.auth import TokenRules
 from shared.clock import Clock, SystemClock
 from shared.errors import ConfigError, ImrouteError, RegistryUnavailable
@@ -191,6 +192,7 @@ class Gateway:
         self._stack.push_async_callback(self._grpc.stop, 5)
 
         self._started_ms = self.clock.now_ms()
+        self.presence = wh_presence.from_settings(s, redis, keys, self.clock)  # webhooks on
         self.registry = RedisRouteRegistry(
             redis,
             keys,
@@ -201,6 +203,7 @@ class Gateway:
             ip=self._advertise_host(),
             port=self.grpc_port,
             max_per_user=s.max_connections_per_user,
+            presence=self.presence,
         )
         self._writer = CoalescingRouteWriter(self.registry)
         recovery = RedisRecoveryStore(redis, keys, self.clock, RecoveryLimits.from_settings(s))
@@ -261,6 +264,7 @@ class Gateway:
         # must already be owed to it.
         await bus.prepare(gateway_topics(s.group_id), s.gateway_id)
         await claim_id(self.fleet, s.gateway_id, self.info.grpc_address, self.clock)
+        await wh_presence.adopt_last_run(self.presence, s.gateway_id)  # the id is ours now
         # Announced only once both servers listen, so no route points at a dead port.
         await self.fleet.announce(self.info)
         self._stack.push_async_callback(self._shutdown)
@@ -335,6 +339,7 @@ class Gateway:
         await self._writer.aclose()
         if self.acks is not None:
             await self.acks.aclose()
+        await wh_presence.retire(self.presence, self.settings.gateway_id)
 
     async def drain(self, window_s: float | None = None) -> None:
         """Stop taking clients, ask each to reconnect elsewhere, and close them (4503)

@@ -16,6 +16,7 @@ from push_service.services.health import Health
 from push_service.services.pushes import Pushed, Pushes, Receipts
 from push_service.services.receipts import ReceiptsView
 from push_service.services.users import Users
+from router.webhook.base import EventSink
 
 __all__ = [
     "Dispatch",
@@ -43,3 +44,5 @@ class Services:
     health: Health
     idempotency: Idempotency  # issue 13: the Idempotency-Key of the push endpoints
     receipts: ReceiptsView  # issue 13: GET /v1/pushes/{push_id} (any mode), /recipients
+    # issue 13: where webhook events are emitted (message.unacked); None: webhooks off
+    webhooks: EventSink | None = None

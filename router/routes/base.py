@@ -8,7 +8,15 @@ from typing import Protocol, TypeVar
 
 from shared.models import Registration, Route
 
-__all__ = ["LOOKUP_CHUNK", "GroupLookup", "RecipientGroups", "RouteOp", "RouteRegistry", "chunks"]
+__all__ = [
+    "LOOKUP_CHUNK",
+    "ConnectionEvents",
+    "GroupLookup",
+    "RecipientGroups",
+    "RouteOp",
+    "RouteRegistry",
+    "chunks",
+]
 
 LOOKUP_CHUNK = 1000
 
@@ -45,6 +53,13 @@ class RouteRegistry(Protocol):
     async def refresh(self, registrations: Iterable[Registration]) -> int: ...
     async def lookup(self, uids: Sequence[str]) -> dict[str, list[Route]]: ...
     async def remove(self, routes: Iterable[Route]) -> None: ...
+
+
+class ConnectionEvents(Protocol):
+    """What follows route writes when presence is tracked (webhooks on): users with a new
+    connection admitted, and users an unregister left without a live route."""
+
+    async def track(self, connected: Sequence[str], emptied: Sequence[str]) -> None: ...
 
 
 class GroupLookup(Protocol):

@@ -10,6 +10,7 @@ layout: `shared.keys`. A new connection is admitted only while its user has fewe
 from __future__ import annotations
 
 import hashlib
+import logging
 from collections.abc import Iterable, Sequence
 
 from redis.exceptions import NoScriptError
@@ -18,6 +19,7 @@ from router.redis.client import RedisClient
 from router.redis.errors import translate_errors
 from router.routes.base import (
     LOOKUP_CHUNK,
+    ConnectionEvents,
     GroupLookup,
     RecipientGroups,
     RouteOp,
@@ -40,6 +42,7 @@ __all__ = [
     "RouteRegistry",
 ]
 
+log = logging.getLogger(__name__)
 
 # Fields sampled by every write to drop dead ones (a crashed gateway's routes), and by a
 # new connection of a user at the cap before it is refused. HRANDFIELD costs O(count)
@@ -78,6 +81,23 @@ return 1
 """
 
 
+# Removes one connection's field; returns 1 when the user is left without a live route (a
+# presence event is due). Reads the remaining values only when there are few (a user
+# with more than 64 fields is taken to have a live one): O(1) like every write.
+_REMOVE = """
+local key, now = KEYS[1], tonumber(ARGV[2])
+redis.call('HDEL', key, ARGV[1])
+local n = redis.call('HLEN', key)
+if n == 0 then return 1 end
+if n > 64 then return 0 end
+for _, v in ipairs(redis.call('HVALS', key)) do
+  local exp = tonumber(string.match(v, '|(%d+)$'))
+  if exp and exp > now then return 0 end
+end
+return 1
+"""
+
+
 class RedisRouteRegistry:
     """Routes of one gateway (for writes) or of all (for lookups) in Redis."""
 
@@ -94,9 +114,12 @@ class RedisRouteRegistry:
         port: int = 0,
         reads: HashReads | None = None,
         max_per_user: int = 0,
+        presence: ConnectionEvents | None = None,
     ) -> None:
         """`max_per_user`: live connections a user may have fleet-wide; a `register`
-        past it raises TooManyConnections (0: no cap)."""
+        past it raises TooManyConnections (0: no cap). `presence`: told of new
+        connections and of users left without a live route (webhooks on; otherwise
+        an unregister stays a plain HDEL)."""
         self._redis = redis
         self.max_per_user = max_per_user
         self.reads = reads or hash_reads_for(redis)
@@ -105,6 +128,8 @@ class RedisRouteRegistry:
         self._ttl_ms = int(ttl_s * 1000)
         self._where = (gateway_id, group_id, ip, port)
         self._upsert_sha = hashlib.sha1(_UPSERT.encode()).hexdigest()
+        self._remove_sha = hashlib.sha1(_REMOVE.encode()).hexdigest()
+        self._presence = presence
 
     def _value(self, now_ms: int) -> str:
         gateway_id, group_id, ip, port = self._where
@@ -172,11 +197,30 @@ class RedisRouteRegistry:
             # Redis restarted (or failed over) and lost its script cache: load and redo;
             # every operation is idempotent.
             await self._redis.script_load(_UPSERT)
+            if self._presence is not None:
+                await self._redis.script_load(_REMOVE)
             replies = await self._apply(ops)
-        return [
+        accepted = [
             not (op.register and op.new) or reply == 1
             for op, reply in zip(ops, replies, strict=True)
         ]
+        if self._presence is not None:
+            await self._track(self._presence, ops, replies)
+        return accepted
+
+    async def _track(
+        self, presence: ConnectionEvents, ops: Sequence[RouteOp], replies: list[object]
+    ) -> None:
+        connected = [op.uid for op, r in zip(ops, replies, strict=True) if op.new and r == 1]
+        emptied = [op.uid for op, r in zip(ops, replies, strict=True) if not op.register and r]
+        if not connected and not emptied:
+            return
+        try:
+            await presence.track(connected, emptied)
+        except RegistryUnavailable as exc:
+            # The routes are written; only presence lags. A missed epoch is caught by the
+            # sweeper's live-route check, a missed schedule by the gateway's set.
+            log.warning("presence of %d users not tracked: %s", len(connected) + len(emptied), exc)
 
     async def _apply(self, ops: Sequence[RouteOp]) -> list[object]:
         # EVALSHA directly: redis-py's Script objects add a SCRIPT EXISTS round trip to
@@ -200,6 +244,8 @@ class RedisRouteRegistry:
                     self._ttl_ms,
                     cap if op.new else 0,
                 )
+            elif self._presence is not None:
+                pipe.execute_command("EVALSHA", self._remove_sha, 1, key, op.conn_id, now)
             else:
                 pipe.hdel(key, op.conn_id)
         replies: list[object] = await pipe.execute()

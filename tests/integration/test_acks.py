@@ -207,3 +207,41 @@ async def test_a_half_open_connection_gets_its_push_again_on_reconnect(
         assert (await status(http, body["push_id"]))["acked"] == 0
         await fresh.close()
         await proxy.aclose()
+
+
+async def test_the_sdk_acks_and_with_auto_ack_off_the_app_does(redis_url: str, prefix: str) -> None:
+    """The Python SDK against the real gateway: it acks once the app is done with a push
+    (the receipt says acked); with auto_ack off nothing is acked until the app acks, and
+    a reconnect meanwhile brings the push again, handed over once."""
+    from imroute_client import ImrouteClient
+
+    from tests.integration.test_client_sdk import API, next_message, push
+
+    async with gateway(redis_url, prefix, "gw1", "g1") as gw, api(redis_url, prefix) as http:
+        async with ImrouteClient(API, token("sam"), http=http) as client:
+            await client.connect()
+            await asyncio.sleep(0.2)  # its route lands
+            resp = await http.post("/v1/push", json={"to": ["sam"], "content": 1}, headers=AUTH)
+            push_id = resp.json()["push_id"]
+            assert (await next_message(client)).content == 1
+            # Done with it: asking for the next one acks it.
+            waiting = asyncio.ensure_future(anext(client))
+            await acked(gw, 1)
+            assert (await status(http, push_id))["acked"] == 1
+            waiting.cancel()
+        async with ImrouteClient(API, token("tom"), http=http, auto_ack=False) as manual:
+            await manual.connect()
+            await asyncio.sleep(0.2)
+            assert await push(http, "tom", 2) == ["tom"]
+            msg = await next_message(manual)
+            waiting = asyncio.ensure_future(anext(manual))
+            await asyncio.sleep(0.4)
+            assert gw.acks is not None and gw.acks.counts.acked == 1  # only sam's
+            waiting.cancel()
+        # Never acked: a new connection (no position kept) gets it again, once.
+        async with ImrouteClient(API, token("tom"), http=http, auto_ack=False) as again:
+            await again.connect()
+            redo = await next_message(again)
+            assert (redo.msg_id, redo.recovered) == (msg.msg_id, True)
+            await again.ack(redo)
+            await acked(gw, 2)

@@ -1,0 +1,181 @@
+"""The webhook sender: a task in every push service that POSTs the outbox's events.
+
+Each pass takes up to `batch_max` events (first those a dead sender left, then new
+ones) and POSTs them as one signed ``{"events":[...]}`` request. A 2xx acks them; a 5xx,
+408, 429, timeout or connection error keeps them and retries the same batch with
+exponential backoff (re-signed each time, so a receiver back after minutes gets a fresh
+``t``), for as long as it takes; any other status drops them, counted and logged. The
+push path never waits for any of it: producers only add to the outbox.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+import httpx
+
+from router.redis.client import RedisClient
+from router.webhook.base import events_body
+from router.webhook.consumer import Entry, OutboxConsumer
+from router.webhook.delivery import Outcome, backoff_s, outcome_of
+from router.webhook.outbox import OutboxStats, RedisOutbox
+from router.webhook.signing import HEADER, sign
+from shared.clock import Clock
+from shared.errors import ImrouteError
+from shared.keys import KeySchema
+
+__all__ = ["WebhookSender"]
+
+log = logging.getLogger(__name__)
+
+STATS_EVERY_S = 1.0
+REDIS_RETRY_S = 1.0
+
+
+class WebhookSender:
+    """Delivers the outbox to `url`; counters for /metrics. The secret is never logged."""
+
+    def __init__(
+        self,
+        redis: RedisClient,
+        keys: KeySchema,
+        outbox: RedisOutbox,
+        clock: Clock,
+        *,
+        url: str,
+        secret: str,
+        timeout_s: float,
+        batch_max: int,
+        backoff_max_s: float,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        consumer = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        # Longer than a sender ever leaves its entries untouched (one POST, one backoff):
+        # only a dead sender's entries go idle this long.
+        claim_idle_ms = int((2 * (timeout_s + backoff_max_s) + 5) * 1000)
+        self.consumer = OutboxConsumer(redis, keys, consumer, claim_idle_ms)
+        self._outbox = outbox
+        self._clock = clock
+        self._url = url
+        self._secret = secret
+        self._batch_max = batch_max
+        self._backoff_max_s = backoff_max_s
+        self._http = httpx.AsyncClient(
+            timeout=timeout_s,
+            transport=transport,
+            follow_redirects=False,
+            headers={"User-Agent": "imroute-webhook/1"},
+        )
+        self.sent = 0  # events acknowledged with a 2xx
+        self.retried = 0  # failed attempts that will be retried (one per POST)
+        self.dropped = 0  # events refused with a status that is not retried
+        self.stats = OutboxStats(0, 0)  # fleet-wide, refreshed every STATS_EVERY_S
+        self._next_claim = 0.0
+        self._next_stats = 0.0
+
+    async def run(self) -> None:
+        await self._until_ok(self.consumer.ensure_group)
+        while True:
+            try:
+                await self._refresh_stats()
+                batch = await self._next_batch()
+            except ImrouteError as exc:
+                log.warning("webhook sender: %s; retrying in %.0fs", exc, REDIS_RETRY_S)
+                await asyncio.sleep(REDIS_RETRY_S)
+                continue
+            except Exception:  # the loop must outlive a bug; what it held is claimed later
+                log.exception("webhook sender failed; going on")
+                await asyncio.sleep(REDIS_RETRY_S)
+                continue
+            if batch:
+                await self._deliver(batch)
+
+    async def _next_batch(self) -> list[Entry]:
+        now = self._clock.monotonic()
+        if now >= self._next_claim:
+            claimed = await self.consumer.claim_idle(self._batch_max)
+            if claimed:
+                log.info("webhook sender: took over %d events of a gone sender", len(claimed))
+                return claimed
+            self._next_claim = now + self.consumer.claim_idle_ms / 4000
+        return await self.consumer.read(self._batch_max)
+
+    async def _deliver(self, batch: list[Entry]) -> None:
+        """POST `batch` until it is acknowledged or refused for good."""
+        body = events_body([e.event for e in batch])
+        failures = 0
+        while True:
+            status, detail = await self._post(body)
+            outcome = outcome_of(status)
+            if outcome is Outcome.RETRY:
+                failures += 1
+                self.retried += 1
+                delay = backoff_s(failures, self._backoff_max_s)
+                log.warning(
+                    "webhook POST of %d events failed (%s); retry %d in %.1fs",
+                    len(batch),
+                    detail,
+                    failures,
+                    delay,
+                )
+                await asyncio.sleep(delay)
+                await self._until_ok(lambda: self.consumer.touch(batch))
+                with contextlib.suppress(ImrouteError):  # the queue grows while we wait
+                    await self._refresh_stats()
+                continue
+            if outcome is Outcome.SENT:
+                self.sent += len(batch)
+            else:
+                self.dropped += len(batch)
+                log.error(
+                    "webhook receiver refused %d events with %s: dropped (not retried)",
+                    len(batch),
+                    detail,
+                )
+            await self._until_ok(lambda: self.consumer.done(batch))
+            return
+
+    async def _post(self, body: bytes) -> tuple[int | None, str]:
+        t = self._clock.now_ms() // 1000
+        headers = {"Content-Type": "application/json", HEADER: sign(self._secret, body, t)}
+        try:
+            response = await self._http.post(self._url, content=body, headers=headers)
+        except httpx.TimeoutException:
+            return None, "timeout"
+        except httpx.HTTPError as exc:
+            return None, f"{type(exc).__name__}: {exc}"
+        return response.status_code, f"HTTP {response.status_code}"
+
+    async def _refresh_stats(self) -> None:
+        now = self._clock.monotonic()
+        if now >= self._next_stats:
+            self._next_stats = now + STATS_EVERY_S
+            self.stats = await self._outbox.stats()
+
+    async def _until_ok(self, step: Callable[[], Awaitable[None]]) -> None:
+        """Run a Redis step until Redis answers (an ack lost to an outage would make the
+        batch be sent again by whoever claims it: allowed, but avoided)."""
+        while True:
+            try:
+                await step()
+                return
+            except ImrouteError as exc:
+                log.warning("webhook sender: %s; retrying in %.0fs", exc, REDIS_RETRY_S)
+                await asyncio.sleep(REDIS_RETRY_S)
+
+    @contextlib.asynccontextmanager
+    async def running(self) -> AsyncIterator[None]:
+        task = asyncio.create_task(self.run(), name="webhook-sender")
+        try:
+            yield
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            await self._http.aclose()

@@ -1,0 +1,116 @@
+"""The offline sweeper: turns due presence entries into user.offline events.
+
+One runs in every push service; they share the work safely, because a claim leases its
+entries in one script (another sweeper skips them, and takes them over if this one
+dies before it settles them) and a settle re-checks the epoch in the script that sends.
+A pass that fails (Redis down) is logged and the next one tries again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Sequence
+from typing import Protocol
+
+from router.webhook.presence import RedisPresence, Settled
+from shared.clock import Clock
+from shared.errors import ImrouteError
+from shared.models import GatewayInfo, Route
+
+__all__ = ["LiveFleet", "OfflineSweeper", "RouteLookup"]
+
+log = logging.getLogger(__name__)
+
+CLAIM_LIMIT = 1000
+LEASE_MS = 30_000  # a claimed entry is due again this long after, unless settled
+
+
+class RouteLookup(Protocol):
+    async def lookup(self, uids: Sequence[str]) -> dict[str, list[Route]]: ...
+
+
+class LiveFleet(Protocol):
+    async def live(self) -> list[GatewayInfo]: ...
+
+
+class OfflineSweeper:
+    """Claims due entries every `every_s`, looks their users' routes up, settles them;
+    every `adopt_every_s`, adopts the users of gateways out of the fleet two looks running
+    (so a gateway still starting, not yet announced, is not taken for gone)."""
+
+    def __init__(
+        self,
+        presence: RedisPresence,
+        routes: RouteLookup,
+        fleet: LiveFleet,
+        clock: Clock,
+        every_s: float,
+        adopt_every_s: float,
+    ) -> None:
+        self._presence = presence
+        self._routes = routes
+        self._fleet = fleet
+        self._clock = clock
+        self._every_s = every_s
+        self._adopt_every_s = adopt_every_s
+        self._suspects: set[str] = set()
+        self.sent = 0  # user.offline events this sweeper sent
+        self.adopted = 0  # users of gone gateways it scheduled
+
+    async def sweep(self) -> Settled:
+        """One pass over the due entries (up to CLAIM_LIMIT at a time)."""
+        total = Settled(0, 0, 0, 0)
+        while True:
+            claimed = await self._presence.claim(LEASE_MS, CLAIM_LIMIT)
+            if not claimed:
+                return total
+            found = await self._routes.lookup(sorted({uid for _, uid in claimed}))
+            entries = [
+                (member, uid, max((r.expires_ms for r in found.get(uid, ())), default=0))
+                for member, uid in claimed
+            ]
+            done = await self._presence.settle(entries)
+            self.sent += done.offline
+            total += done
+            if len(claimed) < CLAIM_LIMIT:
+                return total
+
+    async def adopt_gone(self) -> int:
+        """Schedule the users of gateways not in the fleet now nor at the previous look."""
+        holders = await self._presence.gateways()
+        live = {g.gateway_id for g in await self._fleet.live()}
+        gone = holders - live
+        adopted = 0
+        for gateway_id in gone & self._suspects:
+            n = await self._presence.adopt(gateway_id)
+            log.info("webhook presence: gateway %s is gone; %d users scheduled", gateway_id, n)
+            adopted += n
+        self._suspects = gone
+        self.adopted += adopted
+        return adopted
+
+    async def run(self) -> None:
+        next_adopt = self._clock.monotonic()
+        while True:
+            try:
+                if self._clock.monotonic() >= next_adopt:
+                    next_adopt = self._clock.monotonic() + self._adopt_every_s
+                    await self.adopt_gone()
+                await self.sweep()
+            except ImrouteError as exc:
+                log.warning("webhook offline sweeper: %s", exc)
+            except Exception:
+                log.exception("webhook offline sweeper failed; going on")
+            await asyncio.sleep(self._every_s)
+
+    @contextlib.asynccontextmanager
+    async def running(self) -> AsyncIterator[None]:
+        task = asyncio.create_task(self.run(), name="webhook-offline-sweeper")
+        try:
+            yield
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task

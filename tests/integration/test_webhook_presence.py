@@ -1,0 +1,210 @@
+"""user.offline and user.online (issue 13): real gateways, a real push service (its
+offline sweeper and webhook sender), real WebSocket clients, real Redis, and a real
+HTTP receiver that checks every request's signature.
+
+A quick reconnect must give no event; the check waits for a later user's user.offline
+instead of sleeping: entries are swept in due order, so by the time the later one
+arrives an earlier one would have too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import signal
+from typing import Any
+
+import pytest
+import redis.asyncio as aioredis
+from websockets.asyncio.client import connect
+
+from shared.keys import KeySchema
+from tests.conftest import SECRET
+from tests.integration.procs import BIN, Proc, base_env, read_until, running
+from tests.integration.stack import api, client, gateway, ready, token
+from tests.integration.webhook_receiver import WebhookReceiver
+
+pytestmark = pytest.mark.integration
+
+HOOK_SECRET = "whsec-test-0123456789"
+
+
+def hooks(rx: WebhookReceiver, grace_s: float) -> dict[str, Any]:
+    return {
+        "webhook_url": rx.url,
+        "webhook_secret": HOOK_SECRET,
+        "webhook_offline_grace_s": grace_s,
+        "webhook_backoff_max_s": 0.2,
+    }
+
+
+def offline(rx: WebhookReceiver, uid: str) -> list[dict[str, Any]]:
+    return [e for e in rx.of_type("user.offline") if e["uid"] == uid]
+
+
+def online(rx: WebhookReceiver, uid: str) -> list[dict[str, Any]]:
+    return [e for e in rx.of_type("user.online") if e["uid"] == uid]
+
+
+async def epoch_of(redis: aioredis.Redis, prefix: str, uid: str) -> int:
+    return int(await redis.hget(KeySchema(prefix).presence_prefix() + uid, "e"))
+
+
+async def test_a_user_who_stays_away_gets_exactly_one_offline_with_its_epoch(
+    redis_url: str, prefix: str, redis: aioredis.Redis
+) -> None:
+    async with WebhookReceiver(HOOK_SECRET) as rx:
+        wh = hooks(rx, grace_s=0.5)
+        async with (
+            gateway(redis_url, prefix, "gw1", "g1", **wh) as gw,
+            api(redis_url, prefix, **wh),
+        ):
+            async with client(gw, "alice"), client(gw, "alice"):  # two devices
+                epoch = await epoch_of(redis, prefix, "alice")
+            await rx.wait_for(lambda: bool(offline(rx, "alice")), "alice's user.offline")
+            async with client(gw, "bob"):
+                pass
+            await rx.wait_for(lambda: bool(offline(rx, "bob")), "bob's user.offline")
+    (event,) = offline(rx, "alice")
+    assert event == {
+        "event_id": f"user.offline:{epoch}:alice",
+        "type": "user.offline",
+        "ts": event["ts"],
+        "uid": "alice",
+        "epoch": epoch,
+    }
+    assert isinstance(event["ts"], int) and event["ts"] > 1_600_000_000_000  # unix ms
+    assert not rx.of_type("user.online") and not rx.rejected and not rx.duplicates()
+
+
+async def test_a_reconnect_within_the_grace_to_this_or_another_gateway_gives_none(
+    redis_url: str, prefix: str, redis: aioredis.Redis
+) -> None:
+    async with WebhookReceiver(HOOK_SECRET) as rx:
+        wh = hooks(rx, grace_s=1.5)
+        async with (
+            gateway(redis_url, prefix, "gw1", "g1", **wh) as gw1,
+            gateway(redis_url, prefix, "gw2", "g1", **wh) as gw2,
+            api(redis_url, prefix, **wh),
+        ):
+            async with client(gw1, "alice"), client(gw1, "bob"):
+                pass
+            async with client(gw1, "alice"), client(gw2, "bob"):  # back within the grace
+                epoch = await epoch_of(redis, prefix, "alice")
+                async with client(gw1, "carol"):
+                    pass  # carol stays away: due after alice's and bob's entries
+                await rx.wait_for(lambda: bool(offline(rx, "carol")), "carol's user.offline")
+                assert not offline(rx, "alice") and not offline(rx, "bob"), rx.events
+            # Now alice stays away: her offline carries the reconnection's epoch.
+            await rx.wait_for(lambda: bool(offline(rx, "alice")), "alice's user.offline")
+    assert [e["epoch"] for e in offline(rx, "alice")] == [epoch]
+    assert not rx.of_type("user.online") and not rx.rejected and not rx.duplicates()
+
+
+async def test_online_after_offline_carries_a_higher_epoch(redis_url: str, prefix: str) -> None:
+    async with WebhookReceiver(HOOK_SECRET) as rx:
+        wh = hooks(rx, grace_s=0.3)
+        async with (
+            gateway(redis_url, prefix, "gw1", "g1", **wh) as gw1,
+            gateway(redis_url, prefix, "gw2", "g1", **wh) as gw2,
+            api(redis_url, prefix, **wh),
+        ):
+            async with client(gw1, "dave"):
+                pass
+            await rx.wait_for(lambda: len(offline(rx, "dave")) == 1, "dave's user.offline")
+            async with client(gw2, "dave"):
+                await rx.wait_for(lambda: len(online(rx, "dave")) == 1, "dave's user.online")
+            await rx.wait_for(lambda: len(offline(rx, "dave")) == 2, "dave's 2nd user.offline")
+    kinds = [(e["type"], e["epoch"]) for e in rx.events]
+    first, back, second = kinds
+    assert first[0] == "user.offline" and back[0] == "user.online" and second[0] == "user.offline"
+    assert back[1] > first[1]
+    assert second[1] == back[1]
+    assert rx.events[1]["event_id"] == f"user.online:{back[1]}:dave"
+    assert not rx.rejected and not rx.duplicates()
+
+
+def gateway_proc(
+    redis_url: str, prefix: str, rx: WebhookReceiver
+) -> tuple[list[str], dict[str, str]]:
+    env = base_env(
+        IMROUTE_REDIS_URL=redis_url,
+        IMROUTE_REDIS_PREFIX=prefix,
+        IMROUTE_SECRET=SECRET,
+        IMROUTE_WEBHOOK_URL=rx.url,
+        IMROUTE_WEBHOOK_SECRET=HOOK_SECRET,
+        IMROUTE_WEBHOOK_OFFLINE_GRACE_S="0.5",
+    )
+    argv = [str(BIN / "imroute"), "gateway", "--id", "gwc", "--group", "g1",
+            "--ws-port", "0", "--grpc-port", "0", "--route-ttl", "1",
+            "--heartbeat", "0.2"]  # fmt: skip
+    return argv, env
+
+
+async def connect_then_crash(proc: Proc, redis: aioredis.Redis, prefix: str, uid: str) -> int:
+    """Connect `uid` to the gateway process, SIGKILL it (no unregister); `uid`'s epoch."""
+    found = re.search(r"ws=(\S+)", read_until(proc, "ready")[-1])
+    assert found
+    async with connect(f"{found.group(1)}?token={token(uid)}") as ws:
+        await ready(ws)
+        epoch = await epoch_of(redis, prefix, uid)
+        proc.send_signal(signal.SIGKILL)
+        await asyncio.to_thread(proc.wait, 5)
+    return epoch
+
+
+async def test_the_users_of_a_crashed_gateway_that_stays_gone_get_user_offline(
+    redis_url: str, prefix: str, redis: aioredis.Redis
+) -> None:
+    async with WebhookReceiver(HOOK_SECRET) as rx:
+        argv, env = gateway_proc(redis_url, prefix, rx)
+        async with api(redis_url, prefix, **hooks(rx, grace_s=0.5)):
+            with running(argv, env) as proc:
+                epoch = await connect_then_crash(proc, redis, prefix, "crashy")
+            # Out of the fleet for two sweeps' looks (1 s apart), then past its route's
+            # deadline: then sent, once.
+            await rx.wait_for(lambda: bool(offline(rx, "crashy")), "crashy's user.offline")
+    assert [e["epoch"] for e in offline(rx, "crashy")] == [epoch]
+    assert not rx.rejected and not rx.duplicates()
+
+
+async def test_a_crashed_gateway_that_restarts_schedules_its_last_runs_users(
+    redis_url: str, prefix: str, redis: aioredis.Redis
+) -> None:
+    async with WebhookReceiver(HOOK_SECRET) as rx:
+        argv, env = gateway_proc(redis_url, prefix, rx)
+        with running(argv, env) as proc:
+            epoch = await connect_then_crash(proc, redis, prefix, "phoenix")
+        with running(argv, env) as again:
+            read_until(again, "ready")  # it adopted its last run's users
+            gws = await redis.smembers(KeySchema(prefix).presence_gateways())
+            assert "gwc" not in gws  # nothing left for a sweeper to adopt
+            async with api(redis_url, prefix, **hooks(rx, grace_s=0.5)):
+                await rx.wait_for(lambda: bool(offline(rx, "phoenix")), "phoenix's offline")
+    assert [e["epoch"] for e in offline(rx, "phoenix")] == [epoch]
+    assert not rx.rejected and not rx.duplicates()
+
+
+async def test_a_user_who_flaps_gets_one_offline_for_the_last_epoch(
+    redis_url: str, prefix: str, redis: aioredis.Redis
+) -> None:
+    # The first close's entry falls due while erin is away again: only its epoch, no
+    # longer hers, keeps it from being sent before the second close's grace is over.
+    async with WebhookReceiver(HOOK_SECRET) as rx:
+        wh = hooks(rx, grace_s=1.0)
+        async with (
+            gateway(redis_url, prefix, "gw1", "g1", **wh) as gw1,
+            gateway(redis_url, prefix, "gw2", "g1", **wh) as gw2,
+            api(redis_url, prefix, **wh),
+        ):
+            async with client(gw1, "erin"):
+                first = await epoch_of(redis, prefix, "erin")
+            async with client(gw2, "erin"):
+                last = await epoch_of(redis, prefix, "erin")
+            await rx.wait_for(lambda: bool(offline(rx, "erin")), "erin's user.offline")
+            async with client(gw1, "frank"):
+                pass
+            await rx.wait_for(lambda: bool(offline(rx, "frank")), "frank's user.offline")
+    assert last > first
+    assert [e["epoch"] for e in offline(rx, "erin")] == [last]
+    assert not rx.rejected and not rx.duplicates()

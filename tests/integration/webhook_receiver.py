@@ -1,0 +1,136 @@
+"""A real webhook receiver for tests: an HTTP/1.1 server on 127.0.0.1 (stdlib asyncio)
+that checks each request's signature the way the README tells apps to, on its own
+(hmac + hashlib, not `router.webhook.signing`), and collects the events.
+
+    async with WebhookReceiver(SECRET, statuses=[500, 500, 500]) as rx:
+        settings(..., webhook_url=rx.url, webhook_secret=SECRET)
+        await rx.wait_for(lambda: len(rx.events) == 3, "three events")
+
+`statuses` are the answers to the first requests (then 200); a request whose signature
+fails is answered 400, kept in `rejected` (a test asserts it is empty), and its events
+are not collected. `stop()` and `start()` take it down and bring it back on its port.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import hmac
+import json
+import time
+from collections import Counter
+from collections.abc import Callable
+from types import TracebackType
+from typing import Any
+
+from router.devtools.ports import free_port
+
+__all__ = ["WebhookReceiver"]
+
+TOLERANCE_S = 300
+
+
+def check_signature(secret: str, body: bytes, header: str, now_s: float) -> str | None:
+    """None if `header` signs `body` freshly under `secret`; else what is wrong."""
+    parts = dict(p.split("=", 1) for p in header.split(",") if "=" in p)
+    if "t" not in parts or "v1" not in parts or not parts["t"].isdigit():
+        return f"malformed header {header!r}"
+    t = int(parts["t"])
+    if abs(now_s - t) > TOLERANCE_S:
+        return f"stale t={t}"
+    expected = hmac.new(secret.encode(), f"{t}.".encode() + body, hashlib.sha256).hexdigest()
+    if not hmac.compare_digest(expected, parts["v1"]):
+        return "signature mismatch"
+    return None
+
+
+class WebhookReceiver:
+    def __init__(self, secret: str, statuses: list[int] | None = None, port: int = 0) -> None:
+        self.secret = secret
+        self.statuses = list(statuses or [])
+        self.port = port or free_port()
+        self.events: list[dict[str, Any]] = []  # accepted (2xx-answered) requests' events
+        self.requests: list[tuple[int, int]] = []  # (status answered, events in the body)
+        self.rejected: list[str] = []  # requests whose signature did not check
+        self._server: asyncio.Server | None = None
+        self._open: set[asyncio.StreamWriter] = set()  # kept-alive connections, closed by stop()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/hooks"
+
+    async def start(self) -> None:
+        self._server = await asyncio.start_server(self._serve, "127.0.0.1", self.port)
+
+    async def stop(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            for writer in list(self._open):  # a receiver that is down answers nobody
+                writer.close()
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._server.wait_closed(), 2)
+            self._server = None
+
+    async def __aenter__(self) -> WebhookReceiver:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.stop()
+
+    def of_type(self, kind: str) -> list[dict[str, Any]]:
+        return [e for e in self.events if e["type"] == kind]
+
+    def duplicates(self) -> list[str]:
+        """event_ids received more than once."""
+        return [i for i, n in Counter(e["event_id"] for e in self.events).items() if n > 1]
+
+    async def wait_for(self, cond: Callable[[], bool], what: str, timeout: float = 15) -> None:
+        deadline = time.monotonic() + timeout
+        while not cond():
+            if time.monotonic() > deadline:
+                raise AssertionError(
+                    f"timed out waiting for {what}; got {self.events!r}, "
+                    f"requests {self.requests}, rejected {self.rejected}"
+                )
+            await asyncio.sleep(0.02)
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self._open.add(writer)
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                lines = head.decode("latin-1").split("\r\n")
+                headers = {
+                    k.strip().lower(): v.strip()
+                    for k, _, v in (line.partition(":") for line in lines[1:] if line)
+                }
+                body = await reader.readexactly(int(headers.get("content-length", "0")))
+                status = self._answer(lines[0], headers, body)
+                writer.write(f"HTTP/1.1 {status} X\r\nContent-Length: 0\r\n\r\n".encode("latin-1"))
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            self._open.discard(writer)
+            writer.close()
+
+    def _answer(self, request_line: str, headers: dict[str, str], body: bytes) -> int:
+        if not request_line.startswith("POST ") or "json" not in headers.get("content-type", ""):
+            self.rejected.append(f"not a JSON POST: {request_line!r}")
+            return 400
+        problem = check_signature(
+            self.secret, body, headers.get("x-imroute-signature", ""), time.time()
+        )
+        if problem is not None:
+            self.rejected.append(problem)
+            return 400
+        events = json.loads(body)["events"]
+        status = self.statuses.pop(0) if self.statuses else 200
+        self.requests.append((status, len(events)))
+        if 200 <= status < 300:
+            self.events.extend(events)
+        return status
