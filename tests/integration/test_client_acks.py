@@ -13,8 +13,15 @@ from imroute_client import ImrouteClient, Message, Recovered
 
 from socket_gateway.app import Gateway
 from tests.integration.recovery_helpers import acked
-from tests.integration.stack import AUTH, api, gateway, token, wait_for
-from tests.integration.test_client_sdk import API, next_message, pumping, push, registered
+from tests.integration.stack import api, gateway, token, wait_for
+from tests.integration.test_client_sdk import (
+    API,
+    drain,
+    next_message,
+    pumping,
+    push,
+    registered,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -114,8 +121,7 @@ async def test_pushes_held_unacked_across_a_move_are_sent_again_dropped_and_acke
         for n in range(2):
             assert await push(http, "carol", n) == ["carol"]
         held = [await next_message(client), await next_message(client)]
-        resp = await http.post(f"/v1/gateways/{first}/drain", headers=AUTH)
-        assert resp.status_code == 202
+        await drain(http, str(first))
         async with pumping(client) as later:
             await wait_for(lambda: client.gateway_id == other, f"carol on {other}", 10)
             # Nothing was acked, so no position: the new connection is sent the inbox,
