@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
 
@@ -58,11 +58,12 @@ from router.jobs.reaper import reaping
 from router.jobs.store import RedisJobStore
 from router.p2p.pusher import P2PPusher
 from router.ratelimit import RateLimit, RateLimiter, RedisRateLimiter
-from router.receipts.base import ReceiptLimits
+from router.receipts.base import DELIVERED, ReceiptLimits
 from router.receipts.store import RedisReceiptStore
+from router.receipts.unacked import UnackedSweeper
 from router.recovery.base import RecoveryLimits
 from router.recovery.store import RedisRecoveryStore
-from router.redis.client import create_redis, ping
+from router.redis.client import RedisClient, create_redis, ping
 from router.routes.registry import RedisRouteRegistry
 from router.webhook.base import EventSink
 from router.webhook.running import running_webhooks
@@ -114,6 +115,7 @@ class Wiring:
         # issue 13: where producers (message.unacked) emit webhook events; set while open,
         # when IMROUTE_WEBHOOK_URL is set (None: webhooks off, nothing to emit)
         self.webhooks: EventSink | None = None
+        self.unacked: UnackedSweeper | None = None  # sends message.unacked, while open
         self._tls = load_tls(settings)  # read now: a bad file stops the start, by name
 
     @asynccontextmanager
@@ -185,13 +187,9 @@ class Wiring:
             if self._rate is not None:
                 self.rate_limiter = RedisRateLimiter(redis, keys, self._rate)
                 stack.callback(setattr, self, "rate_limiter", None)
-            rlimits = ReceiptLimits.from_settings(settings)
-            receipts = RedisReceiptStore(redis, keys, rlimits) if rlimits.enabled else None
-            on_receipts = (
-                None
-                if receipts is None
-                else Receipts(receipts, receipts, rlimits, settings.webhook_preview)
-            )
+            receipts, on_receipts = await self._receipts(stack, redis)
+            if receipts is not None:
+                pusher.on_retried = functools.partial(_retried, receipts)
             fanout = FanOut(
                 bus,
                 directory,
@@ -236,6 +234,29 @@ class Wiring:
                 receipts=ReceiptsView(receipts),
                 webhooks=self.webhooks,
             )
+
+    async def _receipts(
+        self, stack: AsyncExitStack, redis: RedisClient
+    ) -> tuple[RedisReceiptStore | None, Receipts | None]:
+        """The receipt store, and the P2P and fan-out paths' view of it; with webhooks,
+        the message.unacked sweeper, running until the stack closes."""
+        settings = self._settings
+        rlimits = ReceiptLimits.from_settings(settings)
+        if not rlimits.enabled:
+            return None, None
+        receipts = RedisReceiptStore(redis, self._keys, rlimits)
+        # message.unacked needs both the receipts and a webhook to send it to.
+        unacked_ms = int(settings.webhook_unacked_s * 1000) if self.webhooks else 0
+        view = Receipts(receipts, receipts, rlimits, settings.webhook_preview, unacked_ms)
+        if self.webhooks is not None:
+            self.unacked = UnackedSweeper(receipts, self.webhooks, self._clock)
+            await stack.enter_async_context(self.unacked.running())
+        return receipts, view
+
+
+async def _retried(receipts: RedisReceiptStore, push_id: str, uids: Sequence[str]) -> None:
+    """A background retry reached these recipients: delivered, in the push's receipt."""
+    await receipts.mark(DELIVERED, {push_id: uids})
 
 
 class _PusherCounts(Collector):

@@ -40,7 +40,11 @@ values' formats live with their stores: `router.routes.codec` for a route,
 - ``{prefix}rcpt:{<push_id>}`` is a push's receipt (a hash: its counts, and for a
   listable push ``u:<uid> -> state`` per recipient); ``{prefix}rcpt-a:{<push_id>}`` and
   ``{prefix}rcpt-d:{<push_id>}`` are the HyperLogLogs of the acked and delivered uids of
-  a counts-only one. Hash-tagged by push_id, so one script updates all three.
+  a counts-only one, and ``{prefix}rcpt-p:{<push_id>}`` the set of its recipients no
+  device acked yet, kept until its message.unacked is due. Hash-tagged by push_id, so
+  one script updates them all.
+- ``{prefix}unacked-due`` is a sorted set of push ids scored by when their
+  ``message.unacked`` webhook event is due (a claimed one: when its lease ends).
 - ``{prefix}{wh}:...`` are the webhooks' (README, "Webhooks"), all in one hash slot (the
   literal tag ``{wh}``), so each of their scripts is atomic on Redis Cluster too:
   ``{wh}:events`` the outbox stream (field ``e``: one event's JSON; read by the consumer
@@ -129,11 +133,16 @@ class KeySchema:
     def idempotency(self, scope_hash: str, key_hash: str) -> str:
         return f"{self.prefix}idem:{scope_hash}:{key_hash}"
 
-    def receipt(self, push_id: str) -> tuple[str, str, str]:
-        """A push's receipt hash and its acked and delivered HyperLogLogs."""
+    def receipt(self, push_id: str) -> tuple[str, str, str, str]:
+        """A push's receipt hash, its acked and delivered HyperLogLogs, and its set of
+        recipients not acked yet (counts-only, while a message.unacked is due)."""
         tag = _tag(push_id)
         p = self.prefix
-        return f"{p}rcpt:{tag}", f"{p}rcpt-a:{tag}", f"{p}rcpt-d:{tag}"
+        return f"{p}rcpt:{tag}", f"{p}rcpt-a:{tag}", f"{p}rcpt-d:{tag}", f"{p}rcpt-p:{tag}"
+
+    def unacked_due(self) -> str:
+        return f"{self.prefix}unacked-due"
+
     def webhook_events(self) -> str:
         return f"{self.prefix}{{wh}}:events"
 

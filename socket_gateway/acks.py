@@ -135,7 +135,18 @@ class AckReporter:
 
     def _start_flush(self) -> None:
         self._timer = None
-        self._flushing = asyncio.ensure_future(self.flush())
+        self._flushing = asyncio.ensure_future(self._flush_then_again())
+
+    async def _flush_then_again(self) -> None:
+        try:
+            await self.flush()
+        finally:
+            # What arrived during the flush goes in the next one: scheduled once this
+            # flush no longer counts as running (else nothing would schedule it until
+            # the next ack, and the last acks of a burst would wait for ever).
+            self._flushing = None
+            if self._pending:
+                self._schedule()
 
     async def flush(self) -> None:
         """Write what waits; what arrives meanwhile goes in the next flush."""
@@ -166,9 +177,6 @@ class AckReporter:
             if now - self._logged_at >= LOG_EVERY_S:
                 log.warning("could not write acks (kept for the next try): %s", exc)
                 self._logged_at = now
-        finally:
-            if self._pending:
-                self._schedule()
 
     def _put_back(
         self, forget: dict[str, list[int]], marks: dict[str, dict[str, set[str]]]

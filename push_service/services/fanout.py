@@ -91,7 +91,7 @@ class FanOut:
     def _broadcast(self, spec: BroadcastSpec) -> Work:
         async def work(run: JobRun) -> None:
             publisher = self._publisher(spec.message, spec.expires_ms, run.counters, spec.store)
-            receipt = self._receipt(spec.message, "broadcast", None)
+            receipt = self._receipt(spec.message, "broadcast", None, store=False)
             if receipt is not None:
                 await receipt.start()
             start = run.start
@@ -120,7 +120,9 @@ class FanOut:
 
         async def work(run: JobRun) -> None:
             publisher = self._publisher(message, expires_ms, run.counters, body.store)
-            receipt = self._receipt(message, "multicast", None if to is None else len(to))
+            receipt = self._receipt(
+                message, "multicast", None if to is None else len(to), body.store
+            )
             if receipt is not None:
                 await receipt.start()
             chunks: AsyncIterator[Sequence[str]] = (
@@ -156,14 +158,19 @@ class FanOut:
         content = self._recovery.content if self._recovery is not None else None
         return BatchPublisher(bus, message, expires_ms, counters, recovery, content=content)
 
-    def _receipt(self, message: Message, mode: str, count: int | None) -> FanoutReceipt | None:
-        """The job's receipt: listable for a `to` list within the bound (`count`)."""
+    def _receipt(
+        self, message: Message, mode: str, count: int | None, store: bool
+    ) -> FanoutReceipt | None:
+        """The job's receipt: listable for a `to` list within the bound (`count`); a
+        stored multicast's message.unacked is due once the wait after each chunk ends.
+        A broadcast has none: its recipients are the whole directory."""
         r = self._receipts
         if r is None:
             return None
         listable = count is not None and count <= r.limits.max_recipients
         meta = message_meta(message, r.preview)
-        return FanoutReceipt(r.log, message.push_id, mode, listable, meta)
+        due = (lambda: r.due_ms(self._clock.now_ms(), True)) if r.unacked_ms and store else None
+        return FanoutReceipt(r.log, message.push_id, mode, listable, meta, due)
 
     def _message(self, body: BroadcastIn | MulticastIn) -> tuple[Message, int]:
         """The message (content encoded once) and its expiry in epoch ms (0: none)."""

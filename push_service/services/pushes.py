@@ -41,7 +41,15 @@ class Receipts:
     reads: ReceiptReads
     limits: ReceiptLimits
     preview: bool = True  # IMROUTE_WEBHOOK_PREVIEW
-    failed: int = 0  # receipts that could not be written (the push itself went out)
+    # IMROUTE_WEBHOOK_UNACKED_S in ms, when webhooks are on (0: no message.unacked)
+    unacked_ms: int = 0
+    failed: int = 0
+
+    def due_ms(self, now_ms: int, store: bool) -> int:
+        """When a push's message.unacked is due (0: none; only stored messages)."""
+        return (
+            now_ms + self.unacked_ms if self.unacked_ms and store else 0
+        )  # receipts that could not be written (the push itself went out)
 
 
 class Pushes:
@@ -76,9 +84,11 @@ class Pushes:
         if r is None:
             return Pushed(message, outcome)
         listable = len(body.to) <= r.limits.max_recipients
-        receipt = p2p_receipt(message, body.to, outcome, message_meta(message, r.preview))
+        meta = message_meta(message, r.preview)
+        receipt = p2p_receipt(message, body.to, outcome, meta, body.store)
         try:
-            await r.log.record(receipt, listable)
+            due = r.due_ms(self._clock.now_ms(), body.store)
+            await r.log.record(receipt, listable, due)
         except ImrouteError as exc:
             # The push went out; only its receipt is missing (GET answers 404 for it).
             r.failed += 1

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 
 from router.fleet.cache import CachedFleet
 from router.gateway_rpc.base import GatewayClient
@@ -60,6 +60,8 @@ class P2PPusher:
         # read only when a connection starts. So the push is tried again, in the background.
         self._retrying: set[asyncio.Task[None]] = set()
         self.retried = 0  # recipients a later try reached
+        # Told of the recipients a background retry reached (their push's receipt).
+        self.on_retried: Callable[[str, Sequence[str]], Awaitable[None]] | None = None
 
     async def push(
         self, message: Message, uids: Sequence[str], expires_ms: int = 0, store: bool = True
@@ -171,6 +173,11 @@ class P2PPusher:
             if reached is None:
                 return  # offline now: the inbox has it for their next connection
             self.retried += len(reached)
+            if reached and self.on_retried is not None:
+                try:
+                    await self.on_retried(message.push_id, reached)
+                except ImrouteError as exc:
+                    log.warning("could not record a retried push's delivery: %s", exc)
             done = set(reached)
             uids = [u for u in uids if u not in done]
 

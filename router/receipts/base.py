@@ -101,8 +101,9 @@ class RecipientPage:
 class ReceiptLog(Protocol):
     """The router's writes."""
 
-    async def record(self, receipt: NewReceipt, listable: bool) -> None:
-        """Write (or merge into) a push's receipt; states never move down."""
+    async def record(self, receipt: NewReceipt, listable: bool, due_ms: int = 0) -> None:
+        """Write (or merge into) a push's receipt; states never move down. `due_ms`:
+        when its message.unacked webhook event is due (0: none)."""
         ...
 
     async def add(self, push_id: str, recipients: int, online: int, queued: int) -> None:

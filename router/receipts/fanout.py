@@ -9,7 +9,7 @@ and the gateways move them on (delivered, acked). A multicast to a directory aud
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from router.receipts.base import QUEUED, NewReceipt, ReceiptLog
 from router.routes.base import RecipientGroups
@@ -30,7 +30,10 @@ class FanoutReceipt:
         mode: str,
         listable: bool,
         meta: Mapping[str, str],
+        due: Callable[[], int] | None = None,
     ) -> None:
+        """`due`: when, from now, its message.unacked is due (None: no event)."""
+        self._due = due
         self._receipts = receipts
         self._push_id = push_id
         self._mode = mode
@@ -47,14 +50,16 @@ class FanoutReceipt:
     async def resolved(self, chunk: Sequence[str], found: RecipientGroups) -> None:
         self.recipients += len(chunk)
         self.online += found.online
-        await self._write({uid: QUEUED for uid in chunk} if self._listable else {})
+        wanted = self._listable or self._due is not None
+        await self._write({uid: QUEUED for uid in chunk} if wanted else {})
 
     async def _write(self, states: Mapping[str, str]) -> None:
         receipt = NewReceipt(
             self._push_id, self._mode, self.recipients, self.online, states, self._meta
         )
         try:
-            await self._receipts.record(receipt, self._listable)
+            due = self._due() if self._due is not None and states else 0
+            await self._receipts.record(receipt, self._listable, due)
         except ImrouteError as exc:
             self.failed += 1
             log.warning("could not write the receipt of push %s: %s", self._push_id, exc)

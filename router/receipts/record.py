@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from router.p2p.plan import PushOutcome
-from router.receipts.base import ACKED, DELIVERED, QUEUED, NewReceipt
+from router.receipts.base import ACKED, DELIVERED, EXPIRED, QUEUED, NewReceipt
 from shared.models import Message
 
 __all__ = ["PREVIEW_BYTES", "message_meta", "p2p_receipt", "preview_of", "split_acked"]
@@ -28,10 +28,17 @@ def message_meta(message: Message, preview: bool) -> dict[str, str]:
 
 
 def p2p_receipt(
-    message: Message, uids: Sequence[str], outcome: PushOutcome, meta: Mapping[str, str]
+    message: Message,
+    uids: Sequence[str],
+    outcome: PushOutcome,
+    meta: Mapping[str, str],
+    store: bool = True,
 ) -> NewReceipt:
+    """Delivered, or queued; a `store:false` push that reached no connection of a
+    recipient is kept nowhere, so it is expired for them (dropped, never delivered)."""
     delivered = set(outcome.delivered)
-    states = {uid: DELIVERED if uid in delivered else QUEUED for uid in uids}
+    missed = QUEUED if store else EXPIRED
+    states = {uid: DELIVERED if uid in delivered else missed for uid in uids}
     online = len(outcome.delivered) + len(outcome.failed)
     return NewReceipt(message.push_id, "p2p", len(uids), online, states, meta)
 

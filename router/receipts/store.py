@@ -27,7 +27,7 @@ from router.redis.scripts import Script, ScriptRunner
 from shared.errors import InvalidInput
 from shared.keys import KeySchema
 
-__all__ = ["EARLY_TTL_MS", "MARK_CHUNK", "RedisReceiptStore"]
+__all__ = ["EARLY_TTL_MS", "MARK_CHUNK", "PENDING_TTL_MS", "RedisReceiptStore"]
 
 # An ack that arrives before the router has recorded its push (the record follows the
 # gateway's answer by a round trip) starts the receipt; it lives this long unless the
@@ -35,6 +35,8 @@ __all__ = ["EARLY_TTL_MS", "MARK_CHUNK", "RedisReceiptStore"]
 EARLY_TTL_MS = 120_000
 # uids per script call (Lua's unpack and argument limits).
 MARK_CHUNK = 1000
+# A counts-only push's set of recipients not acked yet outlives its event at most this.
+PENDING_TTL_MS = 86_400_000
 
 # Moves one uid to a state if that is up from where it is, keeping the counters.
 _MOVE = """
@@ -50,29 +52,32 @@ local function move(k, uid, new)
 end
 """
 
-# KEYS: receipt. ARGV: ttl ms, mode, recipients, online, listable, queued (counts-only),
-# n meta, meta k v..., then uid state pairs.
+# KEYS: receipt, pending. ARGV: ttl ms, mode, recipients, online, listable, queued
+# (counts-only), pending ttl ms (0: none), n meta, meta k v..., then uid state pairs:
+# moved (listable), or added to the pending set (counts-only, a message.unacked due).
 _RECORD = (
     _MOVE
     + """
 local k = KEYS[1]
 redis.call('HSET', k, 'm', ARGV[2], 'n', ARGV[3], 'on', ARGV[4], 'l', ARGV[5])
 if ARGV[5] == '0' then redis.call('HSET', k, 'cq', ARGV[6]) end
-local i = 8
-for _ = 1, tonumber(ARGV[7]) do
+local i = 9
+for _ = 1, tonumber(ARGV[8]) do
   redis.call('HSET', k, ARGV[i], ARGV[i + 1])
   i = i + 2
 end
+local pend = ARGV[5] == '0' and tonumber(ARGV[7]) > 0
 while i < #ARGV do
-  move(k, ARGV[i], ARGV[i + 1])
+  if pend then redis.call('SADD', KEYS[2], ARGV[i]) else move(k, ARGV[i], ARGV[i + 1]) end
   i = i + 2
 end
+if pend then redis.call('PEXPIRE', KEYS[2], ARGV[7]) end
 redis.call('PEXPIRE', k, ARGV[1])
 return 1
 """
 )
 
-# KEYS: receipt, acked HLL, delivered HLL. ARGV: state, early ttl ms, uids...
+# KEYS: receipt, acked HLL, delivered HLL, pending. ARGV: state, early ttl ms, uids...
 _MARK = (
     _MOVE
     + """
@@ -83,7 +88,10 @@ if l == '0' then
   if state == 'x' then
     redis.call('HINCRBY', k, 'cx', #uids)
   else
-    if state == 'a' then redis.call('PFADD', KEYS[2], unpack(uids)) end
+    if state == 'a' then
+      redis.call('PFADD', KEYS[2], unpack(uids))
+      redis.call('SREM', KEYS[4], unpack(uids))
+    end
     redis.call('PFADD', KEYS[3], unpack(uids))
   end
   local ttl = redis.call('PTTL', k)
@@ -115,6 +123,15 @@ if redis.call('PTTL', k) < 0 then redis.call('PEXPIRE', k, ARGV[1]) end
 return 1
 """
 
+# KEYS: due. ARGV: now ms, lease ms, limit. The due push ids, each leased (due again
+# at the lease's end unless settled first).
+_CLAIM = """
+local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1], 'LIMIT', 0, ARGV[3])
+local until_ms = tonumber(ARGV[1]) + tonumber(ARGV[2])
+for _, id in ipairs(due) do redis.call('ZADD', KEYS[1], 'XX', until_ms, id) end
+return due
+"""
+
 _COUNTS = ("m", "n", "on", "l", "cq", "cx", "cd", "ca")
 _META = ("mi", "mt", "fr", "pv")
 # What `page` lists: the states each name covers.
@@ -132,30 +149,67 @@ class RedisReceiptStore:
         self._record = Script(_RECORD)
         self._mark = Script(_MARK)
         self._add = Script(_ADD)
-        self._scripts = ScriptRunner(redis, (self._record, self._mark, self._add))
+        self._claim = Script(_CLAIM)
+        self._scripts = ScriptRunner(redis, (self._record, self._mark, self._add, self._claim))
 
     # ------------------------------------------------------------------ ReceiptLog
 
     @translate_errors
-    async def record(self, receipt: NewReceipt, listable: bool) -> None:
-        key = self._keys.receipt(receipt.push_id)[0]
+    async def record(self, receipt: NewReceipt, listable: bool, due_ms: int = 0) -> None:
+        keys = self._keys.receipt(receipt.push_id)
         queued = 0 if listable else receipt.recipients - receipt.online
         meta = [v for kv in receipt.meta.items() for v in kv]
-        pairs = [v for kv in receipt.states.items() for v in kv] if listable else []
-        await self._scripts.one(
-            self._record.args(
-                (key,),
-                self.limits.ttl_ms,
-                receipt.mode,
-                receipt.recipients,
-                receipt.online,
-                1 if listable else 0,
-                queued,
-                len(receipt.meta),
-                *meta,
-                *pairs,
-            )
+        pairs = [v for kv in receipt.states.items() for v in kv] if listable or due_ms else []
+        # A counts-only push's pending set lives until its event is sent, or a day.
+        pending_ms = PENDING_TTL_MS if due_ms and not listable else 0
+        record = self._record.args(
+            (keys[0], keys[3]),
+            self.limits.ttl_ms,
+            receipt.mode,
+            receipt.recipients,
+            receipt.online,
+            1 if listable else 0,
+            queued,
+            pending_ms,
+            len(receipt.meta),
+            *meta,
+            *pairs,
         )
+        if not due_ms:
+            await self._scripts.one(record)
+            return
+        # Due no earlier than its last recipients' record plus the wait (GT).
+        due = ("ZADD", self._keys.unacked_due(), "GT", due_ms, receipt.push_id)
+        await self._scripts.many([record, due])
+
+    @translate_errors
+    async def claim_due(self, now_ms: int, lease_ms: int, limit: int) -> list[str]:
+        """Push ids whose message.unacked is due, leased to the caller for `lease_ms`."""
+        due = await self._scripts.one(
+            self._claim.args((self._keys.unacked_due(),), now_ms, lease_ms, limit)
+        )
+        return [str(d) for d in due]
+
+    @translate_errors
+    async def unacked(self, push_id: str) -> list[str]:
+        """The recipients no device acked, in uid order (the pending set of a counts-only
+        push, or the states of a listable one)."""
+        key, _, _, pending = self._keys.receipt(push_id)
+        if await self._redis.hget(key, "l") == "0":
+            members: set[Any] = await self._redis.smembers(pending)
+            return sorted(str(m) for m in members)
+        fields: dict[Any, Any] = await self._redis.hgetall(key)
+        return sorted(
+            str(f)[2:] for f, v in fields.items() if str(f).startswith("u:") and v != ACKED
+        )
+
+    @translate_errors
+    async def settle(self, push_id: str) -> None:
+        """Its message.unacked went out (or had no one to name): not due again."""
+        pipe = self._redis.pipeline(transaction=False)
+        pipe.zrem(self._keys.unacked_due(), push_id)
+        pipe.delete(self._keys.receipt(push_id)[3])
+        await pipe.execute()
 
     @translate_errors
     async def add(self, push_id: str, recipients: int, online: int, queued: int) -> None:
@@ -181,7 +235,7 @@ class RedisReceiptStore:
 
     @translate_errors
     async def counts(self, push_id: str) -> Counts | None:
-        key, acked_hll, delivered_hll = self._keys.receipt(push_id)
+        key, acked_hll, delivered_hll, _ = self._keys.receipt(push_id)
         pipe = self._redis.pipeline(transaction=False)
         pipe.hmget(key, *_COUNTS)
         pipe.pfcount(acked_hll)

@@ -30,12 +30,14 @@ from shared.clock import Clock
 from shared.errors import ImrouteError
 from shared.keys import KeySchema
 
-__all__ = ["WebhookSender"]
+__all__ = ["MAX_BODY_BYTES", "WebhookSender", "split_by_bytes"]
 
 log = logging.getLogger(__name__)
 
 STATS_EVERY_S = 1.0
 REDIS_RETRY_S = 1.0
+# A POST carries at most this many bytes of events (and at least one event).
+MAX_BODY_BYTES = 1 << 20
 
 
 class WebhookSender:
@@ -93,8 +95,8 @@ class WebhookSender:
                 log.exception("webhook sender failed; going on")
                 await asyncio.sleep(REDIS_RETRY_S)
                 continue
-            if batch:
-                await self._deliver(batch)
+            for part in split_by_bytes(batch, MAX_BODY_BYTES):
+                await self._deliver(part)
 
     async def _next_batch(self) -> list[Entry]:
         now = self._clock.monotonic()
@@ -179,3 +181,18 @@ class WebhookSender:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
             await self._http.aclose()
+
+
+def split_by_bytes(batch: list[Entry], limit: int) -> list[list[Entry]]:
+    """`batch` as POSTs of at most `limit` bytes of events each (one event alone may be
+    larger: a 1000-uid message.unacked is about 25 KB, so 100 of them would be 2.5 MB)."""
+    parts: list[list[Entry]] = []
+    size = limit
+    for entry in batch:
+        n = len(entry.event.encode()) + 1
+        if size + n > limit and (not parts or parts[-1]):
+            parts.append([])
+            size = 0
+        parts[-1].append(entry)
+        size += n
+    return parts

@@ -77,6 +77,10 @@ async def test_an_acked_push_leaves_the_inbox_and_its_receipt_says_acked(
         last = await status(http, body["push_id"])
         assert (last["delivered"], last["acked"], last["queued"]) == (2, 1, 0)
         await ws.close()
+        # store:false to someone offline: kept nowhere, so expired for them, not queued.
+        gone_push = await p2p(http, ["nobody"], "typing", store=False)
+        s = await status(http, gone_push["push_id"])
+        assert (s["delivered"], s["queued"], s["expired"]) == (0, 0, 1)
 
 
 async def test_a_push_never_acked_comes_again_and_a_cumulative_ack_covers_all_before(
@@ -166,7 +170,8 @@ async def test_wait_ack_ms_lists_who_acked_and_returns_early_when_all_did(
             "/v1/push", json={"to": users, "content": "all?", "wait_ack_ms": 8000}, headers=AUTH
         )
         took = time.monotonic() - begun
-        assert sorted(resp.json()["acked"]) == sorted(users) and resp.json()["unacked"] == []
+        assert sorted(resp.json()["acked"]) == sorted(users), (took, resp.json())
+        assert resp.json()["unacked"] == []
         assert took < 4.0, took
         for task in readers:
             task.cancel()
@@ -245,3 +250,51 @@ async def test_the_sdk_acks_and_with_auto_ack_off_the_app_does(redis_url: str, p
             assert (redo.msg_id, redo.recovered) == (msg.msg_id, True)
             await again.ack(redo)
             await acked(gw, 2)
+
+
+async def test_the_sdk_on_a_half_open_connection_gets_the_push_again_and_yields_it_once(
+    redis_url: str, prefix: str
+) -> None:
+    """The SDK's link goes silent (a proxy that forwards nothing and closes nothing):
+    the push the gateway wrote to it meanwhile comes again once the SDK's pings find
+    the link dead and it reconnects, and the SDK hands it over once."""
+    from imroute_client import ImrouteClient
+
+    from router.devtools.ports import free_port
+    from tests.integration.test_client_sdk import API, next_message
+
+    ws_port = free_port()
+    proxy = TcpProxy(ws_port)
+    await proxy.start()
+    public = f"ws://127.0.0.1:{proxy.port}/ws"
+    async with (
+        gateway(redis_url, prefix, "gw1", "g1", ws_port=ws_port, ws_public_url=public) as gw,
+        api(redis_url, prefix) as http,
+        ImrouteClient(
+            API, token("hank"), http=http, ping_interval_s=0.3, ping_timeout_s=0.3
+        ) as client,
+    ):
+        await client.connect()
+        await asyncio.sleep(0.2)
+        await p2p(http, ["hank"], "before")
+        assert (await next_message(client)).content == "before"
+        got: list[Any] = []
+
+        async def pump() -> None:
+            async for msg in client:
+                got.append(msg)
+
+        reader = asyncio.create_task(pump())
+        await acked(gw, 1)
+        proxy.cut()  # new connections through it still work; this one carries nothing
+        body = await p2p(http, ["hank"], "into the void")
+        assert body["delivered"] == ["hank"]  # written to the dead link's socket
+        for _ in range(200):
+            if got:
+                break
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(1.0)  # nothing more comes
+        assert [(m.content, m.recovered) for m in got] == [("into the void", True)]
+        assert client.stats.connects >= 2
+        reader.cancel()
+    await proxy.aclose()

@@ -171,6 +171,13 @@ async def test_a_push_that_failed_for_a_live_client_comes_first_when_the_next_on
         assert (await p2p(http, ["gail"], "next"))["delivered"] == ["gail"]
         got = await pushes(ws, 2)
         assert contents(got) == ["failed", "next"]
+        # The gap fill wrote it: its receipt says delivered (it was queued).
+        for _ in range(100):
+            resp = await http.get(f"/v1/pushes/{body['push_id']}", headers=AUTH)
+            if resp.json()["delivered"] == 1:
+                break
+            await asyncio.sleep(0.05)
+        assert (resp.json()["delivered"], resp.json()["queued"]) == (1, 0)
         assert gw.resumer is not None and gw.resumer.gap_filled == 1
         await asyncio.sleep(1.5)  # the background retry finds it written: not again
         assert await _quiet(ws)

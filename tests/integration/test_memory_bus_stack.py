@@ -6,7 +6,15 @@ from __future__ import annotations
 import pytest
 
 from router.testing import MemoryBus
-from tests.integration.stack import AUTH, api, client, gateway, nothing_more, recv_json
+from tests.integration.stack import (
+    AUTH,
+    api,
+    client,
+    gateway,
+    nothing_more,
+    recv_json,
+    wait_for,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -35,5 +43,10 @@ async def test_one_memory_bus_carries_broadcast_and_multicast_to_every_gateway(
                 frame = await recv_json(ws)
                 assert (frame["content"], frame["push_id"]) == ("to two", resp.json()["push_id"])
                 assert await nothing_more(ws, 0.2)
-        # The broadcast, the group batch, and "nobody" in the offline log (followed by both).
-        assert (gw1.deliver_service.batches, gw2.deliver_service.batches) == (3, 3)
+            # The broadcast, the group batch, and "nobody" in the offline log (followed by
+            # both, from Redis: its head is read every second).
+            await wait_for(
+                lambda: (gw1.deliver_service.batches, gw2.deliver_service.batches) == (3, 3),
+                "3 batches on each gateway",
+            )
+            assert await nothing_more(ann, 0.2) and await nothing_more(bob, 0.2)

@@ -70,7 +70,10 @@ async def test_the_limit_holds_across_two_push_services(
     # The rate over the time the requests took, plus the burst; not 2 x that (one
     # bucket per key, shared through Redis, not one per process).
     expected = 100 * elapsed + 20
-    assert expected - 15 <= passed <= expected + 15, (passed, elapsed)
+    # `elapsed` ends at the last answer, so a loaded machine (slow answers) overstates
+    # it a little: 5 % of slack on top of 15. One bucket per process would be ~2x.
+    slack = 15 + 0.05 * expected
+    assert expected - slack <= passed <= expected + slack, (passed, elapsed)
     assert statuses.count(429) == 1000 - passed
     headers, answer = refusals[0]
     assert int(headers["retry-after"]) >= 1

@@ -112,3 +112,15 @@ def test_backoff_grows_to_its_cap_with_jitter() -> None:
     assert 2.0 <= backoff_s(4, 30) <= 4.0
     assert 15 <= backoff_s(50, 30) <= 30
     assert backoff_s(10_000, 0.2) <= 0.2
+
+
+def test_a_batch_is_split_into_posts_of_at_most_a_byte_bound() -> None:
+    from router.webhook.consumer import Entry
+    from router.webhook.sender import split_by_bytes
+
+    batch = [Entry(f"{n}-0", "x" * 99) for n in range(10)]  # 100 bytes each, comma too
+    assert [len(p) for p in split_by_bytes(batch, 300)] == [3, 3, 3, 1]
+    assert [len(p) for p in split_by_bytes(batch, 10_000)] == [10]
+    # One event over the bound still goes, alone.
+    assert [len(p) for p in split_by_bytes([Entry("1-0", "y" * 500), *batch[:2]], 300)] == [1, 2]
+    assert split_by_bytes([], 300) == []

@@ -1,0 +1,99 @@
+"""Client acks on the gateway, without I/O: what an ack covers (`LocalConnections.ack`)
+and how the reporter batches them (`AckReporter`), with in-memory writers."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Mapping, Sequence
+
+from shared.clock import SystemClock
+from shared.models import Message
+from shared.wire import push_prefix
+from socket_gateway.acks import AckReporter
+from socket_gateway.connections import MAX_UNACKED, ClientConn, LocalConnections
+from tests.unit.test_connections import ListSink
+
+
+def msg(n: int) -> Message:
+    return Message(f"m{n}", f"p{n}", 0, "admin", b"1", 1)
+
+
+def pos_of(frame: bytes) -> str:
+    return str(json.loads(frame[2:])["pos"])
+
+
+class Writes:
+    """The inbox and receipt writes, recorded; each can be held until released."""
+
+    def __init__(self) -> None:
+        self.forgot: list[tuple[str, list[int]]] = []
+        self.marked: list[tuple[str, dict[str, list[str]]]] = []
+        self.gate = asyncio.Event()
+        self.gate.set()
+
+    async def forget_inboxes(self, wanted: Sequence[tuple[str, Sequence[int]]]) -> list[None]:
+        await self.gate.wait()
+        self.forgot += [(u, list(s)) for u, s in wanted]
+        return [None] * len(wanted)
+
+    async def mark(self, state: str, by_push: Mapping[str, Sequence[str]]) -> None:
+        await self.gate.wait()
+        self.marked.append((state, {p: list(u) for p, u in by_push.items()}))
+
+
+def setup() -> tuple[LocalConnections, ClientConn, ListSink]:
+    conns = LocalConnections()
+    sink = ListSink()
+    conn = ClientConn("amy", "c1", sink)
+    conns.add(conn)
+    return conns, conn, sink
+
+
+def test_an_ack_covers_everything_up_to_the_last_frame_with_its_pos() -> None:
+    conns, conn, sink = setup()
+    for n in (1, 2, 3):
+        conns.deliver_p2p(["amy"], [n], push_prefix(msg(n)), f"p{n}")
+    conns.deliver_p2p(["amy"], [], push_prefix(msg(4)), "p4")  # store:false: same pos as 3
+    pos = [pos_of(f) for f in sink.frames]
+    assert pos[2] == pos[3]
+    acked = conns.ack(conn, pos[1])
+    assert acked is not None and [(e[2], e[3]) for e in acked] == [(1, "p1"), (2, "p2")]
+    assert conns.ack(conn, pos[1]) is None  # already acked
+    assert conns.ack(conn, "1~99~0~0~~0") is None  # ahead of what was sent
+    acked = conns.ack(conn, pos[3])
+    assert acked is not None and [e[3] for e in acked] == ["p3", "p4"]
+    assert conn.sent is None
+
+
+def test_a_connection_remembers_a_bounded_number_of_unacked_pushes() -> None:
+    conns, conn, _ = setup()
+    for n in range(1, MAX_UNACKED + 11):
+        conns.deliver_p2p(["amy"], [n], push_prefix(msg(n)), f"p{n}")
+    assert conn.sent is not None and len(conn.sent) == MAX_UNACKED
+    assert conns.unacked_forgotten == 10 and conn.sent[0][2] == 11
+
+
+async def test_acks_are_written_in_batches_and_none_waits_after_a_flush() -> None:
+    conns, conn, sink = setup()
+    writes = Writes()
+    reporter = AckReporter(conns, writes, writes, SystemClock(), flush_s=0.01)
+    for n in range(1, 4):
+        conns.deliver_p2p(["amy"], [n], push_prefix(msg(n)), f"p{n}")
+    frames = [pos_of(f) for f in sink.frames]
+    writes.gate.clear()  # the first flush hangs in Redis ...
+    reporter.on_ack(conn, frames[0])
+    await asyncio.sleep(0.05)
+    assert reporter.counts.flushes == 1 and writes.forgot == []
+    reporter.on_ack(conn, frames[2])  # ... while the last ack of the burst arrives
+    reporter.on_ack(conn, "")  # malformed: counted, never a close
+    writes.gate.set()
+    for _ in range(100):  # no further ack comes: the waiting one is flushed all the same
+        if not reporter.pending:
+            break
+        await asyncio.sleep(0.01)
+    assert not reporter.pending and reporter.counts.flushes == 2
+    assert writes.forgot == [("amy", [1]), ("amy", [2, 3])]
+    assert [m[1] for m in writes.marked] == [{"p1": ["amy"]}, {"p2": ["amy"], "p3": ["amy"]}]
+    assert (reporter.counts.acks, reporter.counts.acked, reporter.counts.bad) == (2, 3, 1)
+    await reporter.aclose()
