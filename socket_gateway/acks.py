@@ -125,11 +125,7 @@ class AckReporter:
     # ------------------------------------------------------------------ the flushes
 
     def _schedule(self) -> None:
-        flushing = self._flushing
-        # A flush ending (its own `finally` calls this) counts as done: else what came in
-        # while it wrote would wait for the next ack, maybe for ever.
-        idle = flushing is None or flushing.done() or flushing is asyncio.current_task()
-        if self._timer is None and idle:
+        if self._timer is None and (self._flushing is None or self._flushing.done()):
             loop = asyncio.get_running_loop()
             self._timer = loop.call_later(self._flush_s, self._start_flush)
 
