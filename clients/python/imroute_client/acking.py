@@ -28,9 +28,12 @@ class Sender(Protocol):
 
 
 class ConnAcks:
-    """The acks of connection `conn_id` (the client's count of its connections)."""
+    """The acks of connection `conn_id` (the client's count of its connections). With
+    `ws` None (a gateway that takes no acks) they are decided, never sent."""
 
-    def __init__(self, ws: Sender, conn_id: int, interval_s: float, stats: ClientStats) -> None:
+    def __init__(
+        self, ws: Sender | None, conn_id: int, interval_s: float, stats: ClientStats
+    ) -> None:
         self.conn_id = conn_id
         self.tracker = AckTracker()
         self._ws = ws
@@ -38,7 +41,9 @@ class ConnAcks:
         self._stats = stats
         self._sent = 0  # pushes that acks sent on this connection covered
         self._wake = asyncio.Event()
-        self._task = asyncio.create_task(self._run(), name=f"imroute-acks-{conn_id}")
+        self._task = (
+            None if ws is None else asyncio.create_task(self._run(), name=f"imroute-acks-{conn_id}")
+        )
 
     @property
     def sent_any(self) -> bool:
@@ -49,17 +54,21 @@ class ConnAcks:
         """A push handed to the app: its number on this connection."""
         return self.tracker.message(pos)
 
-    def duplicate(self, pos: str | None) -> None:
-        """A push dropped as a duplicate (acked once nothing before it is held)."""
-        self._offer(self.tracker.duplicate(pos))
+    def duplicate(self, pos: str | None) -> Ack | None:
+        """A push dropped as a duplicate: the ack, if it is acked now (nothing before it
+        is held)."""
+        return self._offer(self.tracker.duplicate(pos))
 
-    def ack(self, number: int, pos: str | None) -> None:
-        """The app is done with push `number` and every one before it."""
-        self._offer(self.tracker.ack(number, pos))
+    def ack(self, number: int, pos: str | None) -> Ack | None:
+        """The app is done with push `number` and every one before it: the ack, if this
+        covers something new."""
+        return self._offer(self.tracker.ack(number, pos))
 
     async def close(self, *, flush: bool) -> None:
         """Stop; with `flush`, write the pending ack first (the connection is still
         open). What no ack covered is counted: the server sends it again."""
+        if self._task is None:
+            return
         self._task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await self._task
@@ -73,9 +82,10 @@ class ConnAcks:
             log.info("connection %d closed with %d push(es) unacked: the server sends them "
                      "again", self.conn_id, unacked)  # fmt: skip
 
-    def _offer(self, ack: Ack | None) -> None:
-        if ack is not None and self._pacer.offer(ack):
+    def _offer(self, ack: Ack | None) -> Ack | None:
+        if ack is not None and self._task is not None and self._pacer.offer(ack):
             self._wake.set()
+        return ack
 
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
@@ -95,6 +105,7 @@ class ConnAcks:
 
     async def _send(self, ack: Ack) -> bool:
         """Write one ack frame; False when the connection is gone (its reader sees why)."""
+        assert self._ws is not None
         try:
             await self._ws.send(ack_frame(ack.pos))
         except ConnectionClosed:

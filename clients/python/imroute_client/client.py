@@ -22,14 +22,13 @@ import inspect
 import logging
 import random
 from collections.abc import Awaitable, Callable
-from dataclasses import replace
 from types import TracebackType
 
 import httpx
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus, WebSocketException
 
-from imroute_client.acking import ConnAcks
+from imroute_client.acker import ClientAcks
 from imroute_client.backoff import Backoff, retry_after
 from imroute_client.dedupe import DedupeWindow
 from imroute_client.dispatch import Target, ask_dispatch
@@ -38,8 +37,6 @@ from imroute_client.frames import Message, Reconnect, Recovered, parse_frame
 from imroute_client.policy import (
     CLOSE_DRAIN,
     CLOSE_FULL,
-    CLOSE_POLICY,
-    NO_ACKS_REASON,
     Outcome,
     RetryState,
     Step,
@@ -66,7 +63,8 @@ class ImrouteClient:
     raises `Unauthorized` for a refused token. `last_recovery` holds the last
     `recovered` frame; `on_incomplete` (sync or async) is called with each one whose
     `complete` is False, before the next message is handed over. With `auto_ack` off
-    the app acks with `await client.ack(message)`; the client then never acks itself.
+    the app acks with `await client.ack(message)`; the client then never acks itself,
+    and the position it saves is the one of the app's last ack.
     """
 
     def __init__(
@@ -92,8 +90,6 @@ class ImrouteClient:
     ) -> None:
         if retries_same < 0:
             raise ValueError(f"retries_same {retries_same} is negative")
-        if ack_interval_s < 0:
-            raise ValueError(f"ack_interval_s {ack_interval_s} is negative")
         self.api_url = api_url
         self._token = token
         self.pos_store: PosStore = pos_store if pos_store is not None else MemoryPosStore()
@@ -107,9 +103,6 @@ class ImrouteClient:
         self.ping_timeout_s = ping_timeout_s
         self._rand = rand
         self.auto_ack = auto_ack
-        self.ack_interval_s = ack_interval_s
-        self._acks: ConnAcks | None = None  # the current connection's
-        self._acks_off = False  # a gateway refused an ack frame (one older than acks)
         self._http = http  # the app's, when given: the client never closes it
         self._own_http: httpx.AsyncClient | None = None
         self._dedupe = DedupeWindow(dedupe_window)
@@ -126,6 +119,7 @@ class ImrouteClient:
         self.gateway_id: str | None = None  # where it is connected now
         self.last_recovery: Recovered | None = None
         self.stats = ClientStats()
+        self._acks = ClientAcks(auto_ack, ack_interval_s, self.stats)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -148,7 +142,7 @@ class ImrouteClient:
         client; iteration ends."""
         self._closed = True
         ws, self._ws, self.gateway_id = self._ws, None, None
-        await self._drop_acks(flush=ws is not None)
+        await self._acks.lost(flush=ws is not None)
         if ws is not None:
             await ws.close()
         if self._own_http is not None:
@@ -183,11 +177,12 @@ class ImrouteClient:
 
     async def ack(self, message: Message) -> None:
         """Acknowledge `message` and every one before it on its connection (cumulative;
-        paced like the client's own acks). A message from a connection that has ended
-        is not acked: the server sends it again, and the dedupe window drops it."""
-        acks = self._acks
-        if acks is not None and message.conn == acks.conn_id and message.number:
-            acks.ack(message.number, message.pos)
+        paced like the client's own acks). A message whose connection has ended is acked
+        if the server sent it again on this one (the dedupe window dropped the copy);
+        else when it comes again."""
+        pos = self._acks.ack(message)
+        if pos is not None:
+            await self._save(pos)  # auto_ack off: a resume's `since` acks what it covers
 
     # ------------------------------------------------------------------ connecting
 
@@ -229,8 +224,7 @@ class ImrouteClient:
             self._opened_at = asyncio.get_running_loop().time()
             self.gateway_id = self._target.gateway_id
             self.stats.connects += 1
-            if not self._acks_off:
-                self._acks = ConnAcks(ws, self.stats.connects, self.ack_interval_s, self.stats)
+            self._acks.connected(ws, self.stats.connects)
         return self._ws
 
     async def _dispatch(self, http: httpx.AsyncClient) -> Target:
@@ -248,12 +242,7 @@ class ImrouteClient:
     async def _lost(self, code: int | None, reason: str) -> None:
         """The connection ended (`code` None: without a close frame): plan the next."""
         self._ws, self.gateway_id = None, None
-        acked = self._acks is not None and self._acks.sent_any
-        await self._drop_acks(flush=False)  # their positions name nothing on the next one
-        if code == CLOSE_POLICY and acked and NO_ACKS_REASON in reason:
-            self._acks_off = True
-            self.stats.acks_refused += 1
-            log.warning("the gateway takes no ack frames (close 1008: %s): acks are off", reason)
+        await self._acks.lost(code, reason, flush=False)  # they name nothing on the next
         lived = asyncio.get_running_loop().time() - self._opened_at
         outcome = classify(code, self._told, reason)
         if outcome is Outcome.UNAUTHORIZED:
@@ -302,17 +291,15 @@ class ImrouteClient:
             self.stats.bad_frames += 1
             return None
         if isinstance(frame, Message):
-            acks = self._acks
             if self._dedupe.seen(frame.msg_id):
                 self.stats.duplicates += 1
-                if acks is not None:
-                    acks.duplicate(frame.pos)
-                if frame.pos is not None:
-                    await self._save(frame.pos)  # nothing is held: it is processed
+                pos = self._acks.duplicate(frame)
+                if pos is not None:
+                    await self._save(pos)  # nothing before it is held: it is processed
                 return None
-            if acks is not None:
-                frame = replace(frame, conn=acks.conn_id, number=acks.message(frame.pos))
-            self._held = frame
+            frame = self._acks.push(frame)
+            if self.auto_ack:
+                self._held = frame
             self.stats.messages += 1
             return frame
         if isinstance(frame, Reconnect):
@@ -331,18 +318,11 @@ class ImrouteClient:
         return None
 
     async def _commit(self) -> None:
-        held, self._held = self._held, None
-        if held is None:
-            return
-        if held.pos is not None:
-            await self._save(held.pos)
-        if self.auto_ack:
+        held, self._held = self._held, None  # with auto_ack only
+        if held is not None:
+            if held.pos is not None:
+                await self._save(held.pos)
             await self.ack(held)
-
-    async def _drop_acks(self, *, flush: bool) -> None:
-        acks, self._acks = self._acks, None
-        if acks is not None:
-            await acks.close(flush=flush)
 
     async def _save(self, pos: str) -> None:
         self.pos = pos

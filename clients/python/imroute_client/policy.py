@@ -26,6 +26,7 @@ __all__ = [
     "classify_status",
     "next_step",
     "refusal_detail",
+    "refuses_acks",
 ]
 
 # Gateways before issue 12 answered the token and a full gateway after the 101, with
@@ -33,9 +34,10 @@ __all__ = [
 CLOSE_UNAUTHORIZED = 4401
 CLOSE_FULL = 4429
 CLOSE_DRAIN = 4503
-# Gateways before client acks close with 1008 on any client frame but a ping, saying so.
+# Gateways before client acks close with 1008 on any client frame but a ping, saying so
+# (newer ones name the ack too, and never close for one).
 CLOSE_POLICY = 1008
-NO_ACKS_REASON = 'only {"type":"ping"}'
+NO_ACKS_REASON = 'only {"type":"ping"} is accepted'
 # The start of a 4429's reason when the user, not the gateway, is full: every gateway
 # would refuse until one of the user's other connections closes.
 USER_CAP_REASON = "too many connections for this user"
@@ -129,6 +131,11 @@ def next_step(
         return Step(dispatch=False, delay_s=delay)
     state.same_tries = 0
     return Step(dispatch=True, delay_s=delay)
+
+
+def refuses_acks(close_code: int | None, reason: str) -> bool:
+    """Whether a close says the gateway takes no ack frames (one older than acks)."""
+    return close_code == CLOSE_POLICY and NO_ACKS_REASON in reason
 
 
 def refusal_detail(body: bytes) -> str:

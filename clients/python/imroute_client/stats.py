@@ -27,5 +27,6 @@ class ClientStats:
     acks_sent: int = 0  # ack frames written
     acked: int = 0  # pushes those frames acknowledged (dropped duplicates too)
     unacked_at_close: int = 0  # pushes no ack covered when their connection ended: resent
+    held_forgotten: int = 0  # auto_ack off: unacked pushes forgotten past 1000 held
     acks_refused: int = 0  # closes 1008 of a gateway that takes no acks (acks are then off)
     dispatch_errors: Counter[str] = field(default_factory=Counter)  # by status or error

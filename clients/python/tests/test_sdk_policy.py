@@ -12,6 +12,7 @@ from imroute_client.policy import (
     classify,
     classify_status,
     next_step,
+    refuses_acks,
 )
 
 B = Backoff(0.1, 5.0)
@@ -83,3 +84,12 @@ def test_the_per_user_cap_waits_instead_of_moving_at_once() -> None:
     assert first.dispatch and first.delay_s >= USER_CAP_WAIT_S  # never at once
     assert step(state, Outcome.USER_CAP).delay_s >= USER_CAP_WAIT_S
     assert step(RetryState(), Outcome.MOVE).delay_s == 0.0  # unlike a drain or a full one
+
+
+def test_only_the_close_of_a_gateway_older_than_acks_turns_them_off() -> None:
+    old = 'frame: only {"type":"ping"} is accepted from clients'
+    assert refuses_acks(1008, old)
+    new = 'frame: only {"type":"ping"} and {"type":"ack","pos":...} are accepted'
+    assert not refuses_acks(1008, new)  # a newer gateway's, for some other frame
+    assert not refuses_acks(1008, "too many frames: at most 20/s, burst 50")
+    assert not refuses_acks(1000, old) and not refuses_acks(None, old)
