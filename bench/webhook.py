@@ -1,12 +1,13 @@
 """Webhook throughput benchmark: `message.unacked` for a large multicast, half offline.
 
-Starts a push service and one gateway as child processes (a unique Redis key prefix),
-a signed-webhook receiver in this process (it checks every request's HMAC, as an app's
-server would), and `--online` real WebSocket clients, also in this process, that ack
-every push. Then one `POST /v1/multicast` to `--recipients` uids, of which the first
-`--online` are connected and the rest have never connected (offline). After
-IMROUTE_WEBHOOK_UNACKED_S (`--unacked-s`, 5 s) the push service's sweeper names every recipient
-no device acked: the offline ones, 1000 per event, through the outbox and its sender.
+Starts a push service and gateways as child processes (one gateway per 17,000 online
+clients; a unique Redis key prefix), a signed-webhook receiver in this process (it
+checks every request's HMAC, as an app's server would), and `--online` real WebSocket
+clients, in client processes of their own, that ack every push. Then one
+`POST /v1/multicast` to `--recipients` uids, of which the first `--online` are
+connected and the rest have never connected (offline). After IMROUTE_WEBHOOK_UNACKED_S
+(`--unacked-s`, 5 s) the push service's sweeper names every recipient no device acked:
+the offline ones, 1000 per event, through the outbox and its sender.
 
 It reports the time from the multicast's 202 to its job's end, to the first and to the
 last event, the events, POSTs and bytes, and recipients named per second from the
@@ -25,6 +26,7 @@ import asyncio
 import hashlib
 import hmac
 import json
+import os
 import secrets
 import sys
 import time
@@ -33,14 +35,24 @@ from typing import Any
 
 import httpx
 
-from bench.harness.clients import ClientPool, token_url, uid_of
+from bench.harness.clients import (
+    ClientPool,
+    ack_frame,
+    indices_of,
+    send_now,
+    token_url,
+    uid_of,
+)
+from bench.harness.link import ChildLink, emit, stdin_commands
 from bench.harness.report import machine_lines, print_json
 from bench.harness.stack import (
     HOST,
     BenchError,
     Harness,
+    bench_argv,
     raise_nofile,
     run_async,
+    run_loop,
     run_main,
     start_stack,
     wait_routes,
@@ -111,48 +123,80 @@ class Receiver:
         return True
 
 
+# Clients per client process and per gateway: the hard RLIMIT_NOFILE here is 20,000,
+# and one loopback destination port has ~28k source ports (the ephemeral range).
+PER_PROCESS = 17_000
+
+
+def worker_main(spec: dict[str, Any]) -> int:
+    """A client process: connects its clients on 'go', acks every push as it arrives."""
+    raise_nofile(len(indices_of(spec)) + 1024)
+    run_loop(_worker(spec))
+    return 0
+
+
+async def _worker(spec: dict[str, Any]) -> None:
+    urls: list[str] = spec["urls"]
+    secret = os.environ["IMROUTE_SECRET"]
+    acks = {"sent": 0}
+
+    def on_frame(conn: Any, _now: float, data: bytes) -> None:
+        frame = json.loads(data)
+        if frame.get("type") == "push" and send_now(conn, ack_frame(str(frame["pos"]))):
+            acks["sent"] += 1
+
+    pool = ClientPool(
+        indices_of(spec), lambda k: token_url(urls[k % len(urls)], k, secret), on_frame
+    )
+    async for cmd in stdin_commands():
+        if cmd["cmd"] == "go":
+            failed = await pool.start()
+            emit(event="ready", failed=len(failed))
+        elif cmd["cmd"] == "count":
+            emit(event="count", n=acks["sent"])
+    pool.stop()
+    os._exit(0)
+
+
 def run(h: Harness, args: argparse.Namespace) -> dict[str, Any]:
-    raise_nofile(args.online + 10_000)
-    http_port, ws_port, grpc_port = free_port(), free_port(), free_port()
+    raise_nofile(20_000)
+    http_port = free_port()
+    n = max(1, -(-args.online // PER_PROCESS))  # as many gateways as client processes
+    gateways = [(f"gw{i + 1}", "g1", free_port(), free_port()) for i in range(n)]
     h.env.update(
         IMROUTE_API_KEY=API_KEY,
         IMROUTE_WEBHOOK_SECRET=HOOK_SECRET,
         IMROUTE_WEBHOOK_UNACKED_S=str(args.unacked_s),
-        IMROUTE_GATEWAY_MAX_CONNECTIONS=str(args.online + 1000),
+        IMROUTE_GATEWAY_MAX_CONNECTIONS=str(PER_PROCESS + 1000),
     )
 
     async def body() -> dict[str, Any]:
         rx = Receiver()
         server = await rx.start()
         h.env["IMROUTE_WEBHOOK_URL"] = f"http://{HOST}:{rx.port}/hooks"
-        start_stack(h.stack, http_port, [("gw1", "g1", ws_port, grpc_port)], API_KEY)
-        base = f"ws://{HOST}:{ws_port}/ws"
-        secret = h.env["IMROUTE_SECRET"]
-        acks = {"sent": 0}
-        sending: set[asyncio.Future[None]] = set()
-
-        def on_frame(ws: Any, _arrival: float, payload: bytes) -> None:
-            frame = json.loads(payload)
-            if frame.get("type") == "push":
-                acks["sent"] += 1
-                task = asyncio.ensure_future(
-                    ws.send(json.dumps({"type": "ack", "pos": frame["pos"]}))
-                )
-                sending.add(task)
-                task.add_done_callback(sending.discard)
-
-        pool = ClientPool(range(args.online), lambda k: token_url(base, k, secret), on_frame)
+        start_stack(h.stack, http_port, gateways, API_KEY)
+        urls = [f"ws://{HOST}:{g[2]}/ws" for g in gateways]
+        links = []
+        for i in range(n):  # client process i takes clients i, i+n, ...: all on gateway i
+            spec = {"urls": [urls[i]], "indices": [i, args.online, n]}
+            child = h.stack.spawn(
+                f"clients{i}", bench_argv("bench.webhook", "--worker", json.dumps(spec)), pipes=True
+            )
+            links.append(await ChildLink(child).open())
         began = time.monotonic()
-        failed = await pool.start()
-        if failed:
-            raise BenchError(f"{len(failed)} clients could not connect")
+        for link in links:
+            link.send(cmd="go")
+        for link in links:
+            ready = await link.expect("ready", 300)
+            if ready["failed"]:
+                raise BenchError(f"{ready['failed']} clients of {link.name} could not connect")
         await wait_routes(h.redis_url, h.keys, [uid_of(k) for k in range(args.online)])
         connect_s = time.monotonic() - began
         to = [uid_of(k) for k in range(args.recipients)]
-        pids = {"push-service": h.stack.pid("push-service"), "gw1": h.stack.pid("gw1")}
+        pids = {name: h.stack.pid(name) for name in ("push-service", *(g[0] for g in gateways))}
         if h.redis_pid:
             pids["redis"] = h.redis_pid
-        cpu0 = {n: cpu_seconds(p) or 0.0 for n, p in pids.items()}
+        cpu0 = {k: cpu_seconds(p) or 0.0 for k, p in pids.items()}
         headers = {"Authorization": f"Bearer {API_KEY}"}
         async with httpx.AsyncClient(base_url=f"http://{HOST}:{http_port}", timeout=60) as http:
             t0 = time.monotonic()
@@ -176,8 +220,10 @@ def run(h: Harness, args: argparse.Namespace) -> dict[str, Any]:
                 await asyncio.sleep(0.05)
             await asyncio.sleep(2.0)  # anything more would be a duplicate or a stray
             final = (await http.get(f"/v1/pushes/{push_id}", headers=headers)).json()
-        cpu = {n: (cpu_seconds(p) or 0.0) - cpu0[n] for n, p in pids.items()}
-        pool.stop()
+        cpu = {k: (cpu_seconds(p) or 0.0) - cpu0[k] for k, p in pids.items()}
+        acks_sent = sum([(await link.ask("count", 30, cmd="count"))["n"] for link in links])
+        for link in links:
+            link.close()
         server.close()
         named = sorted(rx.uids)
         expected = sorted(to[args.online :])
@@ -199,7 +245,7 @@ def run(h: Harness, args: argparse.Namespace) -> dict[str, Any]:
             "named": len(named),
             "duplicates": rx.duplicates,
             "bad_signatures": rx.bad,
-            "acks_sent": acks["sent"],
+            "acks_sent": acks_sent,
             "receipt": {k: final.get(k) for k in ("delivered", "acked", "queued", "listable")},
             "cpu_s": {n: round(v, 2) for n, v in cpu.items()},
             "status": status["status"],
@@ -218,7 +264,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--quick", action="store_true", help="10,000 recipients, 5,000 online")
     p.add_argument("--json", action="store_true")
+    p.add_argument("--worker", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    if args.worker:
+        return worker_main(json.loads(args.worker))
     if args.quick:
         args.recipients, args.online = 10_000, 5_000
     if not 0 <= args.online < args.recipients:
