@@ -38,6 +38,13 @@ class ReceiptsView:
             )
             if counts is not None and counts.recipients > answer["recipients"]:
                 answer["recipients"] = counts.recipients
+            # Counts-only estimates stay within the recipients; a broadcast to everyone
+            # online has no count of its own: its recipients are those it reached.
+            if answer["recipients"]:
+                for name in ("delivered", "acked"):
+                    answer[name] = min(answer[name], answer["recipients"])
+            else:
+                answer["recipients"] = answer["online"] = answer["delivered"]
             return answer
         if counts is None:
             raise NotFound(f"no push {push_id!r} (or its receipt expired: IMROUTE_RECEIPTS_TTL_S)")

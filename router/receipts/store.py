@@ -247,9 +247,11 @@ class RedisReceiptStore:
         if listable == "1":
             acked = int(ca or 0)
             delivered = int(cd or 0) + acked
-        else:  # HyperLogLog estimates: never more than there are recipients
-            acked = min(int(acked_n), int(n or 0))
-            delivered = min(max(int(delivered_n), acked), int(n or 0))
+        else:  # HyperLogLog estimates: never more than there are recipients, if known
+            cap = int(n or 0) or None  # a broadcast's count is its job's, not here
+            acked = min(int(acked_n), cap) if cap else int(acked_n)
+            delivered = max(int(delivered_n), acked)
+            delivered = min(delivered, cap) if cap else delivered
         return Counts(
             mode=str(m),
             recipients=int(n or 0),

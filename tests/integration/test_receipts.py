@@ -101,3 +101,34 @@ async def test_past_the_bound_a_receipt_keeps_counts_only(redis_url: str, prefix
         assert resp.status_code == 409, resp.text
         assert "IMROUTE_RECEIPTS_MAX_RECIPIENTS" in resp.json()["detail"]
         await ws.close()
+
+
+async def test_a_broadcast_counts_its_deliveries_and_acks(redis_url: str, prefix: str) -> None:
+    """Counts only: to everyone online (its recipients are those it reached), and to the
+    directory (its recipients are the directory's users)."""
+    async with gateway(redis_url, prefix, "gw1", "g1") as gw, api(redis_url, prefix) as http:
+        users = {"users": [{"uid": u} for u in ("bc1", "bc2", "bc3")]}
+        assert (await http.put("/v1/users", json=users, headers=AUTH)).status_code == 200
+        sockets = {u: await open_ws(gw, u) for u in ("bc1", "bc2")}
+        for ws in sockets.values():
+            await replay(ws)
+        acks = 0
+        for body, recipients in (
+            ({"content": "online", "audience": {"online": True}}, 2),
+            ({"content": "directory"}, 3),
+        ):
+            push_id = await fanout(http, "/v1/broadcast", body)
+            for ws in sockets.values():
+                (frame,) = await pushes(ws, 1)
+                await ack(ws, frame)
+            acks += 2
+            await acked(gw, acks)
+            for _ in range(100):
+                s = await status(http, push_id)
+                if s["acked"] == 2:
+                    break
+                await asyncio.sleep(0.05)
+            assert (s["mode"], s["listable"]) == ("broadcast", False)
+            assert (s["recipients"], s["delivered"], s["acked"]) == (recipients, 2, 2), s
+        for ws in sockets.values():
+            await ws.close()
