@@ -85,7 +85,8 @@ class Pushes:
             return Pushed(message, outcome)
         listable = len(body.to) <= r.limits.max_recipients
         meta = message_meta(message, r.preview)
-        receipt = p2p_receipt(message, body.to, outcome, meta, body.store)
+        ttl_passed = bool(expires_ms) and self._clock.now_ms() >= expires_ms
+        receipt = p2p_receipt(message, body.to, outcome, meta, body.store, ttl_passed)
         try:
             due = r.due_ms(self._clock.now_ms(), body.store)
             await r.log.record(receipt, listable, due)

@@ -89,6 +89,8 @@ class PushOutcome:
     gone: list[Route]
     # Offline or failed recipients whose message waits in their inbox.
     queued: list[str] = field(default_factory=list)
+    # Failed recipients whose gateway answered that the push had expired (not written).
+    expired: list[str] = field(default_factory=list)
 
 
 def merge(
@@ -97,12 +99,15 @@ def merge(
     """Per recipient: delivered if any gateway delivered, failed if one errored, else offline."""
     delivered: set[str] = set()
     errored: set[str] = set()
+    expired: set[str] = set()
     gone: list[Route] = []
     errors: list[GatewayOutcome] = []
     for outcome in outcomes:
         target = plan.targets[outcome.gateway_id]
         if outcome.error is not None:
             errored.update(target.uids)
+            if outcome.error.startswith("EXPIRED"):
+                expired.update(target.uids)
             errors.append(outcome)
             continue
         delivered.update(outcome.delivered)
@@ -118,4 +123,5 @@ def merge(
             failed.append(uid)
         else:
             offline.append(uid)
-    return PushOutcome(result_delivered, offline, failed, errors, gone)
+    gone_by_expiry = [u for u in failed if u in expired]
+    return PushOutcome(result_delivered, offline, failed, errors, gone, expired=gone_by_expiry)

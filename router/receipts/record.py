@@ -33,12 +33,19 @@ def p2p_receipt(
     outcome: PushOutcome,
     meta: Mapping[str, str],
     store: bool = True,
+    ttl_passed: bool = False,
 ) -> NewReceipt:
-    """Delivered, or queued; a `store:false` push that reached no connection of a
-    recipient is kept nowhere, so it is expired for them (dropped, never delivered)."""
+    """Delivered, or queued; expired where a gateway found its ttl_s passed, and where a
+    `store:false` push reached no connection of a recipient (it is kept nowhere)."""
     delivered = set(outcome.delivered)
+    # A gateway answers EXPIRED past the push's ttl_s, or past its call's deadline; in
+    # the second case it is still in the inbox (queued), in the first it never will be.
+    expired = set(outcome.expired) if ttl_passed else set()
     missed = QUEUED if store else EXPIRED
-    states = {uid: DELIVERED if uid in delivered else missed for uid in uids}
+    states = {
+        uid: DELIVERED if uid in delivered else EXPIRED if uid in expired else missed
+        for uid in uids
+    }
     online = len(outcome.delivered) + len(outcome.failed)
     return NewReceipt(message.push_id, "p2p", len(uids), online, states, meta)
 
