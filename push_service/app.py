@@ -9,6 +9,7 @@ from fastapi import FastAPI
 
 from push_service.access import ApiKeys
 from push_service.errors import add_error_handlers
+from push_service.fast_push import FastPush, ServicesSlot
 from push_service.gate import AccessRules, KeyGate
 from push_service.limits import BodyLimit
 from push_service.ratelimit import LimiterSlot, RateGate
@@ -37,17 +38,19 @@ def create_app(settings: Settings, clock: Clock | None = None, bus: Bus | None =
         raise ConfigError("IMROUTE_API_KEY: required by the push service")
     wiring = Wiring(settings, clock or SystemClock(), bus)
     slot = LimiterSlot()
+    services_slot = ServicesSlot()
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         async with wiring.open() as services:
-            app.state.services = services
+            app.state.services = services_slot.services = services
             app.state.parts = wiring.parts
             slot.limiter = wiring.rate_limiter
             try:
                 yield
             finally:
                 slot.limiter = None
+                services_slot.services = None
 
     app = FastAPI(
         title="imroute push service",
@@ -60,6 +63,8 @@ def create_app(settings: Settings, clock: Clock | None = None, bus: Bus | None =
     add_error_handlers(app)
     for router in ROUTERS:
         app.include_router(router)
+    # Innermost: POST /v1/push's hot path, behind every gate (push_service.fast_push).
+    app.add_middleware(FastPush, slot=services_slot, keys=keys, handlers=app.exception_handlers)
     # Added last, so it runs first (outermost): requests without the key a path needs
     # are refused before BodyLimit, so only they reach its large per-path limits.
     app.add_middleware(

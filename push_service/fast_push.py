@@ -1,0 +1,182 @@
+"""POST /v1/push without FastAPI's per-request machinery, for the bodies it can vouch for.
+
+The P2P push is the endpoint callers hit most, and FastAPI's request cycle (dependency
+resolution, pydantic validation of the body and of `content` as a JsonValue, the
+response class) cost about a third of its CPU. This pure-ASGI shell sits inside the key
+gate, the rate gate and the body limit, in front of the app: it reads the body, decodes
+it with orjson, checks it by hand (`push_parse.quick_push`) and calls the same service
+method the route calls, answering with the same JSON.
+
+Anything else goes to the FastAPI route unchanged, with the body it already read: a
+body orjson cannot decode as json.loads would (NaN, a lone surrogate, a BOM, an integer
+past 64 bits, which orjson makes a float), one whose shape or values quick_push does not
+vouch for (the route's pydantic model then gives its answer or its 422 naming the
+field), an Idempotency-Key (the route's `Once` keeps the answer), a content-type the
+route would not read as JSON, and every other path. The route stays what the OpenAPI schema documents.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import orjson
+from starlette.requests import Request
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from push_service.access import ApiKeys, authorize, presented
+from push_service.access import Scope as KeyScope
+from push_service.push_parse import quick_push
+from push_service.services import Pushed, Services
+
+__all__ = ["PATH", "FastPush", "ServicesSlot", "push_answer"]
+
+PATH = "/v1/push"
+_JSON_TYPES = frozenset({b"application/json", b"application/json; charset=utf-8"})
+# orjson reads an integer past 64 bits as a float; json.loads and pydantic keep it whole.
+# A run of 19 digits (maybe in a string: then the route costs a little more) goes there.
+_LONG_NUMBER = re.compile(rb"[0-9]{19}")
+_HEADERS = [(b"content-type", b"application/json")]
+
+
+class ServicesSlot:
+    """Where the app's lifespan puts its services once they are open."""
+
+    services: Services | None = None
+
+
+def push_answer(pushed: Pushed) -> dict[str, Any]:
+    """POST /v1/push's answer (PushOut, built directly: validating our own output again
+    is pure cost on the hottest endpoint)."""
+    message, outcome = pushed.message, pushed.outcome
+    answer: dict[str, Any] = {
+        "push_id": message.push_id,
+        "msg_id": message.msg_id,
+        "delivered": outcome.delivered,
+        "offline": outcome.offline,
+        "failed": outcome.failed,
+        "queued": outcome.queued,
+        "errors": [{"gateway_id": e.gateway_id, "error": e.error} for e in outcome.errors],
+    }
+    if pushed.acked is not None:
+        answer["acked"] = pushed.acked
+        answer["unacked"] = pushed.unacked
+    return answer
+
+
+Handlers = Mapping[Any, Callable[..., Any]]
+
+
+class FastPush:
+    def __init__(self, app: ASGIApp, slot: ServicesSlot, keys: ApiKeys, handlers: Handlers) -> None:
+        self.app = app
+        self.slot = slot
+        self.keys = keys
+        self.handlers = handlers  # the app's exception handlers: errors look the same
+        self.taken = 0  # pushes answered here (the rest went to the route)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        services = self.slot.services
+        if (
+            services is None
+            or scope["type"] != "http"
+            or scope["path"] != PATH
+            or scope["method"] != "POST"
+            or scope.get("root_path")
+            or not self._plain(scope["headers"])
+        ):
+            await self.app(scope, receive, send)
+            return
+        body, more = await _read_body(receive)
+        if more is not None:  # the client went away, or the body limit answered
+            await self.app(scope, _replay(body, receive, more), send)
+            return
+        data = _decode(body)
+        push_in = quick_push(data) if data is not None else None
+        if push_in is None:
+            await self.app(scope, _replay(body, receive), send)
+            return
+        self.taken += 1
+        try:
+            pushed = await services.pushes.push(push_in)
+        except Exception as exc:
+            handler = _handler_for(self.handlers, exc)
+            if handler is None:
+                raise  # a 500, from the app's outermost middleware, as on the route
+            response = await handler(Request(scope), exc)
+            await response(scope, receive, send)
+            return
+        await _answer(send, orjson.dumps(push_answer(pushed)))
+
+    def _plain(self, headers: list[tuple[bytes, bytes]]) -> bool:
+        """A JSON body with the push scope's key and no Idempotency-Key."""
+        content_type = None
+        for name, value in headers:
+            if name == b"content-type":
+                content_type = value.lower()
+            elif name == b"idempotency-key":
+                return False
+        if content_type not in _JSON_TYPES:
+            return False
+        key, _ = presented(headers)
+        return authorize(self.keys, key, KeyScope.PUSH) is None
+
+
+def _decode(body: bytes) -> Any:
+    """The body decoded, where orjson decodes it as json.loads would; else None."""
+    if _LONG_NUMBER.search(body) is not None:
+        return None
+    try:
+        return orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return None
+
+
+async def _read_body(receive: Receive) -> tuple[bytes, Message | None]:
+    """The whole body, and None; or what was read so far and the message that ended it
+    early (a disconnect)."""
+    chunks: list[bytes] = []
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":
+            return b"".join(chunks), message
+        chunks.append(message.get("body", b""))
+        if not message.get("more_body", False):
+            return chunks[0] if len(chunks) == 1 else b"".join(chunks), None
+
+
+def _replay(body: bytes, receive: Receive, ending: Message | None = None) -> Receive:
+    """A receive that hands the app the body already read, then the rest as it comes."""
+    sent = False
+
+    async def again() -> Message:
+        nonlocal sent
+        if not sent:
+            sent = True
+            if ending is None:
+                return {"type": "http.request", "body": body, "more_body": False}
+            return ending
+        return await receive()
+
+    return again
+
+
+def _handler_for(handlers: Handlers, exc: Exception) -> Callable[..., Any] | None:
+    """The app's handler of `exc`'s class or nearest base (as Starlette picks it)."""
+    for cls in type(exc).__mro__:
+        handler = handlers.get(cls)
+        if handler is not None:
+            return handler
+    return None
+
+
+async def _answer(send: Send, body: bytes) -> None:
+    await send(
+        {
+            "type": "http.response.start",
+            "status": 200,
+            "headers": [*_HEADERS, (b"content-length", str(len(body)).encode())],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})
