@@ -38,13 +38,14 @@ class ReceiptsView:
             )
             if counts is not None and counts.recipients > answer["recipients"]:
                 answer["recipients"] = counts.recipients
-            # Counts-only estimates stay within the recipients; a broadcast to everyone
-            # online has no count of its own: its recipients are those it reached.
+            # Counts-only estimates stay within the recipients. A broadcast to everyone
+            # online counts none up front (its job's `recipients` stays 0, as it always
+            # has): those it reached were online.
             if answer["recipients"]:
                 for name in ("delivered", "acked"):
                     answer[name] = min(answer[name], answer["recipients"])
             else:
-                answer["recipients"] = answer["online"] = answer["delivered"]
+                answer["online"] = answer["delivered"]
             return answer
         if counts is None:
             raise NotFound(f"no push {push_id!r} (or its receipt expired: IMROUTE_RECEIPTS_TTL_S)")

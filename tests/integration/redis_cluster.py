@@ -21,22 +21,43 @@ from router.devtools.ports import free_port_block
 from router.devtools.supervisor import Supervisor
 
 SLOTS = 16384
+ATTEMPTS = 3
 
 
 @contextmanager
 def local_cluster(nodes: int = 3, timeout_s: float = 20.0) -> Iterator[str]:
     """Yield a `redis+cluster://` URL of a fresh cluster of `nodes` primaries."""
-    base = free_port_block([*range(nodes), *(10000 + i for i in range(nodes))])
-    ports = [base + i for i in range(nodes)]
     workdir = Path(tempfile.mkdtemp(prefix="imroute-cluster-"))
     try:
-        with Supervisor() as nodes_running:
-            for port in ports:
-                _start_node(nodes_running, port, workdir)
-            _form_cluster(ports, time.monotonic() + timeout_s)
-            yield f"redis+cluster://127.0.0.1:{ports[0]}"
+        # A port found free may be taken before a node binds it (another process's
+        # outgoing connection): a node that exits at start means another block.
+        for _ in range(ATTEMPTS):
+            base = free_port_block([*range(nodes), *(10000 + i for i in range(nodes))])
+            ports = [base + i for i in range(nodes)]
+            with Supervisor() as nodes_running:
+                for port in ports:
+                    _start_node(nodes_running, port, workdir)
+                deadline = time.monotonic() + timeout_s
+                if not _all_answer(nodes_running, ports, deadline):
+                    continue
+                _form_cluster(ports, deadline)
+                yield f"redis+cluster://127.0.0.1:{ports[0]}"
+                return
+        raise RuntimeError(f"no cluster node block started in {ATTEMPTS} tries")
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _all_answer(nodes: Supervisor, ports: list[int], deadline: float) -> bool:
+    """Every node answers (True), or one exited, its port taken (False)."""
+    for port in ports:
+        while not redis_answers(f"redis://127.0.0.1:{port}/0", 0.5):
+            if nodes.exited():
+                return False
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"cluster node on port {port} did not start")
+            time.sleep(0.05)
+    return True
 
 
 def _start_node(nodes: Supervisor, port: int, workdir: Path) -> None:
@@ -57,11 +78,6 @@ def _start_node(nodes: Supervisor, port: int, workdir: Path) -> None:
 
 def _form_cluster(ports: list[int], deadline: float) -> None:
     """Share the slots out evenly, introduce the nodes, wait for cluster_state:ok."""
-    for port in ports:
-        while not redis_answers(f"redis://127.0.0.1:{port}/0", 0.5):
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"cluster node on port {port} did not start")
-            time.sleep(0.05)
     clients = [redis.Redis(port=port, socket_timeout=5) for port in ports]
     try:
         for i, client in enumerate(clients):
