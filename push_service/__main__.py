@@ -3,14 +3,19 @@
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import sys
 from collections.abc import Sequence
 
-from push_service.app import create_app
+from push_service.app import Worker, create_app
 from push_service.http_server import run
+from push_service.workers import serve_workers
 from shared.errors import ImrouteError
 from shared.settings import Settings
+
+# Python's default is 700 allocations; a P2P push makes a few hundred objects.
+GC_GEN0_THRESHOLD = 10_000
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -31,19 +36,41 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         type=float,
         help="tokens refilled per successful publish, 0.001-0.2 (default 0.1)",
     )
+    # Set by the workers' supervisor (push_service.workers) for each worker it starts.
+    p.add_argument("--listen-fd", type=int, help=argparse.SUPPRESS)
+    p.add_argument("--worker", type=int, help=argparse.SUPPRESS)
+    p.add_argument("--workers-dir", help=argparse.SUPPRESS)
     return p.parse_args(argv)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = parse_args(argv)
+    worker = (
+        None if args.listen_fd is None else Worker(args.listen_fd, args.worker, args.workers_dir)
+    )
+    flags = {k: v for k, v in vars(args).items() if k not in ("listen_fd", "worker", "workers_dir")}
     try:
-        settings = Settings.load(os.environ, **vars(args))
-        app = create_app(settings)
+        settings = Settings.load(os.environ, **flags)
+        if worker is None and settings.workers > 1:
+            # Checked here once, so a bad setting is one message, not one per worker.
+            create_app(settings)
+            return serve_workers(settings, argv)
+        app = create_app(settings, worker=worker, on_ready=settle_gc)
     except ImrouteError as exc:
         print(f"imroute push-service: {exc}", file=sys.stderr)
         return 2
-    run(app, settings)
+    run(app, settings, None if worker is None else worker.listener())
     return 0
+
+
+def settle_gc() -> None:
+    """Once the services are open: what start-up built lives as long as the process, so
+    the collector stops walking it (gc.freeze), and young collections run less often, as
+    a push allocates many short-lived objects and few cycles."""
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(GC_GEN0_THRESHOLD, *gc.get_threshold()[1:])
 
 
 if __name__ == "__main__":

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Callable
+from contextlib import AsyncExitStack, asynccontextmanager
 
 from fastapi import FastAPI
 
@@ -16,12 +16,13 @@ from push_service.ratelimit import LimiterSlot, RateGate
 from push_service.routes import ROUTERS
 from push_service.routes.deps import KEY_SCHEMES
 from push_service.wiring import Wiring
+from push_service.worker import Worker
 from router.bus.base import Bus
 from shared.clock import Clock, SystemClock
 from shared.errors import ConfigError
 from shared.settings import Settings
 
-__all__ = ["create_app"]
+__all__ = ["Worker", "create_app"]
 
 # The largest valid push (1000 uids of 128 characters and 64 KiB of content) fits.
 MAX_BODY_BYTES = 1 << 20
@@ -31,9 +32,17 @@ MAX_MULTICAST_BODY_BYTES = 160 << 20
 MAX_USERS_BODY_BYTES = 32 << 20
 
 
-def create_app(settings: Settings, clock: Clock | None = None, bus: Bus | None = None) -> FastAPI:
+def create_app(
+    settings: Settings,
+    clock: Clock | None = None,
+    bus: Bus | None = None,
+    worker: Worker | None = None,
+    on_ready: Callable[[], None] | None = None,
+) -> FastAPI:
     """Build the app; Redis and gRPC channels are opened by its lifespan. `bus`: one the
-    caller owns, e.g. a MemoryBus shared with gateways in the same process."""
+    caller owns, e.g. a MemoryBus shared with gateways in the same process. `worker`:
+    this process is one of several (IMROUTE_WORKERS). `on_ready`: called once the
+    services are open."""
     if settings.api_key is None:
         raise ConfigError("IMROUTE_API_KEY: required by the push service")
     wiring = Wiring(settings, clock or SystemClock(), bus)
@@ -42,7 +51,14 @@ def create_app(settings: Settings, clock: Clock | None = None, bus: Bus | None =
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        async with wiring.open() as services:
+        async with AsyncExitStack() as stack:
+            services = await stack.enter_async_context(wiring.open())
+            if worker is not None:
+                services.health.siblings = worker
+                await stack.enter_async_context(worker.sharing_metrics(services.health.own_scrape))
+                worker.mark_ready()
+            if on_ready is not None:
+                on_ready()
             app.state.services = services_slot.services = services
             app.state.parts = wiring.parts
             slot.limiter = wiring.rate_limiter

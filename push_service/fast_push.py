@@ -12,7 +12,8 @@ body orjson cannot decode as json.loads would (NaN, a lone surrogate, a BOM, an 
 past 64 bits, which orjson makes a float), one whose shape or values quick_push does not
 vouch for (the route's pydantic model then gives its answer or its 422 naming the
 field), an Idempotency-Key (the route's `Once` keeps the answer), a content-type the
-route would not read as JSON, and every other path. The route stays what the OpenAPI schema documents.
+route would not read as JSON, and every other path. The route stays what the OpenAPI
+schema documents.
 """
 
 from __future__ import annotations

@@ -21,6 +21,7 @@ import asyncio
 import importlib.util
 import json
 import logging
+import socket
 import time
 from collections.abc import Callable
 from typing import Any, ClassVar, Literal
@@ -199,9 +200,10 @@ def head_deadline_protocol(timeout_s: float, parser: Parser = "auto") -> type[as
     return type(base.__name__, (base,), attrs)
 
 
-def run(app: ASGIApp, settings: Settings) -> None:
-    """Serve `app` with uvicorn until SIGINT or SIGTERM, with the HTTP limits of `settings`."""
-    uvicorn.run(
+def run(app: ASGIApp, settings: Settings, sock: socket.socket | None = None) -> None:
+    """Serve `app` with uvicorn until SIGINT or SIGTERM, with the HTTP limits of `settings`;
+    on `sock` (a worker's inherited listening socket) or on IMROUTE_HOST:IMROUTE_PORT."""
+    config = uvicorn.Config(
         app,
         host=settings.host,
         port=settings.port,
@@ -211,3 +213,4 @@ def run(app: ASGIApp, settings: Settings) -> None:
         timeout_keep_alive=settings.http_keepalive_timeout_s,
         limit_concurrency=settings.http_max_concurrency,
     )
+    uvicorn.Server(config).run(sockets=None if sock is None else [sock])

@@ -19,6 +19,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from shared.errors import ConfigError
 from shared.keys import ID_PATTERN
+from shared.http_settings import HttpSettings
 from shared.webhook_settings import WebhookSettings
 
 __all__ = ["ENV_PREFIX", "Settings", "redact_url"]
@@ -26,7 +27,7 @@ __all__ = ["ENV_PREFIX", "Settings", "redact_url"]
 ENV_PREFIX = "IMROUTE_"
 
 
-class Settings(WebhookSettings, BaseSettings):
+class Settings(HttpSettings, WebhookSettings, BaseSettings):
     """Every setting of every imroute process; each entry point uses what it needs."""
 
     model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="forbid", frozen=True)
@@ -116,13 +117,7 @@ class Settings(WebhookSettings, BaseSettings):
     # The admin key alone may drain gateways and write the user directory; without one,
     # IMROUTE_API_KEY keeps both roles.
     admin_api_key: SecretStr | None = None
-    # a request head (request line and headers) must arrive within this many seconds of
-    # the connection opening, or of the next request's first byte: slowloris heads are cut
-    http_header_timeout_s: float = Field(10.0, gt=0, le=300)
-    # an idle keep-alive connection is closed after this many seconds (uvicorn's own)
-    http_keepalive_timeout_s: int = Field(5, ge=1, le=3600)
-    # open connections or running requests past which uvicorn answers 503
-    http_max_concurrency: int = Field(10_000, ge=1, le=1_000_000)
+    # (the HTTP server's own settings: shared.http_settings)
 
     # --- issue 13, idempotency (README, "Idempotent pushes") ---
     # how long a push's answer is kept for replay under its Idempotency-Key (Stripe: 24 h)

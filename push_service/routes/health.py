@@ -16,7 +16,7 @@ router = APIRouter()
 @router.get("/metrics", include_in_schema=False)
 async def metrics(health: HealthSvc) -> Response:
     """Prometheus metrics: publishing (and hedging) per topic."""
-    return Response(health.scrape(), media_type=CONTENT_TYPE_LATEST)
+    return Response(await health.scrape(), media_type=CONTENT_TYPE_LATEST)
 
 
 @router.get("/healthz")

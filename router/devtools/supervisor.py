@@ -168,9 +168,11 @@ class Supervisor:
         stderr: Stderr = "inherit",
         new_session: bool = False,
         whole_group: bool = False,
+        pass_fds: Sequence[int] = (),
     ) -> Child:
         """Start `argv` as child `name`. new_session: a terminal's Ctrl-C reaches only us;
-        whole_group (implies new_session): stop signals go to the child's process group."""
+        whole_group (implies new_session): stop signals go to the child's process group;
+        pass_fds: file descriptors the child inherits (a listening socket)."""
         popen = subprocess.Popen(
             list(argv),
             env=env if env is not None else self.env,
@@ -179,6 +181,7 @@ class Supervisor:
             stdout=_stdout(stdout),
             stderr=_stderr(stderr),
             start_new_session=new_session or whole_group,
+            pass_fds=tuple(pass_fds),
             preexec_fn=die_with_parent,  # noqa: PLW1509  # a bare prctl, resolved beforehand
         )
         child = Child(name, popen, whole_group=whole_group)

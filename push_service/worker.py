@@ -1,0 +1,130 @@
+"""One worker of several (IMROUTE_WORKERS, push_service.workers): its socket, its number,
+and /metrics for all of them.
+
+A scrape reaches whichever worker accepts its connection, so each worker serves its own
+metrics on a Unix socket in the folder the supervisor made (`<n>.sock`), and the one
+that answers /metrics reads its siblings' there and merges them, each sample labelled
+`worker="<n>"`: one scrape sees every process, and a sum over `worker` is the service's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import socket
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.metrics_core import Metric
+from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.samples import Sample
+
+__all__ = ["Worker", "merge_scrapes"]
+
+log = logging.getLogger(__name__)
+
+READ_TIMEOUT_S = 2.0
+
+
+@dataclass(frozen=True, slots=True)
+class Worker:
+    """What the supervisor tells a worker: the socket's descriptor, its number, and the
+    folder the workers share."""
+
+    fd: int
+    index: int
+    folder: str
+
+    def listener(self) -> socket.socket:
+        """The listening socket every worker accepts on (its family read from the fd)."""
+        return socket.socket(fileno=self.fd)
+
+    def _path(self, index: int | str, suffix: str) -> Path:
+        return Path(self.folder) / f"{index}.{suffix}"
+
+    def mark_ready(self) -> None:
+        """Tell the supervisor this worker started (a worker that exits before it did
+        failed to start, and is not started again)."""
+        self._path(self.index, "ready").touch()
+
+    @contextlib.asynccontextmanager
+    async def sharing_metrics(self, scrape: Callable[[], bytes]) -> AsyncIterator[None]:
+        """Serve this worker's own scrape on its Unix socket while the block runs."""
+
+        async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            try:
+                writer.write(scrape())
+                await writer.drain()
+            finally:
+                writer.close()
+
+        path = self._path(self.index, "sock")
+        path.unlink(missing_ok=True)
+        server = await asyncio.start_unix_server(answer, path=str(path))
+        try:
+            yield
+        finally:
+            server.close()
+            path.unlink(missing_ok=True)
+
+    def _siblings(self) -> list[Path]:
+        # A few entries in a folder of our own: listed without a thread.
+        socks = Path(self.folder).glob("*.sock")
+        return sorted(p for p in socks if p.stem != str(self.index))
+
+    async def scrape_all(self, own: bytes) -> bytes:
+        """Every worker's metrics, each sample labelled with its worker's number."""
+        scrapes = {str(self.index): own}
+        siblings = self._siblings()
+        texts = await asyncio.gather(*(_read(p) for p in siblings))
+        for path, text in zip(siblings, texts, strict=True):
+            if text is not None:
+                scrapes[path.stem] = text
+        return merge_scrapes(scrapes)
+
+
+async def _read(path: Path) -> bytes | None:
+    try:
+        async with asyncio.timeout(READ_TIMEOUT_S):
+            reader, writer = await asyncio.open_unix_connection(str(path))
+            try:
+                return await reader.read()
+            finally:
+                writer.close()
+    except (OSError, TimeoutError) as exc:
+        # A worker restarting: its metrics are missing from this one scrape.
+        log.warning("could not read the metrics of worker %s: %s", path.stem, exc)
+        return None
+
+
+class _Merged:
+    """A collector of the parsed families (prometheus_client renders them again)."""
+
+    def __init__(self, families: Iterable[Metric]) -> None:
+        self._families = list(families)
+
+    def collect(self) -> Iterator[Metric]:
+        return iter(self._families)
+
+
+def merge_scrapes(scrapes: dict[str, bytes]) -> bytes:
+    """Prometheus text scrapes of several workers as one, each sample labelled
+    `worker="<its key>"`, each family once."""
+    families: dict[str, Metric] = {}
+    for worker, text in scrapes.items():
+        for family in text_string_to_metric_families(text.decode()):
+            merged = families.get(family.name)
+            if merged is None:
+                merged = families[family.name] = Metric(
+                    family.name, family.documentation, family.type, family.unit
+                )
+            merged.samples.extend(
+                Sample(s.name, {**s.labels, "worker": worker}, s.value, s.timestamp, s.exemplar)
+                for s in family.samples
+            )
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_Merged(families.values()))
+    return generate_latest(registry)

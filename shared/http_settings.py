@@ -1,0 +1,37 @@
+"""The push service's HTTP server settings, a mixin of `shared.settings.Settings`.
+
+Kept apart so the one settings class stays readable; `Settings` inherits every field
+here, and `Settings.load` reads them as `IMROUTE_*` like any other.
+"""
+
+from __future__ import annotations
+
+import os
+
+from pydantic import Field
+from pydantic_settings import BaseSettings
+
+__all__ = ["HttpSettings", "default_workers"]
+
+
+def default_workers() -> int:
+    """The cores this process may run on (its CPU affinity), at least 1."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):  # not Linux
+        return max(1, os.cpu_count() or 1)
+
+
+class HttpSettings(BaseSettings):
+    """How the push service serves HTTP (issue 12: uvicorn's limits; issue 14: workers)."""
+
+    # a request head (request line and headers) must arrive within this many seconds of
+    # the connection opening, or of the next request's first byte: slowloris heads are cut
+    http_header_timeout_s: float = Field(10.0, gt=0, le=300)
+    # an idle keep-alive connection is closed after this many seconds (uvicorn's own)
+    http_keepalive_timeout_s: int = Field(5, ge=1, le=3600)
+    # open connections or running requests past which uvicorn answers 503 (per worker)
+    http_max_concurrency: int = Field(10_000, ge=1, le=1_000_000)
+    # push-service processes sharing the one listening port (README, "Workers"); the
+    # default is the cores this process may use
+    workers: int = Field(default_factory=default_workers, ge=1, le=256)
