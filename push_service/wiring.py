@@ -63,7 +63,9 @@ from router.receipts.store import RedisReceiptStore
 from router.receipts.unacked import UnackedSweeper
 from router.recovery.base import RecoveryLimits
 from router.recovery.store import RedisRecoveryStore
+from router.redis.autopipe import AutoPipeline, auto_pipeline_for
 from router.redis.client import RedisClient, create_redis, ping
+from router.routes.reads import hash_reads_for
 from router.routes.registry import RedisRouteRegistry
 from router.webhook.base import EventSink
 from router.webhook.running import running_webhooks
@@ -116,6 +118,7 @@ class Wiring:
         # when IMROUTE_WEBHOOK_URL is set (None: webhooks off, nothing to emit)
         self.webhooks: EventSink | None = None
         self.unacked: UnackedSweeper | None = None  # sends message.unacked, while open
+        self.auto: AutoPipeline | None = None  # issue 14: shared round trips, while open
         self._tls = load_tls(settings)  # read now: a bad file stops the start, by name
 
     @asynccontextmanager
@@ -134,9 +137,13 @@ class Wiring:
                 grpc_clients, settings, clock, self._call_metrics
             )
             stack.push_async_callback(clients.close)
-            registry = RedisRouteRegistry(redis, keys, clock)
+            # The P2P path's single commands share round trips (standalone Redis).
+            auto = self.auto = auto_pipeline_for(redis)
+            if auto is not None:
+                stack.push_async_callback(auto.aclose)
+            registry = RedisRouteRegistry(redis, keys, clock, reads=hash_reads_for(redis, auto))
             limits = RecoveryLimits.from_settings(settings)
-            recovery = RedisRecoveryStore(redis, keys, clock, limits)
+            recovery = RedisRecoveryStore(redis, keys, clock, limits, auto)
             # The fleet's TTL is the gateways' to set; readers only read.
             # Gateways that leave the fleet take their channels and circuit stats along.
             fleet = CachedFleet(
@@ -244,7 +251,7 @@ class Wiring:
         rlimits = ReceiptLimits.from_settings(settings)
         if not rlimits.enabled:
             return None, None
-        receipts = RedisReceiptStore(redis, self._keys, rlimits)
+        receipts = RedisReceiptStore(redis, self._keys, rlimits, self.auto)
         # message.unacked needs both the receipts and a webhook to send it to.
         unacked_ms = int(settings.webhook_unacked_s * 1000) if self.webhooks else 0
         view = Receipts(receipts, receipts, rlimits, settings.webhook_preview, unacked_ms)

@@ -21,6 +21,7 @@ from router.receipts.base import (
     ReceiptLimits,
     RecipientPage,
 )
+from router.redis.autopipe import AutoPipeline
 from router.redis.client import RedisClient
 from router.redis.errors import translate_errors
 from router.redis.scripts import Script, ScriptRunner
@@ -142,7 +143,13 @@ class RedisReceiptStore:
     """All three halves: the router's `ReceiptLog`, the gateways' `ReceiptUpdates`, and
     the push service's `ReceiptReads`."""
 
-    def __init__(self, redis: RedisClient, keys: KeySchema, limits: ReceiptLimits) -> None:
+    def __init__(
+        self,
+        redis: RedisClient,
+        keys: KeySchema,
+        limits: ReceiptLimits,
+        auto: AutoPipeline | None = None,
+    ) -> None:
         self._redis = redis
         self._keys = keys
         self.limits = limits
@@ -150,7 +157,9 @@ class RedisReceiptStore:
         self._mark = Script(_MARK)
         self._add = Script(_ADD)
         self._claim = Script(_CLAIM)
-        self._scripts = ScriptRunner(redis, (self._record, self._mark, self._add, self._claim))
+        self._scripts = ScriptRunner(
+            redis, (self._record, self._mark, self._add, self._claim), auto
+        )
 
     # ------------------------------------------------------------------ ReceiptLog
 

@@ -8,6 +8,7 @@ old entries per append), and expires as a whole one window after its last append
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, TypeVar
@@ -23,6 +24,7 @@ from router.recovery.base import (
 )
 from router.recovery.codec import decode_batch, decode_message, encode_batch, encode_message
 from router.recovery.content import ContentCache, RedisContentStore
+from router.redis.autopipe import AutoPipeline
 from router.redis.client import RedisClient
 from router.redis.errors import translate_errors
 from shared.clock import Clock
@@ -33,6 +35,8 @@ from shared.proto import gateway_pb2
 __all__ = ["RedisRecoveryStore"]
 
 T = TypeVar("T")
+
+AUTO_MANY = 16  # with an auto-pipeline, calls up to this many share its round trips
 
 # KEYS: seq, log. ARGV: data, now, cutoff (now - window), maxlen, log ttl, seq ttl (0: none).
 # A log is a list of "<seq> <ts> <data>", appended under its sequence in one script, so
@@ -119,9 +123,17 @@ class RedisRecoveryStore:
     """Both halves of the seam: the router's `RecoveryLog`, the gateway's `RecoveryReads`."""
 
     def __init__(
-        self, redis: RedisClient, keys: KeySchema, clock: Clock, limits: RecoveryLimits
+        self,
+        redis: RedisClient,
+        keys: KeySchema,
+        clock: Clock,
+        limits: RecoveryLimits,
+        auto: AutoPipeline | None = None,
     ) -> None:
+        """`auto`: single calls go through it (standalone Redis only)."""
         self._redis = redis
+        self._execute = auto.execute if auto is not None else redis.execute_command
+        self._auto = auto
         self._keys = keys
         self._clock = clock
         self.limits = limits
@@ -158,6 +170,11 @@ class RedisRecoveryStore:
             return await call()
 
     async def _pipelined(self, calls: Sequence[tuple[Any, ...]]) -> list[Any]:
+        auto = self._auto
+        if auto is not None and len(calls) <= AUTO_MANY:
+            # Issued together, they share one round trip (with other tasks' commands).
+            return list(await self._run(lambda: asyncio.gather(*(auto.execute(*a) for a in calls))))
+
         async def go() -> list[Any]:
             pipe = self._redis.pipeline(transaction=False)
             for args in calls:
@@ -167,7 +184,7 @@ class RedisRecoveryStore:
         return await self._run(go)
 
     async def _one(self, args: tuple[Any, ...]) -> Any:
-        return await self._run(lambda: self._redis.execute_command(*args))
+        return await self._run(lambda: self._execute(*args))
 
     # ------------------------------------------------------------------ RecoveryLog
 

@@ -8,17 +8,21 @@ fails with NoScriptError before anything ran, the scripts are loaded and it runs
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
 from redis.exceptions import NoScriptError
 
+from router.redis.autopipe import AutoPipeline
 from router.redis.client import RedisClient
 
 __all__ = ["Script", "ScriptRunner"]
 
 T = TypeVar("T")
+
+AUTO_MANY = 16  # more calls than this go in a pipeline of their own
 
 
 class Script:
@@ -33,9 +37,15 @@ class Script:
 class ScriptRunner:
     """Runs calls of its scripts (`Script.args`) alone or pipelined."""
 
-    def __init__(self, redis: RedisClient, scripts: Sequence[Script]) -> None:
+    def __init__(
+        self, redis: RedisClient, scripts: Sequence[Script], auto: AutoPipeline | None = None
+    ) -> None:
+        """`auto`: send single calls through it (their round trips shared with other
+        tasks' commands), standalone Redis only."""
         self._redis = redis
         self._scripts = tuple(scripts)
+        self._execute = auto.execute if auto is not None else redis.execute_command
+        self._auto = auto
 
     async def _run(self, call: Callable[[], Awaitable[T]]) -> T:
         try:
@@ -47,11 +57,15 @@ class ScriptRunner:
             return await call()
 
     async def one(self, args: tuple[Any, ...]) -> Any:
-        return await self._run(lambda: self._redis.execute_command(*args))
+        return await self._run(lambda: self._execute(*args))
 
     async def many(self, calls: Sequence[tuple[Any, ...]]) -> list[Any]:
         if len(calls) == 1:
             return [await self.one(calls[0])]
+        auto = self._auto
+        if auto is not None and len(calls) <= AUTO_MANY:
+            # Issued together, they share one round trip (with other tasks' commands).
+            return list(await self._run(lambda: asyncio.gather(*(auto.execute(*a) for a in calls))))
 
         async def go() -> list[Any]:
             pipe = self._redis.pipeline(transaction=False)

@@ -65,13 +65,21 @@ class RespBulkReader:
         """One reply per key (`prefix` + key), from one write and one read loop."""
         if not keys:
             return []
-        payload = pack_commands(command, keys, prefix)
+        replies = await self.run(pack_commands(command, keys, prefix), len(keys))
+        for reply in replies:
+            if isinstance(reply, hiredis.ReplyError):
+                raise redis.exceptions.ResponseError(str(reply))
+        return replies
+
+    async def run(self, payload: bytes, count: int) -> list[Any]:
+        """The `count` replies to the packed commands `payload`, error replies among them
+        as `hiredis.ReplyError` objects, not raised (each is its own command's)."""
         conn: AbstractConnection = await self._pool.get_connection()  # type: ignore[no-untyped-call]
         in_sync = False
         replies: list[Any]
         try:
             replies, in_sync = await conn.retry.call_with_retry(
-                lambda: self._round_trip(conn, payload, len(keys)),
+                lambda: self._round_trip(conn, payload, count),
                 lambda _error: conn.disconnect(nowait=True),
             )
         finally:
@@ -80,9 +88,6 @@ class RespBulkReader:
                 # on their way, and the next user of this socket would read them.
                 await conn.disconnect(nowait=True)
             await self._pool.release(conn)
-        for reply in replies:
-            if isinstance(reply, hiredis.ReplyError):
-                raise redis.exceptions.ResponseError(str(reply))
         return replies
 
     async def _round_trip(

@@ -19,6 +19,7 @@ from typing import Protocol
 
 import redis.asyncio as aioredis
 
+from router.redis.autopipe import AutoPipeline
 from router.redis.client import RedisClient
 from router.routes.bulk_read import RespBulkReader
 
@@ -52,13 +53,18 @@ class PipelineHashReads:
 
 
 class BulkHashReads:
-    """Through one packed request on a pooled connection of a standalone client."""
+    """Through one packed request on a pooled connection of a standalone client; one key
+    through the auto-pipeline, if any (sharing a round trip with other tasks' commands)."""
 
-    def __init__(self, redis: aioredis.Redis) -> None:
+    def __init__(self, redis: aioredis.Redis, auto: AutoPipeline | None = None) -> None:
         self.reader = RespBulkReader(redis)
+        self._auto = auto
 
     async def hgetall(self, keys: Sequence[str]) -> list[Mapping[str, str]]:
-        replies = await self.reader.read("HGETALL", keys)
+        if len(keys) == 1 and self._auto is not None:
+            replies = [await self._auto.execute("HGETALL", keys[0])]
+        else:
+            replies = await self.reader.read("HGETALL", keys)
         # RESP3 answers a map (a dict); RESP2 a flat list of field, value, ...
         return [
             r if isinstance(r, dict) else dict(zip(r[::2], r[1::2], strict=True)) for r in replies
@@ -69,8 +75,8 @@ class BulkHashReads:
         return await self.reader.read("HVALS", keys, prefix)
 
 
-def hash_reads_for(redis: RedisClient) -> HashReads:
+def hash_reads_for(redis: RedisClient, auto: AutoPipeline | None = None) -> HashReads:
     """The bulk reads for a standalone client, the pipeline for anything else."""
     if isinstance(redis, aioredis.Redis):
-        return BulkHashReads(redis)
+        return BulkHashReads(redis, auto)
     return PipelineHashReads(redis)

@@ -1,0 +1,124 @@
+"""router.redis.autopipe: concurrent single commands share round trips, on a real Redis,
+and each caller gets its own reply or its own error."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import redis.asyncio as aioredis
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import DataError, NoScriptError, ResponseError
+
+from router.redis.autopipe import AutoPipeline, pack_command
+from router.redis.client import create_redis
+from router.redis.scripts import Script, ScriptRunner
+
+pytestmark = pytest.mark.integration
+
+
+def test_values_are_packed_as_redis_py_encodes_them() -> None:
+    assert pack_command(("SET", "k", "é")) == b"*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$2\r\n\xc3\xa9\r\n"
+    assert pack_command((b"x", 7, 0.5)) == b"*3\r\n$1\r\nx\r\n$1\r\n7\r\n$3\r\n0.5\r\n"
+    with pytest.raises(DataError):
+        pack_command(("SET", "k", True))
+
+
+async def test_concurrent_commands_share_round_trips(
+    redis_url: str, prefix: str, redis: aioredis.Redis
+) -> None:
+    client = create_redis(redis_url, 5.0)
+    auto = AutoPipeline(client)
+    try:
+        replies = await asyncio.gather(
+            *(auto.execute("INCRBY", f"{prefix}n{i % 10}", i) for i in range(500))
+        )
+        # Each reply is its own command's: the running sum of its key, in order.
+        sums: dict[int, int] = {}
+        expected = []
+        for i in range(500):
+            sums[i % 10] = sums.get(i % 10, 0) + i
+            expected.append(sums[i % 10])
+        assert replies == expected
+        assert auto.commands == 500
+        assert auto.round_trips == 1
+        assert await redis.get(f"{prefix}n3") == str(sum(range(3, 500, 10)))
+        # Hash reads come back as redis-py gives them (RESP3: a dict).
+        await redis.hset(f"{prefix}h", mapping={"a": "1", "b": "ü"})
+        assert await auto.execute("HGETALL", f"{prefix}h") in (
+            {"a": "1", "b": "ü"},
+            ["a", "1", "b", "ü"],
+        )
+    finally:
+        await auto.aclose()
+        await client.aclose()
+
+
+async def test_an_error_reply_fails_only_its_own_command(
+    redis_url: str, prefix: str, redis: aioredis.Redis
+) -> None:
+    client = create_redis(redis_url, 5.0)
+    auto = AutoPipeline(client)
+    try:
+        await redis.hset(f"{prefix}h", "f", "v")
+        results = await asyncio.gather(
+            auto.execute("INCR", f"{prefix}a"),
+            auto.execute("INCR", f"{prefix}h"),  # WRONGTYPE
+            auto.execute("EVALSHA", "0" * 40, 0),  # NOSCRIPT
+            auto.execute("INCR", f"{prefix}a"),
+            return_exceptions=True,
+        )
+        assert results[0] == 1 and results[3] == 2
+        assert isinstance(results[1], ResponseError)
+        assert "WRONGTYPE" in str(results[1])
+        assert isinstance(results[2], NoScriptError)
+        assert auto.round_trips == 1
+    finally:
+        await auto.aclose()
+        await client.aclose()
+
+
+async def test_a_script_runner_loads_its_script_after_noscript(
+    redis_url: str, prefix: str, redis: aioredis.Redis
+) -> None:
+    client = create_redis(redis_url, 5.0)
+    auto = AutoPipeline(client)
+    script = Script(f"return redis.call('INCR', KEYS[1]) -- {prefix}")  # never loaded yet
+    runner = ScriptRunner(client, [script], auto)
+    try:
+        assert await runner.one(script.args([f"{prefix}s"])) == 1
+        assert await runner.many([script.args([f"{prefix}s"])] * 3) == [2, 3, 4]
+    finally:
+        await auto.aclose()
+        await client.aclose()
+
+
+async def test_a_cancelled_caller_leaves_the_others_their_replies(
+    redis_url: str, prefix: str
+) -> None:
+    client = create_redis(redis_url, 5.0)
+    auto = AutoPipeline(client)
+    try:
+        slow = asyncio.ensure_future(auto.execute("BLPOP", f"{prefix}never", 0.3))
+        others = [asyncio.ensure_future(auto.execute("INCR", f"{prefix}c")) for _ in range(5)]
+        await asyncio.sleep(0.05)
+        slow.cancel()
+        assert sorted(await asyncio.gather(*others)) == [1, 2, 3, 4, 5]
+        # The connection went back to the pool in sync: the next commands read their own.
+        assert await auto.execute("INCR", f"{prefix}c") == 6
+    finally:
+        await auto.aclose()
+        await client.aclose()
+
+
+async def test_a_redis_that_is_not_there_fails_every_caller_clearly(prefix: str) -> None:
+    client = create_redis("redis://127.0.0.1:1/0", 1.0)
+    auto = AutoPipeline(client)
+    try:
+        results = await asyncio.gather(
+            *(auto.execute("INCR", f"{prefix}x") for _ in range(3)), return_exceptions=True
+        )
+        assert all(isinstance(r, RedisConnectionError) for r in results), results
+    finally:
+        await auto.aclose()
+        await client.aclose()
