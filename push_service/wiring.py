@@ -328,4 +328,4 @@ def _gateway_clients(
         RetryPolicy(max_retries_same=settings.deliver_retries),
         listeners=Listeners([call_metrics, CallLog()]),
     )
-    return CoalescingGatewayClient(resilient), stats
+    return CoalescingGatewayClient(resilient, per_turn=True), stats

@@ -144,3 +144,33 @@ async def test_retain_drops_idle_lanes_of_departed_gateways_only() -> None:
     assert (await busy).delivered == ["u2"]  # the call in flight was not disturbed
     client.retain({})
     assert len(client) == 0
+
+
+async def test_per_turn_one_turns_deliveries_share_one_call() -> None:
+    """per_turn (the push service's mode): what one loop turn queues for a gateway leaves
+    in one call, though call slots were free; each caller gets its own reply."""
+    gw = FakeGatewayClient(delay_s=0.001)
+    client = CoalescingGatewayClient(gw, max_in_flight=4, per_turn=True)
+    replies = await asyncio.gather(
+        *(client.deliver("gw1", "a:1", batch(f"u{i}"), 1.0) for i in range(5)),
+        client.deliver("gw2", "b:1", batch("other"), 1.0),
+    )
+    assert [list(r.delivered) for r in replies] == [[f"u{i}"] for i in range(5)] + [["other"]]
+    assert sorted(gw.sizes) == [1, 5]  # one call per gateway
+    # Alone in its turn: a Deliver of its own.
+    assert list((await client.deliver("gw1", "a:1", batch("solo"), 1.0)).delivered) == ["solo"]
+    assert sorted(gw.sizes) == [1, 1, 5]
+    assert client.many_calls == 1
+
+
+async def test_per_turn_still_queues_behind_busy_slots() -> None:
+    gw = FakeGatewayClient(delay_s=0.02)
+    client = CoalescingGatewayClient(gw, max_in_flight=1, max_batches=50, per_turn=True)
+    first = asyncio.create_task(client.deliver("gw1", "a:1", batch("first"), 1.0))
+    await asyncio.sleep(0.005)  # its call is in flight
+    rest = await asyncio.gather(
+        *(client.deliver("gw1", "a:1", batch(f"u{i}"), 1.0) for i in range(60))
+    )
+    await first
+    assert [list(r.delivered) for r in rest] == [[f"u{i}"] for i in range(60)]
+    assert gw.sizes == [1, 50, 10]
