@@ -28,6 +28,8 @@ __all__ = ["Worker", "create_app"]
 MAX_BODY_BYTES = 1 << 20
 # A million uids of up to 128 characters, quoted and comma-separated, plus content.
 MAX_MULTICAST_BODY_BYTES = 160 << 20
+# 1000 messages of typical size (a few KiB of content and recipients each).
+MAX_BATCH_BODY_BYTES = 32 << 20
 # 10,000 users with 32 tags of 64 characters each.
 MAX_USERS_BODY_BYTES = 32 << 20
 
@@ -88,6 +90,7 @@ def create_app(
         max_bytes=MAX_BODY_BYTES,
         per_path={
             "/v1/multicast": MAX_MULTICAST_BODY_BYTES,
+            "/v1/push/batch": MAX_BATCH_BODY_BYTES,
             "/v1/users": MAX_USERS_BODY_BYTES,
         },
     )

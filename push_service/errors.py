@@ -38,7 +38,14 @@ from shared.errors import (
     RegistryUnavailable,
 )
 
-__all__ = ["Conflict", "Forbidden", "NotFound", "Unavailable", "add_error_handlers"]
+__all__ = [
+    "Conflict",
+    "Forbidden",
+    "NotFound",
+    "Unavailable",
+    "add_error_handlers",
+    "describe_errors",
+]
 
 log = logging.getLogger(__name__)
 
@@ -132,7 +139,7 @@ async def _invalid(_: Request, exc: InvalidInput) -> JSONResponse:
 
 
 async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
-    detail = [_describe_error(err) for err in exc.errors()]
+    detail = describe_errors(exc.errors())
     return JSONResponse({"error": "invalid_request", "detail": detail}, status_code=422)
 
 
@@ -158,6 +165,12 @@ async def _http(_: Request, exc: HTTPException) -> JSONResponse:
     return JSONResponse(
         {"error": error, "detail": exc.detail}, status_code=exc.status_code, headers=exc.headers
     )
+
+
+def describe_errors(errors: Any, prefix: tuple[Any, ...] = ()) -> list[dict[str, str]]:
+    """pydantic's errors as our 422 detail: each field (its location after `prefix`,
+    dotted) and what is wrong with it."""
+    return [_describe_error({**err, "loc": (*prefix, *err["loc"])}) for err in errors]
 
 
 def _describe_error(err: Any) -> dict[str, str]:

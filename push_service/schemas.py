@@ -19,6 +19,7 @@ from pydantic import (
 from shared.auth import valid_uid
 
 __all__ = [
+    "MAX_BATCH",
     "MAX_CONTENT_BYTES",
     "MAX_MULTICAST",
     "MAX_RECIPIENTS",
@@ -32,8 +33,10 @@ __all__ = [
     "GatewaysOut",
     "JobOut",
     "MulticastIn",
+    "PushBatchOut",
     "PushIn",
     "PushOut",
+    "PushResultOut",
     "RouteOut",
     "UpsertedOut",
     "UserIn",
@@ -102,6 +105,33 @@ class PushOut(BaseModel):
     unacked: list[str] | None = Field(
         None, description="with wait_ack_ms: every other recipient (offline ones too)"
     )
+
+
+MAX_BATCH = 1000  # messages in one POST /v1/push/batch
+
+
+class PushResultOut(BaseModel):
+    """One message's answer: what POST /v1/push would answer, with its status."""
+
+    index: int
+    status: int = Field(description="200, or the status POST /v1/push would have given it")
+    # with status 200: the fields of PushOut
+    push_id: str | None = None
+    msg_id: str | None = None
+    delivered: list[str] | None = None
+    offline: list[str] | None = None
+    failed: list[str] | None = None
+    queued: list[str] | None = None
+    errors: list[GatewayError] | None = None
+    # with any other status: its error, as POST /v1/push gives it
+    error: str | None = None
+    detail: list[dict[str, str]] | str | None = Field(
+        None, description="422: each field, named body.messages.<index>.<field>"
+    )
+
+
+class PushBatchOut(BaseModel):
+    results: list[PushResultOut] = Field(description="one per message, in order")
 
 
 class RouteOut(BaseModel):

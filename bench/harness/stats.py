@@ -12,6 +12,8 @@ import threading
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
+from router.devtools.supervisor import descendants
+
 __all__ = [
     "CpuMeter",
     "RssSampler",
@@ -89,13 +91,22 @@ def others_cpu(before: dict[int, float], after: dict[int, float], mine: set[int]
     Other sessions' work on a shared machine shows up here; a busy neighbour makes
     every figure of the run worse. (Processes that exited in between are missed.)
     """
-    return sum(t - before.get(pid, 0.0) for pid, t in after.items() if pid not in mine)
+    ours = set(mine).union(*(descendants(pid) for pid in mine if pid != os.getpid()))
+    return sum(t - before.get(pid, 0.0) for pid, t in after.items() if pid not in ours)
 
 
 def cpu_snapshot(pids: dict[str, int]) -> tuple[dict[str, float], dict[int, float]]:
-    """CPU seconds of the named processes, and of every process."""
+    """CPU seconds of the named processes, each with its descendants (a push service's
+    workers, IMROUTE_WORKERS; not ours, whose descendants are the stack), and of every
+    process."""
     everyone = all_cpu()
-    return {name: everyone[pid] for name, pid in pids.items() if pid in everyone}, everyone
+    me = os.getpid()
+    named = {
+        name: sum(everyone.get(p, 0.0) for p in {pid, *(descendants(pid) if pid != me else ())})
+        for name, pid in pids.items()
+        if pid in everyone
+    }
+    return named, everyone
 
 
 class CpuMeter:

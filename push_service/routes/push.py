@@ -1,13 +1,22 @@
-"""POST /v1/push: one message to 1-1000 users, delivered now where they are connected."""
+"""POST /v1/push: one message to 1-1000 users, delivered now where they are connected;
+POST /v1/push/batch: up to 1000 such messages in one call."""
 
 from __future__ import annotations
 
-from fastapi import APIRouter
-from fastapi.responses import JSONResponse, Response
+import json
+from typing import Any
 
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response
+from pydantic import BaseModel, ConfigDict, Field
+
+from push_service.errors import describe_errors
 from push_service.fast_push import push_answer
 from push_service.routes.deps import IdempotentOnce, PushesSvc, PushKey
-from push_service.schemas import PushIn, PushOut
+from push_service.schemas import MAX_BATCH, PushBatchOut, PushIn, PushOut
+from push_service.services import Pushes
+from push_service.services.batch import Invalid, check_messages, push_each
+from shared.errors import ImrouteError
 
 __all__ = ["router"]
 
@@ -22,3 +31,58 @@ async def push(body: PushIn, pushes: PushesSvc, once: IdempotentOnce) -> Respons
 
 async def _push(body: PushIn, pushes: PushesSvc) -> JSONResponse:
     return JSONResponse(push_answer(await pushes.push(body)))
+
+
+class PushBatchIn(BaseModel):
+    """Up to 1000 POST /v1/push bodies; each is checked on its own."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    messages: list[Any] = Field(
+        min_length=1,
+        max_length=MAX_BATCH,
+        description="each a POST /v1/push body, without wait_ack_ms; one bad message "
+        "fails only itself",
+        json_schema_extra={"items": {"$ref": "#/components/schemas/PushIn"}},
+    )
+
+
+@router.post("/v1/push/batch", dependencies=[PushKey], response_model=PushBatchOut)
+async def push_batch(
+    request: Request, body: PushBatchIn, pushes: PushesSvc, once: IdempotentOnce
+) -> Response:
+    """Push up to 1000 messages, each to 1-1000 users, in one call: one answer per
+    message, in order, each with the status and body POST /v1/push would give it."""
+    return await once(lambda: _push_batch(request, body.messages, pushes))
+
+
+async def _push_batch(request: Request, messages: list[Any], pushes: Pushes) -> JSONResponse:
+    checked = check_messages(messages)
+    valid = [(i, c) for i, c in enumerate(checked) if isinstance(c, PushIn)]
+    outcomes = await push_each(pushes, [c for _, c in valid])
+    results: list[dict[str, Any]] = [{} for _ in checked]
+    for i, item in enumerate(checked):
+        if isinstance(item, Invalid):
+            prefix = ("body", "messages", i)
+            detail = (
+                describe_errors(item.errors, prefix)
+                if item.errors
+                else [{"field": f"body.messages.{i}.{item.field}", "message": item.message}]
+            )
+            results[i] = {"index": i, "status": 422, "error": "invalid_request", "detail": detail}
+    for (i, _), outcome in zip(valid, outcomes, strict=True):
+        if isinstance(outcome, ImrouteError):
+            results[i] = {"index": i, **await _rendered(request, outcome)}
+        else:
+            results[i] = {"index": i, "status": 200, **push_answer(outcome)}
+    return JSONResponse({"results": results})
+
+
+async def _rendered(request: Request, exc: ImrouteError) -> dict[str, Any]:
+    """The status and JSON body the app's error handlers give `exc` on POST /v1/push."""
+    for cls in type(exc).__mro__:
+        handler = request.app.exception_handlers.get(cls)
+        if handler is not None:
+            response: Response = await handler(request, exc)
+            return {"status": response.status_code, **json.loads(bytes(response.body))}
+    return {"status": 500, "error": "internal_error", "detail": str(exc)}

@@ -8,6 +8,7 @@ import asyncio
 import dataclasses
 import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any
 
 from router.fleet.cache import CachedFleet
 from router.gateway_rpc.base import GatewayClient
@@ -75,9 +76,15 @@ class P2PPusher:
             routes = await self._registry.lookup(uids)
         else:
             # Logged before any gateway can write it: a replay never misses a live push.
-            routes, (logged, dropped) = await asyncio.gather(
-                self._registry.lookup(uids), recovery.append_queued(message, uids, expires_ms)
-            )
+            # Both at once (one task, not gather's two: this is the hottest path).
+            appending = asyncio.ensure_future(recovery.append_queued(message, uids, expires_ms))
+            try:
+                routes = await self._registry.lookup(uids)
+            except BaseException:
+                # As gather would: the append goes on; its outcome is not ours to wait for.
+                appending.add_done_callback(_consume)
+                raise
+            logged, dropped = await appending
             seqs = dict(zip(uids, logged, strict=True))
             if dropped:
                 self.inbox_dropped += dropped
@@ -101,9 +108,13 @@ class P2PPusher:
             # not on every push while a dead gateway's routes are still expiring).
             self._fleet.invalidate()
             plan = plan_p2p(uids, routes, await self._live())
-        outcomes = await asyncio.gather(
-            *(self._deliver(message, t, expires_ms, seqs) for t in plan.targets.values())
-        )
+        targets = list(plan.targets.values())
+        if len(targets) == 1:  # the usual P2P push: no gather, no task
+            outcomes = [await self._deliver(message, targets[0], expires_ms, seqs)]
+        else:
+            outcomes = await asyncio.gather(
+                *(self._deliver(message, t, expires_ms, seqs) for t in targets)
+            )
         outcome = merge(uids, plan, outcomes)
         if any(o.suspect for o in outcome.errors) and self._fleet.age() > STALE_RECHECK_S:
             # A failing gateway may have died since the fleet was cached: read it again,
@@ -250,6 +261,11 @@ class P2PPusher:
             await self._registry.remove(routes)
         except RegistryUnavailable as exc:
             log.warning("could not remove %d stale routes: %s", len(routes), exc)
+
+
+def _consume(task: asyncio.Future[Any]) -> None:
+    if not task.cancelled():
+        task.exception()
 
 
 def deliver_expiry_ms(expires_ms: int, now_ms: int, timeout_s: float) -> int:

@@ -35,12 +35,19 @@ MAX_PER_TRIP = 1000  # commands packed into one request, at most
 
 
 def _arg(value: Any) -> bytes:
-    if isinstance(value, bytes):
-        return value
-    if isinstance(value, str):
-        return value.encode()
+    kind = type(value)
+    if kind is str:
+        return value.encode()  # type: ignore[no-any-return]
+    if kind is bytes:
+        return value  # type: ignore[no-any-return]
+    if kind is int:
+        return b"%d" % value
     if isinstance(value, bool):  # as redis-py: a bool is not a Redis value
         raise redis.exceptions.DataError(f"invalid input of type bool: {value!r}")
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return bytes(value)
+    if isinstance(value, str):
+        return value.encode()
     if isinstance(value, int):
         return b"%d" % value
     if isinstance(value, float):
@@ -51,9 +58,12 @@ def _arg(value: Any) -> bytes:
 def pack_command(args: Sequence[Any]) -> bytes:
     """One command as a RESP array of bulk strings (values encoded as redis-py does)."""
     parts = [b"*%d\r\n" % len(args)]
+    append = parts.append
     for value in args:
         data = _arg(value)
-        parts.append(b"$%d\r\n%s\r\n" % (len(data), data))
+        append(b"$%d\r\n" % len(data))
+        append(data)
+        append(b"\r\n")
     return b"".join(parts)
 
 
