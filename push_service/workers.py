@@ -135,21 +135,19 @@ def _supervise(
             pass_fds=(fd,),
         )
 
+    # In uvicorn's words (its workers on an inherited socket say nothing), which is what
+    # people and scripts wait for; said now, as the port takes connections from now on
+    # (they wait in its backlog until a worker accepts them), and before any worker can
+    # log what it does.
+    print(
+        f"INFO:     Uvicorn running on http://{url_host(settings.host)}:{fd_port(fd)} "
+        f"with {settings.workers} workers (Press CTRL+C to quit)",
+        flush=True,
+    )
     workers = {i: start(i) for i in range(settings.workers)}
     restarts: list[float] = []
     code = 0
-    announced = False
     while not signals.event.wait(0.2):
-        if not announced and all((Path(folder) / f"{i}.ready").exists() for i in workers):
-            announced = True
-            # In uvicorn's words (its workers on an inherited socket say nothing), which
-            # is what people and scripts wait for.
-            print(
-                f"INFO:     Uvicorn running on http://{url_host(settings.host)}:"
-                f"{settings.port or fd_port(fd)} with {len(workers)} workers "
-                "(Press CTRL+C to quit)",
-                flush=True,
-            )
         for index, child in list(workers.items()):
             exit_code = child.poll()
             if exit_code is None:

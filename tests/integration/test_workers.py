@@ -39,9 +39,13 @@ def _env(redis_url: str, prefix: str, tmp_path: Path, workers: int) -> dict[str,
 
 @contextmanager
 def push_service(env: dict[str, str], port: int) -> Iterator[Proc]:
+    """Once the port takes connections (said before the workers start) and every worker
+    has started (it answers /healthz)."""
     argv = [str(BIN / "python"), "-m", "push_service", "--port", str(port)]
     with running(argv, env) as proc:
         read_until(proc, "Uvicorn running on", timeout=60)
+        read_until(proc, "Application startup complete", timeout=60)
+        read_until(proc, "Application startup complete", timeout=60)
         yield proc
 
 
