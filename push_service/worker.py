@@ -3,8 +3,8 @@ and /metrics for all of them.
 
 A scrape reaches whichever worker accepts its connection, so each worker serves its own
 metrics on a Unix socket in the folder the supervisor made (`<n>.sock`), and the one
-that answers /metrics reads its siblings' there and merges them, each sample labelled
-`worker="<n>"`: one scrape sees every process, and a sum over `worker` is the service's.
+that answers /metrics reads its siblings' there and merges them (`merge_scrapes`) into
+the series one process would give: counts summed, gauges at their highest.
 """
 
 from __future__ import annotations
@@ -110,21 +110,41 @@ class _Merged:
         return iter(self._families)
 
 
+# Counts add up across workers: the service's counter is the sum of its workers'.
+SUMMED = frozenset({"counter", "histogram", "summary", "gaugehistogram"})
+# ...except what each reads from shared state, which says so in its help text.
+FLEET_WIDE = "fleet-wide"
+
+
 def merge_scrapes(scrapes: dict[str, bytes]) -> bytes:
-    """Prometheus text scrapes of several workers as one, each sample labelled
-    `worker="<its key>"`, each family once."""
+    """Prometheus text scrapes of several workers as one, with the series a single
+    process would give: each counter, histogram and summary sample summed over the
+    workers, unless its help says it is "fleet-wide" (each worker read it from Redis);
+    every other sample (gauges, fleet-wide counts) their highest value, as most gauges here read
+    state the workers share (the webhook queue's length in Redis) or say how bad
+    something is (a gateway's breaker state). Each family once."""
     families: dict[str, Metric] = {}
-    for worker, text in scrapes.items():
+    merged: dict[tuple[str, str, tuple[tuple[str, str], ...]], Sample] = {}
+    for text in scrapes.values():
         for family in text_string_to_metric_families(text.decode()):
-            merged = families.get(family.name)
-            if merged is None:
-                merged = families[family.name] = Metric(
+            if family.name not in families:
+                families[family.name] = Metric(
                     family.name, family.documentation, family.type, family.unit
                 )
-            merged.samples.extend(
-                Sample(s.name, {**s.labels, "worker": worker}, s.value, s.timestamp, s.exemplar)
-                for s in family.samples
-            )
+            # A fleet-wide figure (read from Redis) is the same in every worker.
+            summed = family.type in SUMMED and FLEET_WIDE not in family.documentation
+            for s in family.samples:
+                key = (family.name, s.name, tuple(sorted(s.labels.items())))
+                seen = merged.get(key)
+                if seen is None:
+                    value = s.value
+                elif s.name.endswith("_created"):  # the earliest worker's start
+                    value = min(s.value, seen.value)
+                else:
+                    value = s.value + seen.value if summed else max(s.value, seen.value)
+                merged[key] = Sample(s.name, s.labels, value, None)
+    for (name, _, _), sample in merged.items():
+        families[name].samples.append(sample)
     registry = CollectorRegistry(auto_describe=False)
     registry.register(_Merged(families.values()))
     return generate_latest(registry)

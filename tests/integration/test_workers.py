@@ -53,16 +53,30 @@ def _workers(proc: Proc) -> set[int]:
     return {p for p in descendants(proc.pid) if alive(p)}
 
 
-def _per_worker(metrics: str, name: str) -> dict[str, float]:
-    """The sum of a metric's samples per worker label."""
-    sums: dict[str, float] = {}
-    for line in metrics.splitlines():
-        m = re.match(rf"{name}\{{(.*)\}} (\S+)$", line)
-        if m:
-            worker = re.search(r'worker="(\d+)"', m.group(1))
-            assert worker is not None, line
-            sums[worker.group(1)] = sums.get(worker.group(1), 0.0) + float(m.group(2))
-    return sums
+def _sum(metrics: str, name: str) -> float:
+    """The sum of a metric's samples in a scrape."""
+    return sum(
+        float(m.group(1))
+        for line in metrics.splitlines()
+        if (m := re.match(rf"{name}(?:\{{.*\}})? (\S+)$", line))
+    )
+
+
+def _cmdline(pid: int) -> list[bytes]:
+    return Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+
+
+async def _own_scrapes(proc: Proc) -> dict[str, str]:
+    """Each worker's own scrape, read from its metrics socket (what /metrics merges)."""
+    out: dict[str, str] = {}
+    for pid in _workers(proc):
+        argv = _cmdline(pid)
+        folder = argv[argv.index(b"--workers-dir") + 1].decode()
+        index = argv[argv.index(b"--worker") + 1].decode()
+        reader, writer = await asyncio.open_unix_connection(f"{folder}/{index}.sock")
+        out[index] = (await reader.read()).decode()
+        writer.close()
+    return out
 
 
 async def test_two_workers_share_the_port_and_both_push(
@@ -89,14 +103,18 @@ async def test_two_workers_share_the_port_and_both_push(
                 got = sorted([json.loads(await ws.recv())["content"] for _ in range(200)])
                 assert got == list(range(200))  # every push once, whichever worker sent it
                 metrics = (await clients[0].get("/metrics")).text
+                own = await _own_scrapes(proc)
             finally:
                 for c in clients:
                     await c.aclose()
-            calls = _per_worker(metrics, "imroute_gateway_call_attempts_total")
-            assert set(calls) == {"0", "1"}, calls  # one scrape answers for both
-            # (the coalescer carries many pushes in one call under load)
+            name = "imroute_gateway_call_attempts_total"
+            calls = {worker: _sum(text, name) for worker, text in own.items()}
+            assert set(calls) == {"0", "1"}, calls
+            assert all(n > 0 for n in calls.values()), calls  # both workers pushed
+            # One scrape answers for the service: the workers' counts, summed (the
+            # coalescer carries many pushes in one call under load).
+            assert _sum(metrics, name) == sum(calls.values())
             assert 2 <= sum(calls.values()) <= 200
-            assert all(n > 0 for n in calls.values()), calls
 
 
 async def test_a_killed_worker_is_replaced_and_sigint_stops_them_all(
@@ -150,3 +168,63 @@ def test_a_bad_setting_is_one_message_and_exit_2(tmp_path: Path) -> None:
         assert proc.wait(30) == 2
         out = "\n".join(read_until(proc, "IMROUTE_WORKERS"))
         assert "greater than or equal to 1" in out
+
+
+async def test_jobs_keys_and_limits_hold_across_workers(
+    redis_url: str, prefix: str, redis: object, tmp_path: Path
+) -> None:
+    """What workers share lives in Redis: an Idempotency-Key sent to both gives one push,
+    a broadcast job runs to done, and the rate limit is one bucket, not one per worker."""
+    port = free_port()
+    env = _env(redis_url, prefix, tmp_path, workers=2) | {
+        "IMROUTE_RATE_LIMIT": "50/s",
+        "IMROUTE_RATE_BURST": "10",
+    }
+    async with gateway(redis_url, prefix, "gw1", "g1") as gw, client(gw, "alice") as ws:
+        with push_service(env, port):
+            base = f"http://127.0.0.1:{port}"
+            clients = [httpx.AsyncClient(base_url=base, timeout=10) for _ in range(10)]
+            try:
+                headers = {**AUTH, "Idempotency-Key": "one-push"}
+                body = {"to": ["alice"], "content": "once"}
+                same = await asyncio.gather(
+                    *(c.post("/v1/push", json=body, headers=headers) for c in clients)
+                )
+                assert {r.status_code for r in same} == {200}, [r.text for r in same]
+                assert len({r.json()["push_id"] for r in same}) == 1
+                assert json.loads(await ws.recv())["content"] == "once"
+                await asyncio.sleep(1.0)  # the bucket refills (10 requests took it)
+                job = await clients[0].post(
+                    "/v1/broadcast", json={"content": "all", "audience": {"online": True}},
+                    headers=AUTH,
+                )  # fmt: skip
+                assert job.status_code == 202, job.text
+                assert json.loads(await ws.recv())["content"] == "all"
+                for _ in range(100):
+                    status = (
+                        await clients[1].get(f"/v1/pushes/{job.json()['push_id']}", headers=AUTH)
+                    ).json()
+                    if status["status"] == "done":
+                        break
+                    await asyncio.sleep(0.05)
+                assert status["status"] == "done", status
+                await asyncio.sleep(1.0)
+                started = time.monotonic()
+                answers = await asyncio.gather(
+                    *(
+                        clients[i % 10].post(
+                            "/v1/push",
+                            json={"to": ["nobody"], "content": i, "store": False},
+                            headers=AUTH,
+                        )
+                        for i in range(200)
+                    )
+                )
+                elapsed = time.monotonic() - started
+            finally:
+                for c in clients:
+                    await c.aclose()
+    passed = sum(a.status_code == 200 for a in answers)
+    assert {a.status_code for a in answers} <= {200, 429}
+    # One bucket: about 50/s plus the burst; one per worker would pass about twice that.
+    assert 5 <= passed <= 50 * elapsed + 10 + 15, (passed, elapsed)
