@@ -18,8 +18,8 @@ from pydantic import (
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from shared.errors import ConfigError
-from shared.keys import ID_PATTERN
 from shared.http_settings import HttpSettings
+from shared.keys import ID_PATTERN
 from shared.webhook_settings import WebhookSettings
 
 __all__ = ["ENV_PREFIX", "Settings", "redact_url"]
