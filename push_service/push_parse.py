@@ -11,12 +11,22 @@ errors.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from push_service.schemas import MAX_RECIPIENTS, PushIn
 from shared.auth import valid_uid
 
-__all__ = ["quick_push"]
+__all__ = ["may_hold_surrogates", "quick_push"]
+
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89abcdefABCDEF]")
+
+
+def may_hold_surrogates(body: bytes) -> bool:
+    """Whether a JSON body escapes a UTF-16 surrogate (maybe a lone one, which only
+    PushIn may judge); a pair (an escaped emoji) says yes too."""
+    return _SURROGATE_ESCAPE.search(body) is not None
+
 
 _KEYS = frozenset(
     {"to", "content", "msg_type", "from", "priority", "ttl_s", "store", "wait_ack_ms"}
@@ -31,6 +41,17 @@ def _int_in(value: Any, low: int, high: int) -> bool:
     return type(value) is int and low <= value <= high
 
 
+def _unicode(text: str) -> bool:
+    """No lone surrogate (pydantic refuses a str holding one)."""
+    if text.isascii():
+        return True
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def _uids(to: Any) -> bool:
     if type(to) is not list or not 1 <= len(to) <= MAX_RECIPIENTS:
         return False
@@ -42,7 +63,9 @@ def _uids(to: Any) -> bool:
 
 def quick_push(data: Any) -> PushIn | None:
     """`data` (a decoded JSON body) as a PushIn, if it has the canonical shape and every
-    value is valid; None if PushIn itself must judge it."""
+    value is valid; None if PushIn itself must judge it. `content` is not looked into:
+    a caller whose decoder lets lone surrogates through (json.loads) checks the raw
+    body for them first (`may_hold_surrogates`); orjson refuses them itself."""
     if type(data) is not dict or "content" not in data or not _KEYS.issuperset(data):
         return None
     to = data.get("to")
@@ -58,6 +81,7 @@ def quick_push(data: Any) -> PushIn | None:
         _int_in(msg_type, 0, _MAX_MSG_TYPE)
         and type(sender) is str
         and 1 <= len(sender) <= 128
+        and _unicode(sender)
         and type(priority) is str
         and priority in _PRIORITIES
         and (ttl_s is None or _int_in(ttl_s, 1, _MAX_TTL_S))

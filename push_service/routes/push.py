@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from push_service.errors import describe_errors
 from push_service.fast_push import push_answer
+from push_service.push_parse import may_hold_surrogates
 from push_service.routes.deps import IdempotentOnce, PushesSvc, PushKey
 from push_service.schemas import MAX_BATCH, PushBatchOut, PushIn, PushOut
 from push_service.services import Pushes
@@ -57,7 +58,8 @@ async def push_batch(
 
 
 async def _push_batch(request: Request, messages: list[Any], pushes: Pushes) -> JSONResponse:
-    checked = check_messages(messages)
+    # FastAPI read (and cached) the body to bind it; this reads no byte again.
+    checked = check_messages(messages, quick=not may_hold_surrogates(await request.body()))
     valid = [(i, c) for i, c in enumerate(checked) if isinstance(c, PushIn)]
     outcomes = await push_each(pushes, [c for _, c in valid])
     results: list[dict[str, Any]] = [{} for _ in checked]
@@ -72,7 +74,11 @@ async def _push_batch(request: Request, messages: list[Any], pushes: Pushes) -> 
             results[i] = {"index": i, "status": 422, "error": "invalid_request", "detail": detail}
     for (i, _), outcome in zip(valid, outcomes, strict=True):
         if isinstance(outcome, ImrouteError):
-            results[i] = {"index": i, **await _rendered(request, outcome)}
+            answer = await _rendered(request, outcome)
+            if isinstance(answer.get("detail"), list):  # a field of this message
+                for d in answer["detail"]:
+                    d["field"] = f"body.messages.{i}.{d['field']}"
+            results[i] = {"index": i, **answer}
         else:
             results[i] = {"index": i, "status": 200, **push_answer(outcome)}
     return JSONResponse({"results": results})

@@ -50,6 +50,27 @@ async def test_each_message_is_pushed_and_answered_in_order(
         assert (status["recipients"], status["queued"]) == (2, 1)
 
 
+async def test_lone_surrogates_are_422_naming_the_field_not_500(
+    redis_url: str, prefix: str, redis: object
+) -> None:
+    """JSON may escape half a character ("\\ud83d"), which json.loads keeps and UTF-8
+    cannot hold: each such message gets its 422, as POST /v1/push gives it (found by
+    the schema fuzzer)."""
+    async with api(redis_url, prefix) as http:
+        body = (
+            b'{"messages":[{"to":["a"],"content":null,"from":"0\\ud83d"},'
+            b'{"to":["a"],"content":"x\\ud83d"},{"to":["a"],"content":"\\ud83d\\ude00"}]}'
+        )
+        resp = await http.post(
+            "/v1/push/batch", content=body, headers={**AUTH, "Content-Type": "application/json"}
+        )
+        assert resp.status_code == 200, resp.text
+        results = resp.json()["results"]
+        assert [r["status"] for r in results] == [422, 422, 200], results
+        assert results[0]["detail"][0]["field"] == "body.messages.0.from"
+        assert results[1]["detail"][0]["field"] == "body.messages.1.content"
+
+
 async def test_a_bad_message_fails_only_itself_naming_index_and_field(
     redis_url: str, prefix: str, redis: object
 ) -> None:
@@ -77,6 +98,7 @@ async def test_a_bad_message_fails_only_itself_naming_index_and_field(
         assert fields[3] == ["body.messages.3.wait_ack_ms"]
         assert fields[4] == ["body.messages.4"]
         assert results[5]["error"] == "payload_too_large"
+        assert results[5]["detail"][0]["field"] == "body.messages.5.content"
         assert all(r["error"] == "invalid_request" for r in results[1:5])
         got = sorted([json.loads(await ws.recv())["content"] for _ in range(2)])
         assert got == ["ok-0", "ok-6"]
