@@ -148,10 +148,10 @@ async def test_large_bodies_only_with_the_key_and_only_where_needed(
 async def test_with_an_admin_key_each_key_holds_only_its_scope(
     redis_url: str, prefix: str, redis: aioredis.Redis
 ) -> None:
-    async with (
+    async with (  # the API first (see the test below on drains)
+        api(redis_url, prefix, admin_api_key=ADMIN_KEY) as http,
         gateway(redis_url, prefix, "gw1", "g1", heartbeat_s=0.2),
         gateway(redis_url, prefix, "gw2", "g1", heartbeat_s=0.2),
-        api(redis_url, prefix, admin_api_key=ADMIN_KEY) as http,
     ):
         # The push key on the admin endpoints: 403 naming the scope (and its variable).
         for method, path, body in [
@@ -199,10 +199,10 @@ async def test_draining_a_groups_last_gateway_is_409_unless_forced(
     # gw1 and gw2 see drain requests only every 5 s: a request stays pending meanwhile,
     # and a pending request counts as a drain.
     async with (
+        api(redis_url, prefix) as http,  # first: see the test below on drains
         gateway(redis_url, prefix, "gw1", "g1", heartbeat_s=5) as gw1,
         gateway(redis_url, prefix, "gw2", "g1", heartbeat_s=5) as gw2,
         gateway(redis_url, prefix, "gw3", "g2", heartbeat_s=0.2, drain_window_s=0) as gw3,
-        api(redis_url, prefix) as http,
     ):
         # Two requests at once for g1's two gateways: exactly one is taken.
         answers = await asyncio.gather(
@@ -235,10 +235,12 @@ async def test_draining_a_groups_last_gateway_is_409_unless_forced(
 async def test_a_gateway_already_draining_leaves_its_group_one_to_keep(
     redis_url: str, prefix: str, redis: aioredis.Redis
 ) -> None:
+    # The API first: its start (the directory's migration) can hold the loop longer
+    # than these gateways' 0.6-s fleet records live, on a loaded machine.
     async with (
+        api(redis_url, prefix) as http,
         gateway(redis_url, prefix, "gw1", "g1", heartbeat_s=0.2, drain_window_s=5) as gw1,
         gateway(redis_url, prefix, "gw2", "g1", heartbeat_s=0.2) as gw2,
-        api(redis_url, prefix) as http,
     ):
         assert (await http.post("/v1/gateways/gw1/drain", headers=AUTH)).status_code == 202
         await wait_for(lambda: gw1.draining, "gw1 draining (its next heartbeat)")
