@@ -18,6 +18,7 @@ Settings.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib.util
 import json
 import logging
@@ -213,4 +214,7 @@ def run(app: ASGIApp, settings: Settings, sock: socket.socket | None = None) -> 
         timeout_keep_alive=settings.http_keepalive_timeout_s,
         limit_concurrency=settings.http_max_concurrency,
     )
-    uvicorn.Server(config).run(sockets=None if sock is None else [sock])
+    # uvicorn raises the SIGINT it captured once it has shut down; uvicorn.run()
+    # swallows it the same way, so Ctrl-C prints no traceback.
+    with contextlib.suppress(KeyboardInterrupt):
+        uvicorn.Server(config).run(sockets=None if sock is None else [sock])
