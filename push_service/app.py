@@ -82,7 +82,7 @@ def create_app(
     for router in ROUTERS:
         app.include_router(router)
     # Innermost: POST /v1/push's hot path, behind every gate (push_service.fast_push).
-    app.add_middleware(FastPush, slot=services_slot, keys=keys, handlers=app.exception_handlers)
+    app.add_middleware(FastPush, slot=services_slot, handlers=app.exception_handlers)
     # Added last, so it runs first (outermost): requests without the key a path needs
     # are refused before BodyLimit, so only they reach its large per-path limits.
     app.add_middleware(

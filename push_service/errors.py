@@ -21,6 +21,7 @@ needs:
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from http import HTTPStatus
 from typing import Any
 
@@ -45,6 +46,7 @@ __all__ = [
     "Unavailable",
     "add_error_handlers",
     "describe_errors",
+    "handler_for",
 ]
 
 log = logging.getLogger(__name__)
@@ -165,6 +167,16 @@ async def _http(_: Request, exc: HTTPException) -> JSONResponse:
     return JSONResponse(
         {"error": error, "detail": exc.detail}, status_code=exc.status_code, headers=exc.headers
     )
+
+
+def handler_for(handlers: Mapping[Any, Any], exc: BaseException) -> Any | None:
+    """The app's exception handler for `exc`: its class's or its nearest base's, as
+    Starlette picks it; None where none handles it (a 500 to come)."""
+    for cls in type(exc).__mro__:
+        handler = handlers.get(cls)
+        if handler is not None:
+            return handler
+    return None
 
 
 def describe_errors(errors: Any, prefix: tuple[Any, ...] = ()) -> list[dict[str, str]]:

@@ -26,8 +26,7 @@ import orjson
 from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from push_service.access import ApiKeys, authorize, presented
-from push_service.access import Scope as KeyScope
+from push_service.errors import handler_for
 from push_service.push_parse import quick_push
 from push_service.services import Pushed, Services
 
@@ -70,10 +69,9 @@ Handlers = Mapping[Any, Callable[..., Any]]
 
 
 class FastPush:
-    def __init__(self, app: ASGIApp, slot: ServicesSlot, keys: ApiKeys, handlers: Handlers) -> None:
+    def __init__(self, app: ASGIApp, slot: ServicesSlot, handlers: Handlers) -> None:
         self.app = app
         self.slot = slot
-        self.keys = keys
         self.handlers = handlers  # the app's exception handlers: errors look the same
         self.taken = 0  # pushes answered here (the rest went to the route)
 
@@ -102,7 +100,7 @@ class FastPush:
         try:
             pushed = await services.pushes.push(push_in)
         except Exception as exc:
-            handler = _handler_for(self.handlers, exc)
+            handler = handler_for(self.handlers, exc)
             if handler is None:
                 raise  # a 500, from the app's outermost middleware, as on the route
             response = await handler(Request(scope), exc)
@@ -111,17 +109,15 @@ class FastPush:
         await _answer(send, orjson.dumps(push_answer(pushed)))
 
     def _plain(self, headers: list[tuple[bytes, bytes]]) -> bool:
-        """A JSON body with the push scope's key and no Idempotency-Key."""
+        """A JSON body and no Idempotency-Key. (The key was checked by push_service.gate,
+        always in front of this, for the push scope POST /v1/push needs.)"""
         content_type = None
         for name, value in headers:
             if name == b"content-type":
                 content_type = value.lower()
             elif name == b"idempotency-key":
                 return False
-        if content_type not in _JSON_TYPES:
-            return False
-        key, _ = presented(headers)
-        return authorize(self.keys, key, KeyScope.PUSH) is None
+        return content_type in _JSON_TYPES
 
 
 def _decode(body: bytes) -> Any:
@@ -161,15 +157,6 @@ def _replay(body: bytes, receive: Receive, ending: Message | None = None) -> Rec
         return await receive()
 
     return again
-
-
-def _handler_for(handlers: Handlers, exc: Exception) -> Callable[..., Any] | None:
-    """The app's handler of `exc`'s class or nearest base (as Starlette picks it)."""
-    for cls in type(exc).__mro__:
-        handler = handlers.get(cls)
-        if handler is not None:
-            return handler
-    return None
 
 
 async def _answer(send: Send, body: bytes) -> None:

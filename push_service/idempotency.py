@@ -16,13 +16,12 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Any
 
 from fastapi import Request
 from fastapi.responses import Response
 
 from push_service.access import bearer_token
-from push_service.errors import Conflict
+from push_service.errors import Conflict, handler_for
 from router.idempotency.base import (
     HEADER,
     Answer,
@@ -136,10 +135,8 @@ def _replay(answer: Answer) -> Response:
 async def _render(request: Request, exc: Exception) -> Response | None:
     """The answer the app's error handlers give `exc`, or None where none handles it
     (a 500 to come, which is not kept either)."""
-    handlers: dict[Any, Any] = request.app.exception_handlers
-    for cls in type(exc).__mro__:
-        handler = handlers.get(cls)
-        if handler is not None:
-            response: Response = await handler(request, exc)
-            return response
-    return None
+    handler = handler_for(request.app.exception_handlers, exc)
+    if handler is None:
+        return None
+    response: Response = await handler(request, exc)
+    return response

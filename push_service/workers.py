@@ -59,14 +59,8 @@ def listen(host: str, port: int) -> socket.socket:
     return sock
 
 
-def url_host(host: str) -> str:
+def _url_host(host: str) -> str:
     return f"[{host}]" if ":" in host else host
-
-
-def fd_port(fd: int) -> int:
-    """The port the listening socket `fd` is bound to."""
-    with socket.socket(fileno=os.dup(fd)) as sock:
-        return int(sock.getsockname()[1])
 
 
 def worker_argv(argv: Sequence[str], fd: int, index: int, folder: str) -> list[str]:
@@ -105,15 +99,16 @@ def serve_workers(settings: Settings, argv: Sequence[str]) -> int:
     signal.signal(signal.SIGINT, signals)
     signal.signal(signal.SIGTERM, signals)
     folder = tempfile.mkdtemp(prefix="imroute-workers-")
+    port = int(sock.getsockname()[1])  # the one asked for, or the one picked for 0
     print(
         f"imroute push-service: starting {settings.workers} workers (IMROUTE_WORKERS) on "
-        f"{settings.host}:{sock.getsockname()[1]}; supervisor pid {os.getpid()}",
+        f"{settings.host}:{port}; supervisor pid {os.getpid()}",
         file=sys.stderr,
         flush=True,
     )
     try:
         with Supervisor() as sup:
-            return _supervise(sup, settings, argv, sock.fileno(), folder, signals)
+            return _supervise(sup, settings, argv, sock.fileno(), port, folder, signals)
     finally:
         sock.close()
         shutil.rmtree(folder, ignore_errors=True)
@@ -124,6 +119,7 @@ def _supervise(
     settings: Settings,
     argv: Sequence[str],
     fd: int,
+    port: int,
     folder: str,
     signals: _Signals,
 ) -> int:
@@ -140,7 +136,7 @@ def _supervise(
     # (they wait in its backlog until a worker accepts them), and before any worker can
     # log what it does.
     print(
-        f"INFO:     Uvicorn running on http://{url_host(settings.host)}:{fd_port(fd)} "
+        f"INFO:     Uvicorn running on http://{_url_host(settings.host)}:{port} "
         f"with {settings.workers} workers (Press CTRL+C to quit)",
         flush=True,
     )

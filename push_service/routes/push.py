@@ -10,7 +10,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field
 
-from push_service.errors import describe_errors
+from push_service.errors import describe_errors, handler_for
 from push_service.fast_push import push_answer
 from push_service.push_parse import may_hold_surrogates
 from push_service.routes.deps import IdempotentOnce, PushesSvc, PushKey
@@ -86,9 +86,8 @@ async def _push_batch(request: Request, messages: list[Any], pushes: Pushes) -> 
 
 async def _rendered(request: Request, exc: ImrouteError) -> dict[str, Any]:
     """The status and JSON body the app's error handlers give `exc` on POST /v1/push."""
-    for cls in type(exc).__mro__:
-        handler = request.app.exception_handlers.get(cls)
-        if handler is not None:
-            response: Response = await handler(request, exc)
-            return {"status": response.status_code, **json.loads(bytes(response.body))}
-    return {"status": 500, "error": "internal_error", "detail": str(exc)}
+    handler = handler_for(request.app.exception_handlers, exc)
+    if handler is None:
+        return {"status": 500, "error": "internal_error", "detail": str(exc)}
+    response: Response = await handler(request, exc)
+    return {"status": response.status_code, **json.loads(bytes(response.body))}

@@ -8,12 +8,8 @@ old entries per append), and expires as a whole one window after its last append
 
 from __future__ import annotations
 
-import asyncio
-import hashlib
-from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import Any, TypeVar
-
-from redis.exceptions import NoScriptError
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from router.recovery.base import (
     Entry,
@@ -27,6 +23,7 @@ from router.recovery.content import ContentCache, RedisContentStore
 from router.redis.autopipe import AutoPipeline
 from router.redis.client import RedisClient
 from router.redis.errors import translate_errors
+from router.redis.scripts import Script, ScriptRunner
 from shared.clock import Clock
 from shared.keys import KeySchema
 from shared.models import Message
@@ -34,9 +31,6 @@ from shared.proto import gateway_pb2
 
 __all__ = ["RedisRecoveryStore"]
 
-T = TypeVar("T")
-
-AUTO_MANY = 16  # with an auto-pipeline, calls up to this many share its round trips
 
 # KEYS: seq, log. ARGV: data, now, cutoff (now - window), maxlen, log ttl, seq ttl (0: none).
 # A log is a list of "<seq> <ts> <data>", appended under its sequence in one script, so
@@ -108,17 +102,6 @@ return {head, redis.call('LRANGE', KEYS[2], after - head, upto - head - 1)}
 """
 
 
-class _Script:
-    def __init__(self, text: str) -> None:
-        self.text = text
-        self.sha = hashlib.sha1(text.encode()).hexdigest()
-
-    def args(self, keys: Sequence[str], *argv: Any) -> tuple[Any, ...]:
-        # Through execute_command: redis-py's cluster pipeline refuses evalsha() but
-        # routes "EVALSHA sha n key..." by its first key.
-        return ("EVALSHA", self.sha, len(keys), *keys, *argv)
-
-
 class RedisRecoveryStore:
     """Both halves of the seam: the router's `RecoveryLog`, the gateway's `RecoveryReads`."""
 
@@ -130,26 +113,29 @@ class RedisRecoveryStore:
         limits: RecoveryLimits,
         auto: AutoPipeline | None = None,
     ) -> None:
-        """`auto`: single calls go through it (standalone Redis only)."""
+        """`auto`: calls share its round trips (standalone Redis only)."""
         self._redis = redis
-        self._execute = auto.execute if auto is not None else redis.execute_command
-        self._auto = auto
         self._keys = keys
         self._clock = clock
         self.limits = limits
-        self._append = _Script(_APPEND)
-        self._queue = _Script(_QUEUE)
-        self._read_user = _Script(_READ_USER)
-        self._forget = _Script(_FORGET)
-        self._read_topic = _Script(_READ_TOPIC)
-        self._append_queued = _Script(_APPEND_QUEUED)
-        self._scripts = (
-            self._append,
-            self._queue,
-            self._read_user,
-            self._forget,
-            self._read_topic,
-            self._append_queued,
+        self._append = Script(_APPEND)
+        self._queue = Script(_QUEUE)
+        self._read_user = Script(_READ_USER)
+        self._forget = Script(_FORGET)
+        self._read_topic = Script(_READ_TOPIC)
+        self._append_queued = Script(_APPEND_QUEUED)
+        # Loaded again, all of them, by the runner when Redis lost its script cache.
+        self._scripts = ScriptRunner(
+            redis,
+            (
+                self._append,
+                self._queue,
+                self._read_user,
+                self._forget,
+                self._read_topic,
+                self._append_queued,
+            ),
+            auto,
         )
         # A sequence outlives what it numbers, so a position never meets a restarted count
         # while the entries it names could still be read.
@@ -159,32 +145,11 @@ class RedisRecoveryStore:
         )
         self._contents = ContentCache(self.content)
 
-    async def _run(self, call: Callable[[], Awaitable[T]]) -> T:
-        try:
-            return await call()
-        except NoScriptError:
-            # Redis restarted or failed over and lost its script cache. Nothing ran (every
-            # call of the pipeline failed alike): load the scripts and run it again.
-            for script in self._scripts:
-                await self._redis.script_load(script.text)
-            return await call()
-
     async def _pipelined(self, calls: Sequence[tuple[Any, ...]]) -> list[Any]:
-        auto = self._auto
-        if auto is not None and len(calls) <= AUTO_MANY:
-            # Issued together, they share one round trip (with other tasks' commands).
-            return list(await self._run(lambda: asyncio.gather(*(auto.execute(*a) for a in calls))))
-
-        async def go() -> list[Any]:
-            pipe = self._redis.pipeline(transaction=False)
-            for args in calls:
-                pipe.execute_command(*args)
-            return list(await pipe.execute())
-
-        return await self._run(go)
+        return await self._scripts.many(calls)
 
     async def _one(self, args: tuple[Any, ...]) -> Any:
-        return await self._run(lambda: self._execute(*args))
+        return await self._scripts.one(args)
 
     # ------------------------------------------------------------------ RecoveryLog
 
