@@ -36,7 +36,8 @@ class DeliverService:
         self._clock = clock
         self._recent = recent
         self._replies = RecentReplies(clock)
-        self.calls = 0  # gRPC calls (Deliver or DeliverMany), counted by the servicer
+        self.calls = 0  # gRPC calls (Deliver, DeliverMany, StreamCall), counted by the servicer
+        self.open_streams = 0  # DeliverStreams open (about one per router process)
         self.batches = 0
         self.duplicates = 0
         self.expired = 0

@@ -31,12 +31,15 @@ LOG_EVERY_S = 10.0
 REFUSAL = "missing or wrong internal token (IMROUTE_INTERNAL_TOKEN)"
 
 
-async def _refuse(request: bytes, context: grpc.aio.ServicerContext[Any, Any]) -> None:
+async def _refuse(request: object, context: grpc.aio.ServicerContext[Any, Any]) -> None:
     await context.abort(grpc.StatusCode.UNAUTHENTICATED, REFUSAL)
 
 
 # Requests stay bytes (no deserializer): nothing from an unauthenticated caller is parsed.
+# A streaming method (DeliverStream) is refused by a handler of its own shape, at once,
+# before it reads a message.
 _REFUSE: Handler = grpc.unary_unary_rpc_method_handler(_refuse)
+_REFUSE_STREAM: Handler = grpc.stream_stream_rpc_method_handler(_refuse)
 
 
 class TokenCheck(grpc.aio.ServerInterceptor):
@@ -66,4 +69,7 @@ class TokenCheck(grpc.aio.ServerInterceptor):
                 REFUSAL,
             )
             self._logged_at, self._unlogged = now, 0
+        handler = await continuation(handler_call_details)
+        if handler is not None and handler.request_streaming:
+            return _REFUSE_STREAM
         return _REFUSE

@@ -6,7 +6,7 @@ and codecs come from the .proto; every call goes to the delivery core.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from typing import TYPE_CHECKING
 
 import grpc
@@ -26,7 +26,8 @@ MAX_RECEIVE_BYTES = 16 << 20
 
 
 class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
-    """Deliver(batch) and DeliverMany(batches) on top of `DeliverService`."""
+    """Deliver(batch), DeliverMany(batches) and DeliverStream (many DeliverMany calls on
+    one stream) on top of `DeliverService`."""
 
     def __init__(self, service: DeliverService) -> None:
         self._service = service
@@ -58,6 +59,39 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
         left = context.time_remaining()
         return gateway_pb2.DeliverManyReply(
             replies=[service.deliver(b, checked=True, call_left_s=left) for b in request.batches]
+        )
+
+    async def DeliverStream(
+        self,
+        request_iterator: AsyncIterator[gateway_pb2.StreamCall],
+        context: ServicerContext[gateway_pb2.StreamCall, gateway_pb2.StreamReply],
+    ) -> AsyncIterator[gateway_pb2.StreamReply]:
+        """DeliverMany calls, one after another, on one stream: each gets its reply
+        (same id) before the next is read, so they are delivered in the order sent."""
+        self._service.open_streams += 1
+        try:
+            async for call in request_iterator:
+                yield self._stream_reply(call)
+        finally:
+            self._service.open_streams -= 1
+
+    def _stream_reply(self, call: gateway_pb2.StreamCall) -> gateway_pb2.StreamReply:
+        service = self._service
+        service.calls += 1
+        # As DeliverMany: refused whole, never half-sent; the stream itself goes on.
+        for i, batch in enumerate(call.batches):
+            problem = service.problem(batch)
+            if problem is not None:
+                return gateway_pb2.StreamReply(
+                    call_id=call.call_id,
+                    error_code=grpc.StatusCode.INVALID_ARGUMENT.name,
+                    error=f"batch {i}: {problem}",
+                )
+        # The deadline travels as a duration, like gRPC's: it starts when the call is read.
+        left = call.timeout_ms / 1000 if call.timeout_ms else None
+        return gateway_pb2.StreamReply(
+            call_id=call.call_id,
+            replies=[service.deliver(b, checked=True, call_left_s=left) for b in call.batches],
         )
 
 

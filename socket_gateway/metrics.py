@@ -19,6 +19,8 @@ class DeliveryCounts(Protocol):
     def duplicates(self) -> int: ...
     @property
     def expired(self) -> int: ...
+    @property
+    def open_streams(self) -> int: ...
 
 
 class ConnectionCount(Protocol):
@@ -77,6 +79,11 @@ class GatewayMetrics(Collector):
         )
         yield GaugeMetricFamily(
             "imroute_gateway_connections", "Open client connections", len(self._connections)
+        )
+        yield GaugeMetricFamily(
+            "imroute_gateway_delivery_streams",
+            "Open DeliverStream calls (one per push-service process that pushes here)",
+            c.open_streams,
         )
         if self._limit_counts is not None:
             yield CounterMetricFamily(

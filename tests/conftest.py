@@ -6,6 +6,12 @@ import os
 import uuid
 from collections.abc import AsyncIterator, Iterator
 
+# Before anything imports grpc: this process runs gRPC servers and clients and also
+# starts subprocesses, and gRPC's fork support restarts its poller in the child between
+# fork and exec, where Popen(close_fds=True) has closed the poller's epoll fd: the child
+# then hangs before it execs (seen as a push service that never started, grpc/grpc#43055).
+os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
+
 import pytest
 import redis.asyncio as aioredis
 

@@ -236,3 +236,72 @@ class DeliverManyReply(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___DeliverManyReply: _TypeAlias = DeliverManyReply  # noqa: Y015
+
+@_typing.final
+class StreamCall(_message.Message):
+    """One call on a DeliverStream: what one DeliverMany carries, with its own id and
+    deadline, so many calls share one long-lived stream (no HTTP/2 stream, headers or
+    deadline set up per call).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CALL_ID_FIELD_NUMBER: _builtins.int
+    BATCHES_FIELD_NUMBER: _builtins.int
+    TIMEOUT_MS_FIELD_NUMBER: _builtins.int
+    call_id: _builtins.int
+    """Echoed in the call's StreamReply; unique per stream."""
+    timeout_ms: _builtins.int
+    """How long the caller waits for the reply, in ms from when the gateway reads the
+    call (gRPC's own deadlines travel the same way, as a duration). 0: no deadline.
+    """
+    @_builtins.property
+    def batches(self) -> _containers.RepeatedCompositeFieldContainer[Global___Batch]: ...
+    def __init__(
+        self,
+        *,
+        call_id: _builtins.int = ...,
+        batches: _abc.Iterable[Global___Batch] | None = ...,
+        timeout_ms: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["batches", b"batches", "call_id", b"call_id", "timeout_ms", b"timeout_ms"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___StreamCall: _TypeAlias = StreamCall  # noqa: Y015
+
+@_typing.final
+class StreamReply(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CALL_ID_FIELD_NUMBER: _builtins.int
+    REPLIES_FIELD_NUMBER: _builtins.int
+    ERROR_CODE_FIELD_NUMBER: _builtins.int
+    ERROR_FIELD_NUMBER: _builtins.int
+    call_id: _builtins.int
+    error_code: _builtins.str
+    """Set when the call was refused whole, as DeliverMany would have with this gRPC
+    status code name (INVALID_ARGUMENT): nothing of it was written. The stream goes on.
+    """
+    error: _builtins.str
+    @_builtins.property
+    def replies(self) -> _containers.RepeatedCompositeFieldContainer[Global___DeliverReply]:
+        """One reply per batch, in call order (empty when `error_code` is set)."""
+
+    def __init__(
+        self,
+        *,
+        call_id: _builtins.int = ...,
+        replies: _abc.Iterable[Global___DeliverReply] | None = ...,
+        error_code: _builtins.str = ...,
+        error: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["call_id", b"call_id", "error", b"error", "error_code", b"error_code", "replies", b"replies"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___StreamReply: _TypeAlias = StreamReply  # noqa: Y015

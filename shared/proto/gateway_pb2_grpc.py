@@ -44,6 +44,11 @@ class GatewayStub:
                 request_serializer=shared_dot_proto_dot_gateway__pb2.DeliverManyRequest.SerializeToString,
                 response_deserializer=shared_dot_proto_dot_gateway__pb2.DeliverManyReply.FromString,
                 _registered_method=True)
+        self.DeliverStream = channel.stream_stream(
+                '/imroute.v1.Gateway/DeliverStream',
+                request_serializer=shared_dot_proto_dot_gateway__pb2.StreamCall.SerializeToString,
+                response_deserializer=shared_dot_proto_dot_gateway__pb2.StreamReply.FromString,
+                _registered_method=True)
 
 
 class GatewayServicer:
@@ -61,6 +66,15 @@ class GatewayServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def DeliverStream(self, request_iterator, context):
+        """Many DeliverMany calls over one stream per router process and gateway: each
+        StreamCall gets exactly one StreamReply with its call_id (the gateway answers in
+        the order the calls came).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_GatewayServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -73,6 +87,11 @@ def add_GatewayServicer_to_server(servicer, server):
                     servicer.DeliverMany,
                     request_deserializer=shared_dot_proto_dot_gateway__pb2.DeliverManyRequest.FromString,
                     response_serializer=shared_dot_proto_dot_gateway__pb2.DeliverManyReply.SerializeToString,
+            ),
+            'DeliverStream': grpc.stream_stream_rpc_method_handler(
+                    servicer.DeliverStream,
+                    request_deserializer=shared_dot_proto_dot_gateway__pb2.StreamCall.FromString,
+                    response_serializer=shared_dot_proto_dot_gateway__pb2.StreamReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -129,6 +148,33 @@ class Gateway:
             '/imroute.v1.Gateway/DeliverMany',
             shared_dot_proto_dot_gateway__pb2.DeliverManyRequest.SerializeToString,
             shared_dot_proto_dot_gateway__pb2.DeliverManyReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeliverStream(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/imroute.v1.Gateway/DeliverStream',
+            shared_dot_proto_dot_gateway__pb2.StreamCall.SerializeToString,
+            shared_dot_proto_dot_gateway__pb2.StreamReply.FromString,
             options,
             channel_credentials,
             insecure,

@@ -37,12 +37,22 @@ class GatewayStub:
     def __new__(cls, channel: _aio.Channel) -> GatewayAsyncStub: ...
     Deliver: _grpc.UnaryUnaryMultiCallable[_gateway_pb2.Batch, _gateway_pb2.DeliverReply]
     DeliverMany: _grpc.UnaryUnaryMultiCallable[_gateway_pb2.DeliverManyRequest, _gateway_pb2.DeliverManyReply]
+    DeliverStream: _grpc.StreamStreamMultiCallable[_gateway_pb2.StreamCall, _gateway_pb2.StreamReply]
+    """Many DeliverMany calls over one stream per router process and gateway: each
+    StreamCall gets exactly one StreamReply with its call_id (the gateway answers in
+    the order the calls came).
+    """
 
 @_typing.type_check_only
 class GatewayAsyncStub(GatewayStub):
     def __init__(self, channel: _aio.Channel) -> None: ...
     Deliver: _aio.UnaryUnaryMultiCallable[_gateway_pb2.Batch, _gateway_pb2.DeliverReply]  # type: ignore[assignment]
     DeliverMany: _aio.UnaryUnaryMultiCallable[_gateway_pb2.DeliverManyRequest, _gateway_pb2.DeliverManyReply]  # type: ignore[assignment]
+    DeliverStream: _aio.StreamStreamMultiCallable[_gateway_pb2.StreamCall, _gateway_pb2.StreamReply]  # type: ignore[assignment]
+    """Many DeliverMany calls over one stream per router process and gateway: each
+    StreamCall gets exactly one StreamReply with its call_id (the gateway answers in
+    the order the calls came).
+    """
 
 class GatewayServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -58,5 +68,16 @@ class GatewayServicer(metaclass=_abc_1.ABCMeta):
         request: _gateway_pb2.DeliverManyRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_gateway_pb2.DeliverManyReply, _abc.Awaitable[_gateway_pb2.DeliverManyReply]]: ...
+
+    @_abc_1.abstractmethod
+    def DeliverStream(
+        self,
+        request_iterator: _MaybeAsyncIterator[_gateway_pb2.StreamCall],
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_gateway_pb2.StreamReply], _abc.AsyncIterator[_gateway_pb2.StreamReply]]:
+        """Many DeliverMany calls over one stream per router process and gateway: each
+        StreamCall gets exactly one StreamReply with its call_id (the gateway answers in
+        the order the calls came).
+        """
 
 def add_GatewayServicer_to_server(servicer: GatewayServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
