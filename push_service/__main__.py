@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import gc
 import os
 import sys
 from collections.abc import Sequence
@@ -12,10 +11,10 @@ from push_service.app import Worker, create_app
 from push_service.http_server import run
 from push_service.workers import serve_workers
 from shared.errors import ImrouteError
+from shared.gc_policy import GEN0_THRESHOLD, settle
 from shared.settings import Settings
 
 # Python's default is 700 allocations; a P2P push makes a few hundred objects.
-GC_GEN0_THRESHOLD = 10_000
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -56,21 +55,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             # Checked here once, so a bad setting is one message, not one per worker.
             create_app(settings)
             return serve_workers(settings, argv)
-        app = create_app(settings, worker=worker, on_ready=settle_gc)
+        app = create_app(settings, worker=worker, on_ready=lambda: settle(GEN0_THRESHOLD))
     except ImrouteError as exc:
         print(f"imroute push-service: {exc}", file=sys.stderr)
         return 2
     run(app, settings, None if worker is None else worker.listener())
     return 0
-
-
-def settle_gc() -> None:
-    """Once the services are open: what start-up built lives as long as the process, so
-    the collector stops walking it (gc.freeze), and young collections run less often, as
-    a push allocates many short-lived objects and few cycles."""
-    gc.collect()
-    gc.freeze()
-    gc.set_threshold(GC_GEN0_THRESHOLD, *gc.get_threshold()[1:])
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ from pydantic import (
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from shared.errors import ConfigError
+from shared.gc_settings import GcSettings
 from shared.http_settings import HttpSettings
 from shared.keys import ID_PATTERN
 from shared.webhook_settings import WebhookSettings
@@ -27,7 +28,7 @@ __all__ = ["ENV_PREFIX", "Settings", "redact_url"]
 ENV_PREFIX = "IMROUTE_"
 
 
-class Settings(HttpSettings, WebhookSettings, BaseSettings):
+class Settings(HttpSettings, WebhookSettings, GcSettings, BaseSettings):
     """Every setting of every imroute process; each entry point uses what it needs."""
 
     model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="forbid", frozen=True)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import gc
 import logging
 import os
 import signal
@@ -13,6 +12,7 @@ from collections.abc import Coroutine, Sequence
 from typing import Any
 
 from shared.errors import ConfigError, ImrouteError
+from shared.gc_policy import Freezer, settle
 from shared.settings import Settings
 from socket_gateway.app import Gateway
 
@@ -53,15 +53,21 @@ async def serve(settings: Settings) -> None:
     loop.add_signal_handler(signal.SIGTERM, on_term)
     async with Gateway(settings) as gw:
         # Long-lived start-up objects never become garbage: keep the collector off them,
-        # so full collections do not walk them during fan-out.
-        gc.collect()
-        gc.freeze()
+        # so full collections do not walk them during fan-out; and the connections that
+        # come later, once they have lived a while (shared.gc_policy).
+        settle()
+        freezer = asyncio.create_task(
+            Freezer(settings.gc_freeze_s, settings.gc_full_s).run(), name="gc-freezer"
+        )
         print(
             f"gateway {settings.gateway_id} group={settings.group_id} ready "
             f"ws={gw.info.ws_url} grpc={gw.info.grpc_address}",
             flush=True,
         )
-        await _until_stopped(gw, stop, drain)
+        try:
+            await _until_stopped(gw, stop, drain)
+        finally:
+            freezer.cancel()
         if gw.failure is not None:
             raise ImrouteError(f"gave up and drained: {gw.failure}")
 
