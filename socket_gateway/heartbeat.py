@@ -4,6 +4,13 @@ Two loops run for the life of the gateway. The heartbeat re-announces the fleet 
 re-registers every local connection when the record was found missing, and checks for a
 drain request (`POST /v1/gateways/{id}/drain`); the route refresh pushes the routes'
 deadlines forward. A drain, asked for or run directly, paces the clients' closes.
+
+The periodic route refresh is paced: the routes go in slices of `REFRESH_SLICE`, spread
+over half the refresh interval, at the same cadence round after round. All at once, a
+5000-connection gateway's refresh was 5000 scripts in a burst every 20 s: tens of ms of
+its own loop, and of Redis, while both cores were busy, which stalled pushes on every
+process of a small machine (docs/benchmarks.md). A re-register after Redis lost the
+routes is not paced: those routes are missing, not about to lapse.
 """
 
 from __future__ import annotations
@@ -17,7 +24,7 @@ from typing import Any
 from router.fleet.base import DrainRequests, GatewayFleet
 from router.routes.base import RouteRegistry
 from shared.errors import ImrouteError, RegistryUnavailable
-from shared.models import GatewayInfo
+from shared.models import GatewayInfo, Registration
 from shared.wire import ws_text_frame
 from socket_gateway.connections import LocalConnections
 from socket_gateway.ws import WsEndpoint
@@ -32,6 +39,11 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+
+# Routes per slice of a paced refresh: one pipeline of a few ms.
+REFRESH_SLICE = 100
+# A paced refresh spreads its slices over this share of the refresh interval.
+REFRESH_SPREAD = 0.5
 
 CLOSE_DRAIN = 4503
 RECONNECT_FRAME = b'{"type":"reconnect","reason":"drain"}'
@@ -116,7 +128,10 @@ class Heartbeat:
     def start(self) -> None:
         self._tasks = [
             asyncio.create_task(self._loop(self._interval, self.announce), name="fleet-heartbeat"),
-            asyncio.create_task(self._loop(self._refresh_s, self.refresh), name="route-refresh"),
+            asyncio.create_task(
+                self._loop(self._refresh_s, self.paced_refresh, fixed_rate=True),
+                name="route-refresh",
+            ),
         ]
 
     async def aclose(self) -> None:
@@ -127,9 +142,18 @@ class Heartbeat:
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
 
-    async def _loop(self, interval: float, beat: Callable[[], Awaitable[None]]) -> None:
+    async def _loop(
+        self, interval: float, beat: Callable[[], Awaitable[None]], fixed_rate: bool = False
+    ) -> None:
+        """`fixed_rate`: a beat starts every `interval` however long the last one took
+        (the paced refresh, which takes half of it); else `interval` passes between beats."""
+        loop = asyncio.get_running_loop()
+        next_at = loop.time()
         while True:
-            await asyncio.sleep(interval)
+            next_at += interval
+            await asyncio.sleep(max(0.0, next_at - loop.time()) if fixed_rate else interval)
+            if fixed_rate:
+                next_at = max(next_at, loop.time())  # after a beat that overran: no burst
             try:
                 await beat()
             except ImrouteError as exc:
@@ -172,10 +196,36 @@ class Heartbeat:
         except ImrouteError as exc:
             log.warning("re-registering connections failed (the route refresh retries): %s", exc)
 
+    async def paced_refresh(self) -> None:
+        """Push every local route's deadline forward, a slice at a time, spread over
+        REFRESH_SPREAD of the refresh interval; a slice that fails does not stop the rest."""
+        snapshot = self._conns.registrations()
+        slices = [snapshot[i : i + REFRESH_SLICE] for i in range(0, len(snapshot), REFRESH_SLICE)]
+        gap = self._refresh_s * REFRESH_SPREAD / max(len(slices), 1)
+        failed, error = 0, None
+        for n, planned in enumerate(slices):
+            piece = planned
+            if n:
+                await asyncio.sleep(gap)
+                # Who left meanwhile is not written back (their unregister went already).
+                piece = [r for r in planned if self._conns.holds_registration(r)]
+            try:
+                await self._registry.refresh(piece)
+            except RegistryUnavailable as exc:
+                failed, error = failed + len(piece), exc
+        await self._forget_gone(snapshot)
+        if error is not None:
+            raise RegistryUnavailable(
+                f"{failed} of {len(snapshot)} routes not refreshed: {error}"
+            ) from error
+
     async def refresh(self) -> None:
-        """Push every local route's deadline forward."""
+        """Push every local route's deadline forward, at once."""
         snapshot = self._conns.registrations()
         await self._registry.refresh(snapshot)
+        await self._forget_gone(snapshot)
+
+    async def _forget_gone(self, snapshot: list[Registration]) -> None:
         # A client that left while the refresh was in flight must not stay routed.
         gone = [r for r in snapshot if not self._conns.holds_registration(r)]
         if gone:

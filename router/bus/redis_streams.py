@@ -32,6 +32,7 @@ from router.bus.losses import BusLosses
 from router.bus.redis_trim import LOST_TTL_MS, MAX_EXCESS, PUBLISH, TrimReporter, parse_reply
 from router.bus.redis_trim import text as _text
 from router.hedging import Attempt, AttemptContext
+from router.redis.client import connection_identity
 from router.redis.errors import is_unreachable, redis_errors, reraise_swallowed_cancel
 from shared.errors import ConfigError
 from shared.keys import KeySchema
@@ -109,6 +110,7 @@ class RedisStreamsTransport(BusLifecycle):
                 health_check_interval=30,
                 socket_connect_timeout=SOCKET_SLACK_S,
                 socket_timeout=block_s + SOCKET_SLACK_S,
+                **connection_identity(),
             )
         except ValueError as exc:
             raise ConfigError(f"IMROUTE_BUS_URL: {exc}") from None

@@ -1,6 +1,12 @@
 """Keepalive without a task per connection: ONE gateway-wide task pings every open
 connection every `WsTimers.ping_interval_s`, and closes (1011) those that sent nothing
 since the previous ping.
+
+A round is spread over half the interval, in slices of PING_SLICE, and rounds start a
+fixed interval apart, so each connection is pinged once per interval at its own moment.
+All at once, 5000 connections' pings came back as 5000 pongs in the same instant (and
+clients on one machine answered them all at once): a burst on both sides every 30 s,
+which stalled pushes on a small machine (docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -11,9 +17,10 @@ from collections.abc import Callable, Collection
 from socket_gateway.ws.framing import FrameConn
 from socket_gateway.ws.protocol import CLOSE_INTERNAL, PING_FRAME
 
-__all__ = ["PING_SLICE", "KeepaliveConn", "keepalive_loop", "ping_round"]
+__all__ = ["PING_SLICE", "PING_SPREAD", "KeepaliveConn", "keepalive_loop", "ping_round"]
 
-PING_SLICE = 1000  # connections pinged per loop turn
+PING_SLICE = 100  # connections pinged together
+PING_SPREAD = 0.5  # a round's slices are spread over this share of the interval
 
 
 class KeepaliveConn(FrameConn):
@@ -34,21 +41,28 @@ class KeepaliveConn(FrameConn):
 
 
 async def keepalive_loop(interval_s: float, live: Callable[[], Collection[KeepaliveConn]]) -> None:
-    """Every `interval_s`, one round over the connections `live()` returns."""
+    """A round over the connections `live()` returns, starting every `interval_s`."""
+    loop = asyncio.get_running_loop()
+    next_at = loop.time()
     while True:
-        await asyncio.sleep(interval_s)
-        await ping_round(live())
+        next_at += interval_s
+        await asyncio.sleep(max(0.0, next_at - loop.time()))
+        next_at = max(next_at, loop.time())  # a round that overran: no catching up
+        await ping_round(live(), spread_s=interval_s * PING_SPREAD)
 
 
-async def ping_round(conns: Collection[KeepaliveConn]) -> None:
+async def ping_round(conns: Collection[KeepaliveConn], spread_s: float = 0.0) -> None:
     """Ping every open connection; close those silent since the previous round.
 
-    In slices of PING_SLICE connections with a loop turn between them, so a round
-    over many connections does not hold the loop (and pushes) for long.
+    In slices of PING_SLICE connections, `spread_s` apart in all (0: a loop turn
+    between slices), so a round over many connections holds neither the loop nor the
+    clients for long.
     """
     snapshot = list(conns)
+    slices = max(1, -(-len(snapshot) // PING_SLICE))
+    gap = spread_s / slices
     for start in range(0, len(snapshot), PING_SLICE):
         if start:
-            await asyncio.sleep(0)
+            await asyncio.sleep(gap)
         for c in snapshot[start : start + PING_SLICE]:
             c._keepalive()

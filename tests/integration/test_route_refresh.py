@@ -5,6 +5,8 @@ round trip fails as a dropped connection would."""
 
 from __future__ import annotations
 
+import asyncio
+import time
 from typing import Any
 
 import pytest
@@ -16,6 +18,7 @@ from shared.clock import ManualClock
 from shared.errors import RegistryUnavailable
 from shared.keys import KeySchema
 from shared.models import Registration
+from socket_gateway.heartbeat import REFRESH_SLICE, Heartbeat
 
 pytestmark = pytest.mark.integration
 
@@ -81,3 +84,62 @@ async def deadlines(redis: aioredis.Redis, keys: KeySchema, regs: list[Registrat
         pipe.hget(keys.route(r.uid), r.conn_id)
     values = await pipe.execute()
     return {int(v.rsplit("|", 1)[1]) for v in values}
+
+
+class Held:
+    """The gateway's side a refresh reads: which registrations are still connected."""
+
+    def __init__(self, regs: list[Registration]) -> None:
+        self.regs = list(regs)
+
+    def registrations(self) -> list[Registration]:
+        return list(self.regs)
+
+    def holds_registration(self, reg: Registration) -> bool:
+        return reg in self.regs
+
+
+class Timed:
+    """A real registry that notes when each refresh call went, and how many routes."""
+
+    def __init__(self, inner: RedisRouteRegistry) -> None:
+        self.inner = inner
+        self.calls: list[tuple[float, int]] = []
+
+    async def refresh(self, regs: list[Registration]) -> int:
+        self.calls.append((time.monotonic(), len(regs)))
+        return await self.inner.refresh(regs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+async def test_the_periodic_refresh_is_spread_over_half_its_interval_in_slices(
+    redis: aioredis.Redis, prefix: str
+) -> None:
+    """Not one burst of every route: slices of REFRESH_SLICE, spread over half the
+    interval; a client that left meanwhile is not written back."""
+    clock = ManualClock()
+    keys = KeySchema(prefix)
+    regs = [Registration(f"u{i:04}", f"gw1.c.{i}") for i in range(250)]
+    real = registry(redis, prefix, clock)
+    await real.refresh(regs)
+    held = Held(regs)
+    timed = Timed(real)
+    beat = Heartbeat("gw1", 1.0, 3.0, held, None, timed, None, None, None, None)  # type: ignore[arg-type]
+    leaver = regs[150]
+
+    async def leave() -> None:  # during the first gap, as the endpoint would
+        await asyncio.sleep(0.05)
+        held.regs.remove(leaver)
+        await real.unregister_many([leaver])
+
+    clock.advance(30)
+    await asyncio.gather(beat.paced_refresh(), leave())
+    assert [n for _, n in timed.calls] == [REFRESH_SLICE, REFRESH_SLICE - 1, 50]
+    # Refresh interval 1 s (a third of the 3-s ttl): three slices spread over 0.5 s.
+    spread = timed.calls[-1][0] - timed.calls[0][0]
+    assert 0.25 <= spread < 0.6, spread
+    rest = [r for r in regs if r != leaver]
+    assert await deadlines(redis, keys, rest) == {clock.now_ms() + 60_000}
+    assert not await redis.hexists(keys.route(leaver.uid), leaver.conn_id)
