@@ -14,8 +14,6 @@ from shared.errors import ImrouteError
 from shared.gc_policy import GEN0_THRESHOLD, settle
 from shared.settings import Settings
 
-# Python's default is 700 allocations; a P2P push makes a few hundred objects.
-
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="imroute push-service", description="Run the push service.")

@@ -49,7 +49,6 @@ class Freezer:
         self._full_s = full_s
         self.freezes = 0
         self.full_collections = 0
-        self.full_ms = 0.0  # how long the last full collection took
 
     def step(self, since_full_s: float) -> bool:
         """One round: freeze, after a full collection when `full_s` has passed; whether
@@ -59,9 +58,9 @@ class Freezer:
             started = time.perf_counter()
             gc.unfreeze()
             freed = gc.collect()
-            self.full_ms = (time.perf_counter() - started) * 1000
+            took_ms = (time.perf_counter() - started) * 1000
             self.full_collections += 1
-            log.info("full garbage collection: %d objects freed in %.0f ms", freed, self.full_ms)
+            log.info("full garbage collection: %d objects freed in %.0f ms", freed, took_ms)
         gc.freeze()
         self.freezes += 1
         return full

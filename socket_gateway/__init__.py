@@ -10,7 +10,8 @@ In the order a push travels through it:
 - `ws/`, the client WebSocket endpoint (protocol, framing, handshake, keepalive, conn,
   endpoint).
 
-Beside them: `heartbeat` (fleet record, route refresh, drain), `dedup`, `metrics`,
+Beside them: `heartbeat` (fleet record, route refresh, drain), `pacing` (the refresh and
+the keepalive round spread over their intervals), `dedup`, `metrics`,
 `faults` (test-only gRPC interceptors), and `app`, which composes and starts/stops it all.
 """
 

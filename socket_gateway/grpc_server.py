@@ -51,15 +51,22 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
     ) -> gateway_pb2.DeliverManyReply:
         service = self._service
         service.calls += 1
-        # All checked before any is written: a call is refused whole, never half-sent.
-        for i, batch in enumerate(request.batches):
-            problem = service.problem(batch)
-            if problem is not None:
-                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"batch {i}: {problem}")
+        problem = self._first_problem(request.batches)
+        if problem is not None:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, problem)
         left = context.time_remaining()
         return gateway_pb2.DeliverManyReply(
             replies=[service.deliver(b, checked=True, call_left_s=left) for b in request.batches]
         )
+
+    def _first_problem(self, batches: Sequence[gateway_pb2.Batch]) -> str | None:
+        """What is wrong with the first bad batch of a call, or None. All are checked
+        before any is written: a call is refused whole, never half-sent."""
+        for i, batch in enumerate(batches):
+            problem = self._service.problem(batch)
+            if problem is not None:
+                return f"batch {i}: {problem}"
+        return None
 
     async def DeliverStream(
         self,
@@ -78,15 +85,13 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
     def _stream_reply(self, call: gateway_pb2.StreamCall) -> gateway_pb2.StreamReply:
         service = self._service
         service.calls += 1
-        # As DeliverMany: refused whole, never half-sent; the stream itself goes on.
-        for i, batch in enumerate(call.batches):
-            problem = service.problem(batch)
-            if problem is not None:
-                return gateway_pb2.StreamReply(
-                    call_id=call.call_id,
-                    error_code=grpc.StatusCode.INVALID_ARGUMENT.name,
-                    error=f"batch {i}: {problem}",
-                )
+        problem = self._first_problem(call.batches)
+        if problem is not None:  # as DeliverMany's, but the stream itself goes on
+            return gateway_pb2.StreamReply(
+                call_id=call.call_id,
+                error_code=grpc.StatusCode.INVALID_ARGUMENT.name,
+                error=problem,
+            )
         # The deadline travels as a duration, like gRPC's: it starts when the call is read.
         left = call.timeout_ms / 1000 if call.timeout_ms else None
         return gateway_pb2.StreamReply(

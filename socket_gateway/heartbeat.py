@@ -27,6 +27,7 @@ from shared.errors import ImrouteError, RegistryUnavailable
 from shared.models import GatewayInfo, Registration
 from shared.wire import ws_text_frame
 from socket_gateway.connections import LocalConnections
+from socket_gateway.pacing import spread, ticks
 from socket_gateway.ws import WsEndpoint
 
 __all__ = [
@@ -147,13 +148,7 @@ class Heartbeat:
     ) -> None:
         """`fixed_rate`: a beat starts every `interval` however long the last one took
         (the paced refresh, which takes half of it); else `interval` passes between beats."""
-        loop = asyncio.get_running_loop()
-        next_at = loop.time()
-        while True:
-            next_at += interval
-            await asyncio.sleep(max(0.0, next_at - loop.time()) if fixed_rate else interval)
-            if fixed_rate:
-                next_at = max(next_at, loop.time())  # after a beat that overran: no burst
+        async for _ in ticks(interval, fixed_rate):
             try:
                 await beat()
             except ImrouteError as exc:
@@ -200,15 +195,10 @@ class Heartbeat:
         """Push every local route's deadline forward, a slice at a time, spread over
         REFRESH_SPREAD of the refresh interval; a slice that fails does not stop the rest."""
         snapshot = self._conns.registrations()
-        slices = [snapshot[i : i + REFRESH_SLICE] for i in range(0, len(snapshot), REFRESH_SLICE)]
-        gap = self._refresh_s * REFRESH_SPREAD / max(len(slices), 1)
         failed, error = 0, None
-        for n, planned in enumerate(slices):
-            piece = planned
-            if n:
-                await asyncio.sleep(gap)
-                # Who left meanwhile is not written back (their unregister went already).
-                piece = [r for r in planned if self._conns.holds_registration(r)]
+        async for planned in spread(snapshot, REFRESH_SLICE, self._refresh_s * REFRESH_SPREAD):
+            # Who left meanwhile is not written back (their unregister went already).
+            piece = [r for r in planned if self._conns.holds_registration(r)]
             try:
                 await self._registry.refresh(piece)
             except RegistryUnavailable as exc:

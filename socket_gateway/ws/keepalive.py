@@ -11,9 +11,9 @@ which stalled pushes on a small machine (docs/benchmarks.md).
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable, Collection
 
+from socket_gateway.pacing import spread, ticks
 from socket_gateway.ws.framing import FrameConn
 from socket_gateway.ws.protocol import CLOSE_INTERNAL, PING_FRAME
 
@@ -42,12 +42,7 @@ class KeepaliveConn(FrameConn):
 
 async def keepalive_loop(interval_s: float, live: Callable[[], Collection[KeepaliveConn]]) -> None:
     """A round over the connections `live()` returns, starting every `interval_s`."""
-    loop = asyncio.get_running_loop()
-    next_at = loop.time()
-    while True:
-        next_at += interval_s
-        await asyncio.sleep(max(0.0, next_at - loop.time()))
-        next_at = max(next_at, loop.time())  # a round that overran: no catching up
+    async for _ in ticks(interval_s):
         await ping_round(live(), spread_s=interval_s * PING_SPREAD)
 
 
@@ -58,11 +53,6 @@ async def ping_round(conns: Collection[KeepaliveConn], spread_s: float = 0.0) ->
     between slices), so a round over many connections holds neither the loop nor the
     clients for long.
     """
-    snapshot = list(conns)
-    slices = max(1, -(-len(snapshot) // PING_SLICE))
-    gap = spread_s / slices
-    for start in range(0, len(snapshot), PING_SLICE):
-        if start:
-            await asyncio.sleep(gap)
-        for c in snapshot[start : start + PING_SLICE]:
+    async for piece in spread(list(conns), PING_SLICE, spread_s):
+        for c in piece:
             c._keepalive()

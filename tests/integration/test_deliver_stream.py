@@ -18,20 +18,15 @@ import pytest
 from router.devtools.ports import free_port, free_port_block
 from router.gateway_rpc.grpc_client import GrpcGatewayClients
 from shared.batches import to_batch
-from shared.clock import SystemClock
 from shared.errors import GatewayUnavailable
-from shared.models import Message
 from shared.proto import gateway_pb2
 from shared.proto.gateway_pb2_grpc import GatewayServicer, add_GatewayServicer_to_server
 from tests.conftest import SECRET
 from tests.integration.procs import BIN, base_env, read_until, running
 from tests.integration.stack import client, gateway, nothing_more, recv_json
+from tests.integration.test_deliver import message
 
 pytestmark = pytest.mark.integration
-
-
-def message(n: int) -> Message:
-    return Message(f"m{n}", f"p{n}", 0, "admin", b'{"n":%d}' % n, SystemClock().now_ms())
 
 
 async def test_concurrent_calls_share_one_stream_and_each_gets_its_own_reply(
