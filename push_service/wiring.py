@@ -132,6 +132,7 @@ class Wiring:
                 close_grace_s=max(CLOSE_GRACE_S, settings.deliver_timeout_s),
                 token=None if token is None else token.get_secret_value(),
                 tls=self._tls,
+                links=settings.delivery_link,
             )
             clients, call_stats = _gateway_clients(
                 grpc_clients, settings, clock, self._call_metrics

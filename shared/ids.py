@@ -4,14 +4,39 @@ from __future__ import annotations
 
 import itertools
 import os
-import uuid
 
 __all__ = ["ConnIdFactory", "new_id"]
 
+# A push takes three ids; one `os.urandom` (a syscall) per 256 of them, not per id.
+_POOL_IDS = 256
+
+
+class _IdPool:
+    __slots__ = ("_at", "_bytes")
+
+    def __init__(self) -> None:
+        self._bytes = b""
+        self._at = 0
+
+    def reset(self) -> None:
+        self._bytes, self._at = b"", 0
+
+    def take(self) -> str:
+        at = self._at
+        if at >= len(self._bytes):
+            self._bytes, at = os.urandom(16 * _POOL_IDS), 0
+        self._at = at + 16
+        return self._bytes[at : at + 16].hex()
+
+
+_ids = _IdPool()
+# A forked child must not hand out its parent's ids.
+os.register_at_fork(after_in_child=_ids.reset)
+
 
 def new_id() -> str:
-    """A random 128-bit id as 32 hex characters."""
-    return uuid.uuid4().hex
+    """A random 128-bit id (from the OS's CSPRNG) as 32 hex characters."""
+    return _ids.take()
 
 
 class ConnIdFactory:

@@ -21,6 +21,7 @@ from shared.errors import ConfigError
 from shared.gc_settings import GcSettings
 from shared.http_settings import HttpSettings
 from shared.keys import ID_PATTERN
+from shared.link_settings import LinkSettings
 from shared.webhook_settings import WebhookSettings
 
 __all__ = ["ENV_PREFIX", "Settings", "redact_url"]
@@ -28,7 +29,7 @@ __all__ = ["ENV_PREFIX", "Settings", "redact_url"]
 ENV_PREFIX = "IMROUTE_"
 
 
-class Settings(HttpSettings, WebhookSettings, GcSettings, BaseSettings):
+class Settings(HttpSettings, WebhookSettings, GcSettings, LinkSettings, BaseSettings):
     """Every setting of every imroute process; each entry point uses what it needs."""
 
     model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="forbid", frozen=True)

@@ -39,9 +39,9 @@ from socket_gateway.connections import LocalConnections
 from socket_gateway.counts import gateway_counts
 from socket_gateway.dedup import RecentIds
 from socket_gateway.delivery import DeliverService
+from socket_gateway.delivery_ports import DeliveryPorts, open_delivery_ports
 from socket_gateway.follower import TopicFollower
 from socket_gateway.grpc_auth import TokenCheck
-from socket_gateway.grpc_server import start_grpc_server
 from socket_gateway.heartbeat import (
     CLOSE_DRAIN,
     FLEET_TTL_HEARTBEATS,
@@ -72,7 +72,7 @@ class Gateway:
         grpc_interceptors: Sequence[grpc.aio.ServerInterceptor] = (),
         bus: Bus | None = None,
     ) -> None:
-        """`grpc_interceptors` wrap the gRPC service (tests and benchmarks inject faults);
+        """`grpc_interceptors` wrap the gRPC service (test faults; then no delivery link);
         `bus`: one the caller owns (a MemoryBus shared with an in-process push service),
         else the one IMROUTE_BUS_URL names, opened and closed with the gateway."""
         if settings.secret is None:
@@ -94,6 +94,7 @@ class Gateway:
         self.token_check = None if token is None else TokenCheck(token.get_secret_value(), clock_)
         auth = () if self.token_check is None else (self.token_check,)
         self._interceptors = (*auth, *grpc_interceptors)
+        self._offer_link = not grpc_interceptors
         self._given_bus = bus
         self.conns = LocalConnections(max_buffer=settings.max_write_buffer)
         self.conns.marks.group = settings.group_id
@@ -118,7 +119,7 @@ class Gateway:
         self._consumer: asyncio.Task[None] | None = None
         self._following: asyncio.Task[None] | None = None
         self._ws_server: WsServer | None = None
-        self._grpc: grpc.aio.Server | None = None
+        self.ports: DeliveryPorts | None = None  # gRPC and the delivery link, while open
         self.registry: RedisRouteRegistry | None = None
         self.fleet: RedisGatewayFleet | None = None
         self._heartbeat: Heartbeat | None = None
@@ -186,11 +187,11 @@ class Gateway:
             )
         keys = KeySchema(s.redis_prefix)
 
-        self._grpc, self.grpc_port = await start_grpc_server(
-            self.deliver_service, s.grpc_host, s.grpc_port, self._interceptors, self._tls
-        )
-        self._stack.push_async_callback(self._grpc.stop, 5)
-
+        self.ports = await open_delivery_ports(
+            self._stack, self.deliver_service, s, self._interceptors, self._tls,
+            self.clock, self._offer_link,
+        )  # fmt: skip
+        self.grpc_port = self.ports.grpc_port
         self._started_ms = self.clock.now_ms()
         self.presence = wh_presence.from_settings(s, redis, keys, self.clock)  # webhooks on
         self.registry = RedisRouteRegistry(

@@ -18,7 +18,7 @@ from socket_gateway.batch_check import BatchCheck
 from socket_gateway.connections import LocalConnections
 from socket_gateway.dedup import RecentIds, RecentReplies
 
-__all__ = ["DeliverService"]
+__all__ = ["DeliverService", "LinkCounts"]
 
 log = logging.getLogger(__name__)
 
@@ -26,6 +26,19 @@ log = logging.getLogger(__name__)
 LOG_EVERY_S = 10.0
 # A P2P batch expired on arrival though its call had this long left: a clock skew.
 SKEW_HINT_S = 0.5
+
+
+class LinkCounts:
+    """The delivery link's (socket_gateway.link_server)."""
+
+    __slots__ = ("bad", "calls", "open", "opened", "refused")
+
+    def __init__(self) -> None:
+        self.calls = 0  # StreamCalls answered on links
+        self.opened = 0
+        self.open = 0
+        self.refused = 0  # connections that never got in (no, bad or late hello)
+        self.bad = 0  # open links closed for a frame too big or not a StreamCall
 
 
 class DeliverService:
@@ -38,6 +51,7 @@ class DeliverService:
         self._replies = RecentReplies(clock)
         self.calls = 0  # gRPC calls (Deliver, DeliverMany, StreamCall), counted by the servicer
         self.open_streams = 0  # DeliverStreams open (about one per router process)
+        self.links = LinkCounts()  # delivery links
         self.batches = 0
         self.duplicates = 0
         self.expired = 0

@@ -43,8 +43,10 @@ class _UnaryInterceptor(grpc.aio.ServerInterceptor):
         self, continuation: Continuation, handler_call_details: grpc.HandlerCallDetails
     ) -> Handler | None:
         handler = await continuation(handler_call_details)
-        if handler is None:
-            return handler
+        if handler is None or not handler_call_details.method.rsplit("/", 1)[-1].startswith(
+            "Deliver"
+        ):
+            return handler  # only delivery calls meet the faults (not `Link`)
         if handler.stream_stream is not None:
             return grpc.stream_stream_rpc_method_handler(
                 self._stream(handler.stream_stream),

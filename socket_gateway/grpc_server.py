@@ -6,7 +6,7 @@ and codecs come from the .proto; every call goes to the delivery core.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import TYPE_CHECKING
 
 import grpc
@@ -27,10 +27,16 @@ MAX_RECEIVE_BYTES = 16 << 20
 
 class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
     """Deliver(batch), DeliverMany(batches) and DeliverStream (many DeliverMany calls on
-    one stream) on top of `DeliverService`."""
+    one stream) on top of `DeliverService`; Link tells where the delivery link is
+    (`offer`: a new LinkReply each time, with a fresh ticket; None: port 0, no link)."""
 
-    def __init__(self, service: DeliverService) -> None:
+    def __init__(
+        self,
+        service: DeliverService,
+        offer: Callable[[], gateway_pb2.LinkReply] | None = None,
+    ) -> None:
         self._service = service
+        self.offer = offer
 
     async def Deliver(
         self,
@@ -78,11 +84,19 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
         self._service.open_streams += 1
         try:
             async for call in request_iterator:
-                yield self._stream_reply(call)
+                yield self.answer(call)
         finally:
             self._service.open_streams -= 1
 
-    def _stream_reply(self, call: gateway_pb2.StreamCall) -> gateway_pb2.StreamReply:
+    async def Link(
+        self,
+        request: gateway_pb2.LinkRequest,
+        context: ServicerContext[gateway_pb2.LinkRequest, gateway_pb2.LinkReply],
+    ) -> gateway_pb2.LinkReply:
+        return gateway_pb2.LinkReply() if self.offer is None else self.offer()
+
+    def answer(self, call: gateway_pb2.StreamCall) -> gateway_pb2.StreamReply:
+        """A StreamCall's reply, on a DeliverStream or the delivery link."""
         service = self._service
         service.calls += 1
         problem = self._first_problem(call.batches)
@@ -101,7 +115,7 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
 
 
 async def start_grpc_server(
-    service: DeliverService,
+    servicer: GatewayServicer,
     host: str,
     port: int,
     interceptors: Sequence[grpc.aio.ServerInterceptor] = (),
@@ -116,7 +130,7 @@ async def start_grpc_server(
             ("grpc.so_reuseport", 0),
         ],
     )
-    gateway_pb2_grpc.add_GatewayServicer_to_server(GatewayServicer(service), server)
+    gateway_pb2_grpc.add_GatewayServicer_to_server(servicer, server)
     address = f"{host}:{port}"
     if tls is None:
         bound = server.add_insecure_port(address)

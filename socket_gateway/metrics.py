@@ -21,6 +21,15 @@ class DeliveryCounts(Protocol):
     def expired(self) -> int: ...
     @property
     def open_streams(self) -> int: ...
+    @property
+    def links(self) -> LinkCountsView: ...
+
+
+class LinkCountsView(Protocol):
+    @property
+    def open(self) -> int: ...
+    @property
+    def refused(self) -> int: ...
 
 
 class ConnectionCount(Protocol):
@@ -84,6 +93,16 @@ class GatewayMetrics(Collector):
             "imroute_gateway_delivery_streams",
             "Open DeliverStream calls (one per push-service process that pushes here)",
             c.open_streams,
+        )
+        yield GaugeMetricFamily(
+            "imroute_gateway_delivery_links",
+            "Open delivery links (one per push-service process that pushes here)",
+            c.links.open,
+        )
+        yield CounterMetricFamily(
+            "imroute_gateway_delivery_link_refusals",
+            "Connections to the delivery link's port refused: no hello, or a bad or used ticket",
+            c.links.refused,
         )
         if self._limit_counts is not None:
             yield CounterMetricFamily(

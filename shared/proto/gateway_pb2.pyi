@@ -305,3 +305,73 @@ class StreamReply(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___StreamReply: _TypeAlias = StreamReply  # noqa: Y015
+
+@_typing.final
+class LinkRequest(_message.Message):
+    """The direct delivery link (README, "The delivery link"): the same StreamCall and
+    StreamReply, each a frame (4-byte big-endian length, then the message) on a TCP
+    connection of its own (TLS when mTLS is on), without gRPC's per-message machinery.
+    Its first frame is a LinkHello with a ticket from `Link`, so only a caller that got
+    through the gRPC port's checks (token or mTLS) can open one. The gateway's first
+    frame is a StreamReply with call_id 0: the welcome, or (error_code set) the refusal,
+    after which it closes the connection.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___LinkRequest: _TypeAlias = LinkRequest  # noqa: Y015
+
+@_typing.final
+class LinkReply(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PORT_FIELD_NUMBER: _builtins.int
+    TICKET_FIELD_NUMBER: _builtins.int
+    GATEWAY_ID_FIELD_NUMBER: _builtins.int
+    port: _builtins.int
+    """The link's port on the gateway's gRPC host; 0: this gateway offers no link."""
+    ticket: _builtins.bytes
+    """Single use, valid for a few seconds (socket_gateway.link_server.TICKET_S)."""
+    gateway_id: _builtins.str
+    def __init__(
+        self,
+        *,
+        port: _builtins.int = ...,
+        ticket: _builtins.bytes = ...,
+        gateway_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["gateway_id", b"gateway_id", "port", b"port", "ticket", b"ticket"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___LinkReply: _TypeAlias = LinkReply  # noqa: Y015
+
+@_typing.final
+class LinkHello(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TICKET_FIELD_NUMBER: _builtins.int
+    ticket: _builtins.bytes
+    def __init__(
+        self,
+        *,
+        ticket: _builtins.bytes = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["ticket", b"ticket"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___LinkHello: _TypeAlias = LinkHello  # noqa: Y015

@@ -49,6 +49,11 @@ class GatewayStub:
                 request_serializer=shared_dot_proto_dot_gateway__pb2.StreamCall.SerializeToString,
                 response_deserializer=shared_dot_proto_dot_gateway__pb2.StreamReply.FromString,
                 _registered_method=True)
+        self.Link = channel.unary_unary(
+                '/imroute.v1.Gateway/Link',
+                request_serializer=shared_dot_proto_dot_gateway__pb2.LinkRequest.SerializeToString,
+                response_deserializer=shared_dot_proto_dot_gateway__pb2.LinkReply.FromString,
+                _registered_method=True)
 
 
 class GatewayServicer:
@@ -75,6 +80,14 @@ class GatewayServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Link(self, request, context):
+        """Where and how to open the delivery link (a gateway without one answers port 0;
+        an older gateway, UNIMPLEMENTED).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_GatewayServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -92,6 +105,11 @@ def add_GatewayServicer_to_server(servicer, server):
                     servicer.DeliverStream,
                     request_deserializer=shared_dot_proto_dot_gateway__pb2.StreamCall.FromString,
                     response_serializer=shared_dot_proto_dot_gateway__pb2.StreamReply.SerializeToString,
+            ),
+            'Link': grpc.unary_unary_rpc_method_handler(
+                    servicer.Link,
+                    request_deserializer=shared_dot_proto_dot_gateway__pb2.LinkRequest.FromString,
+                    response_serializer=shared_dot_proto_dot_gateway__pb2.LinkReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -175,6 +193,33 @@ class Gateway:
             '/imroute.v1.Gateway/DeliverStream',
             shared_dot_proto_dot_gateway__pb2.StreamCall.SerializeToString,
             shared_dot_proto_dot_gateway__pb2.StreamReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Link(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/imroute.v1.Gateway/Link',
+            shared_dot_proto_dot_gateway__pb2.LinkRequest.SerializeToString,
+            shared_dot_proto_dot_gateway__pb2.LinkReply.FromString,
             options,
             channel_credentials,
             insecure,

@@ -42,6 +42,10 @@ class GatewayStub:
     StreamCall gets exactly one StreamReply with its call_id (the gateway answers in
     the order the calls came).
     """
+    Link: _grpc.UnaryUnaryMultiCallable[_gateway_pb2.LinkRequest, _gateway_pb2.LinkReply]
+    """Where and how to open the delivery link (a gateway without one answers port 0;
+    an older gateway, UNIMPLEMENTED).
+    """
 
 @_typing.type_check_only
 class GatewayAsyncStub(GatewayStub):
@@ -52,6 +56,10 @@ class GatewayAsyncStub(GatewayStub):
     """Many DeliverMany calls over one stream per router process and gateway: each
     StreamCall gets exactly one StreamReply with its call_id (the gateway answers in
     the order the calls came).
+    """
+    Link: _aio.UnaryUnaryMultiCallable[_gateway_pb2.LinkRequest, _gateway_pb2.LinkReply]  # type: ignore[assignment]
+    """Where and how to open the delivery link (a gateway without one answers port 0;
+    an older gateway, UNIMPLEMENTED).
     """
 
 class GatewayServicer(metaclass=_abc_1.ABCMeta):
@@ -78,6 +86,16 @@ class GatewayServicer(metaclass=_abc_1.ABCMeta):
         """Many DeliverMany calls over one stream per router process and gateway: each
         StreamCall gets exactly one StreamReply with its call_id (the gateway answers in
         the order the calls came).
+        """
+
+    @_abc_1.abstractmethod
+    def Link(
+        self,
+        request: _gateway_pb2.LinkRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_gateway_pb2.LinkReply, _abc.Awaitable[_gateway_pb2.LinkReply]]:
+        """Where and how to open the delivery link (a gateway without one answers port 0;
+        an older gateway, UNIMPLEMENTED).
         """
 
 def add_GatewayServicer_to_server(servicer: GatewayServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -32,7 +32,7 @@ pytestmark = pytest.mark.integration
 async def test_concurrent_calls_share_one_stream_and_each_gets_its_own_reply(
     redis_url: str, prefix: str, redis: object
 ) -> None:
-    clients = GrpcGatewayClients()
+    clients = GrpcGatewayClients(links=False)  # the stream itself: no delivery link
     async with gateway(redis_url, prefix, "gw1", "g1") as gw:
         address = f"127.0.0.1:{gw.grpc_port}"
         async with client(gw, "a") as a, client(gw, "b") as b:
@@ -104,7 +104,7 @@ async def test_a_stopped_gateway_fails_calls_at_their_deadline_and_a_killed_one_
     port = free_port_block([0])
     address = f"127.0.0.1:{port}"
     env = base_env(IMROUTE_REDIS_URL=redis_url, IMROUTE_REDIS_PREFIX=prefix, IMROUTE_SECRET=SECRET)
-    clients = GrpcGatewayClients(close_grace_s=0.1)
+    clients = GrpcGatewayClients(close_grace_s=0.1, links=False)
     try:
         with running(_gateway_argv(port), env) as proc:
             await asyncio.to_thread(read_until, proc, "ready")
@@ -181,7 +181,7 @@ async def test_a_gateway_without_deliver_stream_gets_unary_calls() -> None:
     add_GatewayServicer_to_server(servicer, server)  # type: ignore[no-untyped-call]
     assert server.add_insecure_port(address) == port
     await server.start()
-    clients = GrpcGatewayClients()
+    clients = GrpcGatewayClients(links=False)  # the stream itself: no delivery link
     try:
         batches = [to_batch(message(n), [f"u{n}"], f"b{n}") for n in range(3)]
         replies = await clients.deliver_many("gw1", address, batches, 2.0)

@@ -212,9 +212,11 @@ async def test_unreachable_gateway_is_reported_not_dropped(
         api(redis_url, prefix, deliver_timeout_s=1.0) as http,
         client(gw1, "alice"),
     ):
-        # gw1's gRPC server dies while its routes and fleet record still look fine.
-        assert gw1._grpc is not None
-        await gw1._grpc.stop(None)
+        # gw1's gRPC server (and delivery link) die while its routes and fleet record
+        # still look fine.
+        assert gw1.ports is not None and gw1.ports.link is not None
+        await gw1.ports.grpc.stop(None)
+        await gw1.ports.link.close()
         resp = await http.post(
             "/v1/push", json={"to": ["alice", "bob"], "content": 1}, headers=AUTH
         )

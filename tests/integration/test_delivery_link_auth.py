@@ -1,0 +1,177 @@
+"""Who may use a gateway's delivery link, over real sockets: strangers (no ticket, a
+used one, no hello, a frame too big, junk) are refused, counted and logged without the
+ticket, and a router still gets through; with mTLS the link is TLS, and plain text to
+it gets nothing."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import ssl
+import time
+from pathlib import Path
+from typing import Any
+
+import grpc.aio
+import pytest
+
+from router.gateway_rpc.grpc_client import GrpcGatewayClients
+from shared.batches import to_batch
+from shared.internal_auth import load_tls
+from shared.link_frames import FrameReader, frame
+from shared.proto import gateway_pb2
+from shared.proto.gateway_pb2_grpc import GatewayStub
+from socket_gateway import link_server
+from socket_gateway.app import Gateway
+from tests.integration.stack import client, gateway, nothing_more, recv_json, settings
+from tests.integration.test_deliver import message
+from tests.integration.test_delivery_link import linked, until
+from tests.integration.test_internal_auth import certs, tls_settings
+
+pytestmark = pytest.mark.integration
+__all__ = ["certs"]  # the fixture, imported for this module's mTLS test
+
+
+class _Raw(asyncio.Protocol):
+    """A stranger's socket: what the gateway answers, and when it closes."""
+
+    def __init__(self) -> None:
+        self.reader = FrameReader(1 << 20)
+        self.replies: list[gateway_pb2.StreamReply] = []
+        self.closed = asyncio.get_running_loop().create_future()
+
+    def data_received(self, data: bytes) -> None:
+        self.replies += [gateway_pb2.StreamReply.FromString(f) for f in self.reader.feed(data)]
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed.set_result(None)
+
+
+async def _stranger(port: int, *sends: bytes, tls: ssl.SSLContext | None = None) -> _Raw:
+    loop = asyncio.get_running_loop()
+    transport, raw = await loop.create_connection(_Raw, "127.0.0.1", port, ssl=tls)
+    for data in sends:
+        transport.write(data)
+    await asyncio.wait_for(raw.closed, 10)
+    return raw
+
+
+def _hello(ticket: bytes) -> bytes:
+    return frame(gateway_pb2.LinkHello(ticket=ticket).SerializeToString())
+
+
+async def _ticket(gw: Gateway) -> gateway_pb2.LinkReply:
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{gw.grpc_port}") as channel:
+        rpc: Any = GatewayStub(channel)
+        reply: gateway_pb2.LinkReply = await rpc.Link(gateway_pb2.LinkRequest(), timeout=2)
+        return reply
+
+
+async def test_strangers_are_refused_counted_and_logged_without_the_ticket(
+    redis_url: str, prefix: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(link_server, "HELLO_TIMEOUT_S", 0.3)
+    monkeypatch.setattr(link_server, "LOG_EVERY_S", 0.0)
+    caplog.set_level(logging.WARNING, "socket_gateway.link_server")
+    async with gateway(redis_url, prefix, "gw1", "g1") as gw, client(gw, "a") as a:
+        assert gw.ports is not None and gw.ports.link is not None
+        offer = await _ticket(gw)
+        assert offer.port and offer.gateway_id == "gw1" and len(offer.ticket) == 32
+        port = offer.port
+        call = frame(
+            gateway_pb2.StreamCall(
+                call_id=1, batches=[to_batch(message(1), ["a"], "s1")]
+            ).SerializeToString()
+        )
+        cases = [
+            (_hello(b"x" * 32), "no valid ticket"),  # a made-up ticket
+            (call, "no valid ticket"),  # a call with no hello
+            ((64 << 20).to_bytes(4, "big"), "no hello first"),  # a 64 MiB frame's header
+            (b"", "no hello within"),  # nothing at all
+        ]
+        for n, (data, why) in enumerate(cases):
+            started = time.monotonic()
+            raw = await _stranger(port, data)
+            assert len(raw.replies) == 1, n
+            refusal = raw.replies[0]
+            assert refusal.call_id == 0 and why in refusal.error, (n, refusal)
+            assert refusal.error_code in ("UNAUTHENTICATED", "DEADLINE_EXCEEDED"), refusal
+            assert time.monotonic() - started < 3.0
+        assert (
+            gw.deliver_service.links.refused == len(cases) and gw.deliver_service.links.opened == 0
+        )
+
+        # A real ticket opens a link once; used again, it is refused.
+        raw_ok = asyncio.get_running_loop().create_connection(_Raw, "127.0.0.1", port)
+        transport, ok = await raw_ok
+        transport.write(_hello(offer.ticket) + call)
+        await until(lambda: len(ok.replies) == 2, "the welcome and the reply")
+        assert ok.replies[0].call_id == 0 and not ok.replies[0].error_code
+        assert list(ok.replies[1].replies[0].delivered) == ["a"]
+        assert (await recv_json(a))["content"] == {"n": 1}
+        again = await _stranger(port, _hello(offer.ticket))
+        assert "no valid ticket" in again.replies[0].error
+        # On an open link: a frame over the limit (16 MiB) and a frame that is no
+        # StreamCall each end the link, with the reason.
+        transport.write((17 << 20).to_bytes(4, "big"))
+        await asyncio.wait_for(ok.closed, 5)
+        assert ok.replies[-1].error_code == "RESOURCE_EXHAUSTED", ok.replies[-1]
+        fresh = await _ticket(gw)
+        junk = await _stranger(port, _hello(fresh.ticket), frame(b"\xff\xff\xff"))
+        assert junk.replies[-1].error_code == "INVALID_ARGUMENT", junk.replies
+        assert gw.deliver_service.links.bad == 2 and gw.deliver_service.links.opened == 2
+        assert gw.deliver_service.links.refused == len(cases) + 1
+        assert await nothing_more(a, 0.2)
+        logged = caplog.text
+        assert "refused" in logged and "delivery link" in logged
+        for ticket in (offer.ticket, fresh.ticket):
+            assert ticket.hex() not in logged and repr(ticket) not in logged
+
+        # A router still gets its link and its calls through.
+        clients = GrpcGatewayClients()
+        try:
+            await linked(clients, "gw1", f"127.0.0.1:{gw.grpc_port}")
+            reply = await clients.deliver(
+                "gw1", f"127.0.0.1:{gw.grpc_port}", to_batch(message(2), ["a"], "s2"), 5.0
+            )
+            assert list(reply.delivered) == ["a"]
+            assert (await recv_json(a))["content"] == {"n": 2}
+        finally:
+            await clients.close()
+
+
+async def test_with_mtls_the_link_is_tls(
+    redis_url: str, prefix: str, certs: tuple[Path, Path]
+) -> None:
+    ours, _ = certs
+    async with gateway(redis_url, prefix, "gw1", "g1", **tls_settings(ours)) as gw:
+        assert gw.ports is not None and gw.ports.link is not None
+        address = f"127.0.0.1:{gw.grpc_port}"
+        tls = load_tls(settings(redis_url, prefix, **tls_settings(ours, "imroute-gateway")))
+        clients = GrpcGatewayClients(tls=tls)
+        try:
+            async with client(gw, "alice") as ws:
+                await linked(clients, "gw1", address)
+                reply = await clients.deliver(
+                    "gw1", address, to_batch(message(1), ["alice"], "t1"), 2.0
+                )
+                assert list(reply.delivered) == ["alice"]
+                assert (await recv_json(ws))["content"] == {"n": 1}
+                assert gw.deliver_service.links.calls == 1
+                # Plain text to the TLS port gets nothing but a closed socket.
+                port = (await _ticket_tls(gw, tls)).port
+                plain = await _stranger(port, b"\x00\x00\x00\x02hi")
+                assert plain.replies == []
+                assert gw.deliver_service.links.opened == 1
+        finally:
+            await clients.close()
+
+
+async def _ticket_tls(gw: Gateway, tls: Any) -> gateway_pb2.LinkReply:
+    credentials = grpc.ssl_channel_credentials(tls.ca, tls.key, tls.cert)
+    options = [("grpc.ssl_target_name_override", "imroute-gateway")]
+    address = f"127.0.0.1:{gw.grpc_port}"
+    async with grpc.aio.secure_channel(address, credentials, options) as channel:
+        rpc: Any = GatewayStub(channel)
+        reply: gateway_pb2.LinkReply = await rpc.Link(gateway_pb2.LinkRequest(), timeout=2)
+        return reply
