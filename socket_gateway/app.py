@@ -21,6 +21,7 @@ from router.receipts.base import ReceiptLimits
 from router.receipts.store import RedisReceiptStore
 from router.recovery.base import RecoveryLimits
 from router.recovery.store import RedisRecoveryStore
+from router.redis.autopipe import auto_pipeline_for
 from router.redis.client import connect_redis, ping
 from router.routes.registry import RedisRouteRegistry
 from router.routes.writer import CoalescingRouteWriter
@@ -102,8 +103,7 @@ class Gateway:
         self.follower: TopicFollower | None = None
         self.resumer: Resumer | None = None
         self.acks: AckReporter | None = None
-        # Set when the gateway gave up on a part it cannot serve without (the bus
-        # consumer): it drains, and its process exits non-zero to be restarted.
+        # Set when it gave up on the bus consumer: it drains, and exits 1 to be restarted.
         self.failure: str | None = None
         self.consumer_restarts = 0
         self.consumer_budget = RestartBudget(self.clock)
@@ -207,12 +207,15 @@ class Gateway:
             presence=self.presence,
         )
         self._writer = CoalescingRouteWriter(self.registry)
-        recovery = RedisRecoveryStore(redis, keys, self.clock, RecoveryLimits.from_settings(s))
+        auto = auto_pipeline_for(redis)  # the acks' writes: packed and parsed at once
+        recovery = RedisRecoveryStore(
+            redis, keys, self.clock, RecoveryLimits.from_settings(s), auto
+        )
         self.follower = TopicFollower(
             recovery, self.deliver_service, self.conns.marks, gateway_topics(s.group_id), self.clock
         )
         rlimits = ReceiptLimits.from_settings(s)
-        receipts = RedisReceiptStore(redis, keys, rlimits) if rlimits.enabled else None
+        receipts = RedisReceiptStore(redis, keys, rlimits, auto) if rlimits.enabled else None
         self.acks = AckReporter(self.conns, recovery, receipts, self.clock)
         self.deliver_service.report = self.acks.report
         self.resumer = Resumer(
@@ -254,7 +257,8 @@ class Gateway:
         self.ws_port = self._ws_server.sockets[0].getsockname()[1]
         if s.metrics_port is not None:
             scrapes = await serve_metrics(s.metrics_host, s.metrics_port, self._render)
-            self._stack.push_async_callback(_closed, scrapes)
+            self._stack.push_async_callback(scrapes.wait_closed)
+            self._stack.callback(scrapes.close)  # first: the stack unwinds last in, first out
             self.metrics_port = scrapes.sockets[0].getsockname()[1]
         bus: Bus
         if self._given_bus is not None:
@@ -318,8 +322,7 @@ class Gateway:
         await self._stack.aclose()
 
     async def _shutdown(self) -> None:
-        # Registered before the heartbeat and the consumer exist: a start that failed in
-        # between still gets here.
+        # Registered before the heartbeat and the consumer: a start failed between gets here.
         if self._heartbeat is not None:
             await self._heartbeat.aclose()
         for task in (self._consumer, self._following):
@@ -335,8 +338,7 @@ class Gateway:
             await self.fleet.withdraw(self.settings.gateway_id)
         self._ws_server.close(close_connections=True)
         await self._ws_server.wait_closed()
-        # wait_closed() waited for every connection and its unregister; the writer
-        # flushes what is still queued, and so do the acks.
+        # Every connection and its unregister are done; the writer and acks flush the rest.
         await self._writer.aclose()
         if self.acks is not None:
             await self.acks.aclose()
@@ -349,11 +351,6 @@ class Gateway:
         assert self._ws is not None and self.fleet is not None
         window = self.settings.drain_window_s if window_s is None else window_s
         await self._drain.run(window, self._ws, self.fleet, lambda: self.info)
-
-
-async def _closed(server: asyncio.Server) -> None:
-    server.close()
-    await server.wait_closed()
 
 
 def _hostport(host: str, port: int) -> str:

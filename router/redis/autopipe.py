@@ -126,6 +126,22 @@ class AutoPipeline:
             else:
                 future.set_result(reply)
 
+    async def execute_many(self, calls: Sequence[Sequence[Any]]) -> list[Any]:
+        """Many commands of one caller in round trips of their own (MAX_PER_TRIP each),
+        as a redis-py pipeline's `execute()`: the replies in order, or, once all are
+        read, the first error reply raised (NOSCRIPT as NoScriptError)."""
+        replies: list[Any] = []
+        for start in range(0, len(calls), MAX_PER_TRIP):
+            chunk = calls[start : start + MAX_PER_TRIP]
+            self.commands += len(chunk)
+            self.round_trips += 1
+            payload = b"".join([pack_command(args) for args in chunk])
+            replies += await self._raw.run(payload, len(chunk))
+        for reply in replies:
+            if isinstance(reply, hiredis.ReplyError):
+                raise _error(reply)
+        return replies
+
     async def aclose(self) -> None:
         """Wait for the round trips in flight (their callers get their replies)."""
         while self._sending:

@@ -63,9 +63,14 @@ class ScriptRunner:
         if len(calls) == 1:
             return [await self.one(calls[0])]
         auto = self._auto
-        if auto is not None and len(calls) <= AUTO_MANY:
-            # Issued together, they share one round trip (with other tasks' commands).
-            return list(await self._run(lambda: asyncio.gather(*(auto.execute(*a) for a in calls))))
+        if auto is not None:
+            if len(calls) <= AUTO_MANY:
+                # Issued together, they share one round trip (with other tasks' commands).
+                return list(
+                    await self._run(lambda: asyncio.gather(*(auto.execute(*a) for a in calls)))
+                )
+            # Many: packed and parsed at once, in a round trip of their own.
+            return await self._run(lambda: auto.execute_many(calls))
 
         async def go() -> list[Any]:
             pipe = self._redis.pipeline(transaction=False)

@@ -93,6 +93,36 @@ async def test_a_script_runner_loads_its_script_after_noscript(
         await client.aclose()
 
 
+async def test_many_calls_of_one_caller_are_packed_and_parsed_at_once(
+    redis_url: str, prefix: str, redis: aioredis.Redis
+) -> None:
+    client = create_redis(redis_url, 5.0)
+    auto = AutoPipeline(client)
+    script = Script(f"return redis.call('INCRBY', KEYS[1], ARGV[1]) -- many {prefix}")
+    runner = ScriptRunner(client, [script], auto)
+    try:
+        # 2,500 calls: three round trips of at most 1000, replies in order; the script
+        # was never loaded, so the first try fails whole (NOSCRIPT) and runs again.
+        calls = [script.args([f"{prefix}m{i % 7}"], i) for i in range(2500)]
+        replies = await runner.many(calls)
+        sums: dict[int, int] = {}
+        expected = []
+        for i in range(2500):
+            sums[i % 7] = sums.get(i % 7, 0) + i
+            expected.append(sums[i % 7])
+        assert replies == expected
+        assert auto.round_trips == 6  # 3 refused (NOSCRIPT), 3 after the load
+        # An error reply among many is raised once all are read, as a pipeline's is.
+        await redis.hset(f"{prefix}h", "f", "v")
+        with pytest.raises(ResponseError, match="WRONGTYPE"):
+            await auto.execute_many([("INCR", f"{prefix}x"), ("INCR", f"{prefix}h")] * 20)
+        assert await redis.get(f"{prefix}x") == "20"
+        assert await auto.execute("PING") in ("PONG", True)  # the connection is still good
+    finally:
+        await auto.aclose()
+        await client.aclose()
+
+
 async def test_a_cancelled_caller_leaves_the_others_their_replies(
     redis_url: str, prefix: str
 ) -> None:
