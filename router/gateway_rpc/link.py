@@ -86,6 +86,11 @@ async def open_link(
     return link
 
 
+def _expire(future: asyncio.Future[_Reply]) -> None:
+    if not future.done():
+        future.set_exception(TimeoutError())
+
+
 def _keepalive(sock: socket.socket | None) -> None:
     """TCP keepalive (as gRPC's 30 s pings): a gateway host that vanished without a reset
     is noticed in about a minute even while no call is on the link."""
@@ -134,15 +139,18 @@ class DeliveryLink(asyncio.Protocol):
             )
         self._next_id += 1
         call_id = self._next_id
-        future: asyncio.Future[_Reply] = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[_Reply] = loop.create_future()
         self._pending[call_id] = future
         message = gateway_pb2.StreamCall(
             call_id=call_id, batches=batches, timeout_ms=max(1, math.ceil(timeout_s * 1000))
         )
         transport.write(frame(message.SerializeToString()))
+        # A timer on the future, not asyncio.timeout (which costs a task look-up and a
+        # reschedule per call): at the deadline the future fails, the caller with it.
+        timer = loop.call_later(timeout_s, _expire, future)
         try:
-            async with asyncio.timeout(timeout_s):
-                reply = await future
+            reply = await future
         except TimeoutError:
             raise GatewayUnavailable(
                 self._gateway_id,
@@ -150,6 +158,7 @@ class DeliveryLink(asyncio.Protocol):
                 "DEADLINE_EXCEEDED",
             ) from None
         finally:
+            timer.cancel()
             self._pending.pop(call_id, None)
         if reply.error_code:
             raise GatewayUnavailable(
