@@ -64,13 +64,14 @@ from bench.harness.stats import (
     vm_kib,
 )
 from bench.multicast_report import CONTENT, GROUPS, Result, http_multicast, report, verify
-from router.bus.redis_streams import DEFAULT_MAXLEN, RedisStreamsBus
+from router.bus.base import group_topic
+from router.bus.redis_streams import DEFAULT_MAXLEN, RedisStreamsBus, stream_key
 from router.fanout.multicast import LOOKAHEAD, chunked, run_multicast
 from router.fanout.publisher import BatchPublisher
 from router.jobs.base import PushCounters
 from router.recovery.base import RecoveryLimits
 from router.recovery.store import RedisRecoveryStore
-from router.redis.client import create_redis
+from router.redis.client import RedisClient, create_redis
 from router.routes.base import GroupLookup, RecipientGroups
 from router.routes.reads import HashReads, PipelineHashReads, hash_reads_for
 from router.routes.registry import RedisRouteRegistry, Registration
@@ -167,6 +168,13 @@ async def register_online(url: str, keys: KeySchema, n: int, groups: int) -> flo
 # --------------------------------------------------------------------------- measurement
 
 
+async def _hold_topics(client: RedisClient, prefix: str, groups: int) -> None:
+    for g in range(groups):
+        key = stream_key(prefix, group_topic(f"g{g + 1}"))
+        await client.xgroup_create(key, "bench-reader", id="$", mkstream=True)
+        await client.xgroup_createconsumer(key, "bench-reader", "bench")
+
+
 async def measure(
     url: str,
     prefix: str,
@@ -189,6 +197,10 @@ async def measure(
         # one, the registry's client up to lookahead + 1 (one per look-up in flight).
         await asyncio.gather(*(client.ping() for _ in range(lookahead + 1)))
         await bus.transport._redis.ping()
+        # A reader on each group's topic, as its gateway would be (a consumer group at the
+        # end of the stream): with none, nothing needs the batches and each publish trims
+        # its stream, so the read-back check below would find them gone.
+        await _hold_topics(client, prefix, groups)
         inner_reads = PipelineHashReads(client) if pipeline else hash_reads_for(client)
         r.read_path, r.lookahead = type(inner_reads).__name__, lookahead
         counting = CountingReads(inner_reads)
