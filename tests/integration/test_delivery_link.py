@@ -18,6 +18,7 @@ import grpc.aio
 import pytest
 
 from router.devtools.ports import free_port, free_port_block
+from router.gateway_rpc import links as links_module
 from router.gateway_rpc.grpc_client import GrpcGatewayClients
 from shared.batches import to_batch
 from shared.errors import GatewayUnavailable
@@ -40,9 +41,16 @@ async def until(check: Callable[[], bool], what: str, timeout: float = 5.0) -> N
 
 
 async def linked(clients: GrpcGatewayClients, gid: str, address: str, opened: int = 1) -> None:
-    """Make a call (over gRPC, the first time), then wait for the link it opens."""
-    await clients.deliver(gid, address, to_batch(message(0), ["nobody"], f"warm-{opened}"), 5.0)
-    await until(lambda: clients.links_opened >= opened, "the delivery link")
+    """Make calls (over gRPC, until then) until `opened` links have been opened: a link
+    is opened, or tried again, when a call finds none."""
+    deadline = time.monotonic() + 5.0
+    n = 0
+    while clients.links_opened < opened:
+        assert time.monotonic() < deadline, "timed out waiting for the delivery link"
+        n += 1
+        batch = to_batch(message(0), ["nobody"], f"warm-{opened}-{n}")
+        await clients.deliver(gid, address, batch, 5.0)
+        await asyncio.sleep(0.02)
 
 
 async def test_calls_go_on_the_link_and_each_gets_its_own_reply(
@@ -119,6 +127,42 @@ async def test_the_switch_from_the_stream_to_the_link_loses_nothing(
         links = gw.deliver_service.links
         assert clients.links_opened == 1 and 0 < links.calls < 300, links.calls
         await until(lambda: gw.deliver_service.open_streams == 0, "the stream's end")
+        await clients.close()
+
+
+async def test_a_cut_link_fails_its_calls_at_once_and_another_opens(
+    redis_url: str, prefix: str, redis: object, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The link's socket is cut (reset) under a call waiting for its reply: the call
+    # fails UNAVAILABLE at once (a retry may follow: its batch may have arrived, and
+    # the gateway would drop it as a duplicate), the next goes over gRPC, and a new link
+    # opens RETRY_S later.
+    monkeypatch.setattr(links_module, "RETRY_S", 0.3)
+    clients = GrpcGatewayClients()
+    async with gateway(redis_url, prefix, "gw1", "g1") as gw, client(gw, "a") as a:
+        address = f"127.0.0.1:{gw.grpc_port}"
+        await linked(clients, "gw1", address)
+        link = clients._links.get("gw1", address) if clients._links is not None else None
+        assert link is not None and link._transport is not None
+        waiting = asyncio.create_task(
+            clients.deliver("gw1", address, to_batch(message(1), ["a"], "cut-1"), 10.0)
+        )
+        await asyncio.sleep(0)  # the call is written and waits for its reply
+        started = time.monotonic()
+        link._transport.abort()  # a reset, as a cut network gives
+        with pytest.raises(GatewayUnavailable) as cut:
+            await waiting
+        assert cut.value.code == "UNAVAILABLE" and time.monotonic() - started < 1.0
+        reply = await clients.deliver("gw1", address, to_batch(message(2), ["a"], "cut-2"), 5.0)
+        assert list(reply.delivered) == ["a"]  # over gRPC meanwhile
+        await linked(clients, "gw1", address, opened=2)  # links open as calls come
+        calls = gw.deliver_service.links.calls
+        reply = await clients.deliver("gw1", address, to_batch(message(3), ["a"], "cut-3"), 5.0)
+        assert list(reply.delivered) == ["a"] and gw.deliver_service.links.calls == calls + 1
+        got = [(await recv_json(a))["content"]["n"] for _ in range(2)]
+        if got[0] == 1:  # the cut call's batch got there before the cut
+            got = [*got[1:], (await recv_json(a))["content"]["n"]]
+        assert got == [2, 3] and await nothing_more(a, 0.1)
         await clients.close()
 
 
