@@ -33,7 +33,7 @@ from shared.link_frames import FrameReader, frame
 from shared.proto import gateway_pb2
 from socket_gateway.delivery import LinkCounts
 
-__all__ = ["HELLO_TIMEOUT_S", "TICKET_S", "LinkServer", "Tickets"]
+__all__ = ["HELLO_TIMEOUT_S", "MAX_PRE_HELLO", "TICKET_S", "LinkServer", "Tickets"]
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +41,10 @@ TICKET_S = 10.0
 MAX_TICKETS = 1024  # tickets issued and not yet used; past it the oldest go
 HELLO_TIMEOUT_S = 5.0
 HELLO_MAX_BYTES = 256  # a LinkHello is about 40
+# Connections waiting for their hello at once, at most (a router opens one per process
+# and gateway); past it a new one is refused at once, so strangers holding sockets open
+# cannot use up the gateway's file descriptors.
+MAX_PRE_HELLO = 256
 LOG_EVERY_S = 10.0
 
 Answer = Callable[[gateway_pb2.StreamCall], gateway_pb2.StreamReply]
@@ -113,13 +117,23 @@ class LinkServer:
             )
             self._logged_at, self._unlogged = now, 0
 
-    def added(self, conn: _LinkConn) -> None:
+    @property
+    def waiting(self) -> int:
+        """Connections waiting for their hello."""
+        return len(self._conns) - self.counts.open
+
+    def added(self, conn: _LinkConn) -> bool:
+        """Whether `conn` may wait for its hello (not too many do already)."""
+        if self.waiting >= MAX_PRE_HELLO:
+            return False
         self._conns.add(conn)
+        return True
 
     def removed(self, conn: _LinkConn, was_open: bool) -> None:
-        self._conns.discard(conn)
-        if was_open:
-            self.counts.open -= 1
+        if conn in self._conns:
+            self._conns.discard(conn)
+            if was_open:
+                self.counts.open -= 1
 
 
 def _error(code: str, text: str) -> bytes:
@@ -143,7 +157,9 @@ class _LinkConn(asyncio.Protocol):
         # uvloop's transports are not asyncio.Transport subclasses, but have its methods.
         self._transport = cast(asyncio.Transport, transport)
         self._peer = transport.get_extra_info("peername")
-        self._server.added(self)
+        if not self._server.added(self):
+            self._refuse("RESOURCE_EXHAUSTED", f"over {MAX_PRE_HELLO} connections wait for a hello")
+            return
         loop = asyncio.get_running_loop()
         self._hello_timer = loop.call_later(HELLO_TIMEOUT_S, self._late)
 

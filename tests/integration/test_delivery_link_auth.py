@@ -175,3 +175,38 @@ async def _ticket_tls(gw: Gateway, tls: Any) -> gateway_pb2.LinkReply:
         rpc: Any = GatewayStub(channel)
         reply: gateway_pb2.LinkReply = await rpc.Link(gateway_pb2.LinkRequest(), timeout=2)
         return reply
+
+
+async def test_sockets_waiting_for_a_hello_are_capped(
+    redis_url: str, prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Strangers that connect and say nothing hold a socket each for HELLO_TIMEOUT_S: at
+    # most MAX_PRE_HELLO at once; past it a new one is refused at once.
+    monkeypatch.setattr(link_server, "MAX_PRE_HELLO", 3)
+    async with gateway(redis_url, prefix, "gw1", "g1") as gw, client(gw, "a") as a:
+        port = (await _ticket(gw)).port
+        loop = asyncio.get_running_loop()
+        held = [await loop.create_connection(_Raw, "127.0.0.1", port) for _ in range(3)]
+        await asyncio.sleep(0.05)
+        started = time.monotonic()
+        extra = await _stranger(port)
+        assert time.monotonic() - started < 1.0
+        assert extra.replies[0].error_code == "RESOURCE_EXHAUSTED", extra.replies
+        assert "wait for a hello" in extra.replies[0].error
+        assert all(not raw.closed.done() for _, raw in held)  # the three still wait
+        assert gw.ports is not None and gw.ports.link is not None
+        link = gw.ports.link
+        assert link.waiting == 3
+        for transport, _ in held:
+            transport.close()
+        await until(lambda: link.waiting == 0, "the closes")
+        # A router gets its link and its calls through.
+        clients = GrpcGatewayClients()
+        try:
+            address = f"127.0.0.1:{gw.grpc_port}"
+            await linked(clients, "gw1", address)
+            reply = await clients.deliver("gw1", address, to_batch(message(5), ["a"], "h5"), 5.0)
+            assert list(reply.delivered) == ["a"]
+            assert (await recv_json(a))["content"] == {"n": 5}
+        finally:
+            await clients.close()
