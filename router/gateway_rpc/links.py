@@ -3,7 +3,8 @@ the opening of links in the background.
 
 Per gateway address: an open link; or a task opening one (ask the gateway's gRPC `Link`
 method for its port and a ticket, connect, hello); or the time to try again (a link
-that could not be opened, or broke, is tried again RETRY_S later); or nothing to try: a
+that could not be opened, or broke, is tried again RETRY_S later, and after each failure
+to open one twice as late, up to RETRY_MAX_S); or nothing to try: a
 gateway that offers no link (port 0) or has no `Link` method (an older version). Until
 a link is open, calls go over gRPC as before: nothing waits for a link.
 """
@@ -19,12 +20,19 @@ from router.gateway_rpc.link import DeliveryLink, open_link
 from shared.errors import GatewayUnavailable
 from shared.proto import gateway_pb2
 
-__all__ = ["OPEN_TIMEOUT_S", "RETRY_S", "Links", "host_of"]
+__all__ = ["OPEN_TIMEOUT_S", "RETRY_MAX_S", "RETRY_S", "Links", "host_of", "retry_in"]
 
 log = logging.getLogger(__name__)
 
 OPEN_TIMEOUT_S = 2.0
 RETRY_S = 5.0
+RETRY_MAX_S = 60.0
+
+
+def retry_in(failures: int) -> float:
+    """How long after its `failures`-th failure in a row a link is tried again."""
+    return min(RETRY_S * (1 << min(max(0, failures - 1), 16)), RETRY_MAX_S)
+
 
 # Asks a gateway (id, address) for its link: port and ticket.
 Ask = Callable[[str, str], Awaitable[gateway_pb2.LinkReply]]
@@ -52,6 +60,7 @@ class Links:
         self._opening: dict[str, asyncio.Task[None]] = {}
         self._retry_at: dict[str, float] = {}
         self._none: set[str] = set()  # addresses that offer no link
+        self._failures: dict[str, int] = {}  # failed opens in a row, per address
         self._ending: set[asyncio.Task[None]] = set()
         self.opened = 0
 
@@ -98,19 +107,25 @@ class Links:
                 self._none.add(address)
                 log.info("gateway %s has no delivery link (older version): gRPC", gateway_id)
                 return
-            self._retry_at[address] = asyncio.get_running_loop().time() + RETRY_S
-            log.warning(
-                "no delivery link to gateway %s yet (calls go over gRPC; again in %gs): %s",
-                gateway_id,
-                RETRY_S,
-                exc.reason,
-            )
+            failures = self._failures[address] = self._failures.get(address, 0) + 1
+            wait = retry_in(failures)
+            self._retry_at[address] = asyncio.get_running_loop().time() + wait
+            if failures == 1 or wait >= RETRY_MAX_S:  # at most a line a minute, then
+                log.warning(
+                    "no delivery link to gateway %s yet (%d tries; calls go over gRPC; "
+                    "again in %gs): %s",
+                    gateway_id,
+                    failures,
+                    wait,
+                    exc.reason,
+                )
             return
         finally:
             if self._opening.get(address) is asyncio.current_task():
                 del self._opening[address]
         self.opened += 1
         self._retry_at.pop(address, None)
+        self._failures.pop(address, None)
         self._open[address] = link
 
     def _end(self, link: DeliveryLink) -> None:
@@ -128,11 +143,13 @@ class Links:
         if task is not None:
             task.cancel()
         self._retry_at.pop(address, None)
+        self._failures.pop(address, None)
         self._none.discard(address)
 
     def retain(self, addresses: Iterable[str]) -> None:
         keep = set(addresses)
-        for address in {*self._open, *self._opening, *self._retry_at, *self._none} - keep:
+        known = {*self._open, *self._opening, *self._retry_at, *self._none, *self._failures}
+        for address in known - keep:
             self.forget(address)
 
     def __len__(self) -> int:

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from router.gateway_rpc.links import host_of
+from router.gateway_rpc.links import RETRY_MAX_S, RETRY_S, host_of, retry_in
 from shared.clock import ManualClock
 from shared.errors import PayloadTooLarge
 from shared.link_frames import FrameReader, frame
@@ -62,3 +62,10 @@ def test_unused_tickets_are_capped_the_oldest_going_first() -> None:
 )
 def test_the_host_of_a_grpc_address(address: str, host: str) -> None:
     assert host_of(address) == host
+
+
+def test_a_link_that_cannot_be_opened_is_tried_less_and_less_often() -> None:
+    waits = [retry_in(n) for n in range(1, 8)]
+    assert waits == [RETRY_S, 2 * RETRY_S, 4 * RETRY_S, 8 * RETRY_S, RETRY_MAX_S, RETRY_MAX_S,
+                     RETRY_MAX_S]  # fmt: skip
+    assert retry_in(10_000) == RETRY_MAX_S
