@@ -37,7 +37,7 @@ from shared.proto import gateway_pb2
 if TYPE_CHECKING:
     from shared.proto.gateway_pb2_grpc import GatewayAsyncStub
 
-__all__ = ["DeliverStream", "Translate"]
+__all__ = ["DeliverStream", "Translate", "replies_of", "stream_call"]
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +46,23 @@ _Reply = gateway_pb2.StreamReply
 # How a grpc error becomes ours (grpc_client._translate).
 Translate = Callable[[str, Exception], GatewayUnavailable]
 _GRPC_ERRORS = (grpc.aio.AioRpcError, grpc.aio.BaseError, grpc.RpcError, ValueError)
+
+
+def stream_call(call_id: int, batches: Batches, timeout_s: float) -> gateway_pb2.StreamCall:
+    """One DeliverMany as a StreamCall (on the stream or the delivery link)."""
+    return gateway_pb2.StreamCall(
+        call_id=call_id, batches=batches, timeout_ms=max(1, math.ceil(timeout_s * 1000))
+    )
+
+
+def replies_of(gateway_id: str, reply: _Reply, batches: Batches, carrier: str) -> Replies:
+    """A StreamReply's replies, one per batch in order; GatewayUnavailable when the
+    gateway refused the call (its code) or answered another number of batches."""
+    if reply.error_code:
+        raise GatewayUnavailable(gateway_id, f"{reply.error_code}: {reply.error}", reply.error_code)
+    if len(reply.replies) != len(batches):
+        raise GatewayUnavailable(gateway_id, f"{carrier} answered the wrong number of batches")
+    return list(reply.replies)
 
 
 class DeliverStream:
@@ -91,10 +108,7 @@ class DeliverStream:
         loop = asyncio.get_running_loop()
         future: asyncio.Future[_Reply] = loop.create_future()
         self._pending[call_id] = future
-        message = gateway_pb2.StreamCall(
-            call_id=call_id, batches=batches, timeout_ms=max(1, math.ceil(timeout_s * 1000))
-        )
-        self._outbox.append((message, future))
+        self._outbox.append((stream_call(call_id, batches, timeout_s), future))
         self._wake.set()
         try:
             async with asyncio.timeout(timeout_s):
@@ -109,15 +123,7 @@ class DeliverStream:
             self._pending.pop(call_id, None)
             if not future.done():
                 future.cancel()  # the writer skips it if it was not written yet
-        if reply.error_code:
-            raise GatewayUnavailable(
-                self._gateway_id, f"{reply.error_code}: {reply.error}", reply.error_code
-            )
-        if len(reply.replies) != len(batches):
-            raise GatewayUnavailable(
-                self._gateway_id, "DeliverStream answered the wrong number of batches"
-            )
-        return list(reply.replies)
+        return replies_of(self._gateway_id, reply, batches, "DeliverStream")
 
     async def _write(self) -> None:
         try:

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import math
 import socket
 import ssl
 from typing import cast
@@ -27,6 +26,7 @@ from typing import cast
 from google.protobuf.message import DecodeError
 
 from router.gateway_rpc.base import Batches, Replies
+from router.gateway_rpc.grpc_stream import replies_of, stream_call
 from shared.errors import GatewayUnavailable, PayloadTooLarge
 from shared.link_frames import FrameReader, frame
 from shared.proto import gateway_pb2
@@ -142,10 +142,7 @@ class DeliveryLink(asyncio.Protocol):
         loop = asyncio.get_running_loop()
         future: asyncio.Future[_Reply] = loop.create_future()
         self._pending[call_id] = future
-        message = gateway_pb2.StreamCall(
-            call_id=call_id, batches=batches, timeout_ms=max(1, math.ceil(timeout_s * 1000))
-        )
-        transport.write(frame(message.SerializeToString()))
+        transport.write(frame(stream_call(call_id, batches, timeout_s).SerializeToString()))
         # A timer on the future, not asyncio.timeout (which costs a task look-up and a
         # reschedule per call): at the deadline the future fails, the caller with it.
         timer = loop.call_later(timeout_s, _expire, future)
@@ -160,15 +157,7 @@ class DeliveryLink(asyncio.Protocol):
         finally:
             timer.cancel()
             self._pending.pop(call_id, None)
-        if reply.error_code:
-            raise GatewayUnavailable(
-                self._gateway_id, f"{reply.error_code}: {reply.error}", reply.error_code
-            )
-        if len(reply.replies) != len(batches):
-            raise GatewayUnavailable(
-                self._gateway_id, "the link answered the wrong number of batches"
-            )
-        return list(reply.replies)
+        return replies_of(self._gateway_id, reply, batches, "the link")
 
     def send(self, payload: bytes) -> None:
         if self._transport is not None:

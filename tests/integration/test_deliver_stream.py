@@ -93,8 +93,9 @@ async def _scrape(gw: Any) -> bytes:
     return render(gw.metrics)
 
 
-def _gateway_argv(port: int) -> list[str]:
-    return [str(BIN / "imroute"), "gateway", "--id", "gws", "--group", "g1",
+def gateway_argv(port: int, gid: str = "gws") -> list[str]:
+    """A gateway process on a fixed gRPC port (the same port after a restart)."""
+    return [str(BIN / "imroute"), "gateway", "--id", gid, "--group", "g1",
             "--ws-port", "0", "--grpc-port", str(port), "--heartbeat", "5"]  # fmt: skip
 
 
@@ -106,7 +107,7 @@ async def test_a_stopped_gateway_fails_calls_at_their_deadline_and_a_killed_one_
     env = base_env(IMROUTE_REDIS_URL=redis_url, IMROUTE_REDIS_PREFIX=prefix, IMROUTE_SECRET=SECRET)
     clients = GrpcGatewayClients(close_grace_s=0.1, links=False)
     try:
-        with running(_gateway_argv(port), env) as proc:
+        with running(gateway_argv(port), env) as proc:
             await asyncio.to_thread(read_until, proc, "ready")
             reply = await clients.deliver("gws", address, to_batch(message(1), ["x"], "b1"), 5.0)
             assert list(reply.missing) == ["x"]
@@ -145,7 +146,7 @@ async def test_a_stopped_gateway_fails_calls_at_their_deadline_and_a_killed_one_
                 assert result.code == "UNAVAILABLE", result
 
         # Back at the same address: the next call opens a new stream and gets through.
-        with running(_gateway_argv(port), env) as proc:
+        with running(gateway_argv(port), env) as proc:
             await asyncio.to_thread(read_until, proc, "ready")
             clients.reconnect(address)
             reply = await clients.deliver("gws", address, to_batch(message(9), ["x"], "b9"), 5.0)

@@ -26,9 +26,10 @@ from shared.proto import gateway_pb2
 from shared.proto.gateway_pb2_grpc import GatewayServicer, add_GatewayServicer_to_server
 from socket_gateway.metrics import render
 from tests.conftest import SECRET
-from tests.integration.procs import BIN, base_env, read_until, running
+from tests.integration.procs import base_env, read_until, running
 from tests.integration.stack import client, gateway, nothing_more, recv_json
 from tests.integration.test_deliver import message
+from tests.integration.test_deliver_stream import gateway_argv
 
 pytestmark = pytest.mark.integration
 
@@ -166,11 +167,6 @@ async def test_a_cut_link_fails_its_calls_at_once_and_another_opens(
         await clients.close()
 
 
-def _gateway_argv(port: int) -> list[str]:
-    return [str(BIN / "imroute"), "gateway", "--id", "gwl", "--group", "g1",
-            "--ws-port", "0", "--grpc-port", str(port), "--heartbeat", "5"]  # fmt: skip
-
-
 async def test_a_stopped_gateway_fails_link_calls_at_their_deadline_and_a_killed_one_at_once(
     redis_url: str, prefix: str, redis: object
 ) -> None:
@@ -179,7 +175,7 @@ async def test_a_stopped_gateway_fails_link_calls_at_their_deadline_and_a_killed
     env = base_env(IMROUTE_REDIS_URL=redis_url, IMROUTE_REDIS_PREFIX=prefix, IMROUTE_SECRET=SECRET)
     clients = GrpcGatewayClients(close_grace_s=0.1)
     try:
-        with running(_gateway_argv(port), env) as proc:
+        with running(gateway_argv(port, "gwl"), env) as proc:
             await asyncio.to_thread(read_until, proc, "ready")
             await linked(clients, "gwl", address)
             streams = clients.streams_opened
@@ -217,7 +213,7 @@ async def test_a_stopped_gateway_fails_link_calls_at_their_deadline_and_a_killed
                 assert result.code == "UNAVAILABLE", result
 
         # Back at the same address: the next call goes over gRPC and a new link opens.
-        with running(_gateway_argv(port), env) as proc:
+        with running(gateway_argv(port, "gwl"), env) as proc:
             await asyncio.to_thread(read_until, proc, "ready")
             clients.reconnect(address)
             reply = await clients.deliver("gwl", address, to_batch(message(9), ["x"], "b9"), 5.0)

@@ -17,7 +17,7 @@ import pytest
 
 from router.gateway_rpc.grpc_client import GrpcGatewayClients
 from shared.batches import to_batch
-from shared.internal_auth import load_tls
+from shared.internal_auth import TlsFiles, load_tls
 from shared.link_frames import FrameReader, frame
 from shared.proto import gateway_pb2
 from shared.proto.gateway_pb2_grpc import GatewayStub
@@ -60,8 +60,16 @@ def _hello(ticket: bytes) -> bytes:
     return frame(gateway_pb2.LinkHello(ticket=ticket).SerializeToString())
 
 
-async def _ticket(gw: Gateway) -> gateway_pb2.LinkReply:
-    async with grpc.aio.insecure_channel(f"127.0.0.1:{gw.grpc_port}") as channel:
+async def _ticket(gw: Gateway, tls: TlsFiles | None = None) -> gateway_pb2.LinkReply:
+    """The gateway's answer to `Link`, asked in plain text or with `tls` (mTLS)."""
+    address = f"127.0.0.1:{gw.grpc_port}"
+    if tls is None:
+        channel = grpc.aio.insecure_channel(address)
+    else:
+        credentials = grpc.ssl_channel_credentials(tls.ca, tls.key, tls.cert)
+        options = [("grpc.ssl_target_name_override", "imroute-gateway")]
+        channel = grpc.aio.secure_channel(address, credentials, options)
+    async with channel:
         rpc: Any = GatewayStub(channel)
         reply: gateway_pb2.LinkReply = await rpc.Link(gateway_pb2.LinkRequest(), timeout=2)
         return reply
@@ -159,22 +167,12 @@ async def test_with_mtls_the_link_is_tls(
                 assert (await recv_json(ws))["content"] == {"n": 1}
                 assert gw.deliver_service.links.calls == 1
                 # Plain text to the TLS port gets nothing but a closed socket.
-                port = (await _ticket_tls(gw, tls)).port
+                port = (await _ticket(gw, tls)).port
                 plain = await _stranger(port, b"\x00\x00\x00\x02hi")
                 assert plain.replies == []
                 assert gw.deliver_service.links.opened == 1
         finally:
             await clients.close()
-
-
-async def _ticket_tls(gw: Gateway, tls: Any) -> gateway_pb2.LinkReply:
-    credentials = grpc.ssl_channel_credentials(tls.ca, tls.key, tls.cert)
-    options = [("grpc.ssl_target_name_override", "imroute-gateway")]
-    address = f"127.0.0.1:{gw.grpc_port}"
-    async with grpc.aio.secure_channel(address, credentials, options) as channel:
-        rpc: Any = GatewayStub(channel)
-        reply: gateway_pb2.LinkReply = await rpc.Link(gateway_pb2.LinkRequest(), timeout=2)
-        return reply
 
 
 async def test_sockets_waiting_for_a_hello_are_capped(
