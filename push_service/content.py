@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from typing import Any, Protocol
 
+import orjson
+
 from push_service.schemas import MAX_CONTENT_BYTES
 from shared.errors import InvalidInput, PayloadTooLarge
 from shared.ids import new_id
@@ -32,20 +34,33 @@ def new_message(body: _MessageFields, now_ms: int) -> Message:
 
 
 def encode_content(content: Any) -> bytes:
-    """The content as compact UTF-8 JSON, at most MAX_CONTENT_BYTES."""
+    """The content as compact UTF-8 JSON, at most MAX_CONTENT_BYTES.
+
+    orjson first (about 25 times faster). It writes NaN and Infinity as null, so content
+    whose encoding holds a null is encoded again by json, which refuses them; so is
+    content orjson refuses (an integer past 64 bits, a lone surrogate)."""
     try:
-        data = json.dumps(content, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
-    except ValueError:
-        raise InvalidInput("content", "must be JSON (NaN and Infinity are not)") from None
-    try:
-        encoded = data.encode()
-    except UnicodeEncodeError:
-        # JSON allows "\ud83d" (half an emoji, as JS clients cut strings); UTF-8 does not.
-        raise InvalidInput(
-            "content", "holds a lone UTF-16 surrogate (half of a character): not valid Unicode"
-        ) from None
+        encoded = orjson.dumps(content)
+    except TypeError:
+        encoded = b"null"
+    if b"null" in encoded:
+        encoded = _encoded_by_json(content)
     if len(encoded) > MAX_CONTENT_BYTES:
         raise PayloadTooLarge(
             "content", f"{len(encoded)} bytes once encoded; the limit is {MAX_CONTENT_BYTES}"
         )
     return encoded
+
+
+def _encoded_by_json(content: Any) -> bytes:
+    try:
+        data = json.dumps(content, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    except ValueError:
+        raise InvalidInput("content", "must be JSON (NaN and Infinity are not)") from None
+    try:
+        return data.encode()
+    except UnicodeEncodeError:
+        # JSON allows "\ud83d" (half an emoji, as JS clients cut strings); UTF-8 does not.
+        raise InvalidInput(
+            "content", "holds a lone UTF-16 surrogate (half of a character): not valid Unicode"
+        ) from None

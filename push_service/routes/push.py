@@ -16,7 +16,7 @@ from push_service.push_parse import may_hold_surrogates
 from push_service.routes.deps import IdempotentOnce, PushesSvc, PushKey
 from push_service.schemas import MAX_BATCH, PushBatchOut, PushIn, PushOut
 from push_service.services import Pushes
-from push_service.services.batch import Invalid, check_messages, push_each
+from push_service.services.batch import Invalid, check_messages
 from shared.errors import ImrouteError
 
 __all__ = ["router"]
@@ -61,7 +61,7 @@ async def _push_batch(request: Request, messages: list[Any], pushes: Pushes) -> 
     # FastAPI read (and cached) the body to bind it; this reads no byte again.
     checked = check_messages(messages, quick=not may_hold_surrogates(await request.body()))
     valid = [(i, c) for i, c in enumerate(checked) if isinstance(c, PushIn)]
-    outcomes = await push_each(pushes, [c for _, c in valid])
+    outcomes = await pushes.push_many([c for _, c in valid])
     results: list[dict[str, Any]] = [{} for _ in checked]
     for i, item in enumerate(checked):
         if isinstance(item, Invalid):

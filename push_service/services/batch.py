@@ -1,16 +1,16 @@
 """POST /v1/push/batch: up to 1000 P2P messages in one call, each checked and pushed on
 its own, so one bad message fails only itself.
 
-All of a batch's messages run at once: their Redis commands share round trips
-(router.redis.autopipe) and their deliveries to each gateway share calls
-(router.gateway_rpc.coalescer), which is what makes a batch cheaper per message than
-as many single pushes. A message with `wait_ack_ms` is refused (422): a batch is for
-pushing at volume, and one message waiting would hold every other answer back.
+A batch's valid messages are pushed together (`Pushes.push_many`): one log-and-inbox
+write for all of them, one route look-up for all their recipients, each gateway's
+deliveries in as few calls as its lane makes of them, one receipt write; that is what
+makes a batch cheaper per message than as many single pushes. A message with
+`wait_ack_ms` is refused (422): a batch is for pushing at volume, and one message
+waiting would hold every other answer back.
 """
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -19,10 +19,8 @@ from pydantic import ValidationError
 
 from push_service.push_parse import quick_push
 from push_service.schemas import PushIn
-from push_service.services.pushes import Pushed, Pushes
-from shared.errors import ImrouteError
 
-__all__ = ["Invalid", "check_messages", "push_each"]
+__all__ = ["Invalid", "check_messages"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,15 +52,3 @@ def check_messages(messages: Sequence[Any], quick: bool = True) -> list[PushIn |
             continue
         checked.append(push)
     return checked
-
-
-async def push_each(pushes: Pushes, bodies: Sequence[PushIn]) -> list[Pushed | ImrouteError]:
-    """Push every body at once; each one's answer, or the error of ours it raised."""
-
-    async def one(body: PushIn) -> Pushed | ImrouteError:
-        try:
-            return await pushes.push(body)
-        except ImrouteError as exc:
-            return exc
-
-    return list(await asyncio.gather(*(one(b) for b in bodies)))

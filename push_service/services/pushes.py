@@ -4,13 +4,14 @@ connected; its receipt recorded; with `wait_ack_ms`, the acks waited for."""
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from push_service.content import new_message
 from push_service.schemas import PushIn
-from router.p2p.plan import PushOutcome
+from router.p2p.plan import Outgoing, PushOutcome
 from router.p2p.pusher import P2PPusher
-from router.receipts.base import ReceiptLimits, ReceiptLog, ReceiptReads
+from router.receipts.base import NewReceipt, ReceiptLimits, ReceiptLog, ReceiptReads
 from router.receipts.record import message_meta, p2p_receipt, split_acked
 from router.receipts.wait import wait_acks
 from shared.clock import Clock
@@ -22,7 +23,7 @@ __all__ = ["Pushed", "Pushes", "Receipts"]
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: one per message; frozen costs 5x to build
 class Pushed:
     """A P2P push's message (its ids) and what became of each recipient."""
 
@@ -74,6 +75,57 @@ class Pushes:
                 "(IMROUTE_RECEIPTS_MAX_RECIPIENTS) keep per-recipient states",
             )
 
+    async def push_many(self, bodies: Sequence[PushIn]) -> list[Pushed | ImrouteError]:
+        """`push` for each body at once (`P2PPusher.push_many`), their receipts recorded
+        in one write; each one's answer, or the error that failed it. It waits for no
+        acks: a body with `wait_ack_ms` fails alone (422)."""
+        answers: list[Pushed | ImrouteError | None] = [None] * len(bodies)
+        items: list[Outgoing] = []
+        where: list[int] = []
+        now = self._clock.now_ms()
+        for i, body in enumerate(bodies):
+            try:
+                if body.wait_ack_ms is not None:
+                    raise InvalidInput("wait_ack_ms", "not in a batch: use POST /v1/push")
+                message = new_message(body, now)
+            except ImrouteError as exc:
+                answers[i] = exc
+                continue
+            expires_ms = message.ts_ms + body.ttl_s * 1000 if body.ttl_s else 0
+            items.append(Outgoing(message, body.to, expires_ms, body.store))
+            where.append(i)
+        try:
+            outcomes = await self._pusher.push_many(items) if items else []
+        except ImrouteError as exc:
+            outcomes = [exc] * len(items)
+        r = self._receipts
+        receipts: list[tuple[NewReceipt, bool, int]] = []
+        for i, item, outcome in zip(where, items, outcomes, strict=True):
+            answers[i] = (
+                outcome if isinstance(outcome, ImrouteError) else Pushed(item.message, outcome)
+            )
+            if r is not None and not isinstance(outcome, ImrouteError):
+                receipts.append(self._receipt(r, item, outcome))
+        if r is not None and receipts:
+            try:
+                await r.log.record_many(receipts)
+            except ImrouteError as exc:
+                r.failed += len(receipts)
+                log.warning("could not record the receipts of %d pushes: %s", len(receipts), exc)
+        return [a for a in answers if a is not None]
+
+    def _receipt(
+        self, r: Receipts, item: Outgoing, outcome: PushOutcome
+    ) -> tuple[NewReceipt, bool, int]:
+        """The push's receipt, whether it lists its recipients, when its message.unacked
+        is due (0: none)."""
+        listable = len(item.uids) <= r.limits.max_recipients
+        meta = message_meta(item.message, r.preview)
+        now_ms = self._clock.now_ms()
+        ttl_passed = bool(item.expires_ms) and now_ms >= item.expires_ms
+        receipt = p2p_receipt(item.message, item.uids, outcome, meta, item.store, ttl_passed)
+        return receipt, listable, r.due_ms(now_ms, item.store)
+
     async def push(self, body: PushIn) -> Pushed:
         """Deliver now to every recipient's live connections; queue the rest (stored)."""
         self.check(body)
@@ -83,12 +135,10 @@ class Pushes:
         r = self._receipts
         if r is None:
             return Pushed(message, outcome)
-        listable = len(body.to) <= r.limits.max_recipients
-        meta = message_meta(message, r.preview)
-        ttl_passed = bool(expires_ms) and self._clock.now_ms() >= expires_ms
-        receipt = p2p_receipt(message, body.to, outcome, meta, body.store, ttl_passed)
+        receipt, listable, due = self._receipt(
+            r, Outgoing(message, body.to, expires_ms, body.store), outcome
+        )
         try:
-            due = r.due_ms(self._clock.now_ms(), body.store)
             await r.log.record(receipt, listable, due)
         except ImrouteError as exc:
             # The push went out; only its receipt is missing (GET answers 404 for it).

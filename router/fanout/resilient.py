@@ -135,6 +135,11 @@ class StableIdLog:
     ) -> tuple[list[int], int]:
         return await self._log.append_queued(message, uids, expires_ms)
 
+    async def append_queued_many(
+        self, items: Sequence[tuple[Message, Sequence[str], int]]
+    ) -> list[tuple[list[int], int]]:
+        return await self._log.append_queued_many(items)
+
     async def queue(self, message: Message, expires_ms: int, seqs: Mapping[str, int]) -> int:
         return await self._log.queue(message, expires_ms, seqs)
 

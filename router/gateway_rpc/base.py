@@ -2,12 +2,22 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Mapping, Sequence
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
+from shared.errors import GatewayUnavailable
 from shared.proto import gateway_pb2
 
-__all__ = ["Batches", "GatewayClient", "ManyGatewayClient", "Replies"]
+__all__ = [
+    "Batches",
+    "EachGatewayClient",
+    "EachReplies",
+    "GatewayClient",
+    "ManyGatewayClient",
+    "Replies",
+    "deliver_each",
+]
 
 # What one DeliverMany carries and answers, in order.
 Batches = Sequence[gateway_pb2.Batch]
@@ -29,3 +39,35 @@ class ManyGatewayClient(GatewayClient, Protocol):
     async def deliver_many(
         self, gateway_id: str, address: str, batches: Batches, timeout_s: float
     ) -> Replies: ...
+
+
+# Each batch's reply, or why that batch was not delivered.
+EachReplies = list[gateway_pb2.DeliverReply | GatewayUnavailable]
+
+
+@runtime_checkable
+class EachGatewayClient(Protocol):
+    async def deliver_each(
+        self, gateway_id: str, address: str, batches: Batches, timeout_s: float
+    ) -> EachReplies:
+        """Every batch delivered as its own delivery (in as few calls as the client
+        makes of them); each one's reply or error, in order."""
+        ...
+
+
+async def deliver_each(
+    client: GatewayClient, gateway_id: str, address: str, batches: Batches, timeout_s: float
+) -> EachReplies:
+    """`EachGatewayClient.deliver_each` on any client: with a plain one, one call each."""
+    if isinstance(client, EachGatewayClient):
+        return await client.deliver_each(gateway_id, address, batches, timeout_s)
+    got = await asyncio.gather(
+        *(client.deliver(gateway_id, address, b, timeout_s) for b in batches),
+        return_exceptions=True,
+    )
+    replies: EachReplies = []
+    for r in got:
+        if isinstance(r, BaseException) and not isinstance(r, GatewayUnavailable):
+            raise r
+        replies.append(r)
+    return replies

@@ -20,7 +20,7 @@ from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from router.gateway_rpc.base import ManyGatewayClient
+from router.gateway_rpc.base import Batches, EachReplies, ManyGatewayClient
 from shared.errors import GatewayUnavailable
 from shared.proto import gateway_pb2
 
@@ -73,15 +73,19 @@ class CoalescingGatewayClient:
         self.many_calls = 0
         self.queued_too_long = 0
 
-    async def deliver(
-        self, gateway_id: str, address: str, batch: gateway_pb2.Batch, timeout_s: float
-    ) -> gateway_pb2.DeliverReply:
+    def _lane(self, gateway_id: str, address: str) -> _Lane:
         # By id and address: a gateway that takes over another's address gets its own
         # lane, calls and circuit, not the departed one's.
         key = (gateway_id, address)
         lane = self._lanes.get(key)
         if lane is None:
             lane = self._lanes[key] = _Lane(gateway_id, address)
+        return lane
+
+    async def deliver(
+        self, gateway_id: str, address: str, batch: gateway_pb2.Batch, timeout_s: float
+    ) -> gateway_pb2.DeliverReply:
+        lane = self._lane(gateway_id, address)
         if not self._per_turn and lane.in_flight < self._max_in_flight and not lane.queue:
             lane.in_flight += 1
             try:
@@ -89,16 +93,41 @@ class CoalescingGatewayClient:
             finally:
                 lane.in_flight -= 1
                 self._drain(lane)
+        return await self._queue(lane, [batch], timeout_s)[0]
+
+    async def deliver_each(
+        self, gateway_id: str, address: str, batches: Batches, timeout_s: float
+    ) -> EachReplies:
+        """Every batch queued as a delivery of its own: they leave together, in calls of
+        up to max_batches (and max_bytes), within the lane's calls in flight."""
+        futures = self._queue(self._lane(gateway_id, address), batches, timeout_s)
+        got = await asyncio.gather(*futures, return_exceptions=True)
+        replies: EachReplies = []
+        for r in got:
+            if isinstance(r, BaseException) and not isinstance(r, GatewayUnavailable):
+                raise r
+            replies.append(r)
+        return replies
+
+    def _queue(
+        self, lane: _Lane, batches: Batches, timeout_s: float
+    ) -> list[asyncio.Future[gateway_pb2.DeliverReply]]:
         loop = asyncio.get_running_loop()
-        future: asyncio.Future[gateway_pb2.DeliverReply] = loop.create_future()
-        lane.queue.append(_Queued(batch, future, loop.time() + timeout_s))
-        if self._per_turn and not lane.scheduled and lane.in_flight < self._max_in_flight:
+        deadline = loop.time() + timeout_s
+        futures: list[asyncio.Future[gateway_pb2.DeliverReply]] = []
+        for batch in batches:
+            future: asyncio.Future[gateway_pb2.DeliverReply] = loop.create_future()
+            lane.queue.append(_Queued(batch, future, deadline))
+            futures.append(future)
+        if not self._per_turn:
+            self._drain(lane)
+        elif not lane.scheduled and lane.in_flight < self._max_in_flight:
             # Sent at the end of this turn of the loop, with whatever else this turn
             # queues for the gateway: pushes whose Redis replies came in one round trip
             # (router.redis.autopipe) reach this point together, and leave in one call.
             lane.scheduled = True
             loop.call_soon(self._tick, lane)
-        return await future
+        return futures
 
     def _tick(self, lane: _Lane) -> None:
         lane.scheduled = False

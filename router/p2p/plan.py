@@ -4,10 +4,31 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
-from shared.models import Route
+from shared.models import Message, Route
 
-__all__ = ["DeliveryPlan", "GatewayOutcome", "PushOutcome", "Target", "merge", "plan_p2p"]
+
+@dataclass(slots=True)  # not frozen: one per message; frozen costs 5x to build
+class Outgoing:
+    """One message of a batch of P2P pushes (`P2PPusher.push_many`)."""
+
+    message: Message
+    uids: Sequence[str]
+    expires_ms: int = 0
+    store: bool = True
+
+
+__all__ = [
+    "DeliveryPlan",
+    "GatewayOutcome",
+    "Outgoing",
+    "PushOutcome",
+    "Target",
+    "gateway_outcome",
+    "merge",
+    "plan_p2p",
+]
 
 
 @dataclass(slots=True)
@@ -64,7 +85,7 @@ def plan_p2p(
     return DeliveryPlan(targets, offline, stale)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: one per message; frozen costs 5x to build
 class GatewayOutcome:
     """What one gateway answered, or why it could not."""
 
@@ -78,7 +99,36 @@ class GatewayOutcome:
     suspect: bool = False
 
 
-@dataclass(frozen=True, slots=True)
+EXPIRED_ERROR = "EXPIRED: reached the gateway after its ttl_s or the call's deadline; not written"
+
+
+class Reply(Protocol):
+    """What a gateway answers of one batch (a DeliverReply)."""
+
+    @property
+    def delivered(self) -> Sequence[str]: ...
+    @property
+    def missing(self) -> Sequence[str]: ...
+    @property
+    def expired(self) -> bool: ...
+    @property
+    def duplicate(self) -> bool: ...
+
+
+def gateway_outcome(target: Target, reply: Reply) -> GatewayOutcome:
+    """What a gateway's reply to one target's batch says of its recipients.
+
+    A retry of a batch the gateway wrote, whose first answer it no longer holds (its
+    reply cache is bounded), comes back `duplicate` with nothing listed: the batch went
+    out, so its recipients count as delivered, though some may have been missing."""
+    if reply.expired:
+        return GatewayOutcome(target.gateway_id, error=EXPIRED_ERROR)
+    if reply.duplicate and not reply.delivered and not reply.missing:
+        return GatewayOutcome(target.gateway_id, target.uids, ())
+    return GatewayOutcome(target.gateway_id, reply.delivered, reply.missing)
+
+
+@dataclass(slots=True)  # not frozen: one per message; frozen costs 5x to build
 class PushOutcome:
     delivered: list[str]
     offline: list[str]
@@ -97,6 +147,12 @@ def merge(
     uids: Sequence[str], plan: DeliveryPlan, outcomes: Sequence[GatewayOutcome]
 ) -> PushOutcome:
     """Per recipient: delivered if any gateway delivered, failed if one errored, else offline."""
+    if not outcomes:
+        return PushOutcome([], list(uids), [], [], [])
+    if len(uids) == 1 and len(outcomes) == 1:  # the batch endpoint's usual message
+        only = outcomes[0]
+        if only.error is None and not only.missing and uids[0] in only.delivered:
+            return PushOutcome([uids[0]], [], [], [], [])
     delivered: set[str] = set()
     errored: set[str] = set()
     expired: set[str] = set()

@@ -12,29 +12,22 @@ from typing import Any
 
 from router.fleet.cache import CachedFleet
 from router.gateway_rpc.base import GatewayClient
-from router.p2p.plan import GatewayOutcome, PushOutcome, Target, merge, plan_p2p
+from router.p2p.delivery import CLOCK_MARGIN_MS, Delivery, deliver_expiry_ms
+from router.p2p.plan import Outgoing, PushOutcome
 from router.recovery.base import RecoveryLog
 from router.routes.base import RouteRegistry
-from shared.batches import to_batch
 from shared.clock import Clock, SystemClock
-from shared.errors import GatewayUnavailable, ImrouteError, RegistryUnavailable
-from shared.ids import new_id
-from shared.models import Message, Route
+from shared.errors import ImrouteError
+from shared.models import Message
 
-__all__ = ["P2PPusher", "deliver_expiry_ms"]
+__all__ = ["CLOCK_MARGIN_MS", "P2PPusher", "deliver_expiry_ms"]
 
 log = logging.getLogger(__name__)
 
-# A route of an unknown gateway makes the push re-read the fleet if the cached copy is
-# older than this.
-STALE_RECHECK_S = 0.25
 # When a push that failed for a connected recipient is tried again (seconds after the
 # previous try): past a circuit breaker's cool-off (IMROUTE_CIRCUIT_COOL_OFF_S, 10 s).
 RETRY_AFTER_S = (1.0, 1.0, 2.0, 2.0, 4.0, 4.0, 8.0, 8.0, 16.0)  # 46 s in all
 MAX_RETRYING = 10_000  # pushes being retried at once; beyond, the inbox alone keeps them
-# Every P2P batch expires by the end of its call (`deliver_expiry_ms`), this much early:
-# the gateways' clocks may be a little ahead of ours (NTP keeps them far closer).
-CLOCK_MARGIN_MS = 250
 
 
 class P2PPusher:
@@ -50,11 +43,11 @@ class P2PPusher:
         clock: Clock | None = None,
     ) -> None:
         self._registry = registry
-        self._clock = clock or SystemClock()
-        self._fleet = fleet
-        self._clients = clients
-        self._timeout = deliver_timeout_s
+        self._clients = clients  # the stack every P2P call goes through
         self._recovery = recovery
+        self._delivery = Delivery(
+            registry, fleet, clients, deliver_timeout_s, clock or SystemClock()
+        )
         self.inbox_dropped = 0  # entries the inbox bound (IMROUTE_INBOX_MAX) pushed out
         # Queued for a user whose gateway failed: the user may well be connected (a
         # gateway back from a restart while its circuit is still open), and the inbox is
@@ -86,44 +79,65 @@ class P2PPusher:
                 raise
             logged, dropped = await appending
             seqs = dict(zip(uids, logged, strict=True))
-            if dropped:
-                self.inbox_dropped += dropped
-                log.info("inbox full: dropped the %d oldest entries (IMROUTE_INBOX_MAX)", dropped)
-        outcome = await self._deliver_all(message, uids, routes, expires_ms, seqs)
+            self._dropped(dropped)
+        outcome = await self._delivery.deliver(message, uids, routes, expires_ms, seqs)
         if recovery is not None and (outcome.offline or outcome.failed):
             outcome = await self._queue(recovery, message, outcome, expires_ms, seqs)
         return outcome
 
-    async def _deliver_all(
-        self,
-        message: Message,
-        uids: Sequence[str],
-        routes: Mapping[str, Sequence[Route]],
-        expires_ms: int,
-        seqs: Mapping[str, int],
-    ) -> PushOutcome:
-        plan = plan_p2p(uids, routes, await self._live())
-        if plan.stale and self._fleet.age() > STALE_RECHECK_S:
-            # The cache may predate a gateway that just started: ask Redis once more (but
-            # not on every push while a dead gateway's routes are still expiring).
-            self._fleet.invalidate()
-            plan = plan_p2p(uids, routes, await self._live())
-        targets = list(plan.targets.values())
-        if len(targets) == 1:  # the usual P2P push: no gather, no task
-            outcomes = [await self._deliver(message, targets[0], expires_ms, seqs)]
+    async def push_many(self, items: Sequence[Outgoing]) -> list[PushOutcome | ImrouteError]:
+        """`push` for many messages at once, as the batch endpoint sends them: one
+        log-and-inbox write for all the stored ones, one look-up for all their
+        recipients, each gateway's deliveries sent together. Each message's outcome, or
+        the error that failed it alone; an error that fails them all is raised."""
+        recovery = self._recovery
+        stored = [i for i, item in enumerate(items) if item.store] if recovery else []
+        seqs: list[dict[str, int]] = [{} for _ in items]
+        uids = list(dict.fromkeys(u for item in items for u in item.uids))
+        if recovery is None or not stored:
+            routes = await self._registry.lookup(uids)
         else:
-            outcomes = await asyncio.gather(
-                *(self._deliver(message, t, expires_ms, seqs) for t in targets)
-            )
-        outcome = merge(uids, plan, outcomes)
-        if any(o.suspect for o in outcome.errors) and self._fleet.age() > STALE_RECHECK_S:
-            # A failing gateway may have died since the fleet was cached: read it again,
-            # but not on every push while a sick gateway keeps failing.
-            self._fleet.invalidate()
-        # Routes of gateways missing from the fleet are skipped, not deleted: they expire
-        # by their own deadline, and a gateway that merely missed a heartbeat keeps them.
-        await self._forget(outcome.gone)
-        return outcome
+            wanted = [(items[i].message, items[i].uids, items[i].expires_ms) for i in stored]
+            appending = asyncio.ensure_future(recovery.append_queued_many(wanted))
+            try:
+                routes = await self._registry.lookup(uids)
+            except BaseException:
+                appending.add_done_callback(_consume)
+                raise
+            dropped = 0
+            for i, (logged, over) in zip(stored, await appending, strict=True):
+                seqs[i] = dict(zip(items[i].uids, logged, strict=True))
+                dropped += over
+            self._dropped(dropped)
+        delivered = await self._delivery.deliver_many(items, routes, seqs)
+        outcomes: list[PushOutcome | ImrouteError] = list(delivered)
+        if recovery is None:
+            return outcomes
+        waiting = [i for i, o in enumerate(delivered) if items[i].store and (o.offline or o.failed)]
+        queued = await asyncio.gather(
+            *(self._queued(recovery, items[i], delivered[i], seqs[i]) for i in waiting)
+        )
+        for i, outcome in zip(waiting, queued, strict=True):
+            outcomes[i] = outcome
+        return outcomes
+
+    async def _queued(
+        self,
+        recovery: RecoveryLog,
+        item: Outgoing,
+        outcome: PushOutcome,
+        seqs: Mapping[str, int],
+    ) -> PushOutcome | ImrouteError:
+        """`_queue`, its error being this message's alone."""
+        try:
+            return await self._queue(recovery, item.message, outcome, item.expires_ms, seqs)
+        except ImrouteError as exc:
+            return exc
+
+    def _dropped(self, dropped: int) -> None:
+        if dropped:
+            self.inbox_dropped += dropped
+            log.info("inbox full: dropped the %d oldest entries (IMROUTE_INBOX_MAX)", dropped)
 
     async def _queue(
         self,
@@ -205,7 +219,7 @@ class P2PPusher:
         routes = await self._registry.lookup(uids)
         if not routes:
             return None
-        again = await self._deliver_all(message, list(routes), routes, expires_ms, seqs)
+        again = await self._delivery.deliver(message, list(routes), routes, expires_ms, seqs)
         return list(again.delivered)
 
     async def aclose(self) -> None:
@@ -214,64 +228,7 @@ class P2PPusher:
             task.cancel()
         await asyncio.gather(*self._retrying, return_exceptions=True)
 
-    async def _live(self) -> dict[str, str]:
-        return {g.gateway_id: g.grpc_address for g in await self._fleet.live()}
-
-    async def _deliver(
-        self, message: Message, target: Target, expires_ms: int, seqs: Mapping[str, int]
-    ) -> GatewayOutcome:
-        batch = to_batch(message, target.uids, new_id())
-        batch.expires_ms = deliver_expiry_ms(expires_ms, self._clock.now_ms(), self._timeout)
-        if seqs:
-            batch.seqs.extend([seqs[uid] for uid in target.uids])
-        try:
-            reply = await self._clients.deliver(
-                target.gateway_id, target.address, batch, self._timeout
-            )
-        except GatewayUnavailable as exc:
-            # Logged where it happened: by the call listeners (per RPC), the coalescer
-            # (queued too long) or the circuit (when it opened).
-            log.debug("deliver to %s failed: %s", target.gateway_id, exc.reason)
-            suspect = exc.code == "UNAVAILABLE"
-            return GatewayOutcome(target.gateway_id, error=exc.reason, suspect=suspect)
-        if reply.expired:
-            return GatewayOutcome(
-                target.gateway_id,
-                error="EXPIRED: reached the gateway after its ttl_s or the call's deadline; "
-                "not written",
-            )
-        if reply.duplicate and not reply.delivered and not reply.missing:
-            # A retry of a batch the gateway wrote, whose first answer it no longer holds
-            # (its reply cache is bounded): the batch went out, so report its recipients
-            # delivered, though some may have been missing. Rare enough to log.
-            log.warning(
-                "deliver to %s: a retried batch's first answer is gone; reporting its "
-                "%d recipients delivered",
-                target.gateway_id,
-                len(target.uids),
-            )
-            return GatewayOutcome(target.gateway_id, target.uids, ())
-        return GatewayOutcome(target.gateway_id, reply.delivered, reply.missing)
-
-    async def _forget(self, routes: Sequence[Route]) -> None:
-        """Delete routes their own gateway disowned; the push has its answer, so only log."""
-        if not routes:
-            return
-        try:
-            await self._registry.remove(routes)
-        except RegistryUnavailable as exc:
-            log.warning("could not remove %d stale routes: %s", len(routes), exc)
-
 
 def _consume(task: asyncio.Future[Any]) -> None:
     if not task.cancelled():
         task.exception()
-
-
-def deliver_expiry_ms(expires_ms: int, now_ms: int, timeout_s: float) -> int:
-    """When the gateway must stop writing a P2P batch sent now: at its ttl_s (`expires_ms`,
-    0 for none) or at the call's deadline, whichever comes first. Past the deadline the
-    caller has been told `failed`; a gateway that writes it later would make that a lie."""
-    margin = min(CLOCK_MARGIN_MS, int(timeout_s * 250))  # a quarter of short timeouts
-    deadline = now_ms + int(timeout_s * 1000) - margin
-    return min(expires_ms, deadline) if expires_ms else deadline

@@ -79,7 +79,7 @@ class Counts:
     listable: bool
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: one per message; frozen costs 5x to build
 class NewReceipt:
     """The router's record of a push as it was sent: its recipients and their states."""
 
@@ -104,6 +104,10 @@ class ReceiptLog(Protocol):
     async def record(self, receipt: NewReceipt, listable: bool, due_ms: int = 0) -> None:
         """Write (or merge into) a push's receipt; states never move down. `due_ms`:
         when its message.unacked webhook event is due (0: none)."""
+        ...
+
+    async def record_many(self, receipts: Sequence[tuple[NewReceipt, bool, int]]) -> None:
+        """`record` for many (receipt, listable, due_ms) in one round trip."""
         ...
 
     async def add(self, push_id: str, recipients: int, online: int, queued: int) -> None:

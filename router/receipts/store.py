@@ -165,6 +165,21 @@ class RedisReceiptStore:
 
     @translate_errors
     async def record(self, receipt: NewReceipt, listable: bool, due_ms: int = 0) -> None:
+        calls = self._record_calls(receipt, listable, due_ms)
+        if len(calls) == 1:
+            await self._scripts.one(calls[0])
+        else:
+            await self._scripts.many(calls)
+
+    @translate_errors
+    async def record_many(self, receipts: Sequence[tuple[NewReceipt, bool, int]]) -> None:
+        calls = [c for r, listable, due in receipts for c in self._record_calls(r, listable, due)]
+        if calls:
+            await self._scripts.many(calls)
+
+    def _record_calls(
+        self, receipt: NewReceipt, listable: bool, due_ms: int
+    ) -> list[tuple[Any, ...]]:
         keys = self._keys.receipt(receipt.push_id)
         queued = 0 if listable else receipt.recipients - receipt.online
         meta = [v for kv in receipt.meta.items() for v in kv]
@@ -185,11 +200,9 @@ class RedisReceiptStore:
             *pairs,
         )
         if not due_ms:
-            await self._scripts.one(record)
-            return
+            return [record]
         # Due no earlier than its last recipients' record plus the wait (GT).
-        due = ("ZADD", self._keys.unacked_due(), "GT", due_ms, receipt.push_id)
-        await self._scripts.many([record, due])
+        return [record, ("ZADD", self._keys.unacked_due(), "GT", due_ms, receipt.push_id)]
 
     @translate_errors
     async def claim_due(self, now_ms: int, lease_ms: int, limit: int) -> list[str]:

@@ -170,6 +170,13 @@ class RecoveryLog(Protocol):
         inbox bound dropped to make room)."""
         ...
 
+    async def append_queued_many(
+        self, items: Sequence[tuple[Message, Sequence[str], int]]
+    ) -> list[tuple[list[int], int]]:
+        """`append_queued` for many (message, uids, expires_ms) in one round trip; each
+        one's answer, in order."""
+        ...
+
     async def queue(self, message: Message, expires_ms: int, seqs: Mapping[str, int]) -> int:
         """Put the logged message into each uid's inbox; how many older entries the
         inbox bound dropped to make room."""

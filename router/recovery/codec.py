@@ -12,6 +12,8 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
+import orjson
+
 from shared.models import Message
 from shared.proto import gateway_pb2
 
@@ -34,7 +36,11 @@ def _fields(message: Message, expires_ms: int) -> list[Any]:
 
 def encode_message(message: Message, expires_ms: int, seq: int = 0) -> str:
     """A P2P entry; `seq` is kept in the text where the store needs it (the inbox)."""
-    return _dumps([seq, *_fields(message, expires_ms)])
+    fields = [seq, *_fields(message, expires_ms)]
+    try:
+        return orjson.dumps(fields).decode()  # the same JSON text, about 5 times faster
+    except TypeError:  # what orjson refuses (a lone surrogate) json may take
+        return _dumps(fields)
 
 
 def decode_message(text: str) -> tuple[int, Message, int]:

@@ -169,12 +169,33 @@ class RedisRecoveryStore:
     async def append_queued(
         self, message: Message, uids: Sequence[str], expires_ms: int
     ) -> tuple[list[int], int]:
-        data = encode_message(message, expires_ms)
+        calls = self._queued_calls(message, uids, expires_ms, self._clock.now_ms())
+        if len(calls) == 1:
+            replies = [await self._one(calls[0])]
+        else:
+            replies = await self._pipelined(calls)
+        return [int(r[0]) for r in replies], sum(int(r[1]) for r in replies)
+
+    @translate_errors
+    async def append_queued_many(
+        self, items: Sequence[tuple[Message, Sequence[str], int]]
+    ) -> list[tuple[list[int], int]]:
         now = self._clock.now_ms()
+        calls = [c for m, uids, exp in items for c in self._queued_calls(m, uids, exp, now)]
+        replies = iter(await self._pipelined(calls) if calls else ())
+        answers: list[tuple[list[int], int]] = []
+        for _, uids, _ in items:
+            mine = [next(replies) for _ in uids]
+            answers.append(([int(r[0]) for r in mine], sum(int(r[1]) for r in mine)))
+        return answers
+
+    def _queued_calls(
+        self, message: Message, uids: Sequence[str], expires_ms: int, now: int
+    ) -> list[tuple[Any, ...]]:
         lim = self.limits
         k = self._keys
         tail = (
-            data,
+            encode_message(message, expires_ms),
             now,
             now - lim.window_ms,
             lim.user_max,
@@ -183,15 +204,10 @@ class RedisRecoveryStore:
             lim.inbox_max,
             lim.inbox_ttl_ms,
         )
-        calls = [
+        return [
             self._append_queued.args((k.user_seq(u), k.user_log(u), k.user_inbox(u)), *tail)
             for u in uids
         ]
-        if len(calls) == 1:
-            replies = [await self._one(calls[0])]
-        else:
-            replies = await self._pipelined(calls)
-        return [int(r[0]) for r in replies], sum(int(r[1]) for r in replies)
 
     @translate_errors
     async def queue(self, message: Message, expires_ms: int, seqs: Mapping[str, int]) -> int:

@@ -60,10 +60,16 @@ def pack_command(args: Sequence[Any]) -> bytes:
     parts = [b"*%d\r\n" % len(args)]
     append = parts.append
     for value in args:
-        data = _arg(value)
-        append(b"$%d\r\n" % len(data))
-        append(data)
-        append(b"\r\n")
+        kind = type(value)  # the usual kinds inline: this runs once per argument
+        if kind is str:
+            data = value.encode()
+        elif kind is bytes:
+            data = value
+        elif kind is int:
+            data = b"%d" % value
+        else:
+            data = _arg(value)
+        append(b"$%d\r\n%s\r\n" % (len(data), data))
     return b"".join(parts)
 
 

@@ -31,7 +31,8 @@ class FakeGatewayClient:
       fails with DEADLINE_EXCEEDED once the deadline has passed.
     - `block`: when set to an Event, every call waits for it first.
     - `codes` / `many_codes`: the next Deliver / DeliverMany calls fail, one gRPC status
-      code each, in order; `fail`: every call fails with this code.
+      code each, in order ("OK": that call does not); `fail`: every call fails with this
+      code.
     - `expired`: every batch is answered as arrived after its ttl.
 
     It records each call's batch ids (`calls`, joined by ","; `sizes`, batches per call),
@@ -92,7 +93,7 @@ class FakeGatewayClient:
                     gateway_id, "DEADLINE_EXCEEDED: injected", "DEADLINE_EXCEEDED"
                 )
         code = codes.pop(0) if codes else self.fail
-        if code is not None:
+        if code is not None and code != "OK":
             raise GatewayUnavailable(gateway_id, f"{code}: injected", code)
 
     def _reply(self, batch: gateway_pb2.Batch) -> gateway_pb2.DeliverReply:

@@ -123,6 +123,16 @@ async def test_redis_down_means_503s_not_hangs_and_the_gateway_keeps_delivering(
                 server.kill()
                 status, body, elapsed = await timed_push(http, "amy", "down")
                 assert status == 503 and elapsed < 1.0, (status, elapsed)
+                # A batch: one answer per message, each the 503 a single push gets; none
+                # of them is sent (the next frame amy gets is the direct call's).
+                messages = [{"to": ["amy"], "content": f"batch-{n}"} for n in range(3)]
+                resp = await http.post(
+                    "/v1/push/batch", json={"messages": messages}, headers=AUTH
+                )
+                assert resp.status_code == 200, resp.text
+                results = resp.json()["results"]
+                assert [r["status"] for r in results] == [503, 503, 503], results
+                assert all("redis" in str(r).lower() for r in results), results
                 reply = await direct.deliver(
                     "gw1", f"127.0.0.1:{gw.grpc_port}", to_batch(message, ["amy"], "b2"), 2.0
                 )

@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from router.gateway_rpc.base import Batches, Replies
+from router.gateway_rpc.base import Batches, Replies, deliver_each
 from router.gateway_rpc.coalescer import CoalescingGatewayClient
 from router.testing import FakeGatewayClient
 from shared.errors import GatewayUnavailable
@@ -174,3 +174,34 @@ async def test_per_turn_still_queues_behind_busy_slots() -> None:
     await first
     assert [list(r.delivered) for r in rest] == [[f"u{i}"] for i in range(60)]
     assert gw.sizes == [1, 50, 10]
+
+
+async def test_deliver_each_sends_many_batches_in_calls_of_max_batches() -> None:
+    """The batch endpoint's path: one gateway's deliveries queued at once leave in calls
+    of max_batches (in order), within the lane's slots; each gets its own reply."""
+    gw = FakeGatewayClient(delay_s=0.001)
+    client = CoalescingGatewayClient(gw, max_in_flight=2, max_batches=100, per_turn=True)
+    replies = await client.deliver_each("gw1", "a:1", [batch(f"u{i}") for i in range(250)], 1.0)
+    assert [list(r.delivered) for r in replies] == [[f"u{i}"] for i in range(250)]  # type: ignore[union-attr]
+    assert gw.sizes == [100, 100, 50]
+    assert ",".join(gw.calls).split(",") == [f"u{i}" for i in range(250)]
+
+
+async def test_deliver_each_fails_only_the_batches_of_a_failed_call() -> None:
+    gw = FakeGatewayClient(delay_s=0.001)
+    gw.many_codes = ["OK", "UNAVAILABLE"]  # the second call fails
+    client = CoalescingGatewayClient(gw, max_in_flight=1, max_batches=2, per_turn=True)
+    replies = await client.deliver_each("gw1", "a:1", [batch(f"u{i}") for i in range(5)], 1.0)
+    kinds = [type(r).__name__ for r in replies]
+    assert kinds == ["DeliverReply", "DeliverReply"] + ["GatewayUnavailable"] * 2 + ["DeliverReply"]
+
+
+async def test_deliver_each_on_a_plain_client_makes_one_call_per_batch() -> None:
+    gw = FakeGatewayClient("OK", "UNAVAILABLE", "OK")
+    replies = await deliver_each(gw, "gw1", "a:1", [batch(f"u{i}") for i in range(3)], 1.0)
+    assert [type(r).__name__ for r in replies] == [
+        "DeliverReply",
+        "GatewayUnavailable",
+        "DeliverReply",
+    ]
+    assert gw.sizes == [1, 1, 1]

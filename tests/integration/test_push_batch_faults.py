@@ -1,0 +1,123 @@
+"""POST /v1/push/batch when part of the fleet is gone (issue 14's batch path): the
+messages to a SIGKILLed gateway process fail and wait in their recipients' inboxes,
+the rest are delivered in the batch's order, and the recipients get what waited when
+they come back. Real Redis, a real gateway process, real WebSocket clients."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import signal
+from typing import Any
+
+import pytest
+import redis.asyncio as aioredis
+from websockets.asyncio.client import ClientConnection, connect
+
+from router.devtools.ports import free_port_block
+from shared.keys import KeySchema
+from shared.positions import decode_pos
+from tests.conftest import SECRET
+from tests.integration.procs import BIN, Proc, base_env, read_until, running
+from tests.integration.stack import AUTH, api, client, gateway, ready, recv_json, token
+
+pytestmark = pytest.mark.integration
+
+
+async def _connect(proc: Proc, uid: str, redis: aioredis.Redis, keys: KeySchema) -> Any:
+    """A client of the gateway process, once its route is in Redis."""
+    line = (await asyncio.to_thread(read_until, proc, "ready"))[-1]
+    ws_url = re.search(r"ws=(\S+)", line)
+    assert ws_url, line
+    ws = await connect(f"{ws_url.group(1)}?token={token(uid)}")
+    await ready(ws)
+    for _ in range(200):
+        if await redis.hlen(keys.route(uid)):
+            return ws
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"{uid}'s route never appeared")
+
+
+async def _contents(ws: ClientConnection, n: int) -> list[Any]:
+    return [(await recv_json(ws))["content"] for _ in range(n)]
+
+
+async def test_a_batch_over_a_killed_gateway_queues_its_part_and_delivers_the_rest(
+    redis_url: str, prefix: str, redis: aioredis.Redis
+) -> None:
+    keys = KeySchema(prefix)
+    port = free_port_block([0])
+    env = base_env(IMROUTE_REDIS_URL=redis_url, IMROUTE_REDIS_PREFIX=prefix, IMROUTE_SECRET=SECRET)
+    # A heartbeat of 5 s keeps the killed gateway in the fleet while the batch is sent.
+    argv = [str(BIN / "imroute"), "gateway", "--id", "gwk", "--group", "g1",
+            "--ws-port", "0", "--grpc-port", str(port), "--heartbeat", "5"]  # fmt: skip
+    async with (
+        gateway(redis_url, prefix, "gw1", "g1") as gw1,
+        api(redis_url, prefix) as http,
+        client(gw1, "ann") as ann,
+    ):
+        with running(argv, env) as proc:
+            kim = await _connect(proc, "kim", redis, keys)
+            proc.send_signal(signal.SIGKILL)
+            proc.wait(5)
+            await kim.close()
+
+        messages: list[dict[str, Any]] = [
+            {"to": ["ann"], "content": 0},
+            {"to": ["kim"], "content": 1},
+            {"to": ["ann", "kim"], "content": 2},
+            {"to": ["nobody"], "content": 3},
+            {"to": ["kim"], "content": 4, "store": False},
+            {"to": ["ann"], "content": 5},
+        ]
+        resp = await http.post("/v1/push/batch", json={"messages": messages}, headers=AUTH)
+        assert resp.status_code == 200, resp.text
+        results = resp.json()["results"]
+        assert [r["status"] for r in results] == [200] * 6, results
+        assert [r["delivered"] for r in results] == [["ann"], [], ["ann"], [], [], ["ann"]]
+        assert [r["failed"] for r in results] == [[], ["kim"], ["kim"], [], ["kim"], []]
+        assert [r["queued"] for r in results] == [[], ["kim"], ["kim"], ["nobody"], [], []]
+        assert results[3]["offline"] == ["nobody"]
+        for r in (results[1], results[2], results[4]):
+            assert [e["gateway_id"] for e in r["errors"]] == ["gwk"], r
+            assert r["errors"][0]["error"].startswith("UNAVAILABLE"), r
+        # ann got hers in the batch's order, and nothing else.
+        assert await _contents(ann, 3) == [0, 2, 5]
+
+        # Each message has its receipt: kim's two stored ones are queued.
+        for i, queued in ((1, 1), (2, 1), (3, 1), (5, 0)):
+            pid = results[i]["push_id"]
+            status = (await http.get(f"/v1/pushes/{pid}", headers=AUTH)).json()
+            assert status["queued"] == queued, (i, status)
+
+        # kim comes back on the live gateway: the stored two wait in the inbox, in order;
+        # the one sent with store: false is gone, as a single push's would be.
+        async with connect(f"ws://127.0.0.1:{gw1.ws_port}/ws?token={token('kim')}") as ws:
+            replayed = await ready(ws)
+            assert [f["content"] for f in replayed] == [1, 2], replayed
+            assert [f["msg_id"] for f in replayed] == [results[1]["msg_id"], results[2]["msg_id"]]
+
+
+async def test_a_batch_to_one_user_arrives_in_order_once_each(
+    redis_url: str, prefix: str, redis: aioredis.Redis
+) -> None:
+    """1000 messages to the same user in one batch: one log-and-inbox write, one look-up,
+    one gateway's deliveries sent in several calls (256 batches each at most); the
+    client gets all of them, in the batch's order, once each."""
+    async with (
+        gateway(redis_url, prefix, "gw1", "g1") as gw1,
+        api(redis_url, prefix) as http,
+        client(gw1, "ann") as ann,
+    ):
+        messages = [{"to": ["ann"], "content": n} for n in range(1000)]
+        resp = await http.post("/v1/push/batch", json={"messages": messages}, headers=AUTH)
+        assert resp.status_code == 200, resp.text
+        results = resp.json()["results"]
+        assert all(r["delivered"] == ["ann"] for r in results), [
+            r for r in results if r["delivered"] != ["ann"]
+        ][:3]
+        frames = [await recv_json(ann) for _ in range(1000)]
+        assert [f["content"] for f in frames] == list(range(1000))
+        assert [f["msg_id"] for f in frames] == [r["msg_id"] for r in results]
+        # The log numbered them as it wrote them: ann's P2P positions run 1..1000.
+        assert [decode_pos(f["pos"]).p for f in frames] == list(range(1, 1001))
