@@ -10,6 +10,8 @@ import json
 import struct
 from typing import Any
 
+import orjson
+
 from shared.errors import InvalidInput
 from shared.models import Message
 
@@ -25,14 +27,27 @@ __all__ = [
 ]
 
 
+def _string(text: str) -> bytes:
+    # orjson writes an ASCII string as json.dumps does, about 5 times faster; json.dumps
+    # keeps escaping the rest to ASCII, as it always has.
+    return orjson.dumps(text) if text.isascii() else json.dumps(text).encode()
+
+
 def encode_push_json(message: Message) -> bytes:
     """The client-facing JSON of a push; `content_json` is copied verbatim."""
-    head = (
-        f'{{"type":"push","msg_id":{json.dumps(message.msg_id)},'
-        f'"push_id":{json.dumps(message.push_id)},"msg_type":{int(message.msg_type)},'
-        f'"from":{json.dumps(message.sender)},"content":'
+    return b"".join(
+        (
+            b'{"type":"push","msg_id":',
+            _string(message.msg_id),
+            b',"push_id":',
+            _string(message.push_id),
+            b',"msg_type":%d,"from":' % int(message.msg_type),
+            _string(message.sender),
+            b',"content":',
+            message.content_json,
+            b',"ts":%d}' % message.ts_ms,
+        )
     )
-    return b"".join((head.encode(), message.content_json, b',"ts":%d}' % message.ts_ms))
 
 
 def push_prefix(message: Message) -> bytes:
@@ -75,9 +90,12 @@ def parse_client_frame(text: str) -> str | None:
     `{"type":"ack","pos":"<pos>"}` (empty when the ack is malformed: the gateway ignores
     and counts it, never closes for it); InvalidInput for anything else."""
     try:
-        frame: Any = json.loads(text)
-    except ValueError:
-        raise InvalidInput("frame", "not JSON") from None
+        frame: Any = orjson.loads(text)
+    except orjson.JSONDecodeError:
+        try:  # what orjson refuses (NaN, a lone surrogate's escape) json.loads may take
+            frame = json.loads(text)
+        except ValueError:
+            raise InvalidInput("frame", "not JSON") from None
     kind = frame.get("type") if isinstance(frame, dict) else None
     if kind == "ping":
         return None

@@ -12,6 +12,8 @@ from __future__ import annotations
 import json
 from collections import OrderedDict
 
+import orjson
+
 from shared.proto import gateway_pb2
 
 __all__ = [
@@ -69,11 +71,17 @@ class BatchCheck:
         if len(content) > MAX_CONTENT_BYTES:
             return f"content_json is {len(content)} bytes; the limit is {MAX_CONTENT_BYTES}"
         try:
-            # Strict UTF-8 (json.loads would also take UTF-16 bytes, which a text frame
-            # cannot carry), then exactly one JSON value: extra data is an error.
-            json.loads(content.decode("utf-8"), parse_constant=_no_constant)
-        except (UnicodeDecodeError, ValueError, RecursionError) as exc:
-            return f"content_json is not one JSON value: {_short(exc)}"
+            # Strict UTF-8 and exactly one JSON value, no NaN: orjson checks all of it,
+            # about 10 times faster than json.
+            orjson.loads(content)
+        except orjson.JSONDecodeError:
+            try:
+                # What orjson refuses json may take (an escaped lone surrogate); json
+                # also names the problem. Strict UTF-8 first (json.loads would also take
+                # UTF-16 bytes, which a text frame cannot carry).
+                json.loads(content.decode("utf-8"), parse_constant=_no_constant)
+            except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+                return f"content_json is not one JSON value: {_short(exc)}"
         checked[msg_id] = content
         if len(checked) > _CHECKED:
             checked.popitem(last=False)
