@@ -72,7 +72,11 @@ class Delivery:
         seqs: Mapping[str, int],
     ) -> PushOutcome:
         """One message to the connections `routes` name, one call per gateway."""
-        plan = (await self._plans([uids], routes))[0]
+        live = await self._live()
+        plan = plan_p2p(uids, routes, live)
+        if plan.stale and self._fleet.age() > STALE_RECHECK_S:
+            self._fleet.invalidate()  # as in `_plans`
+            plan = plan_p2p(uids, routes, await self._live())
         targets = list(plan.targets.values())
         if len(targets) == 1:  # the usual P2P push: no gather, no task
             outcomes = [await self._call(message, targets[0], expires_ms, seqs)]
@@ -80,7 +84,9 @@ class Delivery:
             outcomes = await asyncio.gather(
                 *(self._call(message, t, expires_ms, seqs) for t in targets)
             )
-        return (await self._settle([uids], [plan], [list(outcomes)]))[0]
+        merged = merge(uids, plan, outcomes)
+        await self._settle(merged.errors, merged.gone)
+        return merged
 
     async def deliver_many(
         self, items: Sequence[Outgoing], routes: Routes, seqs: Sequence[Mapping[str, int]]
@@ -106,7 +112,11 @@ class Delivery:
                     got[i].append(_outcome(t, reply))
 
         await asyncio.gather(*(lane(g, a, e) for (g, a), e in lanes.items()))
-        return await self._settle([item.uids for item in items], plans, got)
+        merged = [merge(it.uids, p, o) for it, p, o in zip(items, plans, got, strict=True)]
+        await self._settle(
+            [e for m in merged for e in m.errors], [r for m in merged for r in m.gone]
+        )
+        return merged
 
     async def _plans(
         self, uid_lists: Sequence[Sequence[str]], routes: Routes
@@ -121,22 +131,16 @@ class Delivery:
             plans = [plan_p2p(uids, routes, live) for uids in uid_lists]
         return plans
 
-    async def _settle(
-        self,
-        uid_lists: Sequence[Sequence[str]],
-        plans: Sequence[DeliveryPlan],
-        outcomes: Sequence[Sequence[GatewayOutcome]],
-    ) -> list[PushOutcome]:
-        merged = [merge(u, p, o) for u, p, o in zip(uid_lists, plans, outcomes, strict=True)]
-        suspect = any(e.suspect for m in merged for e in m.errors)
-        if suspect and self._fleet.age() > STALE_RECHECK_S:
+    async def _settle(self, errors: Sequence[GatewayOutcome], gone: Sequence[Route]) -> None:
+        """After the calls: a fresh look at the fleet if a gateway may have died, and the
+        disowned routes deleted."""
+        if any(e.suspect for e in errors) and self._fleet.age() > STALE_RECHECK_S:
             # A failing gateway may have died since the fleet was cached: read it again,
             # but not on every push while a sick gateway keeps failing.
             self._fleet.invalidate()
         # Routes of gateways missing from the fleet are skipped, not deleted: they expire
         # by their own deadline, and a gateway that merely missed a heartbeat keeps them.
-        await self._forget([r for m in merged for r in m.gone])
-        return merged
+        await self._forget(gone)
 
     async def _live(self) -> dict[str, str]:
         return {g.gateway_id: g.grpc_address for g in await self._fleet.live()}
