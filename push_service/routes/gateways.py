@@ -26,6 +26,10 @@ async def gateways(fleet: FleetSvc) -> GatewaysOut:
                 ws_url=g.ws_url,
                 grpc_address=g.grpc_address,
                 connections=g.connections,
+                max_connections=g.max_connections,
+                zone=g.zone,
+                draining=g.draining,
+                started_ms=g.started_ms,
             )
             for g in await fleet.live()
         ]

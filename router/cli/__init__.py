@@ -6,6 +6,8 @@ gateway        one gateway                              (services.py)
 db upgrade     the directory's migrations               (db.py)
 users import   users from CSV or JSON Lines             (users.py)
 token          a client JWT                             (token.py)
+push, broadcast, multicast, status, drain
+               the operator's commands, over the REST API (remote.py)
 """
 
 from __future__ import annotations
@@ -14,19 +16,25 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from router.cli import db, dev, services, token, users
+from router.cli import services
 from shared.errors import AuthError, ConfigError, ImrouteError, InvalidInput
 
 __all__ = ["main"]
 
-_SUBCOMMANDS = (dev, services, db, users, token)
+# The operator's commands (remote.py), dispatched before anything else is imported: the
+# directory's and the services' modules would double their start-up time.
+REMOTE = ("push", "broadcast", "multicast", "status", "drain")
 
 
 def _parser() -> argparse.ArgumentParser:
+    from router.cli import db, dev, remote, token, users
+
     p = argparse.ArgumentParser(prog="imroute", description="imroute push-routing backend")
     sub = p.add_subparsers(dest="command", required=True)
-    for module in _SUBCOMMANDS:
+    for module in (dev, services, db, users, token):
         module.register(sub)
+    for name, text in remote.COMMANDS.items():  # they parse their own flags (remote.py)
+        sub.add_parser(name, help=f"{text} (see: imroute {name} -h)", add_help=False)
     return p
 
 
@@ -35,6 +43,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     # The services parse their own flags, in their own process.
     if args_list and args_list[0] in services.SERVICES:
         services.exec_service(args_list[0], args_list[1:])
+    if args_list and args_list[0] in REMOTE:
+        from router.cli import remote
+
+        return remote.main(args_list)
     args = _parser().parse_args(args_list)
     try:
         code: int = args.run(args)

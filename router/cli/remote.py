@@ -1,0 +1,235 @@
+"""The operator's commands, over the REST API: `imroute push`, `broadcast`, `multicast`,
+`status` and `drain`.
+
+Each command is a pydantic model, and pydantic-settings' CLI support makes its fields
+the flags (`--content`, `--wait-ack`, `--json`, ...), with their help, types and errors,
+from that one place. The connection options every command takes (`--api-url`,
+`--api-key`, `--admin-api-key`) are the fields of `Connection`, and default to the
+settings `router.cli.rest.ApiSettings` reads (`IMROUTE_API_URL`, ...). pydantic-settings
+rather than typer: it is already the source of every other setting, so a flag, its
+environment variable and its check stay one field; and it is already a dependency.
+
+Exit codes: 0 done; 1 the push service refused or failed it (or a job failed, or is
+still running past `--timeout`); 2 a bad flag or value, before anything was sent.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from pydantic import AliasChoices, BaseModel, Field, PrivateAttr, SecretStr, ValidationError
+from pydantic_settings import (
+    BaseSettings,
+    CliApp,
+    CliPositionalArg,
+    CliSubCommand,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    get_subcommand,
+)
+
+from router.cli import show
+from router.cli.rest import ApiSettings, RemoteError, RestClient
+from router.cli.wait import wait_for_job
+from shared.errors import ImrouteError, InvalidInput
+
+__all__ = ["COMMANDS", "main"]
+
+# Their names are also `router.cli.REMOTE` (dispatched there before other imports).
+
+COMMANDS = {
+    "push": "push one message to users now (POST /v1/push)",
+    "broadcast": "push to users with tags, or to everyone online (POST /v1/broadcast)",
+    "multicast": "push to the uids in a file (POST /v1/multicast)",
+    "status": "the live gateways, by group (GET /v1/gateways)",
+    "drain": "drain a gateway: its clients move to others (admin key)",
+}
+
+
+class Connection(BaseModel):
+    """What every command takes: where the push service is, its keys, the output."""
+
+    api_url: str | None = Field(None, description="the push service [env: IMROUTE_API_URL]")
+    api_key: SecretStr | None = Field(None, description="[env: IMROUTE_API_KEY]")
+    admin_api_key: SecretStr | None = Field(None, description="[env: IMROUTE_ADMIN_API_KEY]")
+    json_out: bool = Field(
+        False, validation_alias=AliasChoices("json"), description="print the answer as JSON"
+    )
+
+    def client(self) -> RestClient:
+        given = self.model_dump(include={"api_url", "api_key", "admin_api_key"})
+        return RestClient(ApiSettings(**{k: v for k, v in given.items() if v is not None}))
+
+
+class _Content(Connection):
+    content: str = Field(description="the message's content, as JSON")
+    sender: str | None = Field(None, description="its `from` (default: admin)")
+    ttl_s: int | None = Field(None, description="seconds it may wait for an offline user")
+
+    def message(self) -> dict[str, Any]:
+        try:
+            content = json.loads(self.content)
+        except ValueError as exc:
+            raise InvalidInput("--content", f"not JSON: {exc}") from None
+        body: dict[str, Any] = {"content": content}
+        if self.sender is not None:
+            body["from"] = self.sender
+        if self.ttl_s is not None:
+            body["ttl_s"] = self.ttl_s
+        return body
+
+
+class _Job(_Content):
+    wait: bool = Field(False, description="follow the job to its end, with a progress bar")
+    timeout: float = Field(600.0, description="with --wait: give up after this many seconds")
+
+    def follow(self, api: RestClient, accepted: dict[str, Any]) -> int:
+        if not self.wait:
+            show.out(accepted, self.json_out, f"accepted: {accepted['push_id']}")
+            return 0
+        job = wait_for_job(api, accepted["push_id"], self.timeout, progress=not self.json_out)
+        show.out(job, self.json_out, show.job_line(job))
+        return 0 if job["status"] == "done" and not job["failed_batches"] else 1
+
+
+class Push(_Content):
+    """Push one message to users now (POST /v1/push)."""
+
+    uids: CliPositionalArg[list[str]]
+    wait_ack: int | None = Field(None, description="wait up to this many ms for their acks")
+
+    def run(self) -> int:
+        body = {"to": self.uids, **self.message()}
+        if self.wait_ack is not None:
+            body["wait_ack_ms"] = self.wait_ack
+        with self.client() as api:
+            answer = api.call("POST", "/v1/push", body)
+        show.out(answer, self.json_out, show.push_lines(answer))
+        return 1 if answer.get("failed") else 0
+
+
+class Broadcast(_Job):
+    """Push to users with any of the tags, or to everyone online (POST /v1/broadcast)."""
+
+    tags: str | None = Field(None, description="comma-separated: users with any of them")
+    online: bool = Field(False, description="everyone connected now")
+
+    def run(self) -> int:
+        tags = [t for t in (self.tags or "").split(",") if t]
+        if bool(tags) == self.online:
+            raise InvalidInput("--tags/--online", "give exactly one of them")
+        audience: dict[str, Any] = {"tags_any": tags} if tags else {"online": True}
+        with self.client() as api:
+            accepted = api.call("POST", "/v1/broadcast", {**self.message(), "audience": audience})
+            return self.follow(api, accepted)
+
+
+class Multicast(_Job):
+    """Push to the uids in a file, one per line (POST /v1/multicast)."""
+
+    file: Path = Field(description="the uids, one per line ('-': standard input)")
+
+    def run(self) -> int:
+        uids = _read_uids(self.file)
+        with self.client() as api:
+            accepted = api.call("POST", "/v1/multicast", {**self.message(), "to": uids})
+            return self.follow(api, accepted)
+
+
+class Status(Connection):
+    """The live gateways, by group (GET /v1/gateways)."""
+
+    def run(self) -> int:
+        with self.client() as api:
+            answer = api.call("GET", "/v1/gateways")
+        show.out(answer, self.json_out, show.fleet_table(answer["gateways"]))
+        return 0
+
+
+class Drain(Connection):
+    """Drain a gateway (admin key): its clients are told to reconnect elsewhere."""
+
+    gateway_id: CliPositionalArg[str]
+    force: bool = Field(False, description="even the last gateway of its group")
+
+    def run(self) -> int:
+        path = f"/v1/gateways/{self.gateway_id}/drain" + ("?force=true" if self.force else "")
+        with self.client() as api:
+            answer = api.call("POST", path, admin=True)
+        show.out(answer, self.json_out, f"draining: {self.gateway_id}")
+        return 0
+
+
+class Imroute(BaseSettings):
+    """The operator commands of `imroute` (flags only: each command reads its settings
+    through `ApiSettings`, not here)."""
+
+    model_config = SettingsConfigDict(
+        cli_prog_name="imroute",
+        cli_kebab_case=True,
+        cli_implicit_flags=True,
+        cli_hide_none_type=True,
+        cli_exit_on_error=True,  # argparse's own message and exit 2 for an unknown flag
+    )
+
+    push: CliSubCommand[Push]
+    broadcast: CliSubCommand[Broadcast]
+    multicast: CliSubCommand[Multicast]
+    status: CliSubCommand[Status]
+    drain: CliSubCommand[Drain]
+    _code: int = PrivateAttr(0)
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        return (init_settings,)  # the command line (CliApp adds it) and nothing else
+
+    def cli_cmd(self) -> None:
+        command = get_subcommand(self)
+        assert isinstance(command, Push | Broadcast | Multicast | Status | Drain)
+        self._code = command.run()
+
+
+def main(argv: Sequence[str]) -> int:
+    """Run one operator command (`argv` starts with its name); its exit code."""
+    try:
+        return CliApp.run(Imroute, cli_args=list(argv))._code
+    except ValidationError as exc:
+        show.error(argv[0], "; ".join(_validation_lines(exc)))
+        return 2
+    except RemoteError as exc:
+        show.error(argv[0], str(exc))
+        return 1
+    except (InvalidInput, OSError) as exc:
+        show.error(argv[0], str(exc))
+        return 2
+    except ImrouteError as exc:
+        show.error(argv[0], str(exc))
+        return 1
+
+
+def _read_uids(path: Path) -> list[str]:
+    text = sys.stdin.read() if str(path) == "-" else path.read_text(encoding="utf-8")
+    uids = [line.strip() for line in text.splitlines() if line.strip()]
+    if not uids:
+        raise InvalidInput("--file", f"{path}: no uids in it")
+    return uids
+
+
+def _validation_lines(exc: ValidationError) -> list[str]:
+    """`--wait-ack: Input should be a valid integer` (the loc's first part is the command)."""
+    lines = []
+    for e in exc.errors():
+        name = str(e["loc"][-1]).replace("_", "-") if e["loc"] else "?"
+        lines.append(f"--{name}: {e['msg']}")
+    return lines

@@ -1,0 +1,54 @@
+"""`--wait`: follow a broadcast or multicast job (GET /v1/pushes/{id}) to its end, with
+a progress bar on standard error (batches published, then recipients delivered)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+from router.cli.rest import RemoteError, RestClient
+
+__all__ = ["POLL_S", "finished", "wait_for_job"]
+
+POLL_S = 0.5
+
+
+def finished(job: dict[str, Any]) -> bool:
+    return job.get("status") in ("done", "failed")
+
+
+def wait_for_job(api: RestClient, push_id: str, timeout_s: float, progress: bool) -> dict[str, Any]:
+    """The job once it is done or failed; RemoteError when it is still running after
+    `timeout_s` (it goes on: the command only stops following it)."""
+    deadline = time.monotonic() + timeout_s
+    bar = Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TextColumn("{task.completed}/{task.total} batches"),
+        TextColumn("{task.fields[counts]}"),
+        TimeElapsedColumn(),
+        console=Console(stderr=True),
+        disable=not progress,
+    )
+    with bar:
+        task = bar.add_task(push_id, total=None, counts="")
+        while True:
+            job = api.call("GET", f"/v1/pushes/{push_id}")
+            counts = f"{job['delivered']} delivered, {job['acked']} acked of {job['recipients']}"
+            bar.update(
+                task,
+                total=max(job["batches"], 1),
+                completed=job["published"],
+                counts=counts,
+                description=f"{job['mode']} {job['status']}",
+            )
+            if finished(job):
+                return job
+            if time.monotonic() >= deadline:
+                raise RemoteError(
+                    0, f"{push_id} still {job['status']} after {timeout_s:g} s (it goes on)", job
+                )
+            time.sleep(POLL_S)
