@@ -29,9 +29,11 @@ from typing import Any, ClassVar, Literal
 
 import h11
 import uvicorn
+import uvicorn.config
 from starlette.types import ASGIApp
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
+from shared.logs import dict_config
 from shared.settings import Settings
 
 __all__ = ["HeadCuts", "head_deadline_protocol", "run"]
@@ -204,11 +206,17 @@ def head_deadline_protocol(timeout_s: float, parser: Parser = "auto") -> type[as
 def run(app: ASGIApp, settings: Settings, sock: socket.socket | None = None) -> None:
     """Serve `app` with uvicorn until SIGINT or SIGTERM, with the HTTP limits of `settings`;
     on `sock` (a worker's inherited listening socket) or on IMROUTE_HOST:IMROUTE_PORT."""
+    json_logs = settings.log_format == "json"
     config = uvicorn.Config(
         app,
         host=settings.host,
         port=settings.port,
         log_level=settings.log_level,
+        # text: uvicorn's own lines, as always; json: every line of the process as one
+        # JSON object (shared.logs), uvicorn's included
+        log_config=dict_config(settings.log_level, "json", "push-service")
+        if json_logs
+        else uvicorn.config.LOGGING_CONFIG,
         access_log=False,
         http=head_deadline_protocol(settings.http_header_timeout_s),
         timeout_keep_alive=settings.http_keepalive_timeout_s,

@@ -19,11 +19,13 @@ from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
 
 from push_service.idempotency import Idempotency
+from push_service.live_stats import process_counts
 from push_service.services import (
     Dispatch,
     FanOut,
     Fleet,
     Health,
+    Overview,
     Pushes,
     Receipts,
     ReceiptsView,
@@ -67,6 +69,8 @@ from router.redis.autopipe import AutoPipeline, auto_pipeline_for
 from router.redis.client import RedisClient, create_redis, ping
 from router.routes.reads import hash_reads_for
 from router.routes.registry import RedisRouteRegistry
+from router.stats.sampler import StatsSampler, sampling
+from router.stats.store import RedisStatsStore
 from router.webhook.base import EventSink
 from router.webhook.running import running_webhooks
 from shared.auth import TokenRules
@@ -216,8 +220,9 @@ class Wiring:
             # over by a stopping one) are resumed here, or failed. Stopped before the runner
             # closes, so a stopping service takes nothing new on.
             await stack.enter_async_context(reaping(runner, every_s=lease_s / 2))
+            pushes, stats = await self._live(stack, redis, pusher, on_receipts, fanout, call_stats)
             yield Services(
-                pushes=Pushes(pusher, clock, on_receipts),
+                pushes=pushes,
                 # One view of gateways' health, for P2P calls and for dispatch.
                 dispatch=Dispatch(
                     Dispatcher(fleet, clock, settings.dispatch_rule, call_stats),
@@ -241,7 +246,25 @@ class Wiring:
                 ),
                 receipts=ReceiptsView(receipts),
                 webhooks=self.webhooks,
+                overview=Overview(fleet, stats, jobs, ReceiptsView(receipts), call_stats, clock),
             )
+
+    async def _live(
+        self,
+        stack: AsyncExitStack,
+        redis: RedisClient,
+        pusher: P2PPusher,
+        receipts: Receipts | None,
+        fanout: FanOut,
+        calls: StatsRegistry,
+    ) -> tuple[Pushes, RedisStatsStore]:
+        """The P2P pushes, and the dashboard's figures: this process's counts go in every
+        second until the stack closes; the store they go in."""
+        pushes = Pushes(pusher, self._clock, receipts)
+        stats = RedisStatsStore(redis, self._keys)
+        counts = process_counts(pushes, fanout, self._publish_metrics, calls)
+        await stack.enter_async_context(sampling(StatsSampler(stats, self._clock, counts)))
+        return pushes, stats
 
     async def _receipts(
         self, stack: AsyncExitStack, redis: RedisClient

@@ -35,6 +35,7 @@ from pathlib import Path
 from types import FrameType
 
 from router.devtools.supervisor import Child, Supervisor
+from shared.logs import say
 from shared.settings import Settings
 
 __all__ = ["BACKLOG", "serve_workers", "worker_argv"]
@@ -90,9 +91,10 @@ def serve_workers(settings: Settings, argv: Sequence[str]) -> int:
     try:
         sock = listen(settings.host, settings.port)
     except OSError as exc:
-        print(
+        _say(
+            settings,
             f"imroute push-service: cannot listen on {settings.host}:{settings.port}: {exc}",
-            file=sys.stderr,
+            err=True,
         )
         return 1
     signals = _Signals()
@@ -100,11 +102,11 @@ def serve_workers(settings: Settings, argv: Sequence[str]) -> int:
     signal.signal(signal.SIGTERM, signals)
     folder = tempfile.mkdtemp(prefix="imroute-workers-")
     port = int(sock.getsockname()[1])  # the one asked for, or the one picked for 0
-    print(
+    _say(
+        settings,
         f"imroute push-service: starting {settings.workers} workers (IMROUTE_WORKERS) on "
         f"{settings.host}:{port}; supervisor pid {os.getpid()}",
-        file=sys.stderr,
-        flush=True,
+        err=True,
     )
     try:
         with Supervisor() as sup:
@@ -135,10 +137,11 @@ def _supervise(
     # people and scripts wait for; said now, as the port takes connections from now on
     # (they wait in its backlog until a worker accepts them), and before any worker can
     # log what it does.
-    print(
+    _say(
+        settings,
         f"INFO:     Uvicorn running on http://{_url_host(settings.host)}:{port} "
         f"with {settings.workers} workers (Press CTRL+C to quit)",
-        flush=True,
+        err=False,
     )
     workers = {i: start(i) for i in range(settings.workers)}
     restarts: list[float] = []
@@ -163,20 +166,20 @@ def _supervise(
                     len(restarts),
                     RESTART_WINDOW_S,
                 )
-                print(
+                _say(
+                    settings,
                     f"imroute push-service: workers keep exiting (the last with code "
                     f"{exit_code}); stopping",
-                    file=sys.stderr,
-                    flush=True,
+                    err=True,
                 )
                 code = 1
                 signals.event.set()
                 break
-            print(
+            _say(
+                settings,
                 f"imroute push-service: worker {index} (pid {child.pid}) exited with code "
                 f"{exit_code}; starting it again in {RESTART_PAUSE_S:g} s",
-                file=sys.stderr,
-                flush=True,
+                err=True,
             )
             time.sleep(RESTART_PAUSE_S)
             workers[index] = start(index)
@@ -184,3 +187,11 @@ def _supervise(
     # A worker finishes its requests and its jobs' shutdown grace, then stops.
     sup.stop_all(sig, grace_s=settings.job_shutdown_grace_s + 10)
     return code
+
+
+def _say(settings: Settings, text: str, err: bool) -> None:
+    """What the supervisor tells people and scripts, whatever IMROUTE_LOG_LEVEL."""
+    level = logging.INFO if text.startswith("INFO:") else logging.WARNING
+    if settings.log_format == "json":
+        text = text.removeprefix("INFO:").strip()
+    say(text, settings.log_format, "push-service", err=err, level=level)

@@ -127,6 +127,14 @@ class KeySchema:
     def jobs_running(self) -> str:
         return f"{self.prefix}jobs:running"
 
+    def jobs_recent(self) -> str:
+        """The latest push jobs by creation time (what the dashboard lists)."""
+        return f"{self.prefix}jobs:recent"
+
+    def stats(self, bucket_ms: int) -> str:
+        """The fleet's counts over one short interval starting at `bucket_ms`."""
+        return f"{self.prefix}stats:{bucket_ms}"
+
     def rate(self, bucket: str) -> str:
         return f"{self.prefix}rate:{bucket}"
 

@@ -22,6 +22,7 @@ from shared.gc_settings import GcSettings
 from shared.http_settings import HttpSettings
 from shared.keys import ID_PATTERN
 from shared.link_settings import LinkSettings
+from shared.log_settings import LogSettings
 from shared.webhook_settings import WebhookSettings
 
 __all__ = ["ENV_PREFIX", "Settings", "redact_url"]
@@ -29,7 +30,7 @@ __all__ = ["ENV_PREFIX", "Settings", "redact_url"]
 ENV_PREFIX = "IMROUTE_"
 
 
-class Settings(HttpSettings, WebhookSettings, GcSettings, LinkSettings, BaseSettings):
+class Settings(HttpSettings, WebhookSettings, GcSettings, LinkSettings, LogSettings, BaseSettings):
     """Every setting of every imroute process; each entry point uses what it needs."""
 
     model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="forbid", frozen=True)
@@ -176,8 +177,6 @@ class Settings(HttpSettings, WebhookSettings, GcSettings, LinkSettings, BaseSett
     # least_connections, zone_affinity); the rule names are checked by router.balancing
     dispatch_rule: str = "consistent_hash"
 
-    log_level: str = "info"
-
     @field_validator("gateway_id", "group_id")
     @classmethod
     def _id(cls, value: str) -> str:
@@ -230,13 +229,6 @@ class Settings(HttpSettings, WebhookSettings, GcSettings, LinkSettings, BaseSett
     @property
     def effective_bus_url(self) -> str:
         return self.bus_url or self.redis_url
-
-    @field_validator("log_level")
-    @classmethod
-    def _log_level(cls, value: str) -> str:
-        if value.lower() not in {"debug", "info", "warning", "error"}:
-            raise ValueError("must be one of debug, info, warning, error")
-        return value.lower()
 
     @field_validator("api_key")
     @classmethod

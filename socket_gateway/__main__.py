@@ -13,6 +13,7 @@ from typing import Any
 
 from shared.errors import ConfigError, ImrouteError
 from shared.gc_policy import Freezer, settle
+from shared.logs import configure, say
 from shared.settings import Settings
 from socket_gateway.app import Gateway
 
@@ -59,10 +60,12 @@ async def serve(settings: Settings) -> None:
         freezer = asyncio.create_task(
             Freezer(settings.gc_freeze_s, settings.gc_full_s).run(), name="gc-freezer"
         )
-        print(
+        say(
             f"gateway {settings.gateway_id} group={settings.group_id} ready "
             f"ws={gw.info.ws_url} grpc={gw.info.grpc_address}",
-            flush=True,
+            settings.log_format,
+            "gateway",
+            _own(settings),
         )
         try:
             await _until_stopped(gw, stop, drain)
@@ -108,21 +111,29 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ImrouteError as exc:
         print(f"imroute gateway: {exc}", file=sys.stderr)
         return 2
-    logging.basicConfig(
-        level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s"
-    )
+    configure(settings.log_level, settings.log_format, "gateway", _own(settings))
+
+    def stopped(text: str) -> None:
+        say(f"imroute gateway: {text}", settings.log_format, "gateway", _own(settings),
+            err=True, level=logging.ERROR)  # fmt: skip
+
     try:
         run(serve(settings))
     except ConfigError as exc:
-        print(f"imroute gateway: {exc}", file=sys.stderr)
+        stopped(str(exc))
         return 2
     except ImrouteError as exc:
-        print(f"imroute gateway: {exc}", file=sys.stderr)
+        stopped(str(exc))
         return 1
     except OSError as exc:
-        print(f"imroute gateway: cannot listen: {exc}", file=sys.stderr)
+        stopped(f"cannot listen: {exc}")
         return 1
     return 0
+
+
+def _own(settings: Settings) -> dict[str, str] | None:
+    """What every line of this gateway names: itself."""
+    return {"gateway_id": settings.gateway_id} if settings.gateway_id else None
 
 
 if __name__ == "__main__":

@@ -51,6 +51,7 @@ from socket_gateway.heartbeat import (
     Heartbeat,
 )
 from socket_gateway.identity import claim_id
+from socket_gateway.live_stats import gateway_sampling
 from socket_gateway.metrics import GatewayMetrics, render
 from socket_gateway.metrics_http import serve_metrics
 from socket_gateway.resume import Resumer
@@ -218,6 +219,7 @@ class Gateway:
         receipts = RedisReceiptStore(redis, keys, rlimits, auto) if rlimits.enabled else None
         self.acks = AckReporter(self.conns, recovery, receipts, self.clock)
         self.deliver_service.report = self.acks.report
+        await self._stack.enter_async_context(gateway_sampling(redis, keys, self))  # dashboard
         self.resumer = Resumer(
             recovery,
             self.conns,

@@ -10,6 +10,7 @@ import logging
 from collections.abc import Callable, Sequence
 
 from router.receipts.base import DELIVERED
+from router.stats.latency import LatencyHistogram
 from shared.batches import message_of
 from shared.clock import Clock
 from shared.proto import gateway_pb2
@@ -21,6 +22,7 @@ from socket_gateway.dedup import RecentIds, RecentReplies
 __all__ = ["DeliverService", "LinkCounts"]
 
 log = logging.getLogger(__name__)
+_log = log  # what `deliver` calls it: its parameter `log` (a recovery log) hides this one
 
 # Bad batches may come in floods: one log line per this many seconds at most.
 LOG_EVERY_S = 10.0
@@ -55,6 +57,10 @@ class DeliverService:
         self.batches = 0
         self.duplicates = 0
         self.expired = 0
+        # Recipients written to (connections, for everyone batches), and how long after
+        # the push was accepted: the dashboard's figures (router.stats).
+        self.delivered = 0
+        self.latency = LatencyHistogram()
         self.rejected = 0  # batches refused by `check` (nothing of them was written)
         self.skewed = 0  # P2P batches expired on arrival while their call had time left
         self._skew_logged_at = float("-inf")
@@ -93,6 +99,27 @@ class DeliverService:
         `log`: the recovery log it is from (`b`, `g`, `o`); by default, as its mode says.
         `checked`: the caller already had `problem` pass it. A bad batch writes nothing.
         `call_left_s`: what the gRPC call that brought it has left of its deadline."""
+        reply = self._deliver(batch, log, checked, call_left_s)
+        reached = 0 if reply.duplicate else len(reply.delivered) or reply.connections
+        if reached:
+            self.delivered += reached
+            self.latency.add(self._clock.now_ms() - batch.message.ts_ms, reached)
+        if _log.isEnabledFor(logging.DEBUG):
+            m = batch.message
+            _log.debug(
+                "batch %s: %d written, %d missing%s%s",
+                batch.batch_id,
+                len(reply.delivered) or reply.connections,
+                len(reply.missing),
+                ", expired" if reply.expired else "",
+                ", a duplicate" if reply.duplicate else "",
+                extra={"batch_id": batch.batch_id, "push_id": m.push_id, "msg_id": m.msg_id},
+            )
+        return reply
+
+    def _deliver(
+        self, batch: gateway_pb2.Batch, log: str, checked: bool, call_left_s: float | None
+    ) -> gateway_pb2.DeliverReply:
         self.batches += 1
         if not checked and self.problem(batch) is not None:
             return gateway_pb2.DeliverReply()

@@ -8,13 +8,14 @@ method of one service (`push_service.services`) and renders the answer.
 - `groups`: broadcast and multicast, started as background jobs.
 - `jobs`: a broadcast or multicast job's status.
 - `health`: /healthz and /metrics.
+- `admin`: the dashboard's overview (admin key).
 """
 
 from __future__ import annotations
 
 from fastapi import APIRouter
 
-from push_service.routes import dispatch, gateways, groups, health, jobs, push, users
+from push_service.routes import admin, dispatch, gateways, groups, health, jobs, push, users
 
 __all__ = ["ROUTERS"]
 
@@ -27,4 +28,5 @@ ROUTERS: tuple[APIRouter, ...] = (
     jobs.router,
     dispatch.router,
     health.router,
+    admin.router,
 )

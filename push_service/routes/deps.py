@@ -16,6 +16,7 @@ from push_service.services import (
     FanOut,
     Fleet,
     Health,
+    Overview,
     Pushes,
     ReceiptsView,
     Services,
@@ -32,6 +33,7 @@ __all__ = [
     "FleetSvc",
     "HealthSvc",
     "IdempotentOnce",
+    "OverviewSvc",
     "PushKey",
     "PushesSvc",
     "UsersSvc",
@@ -99,6 +101,10 @@ async def _fleet(request: Request) -> Fleet:
     return _services(request).fleet
 
 
+async def _overview(request: Request) -> Overview:
+    return _services(request).overview
+
+
 async def _fanout(request: Request) -> FanOut:
     return _services(request).fanout
 
@@ -120,6 +126,7 @@ AdminKey = Depends(_require_admin)
 PushesSvc = Annotated[Pushes, Depends(_pushes)]
 DispatchSvc = Annotated[Dispatch, Depends(_dispatch)]
 FleetSvc = Annotated[Fleet, Depends(_fleet)]
+OverviewSvc = Annotated[Overview, Depends(_overview)]
 FanOutSvc = Annotated[FanOut, Depends(_fanout)]
 UsersSvc = Annotated[Users, Depends(_users)]
 HealthSvc = Annotated[Health, Depends(_health)]

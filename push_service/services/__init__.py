@@ -13,6 +13,7 @@ from push_service.services.dispatch import Dispatch
 from push_service.services.fanout import FanOut
 from push_service.services.fleet import Fleet
 from push_service.services.health import Health
+from push_service.services.overview import Overview
 from push_service.services.pushes import Pushed, Pushes, Receipts
 from push_service.services.receipts import ReceiptsView
 from push_service.services.users import Users
@@ -23,6 +24,7 @@ __all__ = [
     "FanOut",
     "Fleet",
     "Health",
+    "Overview",
     "Pushed",
     "Pushes",
     "Receipts",
@@ -44,5 +46,6 @@ class Services:
     health: Health
     idempotency: Idempotency  # issue 13: the Idempotency-Key of the push endpoints
     receipts: ReceiptsView  # issue 13: GET /v1/pushes/{push_id} (any mode), /recipients
+    overview: Overview  # issue 15: GET /v1/admin/overview, what /dashboard shows
     # issue 13: where webhook events are emitted (message.unacked); None: webhooks off
     webhooks: EventSink | None = None

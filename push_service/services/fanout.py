@@ -64,6 +64,7 @@ class FanOut:
         self._clock = clock
         self._batch_size = batch_size
         self._flush_timeout_s = flush_timeout_s
+        self.started = {"broadcast": 0, "multicast": 0}  # jobs (router.stats samples them)
 
     async def broadcast(self, body: BroadcastIn) -> str:
         """Start a broadcast job; its push id. It is resumable (router.jobs.specs)."""
@@ -80,6 +81,7 @@ class FanOut:
         await self._runner.submit(
             message.push_id, "broadcast", self._broadcast(spec), spec.to_json()
         )
+        self.started["broadcast"] += 1
         return message.push_id
 
     def resume(self, claim: Claim) -> Work:
@@ -140,6 +142,7 @@ class FanOut:
             )
 
         await self._runner.submit(message.push_id, "multicast", work)
+        self.started["multicast"] += 1
         return message.push_id
 
     async def status(self, push_id: str) -> Job:

@@ -16,6 +16,7 @@ from router.receipts.record import message_meta, p2p_receipt, split_acked
 from router.receipts.wait import wait_acks
 from shared.clock import Clock
 from shared.errors import ImrouteError, InvalidInput
+from shared.logs import bind, unbind
 from shared.models import Message
 
 __all__ = ["Pushed", "Pushes", "Receipts"]
@@ -60,6 +61,10 @@ class Pushes:
         self._pusher = pusher
         self._clock = clock
         self._receipts = receipts
+        # For the dashboard (router.stats): pushes by endpoint, recipients left queued.
+        self.pushed = 0  # POST /v1/push
+        self.batched = 0  # messages of POST /v1/push/batch
+        self.queued = 0
 
     def check(self, body: PushIn) -> None:
         """What the push cannot have, before anything is sent (InvalidInput: 422)."""
@@ -94,6 +99,7 @@ class Pushes:
             expires_ms = message.ts_ms + body.ttl_s * 1000 if body.ttl_s else 0
             items.append(Outgoing(message, body.to, expires_ms, body.store))
             where.append(i)
+        self.batched += len(items)
         try:
             outcomes = await self._pusher.push_many(items) if items else []
         except ImrouteError as exc:
@@ -104,8 +110,10 @@ class Pushes:
             answers[i] = (
                 outcome if isinstance(outcome, ImrouteError) else Pushed(item.message, outcome)
             )
-            if r is not None and not isinstance(outcome, ImrouteError):
-                receipts.append(self._receipt(r, item, outcome))
+            if not isinstance(outcome, ImrouteError):
+                self.queued += len(outcome.queued)
+                if r is not None:
+                    receipts.append(self._receipt(r, item, outcome))
         if r is not None and receipts:
             try:
                 await r.log.record_many(receipts)
@@ -130,8 +138,18 @@ class Pushes:
         """Deliver now to every recipient's live connections; queue the rest (stored)."""
         self.check(body)
         message = new_message(body, self._clock.now_ms())
+        # Every line logged while it is pushed (its retries included) names it.
+        bound = bind(push_id=message.push_id, msg_id=message.msg_id)
+        try:
+            return await self._push(body, message)
+        finally:
+            unbind(bound)
+
+    async def _push(self, body: PushIn, message: Message) -> Pushed:
         expires_ms = message.ts_ms + body.ttl_s * 1000 if body.ttl_s else 0
         outcome = await self._pusher.push(message, body.to, expires_ms, store=body.store)
+        self.pushed += 1
+        self.queued += len(outcome.queued)
         r = self._receipts
         if r is None:
             return Pushed(message, outcome)

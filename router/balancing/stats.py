@@ -130,6 +130,10 @@ class StatsRegistry:
     def stats(self, gateway_id: str) -> ServerStats:
         return self._entry(gateway_id).stats
 
+    def known(self) -> list[str]:
+        """The gateways it holds stats and a circuit for."""
+        return list(self._entries)
+
     def breaker(self, gateway_id: str) -> CircuitBreaker:
         return self._entry(gateway_id).breaker
 

@@ -18,6 +18,7 @@ from collections.abc import Awaitable, Callable
 
 from router.jobs.base import Checkpoint, Claim, JobStore, Lease, PushCounters
 from shared.errors import ImrouteError
+from shared.logs import bind, unbind
 
 __all__ = ["Handover", "JobRun", "JobRunner", "LeaseLost", "Resume", "Work"]
 
@@ -146,7 +147,11 @@ class JobRunner:
 
     def _start(self, run: JobRun, work: Work, resumable: bool) -> None:
         push_id = run.push_id
-        task = asyncio.create_task(self._run(run, work, resumable), name=f"job:{push_id}")
+        bound = bind(push_id=push_id)  # the task's every line names its push (shared.logs)
+        try:
+            task = asyncio.create_task(self._run(run, work, resumable), name=f"job:{push_id}")
+        finally:
+            unbind(bound)
         self._tasks[push_id] = task
         self._runs[push_id] = (run, resumable)
 

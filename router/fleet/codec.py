@@ -9,7 +9,8 @@ from shared.models import GatewayInfo
 __all__ = ["decode_gateway", "encode_gateway"]
 
 
-def encode_gateway(info: GatewayInfo) -> str:
+def encode_gateway(info: GatewayInfo, heartbeat_ms: int = 0) -> str:
+    """`heartbeat_ms`: when this record is written (the announcing heartbeat)."""
     return json.dumps(
         {
             "gateway_id": info.gateway_id,
@@ -21,6 +22,7 @@ def encode_gateway(info: GatewayInfo) -> str:
             "max_connections": info.max_connections,
             "zone": info.zone,
             "draining": info.draining,
+            "heartbeat_ms": heartbeat_ms or info.heartbeat_ms,
         },
         separators=(",", ":"),
     )
@@ -40,6 +42,7 @@ def decode_gateway(value: str) -> GatewayInfo | None:
             max_connections=int(d.get("max_connections", 0)),
             zone=None if d.get("zone") is None else str(d["zone"]),
             draining=bool(d.get("draining", False)),
+            heartbeat_ms=int(d.get("heartbeat_ms", 0)),
         )
     except (ValueError, KeyError, TypeError):
         return None

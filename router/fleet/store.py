@@ -31,7 +31,10 @@ class RedisGatewayFleet:
         now = self._clock.now_ms()
         pipe = self._redis.pipeline(transaction=False)
         pipe.set(
-            self._keys.gateway(info.gateway_id), encode_gateway(info), px=self._ttl_ms, get=True
+            self._keys.gateway(info.gateway_id),
+            encode_gateway(info, heartbeat_ms=now),
+            px=self._ttl_ms,
+            get=True,
         )
         pipe.zadd(self._keys.gateways(), {info.gateway_id: now + self._ttl_ms})
         pipe.zremrangebyscore(self._keys.gateways(), "-inf", now)

@@ -104,13 +104,13 @@ class CallLog:
     def on_exception_with_server(
         self, ctx: ExecutionContext, attempt: AttemptInfo, error: BaseException
     ) -> None:
+        gateway_id = attempt.server.gateway_id
         log.info(
-            "gateway call failed",
-            extra={
-                "gateway": attempt.server.gateway_id,
-                "attempt": attempt.number,
-                "error": str(error),
-            },
+            "call to gateway %s failed (attempt %d): %s",
+            gateway_id,
+            attempt.number,
+            error,
+            extra={"gateway_id": gateway_id},
         )
 
     def on_execution_success(
@@ -124,9 +124,17 @@ class CallLog:
         if attempt is None:
             # Refused by an open circuit: the opening was logged once; a line per
             # refused call would flood the log while the gateway is out.
-            log.debug("call refused", extra={"gateway": ctx.pinned, "error": str(error)})
+            log.debug(
+                "call to gateway %s refused: %s",
+                ctx.pinned,
+                error,
+                extra={"gateway_id": ctx.pinned},
+            )
             return
         log.warning(
-            "delivery failed",
-            extra={"gateway": ctx.pinned, "attempts": ctx.attempts, "error": str(error)},
+            "delivery to gateway %s failed after %d attempts: %s",
+            ctx.pinned,
+            ctx.attempts,
+            error,
+            extra={"gateway_id": ctx.pinned},
         )

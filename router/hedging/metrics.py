@@ -14,6 +14,10 @@ class PublishMetrics:
     """What the hedged publisher does, per topic; `/metrics` of the publishing process."""
 
     def __init__(self, registry: CollectorRegistry) -> None:
+        # The same counts over every topic, as plain numbers (router.stats samples them).
+        self.publishes = 0
+        self.hedges = 0
+        self.hedge_wins = 0
         self._attempts = Counter(
             "imroute_bus_publish_attempts",
             "Publish attempts sent, by topic and kind (original, including its retries, or hedge)",
@@ -51,11 +55,14 @@ class PublishMetrics:
         )
 
     def attempt(self, topic: str, hedge: bool) -> None:
+        self.publishes += 1
         self._attempts.labels(topic, "hedge" if hedge else "original").inc()
         if hedge:
+            self.hedges += 1
             self._hedges.labels(topic).inc()
 
     def hedge_won(self, topic: str) -> None:
+        self.hedge_wins += 1
         self._wins.labels(topic).inc()
 
     def cancelled(self, topic: str, n: int) -> None:

@@ -26,6 +26,7 @@ __all__ = [
     "JobStore",
     "Lease",
     "PushCounters",
+    "RecentJobs",
     "read_failed",
 ]
 
@@ -185,3 +186,9 @@ class JobStore(Protocol):
     async def release(self, lease: Lease, checkpoint: Checkpoint | None) -> bool: ...
     async def claim_lapsed(self, max_attempts: int) -> tuple[list[Claim], int]: ...
     async def get(self, push_id: str) -> Job | None: ...
+
+
+class RecentJobs(Protocol):
+    async def recent(self, limit: int = 20) -> list[Job]:
+        """The latest jobs, newest first."""
+        ...

@@ -117,6 +117,9 @@ return {epoch, f[1], f[4] or '', f[5], attempts}
 """
 
 
+RECENT_KEPT = 100  # jobs:recent holds the latest this many
+
+
 class RedisJobStore:
     def __init__(self, redis: RedisClient, keys: KeySchema, clock: Clock, lease_s: float = 10.0):
         self._redis = redis
@@ -151,7 +154,19 @@ class RedisJobStore:
         pipe.hset(self._keys.job(push_id), mapping=fields_)
         pipe.zadd(self._keys.jobs_running(), {push_id: self._clock.now_ms() + self._lease_ms})
         await pipe.execute()
+        # The latest jobs, for the dashboard; a job past its hash's TTL reads as None.
+        recent = self._redis.pipeline(transaction=False)
+        recent.zadd(self._keys.jobs_recent(), {push_id: fields_["created_at"]})
+        recent.zremrangebyrank(self._keys.jobs_recent(), 0, -RECENT_KEPT - 1)
+        await recent.execute()
         return Lease(push_id, 1)
+
+    @translate_errors
+    async def recent(self, limit: int = 20) -> list[Job]:
+        """The latest jobs, newest first (those whose record has not expired)."""
+        ids: list[Any] = await self._redis.zrevrange(self._keys.jobs_recent(), 0, limit - 1)
+        jobs = [await self.get(str(push_id)) for push_id in ids]
+        return [job for job in jobs if job is not None]
 
     @translate_errors
     async def progress(

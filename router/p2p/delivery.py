@@ -179,7 +179,12 @@ class Delivery:
 def _failed(target: Target, exc: GatewayUnavailable) -> GatewayOutcome:
     # Logged where it happened: by the call listeners (per RPC), the coalescer (queued
     # too long) or the circuit (when it opened).
-    log.debug("deliver to %s failed: %s", target.gateway_id, exc.reason)
+    log.debug(
+        "deliver to %s failed: %s",
+        target.gateway_id,
+        exc.reason,
+        extra={"gateway_id": target.gateway_id},
+    )
     suspect = exc.code == "UNAVAILABLE"
     return GatewayOutcome(target.gateway_id, error=exc.reason, suspect=suspect)
 
@@ -192,6 +197,7 @@ def _outcome(target: Target, reply: gateway_pb2.DeliverReply) -> GatewayOutcome:
             "%d recipients delivered",
             target.gateway_id,
             len(target.uids),
+            extra={"gateway_id": target.gateway_id},
         )
     return gateway_outcome(target, reply)
 

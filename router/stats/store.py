@@ -1,0 +1,57 @@
+"""The fleet's counts in Redis: one hash per interval (`BUCKET_MS`), each process adding
+what it counted (HINCRBY), kept `KEEP_MS`; read back interval by interval."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from router.redis.client import RedisClient
+from router.redis.errors import translate_errors
+from shared.keys import KeySchema
+
+__all__ = ["BUCKET_MS", "KEEP_MS", "RedisStatsStore"]
+
+BUCKET_MS = 2000
+KEEP_MS = 11 * 60 * 1000  # the dashboard shows ten minutes
+
+
+class RedisStatsStore:
+    def __init__(
+        self,
+        redis: RedisClient,
+        keys: KeySchema,
+        bucket_ms: int = BUCKET_MS,
+        keep_ms: int = KEEP_MS,
+    ) -> None:
+        self._redis = redis
+        self._keys = keys
+        self.bucket_ms = bucket_ms
+        self._keep_ms = keep_ms
+
+    def start_of(self, at_ms: int) -> int:
+        return at_ms - at_ms % self.bucket_ms
+
+    @translate_errors
+    async def add(self, at_ms: int, counts: Mapping[str, int]) -> None:
+        """Add `counts` to the interval holding `at_ms` (one round trip)."""
+        key = self._keys.stats(self.start_of(at_ms))
+        pipe = self._redis.pipeline(transaction=False)
+        for name, n in counts.items():
+            pipe.hincrby(key, name, n)
+        pipe.pexpire(key, self._keep_ms)
+        await pipe.execute()
+
+    @translate_errors
+    async def read(self, since_ms: int, until_ms: int) -> list[tuple[int, dict[str, int]]]:
+        """Each interval starting in [since_ms, until_ms], oldest first, with its counts
+        (empty where nothing was counted)."""
+        starts = list(range(self.start_of(since_ms), until_ms + 1, self.bucket_ms))
+        pipe = self._redis.pipeline(transaction=False)
+        for start in starts:
+            pipe.hgetall(self._keys.stats(start))
+        replies: list[Any] = await pipe.execute()
+        return [
+            (start, {str(k): int(v) for k, v in (reply or {}).items()})
+            for start, reply in zip(starts, replies, strict=True)
+        ]
