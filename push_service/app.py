@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
+from pathlib import Path
 
 from fastapi import FastAPI
+from fastapi.staticfiles import StaticFiles
 
 from push_service.access import ApiKeys
 from push_service.errors import add_error_handlers
@@ -33,6 +35,8 @@ MAX_BATCH_BODY_BYTES = 32 << 20
 # 10,000 users with 32 tags of 64 characters each.
 MAX_USERS_BODY_BYTES = 32 << 20
 
+
+DASHBOARD = Path(__file__).parent / "dashboard"
 
 def create_app(
     settings: Settings,
@@ -81,6 +85,8 @@ def create_app(
     add_error_handlers(app)
     for router in ROUTERS:
         app.include_router(router)
+    # The dashboard's static files: public, as they hold no data (its data needs the key).
+    app.mount("/dashboard", StaticFiles(directory=DASHBOARD, html=True), name="dashboard")
     # Innermost: POST /v1/push's hot path, behind every gate (push_service.fast_push).
     app.add_middleware(FastPush, slot=services_slot, handlers=app.exception_handlers)
     # Added last, so it runs first (outermost): requests without the key a path needs

@@ -1,0 +1,154 @@
+"""/dashboard in headless Chromium (issue 15), against a real push service process and
+real gateway processes with a real WebSocket client: the login, the fleet, counters
+that move when pushes go out, a drain refused by the last-of-its-group guard and one
+that takes a gateway out of the fleet, and a wrong key refused. With
+IMROUTE_SCREENSHOT=1 it keeps its screenshot in docs/dashboard.png."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from websockets.asyncio.client import connect
+
+from tests.conftest import API_KEY, SECRET
+from tests.integration.http_raw import push_service
+from tests.integration.procs import BIN, Proc, base_env, read_until, running
+from tests.integration.stack import AUTH, ready, recv_json, token
+
+pytestmark = pytest.mark.integration
+
+ADMIN_KEY = "test-admin-key-0123456789"
+DOCS = Path(__file__).resolve().parents[2] / "docs"
+
+
+@contextmanager
+def gateways(env: dict[str, str], *specs: tuple[str, str]) -> Iterator[dict[str, Proc]]:
+    """Gateway processes (id, group), each once it says it is ready."""
+    with ExitStack() as stack:
+        procs = {}
+        for gid, group in specs:
+            argv = [str(BIN / "imroute"), "gateway", "--id", gid, "--group", group,
+                    "--ws-port", "0", "--grpc-port", "0", "--heartbeat", "0.5"]  # fmt: skip
+            procs[gid] = stack.enter_context(running(argv, env))
+        yield procs
+
+
+async def _ws_url(proc: Proc) -> str:
+    line = (await asyncio.to_thread(read_until, proc, "ready"))[-1]
+    found = re.search(r"ws=(\S+)", line)
+    assert found, line
+    return found.group(1)
+
+
+async def _tile(page: Any, name: str) -> float:
+    text = await page.inner_text(f"#rate-{name} .v")
+    return 0.0 if text == "\u2013" else float(text)  # an en dash: no figure yet
+
+
+async def test_the_dashboard_logs_in_shows_the_fleet_and_drains(
+    browser: Any, redis_url: str, prefix: str, redis: object, tmp_path: Path
+) -> None:
+    env = base_env(
+        IMROUTE_REDIS_URL=redis_url,
+        IMROUTE_REDIS_PREFIX=prefix,
+        IMROUTE_SECRET=SECRET,
+        IMROUTE_DRAIN_WINDOW_S="0.5",
+    )
+    extra = {"IMROUTE_ADMIN_API_KEY": ADMIN_KEY}
+    with (
+        push_service(redis_url, prefix, tmp_path, **extra) as (_, port),
+        gateways(env, ("gw1", "g1"), ("gw2", "g1"), ("gw3", "g2")) as procs,
+    ):
+        urls = {gid: await _ws_url(proc) for gid, proc in procs.items()}
+        base = f"http://127.0.0.1:{port}"
+        page = await browser.new_page(viewport={"width": 1280, "height": 1000})
+        problems: list[str] = []
+        page.on("pageerror", lambda e: problems.append(str(e)))
+        dialogs: list[str] = []
+
+        async def accept(dialog: Any) -> None:
+            dialogs.append(dialog.message)
+            await dialog.accept()
+
+        page.on("dialog", accept)
+
+        # A wrong key: refused, and nothing of the fleet is shown.
+        await page.goto(f"{base}/dashboard/")
+        assert await page.is_hidden("#board")
+        await page.fill("input[type=password][name=key]", "not-the-key-0123456789")
+        await page.press("input[name=key]", "Enter")
+        await page.wait_for_selector("#login-error:has-text('Key refused')")
+        assert await page.is_hidden("#board")
+        assert await page.locator("tr[data-gateway]").count() == 0
+
+        # The right one (the API key alone is not enough either).
+        await page.fill("input[name=key]", API_KEY)
+        await page.press("input[name=key]", "Enter")
+        await page.wait_for_selector("#login-error:has-text('403')")
+        await page.fill("input[name=key]", ADMIN_KEY)
+        await page.press("input[name=key]", "Enter")
+        for gid in ("gw1", "gw2", "gw3"):
+            await page.wait_for_selector(f"tr[data-gateway={gid}]", timeout=10_000)
+        assert await page.is_hidden("#login-view")
+        assert await page.locator("div[data-group]").count() == 2
+
+        # Pushes go out to a real client: the counters move.
+        assert await _tile(page, "p2p") == 0
+        async with (
+            connect(f"{urls['gw1']}?token={token('amy')}") as amy,
+            httpx.AsyncClient(base_url=base) as http,
+        ):
+            await ready(amy)
+            await asyncio.sleep(0.3)  # its route is written
+            for n in range(20):
+                resp = await http.post("/v1/push", json={"to": ["amy"], "content": n}, headers=AUTH)
+                assert resp.status_code == 200, resp.text
+                frame = await recv_json(amy)
+                assert frame["content"] == n
+                await amy.send(json.dumps({"type": "ack", "pos": frame["pos"]}))
+            # A multicast: the latest jobs list it, with its progress.
+            job = await http.post(
+                "/v1/multicast", json={"to": ["amy", "bob"], "content": "m"}, headers=AUTH
+            )
+            assert job.status_code == 202, job.text
+            assert (await recv_json(amy))["content"] == "m"
+            row = f"tr[data-job='{job.json()['push_id']}']"
+            await page.wait_for_selector(f"{row}:has-text('done')", timeout=10_000)
+            await page.click(f"{row} a")
+            assert job.json()["push_id"] in await page.inner_text("#job-detail")
+            for name in ("p2p", "delivered"):  # each process writes its own counts
+                await page.wait_for_function(
+                    f"() => Number(document.querySelector('#rate-{name} .v').textContent) > 0",
+                    timeout=10_000,
+                )
+            assert await _tile(page, "p50") > 0
+            await page.wait_for_function(
+                "() => Number(document.querySelector('#rate-acked .v').textContent) > 0",
+                timeout=10_000,
+            )
+            assert "1 /" in await page.inner_text("tr[data-gateway=gw1] td:nth-child(6)")
+
+        if os.environ.get("IMROUTE_SCREENSHOT") == "1":
+            await page.screenshot(path=str(DOCS / "dashboard.png"), full_page=True)
+        else:
+            await page.screenshot(path=str(tmp_path / "dashboard.png"), full_page=True)
+
+        # gw3 is the last of g2: the guard's 409 is shown, and it stays.
+        await page.click("tr[data-gateway=gw3] button")
+        await page.wait_for_selector("#message.error:has-text('409')")
+        assert "gw3" in dialogs[-1]
+        # gw1 is not: it drains, exits, and leaves the table.
+        await page.click("tr[data-gateway=gw1] button")
+        await page.wait_for_selector("#message:has-text('draining gw1')")
+        await page.wait_for_selector("tr[data-gateway=gw1]", state="detached", timeout=20_000)
+        assert await page.locator("tr[data-gateway=gw3]").count() == 1
+        assert problems == [], problems
