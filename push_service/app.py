@@ -37,6 +37,7 @@ MAX_USERS_BODY_BYTES = 32 << 20
 
 
 DASHBOARD = Path(__file__).parent / "dashboard"
+CLIENT = Path(__file__).parent / "client"  # imroute.js: a link to clients/js/imroute.js
 
 def create_app(
     settings: Settings,
@@ -87,6 +88,8 @@ def create_app(
         app.include_router(router)
     # The dashboard's static files: public, as they hold no data (its data needs the key).
     app.mount("/dashboard", StaticFiles(directory=DASHBOARD, html=True), name="dashboard")
+    # The browser client (clients/js/imroute.js), for pages to import.
+    app.mount("/client", StaticFiles(directory=CLIENT, follow_symlink=True), name="client")
     # Innermost: POST /v1/push's hot path, behind every gate (push_service.fast_push).
     app.add_middleware(FastPush, slot=services_slot, handlers=app.exception_handlers)
     # Added last, so it runs first (outermost): requests without the key a path needs

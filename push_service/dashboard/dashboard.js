@@ -207,7 +207,49 @@ async function drain(gatewayId) {
   poll();
 }
 
+// The test client: the browser client the push service serves, connected as the user
+// whose token is pasted; what it receives is listed (the last 20).
+let testClient = null;
+
+async function testConnect(e) {
+  e.preventDefault();
+  const token = $("#tc-token").value.trim();
+  if (!token || testClient) return;
+  const { ImrouteClient } = await import("/client/imroute.js");
+  const log = $("#tc-log");
+  const note = (text) => {
+    log.prepend(el("li", {}, text));
+    while (log.children.length > 20) log.lastChild.remove();
+  };
+  testClient = new ImrouteClient({
+    apiUrl: location.origin,
+    token,
+    onMessage: (f) => note(`push ${f.msg_id.slice(0, 8)}: ${JSON.stringify(f.content)}`),
+    onRecovered: (f) => note(`recovered ${f.count}${f.complete ? "" : " (incomplete)"}`),
+    onState: (state, d) => {
+      $("#tc-state").textContent = `${state}${d && d.gateway ? ` to ${d.gateway}` : ""}`;
+    },
+    onError: (err) => { $("#tc-state").textContent = String(err); },
+  });
+  $("#tc-connect").disabled = true;
+  $("#tc-close").disabled = false;
+  try {
+    await testClient.connect();
+  } catch (err) {
+    testClose();
+  }
+}
+
+function testClose() {
+  if (testClient) testClient.close();
+  testClient = null;
+  $("#tc-connect").disabled = false;
+  $("#tc-close").disabled = true;
+}
+
 function start() {
+  $("#tc-form").addEventListener("submit", testConnect);
+  $("#tc-close").addEventListener("click", testClose);
   $("#login").addEventListener("submit", (e) => {
     e.preventDefault();
     const key = $("#key").value.trim();

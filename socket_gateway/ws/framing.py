@@ -45,6 +45,7 @@ READING_STOPPED = math.inf
 _TEXT = Opcode.TEXT
 _BINARY = Opcode.BINARY
 _CONT = Opcode.CONT
+_CLOSE = Opcode.CLOSE
 
 
 class FrameConn(asyncio.Protocol):
@@ -133,12 +134,14 @@ class FrameConn(asyncio.Protocol):
                 self._too_many_frames(ws, limit)
                 return False
             self._tat = tat
+        was_open = self._open
         # Pongs to pings, close echoes, 1009 on oversized messages: the library's own.
         self._flush(ws)
-        for frame in events:
-            if not self._open:
-                break  # closing: the rest is moot
-            self._on_frame(frame)
+        if was_open:
+            for frame in events:
+                if frame.opcode is _CLOSE:
+                    break  # what follows a close is moot; what came before it counts
+                self._on_frame(frame)  # an ack just before its close included
         t = self._transport
         if t is not None and t.get_write_buffer_size() > self._ep._conns.max_buffer:
             # A client that sends but does not read: same rule as for slow push consumers.
@@ -202,7 +205,7 @@ class FrameConn(asyncio.Protocol):
         what = client_text(data)
         if what is None:
             t = self._transport
-            if t is not None:
+            if t is not None and self._open:  # nothing after our close frame
                 t.write(PONG_FRAME)
         elif isinstance(what, str):  # an ack (never a close, even when it is bad)
             acks = self._ep.acks

@@ -137,6 +137,16 @@ async def test_the_dashboard_logs_in_shows_the_fleet_and_drains(
             )
             assert "1 /" in await page.inner_text("tr[data-gateway=gw1] td:nth-child(6)")
 
+        # The test client panel: the browser client, connected as bob, gets his push.
+        await page.fill("#tc-token", token("bob"))
+        await page.press("#tc-token", "Enter")
+        await page.wait_for_selector("#tc-log li:has-text('recovered 0')", timeout=10_000)
+        async with httpx.AsyncClient(base_url=base) as http:
+            resp = await http.post("/v1/push", json={"to": ["bob"], "content": "hi"}, headers=AUTH)
+            assert resp.json()["delivered"] == ["bob"], resp.text
+        await page.wait_for_selector("#tc-log li:has-text('\"hi\"')", timeout=10_000)
+        assert "connected to gw" in await page.inner_text("#tc-state")
+
         if os.environ.get("IMROUTE_SCREENSHOT") == "1":
             await page.screenshot(path=str(DOCS / "dashboard.png"), full_page=True)
         else:

@@ -126,9 +126,7 @@ async def test_redis_down_means_503s_not_hangs_and_the_gateway_keeps_delivering(
                 # A batch: one answer per message, each the 503 a single push gets; none
                 # of them is sent (the next frame amy gets is the direct call's).
                 messages = [{"to": ["amy"], "content": f"batch-{n}"} for n in range(3)]
-                resp = await http.post(
-                    "/v1/push/batch", json={"messages": messages}, headers=AUTH
-                )
+                resp = await http.post("/v1/push/batch", json={"messages": messages}, headers=AUTH)
                 assert resp.status_code == 200, resp.text
                 results = resp.json()["results"]
                 assert [r["status"] for r in results] == [503, 503, 503], results

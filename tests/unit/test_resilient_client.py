@@ -24,9 +24,7 @@ def wrapper(
     async def no_wait(_: float) -> None:
         pass
 
-    return ResilientGatewayClient(
-        inner, stats, RetryPolicy(max_retries_same=retries), no_wait
-    )
+    return ResilientGatewayClient(inner, stats, RetryPolicy(max_retries_same=retries), no_wait)
 
 
 BATCH = gateway_pb2.Batch(batch_id="b1", uids=["u"])

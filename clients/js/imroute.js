@@ -1,0 +1,297 @@
+// imroute's browser client: one ES module, no dependencies, no build step. The push
+// service serves it at /client/imroute.js.
+//
+//   import { ImrouteClient } from "/client/imroute.js";
+//   const c = new ImrouteClient({ apiUrl, token, onMessage, onRecovered });
+//   await c.connect();   // resolves once caught up (the first `recovered` frame)
+//   c.close();
+//
+// The same semantics as the Python SDK (clients/python):
+// - it asks GET /v1/dispatch which gateway to use, with the token as a Bearer header;
+// - the token travels in Sec-WebSocket-Protocol (`imroute.jwt.<token>` beside
+//   `imroute.v1`), never in the URL;
+// - it resumes with `?since=<pos>`: the position of the last push the app finished with;
+// - onMessage(frame) is called once per push, in order; a msg_id seen among the last
+//   `dedupeWindow` is dropped (a replay after a reconnect, a retried delivery);
+// - acks are cumulative: once the app is done with a push, `{"type":"ack","pos":...}`
+//   is sent on the connection it came on, at most one per `ackIntervalMs` (the latest);
+// - a connection that ends is retried with jittered exponential backoff: the same
+//   gateway for a network error (`retriesSame` times), another through dispatch for a
+//   drain (a `reconnect` frame, 4503), a full gateway (4429, or a refused handshake,
+//   which a browser sees as 1006), or once the retries are spent;
+// - a refused token (4401, or dispatch's 401) stops it: connect() rejects, and
+//   onError receives an UnauthorizedError.
+
+export const CLOSE_UNAUTHORIZED = 4401;
+export const CLOSE_FULL = 4429;
+export const CLOSE_DRAIN = 4503;
+const USER_CAP_REASON = "too many connections for this user";
+const USER_CAP_WAIT_MS = 5000;
+
+export class UnauthorizedError extends Error {
+  constructor(message) {
+    super(message);
+    this.name = "UnauthorizedError";
+  }
+}
+
+/** min * 2^attempt, capped at max, times a jitter in [0.5, 1.5). */
+export function backoffMs(attempt, minMs = 100, maxMs = 5000, rand = Math.random) {
+  const base = Math.min(maxMs, minMs * 2 ** Math.min(Math.max(attempt, 0), 64));
+  return Math.min(maxMs, base * (0.5 + rand()));
+}
+
+/** The last `size` msg_ids, in arrival order. */
+export class DedupeWindow {
+  constructor(size = 10000) {
+    this.size = size;
+    this.seen = new Set();
+    this.order = [];
+  }
+  /** True the first time `id` is offered (within the window). */
+  add(id) {
+    if (this.seen.has(id)) return false;
+    this.seen.add(id);
+    this.order.push(id);
+    if (this.order.length > this.size) this.seen.delete(this.order.shift());
+    return true;
+  }
+}
+
+const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
+
+export class ImrouteClient {
+  constructor({
+    apiUrl,
+    token,
+    onMessage = () => {},
+    onRecovered = () => {},
+    onError = () => {},
+    onState = () => {},
+    since = null,
+    dedupeWindow = 10000,
+    ackIntervalMs = 100,
+    backoffMinMs = 100,
+    backoffMaxMs = 5000,
+    stableMs = 5000,
+    retriesSame = 2,
+    WebSocketImpl = globalThis.WebSocket,
+    fetchImpl = globalThis.fetch.bind(globalThis),
+  }) {
+    if (!apiUrl || !token) throw new TypeError("ImrouteClient needs apiUrl and token");
+    Object.assign(this, { apiUrl: apiUrl.replace(/\/+$/, ""), token, onMessage, onRecovered,
+      onError, onState, ackIntervalMs, backoffMinMs, backoffMaxMs, stableMs, retriesSame,
+      WebSocketImpl, fetchImpl });
+    this.pos = since;  // the last push the app finished with; `since` on a reconnect
+    this.dedupe = new DedupeWindow(dedupeWindow);
+    this.stats = { connects: 0, pushes: 0, duplicates: 0, acks: 0, recovered: 0, dispatches: 0 };
+    this.gateway = null;  // {ws_url, gateway_id, group_id} of the current connection
+    this._closed = false;
+    this._ws = null;
+    this._queue = Promise.resolve();  // pushes handed to the app one at a time, in order
+    this._ackTimer = null;
+    this._ackPos = null;
+    this._failures = 0;
+    this._sameTries = 0;
+    this._ready = null;
+  }
+
+  /** Connect (and keep reconnecting) until close(); resolves at the first `recovered`
+   * frame, rejects if the token is refused. */
+  connect() {
+    if (!this._ready) {
+      this._ready = new Promise((resolve, reject) => {
+        this._resolveReady = resolve;
+        this._rejectReady = reject;
+      });
+      this._run();
+    }
+    return this._ready;
+  }
+
+  /** Stop for good: the connection is closed (1000) and nothing is retried. */
+  close() {
+    this._closed = true;
+    this._flushAck();
+    if (this._ws) this._ws.close(1000, "client closed");
+    this.onState("closed");
+  }
+
+  async _run() {
+    let target = null;
+    while (!this._closed) {
+      try {
+        if (target === null) target = await this._dispatch();
+      } catch (e) {
+        return this._stop(e);
+      }
+      if (this._closed) return;
+      const started = Date.now();
+      const end = await this._session(target);
+      if (this._closed) return;
+      if (end.unauthorized) {
+        return this._stop(new UnauthorizedError(`the gateway refused the token (${end.code})`));
+      }
+      const step = this._next(end, Date.now() - started);
+      if (step.dispatch) target = null;
+      this.onState("reconnecting", { code: end.code, delayMs: step.delayMs });
+      await sleep(step.delayMs);
+    }
+  }
+
+  _stop(error) {
+    this._closed = true;
+    this.onError(error);
+    if (this._rejectReady) this._rejectReady(error);
+    this.onState("stopped", { error });
+  }
+
+  /** What to do after a connection ended (the Python SDK's policy.next_step). */
+  _next(end, livedMs) {
+    if (livedMs >= this.stableMs) {
+      this._failures = 0;
+      this._sameTries = 0;
+    }
+    const delay = this._failures ? backoffMs(this._failures - 1, this.backoffMinMs, this.backoffMaxMs) : 0;
+    this._failures += 1;
+    if (end.userCap) {
+      this._sameTries = 0;
+      return { dispatch: true, delayMs: Math.max(delay, USER_CAP_WAIT_MS) };
+    }
+    if (end.move) {
+      this._sameTries = 0;
+      return { dispatch: true, delayMs: delay };
+    }
+    const wait = Math.max(delay, backoffMs(0, this.backoffMinMs, this.backoffMaxMs));
+    if (end.transport && this._sameTries < this.retriesSame) {
+      this._sameTries += 1;
+      return { dispatch: false, delayMs: wait };
+    }
+    this._sameTries = 0;
+    return { dispatch: true, delayMs: wait };
+  }
+
+  /** GET /v1/dispatch until it names a gateway; UnauthorizedError on 401. */
+  async _dispatch() {
+    for (let attempt = 0; !this._closed; attempt++) {
+      this.stats.dispatches += 1;
+      let wait = null;
+      try {
+        const resp = await this.fetchImpl(`${this.apiUrl}/v1/dispatch`, {
+          headers: { Authorization: `Bearer ${this.token}` },
+        });
+        if (resp.status === 200) {
+          const body = await resp.json();
+          if (body && typeof body.ws_url === "string") return body;
+        } else if (resp.status === 401) {
+          throw new UnauthorizedError(`dispatch refused the token (401)`);
+        } else if (resp.status < 500 && resp.status !== 429) {
+          throw new Error(`dispatch answered ${resp.status}`);
+        }
+        const after = Number(resp.headers.get("Retry-After"));
+        if (Number.isFinite(after) && after > 0) wait = Math.min(after * 1000, this.backoffMaxMs);
+      } catch (e) {
+        if (e instanceof UnauthorizedError || (e instanceof Error && e.message.startsWith("dispatch answered"))) throw e;
+      }
+      await sleep(wait ?? backoffMs(attempt, this.backoffMinMs, this.backoffMaxMs));
+    }
+    throw new Error("closed");
+  }
+
+  /** One connection, until it ends: how it ended. */
+  _session(target) {
+    return new Promise((resolve) => {
+      const url = this.pos ? `${target.ws_url}${target.ws_url.includes("?") ? "&" : "?"}since=${encodeURIComponent(this.pos)}` : target.ws_url;
+      const ws = new this.WebSocketImpl(url, ["imroute.v1", `imroute.jwt.${this.token}`]);
+      this._ws = ws;
+      this.gateway = target;
+      let opened = false;
+      let told = false;
+      ws.onopen = () => {
+        opened = true;
+        this.stats.connects += 1;
+        this.onState("connected", { gateway: target.gateway_id });
+      };
+      ws.onmessage = (event) => {
+        let frame;
+        try {
+          frame = JSON.parse(event.data);
+        } catch {
+          return;  // not ours to judge: the gateway only sends JSON
+        }
+        if (frame.type === "push") this._push(ws, frame);
+        else if (frame.type === "recovered") this._recovered(frame);
+        else if (frame.type === "reconnect") told = true;
+      };
+      ws.onclose = (event) => {
+        if (this._ws === ws) this._ws = null;
+        clearTimeout(this._ackTimer);
+        this._ackTimer = null;
+        const code = event.code;
+        const reason = event.reason || "";
+        resolve({
+          code,
+          unauthorized: code === CLOSE_UNAUTHORIZED,
+          userCap: code === CLOSE_FULL && reason.startsWith(USER_CAP_REASON),
+          // A refused handshake (401, 429, 503) shows as 1006 before the open: dispatch
+          // says which (its 401 stops the client).
+          move: told || code === CLOSE_DRAIN || code === CLOSE_FULL || !opened,
+          transport: opened && code === 1006,
+        });
+      };
+    });
+  }
+
+  _push(ws, frame) {
+    this._queue = this._queue.then(async () => {
+      if (this.dedupe.add(frame.msg_id)) {
+        this.stats.pushes += 1;
+        try {
+          await this.onMessage(frame);
+        } catch (e) {
+          this.onError(e);  // the app's error: the push still counts as handled
+        }
+      } else {
+        this.stats.duplicates += 1;
+      }
+      this.pos = frame.pos;
+      this._ack(ws, frame.pos);
+    });
+  }
+
+  _recovered(frame) {
+    this._queue = this._queue.then(async () => {
+      this.stats.recovered += 1;
+      try {
+        await this.onRecovered(frame);
+      } catch (e) {
+        this.onError(e);
+      }
+      this._failures = 0;
+      if (this._resolveReady) {
+        this._resolveReady(frame);
+        this._resolveReady = null;
+      }
+    });
+  }
+
+  /** Cumulative: the latest position, at most once per ackIntervalMs, on `ws` only. */
+  _ack(ws, pos) {
+    if (ws !== this._ws) return;  // that connection is gone: the next resume covers it
+    this._ackPos = pos;
+    if (this._ackTimer === null) {
+      this._ackTimer = setTimeout(() => this._flushAck(), this.ackIntervalMs);
+    }
+  }
+
+  _flushAck() {
+    clearTimeout(this._ackTimer);
+    this._ackTimer = null;
+    const ws = this._ws;
+    if (this._ackPos && ws && ws.readyState === 1) {
+      ws.send(JSON.stringify({ type: "ack", pos: this._ackPos }));
+      this.stats.acks += 1;
+    }
+    this._ackPos = null;
+  }
+}
