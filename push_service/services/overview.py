@@ -57,7 +57,7 @@ class Overview:
             "bucket_ms": width,
             "groups": _groups(live),
             "gateways": [self._gateway(g, summed, seconds, now) for g in live],
-            "rates": {k: v for k, v in _average(series[-len(recent) :] if recent else [])},
+            "rates": dict(_average(series[-len(recent) :] if recent else [])),
             "series": series,
             "jobs": await self._recent_jobs(),
         }

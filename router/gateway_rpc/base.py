@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Iterable, Mapping, Sequence
 from typing import Protocol, runtime_checkable
 
 from shared.errors import GatewayUnavailable
@@ -17,6 +17,7 @@ __all__ = [
     "ManyGatewayClient",
     "Replies",
     "deliver_each",
+    "gather_each",
 ]
 
 # What one DeliverMany carries and answers, in order.
@@ -61,12 +62,16 @@ async def deliver_each(
     """`EachGatewayClient.deliver_each` on any client: with a plain one, one call each."""
     if isinstance(client, EachGatewayClient):
         return await client.deliver_each(gateway_id, address, batches, timeout_s)
-    got = await asyncio.gather(
-        *(client.deliver(gateway_id, address, b, timeout_s) for b in batches),
-        return_exceptions=True,
-    )
+    return await gather_each(client.deliver(gateway_id, address, b, timeout_s) for b in batches)
+
+
+async def gather_each(
+    deliveries: Iterable[Awaitable[gateway_pb2.DeliverReply]],
+) -> EachReplies:
+    """Each delivery's reply, or the GatewayUnavailable it failed with (in order); any
+    other error is raised."""
     replies: EachReplies = []
-    for r in got:
+    for r in await asyncio.gather(*deliveries, return_exceptions=True):
         if isinstance(r, BaseException) and not isinstance(r, GatewayUnavailable):
             raise r
         replies.append(r)

@@ -20,7 +20,7 @@ from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from router.gateway_rpc.base import Batches, EachReplies, ManyGatewayClient
+from router.gateway_rpc.base import Batches, EachReplies, ManyGatewayClient, gather_each
 from shared.errors import GatewayUnavailable
 from shared.proto import gateway_pb2
 
@@ -100,14 +100,7 @@ class CoalescingGatewayClient:
     ) -> EachReplies:
         """Every batch queued as a delivery of its own: they leave together, in calls of
         up to max_batches (and max_bytes), within the lane's calls in flight."""
-        futures = self._queue(self._lane(gateway_id, address), batches, timeout_s)
-        got = await asyncio.gather(*futures, return_exceptions=True)
-        replies: EachReplies = []
-        for r in got:
-            if isinstance(r, BaseException) and not isinstance(r, GatewayUnavailable):
-                raise r
-            replies.append(r)
-        return replies
+        return await gather_each(self._queue(self._lane(gateway_id, address), batches, timeout_s))
 
     def _queue(
         self, lane: _Lane, batches: Batches, timeout_s: float
