@@ -97,6 +97,8 @@ async def broadcast(
 
 async def lagging_broadcast(
     http: httpx.AsyncClient,
+    redis_url: str,
+    prefix: str,
     dev: DevRun,
     sockets: dict[str, ClientConnection],
     gw: str,
@@ -113,8 +115,34 @@ async def lagging_broadcast(
         await asyncio.sleep(stopped_s)
     finally:
         os.kill(pid, signal.SIGCONT)
+    # A loaded machine may take seconds to wake the gateway and let it catch up: until
+    # then its clients' silence says nothing (a 3-s quiet read once counted 8 batches
+    # that came later as missed).
+    await caught_up(redis_url, prefix, gw)
     got = await asyncio.gather(*(pushes(ws) for ws in sockets.values()))
     return job, dict(zip(sockets, got, strict=True))
+
+
+async def caught_up(redis_url: str, prefix: str, gw: str, timeout_s: float = 60.0) -> None:
+    """Wait until gateway `gw` has read and acked every broadcast entry on the bus."""
+    key = KeySchema(prefix).bus_stream(BROADCAST)
+    group: dict[Any, Any] | None = None
+    redis = aioredis.Redis.from_url(redis_url)  # bytes: the entries are protobuf
+    try:
+        for _ in range(int(timeout_s / 0.1)):
+            last = _text((await redis.xinfo_stream(key))["last-generated-id"])
+            groups = {_text(g["name"]): g for g in await redis.xinfo_groups(key)}
+            group = groups.get(gw)
+            if group and group["pending"] == 0 and _text(group["last-delivered-id"]) == last:
+                return
+            await asyncio.sleep(0.1)
+    finally:
+        await redis.aclose()
+    raise AssertionError(f"{gw} did not catch up on the bus in {timeout_s} s: {group}")
+
+
+def _text(value: str | bytes) -> str:
+    return value.decode() if isinstance(value, bytes) else value
 
 
 def lost_in_log(dev: DevRun) -> int:
@@ -151,14 +179,16 @@ async def test_a_stopped_gateway_loses_nothing_within_the_bound_and_exactly_coun
             sockets = await connect_clients(stack, dev, dict.fromkeys(uids, "gw1"))
 
             # Within the bound: MAXLEN - 10 batches while gw1 is stopped, all delivered.
-            job, got = await lagging_broadcast(http, dev, sockets, "gw1", 1, tags=["few"])
+            job, got = await lagging_broadcast(
+                http, redis_url, prefix, dev, sockets, "gw1", 1, tags=["few"]
+            )
             assert (job["status"], job["batches"], job["failed_batches"]) == (
                 "done", len(within), 0,
             ), job  # fmt: skip
             assert {uid: c for uid, c in got.items() if c} == {uid: [{"n": 1}] for uid in within}
 
             # Past it: 4 x MAXLEN batches; the oldest are trimmed before gw1 reads them.
-            job, got = await lagging_broadcast(http, dev, sockets, "gw1", 2)
+            job, got = await lagging_broadcast(http, redis_url, prefix, dev, sockets, "gw1", 2)
         missed = [uid for uid, contents in got.items() if contents != [{"n": 2}]]
         lost = await redis.hget(KeySchema(prefix).bus_lost(BROADCAST), "gw1")
         # A job that lost batches does not end `done`; its error says how many.
@@ -190,7 +220,9 @@ async def test_loss_under_a_lagging_gateway(
             await put_users(http, dev, uids)
             sockets = await connect_clients(stack, dev, placed)
             # As the issue has it: stopped for 30 s (its group counts as live for 60).
-            job, got = await lagging_broadcast(http, dev, sockets, "gw3", 1, stopped_s=30.0)
+            job, got = await lagging_broadcast(
+                http, redis_url, prefix, dev, sockets, "gw3", 1, stopped_s=30.0
+            )
         missed = [uid for uid, contents in got.items() if contents != [{"n": 1}]]
         lost = await redis.hgetall(KeySchema(prefix).bus_lost(BROADCAST))
     assert (job["status"], job["batches"]) == ("failed", batches), job
