@@ -17,6 +17,7 @@ from push_service.limits import BodyLimit
 from push_service.ratelimit import LimiterSlot, RateGate
 from push_service.routes import ROUTERS
 from push_service.routes.deps import KEY_SCHEMES
+from push_service.tracing_http import TracedRequests, TracerSlot
 from push_service.wiring import Wiring
 from push_service.worker import Worker
 from router.bus.base import Bus
@@ -39,6 +40,7 @@ MAX_USERS_BODY_BYTES = 32 << 20
 DASHBOARD = Path(__file__).parent / "dashboard"
 CLIENT = Path(__file__).parent / "client"  # imroute.js: a link to clients/js/imroute.js
 
+
 def create_app(
     settings: Settings,
     clock: Clock | None = None,
@@ -55,6 +57,7 @@ def create_app(
     wiring = Wiring(settings, clock or SystemClock(), bus)
     slot = LimiterSlot()
     services_slot = ServicesSlot()
+    traced = TracerSlot()
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -69,11 +72,13 @@ def create_app(
             app.state.services = services_slot.services = services
             app.state.parts = wiring.parts
             slot.limiter = wiring.rate_limiter
+            traced.tracer = wiring.tracer
             try:
                 yield
             finally:
                 slot.limiter = None
                 services_slot.services = None
+                traced.tracer = None
 
     app = FastAPI(
         title="imroute push service",
@@ -109,4 +114,7 @@ def create_app(
     app.add_middleware(
         KeyGate, keys=keys, rules=AccessRules.from_openapi(app.openapi(), KEY_SCHEMES)
     )
+    if settings.otel_exporter_otlp_endpoint is not None:
+        # Outermost: a push's root span covers the gates too (push_service.tracing_http).
+        app.add_middleware(TracedRequests, slot=traced)
     return app

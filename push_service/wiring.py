@@ -8,9 +8,12 @@ call. Only this module (and the services' type hints) names router adapters.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import functools
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
+import os
+import socket
+from collections.abc import AsyncIterator, Iterator, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
 
@@ -18,6 +21,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
 
+from push_service.gateway_stack import gateway_clients, restarted, retain_all
 from push_service.idempotency import Idempotency
 from push_service.live_stats import process_counts
 from push_service.services import (
@@ -34,10 +38,7 @@ from push_service.services import (
 )
 from router.balancing import (
     Availability,
-    Listeners,
-    RetryPolicy,
     StatsRegistry,
-    StatsSettings,
     rule_for,
 )
 from router.bus.base import Bus
@@ -52,8 +53,7 @@ from router.fleet.drain import RedisDrainRequests
 from router.fleet.store import RedisGatewayFleet
 from router.gateway_rpc.coalescer import CoalescingGatewayClient
 from router.gateway_rpc.grpc_client import CLOSE_GRACE_S, GrpcGatewayClients
-from router.gateway_rpc.metrics import CallLog, CallMetrics
-from router.gateway_rpc.resilient import ResilientGatewayClient
+from router.gateway_rpc.metrics import CallMetrics
 from router.hedging.metrics import PublishMetrics
 from router.idempotency.store import RedisIdempotencyStore
 from router.jobs.reaper import reaping
@@ -78,6 +78,8 @@ from shared.clock import Clock
 from shared.internal_auth import load_tls
 from shared.keys import KeySchema
 from shared.settings import Settings
+from shared.trace_settings import check_tracing
+from shared.tracing import Tracer
 
 __all__ = ["Parts", "Wiring"]
 
@@ -124,12 +126,15 @@ class Wiring:
         self.unacked: UnackedSweeper | None = None  # sends message.unacked, while open
         self.auto: AutoPipeline | None = None  # issue 14: shared round trips, while open
         self._tls = load_tls(settings)  # read now: a bad file stops the start, by name
+        check_tracing(settings)  # a bad OTEL_EXPORTER_OTLP_ENDPOINT stops it too
+        self.tracer: Tracer | None = None  # set while open, when tracing is on
 
     @asynccontextmanager
     async def open(self) -> AsyncIterator[Services]:
         """Connect everything, yield the services, and close it all in reverse order."""
         settings, clock, keys = self._settings, self._clock, self._keys
         async with AsyncExitStack() as stack:
+            tracer = self.tracer = await self._tracing(stack)
             redis = await stack.enter_async_context(contextlib.aclosing(self._redis))
             token = settings.internal_token
             grpc_clients = GrpcGatewayClients(
@@ -138,9 +143,7 @@ class Wiring:
                 tls=self._tls,
                 links=settings.delivery_link,
             )
-            clients, call_stats = _gateway_clients(
-                grpc_clients, settings, clock, self._call_metrics
-            )
+            clients, call_stats = gateway_clients(grpc_clients, settings, clock, self._call_metrics)
             stack.push_async_callback(clients.close)
             # The P2P path's single commands share round trips (standalone Redis).
             auto = self.auto = auto_pipeline_for(redis)
@@ -155,19 +158,17 @@ class Wiring:
                 RedisGatewayFleet(redis, keys, clock, ttl_s=1),
                 clock,
                 settings.gateway_cache_s,
-                on_change=_retain_all(clients, self._call_metrics),
-                on_started=_restarted(grpc_clients, call_stats),
+                on_change=retain_all(clients, self._call_metrics),
+                on_started=restarted(grpc_clients, call_stats),
             )
             bus: Bus
             if self._given_bus is not None:
                 bus = self._given_bus
             else:
                 bus = await stack.enter_async_context(
-                    bus_from_settings(settings, self._publish_metrics)
+                    bus_from_settings(settings, self._publish_metrics, tracer)
                 )
-            losses = BusLossMetrics(bus.losses)
-            self._metrics.register(losses)
-            stack.callback(self._metrics.unregister, losses)
+            self._register(stack, BusLossMetrics(bus.losses))
             directory = await stack.enter_async_context(
                 SqlUserDirectory.from_url(settings.db_url, clock)
             )
@@ -178,17 +179,16 @@ class Wiring:
                 renew_s=lease_s / 3,
                 max_attempts=settings.job_max_attempts,
                 grace_s=settings.job_shutdown_grace_s,
+                tracer=tracer,
             )
             # Closed before the bus and the directory: jobs finish or hand over with both.
             stack.push_async_callback(runner.aclose)
             secret = settings.secret.get_secret_value() if settings.secret else None
             pusher = P2PPusher(
-                registry, fleet, clients, settings.deliver_timeout_s, recovery, clock
+                registry, fleet, clients, settings.deliver_timeout_s, recovery, clock, tracer
             )
             stack.push_async_callback(pusher.aclose)
-            collector = _PusherCounts(pusher)
-            self._metrics.register(collector)
-            stack.callback(self._metrics.unregister, collector)
+            self._register(stack, _PusherCounts(pusher))
             if settings.webhook_url is not None:
                 self.webhooks = await stack.enter_async_context(
                     running_webhooks(settings, clock, keys, redis, registry, fleet, self._metrics)
@@ -214,6 +214,7 @@ class Wiring:
                 retry=PublishRetry(settings.job_publish_retries, settings.job_publish_backoff_s),
                 recovery=recovery,
                 receipts=on_receipts,
+                tracer=tracer,
             )
             runner.resume_with(fanout.resume)
             # At start and every half lease: jobs orphaned by a dead push service (or handed
@@ -260,11 +261,31 @@ class Wiring:
     ) -> tuple[Pushes, RedisStatsStore]:
         """The P2P pushes, and the dashboard's figures: this process's counts go in every
         second until the stack closes; the store they go in."""
-        pushes = Pushes(pusher, self._clock, receipts)
+        pushes = Pushes(pusher, self._clock, receipts, traced=self.tracer is not None)
         stats = RedisStatsStore(redis, self._keys)
         counts = process_counts(pushes, fanout, self._publish_metrics, calls)
         await stack.enter_async_context(sampling(StatsSampler(stats, self._clock, counts)))
         return pushes, stats
+
+    def _register(self, stack: AsyncExitStack, collector: Collector) -> None:
+        """`collector` scraped with the process's metrics until the stack closes."""
+        self._metrics.register(collector)
+        stack.callback(self._metrics.unregister, collector)
+
+    async def _tracing(self, stack: AsyncExitStack) -> Tracer | None:
+        """This process's tracer (tracing on), its spans sent at the end; or None."""
+        if self._settings.otel_exporter_otlp_endpoint is None:
+            return None
+        from shared.tracing_setup import open_tracing  # the SDK, only when on
+
+        tracing = open_tracing(
+            self._settings, "imroute-push-service", f"{socket.gethostname()}:{os.getpid()}"
+        )
+        if tracing is None:
+            return None
+        stack.push_async_callback(asyncio.to_thread, tracing.shutdown)
+        stack.callback(setattr, self, "tracer", None)
+        return tracing.tracer
 
     async def _receipts(
         self, stack: AsyncExitStack, redis: RedisClient
@@ -307,49 +328,3 @@ class _PusherCounts(Collector):
             "Recipients of a failed, queued P2P push that a background retry reached",
             self._pusher.retried,
         )
-
-
-def _retain_all(
-    clients: CoalescingGatewayClient, call_metrics: CallMetrics
-) -> Callable[[Mapping[str, str]], None]:
-    """What the fleet cache calls after each read: forget what departed gateways left."""
-
-    def retain(live: Mapping[str, str]) -> None:
-        clients.retain(live)
-        call_metrics.retain(live)
-
-    return retain
-
-
-def _restarted(
-    grpc_clients: GrpcGatewayClients, call_stats: StatsRegistry
-) -> Callable[[str, str], None]:
-    """What the fleet cache calls when a gateway announces a new start: a new channel
-    (the old one may still be backing off from the crash) and a probe of its circuit now."""
-
-    def restarted(gateway_id: str, address: str) -> None:
-        grpc_clients.reconnect(address)
-        call_stats.restarted(gateway_id)
-
-    return restarted
-
-
-def _gateway_clients(
-    grpc_clients: GrpcGatewayClients, settings: Settings, clock: Clock, call_metrics: CallMetrics
-) -> tuple[CoalescingGatewayClient, StatsRegistry]:
-    """gRPC to the gateways: coalesced, with stats, circuit breakers and retries."""
-    stats = StatsRegistry(
-        clock,
-        StatsSettings(
-            failure_threshold=settings.circuit_failures, cool_off_s=settings.circuit_cool_off_s
-        ),
-    )
-    # Retries and the circuit count RPCs, below the coalescer: one failed DeliverMany is
-    # one failure (and one retry of the whole call), however many pushes it carried.
-    resilient = ResilientGatewayClient(
-        grpc_clients,
-        stats,
-        RetryPolicy(max_retries_same=settings.deliver_retries),
-        listeners=Listeners([call_metrics, CallLog()]),
-    )
-    return CoalescingGatewayClient(resilient, per_turn=True), stats

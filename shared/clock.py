@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import heapq
 import itertools
 import time
@@ -78,8 +79,9 @@ class ManualClock:
         await waiter
 
     def call_later(self, seconds: float, callback: Callable[[], None]) -> Cancellable:
-        """Run `callback` when `advance` reaches `seconds` from now."""
-        timer = _ManualTimer(callback)
+        """Run `callback` when `advance` reaches `seconds` from now, in the context of
+        this call (as asyncio's loop does: a timer sees the caller's context vars)."""
+        timer = _ManualTimer(callback, contextvars.copy_context())
         heapq.heappush(self._timers, (self.mono + max(0.0, seconds), next(self._order), timer))
         return timer
 
@@ -91,7 +93,7 @@ class ManualClock:
             self.wall_ms += round((max(due, self.mono) - self.mono) * 1000)
             self.mono = max(due, self.mono)
             if not timer.cancelled:
-                timer.callback()
+                timer.context.run(timer.callback)
         self.wall_ms += round((target - self.mono) * 1000)
         self.mono = target
 
@@ -99,6 +101,7 @@ class ManualClock:
 @dataclass
 class _ManualTimer:
     callback: Callable[[], None]
+    context: contextvars.Context
     cancelled: bool = False
 
     def cancel(self) -> None:

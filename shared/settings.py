@@ -5,7 +5,6 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from typing import Any, Self
-from urllib.parse import urlsplit
 
 from pydantic import (
     Field,
@@ -23,14 +22,24 @@ from shared.http_settings import HttpSettings
 from shared.keys import ID_PATTERN
 from shared.link_settings import LinkSettings
 from shared.log_settings import LogSettings
+from shared.trace_settings import TraceSettings
+from shared.urls import redact_url
 from shared.webhook_settings import WebhookSettings
 
-__all__ = ["ENV_PREFIX", "Settings", "redact_url"]
+__all__ = ["ENV_PREFIX", "Settings", "env_name", "redact_url"]
 
 ENV_PREFIX = "IMROUTE_"
 
 
-class Settings(HttpSettings, WebhookSettings, GcSettings, LinkSettings, LogSettings, BaseSettings):
+class Settings(
+    HttpSettings,
+    WebhookSettings,
+    GcSettings,
+    LinkSettings,
+    LogSettings,
+    TraceSettings,
+    BaseSettings,
+):
     """Every setting of every imroute process; each entry point uses what it needs."""
 
     model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="forbid", frozen=True)
@@ -320,7 +329,7 @@ class Settings(HttpSettings, WebhookSettings, GcSettings, LinkSettings, LogSetti
         """
         values: dict[str, Any] = {}
         for name in cls.model_fields:
-            key = ENV_PREFIX + name.upper()
+            key = env_name(name)
             if key in environ:
                 values[name] = environ[key]
         values.update({k: v for k, v in overrides.items() if v is not None})
@@ -334,15 +343,12 @@ def _describe(exc: ValidationError) -> str:
     problems = []
     for err in exc.errors(include_input=False, include_url=False):
         loc = ".".join(str(p) for p in err["loc"])
-        name = f"{ENV_PREFIX}{loc.upper()}" if loc else "settings"
+        name = env_name(loc) if loc else "settings"
         problems.append(f"{name}: {err['msg']}")
     return "invalid configuration: " + "; ".join(problems)
 
 
-def redact_url(url: str) -> str:
-    """`url` with its password replaced by ***, for messages and logs."""
-    parts = urlsplit(url)
-    if parts.password:
-        netloc = parts.netloc.replace(f":{parts.password}@", ":***@")
-        return parts._replace(netloc=netloc).geturl()
-    return url
+def env_name(field: str) -> str:
+    """The environment variable of a setting: IMROUTE_<NAME>, but OpenTelemetry's own
+    names for its settings (shared.trace_settings)."""
+    return field.upper() if field.startswith("otel_") else ENV_PREFIX + field.upper()

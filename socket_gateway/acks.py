@@ -21,6 +21,7 @@ from router.receipts.base import ACKED, DELIVERED, EXPIRED, ReceiptUpdates
 from shared.clock import Clock
 from shared.errors import ImrouteError
 from socket_gateway.connections import ClientConn, LocalConnections
+from socket_gateway.tracing import GatewayTracing
 
 __all__ = ["FLUSH_S", "AckCounts", "AckReporter", "InboxForget"]
 
@@ -60,7 +61,10 @@ class AckReporter:
         receipts: ReceiptUpdates | None,
         clock: Clock,
         flush_s: float = FLUSH_S,
+        tracing: GatewayTracing | None = None,
     ) -> None:
+        """`tracing`: each flush's acks of traced pushes are spans (tracing on)."""
+        self._tracing = tracing
         self._conns = conns
         self._inbox = inbox
         self._receipts = receipts
@@ -167,12 +171,17 @@ class AckReporter:
                         writes.append(receipts.mark(state, by_push))
             await asyncio.gather(*writes)
         except ImrouteError as exc:
+            if self._tracing is not None:
+                self._tracing.acked(marks[ACKED], written=False)
             self.counts.failed_flushes += 1
             self._put_back(forget, marks)
             now = self._clock.monotonic()
             if now - self._logged_at >= LOG_EVERY_S:
                 log.warning("could not write acks (kept for the next try): %s", exc)
                 self._logged_at = now
+            return
+        if self._tracing is not None:
+            self._tracing.acked(marks[ACKED], written=True)
 
     def _put_back(
         self, forget: dict[str, list[int]], marks: dict[str, dict[str, set[str]]]

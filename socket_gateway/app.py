@@ -34,6 +34,7 @@ from shared.internal_auth import is_loopback, load_tls
 from shared.keys import KeySchema
 from shared.models import GatewayInfo
 from shared.settings import Settings, redact_url
+from shared.trace_settings import check_tracing
 from socket_gateway.acks import AckReporter
 from socket_gateway.bus_consumer import consume, gateway_topics
 from socket_gateway.connections import LocalConnections
@@ -56,6 +57,7 @@ from socket_gateway.metrics import GatewayMetrics, render
 from socket_gateway.metrics_http import serve_metrics
 from socket_gateway.resume import Resumer
 from socket_gateway.supervise import RestartBudget
+from socket_gateway.tracing import gateway_tracing
 from socket_gateway.ws import HandshakeLimits, WsEndpoint, WsServer, WsTimers
 from socket_gateway.ws.ratelimit import FrameRate, LimitCounts
 
@@ -81,6 +83,7 @@ class Gateway:
             raise ConfigError("IMROUTE_SECRET: required by the gateway to verify client tokens")
         clock_ = clock or SystemClock()
         self._tls = load_tls(settings)
+        check_tracing(settings)  # a bad OTEL_EXPORTER_OTLP_ENDPOINT stops the start here
         open_port = not is_loopback(settings.grpc_host)
         if open_port and settings.internal_token is None and self._tls is None:
             raise ConfigError(
@@ -111,7 +114,7 @@ class Gateway:
         self._ws: WsEndpoint | None = None  # before the metrics, which read it at once
         self.limit_counts = LimitCounts()
         self.metrics = GatewayMetrics(
-            self.deliver_service, self.conns, self._recovery_counts, self.limit_counts
+            self.deliver_service, self.conns, lambda: gateway_counts(self), self.limit_counts
         )
         self.ws_port = 0
         self.grpc_port = 0
@@ -126,12 +129,6 @@ class Gateway:
         self._heartbeat: Heartbeat | None = None
         self._started_ms = 0
         self._drain = Drain(self.conns)
-
-    def _render(self) -> bytes:
-        return render(self.metrics)
-
-    def _recovery_counts(self) -> dict[str, tuple[str, float]]:
-        return gateway_counts(self)
 
     @property
     def ws_endpoint(self) -> WsEndpoint | None:
@@ -187,7 +184,7 @@ class Gateway:
                 f"no Redis answers at IMROUTE_REDIS_URL ({redact_url(s.redis_url)})"
             )
         keys = KeySchema(s.redis_prefix)
-
+        tracing = self.deliver_service.tracing = await gateway_tracing(self._stack, s)
         self.ports = await open_delivery_ports(
             self._stack, self.deliver_service, s, self._interceptors, self._tls,
             self.clock, self._offer_link,
@@ -217,7 +214,7 @@ class Gateway:
         )
         rlimits = ReceiptLimits.from_settings(s)
         receipts = RedisReceiptStore(redis, keys, rlimits, auto) if rlimits.enabled else None
-        self.acks = AckReporter(self.conns, recovery, receipts, self.clock)
+        self.acks = AckReporter(self.conns, recovery, receipts, self.clock, tracing=tracing)
         self.deliver_service.report = self.acks.report
         await self._stack.enter_async_context(gateway_sampling(redis, keys, self))  # dashboard
         self.resumer = Resumer(
@@ -258,7 +255,9 @@ class Gateway:
         self._ws_server = await self._ws.serve(s.ws_host, s.ws_port)
         self.ws_port = self._ws_server.sockets[0].getsockname()[1]
         if s.metrics_port is not None:
-            scrapes = await serve_metrics(s.metrics_host, s.metrics_port, self._render)
+            scrapes = await serve_metrics(
+                s.metrics_host, s.metrics_port, lambda: render(self.metrics)
+            )
             self._stack.push_async_callback(scrapes.wait_closed)
             self._stack.callback(scrapes.close)  # first: the stack unwinds last in, first out
             self.metrics_port = scrapes.sockets[0].getsockname()[1]

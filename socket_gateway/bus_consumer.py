@@ -12,6 +12,7 @@ from google.protobuf.message import DecodeError
 from router.bus.base import BROADCAST, Bus, group_topic
 from shared.errors import BusUnavailable, ImrouteError
 from shared.proto import gateway_pb2
+from shared.tracing import TRACEPARENT
 
 __all__ = ["consume", "gateway_topics"]
 
@@ -51,6 +52,8 @@ async def consume(bus: Bus, gateway_id: str, group_id: str, offer: Offer) -> Non
                             received.topic,
                         )
                     else:
+                        if not batch.traceparent:  # the publish's span, when traced
+                            batch.traceparent = received.attributes.get(TRACEPARENT, "")
                         try:
                             # Written now, or once its turn comes; its content read
                             # first when it was stored once for the push.

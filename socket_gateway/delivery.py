@@ -7,6 +7,7 @@ Both ways in call it: the gRPC servicer (P2P, `grpc_server`) and the bus consume
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Sequence
 
 from router.receipts.base import DELIVERED
@@ -18,6 +19,7 @@ from shared.wire import push_prefix
 from socket_gateway.batch_check import BatchCheck
 from socket_gateway.connections import LocalConnections
 from socket_gateway.dedup import RecentIds, RecentReplies
+from socket_gateway.tracing import GatewayTracing
 
 __all__ = ["DeliverService", "LinkCounts"]
 
@@ -70,6 +72,7 @@ class DeliverService:
         # Told of the recipients each bus batch reached (their push's receipt); the P2P
         # path's are known from its call's answer.
         self.report: Callable[[str, str, Sequence[str]], None] | None = None
+        self.tracing: GatewayTracing | None = None  # a span per traced batch, when on
 
     def problem(self, batch: gateway_pb2.Batch) -> str | None:
         """What makes `batch` unfit to write (counted and logged), or None."""
@@ -99,7 +102,11 @@ class DeliverService:
         `log`: the recovery log it is from (`b`, `g`, `o`); by default, as its mode says.
         `checked`: the caller already had `problem` pass it. A bad batch writes nothing.
         `call_left_s`: what the gRPC call that brought it has left of its deadline."""
+        tracing = self.tracing
+        start_ns = time.time_ns() if tracing is not None else 0
         reply = self._deliver(batch, log, checked, call_left_s)
+        if tracing is not None and batch.traceparent:
+            tracing.delivered(batch, reply, start_ns)
         reached = 0 if reply.duplicate else len(reply.delivered) or reply.connections
         if reached:
             self.delivered += reached

@@ -7,7 +7,7 @@ and codecs come from the .proto; every call goes to the delivery core.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import grpc
 import grpc.aio
@@ -48,6 +48,8 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
         problem = service.problem(request)
         if problem is not None:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, problem)
+        if service.tracing is not None and not request.traceparent:
+            _take_traceparent([request], context)
         return service.deliver(request, checked=True, call_left_s=context.time_remaining())
 
     async def DeliverMany(
@@ -60,6 +62,8 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
         problem = self._first_problem(request.batches)
         if problem is not None:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, problem)
+        if service.tracing is not None:
+            _take_traceparent(request.batches, context)
         left = context.time_remaining()
         return gateway_pb2.DeliverManyReply(
             replies=[service.deliver(b, checked=True, call_left_s=left) for b in request.batches]
@@ -112,6 +116,19 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
             call_id=call.call_id,
             replies=[service.deliver(b, checked=True, call_left_s=left) for b in call.batches],
         )
+
+
+def _take_traceparent(
+    batches: Sequence[gateway_pb2.Batch], context: ServicerContext[Any, Any]
+) -> None:
+    """The call's `traceparent` metadata (gRPC tooling's way) for its batches that carry
+    none of their own (the router's way: one call may carry many pushes' batches)."""
+    for key, value in context.invocation_metadata() or ():
+        if key == "traceparent" and isinstance(value, str):
+            for batch in batches:
+                if not batch.traceparent:
+                    batch.traceparent = value
+            return
 
 
 async def start_grpc_server(

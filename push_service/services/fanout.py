@@ -22,9 +22,11 @@ from router.receipts.fanout import FanoutReceipt
 from router.receipts.record import message_meta
 from router.recovery.base import RecoveryLog
 from router.routes.base import GroupLookup
+from router.routes.traced import TracedGroupLookup
 from shared.clock import Clock
 from shared.errors import InvalidInput
 from shared.models import Message
+from shared.tracing import Tracer, current_span
 
 __all__ = ["FanOut", "JobReader"]
 
@@ -52,7 +54,12 @@ class FanOut:
         retry: PublishRetry,
         recovery: RecoveryLog | None = None,
         receipts: Receipts | None = None,
+        tracer: Tracer | None = None,
     ) -> None:
+        """`tracer`: tracing on; each chunk's look-up and each batch's publish a span."""
+        self._tracer = tracer
+        if tracer is not None:
+            groups = TracedGroupLookup(groups, tracer)
         self._recovery = recovery
         self._receipts = receipts
         self._retry = retry
@@ -78,6 +85,7 @@ class FanOut:
             bool(audience and audience.online),
             self._batch_size,
         )
+        self._named(message, "broadcast")
         await self._runner.submit(
             message.push_id, "broadcast", self._broadcast(spec), spec.to_json()
         )
@@ -141,9 +149,21 @@ class FanOut:
                 on_resolved=None if receipt is None else receipt.resolved,
             )
 
+        self._named(message, "multicast")
         await self._runner.submit(message.push_id, "multicast", work)
         self.started["multicast"] += 1
         return message.push_id
+
+    def _named(self, message: Message, mode: str) -> None:
+        """The push's ids on its request's span (tracing on)."""
+        if self._tracer is not None:
+            current_span().set_attributes(
+                {
+                    "imroute.push_id": message.push_id,
+                    "imroute.msg_id": message.msg_id,
+                    "imroute.mode": mode,
+                }
+            )
 
     async def status(self, push_id: str) -> Job:
         """The job's record; NotFound if there is none (or it expired)."""
@@ -159,7 +179,9 @@ class FanOut:
         bus = ResilientPublisher(self._bus, self._retry, asyncio.sleep)
         # Content is stored once per push even when the batches are not logged.
         content = self._recovery.content if self._recovery is not None else None
-        return BatchPublisher(bus, message, expires_ms, counters, recovery, content=content)
+        return BatchPublisher(
+            bus, message, expires_ms, counters, recovery, content=content, tracer=self._tracer
+        )
 
     def _receipt(
         self, message: Message, mode: str, count: int | None, store: bool

@@ -18,6 +18,7 @@ from shared.clock import Clock
 from shared.errors import ImrouteError, InvalidInput
 from shared.logs import bind, unbind
 from shared.models import Message
+from shared.tracing import AttributeValue, Span, current_span
 
 __all__ = ["Pushed", "Pushes", "Receipts"]
 
@@ -57,7 +58,15 @@ class Receipts:
 class Pushes:
     """Builds the message once (content encoded at the edge) and pushes it P2P."""
 
-    def __init__(self, pusher: P2PPusher, clock: Clock, receipts: Receipts | None = None) -> None:
+    def __init__(
+        self,
+        pusher: P2PPusher,
+        clock: Clock,
+        receipts: Receipts | None = None,
+        traced: bool = False,
+    ) -> None:
+        """`traced`: tracing is on; the push's ids and outcome go on its request's span."""
+        self._traced = traced
         self._pusher = pusher
         self._clock = clock
         self._receipts = receipts
@@ -100,6 +109,8 @@ class Pushes:
             items.append(Outgoing(message, body.to, expires_ms, body.store))
             where.append(i)
         self.batched += len(items)
+        if self._traced:
+            current_span().set_attributes({"imroute.mode": "p2p", "imroute.messages": len(items)})
         try:
             outcomes = await self._pusher.push_many(items) if items else []
         except ImrouteError as exc:
@@ -141,7 +152,13 @@ class Pushes:
         # Every line logged while it is pushed (its retries included) names it.
         bound = bind(push_id=message.push_id, msg_id=message.msg_id)
         try:
-            return await self._push(body, message)
+            if not self._traced:
+                return await self._push(body, message)
+            span = current_span()
+            span.set_attributes(_span_ids(message, len(body.to)))
+            pushed = await self._push(body, message)
+            _annotate(span, pushed)
+            return pushed
         finally:
             unbind(bound)
 
@@ -176,3 +193,30 @@ class Pushes:
             states = {}
         acked, unacked = split_acked(body.to, states)
         return Pushed(message, outcome, acked, unacked)
+
+
+def _span_ids(message: Message, recipients: int) -> dict[str, AttributeValue]:
+    return {
+        "imroute.push_id": message.push_id,
+        "imroute.msg_id": message.msg_id,
+        "imroute.mode": "p2p",
+        "imroute.recipients": recipients,
+    }
+
+
+def _annotate(span: Span, pushed: Pushed) -> None:
+    """A push's outcome on its span: counts (never uids); acks waited for, an event."""
+    o = pushed.outcome
+    span.set_attributes(
+        {
+            "imroute.delivered": len(o.delivered),
+            "imroute.offline": len(o.offline),
+            "imroute.failed": len(o.failed),
+            "imroute.queued": len(o.queued),
+        }
+    )
+    if pushed.acked is not None:
+        span.add_event(
+            "acks",
+            {"imroute.acked": len(pushed.acked), "imroute.unacked": len(pushed.unacked or ())},
+        )

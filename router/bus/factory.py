@@ -9,6 +9,7 @@ from router.bus.transport import BusTransport
 from router.hedging import AUTO, HedgeObserver, HedgingSettings, RetrySettings, check_compatible
 from shared.errors import ConfigError
 from shared.settings import Settings
+from shared.tracing import Tracer
 
 __all__ = [
     "DEFAULT_MAX_OUTSTANDING",
@@ -33,6 +34,7 @@ def open_bus(
     max_outstanding: int = DEFAULT_MAX_OUTSTANDING,
     hedging: HedgingSettings | None = None,
     observer: HedgeObserver | None = None,
+    tracer: Tracer | None = None,
 ) -> HedgedBus[BusTransport]:
     """The bus `url` names, hedged with `hedging`: Redis Streams for redis://, rediss://
     and unix://, keeping what a live gateway (one that read within `group_idle_s`) has
@@ -50,9 +52,10 @@ def open_bus(
             group_idle_s=group_idle_s,
             hedging=hedging,
             observer=observer,
+            tracer=tracer,
         )
     if scheme == MEMORY_SCHEME:
-        return MemoryBus(hedging=hedging, observer=observer)
+        return MemoryBus(hedging=hedging, observer=observer, tracer=tracer)
     if scheme == "pubsub":
         # Imported here: google-cloud-pubsub is heavy, and only processes configured
         # for it should pay for the import.
@@ -65,6 +68,7 @@ def open_bus(
             max_outstanding=max_outstanding,
             hedging=hedging,
             observer=observer,
+            tracer=tracer,
         )
     accepted = ", ".join(f"{s}://" for s in (*REDIS_SCHEMES, "pubsub", MEMORY_SCHEME))
     found = f"scheme {scheme!r}" if scheme else "a value without a scheme"
@@ -72,9 +76,10 @@ def open_bus(
 
 
 def bus_from_settings(
-    settings: Settings, observer: HedgeObserver | None = None
+    settings: Settings, observer: HedgeObserver | None = None, tracer: Tracer | None = None
 ) -> HedgedBus[BusTransport]:
-    """The bus a push service or gateway process is configured for."""
+    """The bus a push service or gateway process is configured for; with `tracer`, each
+    publish attempt is a span (shared.tracing)."""
     return open_bus(
         settings.effective_bus_url,
         settings.redis_prefix,
@@ -83,6 +88,7 @@ def bus_from_settings(
         max_outstanding=settings.bus_max_outstanding,
         hedging=hedging_from_settings(settings),
         observer=observer,
+        tracer=tracer,
     )
 
 

@@ -12,6 +12,7 @@ their transport, built from the transport's keyword arguments plus `Publishing`'
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncGenerator, Mapping, Sequence
 from typing import Any, Generic, Self, TypedDict, TypeVar, Unpack, cast
 
@@ -19,9 +20,11 @@ from router.bus.base import ClosedOnExit, Received, validate_message, validate_t
 from router.bus.losses import BusLosses
 from router.bus.transport import BusTransport
 from router.hedging import HedgeObserver, Hedger, HedgingSettings, RetrySettings
+from router.hedging.hedger import Attempt, AttemptContext
 from shared.clock import AsyncClock, SystemClock
+from shared.tracing import SpanKind, Status, StatusCode, Tracer
 
-__all__ = ["HedgedBus", "Publishing", "split_publishing"]
+__all__ = ["HedgedBus", "Publishing", "split_publishing", "traced_attempt"]
 
 # Covariant: a HedgedBus of Redis Streams is a HedgedBus of some transport.
 T_co = TypeVar("T_co", bound=BusTransport, covariant=True)
@@ -31,12 +34,14 @@ class Publishing(TypedDict, total=False):
     """How publishes are retried and hedged: HedgedBus's keyword arguments.
 
     `hedging` hedges every publish (off by default); `retry` governs retries of the
-    original attempt; `observer` gets the publishing metrics; `clock` is for tests.
+    original attempt; `observer` gets the publishing metrics; `tracer` makes each
+    attempt a span (shared.tracing); `clock` is for tests.
     """
 
     hedging: HedgingSettings | None
     retry: RetrySettings | None
     observer: HedgeObserver | None
+    tracer: Tracer | None
     clock: AsyncClock | None
 
 
@@ -52,6 +57,7 @@ class HedgedBus(ClosedOnExit, Generic[T_co]):
 
     def __init__(self, transport: T_co, **publishing: Unpack[Publishing]) -> None:
         self._transport = transport
+        self._tracer = publishing.get("tracer")
         self._hedger = Hedger(
             publishing.get("hedging"),
             publishing.get("retry") or RetrySettings(),
@@ -83,6 +89,8 @@ class HedgedBus(ClosedOnExit, Generic[T_co]):
         validate_message(data, attributes)
         with self._transport.errors("publish"):
             attempt = await self._transport.attempt(topic, data, attributes or {})
+            if self._tracer is not None:
+                attempt = traced_attempt(self._tracer, attempt)
             return await self._hedger.run(topic, attempt)
 
     async def prepare(self, topics: Sequence[str], subscriber: str) -> None:
@@ -100,3 +108,33 @@ class HedgedBus(ClosedOnExit, Generic[T_co]):
     async def __aenter__(self) -> Self:
         await self._transport.__aenter__()
         return self
+
+
+def traced_attempt(tracer: Tracer, attempt: Attempt[str]) -> Attempt[str]:
+    """`attempt`, each call a `bus.attempt` span under the publish's: the original and
+    each of its retries (imroute.attempt 0) and each hedge (1, 2, ...), and how it
+    ended: ok, cancelled (a loser, once another attempt won), or failed."""
+
+    async def traced(ctx: AttemptContext) -> str:
+        span = tracer.start_span(
+            "bus.attempt",
+            kind=SpanKind.CLIENT,
+            attributes={"imroute.attempt": ctx.hedge, "imroute.hedge": ctx.hedge > 0},
+        )
+        outcome = "failed"
+        try:
+            result = await attempt(ctx)
+            outcome = "ok"
+            return result
+        except asyncio.CancelledError:
+            outcome = "cancelled"
+            raise
+        except Exception as exc:
+            span.record_exception(exc)
+            span.set_status(Status(StatusCode.ERROR, type(exc).__name__))
+            raise
+        finally:
+            span.set_attribute("imroute.outcome", outcome)
+            span.end()
+
+    return traced

@@ -24,6 +24,7 @@ from shared.batches import to_batch
 from shared.ids import new_id
 from shared.models import Message
 from shared.proto import gateway_pb2
+from shared.tracing import TRACEPARENT, AttributeValue, Span, SpanKind, Tracer, traceparent
 
 __all__ = [
     "BROADCAST_TOPIC",
@@ -66,10 +67,14 @@ class BatchPublisher:
         recovery: RecoveryLog | None = None,
         *,
         content: ContentWrites | None = None,
+        tracer: Tracer | None = None,
     ) -> None:
         """With `recovery`, each batch is logged in its topic's batch log (one entry per
         batch) before it is published, and carries its seq there. With `content` (or
-        `recovery`'s), content it `stores` is written once and the batches name it."""
+        `recovery`'s), content it `stores` is written once and the batches name it.
+        With `tracer`, each batch's publish is a span its gateways' spans name as their
+        parent (the message attribute `traceparent`)."""
+        self._tracer = tracer
         self._publisher = publisher
         self._message = message
         self._expires_ms = expires_ms
@@ -99,6 +104,30 @@ class BatchPublisher:
         group_id: str = "",
         everyone: bool = False,
     ) -> None:
+        if self._tracer is None:
+            await self._publish(mode, topic, uids, group_id, everyone, None)
+            return
+        attributes: dict[str, AttributeValue] = {
+            "imroute.topic": topic,
+            "imroute.mode": gateway_pb2.Mode.Name(mode),
+            "imroute.recipients": len(uids),
+        }
+        if everyone:
+            attributes["imroute.everyone"] = True
+        with self._tracer.start_as_current_span(
+            "bus.publish", kind=SpanKind.PRODUCER, attributes=attributes
+        ) as span:
+            await self._publish(mode, topic, uids, group_id, everyone, span)
+
+    async def _publish(
+        self,
+        mode: gateway_pb2.Mode.ValueType,
+        topic: str,
+        uids: Sequence[str],
+        group_id: str,
+        everyone: bool,
+        span: Span | None,
+    ) -> None:
         batch = await self._batch(uids)
         batch.mode = mode
         batch.group_id = group_id
@@ -112,6 +141,9 @@ class BatchPublisher:
         }
         if self._recovery is not None:
             batch.seq = await self._recovery.append_batch(topic, batch)
+        if span is not None:  # the batch's id as sent (a stable id log may set it)
+            span.set_attribute("imroute.batch_id", batch.batch_id)
+            attributes[TRACEPARENT] = traceparent(span)
         self.counters.batches += 1
         if group_id:
             self.counters.per_group[group_id] = self.counters.per_group.get(group_id, 0) + 1

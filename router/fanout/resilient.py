@@ -22,6 +22,7 @@ from router.recovery.base import ContentWrites, RecoveryLog
 from shared.errors import BusUnavailable
 from shared.models import Message
 from shared.proto import gateway_pb2
+from shared.tracing import current_span
 
 __all__ = ["PublishRetry", "ResilientPublisher", "StableIdLog", "stable_batch_id"]
 
@@ -106,6 +107,7 @@ def _stable(
         return data, attributes  # not a batch (nothing else is published today)
     batch = gateway_pb2.Batch.FromString(data)
     batch.batch_id = stable_batch_id(batch)
+    current_span().set_attribute("imroute.batch_id", batch.batch_id)  # as sent (traced)
     return batch.SerializeToString(), {**attributes, "batch_id": batch.batch_id}
 
 

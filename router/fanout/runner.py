@@ -19,6 +19,7 @@ from collections.abc import Awaitable, Callable
 from router.jobs.base import Checkpoint, Claim, JobStore, Lease, PushCounters
 from shared.errors import ImrouteError
 from shared.logs import bind, unbind
+from shared.tracing import AttributeValue, Status, StatusCode, Tracer
 
 __all__ = ["Handover", "JobRun", "JobRunner", "LeaseLost", "Resume", "Work"]
 
@@ -96,7 +97,11 @@ class JobRunner:
         *,
         max_attempts: int = 3,
         grace_s: float = 0.0,
+        tracer: Tracer | None = None,
     ) -> None:
+        """`tracer`: each run a `push.job` span (shared.tracing), under the request's
+        span that submitted it (a resumed job's starts a trace of its own)."""
+        self._tracer = tracer
         self._store = store
         self._renew_s = renew_s
         self._max_attempts = max_attempts
@@ -114,7 +119,8 @@ class JobRunner:
     async def submit(self, push_id: str, mode: str, work: Work, spec: str | None = None) -> None:
         """Record the job as queued (resumable if it has a `spec`), then run `work`."""
         lease = await self._store.create(push_id, mode, spec)
-        self._start(JobRun(lease, None, self._store, self._stopping), work, spec is not None)
+        run = JobRun(lease, None, self._store, self._stopping)
+        self._start(run, self._traced(work, mode), spec is not None)
 
     async def reap(self) -> int:
         """Take over the jobs whose process died (or handed them over): resume those that
@@ -142,8 +148,46 @@ class JobRunner:
                 at,
                 claim.attempts,
             )
-            self._start(run, work, True)
+            self._start(run, self._traced(work, claim.mode, resumed=True), True)
         return failed + len(claims)
+
+    def _traced(self, work: Work, mode: str, resumed: bool = False) -> Work:
+        """`work`, its run a span, when tracing is on."""
+        tracer = self._tracer
+        if tracer is None:
+            return work
+
+        async def traced(run: JobRun) -> None:
+            attributes: dict[str, AttributeValue] = {
+                "imroute.push_id": run.push_id,
+                "imroute.mode": mode,
+                "imroute.resumed": resumed,
+            }
+            with tracer.start_as_current_span(
+                "push.job", attributes=attributes, set_status_on_exception=False
+            ) as span:
+                try:
+                    await work(run)
+                except (Handover, LeaseLost) as exc:  # control flow: the run ends here
+                    span.set_attribute("imroute.ended", type(exc).__name__)
+                    raise
+                except Exception as exc:
+                    span.set_status(Status(StatusCode.ERROR, type(exc).__name__))
+                    raise
+                finally:
+                    c = run.counters
+                    span.set_attributes(
+                        {
+                            "imroute.recipients": c.recipients,
+                            "imroute.online": c.online,
+                            "imroute.offline": c.offline,
+                            "imroute.batches": c.batches,
+                            "imroute.published": c.published,
+                            "imroute.failed_batches": c.failed_batches,
+                        }
+                    )
+
+        return traced
 
     def _start(self, run: JobRun, work: Work, resumable: bool) -> None:
         push_id = run.push_id

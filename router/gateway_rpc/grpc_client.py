@@ -170,9 +170,12 @@ class GrpcGatewayClients:
             replies = await self._on_stream(stream, address, [batch], timeout_s)
             if replies is not None:
                 return replies[0]
+        metadata = self._metadata
+        if batch.traceparent:  # also where gRPC tooling looks (the gateway reads either)
+            metadata = (*(metadata or ()), ("traceparent", batch.traceparent))
         try:
             return await self._stub(address).rpc.Deliver(
-                batch, timeout=timeout_s, metadata=self._metadata
+                batch, timeout=timeout_s, metadata=metadata
             )
         except (grpc.aio.AioRpcError, grpc.aio.BaseError, grpc.RpcError, ValueError) as exc:
             raise _translate(gateway_id, exc) from None

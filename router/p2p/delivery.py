@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 
 from router.fleet.cache import CachedFleet
 from router.gateway_rpc.base import GatewayClient, deliver_each
 from router.p2p.plan import (
+    EXPIRED_ERROR,
     DeliveryPlan,
     GatewayOutcome,
     Outgoing,
@@ -31,6 +33,15 @@ from shared.errors import GatewayUnavailable, RegistryUnavailable
 from shared.ids import new_id
 from shared.models import Message, Route
 from shared.proto import gateway_pb2
+from shared.tracing import (
+    AttributeValue,
+    Span,
+    SpanKind,
+    Status,
+    StatusCode,
+    Tracer,
+    traceparent,
+)
 
 __all__ = ["CLOCK_MARGIN_MS", "STALE_RECHECK_S", "Delivery", "deliver_expiry_ms"]
 
@@ -56,12 +67,14 @@ class Delivery:
         clients: GatewayClient,
         timeout_s: float,
         clock: Clock,
+        tracer: Tracer | None = None,
     ) -> None:
         self._registry = registry
         self._fleet = fleet
         self._clients = clients
         self._timeout = timeout_s
         self._clock = clock
+        self._tracer = tracer  # a span per gateway call (shared.tracing), when on
 
     async def deliver(
         self,
@@ -104,12 +117,18 @@ class Delivery:
             batches = [
                 self._batch(items[i].message, t, items[i].expires_ms, seqs[i]) for i, t in entries
             ]
-            replies = await deliver_each(self._clients, gateway_id, address, batches, self._timeout)
-            for (i, t), reply in zip(entries, replies, strict=True):
-                if isinstance(reply, GatewayUnavailable):
-                    got[i].append(_failed(t, reply))
-                else:
-                    got[i].append(_outcome(t, reply))
+            with self._span(gateway_id, batches) as span:
+                replies = await deliver_each(
+                    self._clients, gateway_id, address, batches, self._timeout
+                )
+                outcomes = [
+                    _failed(t, r) if isinstance(r, GatewayUnavailable) else _outcome(t, r)
+                    for (_, t), r in zip(entries, replies, strict=True)
+                ]
+                if span is not None:
+                    _annotate(span, outcomes)
+            for (i, _), outcome in zip(entries, outcomes, strict=True):
+                got[i].append(outcome)
 
         await asyncio.gather(*(lane(g, a, e) for (g, a), e in lanes.items()))
         merged = [merge(it.uids, p, o) for it, p, o in zip(items, plans, got, strict=True)]
@@ -158,6 +177,15 @@ class Delivery:
         self, message: Message, target: Target, expires_ms: int, seqs: Mapping[str, int]
     ) -> GatewayOutcome:
         batch = self._batch(message, target, expires_ms, seqs)
+        if self._tracer is None:
+            return await self._send(target, batch)
+        with self._span(target.gateway_id, [batch]) as span:
+            outcome = await self._send(target, batch)
+            if span is not None:
+                _annotate(span, [outcome])
+            return outcome
+
+    async def _send(self, target: Target, batch: gateway_pb2.Batch) -> GatewayOutcome:
         try:
             reply = await self._clients.deliver(
                 target.gateway_id, target.address, batch, self._timeout
@@ -165,6 +193,15 @@ class Delivery:
         except GatewayUnavailable as exc:
             return _failed(target, exc)
         return _outcome(target, reply)
+
+    def _span(
+        self, gateway_id: str, batches: Sequence[gateway_pb2.Batch]
+    ) -> AbstractContextManager[Span | None]:
+        """The gateway call's span (None: tracing off); its batches name it as their
+        parent, so the gateway's spans join each push's trace."""
+        if self._tracer is None:
+            return nullcontext()
+        return _call_span(self._tracer, gateway_id, batches)
 
     async def _forget(self, routes: Sequence[Route]) -> None:
         """Delete routes their own gateway disowned; the push has its answer, so only log."""
@@ -200,6 +237,38 @@ def _outcome(target: Target, reply: gateway_pb2.DeliverReply) -> GatewayOutcome:
             extra={"gateway_id": target.gateway_id},
         )
     return gateway_outcome(target, reply)
+
+
+@contextmanager
+def _call_span(
+    tracer: Tracer, gateway_id: str, batches: Sequence[gateway_pb2.Batch]
+) -> Iterator[Span]:
+    attributes: dict[str, AttributeValue] = {
+        "imroute.gateway_id": gateway_id,
+        "imroute.batches": len(batches),
+        "imroute.recipients": sum(len(b.uids) for b in batches),
+    }
+    with tracer.start_as_current_span(
+        "gateway.call", kind=SpanKind.CLIENT, attributes=attributes
+    ) as span:
+        parent = traceparent(span)
+        for batch in batches:
+            batch.traceparent = parent
+        yield span
+
+
+def _annotate(span: Span, outcomes: Sequence[GatewayOutcome]) -> None:
+    """What a gateway call's batches came to, on its span."""
+    errors = [o.error for o in outcomes if o.error and o.error != EXPIRED_ERROR]
+    span.set_attributes(
+        {
+            "imroute.delivered": sum(len(o.delivered) for o in outcomes),
+            "imroute.missing": sum(len(o.missing) for o in outcomes),
+            "imroute.expired": sum(o.error == EXPIRED_ERROR for o in outcomes),
+        }
+    )
+    if errors:
+        span.set_status(Status(StatusCode.ERROR, errors[0]))
 
 
 def deliver_expiry_ms(expires_ms: int, now_ms: int, timeout_s: float) -> int:

@@ -18,7 +18,8 @@ from router.recovery.base import RecoveryLog
 from router.routes.base import RouteRegistry
 from shared.clock import Clock, SystemClock
 from shared.errors import ImrouteError
-from shared.models import Message
+from shared.models import Message, Route
+from shared.tracing import Tracer
 
 __all__ = ["CLOCK_MARGIN_MS", "P2PPusher", "deliver_expiry_ms"]
 
@@ -41,12 +42,15 @@ class P2PPusher:
         deliver_timeout_s: float,
         recovery: RecoveryLog | None = None,
         clock: Clock | None = None,
+        tracer: Tracer | None = None,
     ) -> None:
+        """`tracer`: tracing on (shared.tracing), each look-up and gateway call a span."""
         self._registry = registry
         self._clients = clients  # the stack every P2P call goes through
         self._recovery = recovery
+        self._tracer = tracer
         self._delivery = Delivery(
-            registry, fleet, clients, deliver_timeout_s, clock or SystemClock()
+            registry, fleet, clients, deliver_timeout_s, clock or SystemClock(), tracer
         )
         self.inbox_dropped = 0  # entries the inbox bound (IMROUTE_INBOX_MAX) pushed out
         # Queued for a user whose gateway failed: the user may well be connected (a
@@ -66,13 +70,13 @@ class P2PPusher:
         recovery = self._recovery if store else None
         seqs: dict[str, int] = {}
         if recovery is None:
-            routes = await self._registry.lookup(uids)
+            routes = await self._lookup(uids)
         else:
             # Logged before any gateway can write it: a replay never misses a live push.
             # Both at once (one task, not gather's two: this is the hottest path).
             appending = asyncio.ensure_future(recovery.append_queued(message, uids, expires_ms))
             try:
-                routes = await self._registry.lookup(uids)
+                routes = await self._lookup(uids)
             except BaseException:
                 # As gather would: the append goes on; its outcome is not ours to wait for.
                 appending.add_done_callback(_consume)
@@ -95,12 +99,12 @@ class P2PPusher:
         seqs: list[dict[str, int]] = [{} for _ in items]
         uids = list(dict.fromkeys(u for item in items for u in item.uids))
         if recovery is None or not stored:
-            routes = await self._registry.lookup(uids)
+            routes = await self._lookup(uids)
         else:
             wanted = [(items[i].message, items[i].uids, items[i].expires_ms) for i in stored]
             appending = asyncio.ensure_future(recovery.append_queued_many(wanted))
             try:
-                routes = await self._registry.lookup(uids)
+                routes = await self._lookup(uids)
             except BaseException:
                 appending.add_done_callback(_consume)
                 raise
@@ -133,6 +137,17 @@ class P2PPusher:
             return await self._queue(recovery, item.message, outcome, item.expires_ms, seqs)
         except ImrouteError as exc:
             return exc
+
+    async def _lookup(self, uids: Sequence[str]) -> dict[str, list[Route]]:
+        tracer = self._tracer
+        if tracer is None:
+            return await self._registry.lookup(uids)
+        with tracer.start_as_current_span(
+            "routes.lookup", attributes={"imroute.recipients": len(uids)}
+        ) as span:
+            routes = await self._registry.lookup(uids)
+            span.set_attribute("imroute.routes", sum(len(r) for r in routes.values()))
+            return routes
 
     def _dropped(self, dropped: int) -> None:
         if dropped:
@@ -216,7 +231,7 @@ class P2PPusher:
     ) -> list[str] | None:
         """Deliver a queued push again to those of `uids` with a live route now (it stays
         in their inboxes until a device acks it). None: none has a route."""
-        routes = await self._registry.lookup(uids)
+        routes = await self._lookup(uids)
         if not routes:
             return None
         again = await self._delivery.deliver(message, list(routes), routes, expires_ms, seqs)

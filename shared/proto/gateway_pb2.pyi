@@ -105,6 +105,7 @@ class Batch(_message.Message):
     EXPIRES_MS_FIELD_NUMBER: _builtins.int
     SEQ_FIELD_NUMBER: _builtins.int
     SEQS_FIELD_NUMBER: _builtins.int
+    TRACEPARENT_FIELD_NUMBER: _builtins.int
     batch_id: _builtins.str
     mode: Global___Mode.ValueType
     everyone: _builtins.bool
@@ -118,6 +119,12 @@ class Batch(_message.Message):
     seq: _builtins.int
     """Bus batches: the batch's place in its topic's recovery log (dense, from 1); the
     gateway delivers a topic's batches in this order. 0: not logged.
+    """
+    traceparent: _builtins.str
+    """Tracing on (README, "Traces"): the W3C `traceparent` of the router's span that sent
+    this P2P batch, so the gateway's span joins the push's trace (a call may carry
+    batches of many pushes). Bus batches carry it as the message attribute
+    `traceparent` instead. Empty: not traced.
     """
     @_builtins.property
     def message(self) -> Global___Message: ...
@@ -141,10 +148,11 @@ class Batch(_message.Message):
         expires_ms: _builtins.int = ...,
         seq: _builtins.int = ...,
         seqs: _abc.Iterable[_builtins.int] | None = ...,
+        traceparent: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["message", b"message"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["batch_id", b"batch_id", "everyone", b"everyone", "expires_ms", b"expires_ms", "group_id", b"group_id", "message", b"message", "mode", b"mode", "seq", b"seq", "seqs", b"seqs", "uids", b"uids"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["batch_id", b"batch_id", "everyone", b"everyone", "expires_ms", b"expires_ms", "group_id", b"group_id", "message", b"message", "mode", b"mode", "seq", b"seq", "seqs", b"seqs", "traceparent", b"traceparent", "uids", b"uids"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -46,10 +46,10 @@ def read_until(proc: Proc, marker: str, timeout: float = 30.0) -> list[str]:
 
 
 def base_env(**extra: str) -> dict[str, str]:
-    """Our environment without IMROUTE_* settings, plus `extra`. A push service is one
-    process here unless `extra` says otherwise (IMROUTE_WORKERS): workers triple its
-    start-up time, and tests/integration/test_workers.py runs them."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("IMROUTE_")}
+    """Our environment without IMROUTE_* (and OTEL_*) settings, plus `extra`. A push
+    service is one process here unless `extra` says otherwise (IMROUTE_WORKERS): workers
+    triple its start-up time, and tests/integration/test_workers.py runs them."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("IMROUTE_", "OTEL_"))}
     env["PATH"] = f"{BIN}{os.pathsep}{env.get('PATH', '')}"
     env["IMROUTE_WORKERS"] = "1"
     env.update(extra)

@@ -1,0 +1,103 @@
+"""OpenTelemetry traces of each push's journey, through the official SDK: on when
+OTEL_EXPORTER_OTLP_ENDPOINT is set (shared.trace_settings), off otherwise. Off, no span
+is built anywhere: each entry point builds its `Tracing` (or None) once, and every part
+that makes spans holds a `Tracer | None` and skips them on None.
+
+One trace per push; spans per batch and per gateway, never per recipient:
+
+    push service
+      POST /v1/push, /v1/push/batch,     SERVER    the root (continues the caller's trace
+        /v1/broadcast, /v1/multicast               when its request has a traceparent);
+                                                   imroute.push_id, .msg_id, .mode, and
+                                                   event `acks` (wait_ack_ms)
+      routes.lookup                      INTERNAL  imroute.recipients, imroute.routes
+      gateway.call                       CLIENT    one per gateway (and try): imroute.
+                                                   gateway_id, .batches, .delivered,
+                                                   .missing, .expired; error status
+      push.job                           INTERNAL  a broadcast's or multicast's run: its
+                                                   counters when it ends
+      bus.publish                        PRODUCER  one per batch: imroute.batch_id, .topic,
+                                                   .recipients
+      bus.attempt                        CLIENT    its original, retries and hedges:
+                                                   imroute.attempt (0: the original),
+                                                   .hedge, .outcome (won, lost, failed)
+    gateway
+      gateway.deliver                    SERVER    one per batch: imroute.written,
+                                         CONSUMER  .missing, .expired, .duplicate
+      gateway.acks                       INTERNAL  per push and ack flush: imroute.acked
+
+This module is what the parts that make spans use (the OpenTelemetry API only);
+`shared.tracing_setup` builds a process's SDK provider and exporter.
+
+The context travels as W3C `traceparent`: the HTTP header in; `Batch.traceparent` on
+P2P batches (a call may carry many pushes' batches) and the gRPC metadata of a unary
+Deliver; the bus message attribute `traceparent` on broadcast and multicast batches.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+
+from opentelemetry import trace
+from opentelemetry.context import Context
+from opentelemetry.trace import Span, SpanKind, Status, StatusCode, Tracer
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+from opentelemetry.util.types import AttributeValue
+
+__all__ = [
+    "TRACEPARENT",
+    "AttributeValue",
+    "Span",
+    "SpanKind",
+    "Status",
+    "StatusCode",
+    "Tracer",
+    "current_span",
+    "parent_context",
+    "span_or_none",
+    "traceparent",
+]
+
+TRACEPARENT = "traceparent"
+
+_PROPAGATOR = TraceContextTextMapPropagator()
+
+
+def current_span() -> Span:
+    """The span of the running task's context (a no-op one when there is none)."""
+    return trace.get_current_span()
+
+
+def traceparent(span: Span) -> str:
+    """The W3C traceparent naming `span` as the parent (what the propagator writes)."""
+    ctx = span.get_span_context()
+    return f"00-{ctx.trace_id:032x}-{ctx.span_id:016x}-{int(ctx.trace_flags):02x}"
+
+
+def parent_context(headers: Mapping[str, str]) -> Context | None:
+    """The context a carrier's `traceparent` (and `tracestate`) names; None when it has
+    none, or a malformed one (the span then starts a trace of its own)."""
+    if TRACEPARENT not in headers:
+        return None
+    ctx = _PROPAGATOR.extract(headers)
+    return ctx if trace.get_current_span(ctx).get_span_context().is_valid else None
+
+
+@contextmanager
+def span_or_none(
+    tracer: Tracer | None,
+    name: str,
+    kind: SpanKind = SpanKind.INTERNAL,
+    attributes: Mapping[str, AttributeValue] | None = None,
+    context: Context | None = None,
+) -> Iterator[Span | None]:
+    """A current span named `name` while the block runs, or nothing (None) when tracing
+    is off. An exception leaving the block is recorded on the span."""
+    if tracer is None:
+        yield None
+        return
+    with tracer.start_as_current_span(
+        name, context=context, kind=kind, attributes=attributes
+    ) as span:
+        yield span

@@ -1,0 +1,221 @@
+"""Tracing's pieces in-process, with the SDK's InMemorySpanExporter: the push's root span
+over HTTP, a hedged publish's attempts, the gateway's delivery and ack spans, the
+traceparent both ways, and the settings that turn it on (or stop a start)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+
+import httpx
+import pytest
+from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from starlette.types import Receive, Scope, Send
+
+from push_service.tracing_http import TracedRequests, TracerSlot
+from router.bus.hedged import traced_attempt
+from router.testing import ManualClock
+from shared.errors import ConfigError
+from shared.proto import gateway_pb2
+from shared.settings import Settings
+from shared.trace_settings import check_tracing
+from shared.tracing import TRACEPARENT, parent_context, traceparent
+from shared.tracing_setup import Tracing, open_tracing
+from socket_gateway.tracing import MAX_TRACED_PUSHES, GatewayTracing
+from tests.unit.hedger_calls import Calls, advance, hedger, start
+
+CALLER = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+
+
+@pytest.fixture
+def exported() -> Iterator[tuple[Tracing, InMemorySpanExporter]]:
+    exporter = InMemorySpanExporter()
+    tracing = Tracing.with_exporter(exporter, "test", "t1", batched=False)
+    yield tracing, exporter
+    tracing.shutdown()
+
+
+def _named(spans: tuple[ReadableSpan, ...], name: str) -> list[ReadableSpan]:
+    return [s for s in spans if s.name == name]
+
+
+# ------------------------------------------------------------------ the request's span
+
+
+def _app(status: int) -> TracedRequests:
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        await send({"type": "http.response.start", "status": status, "headers": []})
+        await send({"type": "http.response.body", "body": b"{}"})
+
+    slot = TracerSlot()
+    return TracedRequests(app, slot)
+
+
+async def _post(app: TracedRequests, path: str, headers: dict[str, str] | None = None) -> int:
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://t") as http:
+        return (await http.post(path, json={}, headers=headers)).status_code
+
+
+async def test_a_push_request_is_a_server_span_continuing_the_callers_trace(
+    exported: tuple[Tracing, InMemorySpanExporter],
+) -> None:
+    tracing, exporter = exported
+    app = _app(200)
+    app.slot.tracer = tracing.tracer
+    assert await _post(app, "/v1/push", {"traceparent": CALLER}) == 200
+    (span,) = exporter.get_finished_spans()
+    assert span.name == "POST /v1/push" and span.kind.name == "SERVER"
+    assert span.context is not None and span.parent is not None
+    assert f"{span.context.trace_id:032x}" == CALLER.split("-")[1]
+    assert f"{span.parent.span_id:016x}" == CALLER.split("-")[2]
+    assert span.attributes is not None and span.attributes["http.response.status_code"] == 200
+    assert span.status.status_code.name == "UNSET"
+
+
+async def test_a_bad_traceparent_starts_a_trace_and_5xx_is_an_error(
+    exported: tuple[Tracing, InMemorySpanExporter],
+) -> None:
+    tracing, exporter = exported
+    app = _app(503)
+    app.slot.tracer = tracing.tracer
+    assert await _post(app, "/v1/multicast", {"traceparent": "00-zz-yy-01"}) == 503
+    (span,) = exporter.get_finished_spans()
+    assert span.parent is None  # its own trace
+    assert span.status.status_code.name == "ERROR"
+
+
+async def test_a_4xx_is_the_callers_error_and_other_paths_make_no_span(
+    exported: tuple[Tracing, InMemorySpanExporter],
+) -> None:
+    tracing, exporter = exported
+    app = _app(422)
+    app.slot.tracer = tracing.tracer
+    await _post(app, "/v1/push/batch")
+    await _post(app, "/v1/users")  # not a push
+    (span,) = exporter.get_finished_spans()
+    assert span.name == "POST /v1/push/batch" and span.status.status_code.name == "UNSET"
+
+
+async def test_without_a_tracer_the_request_passes_untouched() -> None:
+    assert await _post(_app(200), "/v1/push", {"traceparent": CALLER}) == 200
+
+
+# ------------------------------------------------------------------ a hedged publish
+
+
+async def test_each_attempt_of_a_hedged_publish_is_a_span_under_the_publish(
+    exported: tuple[Tracing, InMemorySpanExporter],
+) -> None:
+    tracing, exporter = exported
+    clock = ManualClock()
+    h, calls = hedger(clock, tokens=5), Calls()
+    with tracing.tracer.start_as_current_span("bus.publish") as publish_span:
+        publish = await start(h, traced_attempt(tracing.tracer, calls))
+    await advance(clock, 1.0)  # the hedge delay: a hedge goes out
+    assert calls.hedges == [0, 1]
+    calls.answer(1, "m-2")  # the hedge wins; the original is cancelled
+    assert await publish == "m-2"
+    await asyncio.sleep(0)
+    attempts = _named(exporter.get_finished_spans(), "bus.attempt")
+    by_n = {s.attributes["imroute.attempt"]: s for s in attempts if s.attributes}
+    assert set(by_n) == {0, 1}
+    assert by_n[1].attributes is not None and by_n[1].attributes["imroute.outcome"] == "ok"
+    assert by_n[1].attributes["imroute.hedge"] is True
+    assert by_n[0].attributes is not None and by_n[0].attributes["imroute.outcome"] == "cancelled"
+    parent = publish_span.get_span_context().span_id
+    assert all(s.parent is not None and s.parent.span_id == parent for s in attempts)
+
+
+async def test_a_failed_attempt_is_an_error_span(
+    exported: tuple[Tracing, InMemorySpanExporter],
+) -> None:
+    tracing, exporter = exported
+    h, calls = hedger(ManualClock()), Calls()
+    publish = await start(h, traced_attempt(tracing.tracer, calls))
+    calls.answer(0, RuntimeError("refused"))
+    with pytest.raises(RuntimeError):
+        await publish
+    (span,) = exporter.get_finished_spans()
+    assert span.attributes is not None and span.attributes["imroute.outcome"] == "failed"
+    assert span.status.status_code.name == "ERROR" and span.events[0].name == "exception"
+
+
+# ------------------------------------------------------------------ the gateway's spans
+
+
+def _batch(tp: str, push_id: str = "p1") -> gateway_pb2.Batch:
+    batch = gateway_pb2.Batch(batch_id="b1", mode=gateway_pb2.MODE_MULTICAST, traceparent=tp)
+    batch.message.push_id = push_id
+    batch.uids.extend(["u1", "u2"])
+    return batch
+
+
+def test_a_delivery_is_a_span_under_the_batchs_parent_and_acks_under_it(
+    exported: tuple[Tracing, InMemorySpanExporter],
+) -> None:
+    tracing, exporter = exported
+    gt = GatewayTracing(tracing.tracer, "gw1")
+    reply = gateway_pb2.DeliverReply(delivered=["u1"], missing=["u2"])
+    gt.delivered(_batch(CALLER), reply, 0)
+    gt.acked({"p1": {"u1"}, "unknown": {"u9"}}, written=True)
+    gt.acked({"p1": {"u1"}}, written=False)
+    deliver, acks, failed = exporter.get_finished_spans()
+    assert deliver.name == "gateway.deliver" and deliver.kind.name == "CONSUMER"
+    assert deliver.parent is not None and f"{deliver.parent.span_id:016x}" == CALLER.split("-")[2]
+    assert deliver.attributes is not None
+    assert (deliver.attributes["imroute.written"], deliver.attributes["imroute.missing"]) == (1, 1)
+    assert deliver.context is not None
+    for span in (acks, failed):
+        assert span.name == "gateway.acks" and span.parent is not None
+        assert span.parent.span_id == deliver.context.span_id
+        assert span.attributes is not None and span.attributes["imroute.acked"] == 1
+    assert failed.status.status_code.name == "ERROR"
+
+
+def test_an_untraced_or_malformed_batch_makes_no_span_and_the_memory_is_bounded(
+    exported: tuple[Tracing, InMemorySpanExporter],
+) -> None:
+    tracing, exporter = exported
+    gt = GatewayTracing(tracing.tracer, "gw1")
+    gt.delivered(_batch("not-a-traceparent"), gateway_pb2.DeliverReply(), 0)
+    assert exporter.get_finished_spans() == ()
+    for i in range(MAX_TRACED_PUSHES + 1):
+        gt.delivered(_batch(CALLER, f"p{i}"), gateway_pb2.DeliverReply(delivered=["u1"]), 0)
+    exporter.clear()
+    gt.acked({"p0": {"u1"}, f"p{MAX_TRACED_PUSHES}": {"u1"}}, written=True)
+    (span,) = exporter.get_finished_spans()  # p0, the oldest, was forgotten
+    assert span.attributes is not None
+    assert span.attributes["imroute.push_id"] == f"p{MAX_TRACED_PUSHES}"
+
+
+def test_traceparent_round_trips(exported: tuple[Tracing, InMemorySpanExporter]) -> None:
+    tracing, _ = exported
+    with tracing.tracer.start_as_current_span("x") as span:
+        written = traceparent(span)
+    ctx = parent_context({TRACEPARENT: written})
+    assert ctx is not None
+    assert parent_context({TRACEPARENT: "00-" + "0" * 32 + "-" + "0" * 16 + "-01"}) is None
+    assert parent_context({}) is None
+
+
+# ------------------------------------------------------------------ the settings
+
+
+def test_off_by_default_and_on_with_an_endpoint() -> None:
+    assert open_tracing(Settings.load({}), "s", "i") is None
+    tracing = open_tracing(
+        Settings.load({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:1"}), "s", "i"
+    )
+    assert tracing is not None
+    tracing.provider.shutdown()  # nothing was made: nothing is sent to the closed port
+
+
+def test_a_bad_endpoint_or_protocol_is_refused_by_name() -> None:
+    with pytest.raises(ConfigError, match="OTEL_EXPORTER_OTLP_ENDPOINT: 'collector:4318'"):
+        check_tracing(Settings.load({"OTEL_EXPORTER_OTLP_ENDPOINT": "collector:4318"}))
+    with pytest.raises(ConfigError, match="OTEL_EXPORTER_OTLP_PROTOCOL"):
+        Settings.load({"OTEL_EXPORTER_OTLP_PROTOCOL": "http/json"})
+    grpc = {"OTEL_EXPORTER_OTLP_ENDPOINT": "collector:4317", "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"}
+    check_tracing(Settings.load(grpc))  # host:port is what the grpc exporter takes
