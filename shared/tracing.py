@@ -55,7 +55,9 @@ __all__ = [
     "Tracer",
     "current_span",
     "parent_context",
+    "sampled",
     "span_or_none",
+    "traced",
     "traceparent",
 ]
 
@@ -67,6 +69,20 @@ _PROPAGATOR = TraceContextTextMapPropagator()
 def current_span() -> Span:
     """The span of the running task's context (a no-op one when there is none)."""
     return trace.get_current_span()
+
+
+def traced(tracer: Tracer | None) -> Tracer | None:
+    """`tracer` if the running task's span is being recorded (its trace was sampled),
+    else None: under a push the sampler dropped, no child span is made (each would cost
+    CPU for nothing) and no context travels on, so the gateways make none either."""
+    if tracer is not None and trace.get_current_span().is_recording():
+        return tracer
+    return None
+
+
+def sampled(traceparent: str) -> bool:
+    """Whether a W3C traceparent's trace was sampled (its flags' lowest bit)."""
+    return traceparent[-1:] in ("1", "3", "5", "7", "9", "b", "d", "f")
 
 
 def traceparent(span: Span) -> str:

@@ -15,6 +15,7 @@ from router.stats.latency import LatencyHistogram
 from shared.batches import message_of
 from shared.clock import Clock
 from shared.proto import gateway_pb2
+from shared.tracing import sampled
 from shared.wire import push_prefix
 from socket_gateway.batch_check import BatchCheck
 from socket_gateway.connections import LocalConnections
@@ -105,7 +106,7 @@ class DeliverService:
         tracing = self.tracing
         start_ns = time.time_ns() if tracing is not None else 0
         reply = self._deliver(batch, log, checked, call_left_s)
-        if tracing is not None and batch.traceparent:
+        if tracing is not None and sampled(batch.traceparent):
             tracing.delivered(batch, reply, start_ns)
         reached = 0 if reply.duplicate else len(reply.delivered) or reply.connections
         if reached:

@@ -24,7 +24,15 @@ from shared.batches import to_batch
 from shared.ids import new_id
 from shared.models import Message
 from shared.proto import gateway_pb2
-from shared.tracing import TRACEPARENT, AttributeValue, Span, SpanKind, Tracer, traceparent
+from shared.tracing import (
+    TRACEPARENT,
+    AttributeValue,
+    Span,
+    SpanKind,
+    Tracer,
+    traced,
+    traceparent,
+)
 
 __all__ = [
     "BROADCAST_TOPIC",
@@ -104,7 +112,8 @@ class BatchPublisher:
         group_id: str = "",
         everyone: bool = False,
     ) -> None:
-        if self._tracer is None:
+        tracer = traced(self._tracer)
+        if tracer is None:
             await self._publish(mode, topic, uids, group_id, everyone, None)
             return
         attributes: dict[str, AttributeValue] = {
@@ -114,7 +123,7 @@ class BatchPublisher:
         }
         if everyone:
             attributes["imroute.everyone"] = True
-        with self._tracer.start_as_current_span(
+        with tracer.start_as_current_span(
             "bus.publish", kind=SpanKind.PRODUCER, attributes=attributes
         ) as span:
             await self._publish(mode, topic, uids, group_id, everyone, span)

@@ -40,6 +40,7 @@ from shared.tracing import (
     Status,
     StatusCode,
     Tracer,
+    traced,
     traceparent,
 )
 
@@ -177,7 +178,7 @@ class Delivery:
         self, message: Message, target: Target, expires_ms: int, seqs: Mapping[str, int]
     ) -> GatewayOutcome:
         batch = self._batch(message, target, expires_ms, seqs)
-        if self._tracer is None:
+        if traced(self._tracer) is None:
             return await self._send(target, batch)
         with self._span(target.gateway_id, [batch]) as span:
             outcome = await self._send(target, batch)
@@ -199,9 +200,10 @@ class Delivery:
     ) -> AbstractContextManager[Span | None]:
         """The gateway call's span (None: tracing off); its batches name it as their
         parent, so the gateway's spans join each push's trace."""
-        if self._tracer is None:
+        tracer = traced(self._tracer)
+        if tracer is None:
             return nullcontext()
-        return _call_span(self._tracer, gateway_id, batches)
+        return _call_span(tracer, gateway_id, batches)
 
     async def _forget(self, routes: Sequence[Route]) -> None:
         """Delete routes their own gateway disowned; the push has its answer, so only log."""

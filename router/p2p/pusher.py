@@ -19,7 +19,7 @@ from router.routes.base import RouteRegistry
 from shared.clock import Clock, SystemClock
 from shared.errors import ImrouteError
 from shared.models import Message, Route
-from shared.tracing import Status, StatusCode, Tracer
+from shared.tracing import Status, StatusCode, Tracer, traced
 
 __all__ = ["CLOCK_MARGIN_MS", "P2PPusher", "deliver_expiry_ms"]
 
@@ -139,7 +139,7 @@ class P2PPusher:
             return exc
 
     async def _lookup(self, uids: Sequence[str]) -> dict[str, list[Route]]:
-        tracer = self._tracer
+        tracer = traced(self._tracer)
         if tracer is None:
             return await self._registry.lookup(uids)
         # Not the current span: nothing is under it (and attaching one costs CPU).

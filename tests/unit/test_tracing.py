@@ -9,8 +9,10 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
-from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
 from starlette.types import Receive, Scope, Send
 
 from push_service.tracing_http import TracedRequests, TracerSlot
@@ -20,7 +22,7 @@ from shared.errors import ConfigError
 from shared.proto import gateway_pb2
 from shared.settings import Settings
 from shared.trace_settings import check_tracing
-from shared.tracing import TRACEPARENT, parent_context, traceparent
+from shared.tracing import TRACEPARENT, parent_context, sampled, traced, traceparent
 from shared.tracing_setup import Tracing, open_tracing
 from socket_gateway.tracing import MAX_TRACED_PUSHES, GatewayTracing
 from tests.unit.hedger_calls import Calls, advance, hedger, start
@@ -219,3 +221,17 @@ def test_a_bad_endpoint_or_protocol_is_refused_by_name() -> None:
         Settings.load({"OTEL_EXPORTER_OTLP_PROTOCOL": "http/json"})
     grpc = {"OTEL_EXPORTER_OTLP_ENDPOINT": "collector:4317", "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"}
     check_tracing(Settings.load(grpc))  # host:port is what the grpc exporter takes
+
+
+def test_an_unsampled_push_makes_no_child_spans_and_sends_no_context() -> None:
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider(sampler=ParentBased(TraceIdRatioBased(0.0)))
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tracer = provider.get_tracer("t")
+    assert traced(None) is None
+    with tracer.start_as_current_span("POST /v1/push"):
+        assert traced(tracer) is None  # dropped by the sampler: nothing under it
+    sampled_tracer = Tracing.with_exporter(exporter, "s", "i", batched=False).tracer
+    with sampled_tracer.start_as_current_span("POST /v1/push"):
+        assert traced(sampled_tracer) is sampled_tracer
+    assert sampled(CALLER) and not sampled(CALLER[:-2] + "00") and not sampled("")
