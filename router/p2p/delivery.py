@@ -40,6 +40,7 @@ from shared.tracing import (
     Status,
     StatusCode,
     Tracer,
+    leaf_span,
     traced,
     traceparent,
 )
@@ -250,18 +251,11 @@ def _call_span(
     attributes: dict[str, AttributeValue] = {"imroute.gateway_id": gateway_id}
     if len(batches) > 1:
         attributes["imroute.batches"] = len(batches)
-    span = tracer.start_span("gateway.call", kind=SpanKind.CLIENT, attributes=attributes)
-    try:
+    with leaf_span(tracer, "gateway.call", SpanKind.CLIENT, attributes) as span:
         parent = traceparent(span)
         for batch in batches:
             batch.traceparent = parent
         yield span
-    except Exception as exc:
-        span.record_exception(exc)
-        span.set_status(Status(StatusCode.ERROR, type(exc).__name__))
-        raise
-    finally:
-        span.end()
 
 
 def _annotate(span: Span, outcomes: Sequence[GatewayOutcome]) -> None:

@@ -19,7 +19,7 @@ from router.routes.base import RouteRegistry
 from shared.clock import Clock, SystemClock
 from shared.errors import ImrouteError
 from shared.models import Message, Route
-from shared.tracing import Status, StatusCode, Tracer, traced
+from shared.tracing import Tracer, leaf_span, traced
 
 __all__ = ["CLOCK_MARGIN_MS", "P2PPusher", "deliver_expiry_ms"]
 
@@ -142,18 +142,11 @@ class P2PPusher:
         tracer = traced(self._tracer)
         if tracer is None:
             return await self._registry.lookup(uids)
-        # Not the current span: nothing is under it (and attaching one costs CPU).
-        span = tracer.start_span("routes.lookup", attributes={"imroute.recipients": len(uids)})
-        try:
+        attributes = {"imroute.recipients": len(uids)}
+        with leaf_span(tracer, "routes.lookup", attributes=attributes) as span:
             routes = await self._registry.lookup(uids)
             span.set_attribute("imroute.routes", sum(len(r) for r in routes.values()))
             return routes
-        except Exception as exc:
-            span.record_exception(exc)
-            span.set_status(Status(StatusCode.ERROR, type(exc).__name__))
-            raise
-        finally:
-            span.end()
 
     def _dropped(self, dropped: int) -> None:
         if dropped:
