@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import sys
-from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
+from collections.abc import AsyncIterator, Iterator
+from contextlib import ExitStack, asynccontextmanager, contextmanager
 from pathlib import Path
 
 from router.devtools.supervisor import Child, Supervisor
@@ -24,16 +25,18 @@ def running(argv: list[str], env: dict[str, str]) -> Iterator[Proc]:
         yield children.start(argv[0], argv, stdout="lines", stderr="stdout")
 
 
-@contextmanager
-def push_services(env: dict[str, str], ports: list[int]) -> Iterator[list[Proc]]:
-    """One `python -m push_service` per port, each once uvicorn says it listens."""
+@asynccontextmanager
+async def push_services(env: dict[str, str], ports: list[int]) -> AsyncIterator[list[Proc]]:
+    """One `python -m push_service` per port, each once uvicorn says it listens. Waited
+    for in a thread, so that the test's loop (its in-process gateways, receivers and
+    heartbeats) goes on meanwhile: a start-up can take seconds under a suite's load."""
     with ExitStack() as stack:
         procs = []
         for port in ports:
             argv = [str(BIN / "python"), "-m", "push_service", "--port", str(port)]
             procs.append(stack.enter_context(running(argv, env)))
         for proc in procs:
-            read_until(proc, "Uvicorn running on", timeout=30)
+            await asyncio.to_thread(read_until, proc, "Uvicorn running on", 60)
         yield procs
 
 

@@ -176,7 +176,7 @@ async def test_the_only_gateway_killed_and_restarted_is_retried_in_place(
         ) as client,
     ):
         with running(argv, env) as proc:
-            assert re.search(r"ws=\S+", read_until(proc, "ready")[-1])
+            assert re.search(r"ws=\S+", (await asyncio.to_thread(read_until, proc, "ready"))[-1])
             await client.connect()
             await registered(redis, prefix, "dave")
             async with pumping(client) as got:
@@ -187,7 +187,7 @@ async def test_the_only_gateway_killed_and_restarted_is_retried_in_place(
                 await wait_for(lambda: client.stats.same_retries >= 2, "retries in place")
                 assert client.gateway_id is None
                 with running(argv, env) as again:
-                    read_until(again, "ready")
+                    await asyncio.to_thread(read_until, again, "ready")
                     await wait_for(lambda: client.gateway_id == "gwr", "dave back", 10)
                     for _ in range(250):
                         if await push(http, "dave", "after") == ["dave"]:

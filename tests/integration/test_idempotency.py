@@ -184,7 +184,7 @@ async def test_one_key_pushes_once_across_two_push_services(
         IMROUTE_DB_URL=f"sqlite+aiosqlite:///{tmp_path}/users.db",
     )
     ports = [free_port(), free_port()]
-    with push_services(env, ports):
+    async with push_services(env, ports):
         async with gateway(redis_url, prefix, "gw1", "g1") as gw:
             async with client(gw, "alice") as phone, client(gw, "alice") as laptop:
                 async with httpx.AsyncClient(timeout=10) as http:

@@ -74,7 +74,11 @@ async def test_every_line_is_json_and_names_the_push_the_batch_and_the_gateway(
         running(push_argv, {**env, "IMROUTE_WORKERS": "2"}) as push,
         running(gw_argv, env) as gw,
     ):
-        started = await asyncio.to_thread(read_until, push, "Uvicorn running on")
+        # The supervisor says it listens before its workers start: until both have
+        # started, a connection the kernel gave a starting worker waits in its queue.
+        started = await asyncio.to_thread(read_until, push, "Uvicorn running on", 60)
+        for _ in range(2):
+            started += await asyncio.to_thread(read_until, push, "Application startup complete", 60)
         gw_lines = await asyncio.to_thread(read_until, gw, "ready")
         ws_url = re.search(r"ws=(\S+)", gw_lines[-1])
         assert ws_url, gw_lines[-1]
@@ -84,7 +88,7 @@ async def test_every_line_is_json_and_names_the_push_the_batch_and_the_gateway(
                 if await redis.hlen(keys.route("amy")):
                     break
                 await asyncio.sleep(0.05)
-            async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as http:
+            async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=30) as http:
                 for _ in range(100):  # until a worker has the gateway in its fleet
                     resp = await http.post(
                         "/v1/push", json={"to": ["amy"], "content": 1}, headers=AUTH

@@ -52,7 +52,7 @@ async def test_a_crashed_gateways_routes_expire(
     ]
     keys = KeySchema(prefix)
     with running(argv, env) as proc:
-        line = read_until(proc, "ready")[-1]
+        line = (await asyncio.to_thread(read_until, proc, "ready"))[-1]
         ws_url = re.search(r"ws=(\S+)", line)
         assert ws_url, line
         async with connect(f"{ws_url.group(1)}?token={token('crashy')}"):
@@ -312,7 +312,7 @@ async def test_sigterm_drains_the_gateway_then_it_exits(
             "--ws-port", "0", "--grpc-port", "0"]  # fmt: skip
     keys = KeySchema(prefix)
     with running(argv, env) as proc:
-        line = read_until(proc, "ready")[-1]
+        line = (await asyncio.to_thread(read_until, proc, "ready"))[-1]
         ws_url = re.search(r"ws=(\S+)", line)
         assert ws_url, line
         async with connect(f"{ws_url.group(1)}?token={token('tess')}") as ws:

@@ -35,7 +35,7 @@ async def test_the_limit_holds_across_two_push_services(
         IMROUTE_RATE_BURST="20",
     )
     ports = [free_port(), free_port()]
-    with push_services(env, ports):
+    async with push_services(env, ports):
         # Raw keep-alive connections: an HTTP client library in this one process could
         # not send 1,000 requests in a second on this machine; these can. A 429 closes
         # its connection (its body was never read), so the sender opens another.

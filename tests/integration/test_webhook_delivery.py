@@ -88,7 +88,7 @@ async def test_500s_then_200_still_deliver_every_event_once(
 ) -> None:
     async with WebhookReceiver(HOOK_SECRET, statuses=[500, 503, 500]) as rx:
         port = free_port()
-        with push_services(env_for(redis_url, prefix, tmp_path, rx.url), [port]):
+        async with push_services(env_for(redis_url, prefix, tmp_path, rx.url), [port]):
             await RedisOutbox(outbox_redis, KeySchema(prefix), 1000).emit(unacked(5))
             await rx.wait_for(lambda: len(rx.events) == 5, "the five events")
             counts = await metrics_once(port, "imroute_webhook_sent_total", 5)
@@ -107,7 +107,7 @@ async def test_a_4xx_drops_its_batch_counted_and_the_next_is_sent(
     async with WebhookReceiver(HOOK_SECRET, statuses=[400]) as rx:
         port = free_port()
         outbox = RedisOutbox(outbox_redis, KeySchema(prefix), 1000)
-        with push_services(env_for(redis_url, prefix, tmp_path, rx.url), [port]) as (proc,):
+        async with push_services(env_for(redis_url, prefix, tmp_path, rx.url), [port]) as (proc,):
             await outbox.emit(unacked(2))
             await rx.wait_for(lambda: len(rx.requests) == 1, "the refused request")
             await outbox.emit(unacked(1, start=2))
@@ -127,7 +127,7 @@ async def test_two_push_services_send_each_event_once(
     async with WebhookReceiver(HOOK_SECRET) as rx:
         ports = [free_port(), free_port()]
         outbox = RedisOutbox(outbox_redis, KeySchema(prefix), 10_000)
-        with push_services(env_for(redis_url, prefix, tmp_path, rx.url), ports):
+        async with push_services(env_for(redis_url, prefix, tmp_path, rx.url), ports):
             for start in range(0, 600, 150):
                 await outbox.emit(unacked(150, start))
             await rx.wait_for(lambda: len(rx.events) >= 600, "600 events")
@@ -149,7 +149,7 @@ async def test_a_receiver_down_for_a_while_gets_every_queued_event_and_overflow_
     port = free_port()
     env = env_for(redis_url, prefix, tmp_path, rx.url, IMROUTE_WEBHOOK_QUEUE_MAX="50")
     keys = KeySchema(prefix)
-    with push_services(env, [port]) as (proc,):
+    async with push_services(env, [port]) as (proc,):
         await RedisOutbox(outbox_redis, keys, 50).emit(unacked(60))
         proc.read_until("retry 3 in", 15)  # the sender keeps trying, backing off
         deadline = time.monotonic() + 10
@@ -180,14 +180,14 @@ async def test_a_killed_senders_events_are_taken_over_by_another(
 ) -> None:
     async with WebhookReceiver(HOOK_SECRET, statuses=[500] * 10_000) as rx:
         env = env_for(redis_url, prefix, tmp_path, rx.url)
-        with push_services(env, [free_port()]) as (first,):
+        async with push_services(env, [free_port()]) as (first,):
             await RedisOutbox(outbox_redis, KeySchema(prefix), 1000).emit(unacked(5))
             first.read_until("retry 1 in", 10)  # it holds the batch, retrying
             first.send_signal(signal.SIGKILL)
             await asyncio.to_thread(first.wait, 5)
         rx.statuses.clear()  # the receiver is healthy again
         tried = len(rx.requests)
-        with push_services(env, [free_port()]):
+        async with push_services(env, [free_port()]):
             # Idle past the claim time (2 x (timeout + max backoff) + 5 s, about 10 s
             # here), the dead sender's entries are claimed and sent.
             await rx.wait_for(lambda: len(rx.events) == 5, "the taken-over events", 25)

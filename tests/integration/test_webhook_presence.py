@@ -143,7 +143,7 @@ def gateway_proc(
 
 async def connect_then_crash(proc: Proc, redis: aioredis.Redis, prefix: str, uid: str) -> int:
     """Connect `uid` to the gateway process, SIGKILL it (no unregister); `uid`'s epoch."""
-    found = re.search(r"ws=(\S+)", read_until(proc, "ready")[-1])
+    found = re.search(r"ws=(\S+)", (await asyncio.to_thread(read_until, proc, "ready"))[-1])
     assert found
     async with connect(f"{found.group(1)}?token={token(uid)}") as ws:
         await ready(ws)
@@ -176,7 +176,7 @@ async def test_a_crashed_gateway_that_restarts_schedules_its_last_runs_users(
         with running(argv, env) as proc:
             epoch = await connect_then_crash(proc, redis, prefix, "phoenix")
         with running(argv, env) as again:
-            read_until(again, "ready")  # it adopted its last run's users
+            await asyncio.to_thread(read_until, again, "ready")  # it adopted its last run's users
             gws = await redis.smembers(KeySchema(prefix).presence_gateways())
             assert "gwc" not in gws  # nothing left for a sweeper to adopt
             async with api(redis_url, prefix, **hooks(rx, grace_s=0.5)):

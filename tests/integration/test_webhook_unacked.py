@@ -107,7 +107,7 @@ async def test_two_push_services_each_send_each_message_unacked_once(
     async with WebhookReceiver(HOOK_SECRET) as rx:
         ports = [free_port(), free_port()]
         env = env_for(redis_url, prefix, tmp_path, rx.url, IMROUTE_WEBHOOK_UNACKED_S="1")
-        with push_services(env, ports):
+        async with push_services(env, ports):
             push_ids = []
             async with httpx.AsyncClient() as http:
                 for n in range(40):
