@@ -41,7 +41,7 @@ from contextlib import contextmanager
 
 from opentelemetry import trace
 from opentelemetry.context import Context
-from opentelemetry.trace import Span, SpanKind, Status, StatusCode, Tracer
+from opentelemetry.trace import Span, SpanKind, Status, StatusCode, Tracer, use_span
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 from opentelemetry.util.types import AttributeValue
 
@@ -59,6 +59,7 @@ __all__ = [
     "sampled",
     "traced",
     "traceparent",
+    "use_span",
 ]
 
 TRACEPARENT = "traceparent"

@@ -38,6 +38,10 @@ function fmt(v) {
   return Number.isInteger(v) ? String(v) : v.toFixed(v < 10 ? 2 : 1);
 }
 
+function count(n, noun) {
+  return `${n} ${noun}${n === 1 ? "" : "s"}`;
+}
+
 function say(text, error = false) {
   const m = $("#message");
   m.textContent = text;
@@ -150,9 +154,9 @@ function drawGroups(groups) {
       el("span", { class: "name" }, g.group_id),
       el("span", { class: "track" }, el("span", {
         class: "fill", style: `display:block;width:${(g.share * 100).toFixed(1)}%` })),
-      el("span", { class: "n" }, `${g.connections} connections` +
+      el("span", { class: "n" }, count(g.connections, "connection") +
         (g.max_connections ? ` of ${g.max_connections}` : "") +
-        ` · ${g.gateways} gateways${g.draining ? `, ${g.draining} draining` : ""}` +
+        ` · ${count(g.gateways, "gateway")}${g.draining ? `, ${g.draining} draining` : ""}` +
         ` · ${(g.share * 100).toFixed(0)}%`))));
 }
 

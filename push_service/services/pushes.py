@@ -152,9 +152,9 @@ class Pushes:
         # Every line logged while it is pushed (its retries included) names it.
         bound = bind(push_id=message.push_id, msg_id=message.msg_id)
         try:
-            if not self._traced:
+            span = current_span() if self._traced else None
+            if span is None or not span.is_recording():  # off, or this push not sampled
                 return await self._push(body, message)
-            span = current_span()
             span.set_attributes(_span_ids(message, len(body.to)))
             pushed = await self._push(body, message)
             _annotate(span, pushed)

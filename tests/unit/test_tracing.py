@@ -100,6 +100,39 @@ async def test_a_4xx_is_the_callers_error_and_other_paths_make_no_span(
     assert span.name == "POST /v1/push/batch" and span.status.status_code.name == "UNSET"
 
 
+async def test_a_request_the_sampler_drops_passes_with_no_span_current() -> None:
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider(sampler=ParentBased(TraceIdRatioBased(0.0)))
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tracer = provider.get_tracer("t")
+    seen: list[object] = []
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        seen.append(traced(slot.tracer))  # what the services and the pusher ask
+        seen.append(send)
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"{}"})
+
+    slot = TracerSlot()
+    slot.tracer = tracer
+    traced_app = TracedRequests(app, slot)
+    assert await _post(traced_app, "/v1/push") == 200
+    # A caller's sampled-out context is followed too: still nothing.
+    assert await _post(traced_app, "/v1/push", {"traceparent": CALLER[:-2] + "00"}) == 200
+    assert seen[0] is None and seen[2] is None  # no child span, no context sent on
+    assert "sending" not in repr(seen[1])  # its messages pass unwrapped
+    assert exporter.get_finished_spans() == ()
+    # The sampled case still wraps the response (for the status code on its span).
+    exporter2 = InMemorySpanExporter()
+    tracing = Tracing.with_exporter(exporter2, "s", "i", batched=False)
+    slot.tracer = tracing.tracer
+    assert await _post(traced_app, "/v1/push") == 200
+    assert seen[4] is tracing.tracer and "sending" in repr(seen[5])
+    (span,) = exporter2.get_finished_spans()
+    assert span.attributes is not None and span.attributes["http.response.status_code"] == 200
+    assert span.attributes["http.route"] == "/v1/push"
+
+
 async def test_without_a_tracer_the_request_passes_untouched() -> None:
     assert await _post(_app(200), "/v1/push", {"traceparent": CALLER}) == 200
 
