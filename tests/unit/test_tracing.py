@@ -268,3 +268,29 @@ def test_an_unsampled_push_makes_no_child_spans_and_sends_no_context() -> None:
     with sampled_tracer.start_as_current_span("POST /v1/push"):
         assert traced(sampled_tracer) is sampled_tracer
     assert sampled(CALLER) and not sampled(CALLER[:-2] + "00") and not sampled("")
+
+
+def test_the_span_cost_benchmark_builds_a_p2p_push_s_five_spans_as_one_trace(
+    exported: tuple[Tracing, InMemorySpanExporter],
+) -> None:
+    from bench.span_cost import one_push
+
+    tracing, exporter = exported
+    one_push(tracing, GatewayTracing(tracing.tracer), 7)
+    spans = {s.name: s for s in exporter.get_finished_spans()}
+    assert set(spans) == {
+        "POST /v1/push",
+        "routes.lookup",
+        "gateway.call",
+        "gateway.deliver",
+        "gateway.acks",
+    }
+    ids = {name: s.context.span_id for name, s in spans.items() if s.context is not None}
+    parents = {name: s.parent.span_id for name, s in spans.items() if s.parent is not None}
+    assert parents == {
+        "routes.lookup": ids["POST /v1/push"],
+        "gateway.call": ids["POST /v1/push"],
+        "gateway.deliver": ids["gateway.call"],
+        "gateway.acks": ids["gateway.deliver"],
+    }
+    assert len({s.context.trace_id for s in spans.values() if s.context is not None}) == 1
