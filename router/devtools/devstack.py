@@ -180,13 +180,13 @@ class DevStack:
             "  try it:",
             f"    TOKEN=$(IMROUTE_SECRET={secret} {_imroute()} token alice)",
             f'    {sys.executable} -m websockets "{gateways[0]["ws_url"]}?token=$TOKEN"',
-            f"    curl -s -H 'Authorization: Bearer {key}' -H 'Content-Type: application/json' "
+            f"    curl -s -H \"Authorization: Bearer {key}\" -H 'Content-Type: application/json' "
             f'-d \'{{"to":["alice"],"content":{{"text":"hi"}}}}\' '
             f"http://{o.host}:{o.port}/v1/push",
-            f"    curl -s -X PUT -H 'Authorization: Bearer {admin}' -H 'Content-Type: "
+            f'    curl -s -X PUT -H "Authorization: Bearer {admin}" -H \'Content-Type: '
             f'application/json\' -d \'{{"users":[{{"uid":"alice","tags":["vip"]}}]}}\' '
             f"http://{o.host}:{o.port}/v1/users",
-            f"    curl -s -H 'Authorization: Bearer {key}' -H 'Content-Type: application/json' "
+            f"    curl -s -H \"Authorization: Bearer {key}\" -H 'Content-Type: application/json' "
             f'-d \'{{"content":{{"text":"to all"}}}}\' http://{o.host}:{o.port}/v1/broadcast',
             "  Ctrl-C stops everything.",
             "",
