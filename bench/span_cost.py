@@ -132,7 +132,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             span = dropped_tracer.start_span(
                 "POST /v1/push", kind=SpanKind.SERVER, attributes=ROOT_ATTRIBUTES
             )
-            span.is_recording()
+            if not span.is_recording():
+                with use_span(span):  # still current, as push_service.tracing_http does
+                    pass
 
     unsampled = per(n, dropped)
     carrier = {"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}

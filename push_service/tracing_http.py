@@ -48,10 +48,12 @@ class TracedRequests:
             attributes=_ATTRIBUTES[path],
         )
         if not span.is_recording():
-            # The sampler dropped this push: nothing is made current, so nothing below
-            # it makes a span or sends a context on (shared.tracing.traced), and its
-            # messages pass unwrapped. At 1 % sampling this is 99 requests of 100.
-            await self.app(scope, receive, send)
+            # The sampler dropped this push (at 1 % sampling, 99 requests of 100): its
+            # messages pass unwrapped. Still current, so that what starts under it (a
+            # job's span) follows its decision, and nothing below it makes a span or
+            # sends a context on (shared.tracing.traced).
+            with use_span(span):
+                await self.app(scope, receive, send)
             return
 
         async def sending(message: Message) -> None:

@@ -5,14 +5,23 @@ traceparent both ways, and the settings that turn it on (or stop a start)."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 import httpx
 import pytest
+from opentelemetry.context import Context
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
+from opentelemetry.sdk.trace.sampling import (
+    Decision,
+    ParentBased,
+    Sampler,
+    SamplingResult,
+    TraceIdRatioBased,
+)
+from opentelemetry.trace import Link, SpanKind, TraceState
+from opentelemetry.util.types import Attributes
 from starlette.types import Receive, Scope, Send
 
 from push_service.tracing_http import TracedRequests, TracerSlot
@@ -100,9 +109,31 @@ async def test_a_4xx_is_the_callers_error_and_other_paths_make_no_span(
     assert span.name == "POST /v1/push/batch" and span.status.status_code.name == "UNSET"
 
 
-async def test_a_request_the_sampler_drops_passes_with_no_span_current() -> None:
+class DropRequests(Sampler):
+    """Drops every request's root span and samples every other root (a job's)."""
+
+    def should_sample(
+        self,
+        parent_context: Context | None,
+        trace_id: int,
+        name: str,
+        kind: SpanKind | None = None,
+        attributes: Attributes = None,
+        links: Sequence[Link] | None = None,
+        trace_state: TraceState | None = None,
+    ) -> SamplingResult:
+        drop = name.startswith("POST ")
+        return SamplingResult(Decision.DROP if drop else Decision.RECORD_AND_SAMPLE)
+
+    def get_description(self) -> str:
+        return "DropRequests"
+
+
+async def test_a_request_the_sampler_drops_passes_unwrapped_and_nothing_under_it_is_sampled() -> (
+    None
+):
     exporter = InMemorySpanExporter()
-    provider = TracerProvider(sampler=ParentBased(TraceIdRatioBased(0.0)))
+    provider = TracerProvider(sampler=ParentBased(DropRequests()))
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     tracer = provider.get_tracer("t")
     seen: list[object] = []
@@ -110,6 +141,11 @@ async def test_a_request_the_sampler_drops_passes_with_no_span_current() -> None
     async def app(scope: Scope, receive: Receive, send: Send) -> None:
         seen.append(traced(slot.tracer))  # what the services and the pusher ask
         seen.append(send)
+        # What starts a span of its own under the request (a broadcast's push.job)
+        # follows the request's decision rather than sampling afresh.
+        assert slot.tracer is not None
+        with slot.tracer.start_as_current_span("push.job") as job:
+            seen.append(job.is_recording())
         await send({"type": "http.response.start", "status": 200, "headers": []})
         await send({"type": "http.response.body", "body": b"{}"})
 
@@ -119,16 +155,17 @@ async def test_a_request_the_sampler_drops_passes_with_no_span_current() -> None
     assert await _post(traced_app, "/v1/push") == 200
     # A caller's sampled-out context is followed too: still nothing.
     assert await _post(traced_app, "/v1/push", {"traceparent": CALLER[:-2] + "00"}) == 200
-    assert seen[0] is None and seen[2] is None  # no child span, no context sent on
+    assert seen[0] is None and seen[3] is None  # no child span, no context sent on
     assert "sending" not in repr(seen[1])  # its messages pass unwrapped
+    assert seen[2] is False and seen[5] is False  # a job's span under it: dropped too
     assert exporter.get_finished_spans() == ()
     # The sampled case still wraps the response (for the status code on its span).
     exporter2 = InMemorySpanExporter()
     tracing = Tracing.with_exporter(exporter2, "s", "i", batched=False)
     slot.tracer = tracing.tracer
     assert await _post(traced_app, "/v1/push") == 200
-    assert seen[4] is tracing.tracer and "sending" in repr(seen[5])
-    (span,) = exporter2.get_finished_spans()
+    assert seen[6] is tracing.tracer and "sending" in repr(seen[7]) and seen[8] is True
+    (span,) = _named(exporter2.get_finished_spans(), "POST /v1/push")
     assert span.attributes is not None and span.attributes["http.response.status_code"] == 200
     assert span.attributes["http.route"] == "/v1/push"
 
