@@ -65,5 +65,5 @@ class TracedRequests:
                     span.set_status(Status(StatusCode.ERROR, f"HTTP {status}"))
             await send(message)
 
-        with use_span(span, end_on_exit=True, record_exception=True, set_status_on_exception=True):
+        with use_span(span, end_on_exit=True):  # an exception leaving it is recorded
             await self.app(scope, receive, sending)
