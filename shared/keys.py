@@ -16,13 +16,14 @@ values' formats live with their stores: `router.routes.codec` for a route,
   stream were trimmed (past ``IMROUTE_BUS_MAXLEN``) before that gateway had read them.
 - ``{prefix}content:{msg_id}`` is a broadcast or multicast push's content, stored once
   for all its batches (which name it by msg_id), with a TTL.
-- ``{prefix}rseq:{<uid>}``, ``{prefix}rlog:{<uid>}`` and ``{prefix}inbox:{<uid>}`` are a
-  user's recovery sequence (a counter), recovery log (a list of ``<seq> <ts> <entry>``,
-  in seq order) and offline inbox (a sorted set scored by seq). The braces are a Redis
-  Cluster hash tag, so the three meet in one slot and one script; a uid holding a brace
-  is tagged by its SHA-1 instead.
-- ``{prefix}tseq:{<topic>}`` and ``{prefix}tlog:{<topic>}`` are a bus topic's batch
-  sequence and batch log, hash-tagged by topic the same way.
+- ``{prefix}useq:{<uid>}``, ``{prefix}ulog:{<uid>}`` and ``{prefix}uinbox:{<uid>}`` are a
+  user's recovery sequence (a hash: ``n`` the counter, ``e`` its epoch, the Redis clock
+  in ms when the counter was created; `shared.positions`), recovery log (a list of
+  ``<n> <ts> <entry>``, in order) and offline inbox (a sorted set scored by ``n``). The
+  braces are a Redis Cluster hash tag, so the three meet in one slot and one script; a
+  uid holding a brace is tagged by its SHA-1 instead.
+- ``{prefix}topicseq:{<topic>}`` and ``{prefix}topiclog:{<topic>}`` are a bus topic's
+  batch sequence (the same hash) and batch log, hash-tagged by topic the same way.
 - ``{prefix}{drain}:{gateway_id}`` asks that gateway to drain; its value is the boot
   (``started_ms``) it is for. ``{drain}`` is a literal hash tag: every drain request is
   in one slot, so the check that a group keeps a gateway not draining is one script.
@@ -107,19 +108,19 @@ class KeySchema:
         return f"{self.prefix}content:{msg_id}"
 
     def user_seq(self, uid: str) -> str:
-        return f"{self.prefix}rseq:{_tag(uid)}"
+        return f"{self.prefix}useq:{_tag(uid)}"
 
     def user_log(self, uid: str) -> str:
-        return f"{self.prefix}rlog:{_tag(uid)}"
+        return f"{self.prefix}ulog:{_tag(uid)}"
 
     def user_inbox(self, uid: str) -> str:
-        return f"{self.prefix}inbox:{_tag(uid)}"
+        return f"{self.prefix}uinbox:{_tag(uid)}"
 
     def topic_seq(self, topic: str) -> str:
-        return f"{self.prefix}tseq:{_tag(topic)}"
+        return f"{self.prefix}topicseq:{_tag(topic)}"
 
     def topic_log(self, topic: str) -> str:
-        return f"{self.prefix}tlog:{_tag(topic)}"
+        return f"{self.prefix}topiclog:{_tag(topic)}"
 
     def job(self, push_id: str) -> str:
         return f"{self.prefix}job:{push_id}"

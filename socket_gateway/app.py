@@ -285,6 +285,7 @@ class Gateway:
             lambda: self.info,
             self._drain,
             self.drain,
+            caught_up=self.resumer.catch_up,
         )
         self._heartbeat.start()
         self._consumer = asyncio.create_task(self._consume(bus), name="bus-consumer")

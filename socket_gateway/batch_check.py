@@ -59,6 +59,8 @@ class BatchCheck:
             return f"a uid over {MAX_NAME_CHARS} characters"
         if batch.seqs and len(batch.seqs) != len(uids):
             return "seqs must be empty or one per uid"
+        if batch.epochs and len(batch.epochs) != len(batch.seqs):
+            return "epochs must be empty or one per seq"
         if batch.everyone and uids:
             return "an everyone batch names no uids"
         return self._content_problem(m.msg_id, m.content_json)

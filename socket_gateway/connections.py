@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from shared.models import Registration
-from shared.positions import encode_pos
+from shared.positions import EPOCH_SHIFT, encode_pos, first_after
 from shared.wire import push_frame
 
 __all__ = ["MAX_UNACKED", "ClientConn", "Held", "LocalConnections", "Marks", "Sent", "Sink"]
@@ -205,15 +205,21 @@ class LocalConnections:
         return delivered, missing
 
     def deliver_p2p(
-        self, uids: Sequence[str], seqs: Sequence[int], prefix: bytes, ref: str = ""
+        self,
+        uids: Sequence[str],
+        seqs: Sequence[int],
+        prefix: bytes,
+        ref: str = "",
+        epochs: Sequence[int] = (),
     ) -> tuple[list[str], list[str]]:
-        """Like `deliver`, for P2P: each uid has its own seq (none when not stored)."""
+        """Like `deliver`, for P2P: each uid has its own seq (none when not stored),
+        carried as its counter and its log's epoch (`shared.positions`)."""
         delivered: list[str] = []
         missing: list[str] = []
         by_uid = self._by_uid
         put = self._put
         for i, uid in enumerate(uids):
-            seq = seqs[i] if seqs else 0
+            seq = (epochs[i] << EPOCH_SHIFT | seqs[i] if epochs else seqs[i]) if seqs else 0
             wrote = False
             for conn in by_uid.get(uid, ()):
                 wrote = put(conn, "p", seq, prefix, ref) or wrote
@@ -250,7 +256,7 @@ class LocalConnections:
             skip = conn.skip
             if skip is not None and (skip[0] < seq <= skip[1] or seq in skip[2]):
                 return True  # the replay (or a gap fill) wrote it
-            if seq > conn.p + 1 and self.gap_filler is not None:
+            if seq > first_after(conn.p, seq) and self.gap_filler is not None:
                 # A hole in the user's P2P sequence: a push that failed for this
                 # connection (its gateway was restarting) or one still on its way.
                 # This and what follows wait until the hole is read from the log.

@@ -54,6 +54,10 @@ def gateway_counts(gw: Gateway) -> dict[str, tuple[str, float]]:
             "Batches the bus brought after their turn (already delivered): dropped",
             sum(q.late for q in seqs),
         )
+        counts["log_epochs"] = (
+            "Topic recovery logs found started again under a new epoch (Redis lost them)",
+            sum(q.epochs for q in seqs),
+        )
         counts["batches_without_content"] = (
             "Bus batches whose content, stored once per push, was gone: dropped",
             gw.follower.without_content,

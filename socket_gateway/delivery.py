@@ -14,6 +14,7 @@ from router.receipts.base import DELIVERED
 from router.stats.latency import LatencyHistogram
 from shared.batches import message_of
 from shared.clock import Clock
+from shared.positions import seq_of
 from shared.proto import gateway_pb2
 from shared.tracing import sampled
 from shared.wire import push_prefix
@@ -147,14 +148,13 @@ class DeliverService:
         prefix = push_prefix(message)
         log = log or ("b" if batch.mode == gateway_pb2.MODE_BROADCAST else "g")
         report = self.report
+        seq = seq_of(batch.epoch, batch.seq) if batch.seq else 0
         if batch.everyone:
-            count = self._conns.deliver_all(prefix, log, batch.seq, message.push_id)
+            count = self._conns.deliver_all(prefix, log, seq, message.push_id)
             if report is not None and count:
                 report(DELIVERED, message.push_id, self._conns.uids())
             return gateway_pb2.DeliverReply(connections=count)
-        delivered, missing = self._conns.deliver(
-            batch.uids, prefix, log, batch.seq, message.push_id
-        )
+        delivered, missing = self._conns.deliver(batch.uids, prefix, log, seq, message.push_id)
         if report is not None and delivered:
             report(DELIVERED, message.push_id, delivered)
         return gateway_pb2.DeliverReply(delivered=delivered, missing=missing)
@@ -188,7 +188,7 @@ class DeliverService:
             return gateway_pb2.DeliverReply(expired=True)
         message = message_of(batch)
         delivered, missing = self._conns.deliver_p2p(
-            batch.uids, batch.seqs, push_prefix(message), message.push_id
+            batch.uids, batch.seqs, push_prefix(message), message.push_id, batch.epochs
         )
         if batch_id:
             expires_in = (batch.expires_ms - now_ms) / 1000 if batch.expires_ms else None

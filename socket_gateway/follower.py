@@ -87,7 +87,9 @@ class TopicFollower:
         if sequencer is None or not batch.seq:
             self._service.deliver(batch)  # not logged ("store": false): as it comes
             return
+        epochs = sequencer.epochs
         self._deliver(sequencer, sequencer.offer(batch, self._clock.monotonic()))
+        self._epoch_logged(sequencer, epochs)
 
     def recent(self, topic: str, after: int) -> TopicHistory | None:
         """The batches after `after` through what was delivered, from memory; None when
@@ -135,7 +137,20 @@ class TopicFollower:
     async def _poll(self, now: float) -> None:
         heads = await self._reads.heads(list(self.sequencers))
         for sequencer, head in zip(self.sequencers.values(), heads, strict=True):
-            sequencer.saw_head(head, now)
+            epochs = sequencer.epochs
+            self._deliver(sequencer, sequencer.saw_head(head, now))
+            self._epoch_logged(sequencer, epochs)
+
+    @staticmethod
+    def _epoch_logged(sequencer: TopicSequencer, before: int) -> None:
+        if sequencer.epochs > before:
+            log.warning(
+                "the recovery log of %s started again under a new epoch (Redis lost it: a "
+                "restart without persistence, a failover that lost writes); following it "
+                "from its first batch. Batches of the old log that never arrived are lost, "
+                "and clients resuming from a position in it get complete: false",
+                sequencer.topic,
+            )
 
     async def _fill(self, sequencer: TopicSequencer) -> None:
         gap = sequencer.gap(self._clock.monotonic())

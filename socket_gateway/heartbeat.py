@@ -110,8 +110,12 @@ class Heartbeat:
         info: Callable[[], GatewayInfo],
         drain: Drain,
         start_drain: Callable[[], Coroutine[Any, Any, None]],
+        caught_up: Callable[[], object] | None = None,
     ) -> None:
-        """`start_drain` runs the gateway's drain when a drain request is found."""
+        """`start_drain` runs the gateway's drain when a drain request is found;
+        `caught_up` is called once the connections were re-registered after the fleet
+        record was found missing (the local connections then read what was queued for
+        their users meanwhile: `Resumer.catch_up`)."""
         self._gateway_id = gateway_id
         self._interval = heartbeat_s
         self._refresh_s = route_ttl_s / 3
@@ -122,6 +126,7 @@ class Heartbeat:
         self._info = info
         self._drain = drain
         self._start_drain = start_drain
+        self._caught_up = caught_up
         self._tasks: list[asyncio.Task[None]] = []
         self._drain_task: asyncio.Task[None] | None = None
         self._reregister: asyncio.Task[None] | None = None
@@ -190,6 +195,9 @@ class Heartbeat:
             await self.refresh()
         except ImrouteError as exc:
             log.warning("re-registering connections failed (the route refresh retries): %s", exc)
+        # Even when some routes are still missing: what was queued can be read already.
+        if self._caught_up is not None:
+            self._caught_up()
 
     async def paced_refresh(self) -> None:
         """Push every local route's deadline forward, a slice at a time, spread over

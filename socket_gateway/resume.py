@@ -137,27 +137,47 @@ class Resumer:
         if gone:
             await self._forget_gone(conn.uid, gone)
 
-    def fill_gap(self, conn: ClientConn, after: int, upto: int) -> None:
-        """A hole (after, upto] in a live connection's P2P sequence: write what the log
-        holds of it, in order, then what waited behind it (`LocalConnections.gap_filler`)."""
+    def fill_gap(self, conn: ClientConn, after: int, upto: int | None) -> None:
+        """A hole (after, upto] in a live connection's P2P sequence (None: to the log's
+        head): write what the log holds of it, in order, then what waited behind it
+        (`LocalConnections.gap_filler`). The connection's live pushes wait meanwhile."""
+        if conn.held is None:
+            conn.held = []
         task = asyncio.ensure_future(self._fill_gap(conn, after, upto))
         self._gaps.add(task)
         task.add_done_callback(self._gaps.discard)
 
-    async def _fill_gap(self, conn: ClientConn, after: int, upto: int) -> None:
+    def catch_up(self) -> int:
+        """Every live connection reads what its user's P2P log holds past what it was
+        written: after Redis lost this gateway's routes (a restart, a partition longer
+        than their TTL), pushes to its users were answered `offline` and queued, and a
+        user who gets no later push would otherwise wait for a reconnect. How many
+        connections were asked to."""
+        started = 0
+        for conn in list(self._conns):
+            if conn.held is None and conn.sink.is_open():  # replaying: it reads them anyway
+                self.fill_gap(conn, conn.p, None)
+                started += 1
+        return started
+
+    async def _fill_gap(self, conn: ClientConn, after: int, upto: int | None) -> None:
         self.gaps += 1
         try:
             user = await self._read_users((conn.uid, after))
         except RegistryUnavailable as exc:
             log.warning("could not read a hole in a connection's messages: %s", exc)
             user = None
+        if upto is None:
+            upto = user.head if user is not None else after
         conns = self._conns
         report = self._report
         wrote: list[int] = []
         if user is not None and conn.sink.is_open():
             now = self._clock.now_ms()
             skip = conn.skip
-            for e in user.log:
+            # The inbox too: what no device acked may be older than the log's window.
+            held = {e.seq: e for e in (*user.inbox, *user.log)}
+            for e in (held[seq] for seq in sorted(held)):
                 if not after < e.seq <= upto or (skip is not None and e.seq in skip[2]):
                     continue
                 if e.expires_ms and now > e.expires_ms:

@@ -8,12 +8,19 @@ a batch ahead of the next expected one waits, and when the gap has not closed af
 `hold_s` the shell reads the missing seqs from the log (`gap` says which, `filled`
 takes them). The shell also reports the log's head now and then (`saw_head`), so a
 last batch that the bus lost is fetched too.
+
+Seqs are compared whole (`shared.positions`: the log's epoch above its counter). A batch
+or a head of a later epoch means Redis lost the log and started it again: what the
+sequencer still held of the old epoch leaves at once, in order (its holes can no longer
+be read), and it follows the new epoch from its first seq, instead of taking the new,
+small counters for late copies (`epochs` counts those starts).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from shared.positions import epoch_of, seq_of
 from shared.proto import gateway_pb2
 
 __all__ = ["TopicSequencer"]
@@ -30,6 +37,7 @@ class TopicSequencer:
     late: int = 0  # arrived after their seq was delivered or filled: dropped
     filled: int = 0  # fetched from the log because the bus had not brought them in time
     lost: int = 0  # neither on the bus nor any longer in the log: skipped
+    epochs: int = 0  # the log started again under a new epoch (Redis lost it)
 
     @property
     def delivered_through(self) -> int:
@@ -37,18 +45,40 @@ class TopicSequencer:
 
     def offer(self, batch: gateway_pb2.Batch, now: float) -> list[gateway_pb2.Batch]:
         """Take one batch from the bus; the batches now ready, in seq order."""
-        seq = batch.seq
+        seq = seq_of(batch.epoch, batch.seq)
+        ready = self._follow_epoch(seq, now)
         if seq < self.next_seq or seq in self._pending:
             self.late += 1
-            return []
+            return ready
         self._pending[seq] = batch
         self._head = max(self._head, seq)
-        return self._ready(now)
+        ready.extend(self._ready(now))
+        return ready
 
-    def saw_head(self, head: int, now: float) -> None:
-        """The log's head, as read from the store: seqs up to it are owed to us."""
+    def saw_head(self, head: int, now: float) -> list[gateway_pb2.Batch]:
+        """The log's head, as read from the store: seqs up to it are owed to us. The
+        batches it makes ready (those left of an older epoch), in seq order."""
+        ready = self._follow_epoch(head, now)
         self._head = max(self._head, head)
         self._mark(now)
+        return ready
+
+    def _follow_epoch(self, seq: int, now: float) -> list[gateway_pb2.Batch]:
+        """When `seq` is of a later epoch than ours, start that epoch: what is held of
+        ours leaves now, in order. Only forward: a head read before a newer batch came
+        must not take the sequencer back."""
+        epoch = epoch_of(seq)
+        if epoch <= epoch_of(self.next_seq):
+            return []
+        if self.next_seq > 1 or self._pending:  # not the log's birth, seen from nothing
+            self.epochs += 1
+        pending, self._pending = self._pending, {}
+        ready = [pending[s] for s in sorted(pending)]
+        self.next_seq = seq_of(epoch, 1)
+        self._head = self.next_seq - 1
+        self._waiting_since = None
+        self._mark(now)
+        return ready
 
     def gap(self, now: float) -> tuple[int, int] | None:
         """(after, upto): the seqs to read from the log, once a gap outlived `hold_s`."""
@@ -62,11 +92,13 @@ class TopicSequencer:
     ) -> list[gateway_pb2.Batch]:
         """Take what the log held for (after, upto]; what it lacked is skipped as lost."""
         for batch in batches:
-            if after < batch.seq <= upto and batch.seq >= self.next_seq:
-                self._pending.setdefault(batch.seq, batch)
+            seq = seq_of(batch.epoch, batch.seq)
+            if after < seq <= upto and seq >= self.next_seq:
+                self._pending.setdefault(seq, batch)
                 self.filled += 1
         ready = self._ready(now)
-        while self.next_seq <= upto and self.next_seq not in self._pending:
+        same_epoch = epoch_of(upto) == epoch_of(self.next_seq)
+        while same_epoch and self.next_seq <= upto and self.next_seq not in self._pending:
             self.lost += 1
             self.next_seq += 1
             ready.extend(self._ready(now))

@@ -19,7 +19,7 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from types import FrameType
 
-from router.devtools.embedded_redis import EmbeddedRedis, redis_answers
+from router.devtools.embedded_redis import EmbeddedRedis, keeps_nothing, redis_answers
 from router.devtools.ports import port_free
 from router.devtools.supervisor import ChildExited, Supervisor
 from router.directory.migrate import upgrade_sync
@@ -99,7 +99,16 @@ class DevStack:
                 redis_url = self.redis.start()
                 print(
                     f"no Redis at {redact_url(settings.redis_url)}: started an embedded one "
-                    f"at {redis_url}",
+                    f"at {redis_url} (append-only file on, as imroute asks of any Redis)",
+                    flush=True,
+                )
+            elif keeps_nothing(redis_url):
+                print(
+                    f"warning: the Redis at {redact_url(redis_url)} keeps nothing on disk "
+                    "(appendonly no): a restart of it loses offline users' inboxes and the "
+                    "recovery window (connected clients lose nothing; resumes say complete: "
+                    "false). Run it with --appendonly yes --appendfsync everysec (README, "
+                    '"What Redis must keep")',
                     flush=True,
                 )
             env["IMROUTE_REDIS_URL"] = redis_url

@@ -35,6 +35,22 @@ def redis_answers(url: str, timeout_s: float = 1.0) -> bool:
         return False
 
 
+def keeps_nothing(url: str, timeout_s: float = 1.0) -> bool:
+    """True if the Redis at `url` says it runs without an append-only file (README, "What
+    Redis must keep"); False when it has one, or will not say (a managed Redis may refuse
+    CONFIG)."""
+    try:
+        client = redis.Redis.from_url(
+            url, socket_connect_timeout=timeout_s, socket_timeout=timeout_s, decode_responses=True
+        )
+        try:
+            return client.config_get("appendonly").get("appendonly") == "no"
+        finally:
+            client.close()
+    except (redis.exceptions.RedisError, ValueError, OSError):
+        return False
+
+
 def find_redis_server() -> str:
     """Path of a redis-server binary; raises FileNotFoundError naming what was tried."""
     on_path = shutil.which("redis-server")
@@ -78,8 +94,12 @@ class EmbeddedRedis:
                 "700",
                 "--save",
                 "",
+                # README, "What Redis must keep": the append-only file, fsynced every
+                # second, as imroute asks of any Redis (here it lives as long as dev).
                 "--appendonly",
-                "no",
+                "yes",
+                "--appendfsync",
+                "everysec",
                 "--dir",
                 str(self._dir),
                 "--logfile",

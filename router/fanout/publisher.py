@@ -23,6 +23,7 @@ from router.recovery.base import OFFLINE_TOPIC, ContentWrites, RecoveryLog
 from shared.batches import to_batch
 from shared.ids import new_id
 from shared.models import Message
+from shared.positions import counter_of, epoch_of
 from shared.proto import gateway_pb2
 from shared.tracing import (
     TRACEPARENT,
@@ -149,7 +150,8 @@ class BatchPublisher:
             "group_id": group_id,
         }
         if self._recovery is not None:
-            batch.seq = await self._recovery.append_batch(topic, batch)
+            seq = await self._recovery.append_batch(topic, batch)
+            batch.seq, batch.epoch = counter_of(seq), epoch_of(seq)
         if span is not None:  # the batch's id as sent (a stable id log may set it)
             span.set_attribute("imroute.batch_id", batch.batch_id)
             attributes[TRACEPARENT] = traceparent(span)

@@ -32,6 +32,7 @@ from shared.clock import Clock
 from shared.errors import GatewayUnavailable, RegistryUnavailable
 from shared.ids import new_id
 from shared.models import Message, Route
+from shared.positions import counter_of, epoch_of
 from shared.proto import gateway_pb2
 from shared.tracing import (
     AttributeValue,
@@ -172,7 +173,10 @@ class Delivery:
         batch = to_batch(message, target.uids, new_id())
         batch.expires_ms = deliver_expiry_ms(expires_ms, self._clock.now_ms(), self._timeout)
         if seqs:
-            batch.seqs.extend([seqs[uid] for uid in target.uids])
+            # The wire carries each recipient's counter and its log's epoch apart.
+            mine = [seqs[uid] for uid in target.uids]
+            batch.seqs.extend([counter_of(seq) for seq in mine])
+            batch.epochs.extend([epoch_of(seq) for seq in mine])
         return batch
 
     async def _call(

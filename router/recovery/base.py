@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from shared.batches import message_of
 from shared.models import Message
+from shared.positions import seq_of
 from shared.proto import gateway_pb2
 from shared.wire import push_prefix
 
@@ -104,7 +105,7 @@ class LoggedBatch:
 
     def __init__(self, batch: gateway_pb2.Batch) -> None:
         self.batch = batch
-        self.seq = batch.seq
+        self.seq = seq_of(batch.epoch, batch.seq)
         self._uids: frozenset[str] | None = None
         self._message: Message | None = None
         self._prefix: bytes | None = None

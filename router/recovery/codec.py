@@ -61,8 +61,9 @@ def encode_batch(batch: gateway_pb2.Batch) -> str:
     return _dumps([*fields, *extra])
 
 
-def decode_batch(seq: int, text: str) -> gateway_pb2.Batch:
-    """The batch a topic entry holds, with its seq; ValueError if it is not one."""
+def decode_batch(seq: int, text: str, epoch: int = 0) -> gateway_pb2.Batch:
+    """The batch a topic entry holds, with its seq (the log's counter) and its log's
+    epoch; ValueError if it is not one."""
     fields: Sequence[Any] = json.loads(text)
     msg_id, push_id, msg_type, sender, content, ts_ms, expires_ms = fields[:7]
     mode, group_id, everyone, uids, batch_id = fields[7:]
@@ -83,4 +84,5 @@ def decode_batch(seq: int, text: str) -> gateway_pb2.Batch:
         group_id=group_id,
         expires_ms=int(expires_ms),
         seq=seq,
+        epoch=epoch,
     )

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 from router.recovery.base import Entry, TopicHistory, UserHistory
 from shared.models import Message
-from shared.positions import Pos
+from shared.positions import Pos, epoch_of, first_after
 
 __all__ = ["P2P", "Replay", "ReplayItem", "plan_replay"]
 
@@ -144,8 +144,12 @@ def _topic_items(
 
 
 def _dense(after: int, head: int, seqs: Iterator[int]) -> bool:
-    """Whether `seqs` (ascending) are exactly after+1 .. head."""
-    expected = after + 1
+    """Whether `seqs` (ascending) are exactly those after `after` through `head`: after+1
+    .. head within one epoch; from the log's first when `after` is 0 (nothing yet). A
+    position of another epoch than the log's now stood in a log that is gone: not."""
+    if after and head and epoch_of(after) != epoch_of(head):
+        return False
+    expected = first_after(after, head)
     for seq in seqs:
         if seq <= after:
             continue

@@ -27,19 +27,36 @@ from router.redis.scripts import Script, ScriptRunner
 from shared.clock import Clock
 from shared.keys import KeySchema
 from shared.models import Message
+from shared.positions import counter_of, epoch_of, seq_of
 from shared.proto import gateway_pb2
 
 __all__ = ["RedisRecoveryStore"]
 
 
+# Every sequence is a hash: `n` its counter, `e` its epoch (the Redis clock in ms when
+# the counter was created: `shared.positions`). A Redis that lost the hash (a restart
+# without persistence, a shard that lost data) starts it again at n = 1 under a new,
+# later epoch, which readers see as a jump, not as old numbers coming back.
+_NEXT = """
+local n = redis.call('HINCRBY', KEYS[1], 'n', 1)
+local e = redis.call('HGET', KEYS[1], 'e')
+if not e then
+  local t = redis.call('TIME')
+  e = tostring(tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000))
+  redis.call('HSET', KEYS[1], 'e', e)
+end
+"""
+
 # KEYS: seq, log. ARGV: data, now, cutoff (now - window), maxlen, log ttl, seq ttl (0: none).
-# A log is a list of "<seq> <ts> <data>", appended under its sequence in one script, so
-# the last element is always the head and seq s sits at index -(head - s + 1). A list
+# A log is a list of "<n> <ts> <data>", appended under its sequence in one script, so
+# the last element is always the head and entry n sits at index -(head - n + 1). A list
 # costs about 180 bytes per entry; a stream would cost 4.7 KB for its first one.
-_APPEND = """
-local s = redis.call('INCR', KEYS[1])
+# Returns {n, epoch}.
+_APPEND = (
+    _NEXT
+    + """
 if tonumber(ARGV[6]) > 0 then redis.call('PEXPIRE', KEYS[1], ARGV[6]) end
-redis.call('RPUSH', KEYS[2], s .. ' ' .. ARGV[2] .. ' ' .. ARGV[1])
+redis.call('RPUSH', KEYS[2], n .. ' ' .. ARGV[2] .. ' ' .. ARGV[1])
 redis.call('LTRIM', KEYS[2], -tonumber(ARGV[4]), -1)
 local cutoff = tonumber(ARGV[3])
 for _ = 1, 4 do
@@ -48,57 +65,77 @@ for _ = 1, 4 do
   redis.call('LPOP', KEYS[2])
 end
 redis.call('PEXPIRE', KEYS[2], ARGV[5])
-return s
+return {n, e}
 """
+)
 
 # KEYS: seq, log, inbox. ARGV: as _APPEND's, then the inbox's max and ttl. _APPEND, and
-# the entry (its text starts "[0," for seq 0: the inbox's copy carries its seq) into the
-# inbox, where it stays until a device acks it. Returns {seq, entries the inbox dropped}.
+# the entry (its text starts "[0," for n 0: the inbox's copy carries its n) into the
+# inbox, where it stays until a device acks it. Returns {n, epoch, entries the inbox
+# dropped}.
 _APPEND_QUEUED = (
     "local function append()\n"
     + _APPEND
     + """end
-local s = append()
-redis.call('ZADD', KEYS[3], s, '[' .. s .. ',' .. string.sub(ARGV[1], 4))
+local r = append()
+local n = r[1]
+redis.call('ZADD', KEYS[3], n, '[' .. n .. ',' .. string.sub(ARGV[1], 4))
 local over = redis.call('ZCARD', KEYS[3]) - tonumber(ARGV[7])
 if over > 0 then redis.call('ZREMRANGEBYRANK', KEYS[3], 0, over - 1) else over = 0 end
 redis.call('PEXPIRE', KEYS[3], ARGV[8])
-return {s, over}
+return {n, r[2], over}
 """
 )
 
-# KEYS: inbox. ARGV: seq, data, max, ttl. Returns how many old entries were dropped.
+# KEYS: seq, inbox. ARGV: epoch, n, data, max, ttl. Returns how many old entries were
+# dropped; nothing is written when the sequence is no longer of that epoch (Redis lost
+# the log the entry was numbered in: its n would name another message).
 _QUEUE = """
-redis.call('ZADD', KEYS[1], ARGV[1], ARGV[2])
-local over = redis.call('ZCARD', KEYS[1]) - tonumber(ARGV[3])
-if over > 0 then redis.call('ZREMRANGEBYRANK', KEYS[1], 0, over - 1) else over = 0 end
-redis.call('PEXPIRE', KEYS[1], ARGV[4])
+if redis.call('HGET', KEYS[1], 'e') ~= ARGV[1] then return 0 end
+redis.call('ZADD', KEYS[2], ARGV[2], ARGV[3])
+local over = redis.call('ZCARD', KEYS[2]) - tonumber(ARGV[4])
+if over > 0 then redis.call('ZREMRANGEBYRANK', KEYS[2], 0, over - 1) else over = 0 end
+redis.call('PEXPIRE', KEYS[2], ARGV[5])
 return over
 """
 
-# KEYS: seq, log, inbox. ARGV: after ('' for no log). Returns {head, log, inbox}.
+# KEYS: seq, log, inbox. ARGV: after's epoch and n ('' for no log). A position of another
+# epoch reads the log from its start. Returns {head n, epoch, log, inbox}.
 _READ_USER = """
-local head = tonumber(redis.call('GET', KEYS[1]) or '0')
+local head = tonumber(redis.call('HGET', KEYS[1], 'n') or '0')
+local e = redis.call('HGET', KEYS[1], 'e') or '0'
 local log = {}
-if ARGV[1] ~= '' and head > tonumber(ARGV[1]) then
-  log = redis.call('LRANGE', KEYS[2], tonumber(ARGV[1]) - head, -1)
+if ARGV[2] ~= '' then
+  local after = e == ARGV[1] and tonumber(ARGV[2]) or 0
+  if head > after then log = redis.call('LRANGE', KEYS[2], after - head, -1) end
 end
-return {head, log, redis.call('ZRANGE', KEYS[3], 0, -1)}
+return {head, e, log, redis.call('ZRANGE', KEYS[3], 0, -1)}
 """
 
-# KEYS: inbox. ARGV: seqs.
+# KEYS: seq, inbox. ARGV: epoch, then ns (of that epoch: nothing of another is taken).
 _FORGET = """
-for i = 1, #ARGV do redis.call('ZREMRANGEBYSCORE', KEYS[1], ARGV[i], ARGV[i]) end
-return #ARGV
+if redis.call('HGET', KEYS[1], 'e') ~= ARGV[1] then return 0 end
+for i = 2, #ARGV do redis.call('ZREMRANGEBYSCORE', KEYS[2], ARGV[i], ARGV[i]) end
+return #ARGV - 1
 """
 
-# KEYS: seq, log. ARGV: after, upto ('' for the head). Returns {head, entries}.
+# KEYS: seq, log. ARGV: after's epoch and n, upto's epoch and n ('' for the head). From
+# another epoch than the log's, `after` reads from its start; an `upto` of an earlier
+# epoch reads nothing, of a later one to the head. Returns {head n, epoch, entries}.
 _READ_TOPIC = """
-local head = tonumber(redis.call('GET', KEYS[1]) or '0')
-local after = tonumber(ARGV[1])
-local upto = ARGV[2] == '' and head or math.min(tonumber(ARGV[2]), head)
-if upto <= after then return {head, {}} end
-return {head, redis.call('LRANGE', KEYS[2], after - head, upto - head - 1)}
+local head = tonumber(redis.call('HGET', KEYS[1], 'n') or '0')
+local e = redis.call('HGET', KEYS[1], 'e') or '0'
+local after = e == ARGV[1] and tonumber(ARGV[2]) or 0
+local upto = head
+if ARGV[4] ~= '' and ARGV[3] == e then upto = math.min(tonumber(ARGV[4]), head) end
+if ARGV[4] ~= '' and ARGV[3] ~= e and tonumber(ARGV[3]) < tonumber(e) then upto = 0 end
+if upto <= after then return {head, e, {}} end
+return {head, e, redis.call('LRANGE', KEYS[2], after - head, upto - head - 1)}
+"""
+
+# KEYS: seq. Returns {head n, epoch} (0, 0 when the log has none).
+_HEAD = """
+return {tonumber(redis.call('HGET', KEYS[1], 'n') or '0'), redis.call('HGET', KEYS[1], 'e') or '0'}
 """
 
 
@@ -124,6 +161,7 @@ class RedisRecoveryStore:
         self._forget = Script(_FORGET)
         self._read_topic = Script(_READ_TOPIC)
         self._append_queued = Script(_APPEND_QUEUED)
+        self._head = Script(_HEAD)
         # Loaded again, all of them, by the runner when Redis lost its script cache.
         self._scripts = ScriptRunner(
             redis,
@@ -134,6 +172,7 @@ class RedisRecoveryStore:
                 self._forget,
                 self._read_topic,
                 self._append_queued,
+                self._head,
             ),
             auto,
         )
@@ -162,8 +201,8 @@ class RedisRecoveryStore:
         tail = (data, now, now - lim.window_ms, lim.user_max, lim.window_ms, self._seq_ttl_ms)
         calls = [self._append.args((k.user_seq(u), k.user_log(u)), *tail) for u in uids]
         if len(calls) == 1:
-            return [int(await self._one(calls[0]))]
-        return [int(s) for s in await self._pipelined(calls)]
+            return [_seq(await self._one(calls[0]))]
+        return [_seq(r) for r in await self._pipelined(calls)]
 
     @translate_errors
     async def append_queued(
@@ -174,7 +213,7 @@ class RedisRecoveryStore:
             replies = [await self._one(calls[0])]
         else:
             replies = await self._pipelined(calls)
-        return [int(r[0]) for r in replies], sum(int(r[1]) for r in replies)
+        return [_seq(r) for r in replies], sum(int(r[2]) for r in replies)
 
     @translate_errors
     async def append_queued_many(
@@ -186,7 +225,7 @@ class RedisRecoveryStore:
         answers: list[tuple[list[int], int]] = []
         for _, uids, _ in items:
             mine = [next(replies) for _ in uids]
-            answers.append(([int(r[0]) for r in mine], sum(int(r[1]) for r in mine)))
+            answers.append(([_seq(r) for r in mine], sum(int(r[2]) for r in mine)))
         return answers
 
     def _queued_calls(
@@ -214,11 +253,13 @@ class RedisRecoveryStore:
         if not seqs:
             return 0
         lim = self.limits
+        k = self._keys
         calls = [
             self._queue.args(
-                (self._keys.user_inbox(uid),),
-                seq,
-                encode_message(message, expires_ms, seq),
+                (k.user_seq(uid), k.user_inbox(uid)),
+                epoch_of(seq),
+                counter_of(seq),
+                encode_message(message, expires_ms, counter_of(seq)),
                 lim.inbox_max,
                 lim.inbox_ttl_ms,
             )
@@ -235,7 +276,7 @@ class RedisRecoveryStore:
         args = self._append.args(
             keys, encode_batch(batch), now, now - lim.window_ms, lim.topic_max, lim.window_ms, 0
         )
-        return int(await self._one(args))
+        return _seq(await self._one(args))
 
     # ------------------------------------------------------------------ RecoveryReads
 
@@ -249,7 +290,7 @@ class RedisRecoveryStore:
         calls = [
             self._read_user.args(
                 (k.user_seq(uid), k.user_log(uid), k.user_inbox(uid)),
-                "" if after is None else after,
+                *(("", "") if after is None else (epoch_of(after), counter_of(after))),
             )
             for uid, after in wanted
         ]
@@ -263,7 +304,11 @@ class RedisRecoveryStore:
     async def forget_inboxes(self, wanted: Sequence[tuple[str, Sequence[int]]]) -> list[None]:
         """`forget_inbox` for many users, in one pipelined round trip."""
         k = self._keys
-        calls = [self._forget.args((k.user_inbox(uid),), *seqs) for uid, seqs in wanted if seqs]
+        calls = [
+            self._forget.args((k.user_seq(uid), k.user_inbox(uid)), epoch, *ns)
+            for uid, seqs in wanted
+            for epoch, ns in _by_epoch(seqs).items()
+        ]
         if calls:
             await self._pipelined(calls)
         return [None] * len(wanted)
@@ -271,14 +316,16 @@ class RedisRecoveryStore:
     @translate_errors
     async def read_topic(self, topic: str, after: int, upto: int | None = None) -> TopicHistory:
         keys = (self._keys.topic_seq(topic), self._keys.topic_log(topic))
-        head, log = await self._one(
-            self._read_topic.args(keys, after, "" if upto is None else upto)
+        bound = ("", "") if upto is None else (epoch_of(upto), counter_of(upto))
+        head, epoch, log = await self._one(
+            self._read_topic.args(keys, epoch_of(after), counter_of(after), *bound)
         )
-        decoded = [decode_batch(seq, data) for seq, _, data in map(_split, log)]
+        e = int(epoch)
+        decoded = [decode_batch(seq, data, e) for seq, _, data in map(_split, log)]
         filled = await self._contents.fill(decoded)
         # A batch whose content is gone is left out: a hole, which readers count as lost.
         batches = [LoggedBatch(b) for b, ok in zip(decoded, filled, strict=True) if ok]
-        return TopicHistory(int(head), batches)
+        return TopicHistory(_head(head, e), batches)
 
     @translate_errors
     async def fill_content(self, batches: Sequence[gateway_pb2.Batch]) -> list[bool]:
@@ -291,29 +338,50 @@ class RedisRecoveryStore:
 
     @translate_errors
     async def heads(self, topics: Sequence[str]) -> list[int]:
-        pipe = self._redis.pipeline(transaction=False)
-        for topic in topics:
-            pipe.get(self._keys.topic_seq(topic))
-        return [int(v or 0) for v in await pipe.execute()]
+        calls = [self._head.args((self._keys.topic_seq(t),)) for t in topics]
+        return [_head(n, int(e)) for n, e in await self._pipelined(calls)]
+
+
+def _seq(reply: Sequence[Any]) -> int:
+    """The seq an append answered ({n, epoch, ...})."""
+    return seq_of(int(reply[1]), int(reply[0]))
+
+
+def _head(n: Any, epoch: int) -> int:
+    """A log's head seq; 0 when it has no entry (a log that is gone included)."""
+    n = int(n)
+    return seq_of(epoch, n) if n else 0
+
+
+def _by_epoch(seqs: Sequence[int]) -> dict[int, list[int]]:
+    by: dict[int, list[int]] = {}
+    for seq in seqs:
+        by.setdefault(epoch_of(seq), []).append(counter_of(seq))
+    return by
 
 
 def _user_history(reply: Sequence[Any]) -> UserHistory:
-    head, log, inbox = reply
+    n, epoch_text, log, inbox = reply
+    epoch = int(epoch_text)
     entries = []
     for text in log:
-        seq, _, data = _split(text)
+        c, _, data = _split(text)
         _, message, expires_ms = decode_message(data)
-        entries.append(Entry(seq, message, expires_ms))
+        entries.append(Entry(seq_of(epoch, c), message, expires_ms))
     logged = {e.seq: e for e in entries}
     queued = []
     for text in inbox:
         # An inbox entry is usually in the log too (a recent miss): decoded once.
-        seen = logged.get(int(text[1 : text.index(",")]))
-        queued.append(seen if seen is not None else Entry(*decode_message(text)))
-    return UserHistory(int(head), entries, queued)
+        seq = seq_of(epoch, int(text[1 : text.index(",")]))
+        seen = logged.get(seq)
+        if seen is None:
+            _, message, expires_ms = decode_message(text)
+            seen = Entry(seq, message, expires_ms)
+        queued.append(seen)
+    return UserHistory(_head(n, epoch), entries, queued)
 
 
 def _split(text: str) -> tuple[int, int, str]:
-    """(seq, ts, data) of a log element."""
-    seq, ts, data = text.split(" ", 2)
-    return int(seq), int(ts), data
+    """(n, ts, data) of a log element."""
+    n, ts, data = text.split(" ", 2)
+    return int(n), int(ts), data

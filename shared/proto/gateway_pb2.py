@@ -24,35 +24,35 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1ashared/proto/gateway.proto\x12\nimroute.v1\"\x87\x01\n\x07Message\x12\x0e\n\x06msg_id\x18\x01 \x01(\t\x12\x0f\n\x07push_id\x18\x02 \x01(\t\x12\x10\n\x08msg_type\x18\x03 \x01(\x05\x12\x0c\n\x04\x66rom\x18\x04 \x01(\t\x12\x14\n\x0c\x63ontent_json\x18\x05 \x01(\x0c\x12\r\n\x05ts_ms\x18\x06 \x01(\x03\x12\x16\n\x0e\x63ontent_stored\x18\x07 \x01(\x08\"\xd5\x01\n\x05\x42\x61tch\x12\x10\n\x08\x62\x61tch_id\x18\x01 \x01(\t\x12$\n\x07message\x18\x02 \x01(\x0b\x32\x13.imroute.v1.Message\x12\x0c\n\x04uids\x18\x03 \x03(\t\x12\x1e\n\x04mode\x18\x04 \x01(\x0e\x32\x10.imroute.v1.Mode\x12\x10\n\x08\x65veryone\x18\x05 \x01(\x08\x12\x10\n\x08group_id\x18\x06 \x01(\t\x12\x12\n\nexpires_ms\x18\x07 \x01(\x03\x12\x0b\n\x03seq\x18\x08 \x01(\x03\x12\x0c\n\x04seqs\x18\t \x03(\x03\x12\x13\n\x0btraceparent\x18\n \x01(\t\"k\n\x0c\x44\x65liverReply\x12\x11\n\tdelivered\x18\x01 \x03(\t\x12\x0f\n\x07missing\x18\x02 \x03(\t\x12\x13\n\x0b\x63onnections\x18\x03 \x01(\x03\x12\x11\n\tduplicate\x18\x04 \x01(\x08\x12\x0f\n\x07\x65xpired\x18\x05 \x01(\x08\"8\n\x12\x44\x65liverManyRequest\x12\"\n\x07\x62\x61tches\x18\x01 \x03(\x0b\x32\x11.imroute.v1.Batch\"=\n\x10\x44\x65liverManyReply\x12)\n\x07replies\x18\x01 \x03(\x0b\x32\x18.imroute.v1.DeliverReply\"U\n\nStreamCall\x12\x0f\n\x07\x63\x61ll_id\x18\x01 \x01(\x04\x12\"\n\x07\x62\x61tches\x18\x02 \x03(\x0b\x32\x11.imroute.v1.Batch\x12\x12\n\ntimeout_ms\x18\x03 \x01(\r\"l\n\x0bStreamReply\x12\x0f\n\x07\x63\x61ll_id\x18\x01 \x01(\x04\x12)\n\x07replies\x18\x02 \x03(\x0b\x32\x18.imroute.v1.DeliverReply\x12\x12\n\nerror_code\x18\x03 \x01(\t\x12\r\n\x05\x65rror\x18\x04 \x01(\t\"\r\n\x0bLinkRequest\"=\n\tLinkReply\x12\x0c\n\x04port\x18\x01 \x01(\r\x12\x0e\n\x06ticket\x18\x02 \x01(\x0c\x12\x12\n\ngateway_id\x18\x03 \x01(\t\"\x1b\n\tLinkHello\x12\x0e\n\x06ticket\x18\x01 \x01(\x0c*R\n\x04Mode\x12\x14\n\x10MODE_UNSPECIFIED\x10\x00\x12\x0c\n\x08MODE_P2P\x10\x01\x12\x12\n\x0eMODE_BROADCAST\x10\x02\x12\x12\n\x0eMODE_MULTICAST\x10\x03\x32\x8c\x02\n\x07Gateway\x12\x36\n\x07\x44\x65liver\x12\x11.imroute.v1.Batch\x1a\x18.imroute.v1.DeliverReply\x12K\n\x0b\x44\x65liverMany\x12\x1e.imroute.v1.DeliverManyRequest\x1a\x1c.imroute.v1.DeliverManyReply\x12\x44\n\rDeliverStream\x12\x16.imroute.v1.StreamCall\x1a\x17.imroute.v1.StreamReply(\x01\x30\x01\x12\x36\n\x04Link\x12\x17.imroute.v1.LinkRequest\x1a\x15.imroute.v1.LinkReplyb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1ashared/proto/gateway.proto\x12\nimroute.v1\"\x87\x01\n\x07Message\x12\x0e\n\x06msg_id\x18\x01 \x01(\t\x12\x0f\n\x07push_id\x18\x02 \x01(\t\x12\x10\n\x08msg_type\x18\x03 \x01(\x05\x12\x0c\n\x04\x66rom\x18\x04 \x01(\t\x12\x14\n\x0c\x63ontent_json\x18\x05 \x01(\x0c\x12\r\n\x05ts_ms\x18\x06 \x01(\x03\x12\x16\n\x0e\x63ontent_stored\x18\x07 \x01(\x08\"\xf4\x01\n\x05\x42\x61tch\x12\x10\n\x08\x62\x61tch_id\x18\x01 \x01(\t\x12$\n\x07message\x18\x02 \x01(\x0b\x32\x13.imroute.v1.Message\x12\x0c\n\x04uids\x18\x03 \x03(\t\x12\x1e\n\x04mode\x18\x04 \x01(\x0e\x32\x10.imroute.v1.Mode\x12\x10\n\x08\x65veryone\x18\x05 \x01(\x08\x12\x10\n\x08group_id\x18\x06 \x01(\t\x12\x12\n\nexpires_ms\x18\x07 \x01(\x03\x12\x0b\n\x03seq\x18\x08 \x01(\x03\x12\x0c\n\x04seqs\x18\t \x03(\x03\x12\x13\n\x0btraceparent\x18\n \x01(\t\x12\r\n\x05\x65poch\x18\x0b \x01(\x03\x12\x0e\n\x06\x65pochs\x18\x0c \x03(\x03\"k\n\x0c\x44\x65liverReply\x12\x11\n\tdelivered\x18\x01 \x03(\t\x12\x0f\n\x07missing\x18\x02 \x03(\t\x12\x13\n\x0b\x63onnections\x18\x03 \x01(\x03\x12\x11\n\tduplicate\x18\x04 \x01(\x08\x12\x0f\n\x07\x65xpired\x18\x05 \x01(\x08\"8\n\x12\x44\x65liverManyRequest\x12\"\n\x07\x62\x61tches\x18\x01 \x03(\x0b\x32\x11.imroute.v1.Batch\"=\n\x10\x44\x65liverManyReply\x12)\n\x07replies\x18\x01 \x03(\x0b\x32\x18.imroute.v1.DeliverReply\"U\n\nStreamCall\x12\x0f\n\x07\x63\x61ll_id\x18\x01 \x01(\x04\x12\"\n\x07\x62\x61tches\x18\x02 \x03(\x0b\x32\x11.imroute.v1.Batch\x12\x12\n\ntimeout_ms\x18\x03 \x01(\r\"l\n\x0bStreamReply\x12\x0f\n\x07\x63\x61ll_id\x18\x01 \x01(\x04\x12)\n\x07replies\x18\x02 \x03(\x0b\x32\x18.imroute.v1.DeliverReply\x12\x12\n\nerror_code\x18\x03 \x01(\t\x12\r\n\x05\x65rror\x18\x04 \x01(\t\"\r\n\x0bLinkRequest\"=\n\tLinkReply\x12\x0c\n\x04port\x18\x01 \x01(\r\x12\x0e\n\x06ticket\x18\x02 \x01(\x0c\x12\x12\n\ngateway_id\x18\x03 \x01(\t\"\x1b\n\tLinkHello\x12\x0e\n\x06ticket\x18\x01 \x01(\x0c*R\n\x04Mode\x12\x14\n\x10MODE_UNSPECIFIED\x10\x00\x12\x0c\n\x08MODE_P2P\x10\x01\x12\x12\n\x0eMODE_BROADCAST\x10\x02\x12\x12\n\x0eMODE_MULTICAST\x10\x03\x32\x8c\x02\n\x07Gateway\x12\x36\n\x07\x44\x65liver\x12\x11.imroute.v1.Batch\x1a\x18.imroute.v1.DeliverReply\x12K\n\x0b\x44\x65liverMany\x12\x1e.imroute.v1.DeliverManyRequest\x1a\x1c.imroute.v1.DeliverManyReply\x12\x44\n\rDeliverStream\x12\x16.imroute.v1.StreamCall\x1a\x17.imroute.v1.StreamReply(\x01\x30\x01\x12\x36\n\x04Link\x12\x17.imroute.v1.LinkRequest\x1a\x15.imroute.v1.LinkReplyb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'shared.proto.gateway_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_MODE']._serialized_start=930
-  _globals['_MODE']._serialized_end=1012
+  _globals['_MODE']._serialized_start=961
+  _globals['_MODE']._serialized_end=1043
   _globals['_MESSAGE']._serialized_start=43
   _globals['_MESSAGE']._serialized_end=178
   _globals['_BATCH']._serialized_start=181
-  _globals['_BATCH']._serialized_end=394
-  _globals['_DELIVERREPLY']._serialized_start=396
-  _globals['_DELIVERREPLY']._serialized_end=503
-  _globals['_DELIVERMANYREQUEST']._serialized_start=505
-  _globals['_DELIVERMANYREQUEST']._serialized_end=561
-  _globals['_DELIVERMANYREPLY']._serialized_start=563
-  _globals['_DELIVERMANYREPLY']._serialized_end=624
-  _globals['_STREAMCALL']._serialized_start=626
-  _globals['_STREAMCALL']._serialized_end=711
-  _globals['_STREAMREPLY']._serialized_start=713
-  _globals['_STREAMREPLY']._serialized_end=821
-  _globals['_LINKREQUEST']._serialized_start=823
-  _globals['_LINKREQUEST']._serialized_end=836
-  _globals['_LINKREPLY']._serialized_start=838
-  _globals['_LINKREPLY']._serialized_end=899
-  _globals['_LINKHELLO']._serialized_start=901
-  _globals['_LINKHELLO']._serialized_end=928
-  _globals['_GATEWAY']._serialized_start=1015
-  _globals['_GATEWAY']._serialized_end=1283
+  _globals['_BATCH']._serialized_end=425
+  _globals['_DELIVERREPLY']._serialized_start=427
+  _globals['_DELIVERREPLY']._serialized_end=534
+  _globals['_DELIVERMANYREQUEST']._serialized_start=536
+  _globals['_DELIVERMANYREQUEST']._serialized_end=592
+  _globals['_DELIVERMANYREPLY']._serialized_start=594
+  _globals['_DELIVERMANYREPLY']._serialized_end=655
+  _globals['_STREAMCALL']._serialized_start=657
+  _globals['_STREAMCALL']._serialized_end=742
+  _globals['_STREAMREPLY']._serialized_start=744
+  _globals['_STREAMREPLY']._serialized_end=852
+  _globals['_LINKREQUEST']._serialized_start=854
+  _globals['_LINKREQUEST']._serialized_end=867
+  _globals['_LINKREPLY']._serialized_start=869
+  _globals['_LINKREPLY']._serialized_end=930
+  _globals['_LINKHELLO']._serialized_start=932
+  _globals['_LINKHELLO']._serialized_end=959
+  _globals['_GATEWAY']._serialized_start=1046
+  _globals['_GATEWAY']._serialized_end=1314
 # @@protoc_insertion_point(module_scope)

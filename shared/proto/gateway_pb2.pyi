@@ -106,6 +106,8 @@ class Batch(_message.Message):
     SEQ_FIELD_NUMBER: _builtins.int
     SEQS_FIELD_NUMBER: _builtins.int
     TRACEPARENT_FIELD_NUMBER: _builtins.int
+    EPOCH_FIELD_NUMBER: _builtins.int
+    EPOCHS_FIELD_NUMBER: _builtins.int
     batch_id: _builtins.str
     mode: Global___Mode.ValueType
     everyone: _builtins.bool
@@ -126,6 +128,12 @@ class Batch(_message.Message):
     batches of many pushes). Bus batches carry it as the message attribute
     `traceparent` instead. Empty: not traced.
     """
+    epoch: _builtins.int
+    """Bus batches: the epoch of the topic's log that `seq` counts in (the Redis clock in ms
+    when that log's sequence was created; README, "Epochs"). A Redis that lost the log
+    starts it again at seq 1 under a later epoch: the gateway then starts over in it
+    instead of taking the new numbers for old ones. 0: before epochs.
+    """
     @_builtins.property
     def message(self) -> Global___Message: ...
     @_builtins.property
@@ -135,6 +143,10 @@ class Batch(_message.Message):
         """P2P batches: each recipient's place in its own recovery log, parallel to `uids`;
         empty when the push was sent with "store": false.
         """
+
+    @_builtins.property
+    def epochs(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """P2P batches: each recipient's log epoch, parallel to `seqs` (empty with it)."""
 
     def __init__(
         self,
@@ -149,10 +161,12 @@ class Batch(_message.Message):
         seq: _builtins.int = ...,
         seqs: _abc.Iterable[_builtins.int] | None = ...,
         traceparent: _builtins.str = ...,
+        epoch: _builtins.int = ...,
+        epochs: _abc.Iterable[_builtins.int] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["message", b"message"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["batch_id", b"batch_id", "everyone", b"everyone", "expires_ms", b"expires_ms", "group_id", b"group_id", "message", b"message", "mode", b"mode", "seq", b"seq", "seqs", b"seqs", "traceparent", b"traceparent", "uids", b"uids"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["batch_id", b"batch_id", "epoch", b"epoch", "epochs", b"epochs", "everyone", b"everyone", "expires_ms", b"expires_ms", "group_id", b"group_id", "message", b"message", "mode", b"mode", "seq", b"seq", "seqs", b"seqs", "traceparent", b"traceparent", "uids", b"uids"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -1,5 +1,8 @@
 """The recovery store on real Redis, standalone and Cluster: dense sequences, the bounds
-in count and time, the inbox, and keys that meet in one slot through hash tags."""
+in count and time, the inbox, and keys that meet in one slot through hash tags.
+
+Every seq is a log's counter under its epoch (`shared.positions.seq_of`): the counters
+are the dense 1, 2, 3 ... of one log; `at(s, n)` names entry n of the log `s` is in."""
 
 from __future__ import annotations
 
@@ -14,6 +17,7 @@ from shared.batches import to_batch
 from shared.clock import ManualClock
 from shared.keys import KeySchema
 from shared.models import Message
+from shared.positions import counter_of, epoch_of, seq_of
 from shared.proto import gateway_pb2
 from tests.integration.redis_cluster import local_cluster
 
@@ -39,6 +43,15 @@ async def client(request: pytest.FixtureRequest, redis_url: str) -> AsyncIterato
         yield c
 
 
+def at(seq: int, n: int) -> int:
+    """Entry `n` of the log whose entry `seq` is (same epoch)."""
+    return seq_of(epoch_of(seq), n)
+
+
+def counters(seqs: list[int]) -> list[int]:
+    return [counter_of(s) for s in seqs]
+
+
 def store(
     client: RedisClient, prefix: str, clock: ManualClock, **limits: float
 ) -> RedisRecoveryStore:
@@ -52,14 +65,18 @@ async def test_p2p_logs_are_dense_per_user_and_read_after_a_position(
     s = store(client, prefix, clock)
     # Uids that land in many slots, and ones with braces (tagged by their hash).
     uids = ["a", "b", "{x}", "}y{", "ünï"]
-    assert await s.append_p2p(msg(1), uids, 0) == [1] * 5
-    assert await s.append_p2p(msg(2), uids[:2], T0 + 5) == [2, 2]
-    assert await s.append_p2p(msg(3), ["a"], 0) == [3]
-    h = await s.read_user("a", 1)
-    assert h.head == 3 and [(e.seq, e.message.msg_id) for e in h.log] == [(2, "m2"), (3, "m3")]
+    first = await s.append_p2p(msg(1), uids, 0)
+    assert counters(first) == [1] * 5 and all(epoch_of(seq) > 0 for seq in first)
+    a1 = first[0]
+    assert counters(await s.append_p2p(msg(2), uids[:2], T0 + 5)) == [2, 2]
+    assert await s.append_p2p(msg(3), ["a"], 0) == [at(a1, 3)]
+    h = await s.read_user("a", a1)
+    assert h.head == at(a1, 3)
+    assert [(e.seq, e.message.msg_id) for e in h.log] == [(at(a1, 2), "m2"), (at(a1, 3), "m3")]
     assert h.log[0].expires_ms == T0 + 5 and h.log[0].message == msg(2)
-    assert (await s.read_user("a", 3)).log == [] and (await s.read_user("a", None)).log == []
-    assert (await s.read_user("}y{", 0)).head == 1
+    assert (await s.read_user("a", at(a1, 3))).log == []
+    assert (await s.read_user("a", None)).log == []
+    assert (await s.read_user("}y{", 0)).head == first[3]
     assert (await s.read_user("nobody", 0)).head == 0
 
 
@@ -70,10 +87,10 @@ async def test_a_log_keeps_its_bounds_in_count_and_in_time(
     s = store(client, prefix, clock, user_max=3, window_s=10)
     for n in range(1, 6):
         await s.append_p2p(msg(n), ["u"], 0)
-    assert [e.seq for e in (await s.read_user("u", 0)).log] == [3, 4, 5]  # count
+    assert counters([e.seq for e in (await s.read_user("u", 0)).log]) == [3, 4, 5]  # count
     clock.advance(11)
     await s.append_p2p(msg(6), ["u"], 0)
-    assert [e.seq for e in (await s.read_user("u", 0)).log] == [6]  # time
+    assert counters([e.seq for e in (await s.read_user("u", 0)).log]) == [6]  # time
     ttl = await client.pttl(KeySchema(prefix).user_log("u"))
     assert 0 < ttl <= 10_000  # the whole log lapses one window after its last append
 
@@ -87,9 +104,9 @@ async def test_the_inbox_holds_its_bound_and_forgets_what_was_written(
         dropped = await s.queue(msg(n), 0, {"i": seq})
         assert dropped == (1 if n > 3 else 0)
     h = await s.read_user("i", None)
-    assert [e.seq for e in h.inbox] == [3, 4, 5] and h.inbox[0].message == msg(3)
-    await s.forget_inbox("i", [3, 5])
-    assert [e.seq for e in (await s.read_user("i", None)).inbox] == [4]
+    assert counters([e.seq for e in h.inbox]) == [3, 4, 5] and h.inbox[0].message == msg(3)
+    await s.forget_inbox("i", [at(seq, 3), at(seq, 5)])
+    assert counters([e.seq for e in (await s.read_user("i", None)).inbox]) == [4]
 
 
 async def test_topic_logs_read_by_range_and_their_sequence_never_lapses(
@@ -101,14 +118,46 @@ async def test_topic_logs_read_by_range_and_their_sequence_never_lapses(
         b = to_batch(msg(n), [f"u{n}", "all"], f"batch-{n}")
         b.mode = gateway_pb2.MODE_MULTICAST
         b.group_id = "g1"
-        assert await s.append_batch("group.g1", b) == n
-    h = await s.read_topic("group.g1", 8)
-    assert h.head == 12 and [b.seq for b in h.batches] == [9, 10, 11, 12]
+        seq = await s.append_batch("group.g1", b)
+        assert counter_of(seq) == n
+    h = await s.read_topic("group.g1", at(seq, 8))
+    assert h.head == at(seq, 12) and counters([b.seq for b in h.batches]) == [9, 10, 11, 12]
     first = h.batches[0].batch
     assert list(first.uids) == ["u9", "all"] and first.batch_id == "batch-9"
     assert first.group_id == "g1" and first.mode == gateway_pb2.MODE_MULTICAST
-    assert [b.seq for b in (await s.read_topic("group.g1", 4, 6)).batches] == [5, 6]
-    assert [b.seq for b in (await s.read_topic("group.g1", 0)).batches] == list(range(3, 13))
-    assert (await s.read_topic("group.g1", 12)).batches == []
-    assert await s.heads(["group.g1", "broadcast"]) == [12, 0]
+    assert (first.seq, first.epoch) == (9, epoch_of(seq))  # as the bus carries it
+    window = (await s.read_topic("group.g1", at(seq, 4), at(seq, 6))).batches
+    assert counters([b.seq for b in window]) == [5, 6]
+    everything = (await s.read_topic("group.g1", 0)).batches
+    assert counters([b.seq for b in everything]) == list(range(3, 13))
+    assert (await s.read_topic("group.g1", at(seq, 12))).batches == []
+    assert await s.heads(["group.g1", "broadcast"]) == [at(seq, 12), 0]
     assert await client.pttl(KeySchema(prefix).topic_seq("group.g1")) == -1
+
+
+async def test_a_log_redis_lost_starts_again_under_a_later_epoch(
+    client: RedisClient, prefix: str
+) -> None:
+    """What a Redis restarted empty does to a log (its keys deleted here, on a live
+    server): the counter starts at 1 again, under an epoch after the lost one, so every
+    new seq is above every old one; a position in the lost log reads the new one whole,
+    and inbox writes or acks numbered in the lost log touch nothing of the new one."""
+    s = store(client, prefix, ManualClock(T0))
+    k = KeySchema(prefix)
+    old = [(await s.append_queued(msg(n), ["u"], 0))[0][0] for n in (1, 2, 3)]
+    t = [await s.append_batch("broadcast", to_batch(msg(n), ["u"], f"b{n}")) for n in (1, 2)]
+    await client.delete(k.user_seq("u"), k.user_log("u"), k.user_inbox("u"))
+    await client.delete(k.topic_seq("broadcast"), k.topic_log("broadcast"))
+    assert (await s.read_user("u", old[-1])).head == 0  # gone: a position past the head
+    assert await s.heads(["broadcast"]) == [0]
+    (new,), _ = await s.append_queued(msg(4), ["u"], 0)
+    assert counter_of(new) == 1 and epoch_of(new) > epoch_of(old[0]) and new > old[-1]
+    h = await s.read_user("u", old[-1])  # from the lost epoch: the new log, whole
+    assert h.head == new and [e.message.msg_id for e in h.log] == ["m4"]
+    assert await s.queue(msg(9), 0, {"u": old[1]}) == 0  # numbered in the lost log
+    await s.forget_inbox("u", [seq_of(epoch_of(old[0]), 1)])  # n 1 of the lost epoch
+    assert [e.message.msg_id for e in (await s.read_user("u", None)).inbox] == ["m4"]
+    t3 = await s.append_batch("broadcast", to_batch(msg(3), ["u"], "b3"))
+    assert counter_of(t3) == 1 and t3 > t[-1] and await s.heads(["broadcast"]) == [t3]
+    assert [b.seq for b in (await s.read_topic("broadcast", t[-1])).batches] == [t3]
+    assert (await s.read_topic("broadcast", t[0], t[1])).batches == []  # an older epoch

@@ -8,70 +8,23 @@ from __future__ import annotations
 
 import asyncio
 import signal
-import tempfile
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
-from pathlib import Path
 from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
 
-from router.devtools.embedded_redis import find_redis_server, redis_answers
-from router.devtools.ports import free_port_block
-from router.devtools.supervisor import Child, Supervisor
 from router.gateway_rpc.grpc_client import GrpcGatewayClients
 from shared.batches import to_batch
 from shared.clock import SystemClock
 from shared.keys import KeySchema
 from shared.models import Message
+from tests.integration.redis_process import redis_process
 from tests.integration.stack import AUTH, api, client, gateway, recv_json, token
 
 pytestmark = pytest.mark.integration
 
 TIMEOUT_S = 0.5  # IMROUTE_REDIS_TIMEOUT_S for this test: a hung Redis costs this much
-
-
-class RedisProcess:
-    """redis-server on 127.0.0.1:`port`, without persistence: a restart empties it."""
-
-    def __init__(self, port: int, folder: Path) -> None:
-        self.port, self.folder = port, folder
-        self.url = f"redis://127.0.0.1:{port}/0"
-        self.proc: Child | None = None
-
-    def start(self) -> None:
-        self.proc = Supervisor().start(
-            "redis-server",
-            [find_redis_server(), "--port", str(self.port), "--bind", "127.0.0.1",
-             "--save", "", "--appendonly", "no", "--dir", str(self.folder)],
-            stdout="null", stderr="null",
-        )  # fmt: skip
-        deadline = time.monotonic() + 10
-        while not redis_answers(self.url, 0.2):
-            assert self.proc.poll() is None, "redis-server exited at start"
-            assert time.monotonic() < deadline, "redis-server did not answer"
-            time.sleep(0.02)
-
-    def signal(self, sig: int) -> None:
-        assert self.proc is not None
-        self.proc.send_signal(sig)
-
-    def kill(self) -> None:
-        if self.proc is not None:
-            self.proc.stop(signal.SIGKILL)
-
-
-@contextmanager
-def redis_process() -> Iterator[RedisProcess]:
-    with tempfile.TemporaryDirectory(prefix="imroute-outage-") as folder:
-        server = RedisProcess(free_port_block([0]), Path(folder))
-        server.start()
-        try:
-            yield server
-        finally:
-            server.kill()
 
 
 async def timed_push(

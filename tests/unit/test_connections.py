@@ -2,6 +2,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from shared.positions import seq_of
 from socket_gateway.connections import ClientConn, LocalConnections
 
 
@@ -60,3 +61,23 @@ def test_remove_and_registrations() -> None:
     assert not conns.remove(c1)
     assert [r.conn_id for r in conns.registrations()] == ["c2"]
     assert conns.remove(c2) and len(conns) == 0
+
+
+def test_a_p2p_push_of_a_new_epoch_is_written_and_its_hole_read_from_the_log() -> None:
+    """Redis lost the user's log: the first push of the new one (n 1) follows anything;
+    a later one (n 3) reads the hole (n 1, 2) from the log first; never skipped as a
+    seq the connection's replay covered."""
+    holes: list[tuple[int, int]] = []
+    conns = LocalConnections(gap_filler=lambda c, after, upto: holes.append((after, upto)))
+    conn = ClientConn("amy", "c1", ListSink())
+    conn.p, conn.skip = seq_of(100, 40), (0, seq_of(100, 40), set())
+    conns.add(conn)
+    assert conns.deliver_p2p(["amy"], [1], b"x", "p1", epochs=[200]) == (["amy"], [])
+    assert conn.p == seq_of(200, 1) and holes == []
+    assert isinstance(conn.sink, ListSink) and len(conn.sink.frames) == 1
+    fresh = ClientConn("bob", "c2", ListSink())  # nothing yet: n 1 of any log follows
+    conns.add(fresh)
+    conns.deliver_p2p(["bob"], [1], b"x", "p1", epochs=[300])
+    assert holes == [] and fresh.p == seq_of(300, 1)
+    conns.deliver_p2p(["bob"], [3], b"x", "p3", epochs=[300])
+    assert holes == [(seq_of(300, 1), seq_of(300, 2))]

@@ -5,7 +5,7 @@ from __future__ import annotations
 from router.recovery.base import Entry, LoggedBatch, TopicHistory, UserHistory
 from router.recovery.replay import plan_replay
 from shared.models import Message
-from shared.positions import Pos
+from shared.positions import Pos, seq_of
 from shared.proto import gateway_pb2
 
 NOW = 1_800_000_000_000
@@ -129,3 +129,20 @@ def test_a_position_acks_the_inbox_entries_it_covers() -> None:
     # A position from a log that is gone (past the head) covers nothing.
     r = plan(Pos(p=9), UserHistory(2, [], inbox=[entry(1), entry(2)]))
     assert [i.seq for i in r.items] == [1, 2] and r.inbox_covered == []
+
+
+def test_a_position_in_a_log_redis_lost_is_incomplete_and_gets_the_new_log() -> None:
+    """The user's log started again (n 1, 2) under a later epoch: the position (n 7 of
+    the old one) covers none of it, and cannot say what it missed of the old one."""
+    old, new = 100, 200
+    user = UserHistory(seq_of(new, 2), [entry(seq_of(new, 1), 1), entry(seq_of(new, 2), 2)])
+    r = plan(Pos(p=seq_of(old, 7)), user)
+    assert [i.seq for i in r.items] == [seq_of(new, 1), seq_of(new, 2)] and not r.complete
+
+
+def test_a_position_before_any_entry_is_complete_with_a_log_of_any_epoch() -> None:
+    user = UserHistory(seq_of(200, 2), [entry(seq_of(200, 1), 1), entry(seq_of(200, 2), 2)])
+    first = batch(1, 9, ["amy"]).batch
+    first.epoch = 300  # n 1 of a broadcast log born at 300
+    r = plan(Pos(), user, {"b": TopicHistory(seq_of(300, 1), [LoggedBatch(first)])})
+    assert len(r.items) == 3 and r.complete
