@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
+from typing import Any
 
 from router.bus.base import BROADCAST, group_topic
 from router.receipts.base import ACKED, DELIVERED
@@ -39,6 +40,10 @@ class ResumeStats:
         self.expired = 0  # left out: past their ttl_s
 
 
+# A connection that resumed from another group reads that group's log again this long
+# after its move, at doubling intervals from the first (`Resumer.move_tail_s`).
+MOVE_TAIL_FIRST_S = 0.5
+
 # A topic read is shared for this long by the resumes that ask for the same range (a
 # storm of clients from one gateway): correct however old, since the replay then stands
 # at the head it read, and the follower brings what came after.
@@ -58,9 +63,14 @@ class Resumer:
         clock: Clock,
         recent: Recent | None = None,
         report: Report | None = None,
+        move_tail_s: float = 0.0,
     ) -> None:
         """`recent`: the follower's memory of its topics' latest batches, tried first.
-        `report`: told of each push a replay or a gap fill wrote (its receipt)."""
+        `report`: told of each push a replay or a gap fill wrote (its receipt).
+        `move_tail_s`: how long a connection that came from another group keeps reading
+        that group's log for multicasts resolved to its old route (0: not at all)."""
+        self.move_tail_s = move_tail_s
+        self.moved_tail_writes = 0  # pushes the old group's log brought after a move
         self._report = report
         self._reads = reads
         self._conns = conns
@@ -113,15 +123,8 @@ class Resumer:
                 return  # closed, or too slow to take its replay: it resumes from here later
             if report is not None:
                 report(DELIVERED, push_id, (conn.uid,))
-        head_p, head_b, head_o, head_g = ends
-        conn.p = head_p
-        if since is not None:
-            conn.b, conn.o = head_b, head_o
-            if since.group == own_group:
-                conn.g = max(head_g, own_g)
-            else:
-                conn.g = own_g
-            conn.group = own_group
+        head_p, _, _, head_g = ends
+        moved_from = _stand(conn, since, ends, own_group, own_g)
         replayed_p2p = {i.seq for i in replay.items if i.log == "p"}
         after = since.p if since is not None else head_p
         if replayed_p2p or after < head_p:
@@ -133,9 +136,56 @@ class Resumer:
         if covered and report is not None:
             for e in covered:
                 report(ACKED, e.message.push_id, (conn.uid,))
+        if moved_from and self.move_tail_s > 0:
+            self._spawn(self._tail_old_group(conn, moved_from, head_g))
         gone = [*replay.inbox_gone, *(e.seq for e in covered)]
         if gone:
             await self._forget_gone(conn.uid, gone)
+
+    def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
+        """Run `work` in the background, kept until it ends (gap fills, move tails)."""
+        task = asyncio.ensure_future(work)
+        self._gaps.add(task)
+        task.add_done_callback(self._gaps.discard)
+
+    async def _tail_old_group(self, conn: ClientConn, group: str, after: int) -> None:
+        """The seam of a move between groups: a multicast resolved while the user's old
+        route (on a gateway of `group`, perhaps dead and not yet out of the fleet) was
+        still live is published to that group's log, possibly after this connection's
+        replay read it, and no gateway of its new group would bring it. So the old
+        group's log is read again for `move_tail_s` (the old gateway's fleet TTL, a
+        group buffer's flush and a publish's retries), and what names the user is
+        written, once each."""
+        topic = group_topic(group)
+        delay, waited = MOVE_TAIL_FIRST_S, 0.0
+        while waited < self.move_tail_s and conn.sink.is_open():
+            step = min(delay, self.move_tail_s - waited)
+            await asyncio.sleep(step)
+            waited += step
+            delay *= 2
+            try:
+                history = await self._shared_read(topic, after, after)
+            except RegistryUnavailable as exc:
+                log.warning("could not read the log of a client's old group: %s", exc)
+                continue
+            if not conn.sink.is_open():
+                return
+            now = self._clock.now_ms()
+            sent = {ref for *_, ref in conn.sent or ()}
+            for logged in history.batches:
+                if logged.seq <= after:
+                    continue
+                after = logged.seq
+                expires_ms = logged.batch.expires_ms
+                push_id = logged.message.push_id
+                if not logged.addresses(conn.uid) or push_id in sent:
+                    continue
+                if expires_ms and now > expires_ms:
+                    continue
+                if self._conns.write_push(conn, logged.prefix, "g", 0, push_id, False):
+                    self.moved_tail_writes += 1
+                    if self._report is not None:
+                        self._report(DELIVERED, push_id, (conn.uid,))
 
     def fill_gap(self, conn: ClientConn, after: int, upto: int | None) -> None:
         """A hole (after, upto] in a live connection's P2P sequence (None: to the log's
@@ -143,9 +193,7 @@ class Resumer:
         (`LocalConnections.gap_filler`). The connection's live pushes wait meanwhile."""
         if conn.held is None:
             conn.held = []
-        task = asyncio.ensure_future(self._fill_gap(conn, after, upto))
-        self._gaps.add(task)
-        task.add_done_callback(self._gaps.discard)
+        self._spawn(self._fill_gap(conn, after, upto))
 
     def catch_up(self) -> int:
         """Every live connection reads what its user's P2P log holds past what it was
@@ -287,3 +335,21 @@ class Resumer:
                 s.complete += 1
             else:
                 s.incomplete += 1
+
+
+def _stand(
+    conn: ClientConn, since: Pos | None, ends: tuple[int, int, int, int], group: str, g: int
+) -> str:
+    """After a replay, the connection stands at the heads it read, in its own `group`
+    (where it stood at `g`); the group it came from, when another one."""
+    head_p, head_b, head_o, head_g = ends
+    conn.p = head_p
+    if since is None:
+        return ""
+    conn.b, conn.o = head_b, head_o
+    conn.group = group
+    if since.group == group:
+        conn.g = max(head_g, g)
+        return ""
+    conn.g = g
+    return since.group

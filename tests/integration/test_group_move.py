@@ -1,0 +1,62 @@
+"""The seam of a move between groups (issue 24, item 7): a multicast resolved to a
+user's old route, on a gateway of the group the client just left, reaches it once.
+
+On a fleet, killing the only gateway of a group left its routes live until they or the
+gateway's fleet record lapsed; a multicast resolved meanwhile went to that group's log
+after the moved client's replay had read it, and no gateway of its new group brought it
+(3 of 400 lost). Here the moment is built exactly: the client resumes on a gateway of
+another group, and a multicast is resolved while Redis holds only its old route.
+"""
+
+from __future__ import annotations
+
+import pytest
+import redis.asyncio as aioredis
+
+from shared.keys import KeySchema
+from tests.integration.recovery_helpers import fanout, gone, open_ws, pushes, replay
+from tests.integration.stack import api, gateway, nothing_more
+
+pytestmark = pytest.mark.integration
+
+
+async def test_a_multicast_resolved_to_the_old_route_reaches_the_moved_client_once(
+    redis_url: str, prefix: str, redis: aioredis.Redis
+) -> None:
+    route = KeySchema(prefix).route("amy")
+    async with (
+        gateway(redis_url, prefix, "gw1", "g1") as gw1,
+        gateway(redis_url, prefix, "gw2", "g2") as gw2,
+        api(redis_url, prefix) as http,
+    ):
+        ws = await open_ws(gw2, "amy")
+        await replay(ws)
+        await fanout(http, "/v1/multicast", {"to": ["amy"], "content": "in g2"})
+        (first,) = await pushes(ws, 1)
+        assert first["content"] == "in g2"
+        old_route = await redis.hgetall(route)  # gw2's, with a deadline ahead
+        await ws.close()
+        await gone(gw2, "amy")
+
+        moved = await open_ws(gw1, "amy", first["pos"])
+        got, end = await replay(moved)
+        assert got == [] and end["complete"] is True
+        # Redis now holds the old route only, as when the client's new route was not
+        # written yet and the dead gateway's had not lapsed: the multicast goes to g2.
+        new_route = await redis.hgetall(route)
+        await redis.delete(route)
+        await redis.hset(route, mapping=old_route)
+        await fanout(http, "/v1/multicast", {"to": ["amy"], "content": "resolved to g2"})
+        await redis.delete(route)
+        await redis.hset(route, mapping=new_route)
+        assert gw2.deliver_service.delivered == 1  # gw2 holds no amy: only the first
+
+        (late,) = await pushes(moved, 1, timeout=5.0)
+        assert late["content"] == "resolved to g2"
+        assert await nothing_more(moved, 1.0)  # once
+        assert gw1.resumer is not None and gw1.resumer.moved_tail_writes == 1
+        # Pushes after the move come through its new group, as ever.
+        await fanout(http, "/v1/multicast", {"to": ["amy"], "content": "in g1"})
+        (after,) = await pushes(moved, 1)
+        assert after["content"] == "in g1"
+        await moved.close()
