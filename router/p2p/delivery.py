@@ -90,7 +90,7 @@ class Delivery:
         """One message to the connections `routes` name, one call per gateway."""
         live = await self._live()
         plan = plan_p2p(uids, routes, live)
-        if plan.stale and self._fleet.age() > STALE_RECHECK_S:
+        if (plan.stale or plan.unknown) and self._fleet.age() > STALE_RECHECK_S:
             self._fleet.invalidate()  # as in `_plans`
             plan = plan_p2p(uids, routes, await self._live())
         targets = list(plan.targets.values())
@@ -145,7 +145,7 @@ class Delivery:
     ) -> list[DeliveryPlan]:
         live = await self._live()
         plans = [plan_p2p(uids, routes, live) for uids in uid_lists]
-        if any(p.stale for p in plans) and self._fleet.age() > STALE_RECHECK_S:
+        if any(p.stale or p.unknown for p in plans) and self._fleet.age() > STALE_RECHECK_S:
             # The cache may predate a gateway that just started: ask Redis once more (but
             # not on every push while a dead gateway's routes are still expiring).
             self._fleet.invalidate()

@@ -20,6 +20,7 @@ class Outgoing:
 
 
 __all__ = [
+    "UNKNOWN_ERROR",
     "DeliveryPlan",
     "GatewayOutcome",
     "Outgoing",
@@ -39,14 +40,28 @@ class Target:
     address: str
     uids: list[str] = field(default_factory=list)
     routes: list[Route] = field(default_factory=list)
+    # Not in the live fleet, though its routes are: its state is unknown (it may be cut
+    # off from Redis and still serving its clients, or dead with routes not yet lapsed).
+    unknown: bool = False
 
 
 @dataclass(frozen=True, slots=True)
 class DeliveryPlan:
     targets: dict[str, Target]
     offline: list[str]
-    # Routes pointing at gateways that are not in the live fleet: not trusted.
+    # Routes pointing at a gateway the live fleet has at another address (it restarted
+    # elsewhere: routes of its previous life): never called.
     stale: list[Route]
+    # Routes of gateways missing from the live fleet: called at the route's address, and
+    # a failure says the gateway's state is unknown rather than the user offline.
+    unknown: list[Route] = field(default_factory=list)
+
+
+UNKNOWN_ERROR = (
+    "GATEWAY_STATE_UNKNOWN: {gateway} is not in the live fleet (its heartbeat did not "
+    "reach Redis) while routes to it are; it may be cut off from Redis or dead, and "
+    "its users still connected: {error}"
+)
 
 
 def plan_p2p(
@@ -56,33 +71,41 @@ def plan_p2p(
 ) -> DeliveryPlan:
     """Group each uid under every live gateway that holds one of its connections.
 
-    `live_gateways` maps each live gateway id to the gRPC address it announces. A route
-    is trusted only if its gateway is live *at the route's address*: a gateway that
-    restarted elsewhere (a new pod IP, a new port) still has routes written by its
-    previous life until they expire, and those must not be called. None means the
-    fleet is unknown and every route is tried.
+    `live_gateways` maps each live gateway id to the gRPC address it announces. A
+    gateway that restarted elsewhere (a new pod IP, a new port) still has routes written
+    by its previous life until they expire, and those must not be called (`stale`). A
+    route of a gateway missing from the fleet altogether is live (its gateway wrote it
+    within the route TTL) but the gateway's state is unknown: it is called at the
+    route's address (`unknown`). None means the fleet is unknown and every route is tried.
     """
     targets: dict[str, Target] = {}
     offline: list[str] = []
     stale: list[Route] = []
+    unknown: list[Route] = []
     for uid in uids:
         reachable = False
         for route in routes.get(uid, ()):
-            if live_gateways is not None and live_gateways.get(route.gateway_id) != (
-                route.grpc_address
-            ):
-                stale.append(route)
-                continue
+            missing = False
+            if live_gateways is not None:
+                address = live_gateways.get(route.gateway_id)
+                if address is None:
+                    missing = True
+                    unknown.append(route)
+                elif address != route.grpc_address:
+                    stale.append(route)
+                    continue
             target = targets.get(route.gateway_id)
             if target is None:
-                target = targets[route.gateway_id] = Target(route.gateway_id, route.grpc_address)
+                target = targets[route.gateway_id] = Target(
+                    route.gateway_id, route.grpc_address, unknown=missing
+                )
             if not target.uids or target.uids[-1] != uid:
                 target.uids.append(uid)
             target.routes.append(route)
             reachable = True
         if not reachable:
             offline.append(uid)
-    return DeliveryPlan(targets, offline, stale)
+    return DeliveryPlan(targets, offline, stale, unknown)
 
 
 @dataclass(slots=True)  # not frozen: one per message; frozen costs 5x to build
@@ -164,7 +187,11 @@ def merge(
             errored.update(target.uids)
             if outcome.error.startswith("EXPIRED"):
                 expired.update(target.uids)
-            errors.append(outcome)
+            if target.unknown:
+                error = UNKNOWN_ERROR.format(gateway=target.gateway_id, error=outcome.error)
+                errors.append(GatewayOutcome(outcome.gateway_id, error=error, suspect=True))
+            else:
+                errors.append(outcome)
             continue
         delivered.update(outcome.delivered)
         missing = set(outcome.missing)

@@ -229,16 +229,35 @@ async def test_unreachable_gateway_is_reported_not_dropped(
         assert "UNAVAILABLE" in body["errors"][0]["error"]
 
 
-async def test_routes_of_a_gateway_gone_from_the_fleet_are_skipped(
+async def test_routes_of_a_gateway_missing_from_the_fleet_are_called_not_skipped(
     redis_url: str, prefix: str, redis: object
 ) -> None:
-    async with gateway(redis_url, prefix, "gw1", "g1") as gw1, api(redis_url, prefix) as http:
-        async with client(gw1, "alice"):
+    """Issue 24, item 6. Its fleet record gone while its routes are live, a gateway's
+    state is unknown: cut off from Redis, it still serves its clients. Before, its users
+    were answered `offline` (and queued) with no error, like users who are gone; now the
+    gateway is called at the route's address, and when that fails too the error says
+    its state is unknown."""
+    # A heartbeat far off: nothing announces gw1 again during the test.
+    async with (
+        gateway(redis_url, prefix, "gw1", "g1", heartbeat_s=20) as gw1,
+        api(redis_url, prefix) as http,
+    ):
+        async with client(gw1, "alice") as ws:
             assert gw1.fleet is not None
             await gw1.fleet.withdraw("gw1")
             resp = await http.post("/v1/push", json={"to": ["alice"], "content": 1}, headers=AUTH)
-            assert resp.json()["offline"] == ["alice"]
-            assert gw1.deliver_service.calls == 0
+            assert resp.json()["delivered"] == ["alice"], resp.json()
+            assert (await recv_json(ws))["content"] == 1
+            # Now dead as well (its gRPC server and link gone, its routes still live).
+            assert gw1.ports is not None and gw1.ports.link is not None
+            await gw1.ports.grpc.stop(None)
+            await gw1.ports.link.close()
+            resp = await http.post("/v1/push", json={"to": ["alice"], "content": 2}, headers=AUTH)
+            body = resp.json()
+            assert body["failed"] == ["alice"] and body["offline"] == [], body
+            assert body["queued"] == ["alice"], body
+            assert [e["gateway_id"] for e in body["errors"]] == ["gw1"]
+            assert body["errors"][0]["error"].startswith("GATEWAY_STATE_UNKNOWN: gw1 "), body
 
 
 async def test_push_body_is_json_encoded_once_and_unicode_survives(
