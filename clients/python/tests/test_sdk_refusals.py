@@ -123,7 +123,7 @@ async def test_failed_connects_go_to_another_gateway_naming_the_one_they_failed_
             httpx.AsyncClient(transport=httpx.MockTransport(answer)) as http,
             ImrouteClient(
                 "http://api", "tok", http=http, rand=lambda: 0.0, backoff_min_s=0.01
-            ) as client,  # fmt: skip
+            ) as client,
         ):
             msg = await asyncio.wait_for(client.__anext__(), 10)
             assert msg.msg_id == "m1" and client.gateway_id == "gw2"
