@@ -197,7 +197,8 @@ def choose_avoiding(
     others can take the client, without the avoided ones only; then among them all (a
     client is better sent to a gateway it failed on than refused with a 503)."""
     if avoided or failing:
-        chosen = rule.choose([s for s in states if s.gateway_id not in avoided | failing], uid)
+        skip = avoided | failing
+        chosen = rule.choose([s for s in states if s.gateway_id not in skip], uid)
         if chosen is not None:
             return chosen
         if avoided and failing - avoided:
