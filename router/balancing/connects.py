@@ -4,7 +4,7 @@ A client that could not open its WebSocket on a gateway asks dispatch again with
 `?avoid=<gateway_id>`. Each such report is a failed connect against that gateway; each
 WebSocket a gateway accepts is a successful one. Both are counted fleet-wide in the
 dashboard's per-interval counts (`router.stats`: fields `connect_failures:<id>` and
-`connects:<id>`), so no write is added for them. A gateway with at least
+`connects:<id>`), a field more in writes made anyway. A gateway with at least
 `min_failures` failed connects over the last `window_s`, and more than `ratio` times
 its successful ones, is *failing*: dispatch places no one there while another gateway
 can take the client, until the reports age out of the window or connects succeed again.
