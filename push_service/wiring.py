@@ -38,6 +38,8 @@ from push_service.services import (
 )
 from router.balancing import (
     Availability,
+    ConnectReports,
+    ConnectSettings,
     StatsRegistry,
     rule_for,
 )
@@ -48,7 +50,7 @@ from router.directory.sql import SqlUserDirectory
 from router.fanout.resilient import PublishRetry
 from router.fanout.runner import JobRunner
 from router.fleet.cache import CachedFleet
-from router.fleet.dispatch import Dispatcher
+from router.fleet.dispatch import ConnectHealth, Dispatcher
 from router.fleet.drain import RedisDrainRequests
 from router.fleet.store import RedisGatewayFleet
 from router.gateway_rpc.coalescer import CoalescingGatewayClient
@@ -221,12 +223,26 @@ class Wiring:
             # over by a stopping one) are resumed here, or failed. Stopped before the runner
             # closes, so a stopping service takes nothing new on.
             await stack.enter_async_context(reaping(runner, every_s=lease_s / 2))
-            pushes, stats = await self._live(stack, redis, pusher, on_receipts, fanout, call_stats)
+            skip = ConnectSettings(
+                settings.dispatch_skip_window_s,
+                settings.dispatch_skip_min_failures,
+                settings.dispatch_skip_ratio,
+            )
+            reports = ConnectReports(clock, skip.window_s)
+            pushes, stats = await self._live(
+                stack, redis, pusher, on_receipts, fanout, call_stats, reports
+            )
             yield Services(
                 pushes=pushes,
                 # One view of gateways' health, for P2P calls and for dispatch.
                 dispatch=Dispatch(
-                    Dispatcher(fleet, clock, settings.dispatch_rule, call_stats),
+                    Dispatcher(
+                        fleet,
+                        clock,
+                        settings.dispatch_rule,
+                        call_stats,
+                        ConnectHealth(stats, clock, skip, reports),
+                    ),
                     secret,
                     clock,
                     settings.gateway_cache_s,
@@ -258,12 +274,13 @@ class Wiring:
         receipts: Receipts | None,
         fanout: FanOut,
         calls: StatsRegistry,
+        reports: ConnectReports,
     ) -> tuple[Pushes, RedisStatsStore]:
         """The P2P pushes, and the dashboard's figures: this process's counts go in every
         second until the stack closes; the store they go in."""
         pushes = Pushes(pusher, self._clock, receipts, traced=self.tracer is not None)
         stats = RedisStatsStore(redis, self._keys)
-        counts = process_counts(pushes, fanout, self._publish_metrics, calls)
+        counts = process_counts(pushes, fanout, self._publish_metrics, calls, reports)
         await stack.enter_async_context(sampling(StatsSampler(stats, self._clock, counts)))
         return pushes, stats
 

@@ -16,6 +16,7 @@ from pydantic import (
 )
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from shared.dispatch_settings import DispatchSettings
 from shared.errors import ConfigError
 from shared.gc_settings import GcSettings
 from shared.http_settings import HttpSettings
@@ -32,6 +33,7 @@ ENV_PREFIX = "IMROUTE_"
 
 
 class Settings(
+    DispatchSettings,
     HttpSettings,
     WebhookSettings,
     GcSettings,

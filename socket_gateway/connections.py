@@ -95,6 +95,7 @@ class LocalConnections:
     _count: int = 0
     slow_aborted: int = 0
     unacked_forgotten: int = 0  # entries past MAX_UNACKED: not acked here, still queued
+    added: int = 0  # connections ever added: clients' successful connects (dispatch's)
 
     def __len__(self) -> int:
         return self._count
@@ -102,6 +103,7 @@ class LocalConnections:
     def add(self, conn: ClientConn) -> None:
         self._by_uid.setdefault(conn.uid, []).append(conn)
         self._count += 1
+        self.added += 1
 
     def remove(self, conn: ClientConn) -> bool:
         conns = self._by_uid.get(conn.uid)

@@ -19,6 +19,8 @@
 //   gateway for a network error (`retriesSame` times), another through dispatch for a
 //   drain (a `reconnect` frame, 4503), a full gateway (4429, or a refused handshake,
 //   which a browser sees as 1006), or once the retries are spent;
+// - a connection that never opened (unreachable, or refused: a browser cannot tell) is
+//   reported to dispatch as `?avoid=<gateway_id>`: it names another gateway when it can;
 // - a refused token (4401, or dispatch's 401) stops it: connect() rejects, and
 //   onError receives an UnauthorizedError.
 
@@ -84,7 +86,8 @@ export class ImrouteClient {
       WebSocketImpl, fetchImpl });
     this.pos = since;  // the last push the app finished with; `since` on a reconnect
     this.dedupe = new DedupeWindow(dedupeWindow);
-    this.stats = { connects: 0, pushes: 0, duplicates: 0, acks: 0, recovered: 0, dispatches: 0 };
+    this.stats = { connects: 0, pushes: 0, duplicates: 0, acks: 0, recovered: 0, dispatches: 0,
+      avoided: 0 };
     this.gateway = null;  // {ws_url, gateway_id, group_id} of the current connection
     this._closed = false;
     this._ws = null;
@@ -119,9 +122,10 @@ export class ImrouteClient {
 
   async _run() {
     let target = null;
+    let avoid = null;  // the gateway the last connection failed to open on
     while (!this._closed) {
       try {
-        if (target === null) target = await this._dispatch();
+        if (target === null) target = await this._dispatch(avoid);
       } catch (e) {
         return this._stop(e);
       }
@@ -133,6 +137,7 @@ export class ImrouteClient {
         return this._stop(new UnauthorizedError(`the gateway refused the token (${end.code})`));
       }
       const step = this._next(end, Date.now() - started);
+      avoid = end.opened ? null : target.gateway_id;
       if (step.dispatch) target = null;
       this.onState("reconnecting", { code: end.code, delayMs: step.delayMs });
       await sleep(step.delayMs);
@@ -171,13 +176,16 @@ export class ImrouteClient {
     return { dispatch: true, delayMs: wait };
   }
 
-  /** GET /v1/dispatch until it names a gateway; UnauthorizedError on 401. */
-  async _dispatch() {
+  /** GET /v1/dispatch until it names a gateway (not `avoid` if it has another);
+   * UnauthorizedError on 401. */
+  async _dispatch(avoid = null) {
+    const query = avoid ? `?avoid=${encodeURIComponent(avoid)}` : "";
+    if (avoid) this.stats.avoided += 1;
     for (let attempt = 0; !this._closed; attempt++) {
       this.stats.dispatches += 1;
       let wait = null;
       try {
-        const resp = await this.fetchImpl(`${this.apiUrl}/v1/dispatch`, {
+        const resp = await this.fetchImpl(`${this.apiUrl}/v1/dispatch${query}`, {
           headers: { Authorization: `Bearer ${this.token}` },
         });
         if (resp.status === 200) {
@@ -231,6 +239,7 @@ export class ImrouteClient {
         const reason = event.reason || "";
         resolve({
           code,
+          opened,
           unauthorized: code === CLOSE_UNAUTHORIZED,
           userCap: code === CLOSE_FULL && reason.startsWith(USER_CAP_REASON),
           // A refused handshake (401, 429, 503) shows as 1006 before the open: dispatch

@@ -21,10 +21,12 @@ async def dispatch(
     dispatch: DispatchSvc,
     creds: Annotated[HTTPAuthorizationCredentials | None, Depends(client_bearer)],
     zone: Annotated[str | None, Query(min_length=1, max_length=64)] = None,
+    avoid: Annotated[list[str] | None, Query()] = None,
 ) -> JSONResponse:
     """The gateway to connect to, for the client whose JWT this is (the same token it
-    will send to /ws). `zone` (optional) is preferred by the zone_affinity rule."""
-    chosen = await dispatch.choose(creds.credentials if creds else None, zone)
+    will send to /ws). `zone` (optional) is preferred by the zone_affinity rule; `avoid`
+    (repeatable, or comma-separated) names gateways the client could not connect to."""
+    chosen = await dispatch.choose(creds.credentials if creds else None, zone, avoid or ())
     return JSONResponse(
         {"ws_url": chosen.ws_url, "gateway_id": chosen.gateway_id, "group_id": chosen.group_id}
     )

@@ -3,6 +3,8 @@
 - `rules`: an Availability filter, then a rule picks one gateway (round robin, least
   connections, rendezvous consistent hash by group, zone affinity).
 - `stats` and `circuit`: per-gateway call counters and circuit breakers.
+- `connects`: clients' failed and successful connects, and which gateways they show
+  failing (dispatch skips those).
 - `retry`: how often a pinned call is retried on its gateway, and the backoff.
 - `listeners`: observers of every call (metrics and logs hook in here).
 
@@ -13,6 +15,7 @@ to the live fleet; `router.gateway_rpc.resilient` runs calls through stats and r
 from __future__ import annotations
 
 from router.balancing.circuit import BreakerState, CircuitBreaker, Permit
+from router.balancing.connects import ConnectReports, ConnectSettings, failing
 from router.balancing.listeners import AttemptInfo, ExecutionContext, ExecutionListener, Listeners
 from router.balancing.retry import RetryPolicy
 from router.balancing.rules import (
@@ -38,6 +41,8 @@ __all__ = [
     "Availability",
     "BreakerState",
     "CircuitBreaker",
+    "ConnectReports",
+    "ConnectSettings",
     "ConsistentHashRule",
     "ExecutionContext",
     "ExecutionListener",
@@ -54,6 +59,7 @@ __all__ = [
     "StatsSettings",
     "Ticket",
     "ZoneAffinityRule",
+    "failing",
     "hrw_score",
     "rule_for",
 ]

@@ -1,10 +1,12 @@
-"""The stats store's seam (no Redis): what the dashboard's overview reads."""
+"""The stats store's seams (no Redis): what the dashboard's overview reads, and what
+dispatch reads of clients' connects."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Protocol
 
-__all__ = ["StatsReads"]
+__all__ = ["CountSums", "StatsReads"]
 
 
 class StatsReads(Protocol):
@@ -15,4 +17,10 @@ class StatsReads(Protocol):
 
     async def read(self, since_ms: int, until_ms: int) -> list[tuple[int, dict[str, int]]]:
         """Each interval starting in [since_ms, until_ms], oldest first, with its counts."""
+        ...
+
+
+class CountSums(Protocol):
+    async def sums(self, since_ms: int, until_ms: int, names: Sequence[str]) -> dict[str, int]:
+        """Each of `names` summed over the intervals starting in [since_ms, until_ms]."""
         ...

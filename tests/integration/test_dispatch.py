@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import json
 from collections.abc import AsyncIterator
@@ -202,3 +203,84 @@ async def test_a_fifth_group_in_the_redis_fleet_moves_15_to_25_percent_of_10000_
     assert 0.15 <= len(moved) / len(uids) <= 0.25, len(moved)
     assert {after[uid] for uid in moved} == {"g5"}
     assert set(before.values()) == {"g1", "g2", "g3", "g4"}
+
+
+async def test_avoid_sends_a_client_to_another_gateway_of_its_group(
+    redis_url: str, prefix: str, redis: aioredis.Redis
+) -> None:
+    async with fleet(redis_url, prefix), api(redis_url, prefix) as http:
+        # Users of g1 only, each asking without, then with avoid=<where it was sent>.
+        for i in range(60):
+            plain = (await dispatch(http, f"u{i}")).json()
+            if plain["group_id"] != "g1":
+                continue
+            other = ({"gw1", "gw2"} - {plain["gateway_id"]}).pop()
+            for params in ({"avoid": plain["gateway_id"]}, {"avoid": f"gw9,{plain['gateway_id']}"}):
+                moved = await dispatch(http, f"u{i}", **params)
+                assert moved.status_code == 200, moved.text
+                assert moved.json()["gateway_id"] == other  # same group, the other gateway
+        # Both of g1 avoided (repeated): the user goes to g2; all four: one of them anyway.
+        resp = await http.get(
+            "/v1/dispatch",
+            params=[("avoid", "gw1"), ("avoid", "gw2")],
+            headers={"Authorization": f"Bearer {token('u1')}"},
+        )
+        assert resp.json()["group_id"] == "g2"
+        resp = await dispatch(http, "u1", avoid="gw1,gw2,gw3,gw4")
+        assert resp.status_code == 200 and resp.json()["gateway_id"] in {"gw1", "gw2", "gw3", "gw4"}
+
+
+async def test_a_malformed_avoid_is_a_422_naming_it(
+    redis_url: str, prefix: str, redis: aioredis.Redis
+) -> None:
+    async with fleet(redis_url, prefix, [("a", "g1")]), api(redis_url, prefix) as http:
+        for bad in ("", "a,,b", "gw 1", "x" * 65, ",".join(f"g{i}" for i in range(9))):
+            resp = await dispatch(http, "u", avoid=bad)
+            assert resp.status_code == 422, (bad, resp.text)
+            body = resp.json()
+            assert body["error"] == "invalid_request"
+            assert body["detail"][0]["field"] == "avoid", body
+        assert "at most 8" in (await dispatch(http, "u", avoid="1,2,3,4,5,6,7,8,9")).text
+        # A well-formed id that is not in the fleet is ignored.
+        assert (await dispatch(http, "u", avoid="gone")).json()["gateway_id"] == "a"
+        # A bad token is still a 401 first.
+        resp = await http.get(
+            "/v1/dispatch", params={"avoid": "gw 1"}, headers={"Authorization": "Bearer no"}
+        )
+        assert resp.status_code == 401
+
+
+async def test_reports_from_enough_users_take_a_gateway_out_for_everyone(
+    redis_url: str, prefix: str, redis: aioredis.Redis
+) -> None:
+    """Through the fleet's counts in real Redis: a push service's reports reach the
+    counts with its stats sampler (every second), and the dispatcher reads them back."""
+    async with (
+        fleet(redis_url, prefix, [("gw1", "g1"), ("gw2", "g1")]),
+        api(
+            redis_url,
+            prefix,
+            dispatch_rule="least_connections",
+            dispatch_skip_min_failures=3,
+            dispatch_skip_window_s=4,
+        ) as http,
+    ):
+        # Nobody is connected: ties go to the smallest id.
+        assert (await dispatch(http, "fresh")).json()["gateway_id"] == "gw1"
+        for i in range(3):
+            assert (await dispatch(http, f"cut{i}", avoid="gw1")).json()["gateway_id"] == "gw2"
+
+        async def fresh_goes_to(gateway_id: str) -> bool:
+            return bool((await dispatch(http, "fresh")).json()["gateway_id"] == gateway_id)
+
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        while not await fresh_goes_to("gw2"):
+            assert loop.time() - start < 5, "gw1 still chosen after 3 users reported it"
+            await asyncio.sleep(0.1)
+        assert all([await fresh_goes_to("gw2") for _ in range(20)])
+        # The reports stop: after the window, gw1 is chosen again.
+        while not await fresh_goes_to("gw1"):
+            assert loop.time() - start < 12, "gw1 still skipped long after the window"
+            await asyncio.sleep(0.2)
+        assert loop.time() - start > 3

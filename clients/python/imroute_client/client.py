@@ -109,6 +109,9 @@ class ImrouteClient:
         self._retry = RetryState()
         self._step: Step | None = None  # what to do before the next connect
         self._target: Target | None = None
+        # The gateway its last connect failed on (a transport error): named to dispatch
+        # as `avoid`, so that it is sent elsewhere and the fleet learns of it.
+        self._failed_on: str | None = None
         self._ws: ClientConnection | None = None
         self._opened_at = 0.0
         self._told = False  # this connection got a reconnect frame
@@ -210,13 +213,16 @@ class ImrouteClient:
                     ping_timeout=self.ping_timeout_s,
                 )
             except InvalidStatus as exc:
+                self._failed_on = None  # it answered: reachable
                 self._refused(exc)
                 continue
             except (OSError, TimeoutError, WebSocketException) as exc:
                 log.info("connecting to %s failed: %r", self._target.gateway_id, exc)
                 self.stats.transport_errors += 1
+                self._failed_on = self._target.gateway_id
                 self._step = self._plan(Outcome.TRANSPORT, 0.0)
                 continue
+            self._failed_on = None
             if self._closed:  # aclose() ran meanwhile
                 await ws.close()
                 return None
@@ -228,15 +234,19 @@ class ImrouteClient:
         return self._ws
 
     async def _dispatch(self, http: httpx.AsyncClient) -> Target:
+        """The next gateway; after failed connects (`retries_same` + 1 of them), not the
+        one they failed on unless it is the only one dispatch has."""
+        avoid, self._failed_on = self._failed_on, None
         try:
             target = await ask_dispatch(
                 http, self.api_url, self._token, zone=self.zone, backoff=self.backoff,
-                rand=self._rand, errors=self.stats.dispatch_errors,
+                rand=self._rand, errors=self.stats.dispatch_errors, avoid=avoid,
             )  # fmt: skip
         except ClientError as exc:
             self._fatal = exc
             raise
         self.stats.dispatches += 1
+        self.stats.avoided += avoid is not None
         return target
 
     async def _lost(self, code: int | None, reason: str) -> None:

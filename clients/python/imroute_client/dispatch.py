@@ -55,9 +55,12 @@ async def ask_dispatch(
     backoff: Backoff,
     rand: Callable[[], float],
     errors: Counter[str],
+    avoid: str | None = None,
 ) -> Target:
-    """Ask until dispatch names a gateway; each failed ask is counted in `errors`."""
-    params = {"zone": zone} if zone is not None else None
+    """Ask until dispatch names a gateway; each failed ask is counted in `errors`.
+    `avoid`: the gateway the client could not connect to (dispatch chooses another when
+    it can, and counts it as a failed connect)."""
+    params = {k: v for k, v in (("zone", zone), ("avoid", avoid)) if v is not None} or None
     url = dispatch_url(api_url)
     attempt = 0
     while True:

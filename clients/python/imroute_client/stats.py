@@ -16,6 +16,7 @@ class ClientStats:
     duplicates: int = 0  # pushes dropped: their msg_id was in the dedupe window
     connects: int = 0  # WebSocket handshakes that succeeded
     dispatches: int = 0  # gateways dispatch named
+    avoided: int = 0  # dispatches that named a gateway it could not connect to (avoid=)
     same_retries: int = 0  # reconnects to the same gateway after a transport error
     moves: int = 0  # connections left for a drain (reconnect frame or 4503)
     refused: int = 0  # handshakes answered 503 or 429, and closes 4429: full, draining, rate

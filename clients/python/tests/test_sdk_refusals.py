@@ -97,3 +97,37 @@ async def test_other_answers_are_retried_through_dispatch_after_a_backoff() -> N
         await asyncio.wait_for(client.connect(), 10)
         assert len(times) == 2 and len(asked) == 2
         assert client.stats.refused == 0
+
+
+async def test_failed_connects_go_to_another_gateway_naming_the_one_they_failed_on() -> None:
+    """gw1 refuses every connect (its port is closed): after `retries_same` retries
+    there, dispatch is asked with avoid=gw1 and names gw2, where the client stays."""
+    import socket
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        dead = f"ws://127.0.0.1:{s.getsockname()[1]}/ws"
+    asks: list[httpx.Request] = []
+    async with scripted([None]) as (live, _times):
+
+        def answer(request: httpx.Request) -> httpx.Response:
+            asks.append(request)
+            # As dispatch does: gw1 (the emptiest) unless the client avoids it.
+            if request.url.params.get("avoid") == "gw1":
+                return httpx.Response(200, json={"ws_url": live, "gateway_id": "gw2",
+                                                 "group_id": "g1"})  # fmt: skip
+            return httpx.Response(200, json={"ws_url": dead, "gateway_id": "gw1",
+                                             "group_id": "g1"})  # fmt: skip
+
+        async with (
+            httpx.AsyncClient(transport=httpx.MockTransport(answer)) as http,
+            ImrouteClient(
+                "http://api", "tok", http=http, rand=lambda: 0.0, backoff_min_s=0.01
+            ) as client,
+        ):
+            msg = await asyncio.wait_for(client.__anext__(), 10)
+            assert msg.msg_id == "m1" and client.gateway_id == "gw2"
+            # 1 connect + retries_same (2) on gw1, then one dispatch naming it.
+            assert client.stats.transport_errors == 3 and client.stats.same_retries == 2
+            assert [r.url.params.get("avoid") for r in asks] == [None, "gw1"]
+            assert client.stats.avoided == 1 and client.stats.dispatches == 2
