@@ -25,12 +25,19 @@ def test_recipients_are_grouped_one_target_per_gateway() -> None:
     assert plan.stale == []
 
 
-def test_routes_of_gateways_missing_from_the_fleet_are_not_trusted() -> None:
-    routes = {"a": [route("a", "gw1")], "b": [route("b", "gw9"), route("b", "gw2")]}
-    plan = plan_p2p(["a", "b"], routes, {"gw2": LIVE["gw2"]})
-    assert plan.offline == ["a"]
-    assert list(plan.targets) == ["gw2"]
-    assert {r.gateway_id for r in plan.stale} == {"gw1", "gw9"}
+def test_routes_of_gateways_missing_from_the_fleet_are_tried_as_unknown() -> None:
+    """Issue 24, item 6: a route whose gateway is missing from the live fleet is live (its
+    gateway wrote it within the route TTL), so the gateway is called at its address and
+    its state reported unknown if that fails; a route of a gateway live at another
+    address (its previous life's) is still never called."""
+    moved = Route("c", "gw2.c", "gw2", "g", "127.0.0.1", 9999, 10**13)
+    routes = {"a": [route("a", "gw1")], "b": [route("b", "gw9"), route("b", "gw2")], "c": [moved]}
+    plan = plan_p2p(["a", "b", "c"], routes, {"gw2": LIVE["gw2"]})
+    assert plan.offline == ["c"]
+    assert list(plan.targets) == ["gw1", "gw9", "gw2"]
+    assert plan.targets["gw1"].unknown and not plan.targets["gw2"].unknown
+    assert {r.gateway_id for r in plan.unknown} == {"gw1", "gw9"}
+    assert plan.stale == [moved]
 
 
 def test_unknown_fleet_trusts_every_route() -> None:
