@@ -224,8 +224,6 @@ class Gateway:
             self.clock,
             self.follower.recent,
             report=self.acks.report,
-            # The old gateway's fleet TTL, a group buffer's flush, and a publish's
-            # retries (README, "Recovery": moving between groups).
             move_tail_s=s.heartbeat_s * FLEET_TTL_HEARTBEATS + s.flush_timeout_s + 10.0,
         )
         self.conns.gap_filler = self.resumer.fill_gap

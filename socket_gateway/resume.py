@@ -68,7 +68,9 @@ class Resumer:
         """`recent`: the follower's memory of its topics' latest batches, tried first.
         `report`: told of each push a replay or a gap fill wrote (its receipt).
         `move_tail_s`: how long a connection that came from another group keeps reading
-        that group's log for multicasts resolved to its old route (0: not at all)."""
+        that group's log for multicasts resolved to its old route (0: not at all); the
+        gateway gives it an old gateway's fleet TTL, a group buffer's flush and 10 s for
+        a publish's retries."""
         self.move_tail_s = move_tail_s
         self.moved_tail_writes = 0  # pushes the old group's log brought after a move
         self._report = report

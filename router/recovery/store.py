@@ -9,6 +9,7 @@ old entries per append), and expires as a whole one window after its last append
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from router.recovery.base import (
@@ -33,110 +34,21 @@ from shared.proto import gateway_pb2
 __all__ = ["RedisRecoveryStore"]
 
 
-# Every sequence is a hash: `n` its counter, `e` its epoch (the Redis clock in ms when
-# the counter was created: `shared.positions`). A Redis that lost the hash (a restart
-# without persistence, a shard that lost data) starts it again at n = 1 under a new,
-# later epoch, which readers see as a jump, not as old numbers coming back.
-_NEXT = """
-local n = redis.call('HINCRBY', KEYS[1], 'n', 1)
-local e = redis.call('HGET', KEYS[1], 'e')
-if not e then
-  local t = redis.call('TIME')
-  e = tostring(tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000))
-  redis.call('HSET', KEYS[1], 'e', e)
-end
-"""
+def _lua(name: str) -> str:
+    """A script of this store: `router/recovery/<name>.lua` (comments say what it takes)."""
+    return (Path(__file__).parent / f"{name}.lua").read_text(encoding="utf-8")
 
-# KEYS: seq, log. ARGV: data, now, cutoff (now - window), maxlen, log ttl, seq ttl (0: none).
-# A log is a list of "<n> <ts> <data>", appended under its sequence in one script, so
-# the last element is always the head and entry n sits at index -(head - n + 1). A list
-# costs about 180 bytes per entry; a stream would cost 4.7 KB for its first one.
-# Returns {n, epoch}.
-_APPEND = (
-    _NEXT
-    + """
-if tonumber(ARGV[6]) > 0 then redis.call('PEXPIRE', KEYS[1], ARGV[6]) end
-redis.call('RPUSH', KEYS[2], n .. ' ' .. ARGV[2] .. ' ' .. ARGV[1])
-redis.call('LTRIM', KEYS[2], -tonumber(ARGV[4]), -1)
-local cutoff = tonumber(ARGV[3])
-for _ = 1, 4 do
-  local first = redis.call('LINDEX', KEYS[2], 0)
-  if not first or tonumber(string.match(first, '^%d+ (%d+) ')) >= cutoff then break end
-  redis.call('LPOP', KEYS[2])
-end
-redis.call('PEXPIRE', KEYS[2], ARGV[5])
-return {n, e}
-"""
-)
 
-# KEYS: seq, log, inbox. ARGV: as _APPEND's, then the inbox's max and ttl. _APPEND, and
-# the entry (its text starts "[0," for n 0: the inbox's copy carries its n) into the
-# inbox, where it stays until a device acks it. Returns {n, epoch, entries the inbox
-# dropped}.
-_APPEND_QUEUED = (
-    "local function append()\n"
-    + _APPEND
-    + """end
-local r = append()
-local n = r[1]
-redis.call('ZADD', KEYS[3], n, '[' .. n .. ',' .. string.sub(ARGV[1], 4))
-local over = redis.call('ZCARD', KEYS[3]) - tonumber(ARGV[7])
-if over > 0 then redis.call('ZREMRANGEBYRANK', KEYS[3], 0, over - 1) else over = 0 end
-redis.call('PEXPIRE', KEYS[3], ARGV[8])
-return {n, r[2], over}
-"""
-)
-
-# KEYS: seq, inbox. ARGV: epoch, n, data, max, ttl. Returns how many old entries were
-# dropped; nothing is written when the sequence is no longer of that epoch (Redis lost
-# the log the entry was numbered in: its n would name another message).
-_QUEUE = """
-if redis.call('HGET', KEYS[1], 'e') ~= ARGV[1] then return 0 end
-redis.call('ZADD', KEYS[2], ARGV[2], ARGV[3])
-local over = redis.call('ZCARD', KEYS[2]) - tonumber(ARGV[4])
-if over > 0 then redis.call('ZREMRANGEBYRANK', KEYS[2], 0, over - 1) else over = 0 end
-redis.call('PEXPIRE', KEYS[2], ARGV[5])
-return over
-"""
-
-# KEYS: seq, log, inbox. ARGV: after's epoch and n ('' for no log). A position of another
-# epoch reads the log from its start. Returns {head n, epoch, log, inbox}.
-_READ_USER = """
-local head = tonumber(redis.call('HGET', KEYS[1], 'n') or '0')
-local e = redis.call('HGET', KEYS[1], 'e') or '0'
-local log = {}
-if ARGV[2] ~= '' then
-  local after = e == ARGV[1] and tonumber(ARGV[2]) or 0
-  if head > after then log = redis.call('LRANGE', KEYS[2], after - head, -1) end
-end
-return {head, e, log, redis.call('ZRANGE', KEYS[3], 0, -1)}
-"""
-
-# KEYS: seq, inbox. ARGV: epoch, then ns (of that epoch: nothing of another is taken).
-_FORGET = """
-if redis.call('HGET', KEYS[1], 'e') ~= ARGV[1] then return 0 end
-for i = 2, #ARGV do redis.call('ZREMRANGEBYSCORE', KEYS[2], ARGV[i], ARGV[i]) end
-return #ARGV - 1
-"""
-
-# KEYS: seq, log. ARGV: after's epoch and n, upto's epoch and n ('' for the head). From
-# another epoch than the log's, `after` reads from its start; an `upto` of an earlier
-# epoch reads nothing, of a later one to the head. Returns {head n, epoch, entries}.
-_READ_TOPIC = """
-local head = tonumber(redis.call('HGET', KEYS[1], 'n') or '0')
-local e = redis.call('HGET', KEYS[1], 'e') or '0'
-local after = e == ARGV[1] and tonumber(ARGV[2]) or 0
-local upto = head
-if ARGV[4] ~= '' and ARGV[3] == e then upto = math.min(tonumber(ARGV[4]), head) end
-if ARGV[4] ~= '' and ARGV[3] ~= e and tonumber(ARGV[3]) < tonumber(e) then upto = 0 end
-if upto <= after then return {head, e, {}} end
-return {head, e, redis.call('LRANGE', KEYS[2], after - head, upto - head - 1)}
-"""
-
-# KEYS: seq. Returns {head n, epoch} (0, 0 when the log has none).
-_HEAD = """
-return {tonumber(redis.call('HGET', KEYS[1], 'n') or '0'), redis.call('HGET', KEYS[1], 'e') or '0'}
-"""
+# Every sequence is a hash: `n` its counter, `e` its epoch (`next.lua`, the prelude of
+# every append), so a Redis that lost a log starts it again under a later epoch.
+_APPEND = _lua("next") + _lua("append")
+# The append, then the entry into the inbox (`append_queued.lua` calls `append()`).
+_APPEND_QUEUED = "local function append()\n" + _APPEND + "end\n" + _lua("append_queued")
+_QUEUE = _lua("queue")
+_READ_USER = _lua("read_user")
+_FORGET = _lua("forget")
+_READ_TOPIC = _lua("read_topic")
+_HEAD = _lua("head")
 
 
 class RedisRecoveryStore:

@@ -1,0 +1,11 @@
+-- Every sequence is a hash: `n` its counter, `e` its epoch (the Redis clock in ms when
+-- the counter was created: `shared.positions`). A Redis that lost the hash (a restart
+-- without persistence, a shard that lost data) starts it again at n = 1 under a new,
+-- later epoch, which readers see as a jump, not as old numbers coming back.
+local n = redis.call('HINCRBY', KEYS[1], 'n', 1)
+local e = redis.call('HGET', KEYS[1], 'e')
+if not e then
+  local t = redis.call('TIME')
+  e = tostring(tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000))
+  redis.call('HSET', KEYS[1], 'e', e)
+end
