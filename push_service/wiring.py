@@ -42,7 +42,7 @@ from router.balancing import (
     rule_for,
 )
 from router.bus.base import Bus
-from router.bus.factory import bus_from_settings, hedging_from_settings
+from router.bus.factory import bus_from_settings, check_bus_settings, hedging_from_settings
 from router.bus.metrics import BusLossMetrics
 from router.directory.sql import SqlUserDirectory
 from router.fanout.resilient import PublishRetry
@@ -110,6 +110,8 @@ class Wiring:
         # stops the program with a message before the server starts.
         self._redis = create_redis(settings.redis_url, settings.redis_timeout_s)
         hedging_from_settings(settings)
+        if bus is None:
+            check_bus_settings(settings)  # redis+cluster:// without IMROUTE_BUS_URL
         rule_for(settings.dispatch_rule, Availability(clock))  # a bad rule name stops it here
         # A registry per app, so several apps in one process (tests) never collide.
         self._metrics = CollectorRegistry(auto_describe=True)
