@@ -10,7 +10,7 @@ from fastapi import FastAPI
 from fastapi.staticfiles import StaticFiles
 
 from push_service.access import ApiKeys
-from push_service.errors import add_error_handlers
+from push_service.errors import ServerErrors, add_error_handlers
 from push_service.fast_push import FastPush, ServicesSlot
 from push_service.gate import AccessRules, KeyGate
 from push_service.limits import BodyLimit
@@ -117,4 +117,6 @@ def create_app(
     if settings.otel_exporter_otlp_endpoint is not None:
         # Outermost: a push's root span covers the gates too (push_service.tracing_http).
         app.add_middleware(TracedRequests, slot=traced)
+    # Outermost of ours: what no handler took is a JSON 500, the connection kept clean.
+    app.add_middleware(ServerErrors)
     return app
