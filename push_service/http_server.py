@@ -31,7 +31,6 @@ from typing import Any, ClassVar, Literal
 
 import h11
 import uvicorn
-import uvicorn.config
 from starlette.types import ASGIApp
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
@@ -226,17 +225,14 @@ def head_deadline_protocol(timeout_s: float, parser: Parser = "auto") -> type[as
 def run(app: ASGIApp, settings: Settings, sock: socket.socket | None = None) -> None:
     """Serve `app` with uvicorn until SIGINT or SIGTERM, with the HTTP limits of `settings`;
     on `sock` (a worker's inherited listening socket) or on IMROUTE_HOST:IMROUTE_PORT."""
-    json_logs = settings.log_format == "json"
     config = uvicorn.Config(
         app,
         host=settings.host,
         port=settings.port,
         log_level=settings.log_level,
-        # text: uvicorn's own lines, as always; json: every line of the process as one
-        # JSON object (shared.logs), uvicorn's included
-        log_config=dict_config(settings.log_level, "json", "push-service")
-        if json_logs
-        else uvicorn.config.LOGGING_CONFIG,
+        # every line of the process, uvicorn's included, in one format with its time
+        # (shared.logs); uvicorn's own config gave its lines no time, and ours none at all
+        log_config=dict_config(settings.log_level, settings.log_format, "push-service"),
         access_log=False,
         http=head_deadline_protocol(settings.http_header_timeout_s),
         # no WebSocket here: an upgrade request is answered as the HTTP request it is
