@@ -38,6 +38,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from push_service.access import presented
 from shared.errors import (
     AuthError,
     DirectoryUnavailable,
@@ -260,7 +261,7 @@ class ServerErrors:
                 raise
             error_id = secrets.token_hex(6)
             log.exception("unhandled error %s on %s %s", error_id, scope["method"], scope["path"])
-            if not body_read and not _announces_no_body(scope["headers"]):
+            if not body_read and presented(scope["headers"])[1]:
                 headers = [(b"connection", b"close")]
             else:
                 headers = []
@@ -272,11 +273,3 @@ class ServerErrors:
                 "effect in part; retry it with the same Idempotency-Key",
                 headers,
             )
-
-
-def _announces_no_body(headers: Sequence[tuple[bytes, bytes]]) -> bool:
-    """A request without Content-Length or Transfer-Encoding has no body to read."""
-    for name, value in headers:
-        if name == b"transfer-encoding" or (name == b"content-length" and value != b"0"):
-            return False
-    return True

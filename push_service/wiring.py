@@ -99,9 +99,16 @@ class Parts:
 class Wiring:
     """Builds the push service's objects from Settings; `open()` starts and stops them."""
 
-    def __init__(self, settings: Settings, clock: Clock, bus: Bus | None = None) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        clock: Clock,
+        bus: Bus | None = None,
+        metrics: Sequence[Collector] = (),
+    ) -> None:
         """`bus`: a bus the caller opened and closes (a MemoryBus shared with in-process
-        gateways); without it, the one IMROUTE_BUS_URL names is opened and closed here."""
+        gateways); without it, the one IMROUTE_BUS_URL names is opened and closed here.
+        `metrics`: the HTTP shell's own collectors, scraped with the rest."""
         self._settings = settings
         self._clock = clock
         self._given_bus = bus
@@ -117,6 +124,8 @@ class Wiring:
         self._metrics = CollectorRegistry(auto_describe=True)
         self._publish_metrics = PublishMetrics(self._metrics)
         self._call_metrics = CallMetrics(self._metrics)
+        for collector in metrics:
+            self._metrics.register(collector)
         self.parts: Parts | None = None  # set while open
         limit = settings.rate_limit
         # Parsed now: a bad IMROUTE_RATE_LIMIT stops the start, by name.
