@@ -85,6 +85,7 @@ async def test_past_its_bound_a_push_service_sheds_at_once_and_the_operator_is_a
             assert answer.json()["error"] == "overloaded", answer.text
             assert "IMROUTE_HTTP_MAX_IN_FLIGHT" in answer.json()["detail"]
             assert answer.headers["retry-after"] == "1"
+            assert answer.headers.get("connection") != "close"  # a small body: kept
             assert took < 1.0, took  # at once, not after a place came free
         for _, took in done:
             assert took < HOLD_MS / 1000 + 3, took

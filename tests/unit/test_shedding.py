@@ -5,8 +5,17 @@ never shed."""
 from __future__ import annotations
 
 import pytest
+from starlette.types import Message, Receive, Scope, Send
 
-from push_service.shedding import IN_FLIGHT, LAG, LAG_MIN_IN_FLIGHT, LoopLag, Shedder, is_operator
+from push_service.shedding import (
+    IN_FLIGHT,
+    LAG,
+    LAG_MIN_IN_FLIGHT,
+    LoadShed,
+    LoopLag,
+    Shedder,
+    is_operator,
+)
 
 
 class Clock:
@@ -82,3 +91,38 @@ def test_lag_zero_never_sheds() -> None:
 )
 def test_whose_requests_are_never_shed(method: str, path: str, operator: bool) -> None:
     assert is_operator(method, path) is operator
+
+
+@pytest.mark.parametrize(
+    ("headers", "closes"),
+    [
+        ([(b"content-length", b"40")], False),  # skipped by the server, the connection kept
+        ([(b"content-length", str(1 << 20).encode())], True),  # not worth reading
+        ([(b"transfer-encoding", b"chunked")], True),
+        ([], False),
+    ],
+)
+async def test_a_shed_request_is_answered_before_the_app_and_closes_only_for_a_large_body(
+    headers: list[tuple[bytes, bytes]], closes: bool
+) -> None:
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        raise AssertionError("a shed request reaches no app")
+
+    shedder = Shedder(max_in_flight=1, max_lag_ms=0)
+    shedder.in_flight = 1
+    sent: list[Message] = []
+
+    async def send(message: Message) -> None:
+        sent.append(message)
+
+    scope = {"type": "http", "method": "POST", "path": "/v1/push", "headers": headers}
+
+    async def receive() -> Message:
+        raise AssertionError("a shed request's body is not read")
+
+    await LoadShed(app, shedder)(scope, receive, send)
+    start = sent[0]
+    assert start["status"] == 503
+    assert (b"retry-after", b"1") in start["headers"]
+    assert ((b"connection", b"close") in start["headers"]) is closes
+    assert shedder.shed[IN_FLIGHT] == 1
