@@ -38,7 +38,6 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from push_service.access import presented
 from shared.errors import (
     AuthError,
     DirectoryUnavailable,
@@ -57,6 +56,7 @@ __all__ = [
     "add_error_handlers",
     "describe_errors",
     "handler_for",
+    "large_body",
     "send_error",
 ]
 
@@ -226,9 +226,9 @@ async def send_error(
 class ServerErrors:
     """The outermost middleware: an exception no handler took becomes a logged JSON 500.
 
-    The connection is kept when the request's body was read whole (the next request on
-    it is answered as usual) and closed, saying `Connection: close`, when part of it is
-    still unread, as the server cannot tell where the next request would begin. An
+    The connection is kept (the next request on it is answered as usual; a small body
+    the handler left unread the server skips) unless the request announced a large or
+    chunked body, which is not worth reading to get past: then `Connection: close`. An
     exception after the answer began cannot become a 500: it is raised on, and the
     server cuts the connection, so a half answer never looks whole."""
 
@@ -240,14 +240,6 @@ class ServerErrors:
             await self.app(scope, receive, send)
             return
         started = False
-        body_read = False
-
-        async def receiving() -> Message:
-            nonlocal body_read
-            message = await receive()
-            if message["type"] != "http.request" or not message.get("more_body", False):
-                body_read = True
-            return message
 
         async def sending(message: Message) -> None:
             nonlocal started
@@ -255,16 +247,13 @@ class ServerErrors:
             await send(message)
 
         try:
-            await self.app(scope, receiving, sending)
+            await self.app(scope, receive, sending)
         except Exception:
             if started:
                 raise
             error_id = secrets.token_hex(6)
             log.exception("unhandled error %s on %s %s", error_id, scope["method"], scope["path"])
-            if not body_read and presented(scope["headers"])[1]:
-                headers = [(b"connection", b"close")]
-            else:
-                headers = []
+            headers = [(b"connection", b"close")] if large_body(scope["headers"]) else []
             await send_error(
                 send,
                 500,
@@ -273,3 +262,18 @@ class ServerErrors:
                 "effect in part; retry it with the same Idempotency-Key",
                 headers,
             )
+
+
+SMALL_BODY = 64 << 10
+
+
+def large_body(headers: Sequence[tuple[bytes, bytes]]) -> bool:
+    """Whether a request announced a body over SMALL_BODY, or one of unknown length
+    (chunked): an answer that leaves it unread closes the connection rather than have
+    the server read it to get to the next request. A smaller one the server skips."""
+    for name, value in headers:
+        if name == b"transfer-encoding":
+            return True
+        if name == b"content-length":
+            return not value.isdigit() or int(value) > SMALL_BODY
+    return False

@@ -33,7 +33,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from push_service.errors import send_error
+from push_service.errors import large_body, send_error
 
 __all__ = ["LAG_EVERY_S", "LoadShed", "LoopLag", "Shedder", "is_operator"]
 
@@ -43,7 +43,6 @@ LAG_EVERY_S = 0.05
 LAG_SMOOTHING = 1 / 3
 LAG_MIN_IN_FLIGHT = 8
 RETRY_AFTER_S = 1
-SMALL_BODY = 64 << 10  # a shed request's body up to this is skipped, its connection kept
 IN_FLIGHT = "in_flight"
 LAG = "lag"
 
@@ -176,10 +175,9 @@ class LoadShed:
             if total == 1 or total % 1000 == 0:
                 log.warning("%d requests shed (503 overloaded): %s", total, shedder.shed)
             headers = [(b"retry-after", str(RETRY_AFTER_S).encode())]
-            if _large_body(scope["headers"]):
-                # Unread: closing drops it. A small one the server skips, and the
-                # connection is kept: under overload, callers reconnecting after every
-                # 503 would cost more than the bodies.
+            if large_body(scope["headers"]):
+                # A small body the server skips and the connection is kept: under
+                # overload, callers reconnecting after every 503 would cost more.
                 headers.append((b"connection", b"close"))
             await send_error(send, 503, "overloaded", shedder.describe(reason), headers)
             return
@@ -188,13 +186,3 @@ class LoadShed:
             await self.app(scope, receive, send)
         finally:
             shedder.in_flight -= 1
-
-
-def _large_body(headers: list[tuple[bytes, bytes]]) -> bool:
-    """A body over SMALL_BODY, or of a length not announced (chunked)."""
-    for name, value in headers:
-        if name == b"transfer-encoding":
-            return True
-        if name == b"content-length":
-            return not value.isdigit() or int(value) > SMALL_BODY
-    return False

@@ -9,7 +9,12 @@ from pathlib import Path
 
 import pytest
 import redis.asyncio as aioredis
+import uvicorn
+from starlette.types import Receive, Scope, Send
 
+from push_service.errors import ServerErrors
+from push_service.http_server import Parser, head_deadline_protocol
+from router.devtools.ports import free_port
 from shared.keys import KeySchema
 from tests.conftest import API_KEY
 from tests.integration.http_raw import (
@@ -20,6 +25,7 @@ from tests.integration.http_raw import (
     request_head,
 )
 from tests.integration.procs import read_until
+from tests.integration.stack import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -78,3 +84,52 @@ async def test_a_websocket_upgrade_is_answered_as_plain_http_in_json(
             else:
                 assert answer.json()["error"] == error
             writer.close()
+
+
+async def _fails_unread(scope: Scope, receive: Receive, send: Send) -> None:
+    if scope["type"] != "http":
+        return
+    if scope["path"] == "/fail":
+        raise KeyError("before the body was read")
+    await send(
+        {"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"2")]}
+    )
+    await send({"type": "http.response.body", "body": b"ok"})
+
+
+@pytest.mark.parametrize("parser", ["h11", "httptools"])
+async def test_a_500_before_a_small_body_was_read_keeps_the_connection_clean(
+    parser: Parser,
+) -> None:
+    # Each of uvicorn's parsers skips the body a handler left unread once the answer is
+    # out, and reads the next request: so a 500 needs no Connection: close for it.
+    port = free_port()
+    config = uvicorn.Config(
+        ServerErrors(_fails_unread),
+        host=HOST,
+        port=port,
+        http=head_deadline_protocol(5.0, parser),
+        log_level="critical",
+        lifespan="off",
+    )
+    server = uvicorn.Server(config)
+    task = asyncio.create_task(server.serve())
+    try:
+        await wait_for(lambda: server.started, "uvicorn started")
+        reader, writer = await asyncio.open_connection(HOST, port)
+        body = b'{"to":["x"]}'
+        writer.write(
+            request_head("POST", "/fail", Content_Length=str(len(body)))
+            + body
+            + request_head("GET", "/next")
+        )
+        failed = await read_answer(reader, timeout=5)
+        assert failed is not None and failed.status == 500
+        assert failed.json()["error"] == "internal_error"
+        assert failed.headers.get("connection") != "close"
+        after = await read_answer(reader, timeout=5)
+        assert after is not None and (after.status, after.body) == (200, b"ok")
+        writer.close()
+    finally:
+        server.should_exit = True
+        await asyncio.wait_for(task, 5)
