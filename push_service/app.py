@@ -10,13 +10,14 @@ from fastapi import FastAPI
 from fastapi.staticfiles import StaticFiles
 
 from push_service.access import ApiKeys
-from push_service.errors import add_error_handlers
+from push_service.errors import ServerErrors, add_error_handlers
 from push_service.fast_push import FastPush, ServicesSlot
 from push_service.gate import AccessRules, KeyGate
 from push_service.limits import BodyLimit
 from push_service.ratelimit import LimiterSlot, RateGate
 from push_service.routes import ROUTERS
 from push_service.routes.deps import KEY_SCHEMES
+from push_service.shedding import LoadShed, Shedder, ShedMetrics
 from push_service.tracing_http import TracedRequests, TracerSlot
 from push_service.wiring import Wiring
 from push_service.worker import Worker
@@ -54,7 +55,8 @@ def create_app(
     services are open."""
     if settings.api_key is None:
         raise ConfigError("IMROUTE_API_KEY: required by the push service")
-    wiring = Wiring(settings, clock or SystemClock(), bus)
+    shedder = Shedder(settings.http_max_in_flight, settings.http_max_lag_ms)
+    wiring = Wiring(settings, clock or SystemClock(), bus, metrics=[ShedMetrics(shedder)])
     slot = LimiterSlot()
     services_slot = ServicesSlot()
     traced = TracerSlot()
@@ -63,6 +65,7 @@ def create_app(
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         async with AsyncExitStack() as stack:
             services = await stack.enter_async_context(wiring.open())
+            await stack.enter_async_context(shedder.running())
             if worker is not None:
                 services.health.siblings = worker
                 await stack.enter_async_context(worker.sharing_metrics(services.health.own_scrape))
@@ -117,4 +120,8 @@ def create_app(
     if settings.otel_exporter_otlp_endpoint is not None:
         # Outermost: a push's root span covers the gates too (push_service.tracing_http).
         app.add_middleware(TracedRequests, slot=traced)
+    # Before the rest, tracing included: a request shed (503 overloaded) costs nothing.
+    app.add_middleware(LoadShed, shedder=shedder)
+    # Outermost of ours: what no handler took is a JSON 500, the connection kept clean.
+    app.add_middleware(ServerErrors)
     return app

@@ -16,12 +16,19 @@ needs:
     │   └── PayloadTooLarge  413 payload_too_large
     ├── RegistryUnavailable  503 unavailable, Retry-After: 1
     └── DirectoryUnavailable 503 unavailable, Retry-After: 1
+
+Anything else a request raises is a bug: `ServerErrors` logs it with an id and answers
+500 internal_error in the same JSON shape, naming the id (Starlette's own answer is a
+text/plain 500, after which uvicorn dropped the keep-alive connection without a
+`Connection: close`, losing any request pipelined behind it).
 """
 
 from __future__ import annotations
 
+import json
 import logging
-from collections.abc import Mapping
+import secrets
+from collections.abc import Mapping, Sequence
 from http import HTTPStatus
 from typing import Any
 
@@ -29,6 +36,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from shared.errors import (
     AuthError,
@@ -43,10 +51,13 @@ __all__ = [
     "Conflict",
     "Forbidden",
     "NotFound",
+    "ServerErrors",
     "Unavailable",
     "add_error_handlers",
     "describe_errors",
     "handler_for",
+    "large_body",
+    "send_error",
 ]
 
 log = logging.getLogger(__name__)
@@ -192,3 +203,77 @@ def _describe_error(err: Any) -> dict[str, str]:
         position = err["loc"][1] if len(err["loc"]) > 1 else "?"
         return {"field": "body", "message": f"invalid JSON at character {position}: {reason}"}
     return {"field": ".".join(str(p) for p in err["loc"]), "message": err["msg"]}
+
+
+async def send_error(
+    send: Send,
+    status: int,
+    error: str,
+    detail: str,
+    headers: Sequence[tuple[bytes, bytes]] = (),
+) -> None:
+    """A whole JSON error answer, `{"error", "detail"}`, from pure-ASGI code."""
+    body = json.dumps({"error": error, "detail": detail}).encode()
+    start = [
+        (b"content-type", b"application/json"),
+        (b"content-length", str(len(body)).encode()),
+        *headers,
+    ]
+    await send({"type": "http.response.start", "status": status, "headers": start})
+    await send({"type": "http.response.body", "body": body})
+
+
+class ServerErrors:
+    """The outermost middleware: an exception no handler took becomes a logged JSON 500.
+
+    The connection is kept (the next request on it is answered as usual; a small body
+    the handler left unread the server skips) unless the request announced a large or
+    chunked body, which is not worth reading to get past: then `Connection: close`. An
+    exception after the answer began cannot become a 500: it is raised on, and the
+    server cuts the connection, so a half answer never looks whole."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def sending(message: Message) -> None:
+            nonlocal started
+            started = True
+            await send(message)
+
+        try:
+            await self.app(scope, receive, sending)
+        except Exception:
+            if started:
+                raise
+            error_id = secrets.token_hex(6)
+            log.exception("unhandled error %s on %s %s", error_id, scope["method"], scope["path"])
+            headers = [(b"connection", b"close")] if large_body(scope["headers"]) else []
+            await send_error(
+                send,
+                500,
+                "internal_error",
+                f"an unexpected error, logged as {error_id}: the request may have taken "
+                "effect in part; retry it with the same Idempotency-Key",
+                headers,
+            )
+
+
+SMALL_BODY = 64 << 10
+
+
+def large_body(headers: Sequence[tuple[bytes, bytes]]) -> bool:
+    """Whether a request announced a body over SMALL_BODY, or one of unknown length
+    (chunked): an answer that leaves it unread closes the connection rather than have
+    the server read it to get to the next request. A smaller one the server skips."""
+    for name, value in headers:
+        if name == b"transfer-encoding":
+            return True
+        if name == b"content-length":
+            return not value.isdigit() or int(value) > SMALL_BODY
+    return False

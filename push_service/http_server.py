@@ -12,7 +12,9 @@ parse gets a JSON 400 too (uvicorn's own is text/plain).
 
 `limit_concurrency` (503 from uvicorn, past that many open connections or running
 requests) and the keep-alive timeout are uvicorn's own; `run` sets all three from
-Settings.
+Settings. uvicorn's 503 is text/plain: under httptools (uvicorn's choice where it is
+installed, as here) it is answered in JSON too. The push service serves no WebSocket,
+so an upgrade request is plain HTTP to it (uvicorn's WebSocket layer answered text).
 """
 
 from __future__ import annotations
@@ -29,10 +31,10 @@ from typing import Any, ClassVar, Literal
 
 import h11
 import uvicorn
-import uvicorn.config
 from starlette.types import ASGIApp
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
+from push_service.errors import send_error
 from shared.logs import dict_config
 from shared.settings import Settings
 
@@ -50,6 +52,17 @@ def _closing_response(status: str, error: str, detail: str) -> bytes:
         f"HTTP/1.1 {status}\r\ncontent-type: application/json\r\n"
         f"content-length: {len(body)}\r\nconnection: close\r\n\r\n".encode()
         + body
+    )
+
+
+async def _concurrency_exceeded(scope: Any, receive: Any, send: Any) -> None:
+    """uvicorn's 503 past IMROUTE_HTTP_MAX_CONCURRENCY, as JSON."""
+    await send_error(
+        send,
+        503,
+        "overloaded",
+        "the push service holds IMROUTE_HTTP_MAX_CONCURRENCY connections or requests; retry later",
+        [(b"retry-after", b"1"), (b"connection", b"close")],
     )
 
 
@@ -154,6 +167,7 @@ class _HeadDeadline(asyncio.Protocol):
 
 
 def _httptools_class() -> type[asyncio.Protocol]:
+    from uvicorn.protocols.http.flow_control import service_unavailable
     from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
     class HttpToolsHeadDeadline(_HeadDeadline, HttpToolsProtocol):
@@ -170,6 +184,11 @@ def _httptools_class() -> type[asyncio.Protocol]:
 
         def _answering(self) -> bool:
             return self.cycle is not None and not self.cycle.response_complete
+
+        def _start_asgi_task(self, cycle: Any, app: Any) -> None:
+            if app is service_unavailable:  # uvicorn's limit_concurrency, text/plain
+                app = _concurrency_exceeded
+            super()._start_asgi_task(cycle, app)
 
     return HttpToolsHeadDeadline
 
@@ -206,19 +225,18 @@ def head_deadline_protocol(timeout_s: float, parser: Parser = "auto") -> type[as
 def run(app: ASGIApp, settings: Settings, sock: socket.socket | None = None) -> None:
     """Serve `app` with uvicorn until SIGINT or SIGTERM, with the HTTP limits of `settings`;
     on `sock` (a worker's inherited listening socket) or on IMROUTE_HOST:IMROUTE_PORT."""
-    json_logs = settings.log_format == "json"
     config = uvicorn.Config(
         app,
         host=settings.host,
         port=settings.port,
         log_level=settings.log_level,
-        # text: uvicorn's own lines, as always; json: every line of the process as one
-        # JSON object (shared.logs), uvicorn's included
-        log_config=dict_config(settings.log_level, "json", "push-service")
-        if json_logs
-        else uvicorn.config.LOGGING_CONFIG,
+        # every line of the process, uvicorn's included, in one format with its time
+        # (shared.logs); uvicorn's own config gave its lines no time, and ours none at all
+        log_config=dict_config(settings.log_level, settings.log_format, "push-service"),
         access_log=False,
         http=head_deadline_protocol(settings.http_header_timeout_s),
+        # no WebSocket here: an upgrade request is answered as the HTTP request it is
+        ws="none",
         timeout_keep_alive=settings.http_keepalive_timeout_s,
         limit_concurrency=settings.http_max_concurrency,
     )

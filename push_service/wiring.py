@@ -44,7 +44,7 @@ from router.balancing import (
     rule_for,
 )
 from router.bus.base import Bus
-from router.bus.factory import bus_from_settings, hedging_from_settings
+from router.bus.factory import bus_from_settings, check_bus_settings, hedging_from_settings
 from router.bus.metrics import BusLossMetrics
 from router.directory.sql import SqlUserDirectory
 from router.fanout.resilient import PublishRetry
@@ -101,9 +101,16 @@ class Parts:
 class Wiring:
     """Builds the push service's objects from Settings; `open()` starts and stops them."""
 
-    def __init__(self, settings: Settings, clock: Clock, bus: Bus | None = None) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        clock: Clock,
+        bus: Bus | None = None,
+        metrics: Sequence[Collector] = (),
+    ) -> None:
         """`bus`: a bus the caller opened and closes (a MemoryBus shared with in-process
-        gateways); without it, the one IMROUTE_BUS_URL names is opened and closed here."""
+        gateways); without it, the one IMROUTE_BUS_URL names is opened and closed here.
+        `metrics`: the HTTP shell's own collectors, scraped with the rest."""
         self._settings = settings
         self._clock = clock
         self._given_bus = bus
@@ -112,11 +119,15 @@ class Wiring:
         # stops the program with a message before the server starts.
         self._redis = create_redis(settings.redis_url, settings.redis_timeout_s)
         hedging_from_settings(settings)
+        if bus is None:
+            check_bus_settings(settings)  # redis+cluster:// without IMROUTE_BUS_URL
         rule_for(settings.dispatch_rule, Availability(clock))  # a bad rule name stops it here
         # A registry per app, so several apps in one process (tests) never collide.
         self._metrics = CollectorRegistry(auto_describe=True)
         self._publish_metrics = PublishMetrics(self._metrics)
         self._call_metrics = CallMetrics(self._metrics)
+        for collector in metrics:
+            self._metrics.register(collector)
         self.parts: Parts | None = None  # set while open
         limit = settings.rate_limit
         # Parsed now: a bad IMROUTE_RATE_LIMIT stops the start, by name.

@@ -35,7 +35,7 @@ from pathlib import Path
 from types import FrameType
 
 from router.devtools.supervisor import Child, Supervisor
-from shared.logs import say
+from shared.logs import configure, say
 from shared.settings import Settings
 
 __all__ = ["BACKLOG", "serve_workers", "worker_argv"]
@@ -88,6 +88,7 @@ class _Signals:
 def serve_workers(settings: Settings, argv: Sequence[str]) -> int:
     """Run `settings.workers` push services on one port until SIGINT or SIGTERM; the exit
     code is 0, or that of a worker that could not start."""
+    configure(settings.log_level, settings.log_format, "push-service")
     try:
         sock = listen(settings.host, settings.port)
     except OSError as exc:

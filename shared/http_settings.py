@@ -32,6 +32,12 @@ class HttpSettings(BaseSettings):
     http_keepalive_timeout_s: int = Field(5, ge=1, le=3600)
     # open connections or running requests past which uvicorn answers 503 (per worker)
     http_max_concurrency: int = Field(10_000, ge=1, le=1_000_000)
+    # load shedding (push_service.shedding), per worker: requests handled at once past
+    # which the next is answered 503 overloaded (the operator's not counted) ...
+    http_max_in_flight: int = Field(500, ge=1, le=1_000_000)
+    # ... and the event loop's lag in ms past which new requests are 503 while at least
+    # a few are in flight (0: lag never sheds)
+    http_max_lag_ms: int = Field(1000, ge=0, le=60_000)
     # push-service processes sharing the one listening port (README, "Workers"); the
     # default is the cores this process may use
     workers: int = Field(default_factory=default_workers, ge=1, le=256)

@@ -1,5 +1,6 @@
 """Logging for every process: human lines, or with `IMROUTE_LOG_FORMAT=json` one JSON
-object per line.
+object per line. Either way every line starts with (or holds, as `ts`) its time: UTC,
+ISO 8601, to the millisecond.
 
 A JSON line holds `ts` (UTC, ISO 8601, ms), `level`, `logger`, `message`, `process`
 (push-service, gateway, ...), `pid`, and wherever they apply `push_id`, `msg_id`,
@@ -29,6 +30,7 @@ from typing import Any
 __all__ = [
     "FIELDS",
     "JsonFormatter",
+    "TextFormatter",
     "bind",
     "configure",
     "dict_config",
@@ -39,6 +41,17 @@ __all__ = [
 
 FIELDS = ("push_id", "msg_id", "batch_id", "gateway_id")
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s %(message)s"
+
+
+class TextFormatter(logging.Formatter):
+    """One human line per record, its time as JSON lines give it (UTC, ms)."""
+
+    def __init__(self) -> None:
+        super().__init__(TEXT_FORMAT)
+
+    def formatTime(self, record: logging.LogRecord, datefmt: str | None = None) -> str:
+        return _iso(record.created)
+
 
 _NONE: Mapping[str, str] = MappingProxyType({})
 _context: ContextVar[Mapping[str, str]] = ContextVar("imroute_log_context", default=_NONE)
@@ -110,7 +123,7 @@ def dict_config(
             "static": dict(static or {}),
         }
     else:
-        formatter = {"format": TEXT_FORMAT}
+        formatter = {"()": TextFormatter}
     handler = {"class": "logging.StreamHandler", "formatter": "imroute", "stream": sys.stderr}
     level = level.upper()
     return {
@@ -140,8 +153,11 @@ def say(
     level: int = logging.INFO,
 ) -> None:
     """A line for people and scripts (a process ready, or why it stops), written
-    whatever the log level: as it is, or with `fmt` json as one JSON line saying it."""
+    whatever the log level: after its time, or with `fmt` json as one JSON line saying
+    it."""
     if fmt == "json":
         record = logging.LogRecord(process, level, __file__, 0, text, None, None)
         text = JsonFormatter(process, static).format(record)
+    else:
+        text = f"{_iso(time.time())} {text}"
     print(text, file=sys.stderr if err else sys.stdout, flush=True)

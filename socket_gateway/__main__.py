@@ -26,7 +26,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--ws-port", type=int, help="WebSocket port (IMROUTE_WS_PORT)")
     p.add_argument("--grpc-host", help="gRPC bind host (IMROUTE_GRPC_HOST)")
     p.add_argument("--grpc-port", type=int, help="gRPC port (IMROUTE_GRPC_PORT)")
-    p.add_argument("--advertise-host", help="host others reach this gateway at")
+    p.add_argument(
+        "--advertise-host",
+        help="host the push service and clients reach this gateway at (IMROUTE_ADVERTISE_HOST;"
+        " needed with a wildcard bind on a host of several addresses)",
+    )
     p.add_argument("--route-ttl", dest="route_ttl_s", type=float, help="route TTL in seconds")
     p.add_argument("--heartbeat", dest="heartbeat_s", type=float, help="fleet heartbeat seconds")
     p.add_argument(

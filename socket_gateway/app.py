@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import socket
 from collections.abc import Sequence
 from contextlib import AsyncExitStack
 from types import TracebackType
@@ -14,7 +13,7 @@ from types import TracebackType
 import grpc.aio
 
 from router.bus.base import Bus
-from router.bus.factory import bus_from_settings
+from router.bus.factory import bus_from_settings, check_bus_settings
 from router.fleet.drain import RedisDrainRequests
 from router.fleet.store import RedisGatewayFleet
 from router.receipts.base import ReceiptLimits
@@ -36,6 +35,7 @@ from shared.models import GatewayInfo
 from shared.settings import Settings, redact_url
 from shared.trace_settings import check_tracing
 from socket_gateway.acks import AckReporter
+from socket_gateway.advertise import advertised
 from socket_gateway.bus_consumer import consume, gateway_topics
 from socket_gateway.connections import LocalConnections
 from socket_gateway.counts import gateway_counts
@@ -84,6 +84,8 @@ class Gateway:
         clock_ = clock or SystemClock()
         self._tls = load_tls(settings)
         check_tracing(settings)  # a bad OTEL_EXPORTER_OTLP_ENDPOINT stops the start here
+        if bus is None:
+            check_bus_settings(settings)  # redis+cluster:// without IMROUTE_BUS_URL
         open_port = not is_loopback(settings.grpc_host)
         if open_port and settings.internal_token is None and self._tls is None:
             raise ConfigError(
@@ -92,6 +94,10 @@ class Gateway:
                 "(IMROUTE_GRPC_TLS_CERT, _KEY and _CA): anyone who reaches the port "
                 "could push to any user"
             )
+        # Decided now, so a wildcard bind with no address to announce stops the start.
+        self._advertised = advertised(
+            settings.ws_host, settings.grpc_host, settings.advertise_host, settings.ws_public_url
+        )
         self.settings = settings
         self.clock = clock_
         token = settings.internal_token
@@ -146,27 +152,19 @@ class Gateway:
     @property
     def info(self) -> GatewayInfo:
         s = self.settings
-        host = self._advertise_host()
-        ws_url = s.ws_public_url or f"ws://{_hostport(host, self.ws_port)}/ws"
+        hosts = self._advertised
+        ws_url = s.ws_public_url or f"ws://{_hostport(hosts.ws_host, self.ws_port)}/ws"
         return GatewayInfo(
             s.gateway_id,
             s.group_id,
             ws_url,
-            _hostport(host, self.grpc_port),
+            _hostport(hosts.grpc_host, self.grpc_port),
             len(self.conns),
             self._started_ms,
             max_connections=s.gateway_max_connections,
             zone=s.zone,
             draining=self.draining,
         )
-
-    def _advertise_host(self) -> str:
-        s = self.settings
-        if s.advertise_host:
-            return s.advertise_host
-        if s.grpc_host in ("0.0.0.0", "::", ""):
-            return socket.gethostbyname(socket.gethostname())
-        return s.grpc_host
 
     async def __aenter__(self) -> Gateway:
         try:
@@ -199,7 +197,7 @@ class Gateway:
             ttl_s=s.route_ttl_s,
             gateway_id=s.gateway_id,
             group_id=s.group_id,
-            ip=self._advertise_host(),
+            ip=self._advertised.grpc_host,
             port=self.grpc_port,
             max_per_user=s.max_connections_per_user,
             presence=self.presence,

@@ -16,6 +16,7 @@ __all__ = [
     "MEMORY_SCHEME",
     "REDIS_SCHEMES",
     "bus_from_settings",
+    "check_bus_settings",
     "hedging_from_settings",
     "open_bus",
 ]
@@ -75,11 +76,29 @@ def open_bus(
     raise ConfigError(f"IMROUTE_BUS_URL: {found} is not supported; use {accepted}")
 
 
+CLUSTER_SCHEME = "redis+cluster"
+
+
+def check_bus_settings(settings: Settings) -> None:
+    """Refuse, before anything opens, a bus the settings cannot give: the default bus is
+    Redis Streams on IMROUTE_REDIS_URL, and a Redis Cluster cannot hold it (a gateway
+    reads all its topics' streams in one XREADGROUP, which Cluster refuses across slots),
+    so with redis+cluster:// the bus must be named. ConfigError naming the fix."""
+    if settings.bus_url is None and settings.redis_url.startswith(CLUSTER_SCHEME + "://"):
+        raise ConfigError(
+            "IMROUTE_BUS_URL: required when IMROUTE_REDIS_URL is a Redis Cluster "
+            "(redis+cluster://), as the bus (Redis Streams) cannot run on a cluster: set "
+            "IMROUTE_BUS_URL=redis://HOST:6379/0 (a standalone Redis for the bus) or "
+            "pubsub://PROJECT (Google Cloud Pub/Sub)"
+        )
+
+
 def bus_from_settings(
     settings: Settings, observer: HedgeObserver | None = None, tracer: Tracer | None = None
 ) -> HedgedBus[BusTransport]:
     """The bus a push service or gateway process is configured for; with `tracer`, each
     publish attempt is a span (shared.tracing)."""
+    check_bus_settings(settings)
     return open_bus(
         settings.effective_bus_url,
         settings.redis_prefix,

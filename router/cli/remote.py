@@ -33,7 +33,7 @@ from pydantic_settings import (
 )
 
 from router.cli import show
-from router.cli.rest import ApiSettings, RemoteError, RestClient
+from router.cli.rest import ApiSettings, RemoteError, RestClient, new_idempotency_key
 from router.cli.wait import wait_for_job
 from shared.errors import ImrouteError, InvalidInput
 
@@ -69,6 +69,14 @@ class _Content(Connection):
     content: str = Field(description="the message's content, as JSON")
     sender: str | None = Field(None, description="its `from` (default: admin)")
     ttl_s: int | None = Field(None, description="seconds it may wait for an offline user")
+    idempotency_key: str | None = Field(
+        None,
+        description="the Idempotency-Key to send (default: a new one; the command's own "
+        "retries reuse it, and a rerun with the same key is sent at most once)",
+    )
+
+    def key(self) -> str:
+        return self.idempotency_key or new_idempotency_key()
 
     def message(self) -> dict[str, Any]:
         try:
@@ -107,7 +115,7 @@ class Push(_Content):
         if self.wait_ack is not None:
             body["wait_ack_ms"] = self.wait_ack
         with self.client() as api:
-            answer = api.call("POST", "/v1/push", body)
+            answer = api.call("POST", "/v1/push", body, idempotency_key=self.key())
         show.out(answer, self.json_out, show.push_lines(answer))
         return 1 if answer.get("failed") else 0
 
@@ -124,7 +132,8 @@ class Broadcast(_Job):
             raise InvalidInput("--tags/--online", "give exactly one of them")
         audience: dict[str, Any] = {"tags_any": tags} if tags else {"online": True}
         with self.client() as api:
-            accepted = api.call("POST", "/v1/broadcast", {**self.message(), "audience": audience})
+            body = {**self.message(), "audience": audience}
+            accepted = api.call("POST", "/v1/broadcast", body, idempotency_key=self.key())
             return self.follow(api, accepted)
 
 
@@ -136,7 +145,8 @@ class Multicast(_Job):
     def run(self) -> int:
         uids = _read_uids(self.file)
         with self.client() as api:
-            accepted = api.call("POST", "/v1/multicast", {**self.message(), "to": uids})
+            body = {**self.message(), "to": uids}
+            accepted = api.call("POST", "/v1/multicast", body, idempotency_key=self.key())
             return self.follow(api, accepted)
 
 

@@ -4,22 +4,52 @@ The URL and keys are settings like every other (`IMROUTE_API_URL`, `IMROUTE_API_
 `IMROUTE_ADMIN_API_KEY`); a command's `--api-url` / `--api-key` / `--admin-api-key` win
 over them. A key is sent as a Bearer header and never printed: an error names the key's
 setting, not its value.
+
+Retries that are safe: a request that got no answer is usually still carried out, so
+a push retried without an `Idempotency-Key` is sent twice under a new msg_id. Each
+sending command sends a key of its own (or the one `--idempotency-key` gives) and
+`call` retries it, with that same key, when no answer came (a connection refused,
+reset or timed out) or the answer was 429 or 503 (nothing was done: over the rate,
+shed, Redis down), after `Retry-After` or a jittered backoff, up to `RETRIES`
+times; the push service replays the first answer, or runs it once. GETs are retried
+alike; a request without a key never is.
 """
 
 from __future__ import annotations
 
+import math
+import time
+import uuid
+from collections.abc import Callable
 from typing import Any
 
 import httpx
 from pydantic import SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from router.balancing.retry import RetryPolicy
 from shared.errors import ImrouteError
 
-__all__ = ["DEFAULT_API_URL", "ApiSettings", "RemoteError", "RestClient"]
+__all__ = [
+    "DEFAULT_API_URL",
+    "RETRIES",
+    "ApiSettings",
+    "RemoteError",
+    "RestClient",
+    "new_idempotency_key",
+]
 
 DEFAULT_API_URL = "http://127.0.0.1:8080"
 TIMEOUT_S = 30.0
+# 3 retries, 0.5-1 s, then 1-2 s, then 2-4 s apart (or as Retry-After says, up to 10 s)
+RETRIES = RetryPolicy(max_retries_same=3, backoff_s=1.0, max_backoff_s=4.0)
+RETRY_AFTER_MAX_S = 10.0
+RETRIED_STATUSES = frozenset({429, 503})
+
+
+def new_idempotency_key() -> str:
+    """A key for one command's request, the same on each of its retries."""
+    return f"imroute-cli-{uuid.uuid4().hex}"
 
 
 class ApiSettings(BaseSettings):
@@ -42,11 +72,19 @@ class RemoteError(ImrouteError):
 
 
 class RestClient:
-    def __init__(self, settings: ApiSettings, transport: httpx.BaseTransport | None = None):
+    def __init__(
+        self,
+        settings: ApiSettings,
+        transport: httpx.BaseTransport | None = None,
+        retries: RetryPolicy = RETRIES,
+        sleep: Callable[[float], None] = time.sleep,
+    ):
         self._settings = settings
         self._http = httpx.Client(
             base_url=settings.api_url.rstrip("/"), timeout=TIMEOUT_S, transport=transport
         )
+        self._retries = retries
+        self._sleep = sleep
 
     def __enter__(self) -> RestClient:
         return self
@@ -54,18 +92,53 @@ class RestClient:
     def __exit__(self, *exc: object) -> None:
         self._http.close()
 
-    def call(self, method: str, path: str, body: Any = None, admin: bool = False) -> dict[str, Any]:
+    def call(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        admin: bool = False,
+        idempotency_key: str | None = None,
+    ) -> dict[str, Any]:
         """The answer's JSON object; RemoteError for a 4xx/5xx (with the server's own
-        error and detail) or when the push service cannot be reached."""
+        error and detail) or when the push service cannot be reached. A GET, or a
+        request with `idempotency_key`, is retried (see the module's docstring)."""
         setting = "IMROUTE_ADMIN_API_KEY" if admin else "IMROUTE_API_KEY"
         key = self._settings.admin_api_key if admin else None
         key = key or self._settings.api_key  # without an admin key, the API key holds both
         headers = {"Authorization": f"Bearer {key.get_secret_value()}"} if key else {}
+        if idempotency_key is not None:
+            headers["Idempotency-Key"] = idempotency_key
+        retry_safe = method == "GET" or idempotency_key is not None
         url = f"{self._settings.api_url.rstrip('/')}{path}"
-        try:
-            resp = self._http.request(method, path, json=body, headers=headers)
-        except httpx.HTTPError as exc:
-            raise RemoteError(0, f"cannot reach the push service at {url}: {exc}") from None
+        retry = 0
+        while True:
+            try:
+                resp = self._http.request(method, path, json=body, headers=headers)
+            except httpx.TransportError as exc:  # no answer: it may have been carried out
+                if retry_safe and retry < self._retries.max_retries_same:
+                    retry += 1
+                    self._sleep(self._retries.backoff(retry))
+                    continue
+                again = (
+                    ""
+                    if idempotency_key is None
+                    else f" (to try again, sent at most once: --idempotency-key {idempotency_key})"
+                )
+                raise RemoteError(
+                    0, f"cannot reach the push service at {url}: {exc}{again}"
+                ) from None
+            except httpx.HTTPError as exc:
+                raise RemoteError(0, f"{method} {path}: {exc}") from None
+            if (
+                resp.status_code in RETRIED_STATUSES
+                and retry_safe
+                and retry < self._retries.max_retries_same
+            ):
+                retry += 1
+                self._sleep(_retry_after(resp) or self._retries.backoff(retry))
+                continue
+            break
         try:
             answer = resp.json()
         except ValueError:
@@ -75,6 +148,15 @@ class RestClient:
         if resp.is_success:
             raise RemoteError(resp.status_code, f"{method} {path}: the answer is not JSON")
         raise RemoteError(resp.status_code, _describe(method, path, resp, answer, setting), answer)
+
+
+def _retry_after(resp: httpx.Response) -> float | None:
+    """The seconds a 429's or 503's Retry-After asks for, at most RETRY_AFTER_MAX_S."""
+    try:
+        seconds = float(resp.headers.get("retry-after", ""))
+    except ValueError:
+        return None
+    return min(max(seconds, 0.0), RETRY_AFTER_MAX_S) if math.isfinite(seconds) else None
 
 
 def _describe(method: str, path: str, resp: httpx.Response, answer: Any, setting: str) -> str:

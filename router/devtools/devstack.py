@@ -8,6 +8,7 @@ would), and the rest of the stack keeps running. A drained gateway that exits 0 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import secrets
 import signal
@@ -24,6 +25,7 @@ from router.devtools.ports import port_free
 from router.devtools.supervisor import ChildExited, Supervisor
 from router.directory.migrate import upgrade_sync
 from shared.errors import ConfigError
+from shared.logs import say
 from shared.settings import Settings, redact_url
 
 __all__ = ["DevOptions", "DevStack", "gateway_argv", "listed_gateways", "push_service_argv"]
@@ -61,6 +63,7 @@ class DevStack:
     redis: EmbeddedRedis | None = None
     _stopping: bool = False
     _managed: dict[str, _Managed] = field(default_factory=dict)
+    _log_format: str = "text"
 
     def ports(self) -> list[tuple[str, int, int, str]]:
         """(gateway_id, ws_port, grpc_port, group_id) for each gateway."""
@@ -72,6 +75,7 @@ class DevStack:
 
     def run(self) -> int:
         settings = Settings.load(self.environ)
+        self._log_format = settings.log_format
         self._check_ports()
         env = dict(self.environ)
         shown: dict[str, str] = {}
@@ -97,19 +101,18 @@ class DevStack:
             if not redis_answers(redis_url):
                 self.redis = EmbeddedRedis()
                 redis_url = self.redis.start()
-                print(
+                self._say(
                     f"no Redis at {redact_url(settings.redis_url)}: started an embedded one "
-                    f"at {redis_url} (append-only file on, as imroute asks of any Redis)",
-                    flush=True,
+                    f"at {redis_url} (append-only file on, as imroute asks of any Redis)"
                 )
             elif keeps_nothing(redis_url):
-                print(
+                self._say(
                     f"warning: the Redis at {redact_url(redis_url)} keeps nothing on disk "
                     "(appendonly no): a restart of it loses offline users' inboxes and the "
                     "recovery window (connected clients lose nothing; resumes say complete: "
                     "false). Run it with --appendonly yes --appendfsync everysec (README, "
                     '"What Redis must keep")',
-                    flush=True,
+                    err=True,
                 )
             env["IMROUTE_REDIS_URL"] = redis_url
             if "IMROUTE_DB_URL" not in env:
@@ -118,8 +121,8 @@ class DevStack:
                 os.makedirs(state, exist_ok=True)
                 env["IMROUTE_DB_URL"] = f"sqlite+aiosqlite:///{state}/users.db"
             upgrade_sync(env["IMROUTE_DB_URL"])
-            print(f"user directory: {redact_url(env['IMROUTE_DB_URL'])} (migrated)", flush=True)
-            print(f"bus: {_bus_description(settings.bus_url, env)}", flush=True)
+            self._say(f"user directory: {redact_url(env['IMROUTE_DB_URL'])} (migrated)")
+            self._say(f"bus: {_bus_description(settings.bus_url, env)}")
             if self._stopping:
                 return 0
             self._start("push-service", push_service_argv(o.host, o.port), env)
@@ -226,7 +229,7 @@ class DevStack:
             if child.returncode == 0 and child.name != "push-service":
                 # A gateway that was drained (POST /v1/gateways/{id}/drain) exits
                 # cleanly once its clients moved: the rest of the stack goes on.
-                print(f"imroute dev: {child.name} drained and exited", flush=True)
+                self._say(f"imroute dev: {child.name} drained and exited")
                 continue
             managed, now = self._managed[child.name], time.monotonic()
             if now - managed.started >= STABLE_S:
@@ -234,18 +237,20 @@ class DevStack:
             delay = managed.backoff_s
             managed.backoff_s = min(delay * 2, RESTART_MAX_S)
             managed.due = now + delay
-            print(
-                f"imroute dev: {ChildExited(child)}; restarting it in {delay:.0f}s",
-                file=sys.stderr,
-                flush=True,
-            )
+            self._say(f"imroute dev: {ChildExited(child)}; restarting it in {delay:.0f}s", err=True)
 
     def _restart_due(self) -> None:
         now = time.monotonic()
         for name, managed in self._managed.items():
             if managed.due is not None and managed.due <= now and not self._stopping:
                 self._restart(name)
-                print(f"imroute dev: {name} restarted", file=sys.stderr, flush=True)
+                self._say(f"imroute dev: {name} restarted", err=True)
+
+    def _say(self, text: str, err: bool = False) -> None:
+        """One of this supervisor's own lines, timed like its children's (the banner,
+        for people to read and copy from, is printed as it is)."""
+        level = logging.WARNING if err else logging.INFO
+        say(text, self._log_format, "dev", err=err, level=level)
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         self._stopping = True

@@ -158,6 +158,10 @@ async def test_past_the_concurrency_limit_uvicorn_answers_503(
             statuses.append(answer.status)
         # uvicorn counts the asking connection: with 3 open, the 4th is at the limit.
         assert statuses == [200, 200, 200, 503, 503, 503], statuses
+        # ...and its 503 is JSON, as every error is (uvicorn's own is text/plain)
+        assert answer.json()["error"] == "overloaded", answer
+        assert "IMROUTE_HTTP_MAX_CONCURRENCY" in answer.json()["detail"]
+        assert answer.headers["retry-after"] == "1"
         for writer in conns:
             writer.close()
         await asyncio.sleep(0.3)

@@ -260,7 +260,16 @@ def test_bad_internal_settings_are_named(tmp_path: Path) -> None:
     # Beyond loopback, a gateway needs a credential.
     with pytest.raises(ConfigError, match=r"IMROUTE_INTERNAL_TOKEN: required .*0.0.0.0"):
         Gateway(settings(base["redis_url"], "p:", grpc_host="0.0.0.0"))
-    Gateway(settings(base["redis_url"], "p:", grpc_host="0.0.0.0", internal_token=TOKEN))
+    # (an advertise host, so the host's own addresses cannot make it refuse to start)
+    Gateway(
+        settings(
+            base["redis_url"],
+            "p:",
+            grpc_host="0.0.0.0",
+            internal_token=TOKEN,
+            advertise_host="10.0.0.1",
+        )
+    )
     Gateway(settings(base["redis_url"], "p:", grpc_host="::1"))
 
 

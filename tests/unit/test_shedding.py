@@ -1,0 +1,128 @@
+"""Load shedding's decision (push_service.shedding) with a hand-moved clock: the
+in-flight bound, the event loop's lag (smoothed, or overdue now), and whose requests are
+never shed."""
+
+from __future__ import annotations
+
+import pytest
+from starlette.types import Message, Receive, Scope, Send
+
+from push_service.shedding import (
+    IN_FLIGHT,
+    LAG,
+    LAG_MIN_IN_FLIGHT,
+    LoadShed,
+    LoopLag,
+    Shedder,
+    is_operator,
+)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_past_the_in_flight_bound_the_next_is_refused() -> None:
+    shedder = Shedder(max_in_flight=3, max_lag_ms=2000)
+    shedder.in_flight = 2
+    assert shedder.refuse() is None
+    shedder.in_flight = 3
+    assert shedder.refuse() == IN_FLIGHT
+    assert "IMROUTE_HTTP_MAX_IN_FLIGHT" in shedder.describe(IN_FLIGHT)
+
+
+def test_lag_sheds_only_with_requests_in_flight_and_counts_an_overdue_wake_up_at_once() -> None:
+    clock = Clock()
+    lag = LoopLag(clock)
+    shedder = Shedder(max_in_flight=1000, max_lag_ms=200, lag=lag)
+    lag.due = clock.now + 0.05  # the measuring task sleeps until then
+    shedder.in_flight = LAG_MIN_IN_FLIGHT
+    assert shedder.refuse() is None
+    clock.now += 0.4  # the loop is stuck: the task is 0.35 s overdue right now
+    assert lag.now_s() == pytest.approx(0.35)
+    assert shedder.refuse() == LAG
+    assert "IMROUTE_HTTP_MAX_LAG_MS" in shedder.describe(LAG)
+    # A lone stall, with few requests in flight, is not overload.
+    shedder.in_flight = LAG_MIN_IN_FLIGHT - 1
+    assert shedder.refuse() is None
+
+
+def test_the_lag_is_smoothed_and_decays() -> None:
+    lag = LoopLag(Clock())
+    lag.measured(0.9)
+    assert lag.smoothed_s == pytest.approx(0.3)
+    for _ in range(10):
+        lag.measured(0.0)
+    assert lag.smoothed_s < 0.01
+
+
+def test_lag_zero_never_sheds() -> None:
+    clock = Clock()
+    lag = LoopLag(clock)
+    lag.measured(10.0)
+    shedder = Shedder(max_in_flight=1000, max_lag_ms=0, lag=lag)
+    shedder.in_flight = 500
+    assert shedder.refuse() is None
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "operator"),
+    [
+        ("GET", "/healthz", True),
+        ("GET", "/metrics", True),
+        ("GET", "/dashboard/", True),
+        ("GET", "/dashboard/dashboard.js", True),
+        ("GET", "/client/imroute.js", True),
+        ("GET", "/v1/admin/overview", True),
+        ("GET", "/v1/gateways", True),
+        ("POST", "/v1/gateways/gw1/drain", True),
+        ("GET", "/openapi.json", True),
+        ("POST", "/v1/push", False),
+        ("POST", "/v1/broadcast", False),
+        ("GET", "/v1/pushes/abc", False),
+        ("GET", "/v1/dispatch", False),
+        ("PUT", "/v1/users", False),
+        ("POST", "/healthz", False),
+    ],
+)
+def test_whose_requests_are_never_shed(method: str, path: str, operator: bool) -> None:
+    assert is_operator(method, path) is operator
+
+
+@pytest.mark.parametrize(
+    ("headers", "closes"),
+    [
+        ([(b"content-length", b"40")], False),  # skipped by the server, the connection kept
+        ([(b"content-length", str(1 << 20).encode())], True),  # not worth reading
+        ([(b"transfer-encoding", b"chunked")], True),
+        ([], False),
+    ],
+)
+async def test_a_shed_request_is_answered_before_the_app_and_closes_only_for_a_large_body(
+    headers: list[tuple[bytes, bytes]], closes: bool
+) -> None:
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        raise AssertionError("a shed request reaches no app")
+
+    shedder = Shedder(max_in_flight=1, max_lag_ms=0)
+    shedder.in_flight = 1
+    sent: list[Message] = []
+
+    async def send(message: Message) -> None:
+        sent.append(message)
+
+    scope = {"type": "http", "method": "POST", "path": "/v1/push", "headers": headers}
+
+    async def receive() -> Message:
+        raise AssertionError("a shed request's body is not read")
+
+    await LoadShed(app, shedder)(scope, receive, send)
+    start = sent[0]
+    assert start["status"] == 503
+    assert (b"retry-after", b"1") in start["headers"]
+    assert ((b"connection", b"close") in start["headers"]) is closes
+    assert shedder.shed[IN_FLIGHT] == 1
