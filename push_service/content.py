@@ -9,7 +9,7 @@ import orjson
 
 from push_service.schemas import MAX_CONTENT_BYTES
 from shared.errors import InvalidInput, PayloadTooLarge
-from shared.ids import new_id
+from shared.ids import derived_id, new_id
 from shared.models import Message
 
 __all__ = ["encode_content", "new_message"]
@@ -21,10 +21,14 @@ class _MessageFields(Protocol):
     sender: str
 
 
-def new_message(body: _MessageFields, now_ms: int) -> Message:
-    """A push's message with fresh ids; the content is encoded here, once."""
+def new_message(body: _MessageFields, now_ms: int, seed: str | None = None, n: int = 0) -> Message:
+    """A push's message with fresh ids; sent under an Idempotency-Key (`seed`, the `n`th
+    message of its request), its msg_id is derived from it: a retry after a 5xx (which is
+    not kept: the push may have gone out in part) carries the same msg_id, which clients
+    drop as a duplicate. Each attempt keeps a push_id (and receipt) of its own. The
+    content is encoded once."""
     return Message(
-        msg_id=new_id(),
+        msg_id=new_id() if seed is None else derived_id(seed, "msg", n),
         push_id=new_id(),
         msg_type=body.msg_type,
         sender=body.sender,

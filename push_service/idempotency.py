@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
+from contextvars import ContextVar
 
 from fastapi import Request
 from fastapi.responses import Response
@@ -31,19 +32,32 @@ from router.idempotency.base import (
     Running,
     fingerprint,
     is_kept,
+    key_hash,
     scope_hash,
 )
-from shared.errors import InvalidInput
+from shared.errors import ImrouteError, InvalidInput
 
-__all__ = ["REPLAYED_HEADER", "Idempotency", "Once"]
+__all__ = ["REPLAYED_HEADER", "Idempotency", "Once", "id_seed"]
 
 log = logging.getLogger(__name__)
 
 REPLAYED_HEADER = "Idempotent-Replayed"  # Stripe's name, on a replayed answer
 WAIT_MARGIN_S = 5.0
 POLL_S = 0.05
+# A release that failed is tried again after 0.25 s, doubling to 5 s, 12 times (~45 s).
+RELEASE_RETRY_S = 0.25
+RELEASE_RETRIES = 12
 
 Handler = Callable[[], Awaitable[Response]]
+
+# While a claimed request runs: a digest of its caller's scope and key, from which its
+# P2P messages take their ids (`push_service.content.new_message`).
+_seed: ContextVar[str | None] = ContextVar("imroute_idempotency_seed", default=None)
+
+
+def id_seed() -> str | None:
+    """The running request's id seed: None without an Idempotency-Key."""
+    return _seed.get()
 
 
 class Idempotency:
@@ -53,6 +67,31 @@ class Idempotency:
         self._store = store
         self._wait_s = wait_s
         self._poll_s = poll_s
+        self._releasing: set[asyncio.Task[None]] = set()
+
+    async def _release(self, scope: str, key: str, token: str) -> None:
+        """Let a retry run the request again (its answer was a 5xx). When Redis is what
+        failed (a failover), the release fails too: it is tried again in the background,
+        so retries are not held off (409) for the whole lease once Redis is back."""
+        try:
+            await self._store.release(scope, key, token)
+        except ImrouteError as exc:
+            log.warning("could not release an Idempotency-Key yet (trying again): %s", exc)
+            task = asyncio.create_task(self._release_later(scope, key, token))
+            self._releasing.add(task)
+            task.add_done_callback(self._releasing.discard)
+
+    async def _release_later(self, scope: str, key: str, token: str) -> None:
+        delay = RELEASE_RETRY_S
+        for _ in range(RELEASE_RETRIES):
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 5.0)
+            try:
+                await self._store.release(scope, key, token)
+                return
+            except ImrouteError:
+                continue
+        log.warning("gave up releasing an Idempotency-Key: retries wait for its lease")
 
     @classmethod
     def waiting_for_pushes(cls, store: IdempotencyStore, deliver_timeout_s: float) -> Idempotency:
@@ -88,18 +127,21 @@ class Idempotency:
     ) -> Response:
         # A cancelled handler (a shutdown) leaves its entry running until the lease
         # lapses: the push may be half sent, and a retry at once could send it twice.
+        seeded = _seed.set(f"{scope}:{key_hash(key)}")
         try:
             response = await handler()
         except Exception as exc:
             rendered = await _render(request, exc)
             if rendered is None or not is_kept(rendered.status_code):
-                await self._store.release(scope, key, token)
+                await self._release(scope, key, token)
                 if rendered is None:
                     raise
                 return rendered
             response = rendered
+        finally:
+            _seed.reset(seeded)
         if not is_kept(response.status_code):
-            await self._store.release(scope, key, token)
+            await self._release(scope, key, token)
             return response
         answer = Answer(response.status_code, bytes(response.body))
         if not await self._store.complete(scope, key, token, answer):

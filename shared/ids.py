@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import os
 
-__all__ = ["ConnIdFactory", "new_id"]
+__all__ = ["ConnIdFactory", "derived_id", "new_id"]
 
 # A push takes three ids; one `os.urandom` (a syscall) per 256 of them, not per id.
 _POOL_IDS = 256
@@ -37,6 +38,14 @@ os.register_at_fork(after_in_child=_ids.reset)
 def new_id() -> str:
     """A random 128-bit id (from the OS's CSPRNG) as 32 hex characters."""
     return _ids.take()
+
+
+def derived_id(seed: str, *parts: object) -> str:
+    """A 128-bit id as 32 hex characters, the same for the same seed and parts: the ids
+    of a push sent again under its Idempotency-Key (the seed is a digest of the caller's
+    scope and key, so nobody else's push can take them)."""
+    text = "\0".join([seed, *map(str, parts)])
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
 class ConnIdFactory:

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from push_service.content import new_message
+from push_service.idempotency import id_seed
 from push_service.schemas import PushIn
 from router.p2p.plan import Outgoing, PushOutcome
 from router.p2p.pusher import P2PPusher
@@ -101,7 +102,7 @@ class Pushes:
             try:
                 if body.wait_ack_ms is not None:
                     raise InvalidInput("wait_ack_ms", "not in a batch: use POST /v1/push")
-                message = new_message(body, now)
+                message = new_message(body, now, id_seed(), i)
             except ImrouteError as exc:
                 answers[i] = exc
                 continue
@@ -148,7 +149,7 @@ class Pushes:
     async def push(self, body: PushIn) -> Pushed:
         """Deliver now to every recipient's live connections; queue the rest (stored)."""
         self.check(body)
-        message = new_message(body, self._clock.now_ms())
+        message = new_message(body, self._clock.now_ms(), id_seed())
         # Every line logged while it is pushed (its retries included) names it.
         bound = bind(push_id=message.push_id, msg_id=message.msg_id)
         try:

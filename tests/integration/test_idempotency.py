@@ -4,6 +4,7 @@ WebSocket clients (README, "Idempotent pushes")."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 from pathlib import Path
@@ -131,6 +132,32 @@ async def test_a_5xx_is_not_kept_so_the_retry_runs(redis_url: str, prefix: str, 
             # written to alice's recovery log before the route look-up failed, and the
             # retry's delivery replays the gap. That is the P2P path's doing, not the key's.)
             assert pushed.count(retried.json()["push_id"]) == 1, pushed
+
+
+async def test_a_retry_after_a_5xx_carries_the_first_attempts_msg_id(
+    redis_url: str, prefix: str, redis: Any
+) -> None:
+    """The failed attempt's message was logged before the look-up failed and comes to
+    alice too (above): under one Idempotency-Key both copies carry one msg_id, so her
+    client drops the second; without a key they are two messages to the app."""
+    async with gateway(redis_url, prefix, "gw1", "g1") as gw, api(redis_url, prefix) as http:
+        async with client(gw, "alice") as ws:
+            route = KeySchema(prefix).route("alice")
+            saved = await redis.hgetall(route)
+            await redis.delete(route)
+            await redis.set(route, "not a hash")
+            failed = await http.post("/v1/push", json=PUSH, headers=_with_key("same-msg"))
+            assert failed.status_code == 503, failed.text
+            await redis.delete(route)
+            await redis.hset(route, mapping=saved)
+            retried = await http.post("/v1/push", json=PUSH, headers=_with_key("same-msg"))
+            assert retried.status_code == 200, retried.text
+            frames = []
+            with contextlib.suppress(TimeoutError):
+                while True:
+                    frames.append(await recv_json(ws, timeout=0.5))
+            msg_ids = [f["msg_id"] for f in frames if f["type"] == "push"]
+            assert msg_ids == [retried.json()["msg_id"]] * 2, frames
 
 
 async def _drain(ws: Any) -> list[str]:
