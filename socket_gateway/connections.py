@@ -62,6 +62,10 @@ class ClientConn:
     held: list[Held] | None = None
     # What it was written and has not acked, in write order (None: nothing).
     sent: list[Sent] | None = None
+    # While it came from another group and still reads that group's log (a move's tail,
+    # `socket_gateway.resume`): the push ids it was written, so a multicast that reached
+    # it through both groups is written once.
+    moved: set[str] | None = None
 
 
 @dataclass(slots=True)
@@ -160,6 +164,8 @@ class LocalConnections:
         return None
 
     def _note(self, conn: ClientConn, pos: str, log: str, seq: int, ref: str) -> None:
+        if conn.moved is not None:
+            conn.moved.add(ref)
         sent = conn.sent
         if sent is None:
             conn.sent = [(pos, log, seq, ref)]

@@ -127,6 +127,8 @@ class Resumer:
                 report(DELIVERED, push_id, (conn.uid,))
         head_p, _, _, head_g = ends
         moved_from = _stand(conn, since, ends, own_group, own_g)
+        if moved_from and self.move_tail_s > 0:
+            conn.moved = set()  # from what waited (written below) on
         replayed_p2p = {i.seq for i in replay.items if i.log == "p"}
         after = since.p if since is not None else head_p
         if replayed_p2p or after < head_p:
@@ -138,7 +140,7 @@ class Resumer:
         if covered and report is not None:
             for e in covered:
                 report(ACKED, e.message.push_id, (conn.uid,))
-        if moved_from and self.move_tail_s > 0:
+        if conn.moved is not None:
             self._spawn(self._tail_old_group(conn, moved_from, head_g))
         gone = [*replay.inbox_gone, *(e.seq for e in covered)]
         if gone:
@@ -158,6 +160,12 @@ class Resumer:
         group's log is read again for `move_tail_s` (the old gateway's fleet TTL, a
         group buffer's flush and a publish's retries), and what names the user is
         written, once each."""
+        try:
+            await self._tail(conn, group, after)
+        finally:
+            conn.moved = None
+
+    async def _tail(self, conn: ClientConn, group: str, after: int) -> None:
         topic = group_topic(group)
         delay, waited = MOVE_TAIL_FIRST_S, 0.0
         while waited < self.move_tail_s and conn.sink.is_open():
@@ -173,14 +181,14 @@ class Resumer:
             if not conn.sink.is_open():
                 return
             now = self._clock.now_ms()
-            sent = {ref for *_, ref in conn.sent or ()}
+            had = conn.moved if conn.moved is not None else set()
             for logged in history.batches:
                 if logged.seq <= after:
                     continue
                 after = logged.seq
                 expires_ms = logged.batch.expires_ms
                 push_id = logged.message.push_id
-                if not logged.addresses(conn.uid) or push_id in sent:
+                if not logged.addresses(conn.uid) or push_id in had:
                     continue
                 if expires_ms and now > expires_ms:
                     continue

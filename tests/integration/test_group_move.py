@@ -14,7 +14,7 @@ import pytest
 import redis.asyncio as aioredis
 
 from shared.keys import KeySchema
-from tests.integration.recovery_helpers import fanout, gone, open_ws, pushes, replay
+from tests.integration.recovery_helpers import ack, fanout, gone, open_ws, pushes, replay
 from tests.integration.stack import api, gateway, nothing_more
 
 pytestmark = pytest.mark.integration
@@ -55,6 +55,17 @@ async def test_a_multicast_resolved_to_the_old_route_reaches_the_moved_client_on
         assert late["content"] == "resolved to g2"
         assert await nothing_more(moved, 1.0)  # once
         assert gw1.resumer is not None and gw1.resumer.moved_tail_writes == 1
+        # Both routes live (resolved while the old one had not lapsed, the new one
+        # written): the multicast goes to both groups, and amy gets it once, through g1.
+        await redis.hset(route, mapping=old_route)
+        await fanout(http, "/v1/multicast", {"to": ["amy"], "content": "to both"})
+        await redis.delete(route)
+        await redis.hset(route, mapping=new_route)
+        (both,) = await pushes(moved, 1)
+        assert both["content"] == "to both"
+        await ack(moved, both)  # as the SDKs do at once: the gateway forgets it was sent
+        assert await nothing_more(moved, 2.5)  # the tail read g2's copy and left it
+        assert gw1.resumer.moved_tail_writes == 1
         # Pushes after the move come through its new group, as ever.
         await fanout(http, "/v1/multicast", {"to": ["amy"], "content": "in g1"})
         (after,) = await pushes(moved, 1)
