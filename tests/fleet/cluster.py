@@ -1,5 +1,7 @@
 """A Redis Cluster on the fleet's Redis host: three masters, each with one replica, no
-persistence, a 2-s node timeout so that a master's failover takes a few seconds.
+persistence. A 5-s node timeout (Redis's default is 15 s) makes a master's failover take
+6-7 s: longer than a gateway's fleet record lives without a heartbeat (3 x 2 s), as any
+failover under the defaults does.
 
 Formed over unix sockets beside each node (the test process has no address on the
 LAN), with the nodes meeting each other at the host's LAN address; every node is a
@@ -25,7 +27,7 @@ __all__ = ["FleetCluster"]
 MASTERS = 3
 BASE_PORT = 7000  # masters 7000-7002, their replicas 7003-7005
 SLOTS = 16384
-NODE_TIMEOUT_MS = 2000
+NODE_TIMEOUT_MS = 5000
 FORM_S = 60.0
 
 

@@ -1,6 +1,7 @@
 """One fleet scenario: a fresh fleet, the driver's clients and load, a fault at
-FAULT_AT_S of the load healed at HEAL_AT_S, and the checks on the clients' records:
-nothing lost, nothing twice, and the pushes the fault touched in within the bound."""
+FAULT_AT_S of the load healed at HEAL_AT_S, and the checks on the records: every push
+answered within the caller's retries (same Idempotency-Key), and from the clients'
+own: nothing lost, nothing twice, and the pushes the fault touched in within the bound."""
 
 from __future__ import annotations
 
@@ -80,9 +81,11 @@ def run(
             logs = keep_logs(f, tmp_path)
     rec = Records.read(out)
     fig = figures(rec, fault_at, fault_at if bound_from_fault else healed_at)
-    print(f"\n[fleet {name}] {fig.line()}; SDK: {rec.sdk}")
+    print(f"\n[fleet {name}] {fig.line()}; fault {healed_at - fault_at:.1f}s; SDK: {rec.sdk}")
     where = f"\nlogs: {logs}; notable:\n{notable(tmp_path)}"
     assert not rec.client_errors, f"clients that stopped: {rec.client_errors}{where}"
+    # The README: a retry with the same key waits for the first try, then gets its answer.
+    assert not rec.ledger.errors, f"[{name}] unanswered pushes: {rec.ledger.errors[:10]}{where}"
     if fig.lost or fig.duplicated or fig.unexpected:
         wrong = stories(rec, tmp_path / "stories.txt")
         raise AssertionError(

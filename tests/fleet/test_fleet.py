@@ -40,7 +40,9 @@ def test_a_gateway_cut_off_from_the_push_service(tmp_path: Path) -> None:
     "`queued` (as offline) and those pushes wait for a reconnect that never comes",
 )  # fmt: skip
 def test_a_gateway_cut_off_from_redis(tmp_path: Path) -> None:
-    run("gw1-redis", tmp_path, cut("gw1", "redis"), Load())
+    # Healed near the end of the load: a later push must not be what brings the ones
+    # sent during the cut (it would, to a user who happens to get one).
+    run("gw1-redis", tmp_path, cut("gw1", "redis"), Load(), heal_at_s=13.0)
 
 
 @pytest.mark.xfail(
@@ -77,6 +79,13 @@ def test_redis_restarted_empty(tmp_path: Path) -> None:
     run("redis-empty", tmp_path, restart, load)
 
 
+@pytest.mark.xfail(
+    strict=True, raises=AssertionError,
+    reason="issue 24: during a Cluster failover a push whose first try died keeps its "
+    "Idempotency-Key's lease (retries get 409 for 30 s, and it may still be delivered); "
+    "or the gateways' heartbeats lapse and connected users are answered `offline` + "
+    "`queued`, those pushes waiting for a reconnect",
+)  # fmt: skip
 def test_a_redis_cluster_master_failover(tmp_path: Path) -> None:
     def fail_over(f: Fleet) -> None:
         assert f.cluster is not None
@@ -84,4 +93,7 @@ def test_a_redis_cluster_master_failover(tmp_path: Path) -> None:
 
     # P2P only: on Redis Cluster a multicast or broadcast answers 500 on every call today
     # (issue 24, item 3), which another change is fixing.
-    run("cluster-failover", tmp_path, fail_over, Load(), cluster=True)
+    # The master killed holds the fleet's index of gateways (fleet:gateways, slot 3277).
+    # P2P at 5/s: a later push to the same user must not be what brings the ones
+    # answered during the failover (it would, to a user who happens to get one soon).
+    run("cluster-failover", tmp_path, fail_over, Load(p2p_per_s=5), cluster=True)
