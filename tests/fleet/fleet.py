@@ -128,6 +128,8 @@ def fleet(workdir: Path, cluster: bool = False, **env: str) -> Iterator[Fleet]:
             IMROUTE_INTERNAL_TOKEN="fleet-internal-token-0123456789abcdef",
             **env,
         )
+        # Nothing on the LAN goes through a proxy (httpx and websockets honour these).
+        environ = {k: v for k, v in environ.items() if not k.lower().endswith("_proxy")}
         f = Fleet(net, sup, workdir, environ)
         f.redis_argv = [
             find_redis_server(),
