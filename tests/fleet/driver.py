@@ -30,6 +30,13 @@ from tests.integration.fault_clients import SdkUser
 from tests.integration.fault_ledger import Ledger, fanout_load, p2p_load, p2p_push, settle
 
 HELLO_S = 60.0
+# The clients' settings: a dead connection is found within PING_INTERVAL_S +
+# PING_TIMEOUT_S, a connect on the LAN that takes OPEN_TIMEOUT_S has failed, and after
+# RETRIES_SAME + 1 failed connects the SDK asks dispatch to avoid that gateway.
+PING_INTERVAL_S, PING_TIMEOUT_S = 1.0, 2.0
+OPEN_TIMEOUT_S = 2.0
+RETRIES_SAME = 2
+BACKOFF_MAX_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -76,7 +83,9 @@ async def run(plan: Plan) -> dict[str, Any]:
         users = {
             uid: SdkUser(uid, ImrouteClient(
                 plan.api_url, issue_token(plan.secret, uid, 3600, SystemClock()), http=http,
-                backoff_max_s=1.0, open_timeout_s=3.0, ping_interval_s=1.0, ping_timeout_s=2.0,
+                retries_same=RETRIES_SAME, backoff_max_s=BACKOFF_MAX_S,
+                open_timeout_s=OPEN_TIMEOUT_S, ping_interval_s=PING_INTERVAL_S,
+                ping_timeout_s=PING_TIMEOUT_S,
             ))
             for uid in plan.uids
         }  # fmt: skip

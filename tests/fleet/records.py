@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -52,6 +53,7 @@ class Figures:
     failed: int  # P2P recipients answered `failed` (not promised, not counted as lost)
     retries: int  # caller retries with the same Idempotency-Key
     unanswered: int  # pushes the caller gave up on (no 2xx within its retries)
+    unanswered_delivered: int  # (user, push) of those that reached an app all the same
 
     @property
     def p99_after_heal_s(self) -> float:
@@ -65,7 +67,7 @@ class Figures:
             f"p99 after the heal {self.p99_after_heal_s:.2f}s "
             f"(max {max(self.after_heal_s, default=0.0):.2f}s over "
             f"{len(self.after_heal_s)}), failed {self.failed}, caller retries {self.retries}, "
-            f"unanswered {self.unanswered}"
+            f"unanswered {self.unanswered} (reaching {self.unanswered_delivered} users)"
         )
 
 
@@ -76,9 +78,15 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, math.ceil(q * len(ordered)) - 1)]
 
 
+def unanswered(ledger: Ledger) -> set[str]:
+    """The keys of the pushes the caller gave up on (from its error lines)."""
+    return {m.group(1) for e in ledger.errors if (m := re.match(r"POST \S+ (\S+): ", e))}
+
+
 def figures(rec: Records, fault_at: float, healed_at: float) -> Figures:
     ledger = rec.ledger
-    lost = duplicated = unexpected = 0
+    gave_up = unanswered(ledger)
+    lost = duplicated = unexpected = unanswered_delivered = 0
     lost_by_kind: Counter[str] = Counter()
     late: list[float] = []
     for uid, got in rec.got.items():
@@ -90,7 +98,8 @@ def figures(rec: Records, fault_at: float, healed_at: float) -> Figures:
         lost += len(expected - first.keys())
         lost_by_kind.update(key.split(":", 1)[0] for key in expected - first.keys())
         duplicated += sum(n - 1 for n in copies.values())
-        unexpected += len(first.keys() - expected)
+        unexpected += len(first.keys() - expected - gave_up)
+        unanswered_delivered += len(first.keys() & gave_up)
         for key in expected & first.keys():
             accepted = ledger.times[key]
             if accepted >= fault_at:
@@ -100,7 +109,7 @@ def figures(rec: Records, fault_at: float, healed_at: float) -> Figures:
         received=sum(map(len, rec.got.values())), lost=lost,
         lost_by_kind=dict(lost_by_kind), duplicated=duplicated, unexpected=unexpected,
         after_heal_s=late, failed=ledger.outcomes["failed"], retries=ledger.retries,
-        unanswered=len(ledger.errors),
+        unanswered=len(ledger.errors), unanswered_delivered=unanswered_delivered,
     )  # fmt: skip
 
 

