@@ -9,11 +9,23 @@ import time
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import httpx
 
-from tests.integration.fault_clients import DevRun, Got
+from tests.integration.fault_clients import Got
+
+RETRY_FOR_S = 30.0  # a caller with an Idempotency-Key retries an unanswered push this long
+RETRY_EVERY_S = 0.5
+
+
+class Api(Protocol):
+    """Where the pushes go: `imroute dev` (DevRun) or a fleet's push service."""
+
+    @property
+    def api_url(self) -> str: ...
+    @property
+    def auth(self) -> dict[str, str]: ...
 
 
 @dataclass
@@ -29,6 +41,10 @@ class Ledger:
     sent: Counter[str] = field(default_factory=Counter)
     answers: dict[str, Any] = field(default_factory=dict)  # key -> API answer / job record
     times: dict[str, float] = field(default_factory=dict)  # key -> loop time accepted
+    # With a run's nonce, every push carries `Idempotency-Key: <nonce>:<key>` and is sent
+    # again, with the same key and body, until it is answered (RETRY_FOR_S at most).
+    idempotency: str | None = None
+    retries: int = 0
 
     def add(self, kind: str, key: str, uids: Sequence[str]) -> None:
         book = self.p2p if kind == "p2p" else self.fanout
@@ -43,15 +59,37 @@ class Ledger:
         return sum(map(len, self.p2p.values())) + sum(map(len, self.fanout.values()))
 
 
+async def post(
+    http: httpx.AsyncClient, stack: Api, ledger: Ledger, path: str, key: str, body: Any
+) -> httpx.Response:
+    """POST `body`; with `ledger.idempotency`, under its key and again until answered
+    (transport errors, 5xx and 409 are tried again, RETRY_EVERY_S apart)."""
+    if ledger.idempotency is None:
+        return await http.post(f"{stack.api_url}{path}", json=body, headers=stack.auth)
+    headers = {**stack.auth, "Idempotency-Key": f"{ledger.idempotency}:{key}"}
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + RETRY_FOR_S
+    while True:
+        try:
+            resp = await http.post(f"{stack.api_url}{path}", json=body, headers=headers)
+        except httpx.HTTPError:
+            if loop.time() > deadline:
+                raise
+        else:
+            if (resp.status_code < 500 and resp.status_code != 409) or loop.time() > deadline:
+                return resp
+        ledger.retries += 1
+        await asyncio.sleep(RETRY_EVERY_S)
+
+
 async def p2p_push(
-    http: httpx.AsyncClient, stack: DevRun, ledger: Ledger, key: str, content: Any,
+    http: httpx.AsyncClient, stack: Api, ledger: Ledger, key: str, content: Any,
     to: Sequence[str],
 ) -> None:  # fmt: skip
     try:
-        resp = await http.post(
-            f"{stack.api_url}/v1/push", json={"to": list(to), "content": content},
-            headers=stack.auth,
-        )  # fmt: skip
+        resp = await post(
+            http, stack, ledger, "/v1/push", key, {"to": list(to), "content": content}
+        )
     except httpx.HTTPError as exc:
         ledger.errors.append(f"POST /v1/push {key}: {exc!r}")
         return
@@ -68,16 +106,16 @@ async def p2p_push(
     if len(to) == 1:
         ledger.answers[key] = body
     ledger.times[key] = asyncio.get_running_loop().time()
-    ledger.add("p2p", key, to)
+    ledger.add("p2p", key, [uid for uid in to if uid in reached])  # those it promised
 
 
 async def fanout_push(
-    http: httpx.AsyncClient, stack: DevRun, ledger: Ledger, path: str, key: str,
+    http: httpx.AsyncClient, stack: Api, ledger: Ledger, path: str, key: str,
     body: dict[str, Any], addressed: Sequence[str],
 ) -> None:  # fmt: skip
     """POST a broadcast or multicast and wait for its job to end."""
     try:
-        resp = await http.post(f"{stack.api_url}{path}", json=body, headers=stack.auth)
+        resp = await post(http, stack, ledger, path, key, body)
     except httpx.HTTPError as exc:
         ledger.errors.append(f"POST {path} {key}: {exc!r}")
         return
@@ -89,8 +127,12 @@ async def fanout_push(
     ledger.add("fanout", key, addressed)
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
-        job = (await http.get(f"{stack.api_url}/v1/pushes/{push_id}", headers=stack.auth)).json()
-        if job["status"] in ("done", "failed"):
+        try:
+            got = await http.get(f"{stack.api_url}/v1/pushes/{push_id}", headers=stack.auth)
+        except httpx.HTTPError:
+            got = None
+        job = got.json() if got is not None and got.status_code == 200 else {}
+        if job.get("status") in ("done", "failed"):
             ledger.answers[key] = job
             if job["status"] != "done" or job.get("failed_batches"):
                 ledger.errors.append(f"{key}: job {job}")
@@ -100,7 +142,7 @@ async def fanout_push(
 
 
 async def p2p_load(
-    http: httpx.AsyncClient, stack: DevRun, ledger: Ledger, uids: Sequence[str],
+    http: httpx.AsyncClient, stack: Api, ledger: Ledger, uids: Sequence[str],
     start: float, duration_s: float, rate: float, rng: random.Random,
     favourite: str | None = None, favourite_every: int = 0,
 ) -> None:  # fmt: skip
@@ -119,7 +161,7 @@ async def p2p_load(
 
 
 async def fanout_load(
-    http: httpx.AsyncClient, stack: DevRun, ledger: Ledger, uids: Sequence[str],
+    http: httpx.AsyncClient, stack: Api, ledger: Ledger, uids: Sequence[str],
     everyone: Sequence[str], start: float, duration_s: float, multicast_every_s: float,
     multicast_size: int, broadcast_every_s: float, rng: random.Random,
     always: Sequence[str] = (),
