@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
+import os
+import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from importlib import metadata
@@ -9,13 +12,20 @@ from typing import Any
 
 import redis.asyncio as aioredis
 import redis.exceptions
-from redis.asyncio.cluster import RedisCluster
+from redis.asyncio.cluster import ClusterPipeline, RedisCluster
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialWithJitterBackoff
 
 from shared.errors import ConfigError
 
-__all__ = ["RedisClient", "connect_redis", "connection_identity", "create_redis", "ping"]
+__all__ = [
+    "GentleRedisCluster",
+    "RedisClient",
+    "connect_redis",
+    "connection_identity",
+    "create_redis",
+    "ping",
+]
 
 # Both clients offer the commands and pipelines the registry uses.
 RedisClient = aioredis.Redis | RedisCluster
@@ -40,6 +50,73 @@ def _identity() -> dict[str, Any]:
 
 _IDENTITY = _identity()
 
+_REDIS_PY = os.path.dirname(redis.exceptions.__file__) + os.sep
+
+
+class GentleRedisCluster(RedisCluster):
+    """redis-py's asyncio cluster client, whose own resets spare other tasks' commands.
+
+    redis-py calls its `aclose()` after a ClusterDownError or SlotNotCoveredError, on
+    every fifth MOVED, and before a pipeline retries a connection error, to re-read the
+    topology. That disconnects every connection of every node at once, those that other
+    tasks are writing to or reading from included: they fail with an AttributeError
+    (`'NoneType' object has no attribute 'writelines'`) or a ConnectionError, and each
+    such failure resets the client again. In a master failover of a few seconds that
+    made about half a minute of errors (issue 24). Here a reset from redis-py's own code
+    marks every connection to be reconnected by the next command that takes it (redis-py's
+    lazy reconnect, race-free: no task closes a connection another one holds) and re-reads
+    the topology before the next command. `aclose()` called by its owner closes as before.
+    """
+
+    async def execute_command(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return await super().execute_command(*args, **kwargs)
+        except asyncio.CancelledError:
+            self.stalled()
+            raise
+
+    def pipeline(self, transaction: Any | None = None, shard_hint: Any | None = None) -> Any:
+        if shard_hint:
+            return super().pipeline(transaction, shard_hint)  # refused, as redis-py does
+        return _GentlePipeline(self, transaction)  # type: ignore[abstract]
+
+    def stalled(self) -> None:
+        """A command was given up (its caller's deadline, a cancelled task): its node
+        may hang (SIGSTOPped, partitioned) without redis-py ever seeing a timeout, which
+        is what makes it re-read the topology. Re-read it before the next command, so a
+        replica promoted meanwhile is found at once."""
+        self._initialize = True
+
+    async def aclose(self) -> None:
+        caller = sys._getframe(1).f_code.co_filename  # the coroutine awaiting this one
+        if not caller.startswith(_REDIS_PY) or not self._mark_for_reconnect():
+            await super().aclose()
+            return
+        self._initialize = True
+
+    def _mark_for_reconnect(self) -> bool:
+        """Mark every connection of every node; False on a redis-py without the lazy
+        reconnect (before 8), whose reset then stays its own."""
+        manager = self.nodes_manager
+        nodes = list({**manager.startup_nodes, **manager.nodes_cache}.values())
+        if not all(hasattr(node, "disconnect_if_needed") for node in nodes):
+            return False
+        for node in nodes:
+            for connection in node._connections:
+                connection.mark_for_reconnect()  # type: ignore[no-untyped-call]
+        return True
+
+
+class _GentlePipeline(ClusterPipeline):
+    async def execute(self, raise_on_error: bool = True, allow_redirections: bool = True) -> Any:
+        try:
+            return await super().execute(raise_on_error, allow_redirections)
+        except asyncio.CancelledError:
+            client = self.cluster_client
+            if isinstance(client, GentleRedisCluster):
+                client.stalled()
+            raise
+
 
 def connection_identity() -> dict[str, Any]:
     """What every pooled connection tells Redis (CLIENT SETINFO), resolved once.
@@ -61,7 +138,7 @@ def create_redis(url: str, timeout_s: float = REDIS_TIMEOUT_S) -> RedisClient:
     timeouts: dict[str, Any] = {"socket_timeout": timeout_s, "socket_connect_timeout": timeout_s}
     try:
         if url.startswith("redis+cluster://"):
-            return RedisCluster.from_url(
+            return GentleRedisCluster.from_url(
                 "redis://" + url.removeprefix("redis+cluster://"),
                 decode_responses=True,
                 # redis-py retries a cluster command on a connection error or timeout 10
