@@ -32,8 +32,8 @@ values' formats live with their stores: `router.routes.codec` for a route,
   of their lease; a job whose lease lapsed was orphaned by a dead push service.
 - ``{prefix}{jobs}:recent`` is a sorted set of the latest jobs' push ids by creation
   time. ``{jobs}`` is a literal hash tag: every job's keys are in one slot, so a job's
-  scripts (which move it in and out of the running set) and its creation (one MULTI)
-  are atomic on Redis Cluster too.
+  scripts (its creation among them), which move it in and out of the running set and
+  the recent list, are atomic on Redis Cluster too.
 - ``{prefix}{stats}:{bucket_ms}`` is the fleet's counts over one short interval (a
   hash), all in one slot (the tag ``{stats}``), so the dashboard's read of ten minutes
   of them is one node's pipeline.

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import inspect
 import os
 import sys
 from collections.abc import AsyncIterator
@@ -51,6 +52,8 @@ def _identity() -> dict[str, Any]:
 _IDENTITY = _identity()
 
 _REDIS_PY = os.path.dirname(redis.exceptions.__file__) + os.sep
+# Newer redis-py: initialize() can ask a failed node last.
+_DEFERS_FAILED = "last_failed_node_name" in inspect.signature(RedisCluster.initialize).parameters
 
 
 class GentleRedisCluster(RedisCluster):
@@ -66,6 +69,7 @@ class GentleRedisCluster(RedisCluster):
     marks every connection to be reconnected by the next command that takes it (redis-py's
     lazy reconnect, race-free: no task closes a connection another one holds) and re-reads
     the topology before the next command. `aclose()` called by its owner closes as before.
+    Its MULTI is refused (see `pipeline`).
     """
 
     async def execute_command(self, *args: Any, **kwargs: Any) -> Any:
@@ -76,9 +80,35 @@ class GentleRedisCluster(RedisCluster):
             raise
 
     def pipeline(self, transaction: Any | None = None, shard_hint: Any | None = None) -> Any:
+        if transaction:
+            # redis-py's asyncio cluster MULTI queues each command through asyncio.run()
+            # in a thread of its own (its sync API), blocking this loop meanwhile; once
+            # the topology must be re-read, that other loop takes the client's lock:
+            # "Lock ... is bound to a different event loop" (issue 24).
+            raise NotImplementedError(
+                "no MULTI on Redis Cluster: run a Lua script over keys of one hash slot"
+            )
         if shard_hint:
             return super().pipeline(transaction, shard_hint)  # refused, as redis-py does
         return _GentlePipeline(self, transaction)  # type: ignore[abstract]
+
+    async def initialize(
+        self,
+        additional_startup_nodes_info: list[tuple[str, int]] | None = None,
+        last_failed_node_name: str | None = None,
+    ) -> GentleRedisCluster:
+        # redis-py moves a node whose command failed to the end of its startup nodes but
+        # then asks them in random order, deferring only the caller's own failed node:
+        # a SIGSTOPped primary asked first holds the re-read, and every command waiting
+        # for it, for a whole timeout. Ask the most recently failed node last.
+        nodes = self.nodes_manager.startup_nodes
+        if last_failed_node_name is None and nodes and _DEFERS_FAILED:
+            last_failed_node_name = next(reversed(nodes))
+        if _DEFERS_FAILED:
+            await super().initialize(additional_startup_nodes_info, last_failed_node_name)
+        else:
+            await super().initialize(additional_startup_nodes_info)
+        return self
 
     def stalled(self) -> None:
         """A command was given up (its caller's deadline, a cancelled task): its node

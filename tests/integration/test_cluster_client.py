@@ -39,3 +39,15 @@ async def test_a_reset_after_moved_spares_a_command_in_flight(
         assert await client.get(other) is None  # the client still works
     finally:
         await client.aclose()
+
+
+async def test_multi_is_refused_with_what_to_do_instead(redis_cluster: LocalCluster) -> None:
+    # redis-py's async cluster MULTI runs each queued command in a thread's own loop.
+    client = GentleRedisCluster.from_url(
+        "redis://" + redis_cluster.url.removeprefix("redis+cluster://")
+    )
+    try:
+        with pytest.raises(NotImplementedError, match="Lua script"):
+            client.pipeline(transaction=True)
+    finally:
+        await client.aclose()
