@@ -44,7 +44,7 @@ class Stack:
     ws: str  # the gateway's WebSocket URL
     hook_port: int  # where the webhooks go (a receiver is started by the test needing it)
     env: dict[str, str]
-    procs: tuple[Proc, Proc]
+    procs: tuple[Proc, ...]  # gateway gw1, the push service, gateway gw2 (drained by a test)
 
 
 def cluster_env(
@@ -87,12 +87,14 @@ def stack(
     service = [str(BIN / "python"), "-m", "push_service", "--port", str(port)]
     with (
         running([*gateway, "--id", "gw1", "--group", "g1"], env) as gw,
+        running([*gateway, "--id", "gw2", "--group", "g1"], env) as gw2,
         running(service, env) as ps,
     ):
         found = re.search(r"ws=(\S+)", read_until(gw, "ready", 60)[-1])
         assert found
+        read_until(gw2, "ready", 60)
         read_until(ps, "Uvicorn running on", 60)
-        yield Stack(f"http://127.0.0.1:{port}", found.group(1), hook_port, env, (gw, ps))
+        yield Stack(f"http://127.0.0.1:{port}", found.group(1), hook_port, env, (gw, ps, gw2))
 
 
 @pytest.fixture
@@ -248,6 +250,17 @@ async def test_webhooks_are_queued_and_sent(stack: Stack, http: httpx.AsyncClien
         async with user(stack, "erin"):
             await rx.wait_for(lambda: of("user.online", uid="erin"), "user.online")
     assert rx.rejected == []
+
+
+async def test_a_drain_keeps_a_gateway_in_the_group(stack: Stack, http: httpx.AsyncClient) -> None:
+    # The check that the group keeps a gateway is one script over every drain request
+    # of the group (the tag {drain}).
+    resp = await http.post("/v1/gateways/gw2/drain", headers=AUTH)
+    assert resp.status_code == 202, resp.text
+    await asyncio.to_thread(stack.procs[2].wait, 30)  # it had no clients: drained at once
+    refused = await http.post("/v1/gateways/gw1/drain", headers=AUTH)
+    assert refused.status_code == 409, refused.text
+    assert "last gateway of group 'g1'" in refused.json()["detail"]
 
 
 def test_no_call_above_raised_in_the_service(stack: Stack) -> None:
