@@ -104,10 +104,18 @@ class GentleRedisCluster(RedisCluster):
         nodes = self.nodes_manager.startup_nodes
         if last_failed_node_name is None and nodes and _DEFERS_FAILED:
             last_failed_node_name = next(reversed(nodes))
+        before = dict(self.nodes_manager.nodes_cache)
         if _DEFERS_FAILED:
             await super().initialize(additional_startup_nodes_info, last_failed_node_name)
         else:
             await super().initialize(additional_startup_nodes_info)
+        # A node gone from the topology (a primary that failed over while it hangs):
+        # commands still waiting on it would wait out their timeout. Cut them off, so
+        # that redis-py sends them again, to the new primary, at once.
+        for name, node in before.items():
+            if name not in self.nodes_manager.nodes_cache:
+                for connection in list(node._connections):
+                    await connection.disconnect(nowait=True)
         return self
 
     def stalled(self) -> None:
