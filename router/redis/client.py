@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import os
 import sys
@@ -115,7 +116,8 @@ class GentleRedisCluster(RedisCluster):
         for name, node in before.items():
             if name not in self.nodes_manager.nodes_cache:
                 for connection in list(node._connections):
-                    await connection.disconnect(nowait=True)
+                    with contextlib.suppress(redis.exceptions.RedisError, OSError):
+                        await connection.disconnect(nowait=True)
         return self
 
     def stalled(self) -> None:
@@ -133,8 +135,8 @@ class GentleRedisCluster(RedisCluster):
         self._initialize = True
 
     def _mark_for_reconnect(self) -> bool:
-        """Mark every connection of every node; False on a redis-py without the lazy
-        reconnect (before 8), whose reset then stays its own."""
+        """Mark every connection of every node; False on a redis-py whose cluster nodes
+        have no lazy reconnect (older ones), whose reset then stays its own."""
         manager = self.nodes_manager
         nodes = list({**manager.startup_nodes, **manager.nodes_cache}.values())
         if not all(hasattr(node, "disconnect_if_needed") for node in nodes):
