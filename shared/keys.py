@@ -27,10 +27,17 @@ values' formats live with their stores: `router.routes.codec` for a route,
 - ``{prefix}{drain}:{gateway_id}`` asks that gateway to drain; its value is the boot
   (``started_ms``) it is for. ``{drain}`` is a literal hash tag: every drain request is
   in one slot, so the check that a group keeps a gateway not draining is one script.
-- ``{prefix}job:{push_id}`` is a broadcast or multicast job's status hash; it expires a
-  week after the job finished.
-- ``{prefix}jobs:running`` is a sorted set of running jobs' push ids scored by the end of
-  their lease; a job whose lease lapsed was orphaned by a dead push service.
+- ``{prefix}{jobs}:job:{push_id}`` is a broadcast or multicast job's status hash; it
+  expires a week after the job finished.
+- ``{prefix}{jobs}:running`` is a sorted set of running jobs' push ids scored by the end
+  of their lease; a job whose lease lapsed was orphaned by a dead push service.
+- ``{prefix}{jobs}:recent`` is a sorted set of the latest jobs' push ids by creation
+  time. ``{jobs}`` is a literal hash tag: every job's keys are in one slot, so a job's
+  scripts (its creation among them), which move it in and out of the running set and
+  the recent list, are atomic on Redis Cluster too.
+- ``{prefix}{stats}:{bucket_ms}`` is the fleet's counts over one short interval (a
+  hash), all in one slot (the tag ``{stats}``), so the dashboard's read of ten minutes
+  of them is one node's pipeline.
 - ``{prefix}rate:{bucket}`` is a rate limit's bucket (one per API key, named by a hash of
   the key): its GCRA theoretical arrival time in microseconds, expiring once the bucket
   is full again.
@@ -123,18 +130,18 @@ class KeySchema:
         return f"{self.prefix}topiclog:{_tag(topic)}"
 
     def job(self, push_id: str) -> str:
-        return f"{self.prefix}job:{push_id}"
+        return f"{self.prefix}{{jobs}}:job:{push_id}"
 
     def jobs_running(self) -> str:
-        return f"{self.prefix}jobs:running"
+        return f"{self.prefix}{{jobs}}:running"
 
     def jobs_recent(self) -> str:
         """The latest push jobs by creation time (what the dashboard lists)."""
-        return f"{self.prefix}jobs:recent"
+        return f"{self.prefix}{{jobs}}:recent"
 
     def stats(self, bucket_ms: int) -> str:
         """The fleet's counts over one short interval starting at `bucket_ms`."""
-        return f"{self.prefix}stats:{bucket_ms}"
+        return f"{self.prefix}{{stats}}:{bucket_ms}"
 
     def rate(self, bucket: str) -> str:
         return f"{self.prefix}rate:{bucket}"

@@ -86,6 +86,17 @@ return 1
 """
 )
 
+# A new job, leased to its creator; the latest jobs (for the dashboard) keep it among
+# theirs. KEYS = job, running, recent. ARGV = lease end, push id, created at, recent
+# kept, then the job's field/value pairs.
+_CREATE = """
+redis.call('HSET', KEYS[1], unpack(ARGV, 5))
+redis.call('ZADD', KEYS[2], ARGV[1], ARGV[2])
+redis.call('ZADD', KEYS[3], ARGV[3], ARGV[2])
+redis.call('ZREMRANGEBYRANK', KEYS[3], 0, -tonumber(ARGV[4]) - 1)
+return 1
+"""
+
 # One job whose lease the scan saw lapsed. ARGV = now, new lease end, max attempts,
 # push id, finished TTL, the error of an orphan that cannot be resumed, that of one out
 # of attempts. Returns false (live, or already ended), {0} (failed) or {epoch, spec,
@@ -130,6 +141,7 @@ class RedisJobStore:
         self._finish = redis.register_script(_FINISH)
         self._release = redis.register_script(_RELEASE)
         self._claim = redis.register_script(_CLAIM)
+        self._create = redis.register_script(_CREATE)
 
     def _job_keys(self, push_id: str) -> list[str]:
         return [self._keys.job(push_id), self._keys.jobs_running()]
@@ -149,16 +161,13 @@ class RedisJobStore:
         if spec is not None:
             fields_["spec"] = spec
         # Leased from the start: a process that dies before its first renewal still
-        # leaves a job the reaper finds.
-        pipe = self._redis.pipeline(transaction=True)
-        pipe.hset(self._keys.job(push_id), mapping=fields_)
-        pipe.zadd(self._keys.jobs_running(), {push_id: self._clock.now_ms() + self._lease_ms})
-        await pipe.execute()
-        # The latest jobs, for the dashboard; a job past its hash's TTL reads as None.
-        recent = self._redis.pipeline(transaction=False)
-        recent.zadd(self._keys.jobs_recent(), {push_id: fields_["created_at"]})
-        recent.zremrangebyrank(self._keys.jobs_recent(), 0, -RECENT_KEPT - 1)
-        await recent.execute()
+        # leaves a job the reaper finds. One script, atomic on Redis Cluster too (every
+        # job key has the tag {jobs}; redis-py's cluster MULTI runs each queued command
+        # in a thread of its own event loop, which a failover turns into errors).
+        pairs = [v for kv in fields_.items() for v in kv]
+        args = [self._clock.now_ms() + self._lease_ms, push_id, fields_["created_at"]]
+        keys = [*self._job_keys(push_id), self._keys.jobs_recent()]
+        await self._create(keys=keys, args=[*args, RECENT_KEPT, *pairs])
         return Lease(push_id, 1)
 
     @translate_errors

@@ -260,8 +260,10 @@ class RedisReceiptStore:
         key, acked_hll, delivered_hll, _ = self._keys.receipt(push_id)
         pipe = self._redis.pipeline(transaction=False)
         pipe.hmget(key, *_COUNTS)
-        pipe.pfcount(acked_hll)
-        pipe.pfcount(delivered_hll)
+        # redis-py's cluster pipeline refuses pfcount() (PFCOUNT may name keys of many
+        # slots) but routes the command by its one key.
+        pipe.execute_command("PFCOUNT", acked_hll)
+        pipe.execute_command("PFCOUNT", delivered_hll)
         fields, acked_n, delivered_n = await pipe.execute()
         m, n, on, listable, cq, cx, cd, ca = fields
         if m is None:

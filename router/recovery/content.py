@@ -21,6 +21,7 @@ from collections import OrderedDict
 from collections.abc import Sequence
 
 from router.redis.client import RedisClient
+from router.redis.errors import translate_errors
 from shared.clock import Clock
 from shared.keys import KeySchema
 from shared.proto import gateway_pb2
@@ -49,6 +50,7 @@ class RedisContentStore:
         """Whether this content is stored once rather than carried by every batch."""
         return len(content) > self._inline_max
 
+    @translate_errors
     async def hold(self, msg_id: str, content: bytes) -> None:
         """Store the content (first call) or keep it for a full TTL more (now and then)."""
         now = self._clock.now_ms()

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import inspect
+import os
+import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from importlib import metadata
@@ -9,13 +14,20 @@ from typing import Any
 
 import redis.asyncio as aioredis
 import redis.exceptions
-from redis.asyncio.cluster import RedisCluster
+from redis.asyncio.cluster import ClusterPipeline, RedisCluster
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialWithJitterBackoff
 
 from shared.errors import ConfigError
 
-__all__ = ["RedisClient", "connect_redis", "connection_identity", "create_redis", "ping"]
+__all__ = [
+    "GentleRedisCluster",
+    "RedisClient",
+    "connect_redis",
+    "connection_identity",
+    "create_redis",
+    "ping",
+]
 
 # Both clients offer the commands and pipelines the registry uses.
 RedisClient = aioredis.Redis | RedisCluster
@@ -40,6 +52,111 @@ def _identity() -> dict[str, Any]:
 
 _IDENTITY = _identity()
 
+_REDIS_PY = os.path.dirname(redis.exceptions.__file__) + os.sep
+# Newer redis-py: initialize() can ask a failed node last.
+_DEFERS_FAILED = "last_failed_node_name" in inspect.signature(RedisCluster.initialize).parameters
+
+
+class GentleRedisCluster(RedisCluster):
+    """redis-py's asyncio cluster client, whose own resets spare other tasks' commands.
+
+    redis-py calls its `aclose()` after a ClusterDownError or SlotNotCoveredError, on
+    every fifth MOVED, and before a pipeline retries a connection error, to re-read the
+    topology. That disconnects every connection of every node at once, those that other
+    tasks are writing to or reading from included: they fail with an AttributeError
+    (`'NoneType' object has no attribute 'writelines'`) or a ConnectionError, and each
+    such failure resets the client again. In a master failover of a few seconds that
+    made about half a minute of errors (issue 24). Here a reset from redis-py's own code
+    marks every connection to be reconnected by the next command that takes it (redis-py's
+    lazy reconnect, race-free: no task closes a connection another one holds) and re-reads
+    the topology before the next command. `aclose()` called by its owner closes as before.
+    Its MULTI is refused (see `pipeline`).
+    """
+
+    async def execute_command(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return await super().execute_command(*args, **kwargs)
+        except asyncio.CancelledError:
+            self.stalled()
+            raise
+
+    def pipeline(self, transaction: Any | None = None, shard_hint: Any | None = None) -> Any:
+        if transaction:
+            # redis-py's asyncio cluster MULTI queues each command through asyncio.run()
+            # in a thread of its own (its sync API), blocking this loop meanwhile; once
+            # the topology must be re-read, that other loop takes the client's lock:
+            # "Lock ... is bound to a different event loop" (issue 24).
+            raise NotImplementedError(
+                "no MULTI on Redis Cluster: run a Lua script over keys of one hash slot"
+            )
+        if shard_hint:
+            return super().pipeline(transaction, shard_hint)  # refused, as redis-py does
+        return _GentlePipeline(self, transaction)  # type: ignore[abstract]
+
+    async def initialize(
+        self,
+        additional_startup_nodes_info: list[tuple[str, int]] | None = None,
+        last_failed_node_name: str | None = None,
+    ) -> GentleRedisCluster:
+        # redis-py moves a node whose command failed to the end of its startup nodes but
+        # then asks them in random order, deferring only the caller's own failed node:
+        # a SIGSTOPped primary asked first holds the re-read, and every command waiting
+        # for it, for a whole timeout. Ask the most recently failed node last.
+        nodes = self.nodes_manager.startup_nodes
+        if last_failed_node_name is None and nodes and _DEFERS_FAILED:
+            last_failed_node_name = next(reversed(nodes))
+        before = dict(self.nodes_manager.nodes_cache)
+        if _DEFERS_FAILED:
+            await super().initialize(additional_startup_nodes_info, last_failed_node_name)
+        else:
+            await super().initialize(additional_startup_nodes_info)
+        # A node gone from the topology (a primary that failed over while it hangs):
+        # commands still waiting on it would wait out their timeout. Cut them off, so
+        # that redis-py sends them again, to the new primary, at once.
+        for name, node in before.items():
+            if name not in self.nodes_manager.nodes_cache:
+                for connection in list(node._connections):
+                    with contextlib.suppress(redis.exceptions.RedisError, OSError):
+                        await connection.disconnect(nowait=True)
+        return self
+
+    def stalled(self) -> None:
+        """A command was given up (its caller's deadline, a cancelled task): its node
+        may hang (SIGSTOPped, partitioned) without redis-py ever seeing a timeout, which
+        is what makes it re-read the topology. Re-read it before the next command, so a
+        replica promoted meanwhile is found at once."""
+        self._initialize = True
+
+    async def aclose(self) -> None:
+        caller = sys._getframe(1).f_code.co_filename  # the coroutine awaiting this one
+        if not caller.startswith(_REDIS_PY) or not self._mark_for_reconnect():
+            await super().aclose()
+            return
+        self._initialize = True
+
+    def _mark_for_reconnect(self) -> bool:
+        """Mark every connection of every node; False on a redis-py whose cluster nodes
+        have no lazy reconnect (older ones), whose reset then stays its own."""
+        manager = self.nodes_manager
+        nodes = list({**manager.startup_nodes, **manager.nodes_cache}.values())
+        if not all(hasattr(node, "disconnect_if_needed") for node in nodes):
+            return False
+        for node in nodes:
+            for connection in node._connections:
+                connection.mark_for_reconnect()  # type: ignore[no-untyped-call]
+        return True
+
+
+class _GentlePipeline(ClusterPipeline):
+    async def execute(self, raise_on_error: bool = True, allow_redirections: bool = True) -> Any:
+        try:
+            return await super().execute(raise_on_error, allow_redirections)
+        except asyncio.CancelledError:
+            client = self.cluster_client
+            if isinstance(client, GentleRedisCluster):
+                client.stalled()
+            raise
+
 
 def connection_identity() -> dict[str, Any]:
     """What every pooled connection tells Redis (CLIENT SETINFO), resolved once.
@@ -61,7 +178,7 @@ def create_redis(url: str, timeout_s: float = REDIS_TIMEOUT_S) -> RedisClient:
     timeouts: dict[str, Any] = {"socket_timeout": timeout_s, "socket_connect_timeout": timeout_s}
     try:
         if url.startswith("redis+cluster://"):
-            return RedisCluster.from_url(
+            return GentleRedisCluster.from_url(
                 "redis://" + url.removeprefix("redis+cluster://"),
                 decode_responses=True,
                 # redis-py retries a cluster command on a connection error or timeout 10

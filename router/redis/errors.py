@@ -4,11 +4,20 @@ Which error class a caller raises is its contract (the route store and the fleet
 RegistryUnavailable, the Redis Streams bus BusUnavailable, as every bus does); which
 redis-py errors mean "Redis did not answer" and which mean "Redis refused" is decided
 here, once.
+
+On Redis Cluster two more kinds mean "the cluster cannot answer now" (a failover, a
+topology change): redis-py's RedisClusterException family, which is not a RedisError
+(a slot not covered, no node reachable to read the topology from), and an
+AttributeError from inside redis-py's connection code, raised when another task closed
+the connection a command was using (redis-py's asyncio cluster client resets its
+connections on some errors while other tasks' commands are in flight; `router.redis.client`
+keeps that to connections no command holds, but a narrow window remains upstream).
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import Callable, Coroutine
 from contextlib import AbstractContextManager
 from types import TracebackType
@@ -22,6 +31,8 @@ __all__ = ["is_unreachable", "redis_errors", "reraise_swallowed_cancel", "transl
 
 P = ParamSpec("P")
 T = TypeVar("T")
+
+_REDIS_PY = os.path.dirname(redis.exceptions.__file__) + os.sep
 
 
 def is_unreachable(exc: BaseException) -> bool:
@@ -61,6 +72,22 @@ class _RedisErrors:
         if isinstance(exc, redis.exceptions.RedisError):
             reraise_swallowed_cancel()
             raise self._to(f"redis error: {exc}") from exc
+        if isinstance(exc, redis.exceptions.RedisClusterException):
+            reraise_swallowed_cancel()
+            raise self._to(f"redis cluster unavailable: {exc}") from exc
+        if isinstance(exc, AttributeError) and _raised_in_redis_py(exc):
+            reraise_swallowed_cancel()
+            raise self._to(f"redis connection closed under the command: {exc}") from exc
+
+
+def _raised_in_redis_py(exc: BaseException) -> bool:
+    """The innermost frame of `exc` is redis-py's own code (not ours misusing it)."""
+    tb = exc.__traceback__
+    if tb is None:
+        return False
+    while tb.tb_next is not None:
+        tb = tb.tb_next
+    return tb.tb_frame.f_code.co_filename.startswith(_REDIS_PY)
 
 
 _MAPPERS: dict[type[ImrouteError], _RedisErrors] = {}

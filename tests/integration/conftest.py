@@ -10,6 +10,7 @@ from collections.abc import Iterator
 import pytest
 
 from router.devtools.supervisor import Supervisor, alive
+from tests.integration.redis_cluster import LocalCluster, cluster_nodes
 
 
 @pytest.fixture
@@ -30,3 +31,11 @@ def strays() -> Iterator[list[int]]:
         if alive(pid):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
+
+
+@pytest.fixture(scope="session")
+def redis_cluster() -> Iterator[LocalCluster]:
+    """A real Redis Cluster of three primaries, each with a replica, shared by the
+    session (tests keep to their own key prefix and leave its topology as it was)."""
+    with cluster_nodes(3, replicas=1) as cluster:
+        yield cluster

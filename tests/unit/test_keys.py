@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import pytest
+from redis.crc import key_slot
 
 from router.fleet.codec import decode_gateway, encode_gateway
 from router.routes.codec import decode_route, encode_route
@@ -50,3 +51,28 @@ def test_ids_cannot_break_the_route_format() -> None:
     assert validate_id("gateway_id", "gw-1.a") == "gw-1.a"
     with pytest.raises(InvalidInput, match="gateway_id"):
         validate_id("gateway_id", "gw|1")
+
+
+def test_keys_used_together_share_a_cluster_slot() -> None:
+    """Each MULTI and each script names keys of one Redis Cluster slot (CRC16 of the
+    hash tag, as the cluster computes it)."""
+    k = KeySchema("imroute:")
+
+    def one_slot(*keys: str) -> bool:
+        return len({key_slot(key.encode()) for key in keys}) == 1
+
+    # A job's MULTI and scripts: its hash, the running set, the recent list.
+    assert one_slot(k.job("p1"), k.job("p2"), k.jobs_running(), k.jobs_recent())
+    assert one_slot(*(k.stats(b) for b in range(0, 600_000, 2000)))
+    assert one_slot(*k.receipt("p1"))
+    assert one_slot(k.user_seq("u{1}"), k.user_log("u{1}"), k.user_inbox("u{1}"))
+    assert one_slot(k.topic_seq("broadcast"), k.topic_log("broadcast"))
+    assert one_slot(
+        k.webhook_events(),
+        k.webhook_overflow(),
+        k.offline_due(),
+        k.presence_gateways(),
+        k.presence_prefix() + "alice",
+        k.gateway_users("gw1"),
+    )
+    assert one_slot(k.drain("gw1"), k.drain("gw2"))

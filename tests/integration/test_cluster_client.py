@@ -1,0 +1,53 @@
+"""The cluster client's own resets leave other tasks' commands alone (real cluster)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from redis.asyncio.cluster import RedisCluster
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+
+from router.redis.client import GentleRedisCluster
+from tests.integration.redis_cluster import LocalCluster
+
+pytestmark = pytest.mark.integration
+
+
+async def test_a_reset_after_moved_spares_a_command_in_flight(
+    redis_cluster: LocalCluster, prefix: str
+) -> None:
+    # redis-py resets its client every `reinitialize_steps` MOVED answers (here each):
+    # its own aclose() dropped every connection, the one a BLPOP was waiting on too.
+    client: RedisCluster = GentleRedisCluster.from_url(
+        "redis://" + redis_cluster.url.removeprefix("redis+cluster://"),
+        decode_responses=True,
+        reinitialize_steps=1,
+        retry=Retry(NoBackoff(), 0),  # a command cut off fails, rather than being sent again
+    )
+    try:
+        waiting, other = f"{prefix}list", f"{prefix}other"
+        task = asyncio.create_task(client.blpop([waiting], timeout=5))
+        await asyncio.sleep(0.3)  # sent; its connection is held until the answer
+        owner = client.get_node_from_key(other)
+        wrong = next(n for n in client.get_primaries() if n.name != owner.name)
+        # Sent to the wrong primary: MOVED, a reset, and the GET again at its owner.
+        assert await client.execute_command("GET", other, target_nodes=wrong) is None
+        await client.rpush(waiting, "v")
+        assert list(await asyncio.wait_for(task, 5)) == [waiting, "v"]
+        assert await client.get(other) is None  # the client still works
+    finally:
+        await client.aclose()
+
+
+async def test_multi_is_refused_with_what_to_do_instead(redis_cluster: LocalCluster) -> None:
+    # redis-py's async cluster MULTI runs each queued command in a thread's own loop.
+    client = GentleRedisCluster.from_url(
+        "redis://" + redis_cluster.url.removeprefix("redis+cluster://")
+    )
+    try:
+        with pytest.raises(NotImplementedError, match="Lua script"):
+            client.pipeline(transaction=True)
+    finally:
+        await client.aclose()

@@ -1,0 +1,35 @@
+"""Which redis-py errors become RegistryUnavailable (a 503 at the API), Cluster's included."""
+
+from __future__ import annotations
+
+import pytest
+import redis.exceptions
+from redis.asyncio.connection import Connection
+
+from router.redis.errors import redis_errors
+from shared.errors import BusUnavailable, RegistryUnavailable
+
+
+async def test_cluster_exceptions_outside_redis_error_are_mapped() -> None:
+    # SlotNotCoveredError and "cannot be connected" are RedisClusterException, which
+    # is not a RedisError: a failover's window, not a bug of ours.
+    with pytest.raises(RegistryUnavailable, match="redis cluster unavailable"):
+        with redis_errors():
+            raise redis.exceptions.SlotNotCoveredError("slot 7 is not covered")
+    with pytest.raises(BusUnavailable):
+        with redis_errors(BusUnavailable):
+            raise redis.exceptions.RedisClusterException("Redis Cluster cannot be connected")
+
+
+async def test_a_connection_closed_under_a_command_is_mapped() -> None:
+    # What another task's disconnect leaves behind: redis-py writing to no writer.
+    connection = Connection()
+    with pytest.raises(RegistryUnavailable, match="connection closed under the command"):
+        with redis_errors():
+            await connection._send_packed_command([b"PING\r\n"])
+
+
+async def test_our_own_attribute_errors_stay_bugs() -> None:
+    with pytest.raises(AttributeError):
+        with redis_errors():
+            None.writelines  # type: ignore[attr-defined]  # noqa: B018
