@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from contextvars import ContextVar
+from typing import Any
 
 from fastapi import Request
 from fastapi.responses import Response
@@ -44,7 +45,8 @@ log = logging.getLogger(__name__)
 REPLAYED_HEADER = "Idempotent-Replayed"  # Stripe's name, on a replayed answer
 WAIT_MARGIN_S = 5.0
 POLL_S = 0.05
-# A release that failed is tried again after 0.25 s, doubling to 5 s, 12 times (~45 s).
+# A release or an answer Redis refused is written again after 0.25 s, doubling to 5 s,
+# 12 times (~45 s).
 RELEASE_RETRY_S = 0.25
 RELEASE_RETRIES = 12
 
@@ -67,31 +69,30 @@ class Idempotency:
         self._store = store
         self._wait_s = wait_s
         self._poll_s = poll_s
-        self._releasing: set[asyncio.Task[None]] = set()
+        self._pending: set[asyncio.Task[None]] = set()  # releases and answers kept later
 
     async def _release(self, scope: str, key: str, token: str) -> None:
         """Let a retry run the request again (its answer was a 5xx). When Redis is what
-        failed (a failover), the release fails too: it is tried again in the background,
+        failed (a failover), the release fails too: it is made again in the background,
         so retries are not held off (409) for the whole lease once Redis is back."""
         try:
             await self._store.release(scope, key, token)
         except ImrouteError as exc:
             log.warning("could not release an Idempotency-Key yet (trying again): %s", exc)
-            task = asyncio.create_task(self._release_later(scope, key, token))
-            self._releasing.add(task)
-            task.add_done_callback(self._releasing.discard)
+            self._later(self._release_later(scope, key, token))
+
+    def _later(self, work: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.create_task(work)
+        self._pending.add(task)
+        task.add_done_callback(self._pending.discard)
 
     async def _release_later(self, scope: str, key: str, token: str) -> None:
-        delay = RELEASE_RETRY_S
-        for _ in range(RELEASE_RETRIES):
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, 5.0)
-            try:
-                await self._store.release(scope, key, token)
-                return
-            except ImrouteError:
-                continue
-        log.warning("gave up releasing an Idempotency-Key: retries wait for its lease")
+        if not await _again(lambda: self._store.release(scope, key, token)):
+            log.warning("gave up releasing an Idempotency-Key: retries wait for its lease")
+
+    async def _complete_later(self, scope: str, key: str, token: str, answer: Answer) -> None:
+        if not await _again(lambda: self._store.complete(scope, key, token, answer)):
+            log.warning("gave up keeping an idempotent answer: retries wait for its lease")
 
     @classmethod
     def waiting_for_pushes(cls, store: IdempotencyStore, deliver_timeout_s: float) -> Idempotency:
@@ -144,8 +145,14 @@ class Idempotency:
             await self._release(scope, key, token)
             return response
         answer = Answer(response.status_code, bytes(response.body))
-        if not await self._store.complete(scope, key, token, answer):
-            log.warning("an idempotent push outlived its lease; its answer was not kept")
+        try:
+            if not await self._store.complete(scope, key, token, answer):
+                log.warning("an idempotent push outlived its lease; its answer was not kept")
+        except ImrouteError as exc:
+            # The push was carried out: its caller gets its answer, and a retry gets it
+            # too once Redis takes it (until then the key is running: a retry waits).
+            log.warning("could not keep an idempotent answer yet (trying again): %s", exc)
+            self._later(self._complete_later(scope, key, token, answer))
         return response
 
 
@@ -163,6 +170,21 @@ class Once:
         if self._key is None:
             return await handler()
         return await self._idempotency.run(self._request, self._key, handler)
+
+
+async def _again(write: Callable[[], Awaitable[object]]) -> bool:
+    """`write` tried again after RELEASE_RETRY_S, doubling to 5 s, RELEASE_RETRIES times
+    (about 45 s: a Cluster failover and then some); whether it went through."""
+    delay = RELEASE_RETRY_S
+    for _ in range(RELEASE_RETRIES):
+        await asyncio.sleep(delay)
+        delay = min(delay * 2, 5.0)
+        try:
+            await write()
+        except ImrouteError:
+            continue
+        return True
+    return False
 
 
 def _replay(answer: Answer) -> Response:

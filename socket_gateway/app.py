@@ -222,6 +222,7 @@ class Gateway:
             self.clock,
             self.follower.recent,
             report=self.acks.report,
+            # an old gateway's fleet TTL, a group's flush, a publish's retries
             move_tail_s=s.heartbeat_s * FLEET_TTL_HEARTBEATS + s.flush_timeout_s + 10.0,
         )
         self.conns.gap_filler = self.resumer.fill_gap

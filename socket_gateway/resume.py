@@ -67,10 +67,8 @@ class Resumer:
     ) -> None:
         """`recent`: the follower's memory of its topics' latest batches, tried first.
         `report`: told of each push a replay or a gap fill wrote (its receipt).
-        `move_tail_s`: how long a connection that came from another group keeps reading
-        that group's log for multicasts resolved to its old route (0: not at all); the
-        gateway gives it an old gateway's fleet TTL, a group buffer's flush and 10 s for
-        a publish's retries."""
+        `move_tail_s`: how long a connection from another group reads that group's log
+        again (`_tail_old_group`; 0: not at all)."""
         self.move_tail_s = move_tail_s
         self.moved_tail_writes = 0  # pushes the old group's log brought after a move
         self._report = report
@@ -153,13 +151,11 @@ class Resumer:
         task.add_done_callback(self._gaps.discard)
 
     async def _tail_old_group(self, conn: ClientConn, group: str, after: int) -> None:
-        """The seam of a move between groups: a multicast resolved while the user's old
-        route (on a gateway of `group`, perhaps dead and not yet out of the fleet) was
-        still live is published to that group's log, possibly after this connection's
-        replay read it, and no gateway of its new group would bring it. So the old
-        group's log is read again for `move_tail_s` (the old gateway's fleet TTL, a
-        group buffer's flush and a publish's retries), and what names the user is
-        written, once each."""
+        """The seam of a move between groups: a multicast resolved to the user's old route
+        (a gateway of `group`, perhaps dead, not yet out of the fleet) lands in that
+        group's log, perhaps after the replay read it, and no gateway of the new group
+        brings it: the old log is read again for `move_tail_s`, and what names the user
+        and did not reach it through its new group is written."""
         try:
             await self._tail(conn, group, after)
         finally:
@@ -206,11 +202,10 @@ class Resumer:
         self._spawn(self._fill_gap(conn, after, upto))
 
     def catch_up(self) -> int:
-        """Every live connection reads what its user's P2P log holds past what it was
-        written: after Redis lost this gateway's routes (a restart, a partition longer
-        than their TTL), pushes to its users were answered `offline` and queued, and a
-        user who gets no later push would otherwise wait for a reconnect. How many
-        connections were asked to."""
+        """Every live connection reads what its user's log and inbox hold past what it
+        was written: after Redis lost this gateway's routes (a restart, a long partition)
+        pushes to its users were queued, and a user who gets no later push would wait
+        for a reconnect. How many connections were asked to."""
         started = 0
         for conn in list(self._conns):
             if conn.held is None and conn.sink.is_open():  # replaying: it reads them anyway

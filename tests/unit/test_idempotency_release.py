@@ -1,11 +1,16 @@
-"""A 5xx's Idempotency-Key is released even when Redis failed the release itself (a
-failover): tried again in the background, so retries are not held off for the lease."""
+"""When Redis fails the Idempotency-Key's own write (a failover), the push's caller
+still gets its answer, and the write is made again in the background once Redis takes
+it: a 5xx's release (so retries are not held off for the lease), a done push's answer
+(so a retry gets it replayed rather than 409)."""
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
 import pytest
+from fastapi import Request
+from fastapi.responses import Response
 
 from push_service import idempotency
 from push_service.idempotency import Idempotency
@@ -13,35 +18,62 @@ from router.idempotency.base import Answer, Outcome
 from shared.errors import RegistryUnavailable
 
 
-class FlakyReleases:
-    """An IdempotencyStore whose first `failures` releases fail as Redis would."""
+class FlakyWrites:
+    """An IdempotencyStore whose first `failures` writes fail as Redis would."""
 
     def __init__(self, failures: int) -> None:
         self.failures = failures
         self.released: list[str] = []
+        self.kept: list[Answer] = []
+
+    def _write(self) -> None:
+        if self.failures:
+            self.failures -= 1
+            raise RegistryUnavailable("redis: connection refused")
 
     async def claim(self, scope: str, key: str, fingerprint: str) -> Outcome:
         raise NotImplementedError
 
     async def complete(self, scope: str, key: str, token: str, answer: Answer) -> bool:
-        raise NotImplementedError
+        self._write()
+        self.kept.append(answer)
+        return True
 
     async def release(self, scope: str, key: str, token: str) -> None:
-        if self.failures:
-            self.failures -= 1
-            raise RegistryUnavailable("redis: connection refused")
+        self._write()
         self.released.append(key)
+
+
+async def until(done: Callable[[], object]) -> None:
+    for _ in range(400):
+        if done():
+            return
+        await asyncio.sleep(0.005)
 
 
 async def test_a_release_redis_refused_is_made_once_it_answers(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setattr(idempotency, "RELEASE_RETRY_S", 0.001)
-    store = FlakyReleases(failures=3)
+    store = FlakyWrites(failures=3)
     once = Idempotency(store, wait_s=1.0)
     await once._release("scope", "k1", "token")  # does not raise: the answer goes out
-    for _ in range(200):
-        if store.released:
-            break
-        await asyncio.sleep(0.005)
+    await until(lambda: store.released)
     assert store.released == ["k1"] and store.failures == 0
+
+
+async def test_a_done_push_whose_answer_redis_refused_answers_and_keeps_it_later(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(idempotency, "RELEASE_RETRY_S", 0.001)
+    store = FlakyWrites(failures=2)
+    once = Idempotency(store, wait_s=1.0)
+
+    async def handler() -> Response:
+        return Response(b'{"push_id":"p1"}', status_code=202, media_type="application/json")
+
+    request = Request({"type": "http", "method": "POST", "path": "/v1/multicast"})
+    response = await once._run_claimed(request, "scope", "k1", "token", handler)
+    assert response.status_code == 202  # before: the failed write made it an error
+    await until(lambda: store.kept)
+    assert store.kept == [Answer(202, b'{"push_id":"p1"}')]
