@@ -13,6 +13,7 @@ from push_service.services.pushes import Receipts
 from router.directory.base import UserDirectory
 from router.fanout.broadcast import pages_after, run_broadcast
 from router.fanout.multicast import chunked, run_multicast
+from router.fanout.outages import ride_out
 from router.fanout.publisher import BatchPublisher, Publisher
 from router.fanout.resilient import PublishRetry, ResilientPublisher, StableIdLog
 from router.fanout.runner import JobRun, JobRunner, Work
@@ -103,7 +104,7 @@ class FanOut:
             publisher = self._publisher(spec.message, spec.expires_ms, run.counters, spec.store)
             receipt = self._receipt(spec.message, "broadcast", None, store=False)
             if receipt is not None:
-                await receipt.start()
+                await ride_out(receipt.start, "a broadcast's receipt")
             start = run.start
             after = start.after if start else None
             pages = (
@@ -134,7 +135,7 @@ class FanOut:
                 message, "multicast", None if to is None else len(to), body.store
             )
             if receipt is not None:
-                await receipt.start()
+                await ride_out(receipt.start, "a multicast's receipt")
             chunks: AsyncIterator[Sequence[str]] = (
                 chunked(to) if to is not None else self._directory.iter_pages(tags_any=tags_any)
             )

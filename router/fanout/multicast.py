@@ -11,9 +11,11 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
+from functools import partial
 
 from router.fanout.batcher import GroupBatcher, ReadyBatch
 from router.fanout.failures import publish_or_count
+from router.fanout.outages import ride_out
 from router.fanout.publisher import BatchPublisher, group_topic
 from router.routes.base import LOOKUP_CHUNK, GroupLookup, RecipientGroups, chunks
 from shared.clock import Clock
@@ -79,7 +81,7 @@ async def run_multicast(
             counters.online += found.online
             counters.offline += count - found.online
             if on_resolved is not None:
-                await on_resolved(chunk, found)
+                await ride_out(partial(on_resolved, chunk, found), "a multicast's receipt")
             if found.online < count:
                 await publisher.record_offline(_offline(chunk, found))
             for group_id, uids in found.by_group.items():
@@ -111,7 +113,8 @@ class _Lookups:
         """(the uids, who of them is online where); StopAsyncIteration at the end."""
         async with self._input:
             chunk = await anext(self._chunks)
-        return chunk, await self._registry.lookup_groups(chunk)
+        lookup = partial(self._registry.lookup_groups, chunk)
+        return chunk, await ride_out(lookup, "a multicast's route look-up")
 
 
 def _offline(chunk: Sequence[str], found: RecipientGroups) -> list[str]:

@@ -18,6 +18,7 @@ from typing import Protocol, runtime_checkable
 
 from router.bus.base import BROADCAST, group_topic
 from router.bus.losses import BusLosses
+from router.fanout.outages import ride_out
 from router.jobs.base import PushCounters
 from router.recovery.base import OFFLINE_TOPIC, ContentWrites, RecoveryLog
 from shared.batches import to_batch
@@ -150,7 +151,10 @@ class BatchPublisher:
             "group_id": group_id,
         }
         if self._recovery is not None:
-            seq = await self._recovery.append_batch(topic, batch)
+            recovery = self._recovery
+            seq = await ride_out(
+                lambda: recovery.append_batch(topic, batch), f"logging a batch of {topic}"
+            )
             batch.seq, batch.epoch = counter_of(seq), epoch_of(seq)
         if span is not None:  # the batch's id as sent (a stable id log may set it)
             span.set_attribute("imroute.batch_id", batch.batch_id)
@@ -182,7 +186,8 @@ class BatchPublisher:
         if self._content is None:
             return to_batch(self._message, uids, new_id())
         # Stored (or its TTL pushed forward) before the batch that names it can exist.
-        await self._content.hold(self._message.msg_id, self._message.content_json)
+        content, m = self._content, self._message
+        await ride_out(lambda: content.hold(m.msg_id, m.content_json), "storing a push's content")
         batch = to_batch(self._bare, uids, new_id())
         batch.message.content_stored = True
         return batch

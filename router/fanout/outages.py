@@ -1,0 +1,49 @@
+"""A push job rides out a Redis that cannot answer for a while, rather than fail.
+
+A broadcast or multicast was accepted with 202: its caller is gone, and a job that ends
+`failed` on a Redis Cluster failover (a node timeout, then an election: about 5-10 s)
+or a Redis restart (a few seconds) broke what the 202 promised. So the job's own Redis
+steps (a multicast's look-ups and receipt, a batch's log entry and stored content) are
+tried again for a while. Requests a caller waits on never do this: they answer 503 at
+once, and the caller retries with its Idempotency-Key.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+from shared.errors import RegistryUnavailable
+
+__all__ = ["RIDE_OUT_S", "ride_out"]
+
+T = TypeVar("T")
+
+log = logging.getLogger(__name__)
+
+RIDE_OUT_S = 20.0  # twice a Cluster failover
+
+
+async def ride_out(
+    step: Callable[[], Awaitable[T]],
+    what: str,
+    budget_s: float = RIDE_OUT_S,
+    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    clock: Callable[[], float] = time.monotonic,
+) -> T:
+    """`step`, tried again while Redis cannot answer (RegistryUnavailable), waiting 0.25 s
+    doubling to 2 s, for `budget_s` at most; then its last error."""
+    deadline = clock() + budget_s
+    delay = 0.25
+    while True:
+        try:
+            return await step()
+        except RegistryUnavailable as exc:
+            if clock() + delay > deadline:
+                raise
+            log.warning("%s: %s; trying again in %.2f s", what, exc, delay)
+            await sleep(delay)
+            delay = min(delay * 2, 2.0)
