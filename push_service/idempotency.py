@@ -24,6 +24,7 @@ from fastapi.responses import Response
 
 from push_service.access import bearer_token
 from push_service.errors import Conflict, handler_for
+from router.fanout.outages import ride_out
 from router.idempotency.base import (
     HEADER,
     Answer,
@@ -36,7 +37,7 @@ from router.idempotency.base import (
     key_hash,
     scope_hash,
 )
-from shared.errors import ImrouteError, InvalidInput
+from shared.errors import ImrouteError, InvalidInput, RegistryUnavailable
 
 __all__ = ["REPLAYED_HEADER", "Idempotency", "Once", "id_seed"]
 
@@ -45,10 +46,9 @@ log = logging.getLogger(__name__)
 REPLAYED_HEADER = "Idempotent-Replayed"  # Stripe's name, on a replayed answer
 WAIT_MARGIN_S = 5.0
 POLL_S = 0.05
-# A release or an answer Redis refused is written again after 0.25 s, doubling to 5 s,
-# 12 times (~45 s).
-RELEASE_RETRY_S = 0.25
-RELEASE_RETRIES = 12
+# A release or an answer Redis refused is written again for this long (`ride_out`: a
+# Cluster failover and then some).
+WRITE_LATER_S = 45.0
 
 Handler = Callable[[], Awaitable[Response]]
 
@@ -65,7 +65,15 @@ def id_seed() -> str | None:
 class Idempotency:
     """Runs a push handler at most once per (API key, Idempotency-Key)."""
 
-    def __init__(self, store: IdempotencyStore, wait_s: float, poll_s: float = POLL_S) -> None:
+    def __init__(
+        self,
+        store: IdempotencyStore,
+        wait_s: float,
+        poll_s: float = POLL_S,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    ) -> None:
+        """`sleep`: how writes made later wait between tries (`ride_out`)."""
+        self._sleep = sleep
         self._store = store
         self._wait_s = wait_s
         self._poll_s = poll_s
@@ -87,11 +95,25 @@ class Idempotency:
         task.add_done_callback(self._pending.discard)
 
     async def _release_later(self, scope: str, key: str, token: str) -> None:
-        if not await _again(lambda: self._store.release(scope, key, token)):
+        try:
+            await ride_out(
+                lambda: self._store.release(scope, key, token),
+                "releasing an Idempotency-Key",
+                WRITE_LATER_S,
+                self._sleep,
+            )
+        except RegistryUnavailable:
             log.warning("gave up releasing an Idempotency-Key: retries wait for its lease")
 
     async def _complete_later(self, scope: str, key: str, token: str, answer: Answer) -> None:
-        if not await _again(lambda: self._store.complete(scope, key, token, answer)):
+        try:
+            await ride_out(
+                lambda: self._store.complete(scope, key, token, answer),
+                "keeping an idempotent answer",
+                WRITE_LATER_S,
+                self._sleep,
+            )
+        except RegistryUnavailable:
             log.warning("gave up keeping an idempotent answer: retries wait for its lease")
 
     @classmethod
@@ -170,21 +192,6 @@ class Once:
         if self._key is None:
             return await handler()
         return await self._idempotency.run(self._request, self._key, handler)
-
-
-async def _again(write: Callable[[], Awaitable[object]]) -> bool:
-    """`write` tried again after RELEASE_RETRY_S, doubling to 5 s, RELEASE_RETRIES times
-    (about 45 s: a Cluster failover and then some); whether it went through."""
-    delay = RELEASE_RETRY_S
-    for _ in range(RELEASE_RETRIES):
-        await asyncio.sleep(delay)
-        delay = min(delay * 2, 5.0)
-        try:
-            await write()
-        except ImrouteError:
-            continue
-        return True
-    return False
 
 
 def _replay(answer: Answer) -> Response:

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from shared.models import Registration
-from shared.positions import EPOCH_SHIFT, encode_pos, first_after
+from shared.positions import encode_pos, first_after, seq_of
 from shared.wire import push_frame
 
 __all__ = ["MAX_UNACKED", "ClientConn", "Held", "LocalConnections", "Marks", "Sent", "Sink"]
@@ -227,7 +227,7 @@ class LocalConnections:
         by_uid = self._by_uid
         put = self._put
         for i, uid in enumerate(uids):
-            seq = (epochs[i] << EPOCH_SHIFT | seqs[i] if epochs else seqs[i]) if seqs else 0
+            seq = (seq_of(epochs[i], seqs[i]) if epochs else seqs[i]) if seqs else 0
             wrote = False
             for conn in by_uid.get(uid, ()):
                 wrote = put(conn, "p", seq, prefix, ref) or wrote

@@ -1,11 +1,12 @@
-"""A push job rides out a Redis that cannot answer for a while, rather than fail.
+"""Work no caller waits on rides out a Redis that cannot answer for a while.
 
 A broadcast or multicast was accepted with 202: its caller is gone, and a job that ends
 `failed` on a Redis Cluster failover (a node timeout, then an election: about 5-10 s)
 or a Redis restart (a few seconds) broke what the 202 promised. So the job's own Redis
 steps (a multicast's look-ups and receipt, a batch's log entry and stored content) are
-tried again for a while. Requests a caller waits on never do this: they answer 503 at
-once, and the caller retries with its Idempotency-Key.
+tried again for a while; so are an Idempotency-Key's release or answer written after
+the request was answered (`push_service.idempotency`). Requests a caller waits on never
+do this: they answer 503 at once, and the caller retries with its Idempotency-Key.
 """
 
 from __future__ import annotations

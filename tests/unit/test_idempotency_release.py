@@ -8,11 +8,9 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
-import pytest
 from fastapi import Request
 from fastapi.responses import Response
 
-from push_service import idempotency
 from push_service.idempotency import Idempotency
 from router.idempotency.base import Answer, Outcome
 from shared.errors import RegistryUnavailable
@@ -44,6 +42,10 @@ class FlakyWrites:
         self.released.append(key)
 
 
+async def no_wait(_: float) -> None:
+    await asyncio.sleep(0)
+
+
 async def until(done: Callable[[], object]) -> None:
     for _ in range(400):
         if done():
@@ -51,23 +53,17 @@ async def until(done: Callable[[], object]) -> None:
         await asyncio.sleep(0.005)
 
 
-async def test_a_release_redis_refused_is_made_once_it_answers(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    monkeypatch.setattr(idempotency, "RELEASE_RETRY_S", 0.001)
+async def test_a_release_redis_refused_is_made_once_it_answers() -> None:
     store = FlakyWrites(failures=3)
-    once = Idempotency(store, wait_s=1.0)
+    once = Idempotency(store, wait_s=1.0, sleep=no_wait)
     await once._release("scope", "k1", "token")  # does not raise: the answer goes out
     await until(lambda: store.released)
     assert store.released == ["k1"] and store.failures == 0
 
 
-async def test_a_done_push_whose_answer_redis_refused_answers_and_keeps_it_later(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    monkeypatch.setattr(idempotency, "RELEASE_RETRY_S", 0.001)
+async def test_a_done_push_whose_answer_redis_refused_answers_and_keeps_it_later() -> None:
     store = FlakyWrites(failures=2)
-    once = Idempotency(store, wait_s=1.0)
+    once = Idempotency(store, wait_s=1.0, sleep=no_wait)
 
     async def handler() -> Response:
         return Response(b'{"push_id":"p1"}', status_code=202, media_type="application/json")
