@@ -110,18 +110,7 @@ async def test_a_replay_answers_again_and_keys_are_scoped_per_api_key(
 async def test_a_5xx_is_not_kept_so_the_retry_runs(redis_url: str, prefix: str, redis: Any) -> None:
     async with gateway(redis_url, prefix, "gw1", "g1") as gw, api(redis_url, prefix) as http:
         async with client(gw, "alice") as ws:
-            # A value of the wrong type where alice's routes are: Redis refuses the look-up
-            # (WRONGTYPE), so the push fails with 503 and nothing is sent.
-            route = KeySchema(prefix).route("alice")
-            saved = await redis.hgetall(route)
-            await redis.delete(route)
-            await redis.set(route, "not a hash")
-            failed = await http.post("/v1/push", json=PUSH, headers=_with_key("r1"))
-            assert failed.status_code == 503, failed.text
-            await redis.delete(route)
-            await redis.hset(route, mapping=saved)
-            retried = await http.post("/v1/push", json=PUSH, headers=_with_key("r1"))
-            assert retried.status_code == 200, retried.text
+            retried = await _fails_then_retried(http, redis, prefix, "r1")
             assert retried.json()["delivered"] == ["alice"]
             assert "Idempotent-Replayed" not in retried.headers
             kept = await http.post("/v1/push", json=PUSH, headers=_with_key("r1"))
@@ -142,22 +131,32 @@ async def test_a_retry_after_a_5xx_carries_the_first_attempts_msg_id(
     client drops the second; without a key they are two messages to the app."""
     async with gateway(redis_url, prefix, "gw1", "g1") as gw, api(redis_url, prefix) as http:
         async with client(gw, "alice") as ws:
-            route = KeySchema(prefix).route("alice")
-            saved = await redis.hgetall(route)
-            await redis.delete(route)
-            await redis.set(route, "not a hash")
-            failed = await http.post("/v1/push", json=PUSH, headers=_with_key("same-msg"))
-            assert failed.status_code == 503, failed.text
-            await redis.delete(route)
-            await redis.hset(route, mapping=saved)
-            retried = await http.post("/v1/push", json=PUSH, headers=_with_key("same-msg"))
-            assert retried.status_code == 200, retried.text
+            retried = await _fails_then_retried(http, redis, prefix, "same-msg")
             frames = []
             with contextlib.suppress(TimeoutError):
                 while True:
                     frames.append(await recv_json(ws, timeout=0.5))
             msg_ids = [f["msg_id"] for f in frames if f["type"] == "push"]
             assert msg_ids == [retried.json()["msg_id"]] * 2, frames
+
+
+async def _fails_then_retried(
+    http: httpx.AsyncClient, redis: Any, prefix: str, key: str
+) -> httpx.Response:
+    """PUSH to alice with `key` while a value of the wrong type stands where her routes
+    are (Redis refuses the look-up, WRONGTYPE: a 503, nothing sent), then again with the
+    same key once they are back: the retry's answer, a 200."""
+    route = KeySchema(prefix).route("alice")
+    saved = await redis.hgetall(route)
+    await redis.delete(route)
+    await redis.set(route, "not a hash")
+    failed = await http.post("/v1/push", json=PUSH, headers=_with_key(key))
+    assert failed.status_code == 503, failed.text
+    await redis.delete(route)
+    await redis.hset(route, mapping=saved)
+    retried = await http.post("/v1/push", json=PUSH, headers=_with_key(key))
+    assert retried.status_code == 200, retried.text
+    return retried
 
 
 async def _drain(ws: Any) -> list[str]:

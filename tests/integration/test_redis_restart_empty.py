@@ -101,13 +101,18 @@ async def test_a_redis_restarted_empty_loses_nothing_for_connected_clients(prefi
                 for u in UIDS:
                     expected[u].append(content)
 
+            async def each_kind(rounds: range) -> None:
+                """A P2P push to each user, a multicast, a directory and an online
+                broadcast, per round: all delivered at once."""
+                for n in rounds:
+                    for u in UIDS:
+                        assert (await push(http, u, f"p2p-{n}"))["delivered"] == [u]
+                        expected[u].append(f"p2p-{n}")
+                    for kind in ("multicast", "broadcast", "online"):
+                        await everyone(kind, n)
+
             # Before: every log has a history (P2P 1..3, every topic a few batches).
-            for n in range(3):
-                for u in UIDS:
-                    assert (await push(http, u, f"p2p-{n}"))["delivered"] == [u]
-                    expected[u].append(f"p2p-{n}")
-                for kind in ("multicast", "broadcast", "online"):
-                    await everyone(kind, n)
+            await each_kind(range(3))
             await until(
                 lambda: all(len(frames[u]) == len(expected[u]) for u in UIDS), "the first pushes"
             )
@@ -138,12 +143,7 @@ async def test_a_redis_restarted_empty_loses_nothing_for_connected_clients(prefi
                 await fresh.aclose()
 
             # After: every log starts again under a new epoch, and all of it arrives.
-            for n in range(3, 6):
-                for u in UIDS:
-                    assert (await push(http, u, f"p2p-{n}"))["delivered"] == [u]
-                    expected[u].append(f"p2p-{n}")
-                for kind in ("multicast", "broadcast", "online"):
-                    await everyone(kind, n)
+            await each_kind(range(3, 6))
             await until(
                 lambda: all(len(frames[u]) >= len(expected[u]) for u in UIDS),
                 "every push after the restart",
