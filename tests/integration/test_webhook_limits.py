@@ -73,7 +73,8 @@ async def test_a_receiver_flooding_its_answer_costs_the_sender_a_few_kib_and_is_
     assert counts[CUT_LONG] == 1 and counts[CUT_DEADLINE] == 0
     assert "HTTP 500" in log and HOOK_SECRET not in log
     assert not rx.rejected
-    print(f"push service RSS {base:.0f} MB, peak {peak:.0f} MB; flood wrote {flood.sent} bytes")
+    took = flood.closed - flood.requested
+    print(f"RSS {base:.0f} MB, peak {peak:.0f} MB; flood: {flood.sent} bytes, cut in {took:.2f}s")
 
 
 async def test_a_receiver_dripping_its_answer_is_cut_at_the_deadline_and_the_queue_moves_on(
