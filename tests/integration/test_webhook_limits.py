@@ -83,8 +83,7 @@ async def test_a_receiver_dripping_its_answer_is_cut_at_the_deadline_and_the_que
     # A byte every 2 s never trips a per-read timeout of 3 s; the total deadline cuts it.
     # First the head drips (no answer: retried), then a 200's body drips (answered:
     # delivered, the rest of the body not waited for), then a later batch goes through.
-    script = [Drip(head=True), Drip(head=False), OK]
-    async with HostileReceiver(HOOK_SECRET, script) as rx:
+    async with HostileReceiver(HOOK_SECRET, [Drip(head=True), Drip(head=False), OK]) as rx:
         port = free_port()
         env = {**env_for(redis_url, prefix, tmp_path, rx.url), "IMROUTE_WEBHOOK_TIMEOUT_S": "3"}
         async with push_services(env, [port]) as (proc,):
@@ -95,9 +94,9 @@ async def test_a_receiver_dripping_its_answer_is_cut_at_the_deadline_and_the_que
             counts = await metrics_once(port, "imroute_webhook_sent_total", 3)
             log = "\n".join(proc.read_until("cut off", 5))
     head, body, _ = rx.conns
-    for conn in (head, body):
-        assert conn.closed is not None
-        assert 2.5 < conn.closed - conn.requested < 5.0, conn  # the 3 s deadline, in all
+    assert head.closed is not None and body.closed is not None
+    for conn, closed in ((head, head.closed), (body, body.closed)):
+        assert 2.5 < closed - conn.requested < 5.0, conn  # the 3 s deadline, in all
     assert body.requested >= head.closed  # the retry, once the first POST was cut
     assert [c.events for c in rx.conns] == [2, 2, 1]
     assert [e["event_id"] for e in rx.events] == ["message.unacked:p2"]
