@@ -27,7 +27,8 @@ class WebhookSettings(BaseSettings):
     webhook_offline_grace_s: float = Field(5.0, ge=0, le=3600)
     # events waiting to be delivered, fleet-wide; past it new ones are counted and dropped
     webhook_queue_max: int = Field(100_000, ge=10, le=10_000_000)
-    # one POST's timeout, and the most events it carries
+    # one POST's deadline in all (connect, send, the answer's head; a few KiB of its body
+    # are read, no more), and the most events it carries
     webhook_timeout_s: float = Field(5.0, gt=0, le=60)
     webhook_batch_max: int = Field(100, ge=1, le=1000)
     # retries back off exponentially from 0.5 s up to this

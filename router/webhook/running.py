@@ -79,5 +79,14 @@ class WebhookCounts(Collector):
             ("overflowed", "Webhook events a full outbox refused, fleet-wide", stats.overflowed),
         ):
             yield CounterMetricFamily(f"imroute_webhook_{name}", doc, value)
+        cut = CounterMetricFamily(
+            "imroute_webhook_cut",
+            "Webhook POSTs cut off: no answer within IMROUTE_WEBHOOK_TIMEOUT_S (deadline, "
+            "retried) or an answer's body over 4 KiB or not whole by then (long_answer)",
+            labels=["reason"],
+        )
+        for reason, counted in sender.cuts.items():
+            cut.add_metric([reason.value], counted.total)
+        yield cut
         queued = "Webhook events not yet delivered, fleet-wide"
         yield GaugeMetricFamily("imroute_webhook_queue_length", queued, stats.queued)

@@ -4,8 +4,10 @@ Each pass takes up to `batch_max` events (first those a dead sender left, then n
 ones) and POSTs them as one signed ``{"events":[...]}`` request. A 2xx acks them; a 5xx,
 408, 429, timeout or connection error keeps them and retries the same batch with
 exponential backoff (re-signed each time, so a receiver back after minutes gets a fresh
-``t``), for as long as it takes; any other status drops them, counted and logged. The
-push path never waits for any of it: producers only add to the outbox.
+``t``), for as long as it takes; any other status drops them, counted and logged. A
+POST has `timeout_s` in all and reads a few KiB of the answer (`exchange`): a receiver
+cannot stall the queue for longer, nor swell the process. The push path never waits for
+any of it: producers only add to the outbox.
 """
 
 from __future__ import annotations
@@ -24,11 +26,13 @@ from router.redis.client import RedisClient
 from router.webhook.base import events_body
 from router.webhook.consumer import Entry, OutboxConsumer
 from router.webhook.delivery import Outcome, backoff_s, outcome_of
+from router.webhook.exchange import ANSWER_READ_BYTES, Answer, Cut, post_bounded
 from router.webhook.outbox import OutboxStats, RedisOutbox
 from router.webhook.signing import HEADER, sign
 from shared.clock import Clock
 from shared.errors import ImrouteError
 from shared.keys import KeySchema
+from shared.throttled import Throttled
 
 __all__ = ["MAX_BODY_BYTES", "WebhookSender", "split_by_bytes"]
 
@@ -58,8 +62,8 @@ class WebhookSender:
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
         consumer = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-        # Longer than a sender ever leaves its entries untouched (one POST, one backoff):
-        # only a dead sender's entries go idle this long.
+        # Longer than a sender ever leaves its entries untouched (one POST, which the
+        # deadline bounds, and one backoff): only a dead sender's entries go idle this long.
         claim_idle_ms = int((2 * (timeout_s + backoff_max_s) + 5) * 1000)
         self.consumer = OutboxConsumer(redis, keys, consumer, claim_idle_ms)
         self._outbox = outbox
@@ -68,8 +72,9 @@ class WebhookSender:
         self._secret = secret
         self._batch_max = batch_max
         self._backoff_max_s = backoff_max_s
+        self._timeout_s = timeout_s
         self._http = httpx.AsyncClient(
-            timeout=timeout_s,
+            timeout=None,  # post_bounded's deadline covers the whole POST
             transport=transport,
             follow_redirects=False,
             headers={"User-Agent": "imroute-webhook/1"},
@@ -77,6 +82,8 @@ class WebhookSender:
         self.sent = 0  # events acknowledged with a 2xx
         self.retried = 0  # failed attempts that will be retried (one per POST)
         self.dropped = 0  # events refused with a status that is not retried
+        # POSTs cut off: no answer by the deadline (retried), or a long answer (closed)
+        self.cuts = {cut: Throttled() for cut in Cut}
         self.stats = OutboxStats(0, 0)  # fleet-wide, refreshed every STATS_EVERY_S
         self._next_claim = 0.0
         self._next_stats = 0.0
@@ -113,7 +120,7 @@ class WebhookSender:
         body = events_body([e.event for e in batch])
         failures = 0
         while True:
-            status, detail = await self._post(body)
+            status, detail = self._noted(await self._post(body))
             outcome = outcome_of(status)
             if outcome is Outcome.RETRY:
                 failures += 1
@@ -143,16 +150,26 @@ class WebhookSender:
             await self._until_ok(lambda: self.consumer.done(batch))
             return
 
-    async def _post(self, body: bytes) -> tuple[int | None, str]:
+    async def _post(self, body: bytes) -> Answer:
         t = self._clock.now_ms() // 1000
         headers = {"Content-Type": "application/json", HEADER: sign(self._secret, body, t)}
-        try:
-            response = await self._http.post(self._url, content=body, headers=headers)
-        except httpx.TimeoutException:
-            return None, "timeout"
-        except httpx.HTTPError as exc:
-            return None, f"{type(exc).__name__}: {exc}"
-        return response.status_code, f"HTTP {response.status_code}"
+        return await post_bounded(self._http, self._url, body, headers, self._timeout_s)
+
+    def _noted(self, answer: Answer) -> tuple[int | None, str]:
+        """The answer's status and detail, a cut counted (and logged, throttled)."""
+        if answer.cut is not None and (
+            since := self.cuts[answer.cut].note(self._clock.monotonic())
+        ):
+            log.warning(
+                "webhook sender cut off %d POST(s) (%s) since the last such line: %s; "
+                "a POST has IMROUTE_WEBHOOK_TIMEOUT_S=%gs in all and reads %d bytes of an answer",
+                since,
+                answer.cut.value,
+                answer.detail,
+                self._timeout_s,
+                ANSWER_READ_BYTES,
+            )
+        return answer.status, answer.detail
 
     async def _refresh_stats(self) -> None:
         now = self._clock.monotonic()

@@ -1,0 +1,33 @@
+"""A count with a throttled log line (pure: time is passed in, monotonic seconds).
+
+For refusals an attacker can repeat at will: each one is counted, and a log line goes
+out at most once per `every_s`, saying how many happened since the previous one, so a
+flood of refusals never becomes a flood of log lines.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["Throttled"]
+
+
+@dataclass(slots=True)
+class Throttled:
+    """Counts occurrences of one kind and lets a log line through at most once per
+    `every_s`, reporting how many happened since the previous line."""
+
+    every_s: float = 10.0
+    total: int = 0
+    _unlogged: int = 0
+    _next_line: float = float("-inf")
+
+    def note(self, now: float) -> int:
+        """Count one occurrence at `now`; the number to log if a line is due, else 0."""
+        self.total += 1
+        self._unlogged += 1
+        if now < self._next_line:
+            return 0
+        since, self._unlogged = self._unlogged, 0
+        self._next_line = now + self.every_s
+        return since
