@@ -44,8 +44,7 @@ def sub_token(sub: Any) -> str:
 async def refused(http: httpx.AsyncClient) -> float:
     scrape = (await http.get("/metrics")).text
     found = re.search(r"^imroute_uids_refused_total (\S+)$", scrape, re.M)
-    assert found, scrape
-    return float(found.group(1))
+    return float(found.group(1)) if found else 0.0
 
 
 @pytest.mark.parametrize("kind", list(BAD))
