@@ -196,3 +196,20 @@ async def test_the_move_on_redis_cluster(cluster_url: str, prefix: str) -> None:
         assert (await store.read_user(HEXED, None)).inbox == []
         for uid in uids:
             await cluster.delete(keys.user_seq(uid), keys.user_log(uid), keys.user_inbox(uid))
+
+
+async def test_on_redis_cluster_the_braced_uid_and_its_hex_keep_apart(
+    cluster_url: str, prefix: str
+) -> None:
+    """The report's case through the store on a real cluster: an offline push to
+    `bob{corp}` is neither read nor acked away by the uid that is its SHA-1 hex."""
+    keys = KeySchema(prefix)
+    async with connect_redis(cluster_url) as cluster:
+        store = RedisRecoveryStore(cluster, keys, SystemClock(), RecoveryLimits())
+        (seq,), _ = await store.append_queued(message("for bob"), [BRACED], FAR)
+        assert (await store.read_user(HEXED, None)).inbox == []
+        await store.forget_inbox(HEXED, [seq])  # the other user's ack, of bob's number
+        (entry,) = (await store.read_user(BRACED, None)).inbox
+        assert entry.seq == seq and entry.message.content_json == b'"for bob"'
+        for uid in (BRACED, HEXED):
+            await cluster.delete(keys.user_seq(uid), keys.user_log(uid), keys.user_inbox(uid))

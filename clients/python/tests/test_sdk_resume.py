@@ -56,8 +56,9 @@ async def test_pos_is_saved_sent_back_as_since_and_an_incomplete_resume_is_repor
         got: list[Message] = []
         async with (
             httpx.AsyncClient(transport=mock) as http,
-            ImrouteClient("http://api", "tok", http=http, pos_store=store,
-                          on_incomplete=on_incomplete) as client,  # fmt: skip
+            ImrouteClient(
+                "http://api", "tok", http=http, pos_store=store, on_incomplete=on_incomplete
+            ) as client,  # fmt: skip
         ):
             async for msg in client:
                 got.append(msg)
