@@ -46,13 +46,14 @@ REFUSED = Throttled()
 
 def uid_problem(uid: object) -> str | None:
     """What is wrong with `uid` (a sentence that does not quote it), or None."""
+    if valid_uid(uid):
+        return None
     if not isinstance(uid, str):
         return "must be a string"
     if not 1 <= len(uid) <= MAX_UID_LEN:
         return f"must be 1-{MAX_UID_LEN} characters, got {len(uid)}"
     bad = _FORBIDDEN.search(uid)
-    if bad is None:
-        return None
+    assert bad is not None
     code = ord(bad.group())
     if 0xD800 <= code <= 0xDFFF:
         return "must be valid Unicode (no lone surrogates)"
@@ -62,7 +63,11 @@ def uid_problem(uid: object) -> str | None:
 def valid_uid(uid: object) -> bool:
     """Whether `uid` keeps the rule (nothing counted: for a fast path that falls back to
     `check_uid` for its answer)."""
-    return isinstance(uid, str) and 0 < len(uid) <= MAX_UID_LEN and not _FORBIDDEN.search(uid)
+    if not isinstance(uid, str) or not 0 < len(uid) <= MAX_UID_LEN:
+        return False
+    if uid.isascii():  # the common case: printable is all of ASCII but Cc, in C
+        return uid.isprintable()
+    return _FORBIDDEN.search(uid) is None
 
 
 def check_uid(uid: object, field: str = "uid") -> str:
