@@ -19,6 +19,7 @@ from push_service.routes import ROUTERS
 from push_service.routes.deps import KEY_SCHEMES
 from push_service.shedding import LoadShed, Shedder, ShedMetrics
 from push_service.tracing_http import TracedRequests, TracerSlot
+from push_service.uid_metrics import UidMetrics
 from push_service.wiring import Wiring
 from push_service.worker import Worker
 from router.bus.base import Bus
@@ -56,7 +57,9 @@ def create_app(
     if settings.api_key is None:
         raise ConfigError("IMROUTE_API_KEY: required by the push service")
     shedder = Shedder(settings.http_max_in_flight, settings.http_max_lag_ms)
-    wiring = Wiring(settings, clock or SystemClock(), bus, metrics=[ShedMetrics(shedder)])
+    wiring = Wiring(
+        settings, clock or SystemClock(), bus, metrics=[ShedMetrics(shedder), UidMetrics()]
+    )
     slot = LimiterSlot()
     services_slot = ServicesSlot()
     traced = TracerSlot()

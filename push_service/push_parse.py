@@ -15,7 +15,7 @@ import re
 from typing import Any
 
 from push_service.schemas import MAX_RECIPIENTS, PushIn
-from shared.auth import valid_uid
+from shared.uids import valid_uid
 
 __all__ = ["may_hold_surrogates", "quick_push"]
 
@@ -56,7 +56,7 @@ def _uids(to: Any) -> bool:
     if type(to) is not list or not 1 <= len(to) <= MAX_RECIPIENTS:
         return False
     for uid in to:
-        if type(uid) is not str or not 1 <= len(uid) <= 128 or not valid_uid(uid):
+        if type(uid) is not str or not valid_uid(uid):
             return False
     return len(to) == 1 or len(set(to)) == len(to)
 

@@ -12,11 +12,13 @@ from pydantic import (
     JsonValue,
     StrictBool,
     StringConstraints,
+    WithJsonSchema,
     field_validator,
     model_validator,
 )
 
-from shared.auth import valid_uid
+from shared.errors import InvalidUid
+from shared.uids import MAX_UID_LEN, check_uid
 
 __all__ = [
     "MAX_BATCH",
@@ -42,19 +44,28 @@ __all__ = [
     "UserIn",
     "UserRouteOut",
     "UsersIn",
+    "check_uid_value",
 ]
 
 MAX_RECIPIENTS = 1000
 MAX_CONTENT_BYTES = 64 * 1024
 
 
-def _check_uid(uid: str) -> str:
-    if not valid_uid(uid):
-        raise ValueError("must be 1-128 characters of valid Unicode")
-    return uid
+def check_uid_value(uid: str) -> str:
+    """The uid rule (`shared.uids`) as a pydantic validator: its message, as a 422 names
+    the field."""
+    try:
+        return check_uid(uid)
+    except InvalidUid as exc:
+        raise ValueError(exc.message) from None
 
 
-Uid = Annotated[str, StringConstraints(min_length=1, max_length=128), AfterValidator(_check_uid)]
+# The one rule checks the length too (so each refusal is counted); the schema shows it.
+Uid = Annotated[
+    str,
+    AfterValidator(check_uid_value),
+    WithJsonSchema({"type": "string", "minLength": 1, "maxLength": MAX_UID_LEN}),
+]
 
 
 class PushIn(BaseModel):

@@ -10,12 +10,13 @@ from typing import TYPE_CHECKING, Any
 import jwt
 
 from shared.clock import Clock
-from shared.errors import AuthError
+from shared.errors import AuthError, InvalidUid
+from shared.uids import check_uid
 
 if TYPE_CHECKING:
     from shared.settings import Settings
 
-__all__ = ["TokenRules", "api_key_matches", "issue_token", "valid_uid", "verify_token"]
+__all__ = ["TokenRules", "api_key_matches", "issue_token", "verify_token"]
 
 _ALGORITHM = "HS256"
 
@@ -57,9 +58,9 @@ def issue_token(
     audience: str | None = None,
     issuer: str | None = None,
 ) -> str:
-    """A client token for `uid`, valid for `ttl_s` seconds."""
-    if not valid_uid(uid):
-        raise AuthError("uid must be 1-128 characters of valid Unicode")
+    """A client token for `uid`, valid for `ttl_s` seconds; InvalidUid for a uid that
+    breaks the uid rule (`shared.uids`)."""
+    check_uid(uid)
     if ttl_s <= 0:
         raise AuthError("ttl must be positive")
     now = clock.now_ms() // 1000
@@ -122,10 +123,10 @@ def verify_token(
                 f"token lifetime {math.ceil(lifetime)}s is over the maximum "
                 f"{rules.max_ttl_s:g}s (IMROUTE_JWT_MAX_TTL_S)"
             )
-    uid = claims["sub"]
-    if not isinstance(uid, str) or not valid_uid(uid):
-        raise AuthError("invalid token: sub must be a uid of 1-128 characters")
-    return uid
+    try:
+        return check_uid(claims["sub"], "sub")
+    except InvalidUid as exc:
+        raise AuthError(f"invalid token: {exc}") from None
 
 
 def _number(claims: dict[str, Any], name: str) -> float | None:
@@ -136,17 +137,6 @@ def _number(claims: dict[str, Any], name: str) -> float | None:
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
         raise AuthError(f"invalid token: {name} must be a number of seconds")
     return float(value)
-
-
-def valid_uid(uid: str) -> bool:
-    """1-128 characters that are valid Unicode (no lone surrogates, which JSON allows)."""
-    if not uid or len(uid) > 128:
-        return False
-    try:
-        uid.encode()
-    except UnicodeEncodeError:
-        return False
-    return True
 
 
 def api_key_matches(expected: str, presented: str) -> bool:

@@ -3,6 +3,7 @@
     ImrouteError
     ├── ConfigError                a setting has a bad value; names the setting
     ├── InvalidInput               a caller's or client's input is malformed; names the field
+    │   ├── InvalidUid             ... a uid that breaks the uid rule (shared.uids)
     │   └── PayloadTooLarge        ... because it is over its limit
     ├── AuthError                  an API key or client token is missing, invalid or expired
     ├── RegistryUnavailable        Redis (routes, fleet, jobs, drains) did not answer
@@ -28,6 +29,7 @@ __all__ = [
     "GatewayUnavailable",
     "ImrouteError",
     "InvalidInput",
+    "InvalidUid",
     "NoEligibleGateway",
     "PayloadTooLarge",
     "RegistryUnavailable",
@@ -50,6 +52,10 @@ class InvalidInput(ImrouteError):
         super().__init__(f"{field}: {message}")
         self.field = field
         self.message = message
+
+
+class InvalidUid(InvalidInput):
+    """A uid breaks the one uid rule (`shared.uids`); the message never quotes it."""
 
 
 class PayloadTooLarge(InvalidInput):

@@ -21,7 +21,8 @@ values' formats live with their stores: `router.routes.codec` for a route,
   in ms when the counter was created; `shared.positions`), recovery log (a list of
   ``<n> <ts> <entry>``, in order) and offline inbox (a sorted set scored by ``n``). The
   braces are a Redis Cluster hash tag, so the three meet in one slot and one script; a
-  uid holding a brace is tagged by its SHA-1 instead.
+  uid holding a brace is tagged by its SHA-1 and named in full after it:
+  ``{prefix}useq:{<sha1 hex of uid>}:<uid>`` (`_tag`: one name per uid, whatever it is).
 - ``{prefix}topicseq:{<topic>}`` and ``{prefix}topiclog:{<topic>}`` are a bus topic's
   batch sequence (the same hash) and batch log, hash-tagged by topic the same way.
 - ``{prefix}{drain}:{gateway_id}`` asks that gateway to drain; its value is the boot
@@ -123,6 +124,17 @@ class KeySchema:
     def user_inbox(self, uid: str) -> str:
         return f"{self.prefix}uinbox:{_tag(uid)}"
 
+    def legacy_user_keys(self, uid: str) -> tuple[str, str, str] | None:
+        """A braced uid's seq, log and inbox as they were named before `_tag` named them
+        in full (None for a brace-free uid, whose names never changed): what the key
+        migration (`router.recovery.retag`) moves from. Those names are also the keys of
+        the brace-free uid that is the SHA-1 hex."""
+        if "{" not in uid and "}" not in uid:
+            return None
+        tag = "{" + hashlib.sha1(uid.encode()).hexdigest() + "}"
+        p = self.prefix
+        return f"{p}useq:{tag}", f"{p}ulog:{tag}", f"{p}uinbox:{tag}"
+
     def topic_seq(self, topic: str) -> str:
         return f"{self.prefix}topicseq:{_tag(topic)}"
 
@@ -180,7 +192,17 @@ class KeySchema:
 
 
 def _tag(name: str) -> str:
-    """`{name}`: a Redis Cluster hash tag, so one user's (or topic's) keys share a slot."""
+    """A user's (topic's, push's) part of its keys' names, one per name: `{name}`, a
+    Redis Cluster hash tag, so the keys share a slot.
+
+    A name holding a brace cannot be its own tag (the cluster would hash only the part
+    up to its first `}`): it is tagged by its SHA-1 hex and named in full after the
+    tag, `{<sha1 hex>}:<name>`. The two forms never meet: after the opening brace, a
+    brace-free name's form holds one brace, its last character; a braced name's holds
+    at least two. A braced name is in its own name, so no two braced names share one
+    either (SHA-1 only picks the slot). The form before, a bare `{<sha1 hex>}`, was
+    the tag of the user whose uid is that hex too (`KeySchema.legacy_user_keys`).
+    """
     if "{" in name or "}" in name:
-        name = hashlib.sha1(name.encode()).hexdigest()
+        return "{" + hashlib.sha1(name.encode()).hexdigest() + "}:" + name
     return "{" + name + "}"

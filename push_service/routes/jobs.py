@@ -7,10 +7,11 @@ from typing import Annotated, Literal
 
 from fastapi import APIRouter, Path, Query
 from fastapi.responses import JSONResponse
+from pydantic import AfterValidator
 
 from push_service.errors import NotFound
 from push_service.routes.deps import FanOutSvc, PushKey, ReceiptsSvc
-from push_service.schemas import JobOut, P2PStatusOut, RecipientsOut
+from push_service.schemas import JobOut, P2PStatusOut, RecipientsOut, check_uid_value
 from push_service.services.receipts import MAX_PAGE
 
 __all__ = ["router"]
@@ -18,6 +19,10 @@ __all__ = ["router"]
 router = APIRouter(dependencies=[PushKey])
 
 PushId = Annotated[str, Path(min_length=1, max_length=64)]
+
+
+def _cursor(cursor: str | None) -> str | None:
+    return None if cursor is None else check_uid_value(cursor)
 
 
 @router.get("/v1/pushes/{push_id}", response_model=JobOut | P2PStatusOut)
@@ -35,7 +40,10 @@ async def push_recipients(
     push_id: PushId,
     receipts: ReceiptsSvc,
     state: Annotated[Literal["acked", "unacked", "queued"], Query()],
-    cursor: Annotated[str | None, Query(min_length=1, max_length=128)] = None,
+    # the last uid of the page before
+    cursor: Annotated[
+        str | None, Query(min_length=1, max_length=128), AfterValidator(_cursor)
+    ] = None,
     limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 100,
 ) -> JSONResponse:
     """The recipients in a state, in uid order, a page at a time (409 for a push with

@@ -6,15 +6,17 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import APIRouter, Path, Response
+from pydantic import AfterValidator
 
 from push_service.routes.deps import AdminKey, PushKey, UsersSvc
-from push_service.schemas import RouteOut, UpsertedOut, UserRouteOut, UsersIn
+from push_service.schemas import RouteOut, UpsertedOut, UserRouteOut, UsersIn, check_uid_value
+from shared.uids import MAX_UID_LEN
 
 __all__ = ["router"]
 
 router = APIRouter()
 
-Uid = Annotated[str, Path(min_length=1, max_length=128)]
+Uid = Annotated[str, Path(min_length=1, max_length=MAX_UID_LEN), AfterValidator(check_uid_value)]
 
 
 @router.get("/v1/users/{uid}/route", dependencies=[PushKey], response_model=UserRouteOut)

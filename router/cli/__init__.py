@@ -5,6 +5,7 @@ push-service   one push service                         (services.py)
 gateway        one gateway                              (services.py)
 db upgrade     the directory's migrations               (db.py)
 users import   users from CSV or JSON Lines             (users.py)
+keys migrate   braced uids' logs to their new key names (keys.py)
 token          a client JWT                             (token.py)
 push, broadcast, multicast, status, drain
                the operator's commands, over the REST API (remote.py)
@@ -27,11 +28,11 @@ REMOTE = ("push", "broadcast", "multicast", "status", "drain")
 
 
 def _parser() -> argparse.ArgumentParser:
-    from router.cli import db, dev, remote, token, users
+    from router.cli import db, dev, keys, remote, token, users
 
     p = argparse.ArgumentParser(prog="imroute", description="imroute push-routing backend")
     sub = p.add_subparsers(dest="command", required=True)
-    for module in (dev, services, db, users, token):
+    for module in (dev, services, db, users, keys, token):
         module.register(sub)
     for name, text in remote.COMMANDS.items():  # they parse their own flags (remote.py)
         sub.add_parser(name, help=f"{text} (see: imroute {name} -h)", add_help=False)

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from shared.errors import InvalidInput
+from shared.uids import MAX_UID_LEN, check_uid
 
 __all__ = [
     "MAX_TAGS",
@@ -22,7 +23,6 @@ __all__ = [
     "text_problem",
 ]
 
-MAX_UID_LEN = 128
 MAX_TAG_LEN = 64
 MAX_TAGS = 32
 MAX_UPSERT = 10_000
@@ -37,14 +37,12 @@ class UserRecord:
 
     @classmethod
     def parse(cls, uid: object, tags: object = ()) -> UserRecord:
-        """A valid record from untrusted values; InvalidInput names the bad field.
+        """A valid record from untrusted values; InvalidInput names the bad field (the
+        uid: the one uid rule, `shared.uids`).
 
         Duplicate tags are dropped (keeping the first occurrence's order) before counting.
         """
-        if not isinstance(uid, str):
-            raise InvalidInput("uid", "must be a string")
-        if problem := text_problem(uid, MAX_UID_LEN):
-            raise InvalidInput("uid", problem)
+        uid = check_uid(uid)
         if isinstance(tags, str | bytes) or not isinstance(tags, list | tuple):
             raise InvalidInput("tags", "must be a list of strings")
         for i, tag in enumerate(tags):

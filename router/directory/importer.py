@@ -155,7 +155,11 @@ def _csv_rows(path: Path) -> Iterator[_Row]:
             return
         names = [name.strip().lower() for name in header]
         if "uid" not in names:
-            raise InvalidInput("file", f"{path}: the CSV header must be uid,tags, got {header}")
+            # Named by its line, not quoted: the file is untrusted and the message goes
+            # to a terminal.
+            raise InvalidInput(
+                "file", f"{path}:1: the CSV header must name a uid column (uid,tags)"
+            )
         uid_at = names.index("uid")
         tags_at = names.index("tags") if "tags" in names else None
         while True:

@@ -150,7 +150,7 @@ class SqlUserDirectory:
             try:
                 checked = UserRecord.parse(user.uid, user.tags)
             except InvalidInput as exc:
-                raise InvalidInput(f"users[{i}].{exc.field}", exc.message) from None
+                raise type(exc)(f"users[{i}].{exc.field}", exc.message) from None
             latest[checked.uid] = checked
         if not latest:
             return 0

@@ -1,6 +1,10 @@
 from __future__ import annotations
 
+import hashlib
+
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from redis.crc import key_slot
 
 from router.fleet.codec import decode_gateway, encode_gateway
@@ -76,3 +80,49 @@ def test_keys_used_together_share_a_cluster_slot() -> None:
         k.gateway_users("gw1"),
     )
     assert one_slot(k.drain("gw1"), k.drain("gw2"))
+
+
+def test_a_brace_free_uid_keeps_its_key_names() -> None:
+    k = KeySchema("p:")
+    assert (k.user_seq("alice"), k.user_log("alice"), k.user_inbox("alice")) == (
+        "p:useq:{alice}",
+        "p:ulog:{alice}",
+        "p:uinbox:{alice}",
+    )
+    assert k.legacy_user_keys("alice") is None
+
+
+def test_a_braced_uid_is_named_in_full_after_its_sha1_tag() -> None:
+    k = KeySchema("p:")
+    hexed = "71c9a76fb93a5cc98216e44101a2ad16c9e56fc4"  # SHA-1 of "bob{corp}"
+    assert k.user_inbox("bob{corp}") == "p:uinbox:{" + hexed + "}:bob{corp}"
+    assert k.legacy_user_keys("bob{corp}") == (
+        f"p:useq:{{{hexed}}}",
+        f"p:ulog:{{{hexed}}}",
+        f"p:uinbox:{{{hexed}}}",
+    )
+    # The old names were the hex user's own; the new ones are nobody else's, and stay
+    # in the old slot (the migration moves keys within one slot).
+    assert k.legacy_user_keys("bob{corp}")[2] == k.user_inbox(hexed)  # type: ignore[index]
+    assert k.user_inbox("bob{corp}") != k.user_inbox(hexed)
+    assert key_slot(k.user_inbox("bob{corp}").encode()) == key_slot(k.user_inbox(hexed).encode())
+
+
+@given(st.text(min_size=1, max_size=12), st.text(min_size=1, max_size=12))
+def test_no_two_uids_share_a_key(a: str, b: str) -> None:
+    k = KeySchema("imroute:")
+    # b, and the uid a braced a was tagged by before
+    for other in (b, hashlib.sha1(a.encode()).hexdigest()):
+        if other != a:
+            assert k.user_seq(a) != k.user_seq(other)
+            assert k.user_log(a) != k.user_log(other)
+            assert k.user_inbox(a) != k.user_inbox(other)
+
+
+@pytest.mark.parametrize("uid", ["{", "}", "a{b", "a}b", "{x}", "}{", "bob{corp}", "{{}}"])
+def test_a_braced_uids_keys_share_one_slot(uid: str) -> None:
+    k = KeySchema("imroute:")
+    slots = {
+        key_slot(key.encode()) for key in (k.user_seq(uid), k.user_log(uid), k.user_inbox(uid))
+    }
+    assert len(slots) == 1

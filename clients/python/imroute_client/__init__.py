@@ -10,7 +10,7 @@ from imroute_client.errors import ClientError, DispatchRefused, ProtocolError, U
 from imroute_client.frames import Message, Reconnect, Recovered, Unknown, parse_frame
 from imroute_client.stats import ClientStats
 from imroute_client.store import FilePosStore, MemoryPosStore, PosStore
-from imroute_client.urls import dispatch_url, ws_connect_url
+from imroute_client.urls import dispatch_url, resume_url, token_subprotocols, ws_connect_url
 
 __all__ = [
     "Backoff",
@@ -32,6 +32,8 @@ __all__ = [
     "Unknown",
     "dispatch_url",
     "parse_frame",
+    "resume_url",
     "retry_after",
+    "token_subprotocols",
     "ws_connect_url",
 ]

@@ -27,6 +27,7 @@ from types import TracebackType
 import httpx
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus, WebSocketException
+from websockets.typing import Subprotocol
 
 from imroute_client.acker import ClientAcks
 from imroute_client.backoff import Backoff, retry_after
@@ -47,7 +48,7 @@ from imroute_client.policy import (
 from imroute_client.policy import next_step as plan_next
 from imroute_client.stats import ClientStats
 from imroute_client.store import MemoryPosStore, PosStore
-from imroute_client.urls import ws_connect_url
+from imroute_client.urls import resume_url, token_subprotocols
 
 __all__ = ["ImrouteClient", "OnIncomplete"]
 
@@ -204,10 +205,12 @@ class ImrouteClient:
                 self._target = await self._dispatch(self._http)
             else:
                 self.stats.same_retries += 1
-            url = ws_connect_url(self._target.ws_url, self._token, self.pos)
+            # The token in a subprotocol, not in the URL, which proxies log.
+            url = resume_url(self._target.ws_url, self.pos)
             try:
                 ws = await connect(
                     url,
+                    subprotocols=[Subprotocol(p) for p in token_subprotocols(self._token)],
                     open_timeout=self.open_timeout_s,
                     ping_interval=self.ping_interval_s,
                     ping_timeout=self.ping_timeout_s,

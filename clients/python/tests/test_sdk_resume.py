@@ -23,10 +23,12 @@ async def test_pos_is_saved_sent_back_as_since_and_an_incomplete_resume_is_repor
     tmp_path: Path,
 ) -> None:
     queries: list[dict[str, list[str]]] = []
+    offers: list[str | None] = []  # Sec-WebSocket-Protocol: where the token travels
 
     async def gateway(ws: ServerConnection) -> None:
         assert ws.request is not None
         queries.append(parse_qs(urlsplit(ws.request.path).query))
+        offers.append(ws.request.headers.get("Sec-WebSocket-Protocol"))
         if len(queries) == 1:
             await ws.send(push(1, "p-1"))
             await ws.send(push(2, "p-2"))
@@ -71,8 +73,9 @@ async def test_pos_is_saved_sent_back_as_since_and_an_incomplete_resume_is_repor
             ("m1", "p-1", False), ("m2", "p-2", False), ("m3", "p-3", True),
             ("m4", "p-4", False),
         ]  # fmt: skip
-        assert queries[0] == {"token": ["tok"]}
-        assert queries[1] == {"token": ["tok"], "since": ["p-2"]}
+        # The token in a subprotocol, never in the URL (which proxies log).
+        assert queries[0] == {} and offers[0] == "imroute.v1, imroute.jwt.tok"
+        assert queries[1] == {"since": ["p-2"]} and offers[1] == "imroute.v1, imroute.jwt.tok"
         assert await store.load() == "p-4"  # left the loop normally: m4 is processed
 
         # A new client (a restarted app) resumes from the file.
@@ -82,4 +85,4 @@ async def test_pos_is_saved_sent_back_as_since_and_an_incomplete_resume_is_repor
         ):
             assert client.pos == "p-4"
             await client.connect()
-        assert queries[2] == {"token": ["tok"], "since": ["p-4"]}
+        assert queries[2] == {"since": ["p-4"]} and offers[2] == "imroute.v1, imroute.jwt.tok"
