@@ -8,19 +8,13 @@ holder's oldest socket lets them in."""
 from __future__ import annotations
 
 import asyncio
-import re
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 
-import httpx
 import pytest
 from websockets.asyncio.client import connect
 from websockets.exceptions import WebSocketException
 
-from router.devtools.ports import free_port
-from tests.conftest import SECRET
 from tests.integration.floods import flood
-from tests.integration.procs import BIN, base_env, read_until, running
+from tests.integration.procs import gateway_process, scrape
 from tests.integration.stack import ready, recv_json, token
 
 pytestmark = pytest.mark.integration
@@ -28,30 +22,10 @@ pytestmark = pytest.mark.integration
 CLIENTS = 25
 
 
-@asynccontextmanager
-async def gateway_process(redis_url: str, prefix: str, **env: str) -> AsyncIterator[list[int]]:
-    """A real gateway (`imroute gateway`, on uvloop): its WebSocket, gRPC and metrics ports."""
-    ports = [free_port(), free_port(), free_port()]
-    argv = [str(BIN / "imroute"), "gateway", "--id", "gwf", "--group", "g1",
-            "--ws-port", str(ports[0]), "--grpc-port", str(ports[1])]  # fmt: skip
-    settings = {
-        "IMROUTE_REDIS_URL": redis_url,
-        "IMROUTE_REDIS_PREFIX": prefix,
-        "IMROUTE_SECRET": SECRET,
-        "IMROUTE_METRICS_PORT": str(ports[2]),
-        **env,
-    }
-    with running(argv, base_env(**settings)) as proc:
-        await asyncio.to_thread(read_until, proc, "ready", 60)
-        yield ports
-
-
 async def refusals(metrics_port: int) -> dict[str, float]:
     """imroute_gateway_handshakes_refused_<kind>_total, by kind."""
-    async with httpx.AsyncClient() as http:
-        text = (await http.get(f"http://127.0.0.1:{metrics_port}/metrics")).text
-    found = re.findall(r"^imroute_gateway_handshakes_refused_(\w+)_total (\S+)$", text, re.M)
-    return {kind: float(value) for kind, value in found}
+    counts = await scrape(metrics_port, "imroute_gateway_handshakes_refused_")
+    return {name.removesuffix("_total"): value for name, value in counts.items()}
 
 
 async def _real_client(ws_port: int, n: int) -> str | None:
