@@ -79,7 +79,7 @@ class HandshakeLimits:
     max_pre_auth: int = 1000
     connect_rate_per_ip: float | None = None  # None: no per-IP limit
     connect_burst_per_ip: int = 10
-    max_pre_auth_per_ip: int = 128  # of max_pre_auth, per client_key
+    max_pre_auth_per_ip: int = 256  # of max_pre_auth, per client_key
     request_line_s: float = 1.0  # TCP accept -> request line (then the head's deadline)
 
     @classmethod

@@ -67,9 +67,9 @@ class Flood:
             self.failed += 1
 
     async def fill(self) -> None:
-        """Open `size` sockets, 100 connects at a time."""
-        for start in range(0, self.size, 100):
-            await asyncio.gather(*(self.open_one() for _ in range(min(100, self.size - start))))
+        """Open `size` sockets, 250 connects at a time."""
+        for start in range(0, self.size, 250):
+            await asyncio.gather(*(self.open_one() for _ in range(min(250, self.size - start))))
 
     async def keep_full(self) -> None:
         """Open again what the server closed, `reopen_s` after, while connects are left."""

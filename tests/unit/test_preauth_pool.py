@@ -117,7 +117,7 @@ def test_the_per_address_cap_and_the_request_line_deadline_come_from_settings() 
     limits = HandshakeLimits.from_settings(s)
     assert limits.max_pre_auth_per_ip == 16 and limits.request_line_s == 0.5
     defaults = HandshakeLimits.from_settings(Settings.load({}))
-    assert defaults.max_pre_auth_per_ip == 128 and defaults.request_line_s == 1.0
+    assert defaults.max_pre_auth_per_ip == 256 and defaults.request_line_s == 1.0
     for name, value in (
         ("IMROUTE_WS_MAX_PRE_AUTH_PER_IP", "0"),
         ("IMROUTE_WS_REQUEST_LINE_TIMEOUT_S", "0"),
