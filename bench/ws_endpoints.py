@@ -74,11 +74,14 @@ async def gateway_side(endpoint: str, clients: int) -> None:
         await asyncio.sleep(0)
 
     if endpoint == "sansio":
-        from socket_gateway.ws import WsEndpoint
+        from socket_gateway.ws import HandshakeLimits, WsEndpoint
 
+        # Every client process connects from the one loopback address.
+        one_address = HandshakeLimits(max_pre_auth_per_ip=HandshakeLimits().max_pre_auth)
         ep: Any = WsEndpoint(
-            conns, SECRET, SystemClock(), ConnIdFactory("gwb"), register, unregister
-        )
+            conns, SECRET, SystemClock(), ConnIdFactory("gwb"), register, unregister,
+            limits=one_address,
+        )  # fmt: skip
     else:
         from bench.websockets_endpoint import WsEndpoint as WebsocketsEndpoint
 

@@ -8,19 +8,27 @@ and answered in the event loop's own callback: every call a chunk of bytes compl
 answered before the next read, and all their replies go out in one write.
 
 Who may open one: a router that asked the gRPC `Link` method (past the token check and
-mTLS) for a ticket. The first frame must be a LinkHello carrying it; a ticket is good
-once, for TICKET_S. Anything else (no hello within HELLO_TIMEOUT_S, a bad or used
-ticket, a frame too big) is answered with an error StreamReply of call_id 0, counted,
-logged (never the ticket) and the connection closed. With mTLS on, the link is TLS with
-the same certs, a client cert required.
+mTLS) for a ticket (socket_gateway.link_tickets). The first frame must be a LinkHello
+carrying it. Anything else (no hello within HELLO_TIMEOUT_S, a bad or used ticket, a
+frame too big) is answered with an error StreamReply of call_id 0, counted, logged
+(never the ticket) and the connection closed. With mTLS on, the link is TLS with the
+same certs, a client cert required.
+
+Connections are accepted here, not by a server of the event loop's, so that each one is
+counted and timed from its TCP accept, before its TLS handshake: at most MAX_PRE_HELLO
+wait for their hello, MAX_PRE_HELLO_PER_PEER from one address, and with every place taken
+the address holding the most loses its oldest (`ws.admission.PreAuthPool`); the hello
+deadline runs from the accept, the handshake included. The loop then runs the TLS
+handshake (`connect_accepted_socket`), with its own fast TLS transport as before.
 """
 
 from __future__ import annotations
 
 import asyncio
-import hashlib
+import contextlib
+import errno
 import logging
-import secrets
+import socket
 import ssl
 from collections.abc import Callable
 from typing import cast
@@ -32,47 +40,37 @@ from shared.errors import PayloadTooLarge
 from shared.link_frames import FrameReader, frame
 from shared.proto import gateway_pb2
 from socket_gateway.delivery import LinkCounts
+from socket_gateway.link_tickets import MAX_TICKETS, TICKET_S, Tickets
+from socket_gateway.ws.admission import PER_KEY_CAP, PreAuthPool, client_key
 
-__all__ = ["HELLO_TIMEOUT_S", "MAX_PRE_HELLO", "TICKET_S", "LinkServer", "Tickets"]
+__all__ = [
+    "HELLO_TIMEOUT_S",
+    "MAX_PRE_HELLO",
+    "MAX_PRE_HELLO_PER_PEER",
+    "MAX_TICKETS",
+    "TICKET_S",
+    "LinkServer",
+    "Tickets",
+]
 
 log = logging.getLogger(__name__)
 
-TICKET_S = 10.0
-MAX_TICKETS = 1024  # tickets issued and not yet used; past it the oldest go
-HELLO_TIMEOUT_S = 5.0
+HELLO_TIMEOUT_S = 5.0  # TCP accept -> hello, the TLS handshake included
 HELLO_MAX_BYTES = 256  # a LinkHello is about 40
 # Connections waiting for their hello at once, at most (a router opens one per process
 # and gateway); past it a new one is refused at once, so strangers holding sockets open
 # cannot use up the gateway's file descriptors.
 MAX_PRE_HELLO = 256
+# ... and from one address (IPv4, or IPv6 /64): a push-service host's processes (one
+# link each; as many as its cores by default) all reconnecting at once fit.
+MAX_PRE_HELLO_PER_PEER = 64
 LOG_EVERY_S = 10.0
+BACKLOG = 100  # as the event loop's servers
+# accept() failing for want of descriptors or memory: try again this much later
+ACCEPT_RETRY_S = 1.0
+_OUT_OF = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
 
 Answer = Callable[[gateway_pb2.StreamCall], gateway_pb2.StreamReply]
-
-
-class Tickets:
-    """Single-use tickets; kept as their digests, so a look-up's timing says nothing of
-    a ticket's bytes."""
-
-    def __init__(self, clock: Clock, ttl_s: float = TICKET_S) -> None:
-        self._clock = clock
-        self._ttl_s = ttl_s
-        self._live: dict[bytes, float] = {}  # digest -> expiry (monotonic), oldest first
-
-    def issue(self) -> bytes:
-        now = self._clock.monotonic()
-        live = self._live
-        for digest, expiry in list(live.items()):
-            if expiry > now and len(live) < MAX_TICKETS:
-                break
-            del live[digest]
-        ticket = secrets.token_bytes(32)
-        live[hashlib.sha256(ticket).digest()] = now + self._ttl_s
-        return ticket
-
-    def redeem(self, ticket: bytes) -> bool:
-        expiry = self._live.pop(hashlib.sha256(ticket).digest(), None)
-        return expiry is not None and expiry > self._clock.monotonic()
 
 
 class LinkServer:
@@ -86,26 +84,51 @@ class LinkServer:
         self.clock = clock
         self.frame_limit = frame_limit
         self.counts = counts
-        self._server: asyncio.AbstractServer | None = None
+        self.tls: ssl.SSLContext | None = None
+        self._listener: socket.socket | None = None
+        self._accepting: asyncio.Task[None] | None = None
         self._conns: set[_LinkConn] = set()
+        # Those without their hello yet (their TLS handshake included), by peer address.
+        self._pre_hello: PreAuthPool[_LinkConn] = PreAuthPool(MAX_PRE_HELLO, MAX_PRE_HELLO_PER_PEER)
         self._logged_at = float("-inf")
         self._unlogged = 0
 
     async def start(self, host: str, port: int, tls: ssl.SSLContext | None = None) -> int:
         """Listen; returns the bound port (port 0 picks one)."""
         loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(lambda: _LinkConn(self), host, port, ssl=tls)
-        return int(self._server.sockets[0].getsockname()[1])
+        family, _, _, _, address = (
+            await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+        )[0]
+        listener = socket.create_server(address, family=family, backlog=BACKLOG)
+        listener.setblocking(False)
+        self.tls = tls
+        self._listener = listener
+        self._accepting = loop.create_task(self._accept(listener), name="link-accept")
+        return int(listener.getsockname()[1])
+
+    async def _accept(self, listener: socket.socket) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            try:
+                sock, peer = await loop.sock_accept(listener)
+            except OSError as exc:
+                if exc.errno in _OUT_OF:
+                    log.warning("delivery link: cannot accept (%s); again in 1s", exc)
+                    await asyncio.sleep(ACCEPT_RETRY_S)
+                continue
+            _LinkConn(self, peer).accepted(sock)
 
     async def close(self) -> None:
         """Stop listening and close every link (their calls were all answered: a call is
         answered in the callback that read it)."""
-        if self._server is not None:
-            self._server.close()
+        if self._accepting is not None:
+            self._accepting.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._accepting
+        if self._listener is not None:
+            self._listener.close()
         for conn in list(self._conns):
             conn.close()
-        if self._server is not None:
-            await self._server.wait_closed()
 
     def refused(self, peer: object, reason: str) -> None:
         self.counts.refused += 1
@@ -119,17 +142,34 @@ class LinkServer:
 
     @property
     def waiting(self) -> int:
-        """Connections waiting for their hello."""
-        return len(self._conns) - self.counts.open
+        """Connections waiting for their hello (or in their TLS handshake)."""
+        return len(self._pre_hello)
 
-    def added(self, conn: _LinkConn) -> bool:
-        """Whether `conn` may wait for its hello (not too many do already)."""
-        if self.waiting >= MAX_PRE_HELLO:
-            return False
+    def added(self, conn: _LinkConn, peer: str) -> str | None:
+        """None when `conn`, from `peer`'s address, may wait for its hello (in place of
+        the oldest of the address holding the most, when every place is taken); else
+        why not."""
+        pool = self._pre_hello
+        why = pool.refusal(peer)
+        if why == PER_KEY_CAP:
+            return f"over {pool.max_per_key} connections from {peer} wait for a hello"
+        if why is not None:
+            return f"over {pool.max_total} connections wait for a hello"
+        evicted = pool.add(conn, peer)
         self._conns.add(conn)
-        return True
+        if evicted is not None:
+            victim, holder = evicted
+            victim.refuse(
+                "RESOURCE_EXHAUSTED",
+                f"{pool.max_total} connections wait for a hello, the most from {holder}",
+            )
+        return None
+
+    def greeted(self, conn: _LinkConn) -> None:
+        self._pre_hello.discard(conn)
 
     def removed(self, conn: _LinkConn, was_open: bool) -> None:
+        self._pre_hello.discard(conn)
         if conn in self._conns:
             self._conns.discard(conn)
             if was_open:
@@ -142,31 +182,68 @@ def _error(code: str, text: str) -> bytes:
     )
 
 
+def _turn_away(sock: socket.socket, answer: bytes | None) -> None:
+    """Close a socket refused at its accept, after `answer` (plain text only: a TLS
+    client could not read it) if the socket takes it at once."""
+    with contextlib.suppress(OSError):
+        if answer is not None:
+            sock.setblocking(False)
+            sock.send(answer)
+    sock.close()
+
+
 class _LinkConn(asyncio.Protocol):
     """One link: a hello first, then calls, each answered in the callback that read it."""
 
-    def __init__(self, server: LinkServer) -> None:
+    def __init__(self, server: LinkServer, peer: object) -> None:
         self._server = server
+        self._peer = peer
         self._reader = FrameReader(HELLO_MAX_BYTES)
         self._transport: asyncio.Transport | None = None
+        self._opening: asyncio.Task[None] | None = None  # until connection_made (TLS)
         self._open = False
-        self._peer: object = None
         self._hello_timer: asyncio.TimerHandle | None = None
+
+    def accepted(self, sock: socket.socket) -> None:
+        """Counted under its peer's address, or refused at once; its hello deadline
+        starts now, and the loop takes the socket over (TLS first, when on)."""
+        server = self._server
+        why = server.added(self, client_key(self._peer) or "?")
+        if why is not None:
+            server.refused(self._peer, why)
+            _turn_away(sock, None if server.tls else _error("RESOURCE_EXHAUSTED", why))
+            return
+        loop = asyncio.get_running_loop()
+        self._hello_timer = loop.call_later(HELLO_TIMEOUT_S, self._late)
+        self._opening = loop.create_task(self._take_over(sock, server.tls))
+
+    async def _take_over(self, sock: socket.socket, tls: ssl.SSLContext | None) -> None:
+        loop = asyncio.get_running_loop()
+        timeout = None if tls is None else HELLO_TIMEOUT_S
+        try:
+            await loop.connect_accepted_socket(
+                lambda: self, sock, ssl=tls, ssl_handshake_timeout=timeout
+            )
+        except asyncio.CancelledError:  # cut in its handshake (late, evicted), or shutdown
+            self._gone()
+            raise
+        except (OSError, TimeoutError, EOFError) as exc:  # ssl.SSLError is an OSError
+            self._server.refused(self._peer, f"TLS handshake failed ({type(exc).__name__})")
+            self._gone()
+        finally:
+            self._opening = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # uvloop's transports are not asyncio.Transport subclasses, but have its methods.
         self._transport = cast(asyncio.Transport, transport)
-        self._peer = transport.get_extra_info("peername")
-        if not self._server.added(self):
-            self._refuse("RESOURCE_EXHAUSTED", f"over {MAX_PRE_HELLO} connections wait for a hello")
-            return
-        loop = asyncio.get_running_loop()
-        self._hello_timer = loop.call_later(HELLO_TIMEOUT_S, self._late)
 
     def _late(self) -> None:
-        self._refuse("DEADLINE_EXCEEDED", f"no hello within {HELLO_TIMEOUT_S:g}s")
+        self._hello_timer = None
+        self.refuse("DEADLINE_EXCEEDED", f"no hello within {HELLO_TIMEOUT_S:g}s")
 
-    def _refuse(self, code: str, reason: str) -> None:
+    def refuse(self, code: str, reason: str) -> None:
+        """Refused before its hello: counted, logged (throttled), answered and closed;
+        in its TLS handshake, cut."""
         self._server.refused(self._peer, reason)
         self._end(code, reason)
 
@@ -175,6 +252,8 @@ class _LinkConn(asyncio.Protocol):
         if transport is not None and not transport.is_closing():
             transport.write(_error(code, reason))
             transport.close()
+        elif transport is None and self._opening is not None:
+            self._opening.cancel()
 
     def data_received(self, data: bytes) -> None:
         try:
@@ -184,7 +263,7 @@ class _LinkConn(asyncio.Protocol):
                 self._server.counts.bad += 1
                 self._end("RESOURCE_EXHAUSTED", str(exc))
             else:
-                self._refuse("UNAUTHENTICATED", f"no hello first ({exc})")
+                self.refuse("UNAUTHENTICATED", f"no hello first ({exc})")
             return
         if not frames:
             return
@@ -221,10 +300,11 @@ class _LinkConn(asyncio.Protocol):
         except DecodeError:
             ticket = b""
         if not ticket or not self._server.tickets.redeem(ticket):
-            self._refuse("UNAUTHENTICATED", "no valid ticket (ask the gRPC Link method)")
+            self.refuse("UNAUTHENTICATED", "no valid ticket (ask the gRPC Link method)")
             return False
         server = self._server
         self._open = True
+        server.greeted(self)
         server.counts.opened += 1
         server.counts.open += 1
         self._reader.limit = server.frame_limit
@@ -242,12 +322,17 @@ class _LinkConn(asyncio.Protocol):
             self._transport.resume_reading()
 
     def connection_lost(self, exc: Exception | None) -> None:
+        self._gone()
+        self._transport = None
+
+    def _gone(self) -> None:
         if self._hello_timer is not None:
             self._hello_timer.cancel()
             self._hello_timer = None
         self._server.removed(self, self._open)
-        self._transport = None
 
     def close(self) -> None:
         if self._transport is not None:
             self._transport.close()
+        elif self._opening is not None:
+            self._opening.cancel()

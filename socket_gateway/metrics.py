@@ -101,7 +101,9 @@ class GatewayMetrics(Collector):
         )
         yield CounterMetricFamily(
             "imroute_gateway_delivery_link_refusals",
-            "Connections to the delivery link's port refused: no hello, or a bad or used ticket",
+            "Connections to the delivery link's port refused: no hello in time (TLS "
+            "included, from the accept), a bad or used ticket, a failed TLS handshake, too "
+            "many waiting (from one address, or in all), or closed for a newcomer",
             c.links.refused,
         )
         if self._limit_counts is not None:

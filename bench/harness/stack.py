@@ -277,6 +277,9 @@ def run_main(tag: str, body: Callable[[Harness], None]) -> int:
             IMROUTE_REDIS_PREFIX=h.prefix,
             IMROUTE_SECRET=secrets.token_urlsafe(32),
             IMROUTE_LOG_LEVEL="warning",
+            # Every bench client connects from the one loopback address: its handshakes
+            # in flight (a resume storm's 1000) are capped by the pool alone.
+            IMROUTE_WS_MAX_PRE_AUTH_PER_IP="1000",
         )
         body(h)
         keep_logs = False

@@ -18,7 +18,8 @@ or better fan-out. It is built for that small idle footprint:
   connection every `WsTimers.ping_interval_s` and closes (1011) those that sent nothing since the
   previous ping; handshake and closing deadlines are `loop.call_later` handles that live
   only while a connection is opening or closing; sockets without their 101 yet are
-  capped (`HandshakeLimits`), and a refused one is closed once its answer is written;
+  capped, in all and per address (`HandshakeLimits`), and a refused one is closed once
+  its answer is written;
 - registering and unregistering the route are short-lived tasks at connect and
   disconnect (the registry's calls are coroutines); an unregister always runs after the
   register has finished, so a route is never written back after its removal.
@@ -29,7 +30,9 @@ Modules, in the order bytes travel:
 - `ratelimit`: sans-I/O: the per-connection frame rate (1008); counts of its closes and of
   per-user cap refusals;
 - `framing`: the connection's state and Sink, the frame phase and the closing handshake;
-- `admission`: sans-I/O: the limits before the 101, the per-IP connect rate, refusal counts;
+- `admission`: sans-I/O: the limits before the 101, the sockets without it counted per
+  address from their accept (the biggest holder's oldest making room), the per-IP
+  connect rate, refusal counts;
 - `handshake`: the HTTP upgrade and everything refused before the 101 (429, 503, 401),
   then the per-user cap (4429, after it) and the route (1013);
 - `keepalive`: the gateway-wide ping round;

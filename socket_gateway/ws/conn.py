@@ -39,7 +39,8 @@ class WsConn(HandshakeConn, KeepaliveConn):
             t.abort()
             return
         t.set_write_buffer_limits(WRITE_HIGH, WRITE_LOW)
-        self._arm(self._ep.timers.handshake_s)
+        # Its request line first (a silent socket goes soon), then the rest of its head.
+        self._arm(min(ep.limits.request_line_s, ep.timers.handshake_s))
 
     def data_received(self, data: bytes) -> None:
         ws = self._ws

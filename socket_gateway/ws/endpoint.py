@@ -23,8 +23,9 @@ from shared.ids import ConnIdFactory
 from socket_gateway.acks import AckReporter
 from socket_gateway.connections import ClientConn, LocalConnections
 from socket_gateway.resume import Resumer
-from socket_gateway.ws.admission import ConnectRate, HandshakeLimits, Refusals
+from socket_gateway.ws.admission import ConnectRate, HandshakeLimits, PreAuthPool, Refusals
 from socket_gateway.ws.conn import WsConn
+from socket_gateway.ws.framing import FrameConn
 from socket_gateway.ws.keepalive import keepalive_loop
 from socket_gateway.ws.protocol import WsTimers
 from socket_gateway.ws.ratelimit import FrameRate, LimitCounts
@@ -95,8 +96,11 @@ class WsEndpoint:
         self._unregister = unregister
         self.accepting = True
         self._live: set[WsConn] = set()
-        # Sockets accepted that have not had their 101: at most limits.max_pre_auth.
-        self._pending: set[asyncio.Protocol] = set()
+        # Sockets accepted that have not had their 101, under their addresses: at most
+        # limits.max_pre_auth, and limits.max_pre_auth_per_ip from one address.
+        self._pending: PreAuthPool[FrameConn] = PreAuthPool(
+            self.limits.max_pre_auth, self.limits.max_pre_auth_per_ip
+        )
         self._tasks: set[asyncio.Task[None]] = set()
         self._idle = asyncio.Event()
         self._closed = asyncio.Event()

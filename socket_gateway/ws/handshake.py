@@ -3,15 +3,18 @@
 The HTTP request is parsed and answered by a short-lived `ServerProtocol` that is
 dropped after the 101, so the request and its headers are not kept for the life of the
 connection. Everything a client can be refused for is decided before the 101, and
-answered with HTTP and a JSON body: the per-IP connect rate (429), a draining gateway
-or a full one (503, both with Retry-After), the token (401). A refused socket is closed
-as soon as its answer is written. After the 101 the client goes into the local map,
+answered with HTTP and a JSON body: the per-IP connect rate (429, answered at the
+accept, before the request), a draining gateway or a full one (503, both with
+Retry-After), the token (401). A refused socket is closed as soon as its answer is
+written. Until then it is counted, from its accept, under its address
+(`admission.PreAuthPool`). After the 101 the client goes into the local map,
 then its route into the registry (close 1013 when the registry is unavailable, 4429
 when its user is at the per-user cap: the check is the route write itself).
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 from urllib.parse import parse_qs, urlsplit
@@ -24,7 +27,7 @@ from websockets.server import ServerProtocol
 from shared.auth import verify_token
 from shared.errors import AuthError, RegistryUnavailable, TooManyConnections
 from socket_gateway.connections import ClientConn
-from socket_gateway.ws.admission import client_key
+from socket_gateway.ws.admission import ConnectRate, client_key
 from socket_gateway.ws.framing import FrameConn
 from socket_gateway.ws.protocol import (
     CLOSE_FULL,
@@ -66,22 +69,67 @@ class HandshakeConn(FrameConn):
     __slots__ = ()
 
     def _pre_auth(self) -> bool:
-        """A socket just accepted: counted among those without a 101, or refused (False)
-        when IMROUTE_WS_MAX_PRE_AUTH of them are already open."""
+        """A socket just accepted: its connect taken from its address's rate, then
+        counted among those without a 101 under its address, or refused (False: to be
+        aborted) when its address holds IMROUTE_WS_MAX_PRE_AUTH_PER_IP of them, or when
+        all IMROUTE_WS_MAX_PRE_AUTH places are taken and its address holds the most.
+        Otherwise, with every place taken, the address holding the most loses its oldest.
+        Over the rate, it is answered 429 at once."""
         ep = self._ep
-        if len(ep._pending) >= ep.limits.max_pre_auth:
-            ep.refusals.note(
-                "pre_auth_cap", ep._clock.monotonic(), f"{ep.limits.max_pre_auth} open"
-            )
+        t = self._transport
+        assert t is not None
+        now = ep._clock.monotonic()
+        key = client_key(t.get_extra_info("peername"))
+        rate = ep.connect_rate
+        wait = rate.take(key, now) if rate is not None and key is not None else 0.0
+        pool = ep._pending
+        where = key or "?"
+        kind = pool.refusal(where)
+        if kind is not None:
+            ep.refusals.note(kind, now, f"{pool.held(where)} open from {where}, {len(pool)} in all")
             return False
-        ep._pending.add(self)
+        evicted = pool.add(self, where)
+        if evicted is not None:
+            victim, holder = evicted
+            ep.refusals.note("pre_auth_evicted", now, f"the oldest of {holder}'s")
+            victim.abort()
+        if wait > 0:
+            assert rate is not None
+            self._rate_limited(rate, where, wait, now)
         return True
+
+    def _rate_limited(self, rate: ConnectRate, key: str, wait: float, now: float) -> None:
+        """Answer 429 before the request, then FIN; what the client sends is read and
+        dropped (closing with it unread would reset the connection, and could lose the
+        answer) until it closes, or the request line's deadline cuts it."""
+        self._ep.refusals.note("rate_limited", now, f"from {key}")
+        self._head = None
+        refusal = json_refusal(
+            429,
+            "rate_limited",
+            f"over {rate.rate_per_s:g} connects/s from this address "
+            "(IMROUTE_WS_CONNECT_RATE_PER_IP)",
+            retry_after_s=max(1, math.ceil(wait)),
+        )
+        self._write_out([refusal.serialize(), b""])
+
+    def _line_in(self) -> None:
+        """The request line is in: the head's deadline (IMROUTE_WS_HANDSHAKE_TIMEOUT_S
+        from the accept) replaces the request line's."""
+        ep = self._ep
+        extra = ep.timers.handshake_s - ep.limits.request_line_s
+        timer = self._timer
+        if extra > 0 and timer is not None:
+            timer.cancel()
+            self._timer = asyncio.get_running_loop().call_at(timer.when() + extra, self._expire)
 
     def _on_head(self, data: bytes) -> None:
         """Bytes before the 101: gather the request head, then answer it."""
         head = self._head
         if head is None:  # handshake refused, the response is on its way: ignore the rest
             return
+        if b"\n" in data and b"\n" not in head:
+            self._line_in()
         head += data
         end = head.find(b"\r\n\r\n")
         if end < 0:
@@ -153,20 +201,6 @@ class HandshakeConn(FrameConn):
         """The uid of a client that may have its 101, or the HTTP answer refusing it."""
         ep = self._ep
         now = ep._clock.monotonic()
-        rate = ep.connect_rate
-        if rate is not None:
-            t = self._transport
-            key = client_key(t.get_extra_info("peername")) if t is not None else None
-            wait = rate.take(key, now) if key is not None else 0.0
-            if wait > 0:
-                ep.refusals.note("rate_limited", now, f"from {key}")
-                return json_refusal(
-                    429,
-                    "rate_limited",
-                    f"over {rate.rate_per_s:g} connects/s from this address "
-                    "(IMROUTE_WS_CONNECT_RATE_PER_IP)",
-                    retry_after_s=max(1, math.ceil(wait)),
-                )
         if not ep.accepting:
             ep.refusals.note("not_accepting", now)
             return json_refusal(

@@ -4,14 +4,28 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import sys
 from collections.abc import AsyncIterator, Iterator
 from contextlib import ExitStack, asynccontextmanager, contextmanager
 from pathlib import Path
 
-from router.devtools.supervisor import Child, Supervisor
+import httpx
 
-__all__ = ["BIN", "Proc", "base_env", "push_services", "read_until", "running"]
+from router.devtools.ports import free_port
+from router.devtools.supervisor import Child, Supervisor
+from tests.conftest import SECRET
+
+__all__ = [
+    "BIN",
+    "Proc",
+    "base_env",
+    "gateway_process",
+    "push_services",
+    "read_until",
+    "running",
+    "scrape",
+]
 
 BIN = Path(sys.executable).parent
 
@@ -57,3 +71,33 @@ def base_env(**extra: str) -> dict[str, str]:
     env["IMROUTE_WORKERS"] = "1"
     env.update(extra)
     return env
+
+
+@asynccontextmanager
+async def gateway_process(
+    redis_url: str, prefix: str, gid: str = "gwp", **env: str
+) -> AsyncIterator[list[int]]:
+    """A real gateway (`imroute gateway`, on uvloop) with `env` (IMROUTE_*) set, once it
+    says it is ready: its WebSocket, gRPC and metrics ports."""
+    ports = [free_port(), free_port(), free_port()]
+    argv = [str(BIN / "imroute"), "gateway", "--id", gid, "--group", "g1",
+            "--ws-port", str(ports[0]), "--grpc-port", str(ports[1])]  # fmt: skip
+    settings = {
+        "IMROUTE_REDIS_URL": redis_url,
+        "IMROUTE_REDIS_PREFIX": prefix,
+        "IMROUTE_SECRET": SECRET,
+        "IMROUTE_METRICS_PORT": str(ports[2]),
+        **env,
+    }
+    with running(argv, base_env(**settings)) as proc:
+        await asyncio.to_thread(read_until, proc, "ready", 60)
+        yield ports
+
+
+async def scrape(metrics_port: int, prefix: str) -> dict[str, float]:
+    """The samples of a process's /metrics whose names start with `prefix`, by the
+    rest of their names."""
+    async with httpx.AsyncClient() as http:
+        text = (await http.get(f"http://127.0.0.1:{metrics_port}/metrics")).text
+    found = re.findall(rf"^{re.escape(prefix)}(\w+) (\S+)$", text, re.M)
+    return {name: float(value) for name, value in found}

@@ -186,8 +186,9 @@ class RawClient:
         self.writer = writer
 
     @classmethod
-    async def open(cls, gw: Gw) -> RawClient:
-        reader, writer = await asyncio.open_connection("127.0.0.1", gw.port)
+    async def open(cls, gw: Gw, source: str = "127.0.0.1") -> RawClient:
+        """Connected from `source` (any address of 127/8 is loopback)."""
+        reader, writer = await asyncio.open_connection("127.0.0.1", gw.port, local_addr=(source, 0))
         return cls(reader, writer)
 
     @staticmethod

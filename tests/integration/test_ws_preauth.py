@@ -1,0 +1,93 @@
+"""Sockets before their 101, per address and from their accept
+(socket_gateway/ws/admission.py PreAuthPool, handshake.py): a socket that has not sent
+its request line goes sooner than one that is sending its head, the connect rate is
+answered at the accept, one address is capped, and with every place taken the address
+holding the most loses its oldest socket to a newcomer from another."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from typing import Any
+
+import pytest
+
+from socket_gateway.ws import HandshakeLimits, WsTimers
+from tests.integration.ws_helpers import RawClient, client, gateway, wait_for
+
+pytestmark = pytest.mark.integration
+
+
+async def test_a_socket_without_its_request_line_goes_before_one_sending_its_head(
+    redis_url: str, prefix: str, redis: Any
+) -> None:
+    limits = HandshakeLimits(request_line_s=0.3)
+    async with gateway(redis_url, prefix, limits=limits, timers=WsTimers(handshake_s=1.5)) as gw:
+        started = time.monotonic()
+        silent = await RawClient.open(gw)
+        partial = await RawClient.open(gw)
+        request = RawClient.request("slow")
+        line_end = request.index(b"\r\n") + 2
+        partial.writer.write(request[: line_end + 10])  # its request line, and a bit more
+        assert await silent.dropped(1.0)
+        assert time.monotonic() - started < 0.9  # the request line's deadline
+        with pytest.raises(TimeoutError):  # the head's deadline, from the accept
+            await asyncio.wait_for(partial.reader.read(), 0.3)
+        assert await partial.dropped(2.0)
+        assert 1.3 < time.monotonic() - started < 2.5
+        assert gw.endpoint.refusals.counts["handshake_timeout"] == 2
+        await wait_for(lambda: not gw.endpoint._pending, "both gone")
+
+
+async def test_over_the_connect_rate_a_socket_is_answered_429_at_its_accept(
+    redis_url: str, prefix: str, redis: Any
+) -> None:
+    limits = HandshakeLimits(connect_rate_per_ip=0.1, connect_burst_per_ip=1)
+    async with gateway(redis_url, prefix, limits=limits) as gw:
+        first = await RawClient.open(gw)  # silent, and it took the address's one connect
+        second = await RawClient.open(gw)
+        # Answered before it sent a byte: a silent socket no longer escapes the rate.
+        head, body = await second.response(0.5)
+        assert head.startswith(b"HTTP/1.1 429 ") and b"Retry-After: 10\r\n" in head, head
+        assert json.loads(body)["error"] == "rate_limited"
+        assert await second.at_eof(0.5)  # and its FIN
+        # What it sends next is read and dropped; it is closed once it closes.
+        second.writer.write(RawClient.request("late"))
+        second.writer.close()
+        await wait_for(lambda: len(gw.endpoint._pending) == 1, "the 429'd socket gone")
+        assert gw.endpoint.refusals.counts["rate_limited"] == 1
+        # Another address has its own bucket.
+        other = await RawClient.open(gw, "127.0.0.2")
+        other.writer.write(RawClient.request("other"))
+        assert b" 101 " in await other.response_head()
+        first.close()
+        other.close()
+
+
+async def test_one_address_is_capped_and_the_biggest_holder_makes_room(
+    redis_url: str, prefix: str, redis: Any
+) -> None:
+    limits = HandshakeLimits(max_pre_auth=5, max_pre_auth_per_ip=4)
+    async with gateway(redis_url, prefix, limits=limits, timers=WsTimers(handshake_s=30)) as gw:
+        ep = gw.endpoint
+        big = [await RawClient.open(gw, "127.0.0.2") for _ in range(4)]
+        await wait_for(lambda: len(ep._pending) == 4, "four pending")
+        assert await (await RawClient.open(gw, "127.0.0.2")).dropped(1.0)  # its 4 held
+        assert ep.refusals.counts["pre_auth_per_ip"] == 1
+        big.pop().close()
+        small = [await RawClient.open(gw, "127.0.0.3") for _ in range(2)]
+        await wait_for(lambda: len(ep._pending) == 5, "full")
+        # Full, and 127.0.0.2 holds the most: its newcomer would only take its own place.
+        assert await (await RawClient.open(gw, "127.0.0.2")).dropped(1.0)
+        assert ep.refusals.counts["pre_auth_cap"] == 1
+        # A client from another address takes the place of 127.0.0.2's oldest socket,
+        # and gets in; the others wait on.
+        async with client(gw, "real"):
+            assert await big[0].dropped(1.0)
+            assert ep.refusals.counts["pre_auth_evicted"] == 1
+        for raw in big[1:] + small:
+            with pytest.raises(TimeoutError):
+                await asyncio.wait_for(raw.reader.read(), 0.05)
+            raw.close()
+        await wait_for(lambda: not ep._pending, "all gone")
