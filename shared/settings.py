@@ -23,6 +23,7 @@ from shared.http_settings import HttpSettings
 from shared.keys import ID_PATTERN
 from shared.link_settings import LinkSettings
 from shared.log_settings import LogSettings
+from shared.resume_settings import ResumeSettings
 from shared.trace_settings import TraceSettings
 from shared.urls import redact_url
 from shared.webhook_settings import WebhookSettings
@@ -39,6 +40,7 @@ class Settings(
     GcSettings,
     LinkSettings,
     LogSettings,
+    ResumeSettings,
     TraceSettings,
     BaseSettings,
 ):
