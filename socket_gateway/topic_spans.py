@@ -12,8 +12,10 @@ Every range is held to the budget (`ResumeLimits`) from where it starts to where
 ends, whether it comes from the span or from Redis: over `max_entries` batches it is not
 read at all (decided from the head), over `max_bytes` of log entries the read stops at
 the first byte past it (`RecoveryReads.read_span`). Either way the answer is None, and
-the resume is incomplete. A span is kept within twice the budget, and `MAX_SPANS` of
-them, so what sharing holds in memory is bounded too.
+the resume is incomplete. The highest range found over is remembered as long as a span
+is: a range that holds it is over too, and is refused without a read (a forged place
+sent again and again costs Redis nothing). A span is kept within twice the budget, and
+`MAX_SPANS` of them, so what sharing holds in memory is bounded too.
 
 Batches come without their stored content (a push's content over
 IMROUTE_BUS_CONTENT_INLINE_MAX): `fill_for` fetches it for the batches a resuming user
@@ -92,6 +94,8 @@ class TopicSpans:
         self.reads = 0  # budgeted reads that went to Redis
         self.read_bytes = 0  # bytes of log entries they brought
         self.over = 0  # ranges refused: over the budget
+        # topic -> (lo, upto, when) of the highest range found over the budget lately
+        self._over: dict[str, tuple[int, int, float]] = {}
 
     async def read(self, topic: str, after: int, upto: int | None) -> TopicHistory | None:
         """The batches with `after < seq <= upto`, in a history whose head is `upto`;
@@ -101,16 +105,44 @@ class TopicSpans:
         history: TopicHistory | None = None
         if upto is not None and lo == upto:
             return TopicHistory(upto)  # nothing after the position
-        if upto is None or counter_of(upto) - counter_of(lo) <= self._limits.max_entries:
+        if upto is None or (
+            counter_of(upto) - counter_of(lo) <= self._limits.max_entries  # from the head
+            and not self._known_over(topic, lo, upto)
+        ):
             lock = self._locks.get(topic)
             if lock is None:
                 lock = self._locks[topic] = asyncio.Lock()
             async with lock:
-                history = await self._read(topic, lo, upto)
-        # else decided from the head: nothing is read
+                if upto is None or not self._known_over(topic, lo, upto):  # waited: again
+                    history = await self._read(topic, lo, upto)
+                    if history is None and upto is not None:
+                        self._note_over(topic, lo, upto)
         if history is None:
             self.over += 1
         return history
+
+    def _known_over(self, topic: str, lo: int, upto: int) -> bool:
+        """Whether (lo, upto] holds a range found over the budget lately: it is over too
+        (a log's entries only grow in number, and its bytes with them), and is refused
+        without a read, so a forged place repeated costs Redis nothing."""
+        known = self._over.get(topic)
+        now = self._clock.monotonic()
+        if known is None or now - known[2] > SPAN_TTL_S or not _same_epoch(known[1], upto):
+            return False
+        if lo <= known[0] and upto >= known[1]:
+            self._over[topic] = (known[0], known[1], now)
+            return True
+        return False
+
+    def _note_over(self, topic: str, lo: int, upto: int) -> None:
+        """Remember the highest place found over the budget (it covers the most)."""
+        known = self._over.get(topic)
+        now = self._clock.monotonic()
+        stale = known is None or now - known[2] > SPAN_TTL_S or not _same_epoch(known[1], upto)
+        if stale or known is None or lo > known[0]:
+            self._over[topic] = (lo, upto, now)
+        if len(self._over) > 2 * MAX_SPANS:
+            self._over = {t: k for t, k in self._over.items() if now - k[2] <= SPAN_TTL_S}
 
     async def _read(self, topic: str, lo: int, upto: int | None) -> TopicHistory | None:
         now = self._clock.monotonic()

@@ -193,3 +193,22 @@ async def test_stored_content_is_read_only_for_the_batches_that_name_the_user() 
     assert contents.asked == [[f"m{at(1)}", f"m{at(3)}"]]  # not u2's
     assert [b.seq for b in got["g"].batches] == [at(1), at(2)]  # u1's gone one: a hole
     assert mine.message.content_json == b'"x"'
+
+
+async def test_a_range_found_over_the_budget_is_not_read_again_nor_any_that_holds_it() -> None:
+    clock = ManualClock()
+    log = Log(100)
+    s = spans(log, clock, bytes=20 * SIZE)
+    assert await s.read("t", at(50), at(100)) is None
+    assert len(log.calls) == 1
+    log.n = 101  # the head moved on: a range that holds the one found over
+    for after in (at(50), at(10), 0):
+        assert await s.read("t", after, at(101)) is None
+    assert len(log.calls) == 1 and s.over == 4
+    assert await s.read("t", at(60), at(101)) is None  # higher up: read, and remembered
+    assert await s.read("t", at(55), at(101)) is None
+    assert len(log.calls) == 2
+    assert len(seqs(await s.read("t", at(90), at(101)))) == 11  # within: read as ever
+    clock.advance(SPAN_TTL_S + 0.1)
+    assert await s.read("t", at(50), at(101)) is None
+    assert len(log.calls) == 4  # forgotten: read (and refused) again
