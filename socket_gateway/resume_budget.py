@@ -29,12 +29,14 @@ __all__ = ["ResumeLimits", "behind", "credible_move", "start_of"]
 class ResumeLimits:
     max_entries: int = 1000  # IMROUTE_RECOVERY_RESUME_MAX: batches behind a log's head
     max_bytes: int = 1 << 20  # IMROUTE_RECOVERY_RESUME_MAX_BYTES: of a log's entries
-    rate_per_uid: float | None = 0.1  # IMROUTE_RECOVERY_RESUME_RATE_PER_UID (None: off)
+    rate_per_uid: float = 0.1  # IMROUTE_RECOVERY_RESUME_RATE_PER_UID (0: no limit)
     burst_per_uid: int = 10  # IMROUTE_RECOVERY_RESUME_BURST_PER_UID
 
     def __post_init__(self) -> None:
         if self.max_entries < 1 or self.max_bytes < 1 or self.burst_per_uid < 1:
             raise ValueError(f"resume limits must be at least 1: {self}")
+        if self.rate_per_uid < 0:
+            raise ValueError(f"a rate of resumes cannot be negative: {self}")
 
     @classmethod
     def from_settings(cls, s: Settings) -> ResumeLimits:

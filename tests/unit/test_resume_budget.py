@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import pytest
 
+from shared.errors import ConfigError
 from shared.positions import seq_of
+from shared.settings import Settings
 from socket_gateway.resume_budget import ResumeLimits, behind, credible_move, start_of
 
 E1, E2 = 1_790_000_000_000, 1_790_000_500_000  # two epochs of one log (Redis lost it)
@@ -53,3 +55,16 @@ def test_limits_must_be_positive() -> None:
         ResumeLimits(max_entries=0)
     with pytest.raises(ValueError, match="at least 1"):
         ResumeLimits(burst_per_uid=0)
+
+
+def test_the_limits_come_from_imroute_settings() -> None:
+    assert ResumeLimits.from_settings(Settings.load({})) == ResumeLimits(1000, 1 << 20, 0.1, 10)
+    env = {
+        "IMROUTE_RECOVERY_RESUME_MAX": "50",
+        "IMROUTE_RECOVERY_RESUME_MAX_BYTES": "65536",
+        "IMROUTE_RECOVERY_RESUME_RATE_PER_UID": "0",
+        "IMROUTE_RECOVERY_RESUME_BURST_PER_UID": "3",
+    }
+    assert ResumeLimits.from_settings(Settings.load(env)) == ResumeLimits(50, 65536, 0.0, 3)
+    with pytest.raises(ConfigError, match="IMROUTE_RECOVERY_RESUME_MAX_BYTES"):
+        Settings.load({"IMROUTE_RECOVERY_RESUME_MAX_BYTES": "10"})
