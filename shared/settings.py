@@ -24,6 +24,7 @@ from shared.keys import ID_PATTERN
 from shared.link_settings import LinkSettings
 from shared.log_settings import LogSettings
 from shared.preauth_settings import PreAuthSettings
+from shared.resume_settings import ResumeSettings
 from shared.trace_settings import TraceSettings
 from shared.urls import redact_url
 from shared.webhook_settings import WebhookSettings
@@ -41,6 +42,7 @@ class Settings(
     LinkSettings,
     PreAuthSettings,
     LogSettings,
+    ResumeSettings,
     TraceSettings,
     BaseSettings,
 ):

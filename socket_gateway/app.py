@@ -56,6 +56,7 @@ from socket_gateway.live_stats import gateway_sampling
 from socket_gateway.metrics import GatewayMetrics, render
 from socket_gateway.metrics_http import serve_metrics
 from socket_gateway.resume import Resumer
+from socket_gateway.resume_budget import ResumeLimits
 from socket_gateway.supervise import RestartBudget
 from socket_gateway.tracing import gateway_tracing
 from socket_gateway.ws import HandshakeLimits, WsEndpoint, WsServer, WsTimers
@@ -216,15 +217,12 @@ class Gateway:
         self.deliver_service.report = self.acks.report
         await self._stack.enter_async_context(gateway_sampling(redis, keys, self))  # dashboard
         self.resumer = Resumer(
-            recovery,
-            self.conns,
-            recovery.limits,
-            self.clock,
-            self.follower.recent,
+            recovery, self.conns, recovery.limits, self.clock, self.follower.recent,
             report=self.acks.report,
             # an old gateway's fleet TTL, a group's flush, a publish's retries
             move_tail_s=s.heartbeat_s * FLEET_TTL_HEARTBEATS + s.flush_timeout_s + 10.0,
-        )
+            budget=ResumeLimits.from_settings(s),  # what one resume may read
+        )  # fmt: skip
         self.conns.gap_filler = self.resumer.fill_gap
         # From the logs' heads, before the first client: each starts where the topics are.
         await self.follower.start()

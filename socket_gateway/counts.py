@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from socket_gateway.app import Gateway
+    from socket_gateway.resume import Resumer
 
 __all__ = ["gateway_counts"]
 
@@ -40,6 +41,7 @@ def gateway_counts(gw: Gateway) -> dict[str, tuple[str, float]]:
         counts["resumes"] = ("Connections that asked to resume (since=)", r.resumes)
         counts["resumes_incomplete"] = ("Resumes answered complete:false", r.incomplete)
         counts["replayed_pushes"] = ("Push frames written by replays", r.replayed)
+        counts.update(resume_budget_counts(gw.resumer))
     if gw.follower is not None:
         seqs = gw.follower.sequencers.values()
         counts["batches_filled"] = (
@@ -85,3 +87,39 @@ def gateway_counts(gw: Gateway) -> dict[str, tuple[str, float]]:
         gw.conns.unacked_forgotten,
     )
     return counts
+
+
+def resume_budget_counts(resumer: Resumer) -> dict[str, tuple[str, float]]:
+    """What one resume may read (`socket_gateway.resume_budget`): what it turned down,
+    and the topic-log reads resumes made."""
+    r, spans = resumer.stats, resumer.spans
+    return {
+        "resumes_rate_limited": (
+            "Resumes whose position was not read, over IMROUTE_RECOVERY_RESUME_RATE_PER_UID "
+            "for their user (the inbox only, complete:false)",
+            r.limited.total,
+        ),
+        "resume_topics_over_budget": (
+            "Topic logs a resume did not read: its position was over "
+            "IMROUTE_RECOVERY_RESUME_MAX batches or _MAX_BYTES behind the head",
+            r.over.total,
+        ),
+        "resume_moves_refused": (
+            "Resumes whose position named another group that no gateway of it could have "
+            "given out lately: nothing of that group read (complete:false)",
+            r.moves_refused.total,
+        ),
+        "resume_topic_reads": (
+            "Topic-log reads resumes made in Redis (ranges held in memory not counted)",
+            spans.reads,
+        ),
+        "resume_topic_read_bytes": (
+            "Bytes of topic-log entries those reads brought",
+            spans.read_bytes,
+        ),
+        "move_tails_stopped": (
+            "Moved connections whose old group's log grew past the read budget: not "
+            "followed further",
+            resumer.tails.stopped.total,
+        ),
+    }

@@ -40,6 +40,7 @@ __all__ = [
     "RecoveryLog",
     "RecoveryReads",
     "TopicHistory",
+    "TopicSpan",
     "UserHistory",
 ]
 
@@ -139,6 +140,18 @@ class TopicHistory:
     batches: list[LoggedBatch] = field(default_factory=list)
 
 
+@dataclass(frozen=True, slots=True)
+class TopicSpan:
+    """A budgeted read of a topic log (`RecoveryReads.read_span`): the log's head, the
+    batches read in seq order (stored content not filled in) and the bytes each took in
+    the log; `over`: the range was over the budget, and nothing of it was read."""
+
+    head: int
+    batches: list[LoggedBatch] = field(default_factory=list)
+    sizes: list[int] = field(default_factory=list)
+    over: bool = False
+
+
 class ContentWrites(Protocol):
     """Where a broadcast or multicast push's content is stored once (`content`)."""
 
@@ -214,6 +227,14 @@ class RecoveryReads(Protocol):
     async def read_topic(self, topic: str, after: int, upto: int | None = None) -> TopicHistory:
         """A topic's batches with `after < seq <= upto` (to the head when None), each
         with its content; one whose stored content is gone is left out (a hole)."""
+        ...
+
+    async def read_span(
+        self, topic: str, after: int, upto: int | None, max_entries: int, max_bytes: int
+    ) -> TopicSpan:
+        """`read_topic` within a budget: over `max_entries` batches or `max_bytes` bytes
+        of log entries, nothing (`over`); stops reading at the first byte past it. Stored
+        content is left for `fill_content` (a resume needs only its user's)."""
         ...
 
     async def fill_content(self, batches: Sequence[gateway_pb2.Batch]) -> list[bool]:

@@ -17,6 +17,7 @@ from router.recovery.base import (
     LoggedBatch,
     RecoveryLimits,
     TopicHistory,
+    TopicSpan,
     UserHistory,
 )
 from router.recovery.codec import decode_batch, decode_message, encode_batch, encode_message
@@ -229,8 +230,8 @@ class RedisRecoveryStore:
     async def read_topic(self, topic: str, after: int, upto: int | None = None) -> TopicHistory:
         keys = (self._keys.topic_seq(topic), self._keys.topic_log(topic))
         bound = ("", "") if upto is None else (epoch_of(upto), counter_of(upto))
-        head, epoch, log = await self._one(
-            self._read_topic.args(keys, epoch_of(after), counter_of(after), *bound)
+        head, epoch, log, _ = await self._one(
+            self._read_topic.args(keys, epoch_of(after), counter_of(after), *bound, 0, 0)
         )
         e = int(epoch)
         decoded = [decode_batch(seq, data, e) for seq, _, data in map(_split, log)]
@@ -238,6 +239,24 @@ class RedisRecoveryStore:
         # A batch whose content is gone is left out: a hole, which readers count as lost.
         batches = [LoggedBatch(b) for b, ok in zip(decoded, filled, strict=True) if ok]
         return TopicHistory(_head(head, e), batches)
+
+    @translate_errors
+    async def read_span(
+        self, topic: str, after: int, upto: int | None, max_entries: int, max_bytes: int
+    ) -> TopicSpan:
+        keys = (self._keys.topic_seq(topic), self._keys.topic_log(topic))
+        bound = ("", "") if upto is None else (epoch_of(upto), counter_of(upto))
+        budget = (max_bytes, max_entries)
+        head, epoch, log, over = await self._one(
+            self._read_topic.args(keys, epoch_of(after), counter_of(after), *bound, *budget)
+        )
+        e = int(epoch)
+        batches, sizes = [], []
+        for text in log:
+            seq, _, data = _split(text)
+            batches.append(LoggedBatch(decode_batch(seq, data, e)))
+            sizes.append(len(text) if text.isascii() else len(text.encode()))  # as Lua counts
+        return TopicSpan(_head(head, e), batches, sizes, bool(int(over)))
 
     @translate_errors
     async def fill_content(self, batches: Sequence[gateway_pb2.Batch]) -> list[bool]:

@@ -14,7 +14,7 @@ import contextlib
 import logging
 import socket
 from collections.abc import Awaitable, Callable, Coroutine
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from shared.auth import TokenRules
 from shared.clock import Clock
@@ -22,13 +22,15 @@ from shared.errors import RegistryUnavailable
 from shared.ids import ConnIdFactory
 from socket_gateway.acks import AckReporter
 from socket_gateway.connections import ClientConn, LocalConnections
-from socket_gateway.resume import Resumer
 from socket_gateway.ws.admission import ConnectRate, HandshakeLimits, PreAuthPool, Refusals
 from socket_gateway.ws.conn import WsConn
 from socket_gateway.ws.framing import FrameConn
 from socket_gateway.ws.keepalive import keepalive_loop
 from socket_gateway.ws.protocol import WsTimers
 from socket_gateway.ws.ratelimit import FrameRate, LimitCounts
+
+if TYPE_CHECKING:  # the resumer's modules use this package's limits: no cycle at import
+    from socket_gateway.resume import Resumer
 
 __all__ = ["LISTEN_BACKLOG", "WsEndpoint", "WsServer"]
 

@@ -135,6 +135,33 @@ async def test_topic_logs_read_by_range_and_their_sequence_never_lapses(
     assert await client.pttl(KeySchema(prefix).topic_seq("group.g1")) == -1
 
 
+async def test_a_budgeted_read_of_a_topic_log_stops_at_its_budget(
+    client: RedisClient, prefix: str
+) -> None:
+    """`read_span`: the batches in range, with each entry's bytes, and no content filled
+    in; over the budget (in batches, or in bytes: read in chunks of 64 and stopped at
+    the first byte past it), nothing but the head, marked over. A log trimmed under the
+    range gives what it still holds."""
+    s = store(client, prefix, ManualClock(T0), topic_max=150)
+    for n in range(1, 201):
+        b = to_batch(msg(n), [f"u{n:03d}"], f"batch-{n}")
+        seq = await s.append_batch("group.g1", b)
+    entry = len(await client.lindex(KeySchema(prefix).topic_log("group.g1"), -1))  # type: ignore[misc]
+    got = await s.read_span("group.g1", at(seq, 190), None, 100, 10 * entry)
+    assert not got.over and got.head == at(seq, 200)
+    assert counters([b.seq for b in got.batches]) == list(range(191, 201))
+    assert got.sizes == [entry] * 10
+    over = await s.read_span("group.g1", at(seq, 189), at(seq, 200), 100, 10 * entry)
+    assert over.over and over.batches == [] and over.head == at(seq, 200)
+    many = await s.read_span("group.g1", at(seq, 100), at(seq, 200), 99, 10**9)
+    assert many.over and many.batches == []  # 100 batches: over 99, nothing read
+    # Trimmed to 150: from position 0 it is the 150 kept, over several chunks of 64.
+    whole = await s.read_span("group.g1", 0, at(seq, 200), 1000, 10**9)
+    assert counters([b.seq for b in whole.batches]) == list(range(51, 201))
+    stopped = await s.read_span("group.g1", 0, at(seq, 200), 1000, 100 * entry)
+    assert stopped.over and stopped.batches == []
+
+
 async def test_a_log_redis_lost_starts_again_under_a_later_epoch(
     client: RedisClient, prefix: str
 ) -> None:

@@ -1,0 +1,105 @@
+"""Holes in a live connection's P2P sequence, read from its user's log and inbox.
+
+A live connection's P2P pushes come in sequence (`LocalConnections`): a hole (a push
+that failed for it, or one overtaken by the next) is read and written before what
+follows, which waits meanwhile; after Redis lost the gateway's routes every live
+connection reads what its user's log and inbox hold past what it was written.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Coroutine, Sequence
+from typing import Any
+
+from router.receipts.base import DELIVERED
+from router.recovery.base import UserHistory
+from shared.clock import Clock
+from shared.errors import RegistryUnavailable
+from shared.wire import push_prefix
+from socket_gateway.connections import ClientConn, LocalConnections
+
+__all__ = ["GapFills"]
+
+log = logging.getLogger(__name__)
+
+# (uid, after) -> the user's log after it and inbox: `Resumer`'s coalesced read.
+ReadUser = Callable[[tuple[str, int | None]], Coroutine[Any, Any, UserHistory]]
+# (state, push_id, uids): `socket_gateway.acks.AckReporter.report`.
+Report = Callable[[str, str, Sequence[str]], None]
+Spawn = Callable[[Coroutine[Any, Any, None]], None]
+
+
+class GapFills:
+    def __init__(
+        self,
+        read_user: ReadUser,
+        conns: LocalConnections,
+        clock: Clock,
+        report: Report | None,
+        spawn: Spawn,
+    ) -> None:
+        self._read_user = read_user
+        self._conns = conns
+        self._clock = clock
+        self._report = report
+        self._spawn = spawn
+        self.gaps = 0  # holes in a live connection's P2P sequence, read from the log
+        self.filled = 0  # pushes those reads wrote
+
+    def fill(self, conn: ClientConn, after: int, upto: int | None) -> None:
+        """A hole (after, upto] in a live connection's P2P sequence (None: to the log's
+        head): write what the log holds of it, in order, then what waited behind it
+        (`LocalConnections.gap_filler`). The connection's live pushes wait meanwhile."""
+        if conn.held is None:
+            conn.held = []
+        self._spawn(self._fill(conn, after, upto))
+
+    def catch_up(self) -> int:
+        """Every live connection reads what its user's log and inbox hold past what it
+        was written: after Redis lost this gateway's routes (a restart, a long partition)
+        pushes to its users were queued, and a user who gets no later push would wait
+        for a reconnect. How many connections were asked to."""
+        started = 0
+        for conn in list(self._conns):
+            if conn.held is None and conn.sink.is_open():  # replaying: it reads them anyway
+                self.fill(conn, conn.p, None)
+                started += 1
+        return started
+
+    async def _fill(self, conn: ClientConn, after: int, upto: int | None) -> None:
+        self.gaps += 1
+        try:
+            user = await self._read_user((conn.uid, after))
+        except RegistryUnavailable as exc:
+            log.warning("could not read a hole in a connection's messages: %s", exc)
+            user = None
+        if upto is None:
+            upto = user.head if user is not None else after
+        conns = self._conns
+        report = self._report
+        wrote: list[int] = []
+        if user is not None and conn.sink.is_open():
+            now = self._clock.now_ms()
+            skip = conn.skip
+            # The inbox too: what no device acked may be older than the log's window.
+            held = {e.seq: e for e in (*user.inbox, *user.log)}
+            for e in (held[seq] for seq in sorted(held)):
+                if not after < e.seq <= upto or (skip is not None and e.seq in skip[2]):
+                    continue
+                if e.expires_ms and now > e.expires_ms:
+                    continue
+                conn.p = e.seq
+                push_id = e.message.push_id
+                if conns.write_push(conn, push_prefix(e.message), "p", e.seq, push_id, False):
+                    wrote.append(e.seq)
+                    if report is not None:
+                        report(DELIVERED, push_id, (conn.uid,))
+        # What the log no longer holds is past the window or its ttl_s: passed over.
+        conn.p = max(conn.p, upto)
+        if wrote:
+            if conn.skip is None:
+                conn.skip = (0, 0, set())
+            conn.skip[2].update(wrote)
+            self.filled += len(wrote)
+        conns.release(conn)

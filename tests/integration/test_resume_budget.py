@@ -1,0 +1,239 @@
+"""What one resume may read, end to end: a Redis of the test's own (so `INFO stats`
+counts only this test's bytes), a gateway process, the push API, real WebSocket clients.
+
+Two group logs hold 100 multicast batches of 1000 64-character uids each (about 70 KB a
+batch, 7 MB a log), written before the gateway starts. A client with a valid token that
+names an old place in them (its own group's, or another group's) used to make the
+gateway read the whole log from Redis: 7 MB for a 400-byte handshake. Now it reads
+within the budget from the head and is told `complete: false`; legitimate resumes stay
+complete; resumes from nearby places share one read per range; and a user's resumes
+past its rate read nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import pytest
+import redis.asyncio as aioredis
+from websockets.asyncio.client import ClientConnection, connect
+
+from router.bus.base import group_topic
+from router.devtools.ports import free_port_block
+from router.recovery.base import RecoveryLimits
+from router.recovery.store import RedisRecoveryStore
+from router.redis.client import connect_redis
+from shared.clock import SystemClock
+from shared.keys import KeySchema
+from shared.positions import counter_of, epoch_of
+from shared.proto import gateway_pb2
+from tests.conftest import SECRET
+from tests.integration.procs import BIN, Proc, base_env, read_until, running
+from tests.integration.recovery_helpers import contents, fanout, p2p, pushes, replay
+from tests.integration.redis_process import RedisProcess, redis_process
+from tests.integration.stack import api, token
+
+pytestmark = pytest.mark.integration
+
+BATCHES = 100
+UIDS_PER_BATCH = 1000
+
+
+@dataclass
+class Stack:
+    redis: RedisProcess
+    client: aioredis.Redis
+    prefix: str
+    ws_url: str
+    metrics_url: str
+    heads: dict[str, int]  # group -> the seq of its log's last filled batch
+
+    async def sent(self) -> int:
+        """Bytes Redis has written to its clients so far."""
+        info = await self.client.info("stats")
+        return int(info["total_net_output_bytes"])
+
+    async def metric(self, name: str) -> float:
+        async with httpx.AsyncClient() as http:
+            text = (await http.get(self.metrics_url)).text
+        match = re.search(rf"^imroute_gateway_{name}_total (\S+)$", text, re.M)
+        assert match, text
+        return float(match.group(1))
+
+    async def resume(self, uid: str, since: str | None) -> tuple[list[Any], Any, ClientConnection]:
+        url = f"{self.ws_url}?token={token(uid)}" + (f"&since={since}" if since else "")
+        ws = await connect(url, max_size=None)
+        got, end = await replay(ws)
+        return got, end, ws
+
+
+def since(group: str, g: int, o: int = 0) -> str:
+    """A position at `g` in `group`'s log (and `o` in the offline log's), nothing else."""
+    at = f"{counter_of(o)}.{epoch_of(o)}"
+    return f"2~0.0~0.0~{at}~{group}~{counter_of(g)}.{epoch_of(g)}"
+
+
+async def _fill(url: str, prefix: str, group: str) -> int:
+    """BATCHES sizeable multicast batches into `group`'s log; the last one's seq."""
+    now = int(time.time() * 1000)
+    seq = 0
+    async with connect_redis(url) as client:
+        store = RedisRecoveryStore(client, KeySchema(prefix), SystemClock(), RecoveryLimits())
+        for n in range(BATCHES):
+            batch = gateway_pb2.Batch(
+                batch_id=f"{group}-{n}",
+                message=gateway_pb2.Message(
+                    msg_id=f"{group}-m{n}",
+                    push_id=f"{group}-p{n}",
+                    content_json=b'"x"',
+                    ts_ms=now,
+                ),
+                uids=[f"{group}-{n}-{i:04d}".ljust(64, "u") for i in range(UIDS_PER_BATCH)],
+                mode=gateway_pb2.MODE_MULTICAST,
+                group_id=group,
+            )
+            seq = await store.append_batch(group_topic(group), batch)
+    return seq
+
+
+@contextmanager
+def _gateway(url: str, prefix: str, metrics_port: int, **env: str) -> Iterator[Proc]:
+    argv = [str(BIN / "python"), "-m", "socket_gateway", "--ws-port", "0", "--grpc-port", "0"]
+    with running(
+        argv,
+        base_env(
+            IMROUTE_REDIS_URL=url,
+            IMROUTE_REDIS_PREFIX=prefix,
+            IMROUTE_SECRET=SECRET,
+            IMROUTE_GATEWAY_ID="gw1",
+            IMROUTE_GROUP_ID="g1",
+            IMROUTE_METRICS_PORT=str(metrics_port),
+            **env,
+        ),
+    ) as proc:
+        yield proc
+
+
+@asynccontextmanager
+async def stack(prefix: str, **env: str) -> AsyncIterator[Stack]:
+    with redis_process() as server:
+        heads = {g: await _fill(server.url, prefix, g) for g in ("g1", "g2")}
+        port = free_port_block([0])
+        with _gateway(server.url, prefix, port, **env) as gw:
+            line = (await asyncio.to_thread(read_until, gw, " ready ", 60))[-1]
+            ws_url = re.search(r"ws=(\S+)", line)
+            assert ws_url, line
+            client = aioredis.from_url(server.url, decode_responses=True)
+            try:
+                yield Stack(
+                    server, client, prefix, ws_url.group(1),
+                    f"http://127.0.0.1:{port}/metrics", heads,
+                )  # fmt: skip
+            finally:
+                await client.aclose()
+
+
+async def test_a_forged_since_reads_kilobytes_and_is_told_complete_false(prefix: str) -> None:
+    async with stack(prefix) as s, api(s.redis.url, s.prefix) as http:
+        # Legitimate first: a client that was away while two multicasts named it (and
+        # one named only a user still online in its group) gets them, completely.
+        _, end, bob = await s.resume("bob", None)
+        _, end, ws = await s.resume("amy", None)
+        assert end["complete"] is True
+        await fanout(http, "/v1/multicast", {"to": ["amy", "bob"], "content": "one"})
+        (first,) = await pushes(ws, 1)
+        await pushes(bob, 1)
+        await ws.close()
+        await asyncio.sleep(0.3)  # amy's route is gone: what follows goes to `offline`
+        for text in ("two", "three"):
+            await fanout(http, "/v1/multicast", {"to": ["amy", "bob"], "content": text})
+        await pushes(bob, 2)
+        before = await s.sent()
+        got, end, ws = await s.resume("amy", first["pos"])
+        legit = await s.sent() - before
+        assert contents(got) == ["two", "three"] and end["complete"] is True
+        await ws.close()
+
+        # A forged old place in its own group's log (7 MB behind the head), then in
+        # another group's: a few KB of Redis for each, and complete:false.
+        forgeries = {
+            "mallory": since("g1", s.heads["g1"] - BATCHES + 1),
+            "mal": since("g2", s.heads["g2"] - BATCHES + 1),
+        }
+        for uid, forged in forgeries.items():
+            before = await s.sent()
+            got, end, ws = await s.resume(uid, forged)
+            read = await s.sent() - before
+            assert (got, end["complete"]) == ([], False), forged
+            assert read < 64_000, f"{read} bytes read from Redis for {forged}"
+            # The connection is served as any other from now on.
+            await p2p(http, [uid], "live")
+            (live,) = await pushes(ws, 1)
+            assert live["content"] == "live"
+            await ws.close()
+        assert await s.metric("resume_topics_over_budget") == 2
+
+        # A place no gateway of g2 gave out (0, in a log that has batches): not read.
+        before = await s.sent()
+        got, end, ws = await s.resume("mel", since("g2", 0))
+        assert (got, end["complete"]) == ([], False)
+        assert await s.sent() - before < 64_000
+        assert await s.metric("resume_moves_refused") == 1
+        await ws.close()
+        assert legit < 64_000, legit
+
+
+async def test_resumes_from_nearby_places_share_one_read_per_range(prefix: str) -> None:
+    """50 clients resume at once from 10 places 1 to 10 batches behind the head: Redis
+    sends those 10 batches about once (each client reading its own range: 5.5 times)."""
+    async with stack(prefix) as s:
+        head = s.heads["g1"]
+        before = await s.sent()
+        results = await asyncio.gather(
+            *(s.resume(f"c{i}", since("g1", head - 1 - i % 10)) for i in range(50))
+        )
+        read = await s.sent() - before
+        assert all(end["complete"] is True for _, end, _ in results)
+        assert all(got == [] for got, _, _ in results)  # none of them was named
+        log = KeySchema(prefix).topic_log(group_topic("g1"))
+        ten = sum(len(entry) for entry in await s.client.lrange(log, -10, -1))
+        # Each client's own handshake costs Redis about 1 KB (route, user, heads).
+        assert read < 1.5 * ten + 50 * 2_000, f"{read} bytes for {ten} bytes of batches"
+        assert await s.metric("resume_topic_reads") <= 10
+        for _, _, ws in results:
+            await ws.close()
+
+
+async def test_resumes_past_a_users_rate_read_nothing_and_are_told_complete_false(
+    prefix: str,
+) -> None:
+    rate = {
+        "IMROUTE_RECOVERY_RESUME_BURST_PER_UID": "2",
+        "IMROUTE_RECOVERY_RESUME_RATE_PER_UID": "0.01",
+    }
+    async with stack(prefix, **rate) as s, api(s.redis.url, s.prefix) as http:
+        place = since("g1", s.heads["g1"] - 3)
+        for _ in range(2):
+            got, end, ws = await s.resume("rita", place)
+            assert (got, end["complete"]) == ([], True)
+            await ws.close()
+        await p2p(http, ["rita"], "queued", store=True)  # offline: into her inbox
+        await asyncio.sleep(2.5)  # past SPAN_TTL_S: no read of the place is held any more
+        before = await s.sent()
+        got, end, ws = await s.resume("rita", place)
+        read = await s.sent() - before
+        # Served as a new connection: its inbox, no position read, complete:false.
+        assert contents(got) == ["queued"] and end["complete"] is False
+        assert read < 16_000, f"{read} bytes from Redis (3 batches: about 200 KB)"
+        assert await s.metric("resumes_rate_limited") == 1
+        await ws.close()
+        _, end, ws = await s.resume("ruth", place)  # another user: its own bucket
+        assert end["complete"] is True
+        await ws.close()
