@@ -20,6 +20,7 @@ class ResumeSettings(BaseSettings):
     recovery_resume_max_bytes: int = Field(1 << 20, ge=1024, le=1 << 30)
     # resumes (connects with `since`) per user on one gateway: a token bucket of
     # _BURST, refilled at _RATE per second; past it the position is not read (the
-    # connection gets its inbox and complete:false). Rate 0: no limit
-    recovery_resume_rate_per_uid: float = Field(0.1, ge=0, le=1_000_000)
-    recovery_resume_burst_per_uid: int = Field(10, ge=1, le=1_000_000)
+    # connection gets its inbox and complete:false). Rate 0: no limit. One every 2 s
+    # keeps a phone on a flapping network whole; each resume's read is bounded anyway
+    recovery_resume_rate_per_uid: float = Field(0.5, ge=0, le=1_000_000)
+    recovery_resume_burst_per_uid: int = Field(20, ge=1, le=1_000_000)

@@ -29,8 +29,8 @@ __all__ = ["ResumeLimits", "behind", "credible_move", "start_of"]
 class ResumeLimits:
     max_entries: int = 1000  # IMROUTE_RECOVERY_RESUME_MAX: batches behind a log's head
     max_bytes: int = 1 << 20  # IMROUTE_RECOVERY_RESUME_MAX_BYTES: of a log's entries
-    rate_per_uid: float = 0.1  # IMROUTE_RECOVERY_RESUME_RATE_PER_UID (0: no limit)
-    burst_per_uid: int = 10  # IMROUTE_RECOVERY_RESUME_BURST_PER_UID
+    rate_per_uid: float = 0.5  # IMROUTE_RECOVERY_RESUME_RATE_PER_UID (0: no limit)
+    burst_per_uid: int = 20  # IMROUTE_RECOVERY_RESUME_BURST_PER_UID
 
     def __post_init__(self) -> None:
         if self.max_entries < 1 or self.max_bytes < 1 or self.burst_per_uid < 1:

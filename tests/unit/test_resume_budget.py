@@ -58,7 +58,7 @@ def test_limits_must_be_positive() -> None:
 
 
 def test_the_limits_come_from_imroute_settings() -> None:
-    assert ResumeLimits.from_settings(Settings.load({})) == ResumeLimits(1000, 1 << 20, 0.1, 10)
+    assert ResumeLimits.from_settings(Settings.load({})) == ResumeLimits(1000, 1 << 20, 0.5, 20)
     env = {
         "IMROUTE_RECOVERY_RESUME_MAX": "50",
         "IMROUTE_RECOVERY_RESUME_MAX_BYTES": "65536",
