@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from shared.throttled import Throttled
+
 __all__ = ["FrameRate", "LimitCounts", "Throttled"]
 
 # Float slack for a bucket drained one frame at a time: `burst` increments of
@@ -40,27 +42,6 @@ class FrameRate:
         if (after - now) * self.rate > self.burst + _EPSILON:
             return None
         return after
-
-
-@dataclass(slots=True)
-class Throttled:
-    """Counts occurrences of one kind and lets a log line through at most once per
-    `every_s`, reporting how many happened since the previous line."""
-
-    every_s: float = 10.0
-    total: int = 0
-    _unlogged: int = 0
-    _next_line: float = float("-inf")
-
-    def note(self, now: float) -> int:
-        """Count one occurrence at `now`; the number to log if a line is due, else 0."""
-        self.total += 1
-        self._unlogged += 1
-        if now < self._next_line:
-            return 0
-        since, self._unlogged = self._unlogged, 0
-        self._next_line = now + self.every_s
-        return since
 
 
 @dataclass(slots=True)
