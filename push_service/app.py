@@ -13,6 +13,7 @@ from push_service.access import ApiKeys
 from push_service.errors import ServerErrors, add_error_handlers
 from push_service.fast_push import FastPush, ServicesSlot
 from push_service.gate import AccessRules, KeyGate
+from push_service.http_server import HeadCounts, HeadCuts
 from push_service.limits import BodyLimit
 from push_service.ratelimit import LimiterSlot, RateGate
 from push_service.routes import ROUTERS
@@ -56,7 +57,9 @@ def create_app(
     if settings.api_key is None:
         raise ConfigError("IMROUTE_API_KEY: required by the push service")
     shedder = Shedder(settings.http_max_in_flight, settings.http_max_lag_ms)
-    wiring = Wiring(settings, clock or SystemClock(), bus, metrics=[ShedMetrics(shedder)])
+    # What the server cuts before a request is whole (push_service.http_server.run).
+    heads = HeadCounts(HeadCuts(settings.http_header_timeout_s))
+    wiring = Wiring(settings, clock or SystemClock(), bus, metrics=[ShedMetrics(shedder), heads])
     slot = LimiterSlot()
     services_slot = ServicesSlot()
     traced = TracerSlot()
@@ -91,6 +94,7 @@ def create_app(
     )
     keys = ApiKeys.from_settings(settings)
     app.state.keys = keys
+    app.state.head_counts = heads
     add_error_handlers(app)
     for router in ROUTERS:
         app.include_router(router)

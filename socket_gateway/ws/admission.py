@@ -10,8 +10,10 @@ import ipaddress
 import logging
 import math
 from collections import Counter, OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
+
+from shared.http_heads import HeadLimits
 
 if TYPE_CHECKING:
     from shared.settings import Settings
@@ -42,6 +44,18 @@ REFUSALS: dict[str, tuple[str, int]] = {
         "Sockets cut for not sending their request head within IMROUTE_WS_HANDSHAKE_TIMEOUT_S",
         logging.INFO,
     ),
+    "headers_too_large": (
+        "Handshakes answered 431: a request head over IMROUTE_HTTP_MAX_HEAD_BYTES",
+        logging.WARNING,
+    ),
+    "too_many_headers": (
+        "Handshakes answered 431: more header fields than IMROUTE_HTTP_MAX_HEADERS",
+        logging.WARNING,
+    ),
+    "uri_too_long": (
+        "Handshakes answered 414: a request target over IMROUTE_HTTP_MAX_URL_BYTES",
+        logging.WARNING,
+    ),
     "rate_limited": (
         "Handshakes answered 429: over IMROUTE_WS_CONNECT_RATE_PER_IP",
         logging.WARNING,
@@ -59,6 +73,8 @@ class HandshakeLimits:
     max_pre_auth: int = 1000
     connect_rate_per_ip: float | None = None  # None: no per-IP limit
     connect_burst_per_ip: int = 10
+    # the request head's size (IMROUTE_HTTP_MAX_*)
+    head: HeadLimits = field(default_factory=HeadLimits)
 
     @classmethod
     def from_settings(cls, settings: Settings) -> HandshakeLimits:
@@ -66,6 +82,7 @@ class HandshakeLimits:
             max_pre_auth=settings.ws_max_pre_auth,
             connect_rate_per_ip=settings.ws_connect_rate_per_ip,
             connect_burst_per_ip=settings.ws_connect_burst_per_ip,
+            head=HeadLimits.from_settings(settings),
         )
 
 

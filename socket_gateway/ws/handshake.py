@@ -16,6 +16,7 @@ import logging
 import math
 from urllib.parse import parse_qs, urlsplit
 
+from websockets.exceptions import HeaderLineTooLong, RequestLineTooLong, TooManyHeaders
 from websockets.headers import parse_subprotocol
 from websockets.http11 import Request, Response
 from websockets.protocol import OPEN
@@ -23,6 +24,7 @@ from websockets.server import ServerProtocol
 
 from shared.auth import verify_token
 from shared.errors import AuthError, RegistryUnavailable, TooManyConnections
+from shared.http_heads import HeadRefusal, gather_head
 from socket_gateway.connections import ClientConn
 from socket_gateway.ws.admission import client_key
 from socket_gateway.ws.framing import FrameConn
@@ -31,7 +33,6 @@ from socket_gateway.ws.protocol import (
     CLOSE_INTERNAL,
     CLOSE_TRY_AGAIN,
     MAX_CLIENT_FRAME,
-    MAX_HANDSHAKE_BYTES,
     QuietLog,
     json_refusal,
     select_subprotocol,
@@ -78,29 +79,27 @@ class HandshakeConn(FrameConn):
         return True
 
     def _on_head(self, data: bytes) -> None:
-        """Bytes before the 101: gather the request head, then answer it."""
+        """Bytes before the 101: gather the request head within its limits (at most
+        IMROUTE_HTTP_MAX_HEAD_BYTES are kept), then answer it."""
         head = self._head
         if head is None:  # handshake refused, the response is on its way: ignore the rest
             return
-        head += data
-        end = head.find(b"\r\n\r\n")
-        if end < 0:
-            if len(head) > MAX_HANDSHAKE_BYTES:
-                self._head = None
-                hs = _handshake_protocol()
-                hs.send_response(
-                    json_refusal(
-                        431,
-                        "headers_too_large",
-                        f"the request line and headers are over {MAX_HANDSHAKE_BYTES} bytes",
-                    )
-                )
-                self._send_handshake(hs)
-            else:
-                self._head = head
+        gathered = gather_head(head, data, self._ep.limits.head)
+        if gathered is None:
             return
         self._head = None
-        self._handshake(head[: end + 4], head[end + 4 :])
+        if isinstance(gathered, HeadRefusal):
+            self._refuse_head(gathered)
+            return
+        self._handshake(*gathered)
+
+    def _refuse_head(self, refusal: HeadRefusal) -> None:
+        """A head over a limit (ours, or the library's own): its JSON answer, counted."""
+        ep = self._ep
+        ep.refusals.note(refusal.error, ep._clock.monotonic(), refusal.detail)
+        hs = _handshake_protocol()
+        hs.send_response(json_refusal(refusal.status, refusal.error, refusal.detail))
+        self._send_handshake(hs)
 
     def _handshake(self, head: bytes, rest: bytes) -> None:
         ep = self._ep
@@ -109,6 +108,10 @@ class HandshakeConn(FrameConn):
         events = hs.events_received()
         request = events[0] if events else None
         if not isinstance(request, Request):
+            refusal = _library_refusal(hs.handshake_exc)
+            if refusal is not None:
+                self._refuse_head(refusal)
+                return
             # Not a valid HTTP request: the library wrote an error response or an EOF.
             self._send_handshake(hs)
             return
@@ -243,6 +246,16 @@ class HandshakeConn(FrameConn):
             self._registering = False
             if self._lost and not ep._abandoned:
                 ep._spawn(ep._unregister_conn(conn))
+
+
+def _library_refusal(exc: Exception | None) -> HeadRefusal | None:
+    """The library's own limits on a head (8 KiB a line, 128 fields), hit only where
+    ours allow more, as the refusal ours would give; it answers them in plain text."""
+    if isinstance(exc, RequestLineTooLong):
+        return HeadRefusal(414, "uri_too_long", f"the request line is too long ({exc})")
+    if isinstance(exc, HeaderLineTooLong | TooManyHeaders):
+        return HeadRefusal(431, "headers_too_large", f"the request headers are too large ({exc})")
+    return None
 
 
 def _as_json(response: Response) -> Response:
