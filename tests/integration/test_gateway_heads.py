@@ -21,7 +21,7 @@ from websockets.asyncio.client import connect
 from router.devtools.ports import free_port
 from socket_gateway.ws.admission import REFUSALS
 from tests.conftest import SECRET
-from tests.integration.head_bombs import FIELD, KIB, MIB, ask, send_head, send_heads, watching
+from tests.integration.head_bombs import FIELDS, KIB, MIB, ask, send_head, send_heads, watching
 from tests.integration.http_raw import Answer, request_head
 from tests.integration.procs import BIN, Proc, base_env, read_until, running
 from tests.integration.stack import api, gateway, ready
@@ -67,7 +67,7 @@ async def test_a_header_bomb_on_either_port_costs_the_gateway_nothing(
         for port, path in ((ws_port, "/ws"), (metrics_port, "/metrics")):
             start = f"GET {path} HTTP/1.1\r\nHost: x\r\n".encode()
             async with watching(proc.pid, probe) as watch:
-                got = await send_heads(8, port, start, FIELD, total=12 * MIB)
+                got = await send_heads(8, port, start, FIELDS, total=12 * MIB)
             for one in got:
                 refused(one.answer, 431, "headers_too_large")
                 assert "IMROUTE_HTTP_MAX_HEAD_BYTES" in one.answer.json()["detail"]  # type: ignore[union-attr]
