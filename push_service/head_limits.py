@@ -74,6 +74,7 @@ class HeadBudget(asyncio.Protocol):
     uvicorn's protocol in their bases, so `super()` here is uvicorn's)."""
 
     head_limits: ClassVar[HeadLimits] = HeadLimits()
+    _max_headers: ClassVar[int] = HeadLimits().max_headers  # head_limits', read per field
     head_refusals: ClassVar[HeadRefusals]
     # What the pending head may still take; the class's value is the whole limit.
     _head_room: int = HeadLimits().max_bytes

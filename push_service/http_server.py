@@ -200,6 +200,8 @@ def _httptools_class() -> type[asyncio.Protocol]:
     from uvicorn.protocols.http.flow_control import service_unavailable
     from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+    uvicorn_on_header = HttpToolsProtocol.on_header
+
     class HttpToolsHeadDeadline(_HeadDeadline, HttpToolsProtocol):
         """httptools calls back at a head's first byte, with the target, with each
         field and at its end; and at the end of the request."""
@@ -218,8 +220,9 @@ def _httptools_class() -> type[asyncio.Protocol]:
                 self._refuse_head(self.head_limits.url_too_long())
 
         def on_header(self, name: bytes, value: bytes) -> None:
-            super().on_header(name, value)
-            if len(self.headers) > self.head_limits.max_headers:
+            # uvicorn's, called directly: this runs for every field of every request.
+            uvicorn_on_header(self, name, value)
+            if len(self.headers) > self._max_headers:
                 self._refuse_head(self.head_limits.too_many_headers())
 
         def on_headers_complete(self) -> None:
@@ -303,6 +306,7 @@ def head_deadline_protocol(
         "head_timeout_s": timeout_s,
         "head_cuts": counts.cuts,
         "head_limits": limits,
+        "_max_headers": limits.max_headers,
         "head_refusals": counts.refusals,
         "_head_room": limits.max_bytes,
         "_timeout_response": _timeout_response(timeout_s),
