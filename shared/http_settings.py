@@ -24,7 +24,7 @@ def default_workers() -> int:
 
 
 class HttpSettings(BaseSettings):
-    """How the push service serves HTTP (issue 12: uvicorn's limits; issue 14: workers),
+    """How the push service serves HTTP (uvicorn's limits, workers),
     and how large a request head every HTTP listener takes (shared.http_heads)."""
 
     # a request head (request line and headers) must arrive within this many seconds of
