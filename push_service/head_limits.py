@@ -31,7 +31,13 @@ import h11
 from shared.http_heads import HeadLimits, HeadRefusal, check_request
 from shared.throttled import Throttled
 
-__all__ = ["HeadBudget", "HeadRefusals", "LimitedH11Connection", "closing_response"]
+__all__ = [
+    "HeadBudget",
+    "HeadRefusals",
+    "LimitedH11Connection",
+    "ParseErrorLines",
+    "closing_response",
+]
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +73,29 @@ class HeadRefusals:
             log.warning(
                 "refused %d request head(s) (%d): %s", since, refusal.status, refusal.detail
             )
+
+
+class ParseErrorLines(logging.Filter):
+    """uvicorn's warning for each request it cannot parse (a head stopped by a limit is
+    one: the limit stops the parser), on the `uvicorn.error` logger: logged at once,
+    then at most once per `every_s` with the count since, like every refusal."""
+
+    MESSAGE = "Invalid HTTP request received."
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic, every_s: float = 10.0) -> None:
+        super().__init__()
+        self._clock = clock
+        self._line = Throttled(every_s)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.msg != self.MESSAGE:
+            return True
+        since = self._line.note(self._clock())
+        if not since:
+            return False
+        if since > 1:
+            record.msg = f"{self.MESSAGE[:-1]}: {since} requests since the last line"
+        return True
 
 
 class HeadBudget(asyncio.Protocol):

@@ -45,6 +45,7 @@ from push_service.head_limits import (
     HeadBudget,
     HeadRefusals,
     LimitedH11Connection,
+    ParseErrorLines,
     closing_response,
 )
 from shared.http_heads import HeadLimits
@@ -341,6 +342,8 @@ def run(
         limit_concurrency=settings.http_max_concurrency,
         headers=RESPONSE_HEADERS,
     )
+    # (After the Config, which sets up logging.) One line per unparsable request, no more.
+    logging.getLogger("uvicorn.error").addFilter(ParseErrorLines())
     # uvicorn raises the SIGINT it captured once it has shut down; uvicorn.run()
     # swallows it the same way, so Ctrl-C prints no traceback.
     with contextlib.suppress(KeyboardInterrupt):
