@@ -3,8 +3,9 @@
 The HTTP request is parsed and answered by a short-lived `ServerProtocol` that is
 dropped after the 101, so the request and its headers are not kept for the life of the
 connection. Everything a client can be refused for is decided before the 101, and
-answered with HTTP and a JSON body: the per-IP connect rate (429), a draining gateway
-or a full one (503, both with Retry-After), the token (401). A refused socket is closed
+answered with HTTP and a JSON body: a request head over its limits (431, 414: at most
+IMROUTE_HTTP_MAX_HEAD_BYTES of it is kept), the per-IP connect rate (429), a draining
+gateway or a full one (503, both with Retry-After), the token (401). A refused socket is closed
 as soon as its answer is written. After the 101 the client goes into the local map,
 then its route into the registry (close 1013 when the registry is unavailable, 4429
 when its user is at the per-user cap: the check is the route write itself).
