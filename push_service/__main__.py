@@ -57,7 +57,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ImrouteError as exc:
         print(f"imroute push-service: {exc}", file=sys.stderr)
         return 2
-    run(app, settings, None if worker is None else worker.listener())
+    run(app, settings, None if worker is None else worker.listener(), app.state.head_counts)
     return 0
 
 

@@ -4,16 +4,16 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
-from pathlib import Path
 
 from fastapi import FastAPI
-from fastapi.staticfiles import StaticFiles
 
 from push_service.access import ApiKeys
 from push_service.errors import ServerErrors, add_error_handlers
 from push_service.fast_push import FastPush, ServicesSlot
 from push_service.gate import AccessRules, KeyGate
+from push_service.http_server import HeadCounts, HeadCuts
 from push_service.limits import BodyLimit
+from push_service.pages import add_pages
 from push_service.ratelimit import LimiterSlot, RateGate
 from push_service.routes import ROUTERS
 from push_service.routes.deps import KEY_SCHEMES
@@ -39,10 +39,6 @@ MAX_BATCH_BODY_BYTES = 32 << 20
 MAX_USERS_BODY_BYTES = 32 << 20
 
 
-DASHBOARD = Path(__file__).parent / "dashboard"
-CLIENT = Path(__file__).parent / "client"  # imroute.js: a link to clients/js/imroute.js
-
-
 def create_app(
     settings: Settings,
     clock: Clock | None = None,
@@ -57,8 +53,10 @@ def create_app(
     if settings.api_key is None:
         raise ConfigError("IMROUTE_API_KEY: required by the push service")
     shedder = Shedder(settings.http_max_in_flight, settings.http_max_lag_ms)
+    # What the server cuts before a request is whole (push_service.http_server.run).
+    heads = HeadCounts(HeadCuts(settings.http_header_timeout_s))
     wiring = Wiring(
-        settings, clock or SystemClock(), bus, metrics=[ShedMetrics(shedder), UidMetrics()]
+        settings, clock or SystemClock(), bus, metrics=[ShedMetrics(shedder), UidMetrics(), heads]
     )
     slot = LimiterSlot()
     services_slot = ServicesSlot()
@@ -91,16 +89,18 @@ def create_app(
         version="0.1.0",
         lifespan=lifespan,
         description="Push messages to users connected to imroute socket gateways.",
+        # Served by push_service.pages, from the package (FastAPI's load a CDN's script).
+        docs_url=None,
+        redoc_url=None,
     )
     keys = ApiKeys.from_settings(settings)
     app.state.keys = keys
+    app.state.head_counts = heads
     add_error_handlers(app)
     for router in ROUTERS:
         app.include_router(router)
-    # The dashboard's static files: public, as they hold no data (its data needs the key).
-    app.mount("/dashboard", StaticFiles(directory=DASHBOARD, html=True), name="dashboard")
-    # The browser client (clients/js/imroute.js), for pages to import.
-    app.mount("/client", StaticFiles(directory=CLIENT, follow_symlink=True), name="client")
+    # The dashboard, the browser client and /docs, each page under its own CSP.
+    add_pages(app)
     # Innermost: POST /v1/push's hot path, behind every gate (push_service.fast_push).
     app.add_middleware(FastPush, slot=services_slot, handlers=app.exception_handlers)
     # Added last, so it runs first (outermost): requests without the key a path needs

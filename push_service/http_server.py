@@ -15,6 +15,11 @@ requests) and the keep-alive timeout are uvicorn's own; `run` sets all three fro
 Settings. uvicorn's 503 is text/plain: under httptools (uvicorn's choice where it is
 installed, as here) it is answered in JSON too. The push service serves no WebSocket,
 so an upgrade request is plain HTTP to it (uvicorn's WebSocket layer answered text).
+
+A head's size is bounded too, in bytes, header fields and target length
+(`head_limits`): 431 or 414 in JSON, the connection closed. Both kinds of cut are
+counted for /metrics (`HeadCounts`). Every response says `X-Content-Type-Options:
+nosniff` (uvicorn's default headers: no cost per request).
 """
 
 from __future__ import annotations
@@ -22,37 +27,41 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import importlib.util
-import json
 import logging
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, ClassVar, Literal
 
 import h11
 import uvicorn
+from prometheus_client.core import CounterMetricFamily
+from prometheus_client.metrics_core import Metric
 from starlette.types import ASGIApp
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from push_service.errors import send_error
+from push_service.head_limits import (
+    HeadBudget,
+    HeadRefusals,
+    LimitedH11Connection,
+    ParseErrorLines,
+    closing_response,
+)
+from shared.http_heads import HeadLimits
 from shared.logs import dict_config
 from shared.settings import Settings
 
-__all__ = ["HeadCuts", "head_deadline_protocol", "run"]
+__all__ = ["RESPONSE_HEADERS", "HeadCounts", "HeadCuts", "head_deadline_protocol", "run"]
 
 log = logging.getLogger(__name__)
 
 Parser = Literal["auto", "httptools", "h11"]
 
 
-def _closing_response(status: str, error: str, detail: str) -> bytes:
-    """A whole JSON response after which the connection is closed."""
-    body = json.dumps({"error": error, "detail": detail}).encode()
-    return (
-        f"HTTP/1.1 {status}\r\ncontent-type: application/json\r\n"
-        f"content-length: {len(body)}\r\nconnection: close\r\n\r\n".encode()
-        + body
-    )
+# On every response of the server: a browser never takes one for another type than it
+# says (a JSON error for a script, or HTML).
+RESPONSE_HEADERS = [("X-Content-Type-Options", "nosniff")]
 
 
 async def _concurrency_exceeded(scope: Any, receive: Any, send: Any) -> None:
@@ -67,8 +76,8 @@ async def _concurrency_exceeded(scope: Any, receive: Any, send: Any) -> None:
 
 
 def _timeout_response(timeout_s: float) -> bytes:
-    return _closing_response(
-        "408 Request Timeout",
+    return closing_response(
+        408,
         "request_timeout",
         f"the request line and headers did not arrive within {timeout_s:g} s "
         "(IMROUTE_HTTP_HEADER_TIMEOUT_S)",
@@ -111,16 +120,44 @@ class HeadCuts:
         self._next_log = now + LOG_EVERY_S
 
 
-class _HeadDeadline(asyncio.Protocol):
+class HeadCounts:
+    """The heads cut by the deadline and refused for a limit: one process's counts, a
+    collector of the app's metrics (`create_app`) and counted by its server (`run`)."""
+
+    def __init__(self, cuts: HeadCuts, refusals: HeadRefusals | None = None) -> None:
+        self.cuts = cuts
+        self.refusals = refusals or HeadRefusals()
+
+    def collect(self) -> Iterator[Metric]:
+        timeouts = CounterMetricFamily(
+            "imroute_http_head_timeouts",
+            "Connections closed by IMROUTE_HTTP_HEADER_TIMEOUT_S: with part of a request "
+            "head (answered 408), or having sent nothing",
+            labels=["sent"],
+        )
+        timeouts.add_metric(["part"], self.cuts.partial)
+        timeouts.add_metric(["nothing"], self.cuts.silent)
+        yield timeouts
+        refused = CounterMetricFamily(
+            "imroute_http_heads_refused",
+            "Request heads refused for a limit, by reason: headers_too_large and "
+            "too_many_headers (431), uri_too_long (414)",
+            labels=["reason"],
+        )
+        for reason in ("headers_too_large", "too_many_headers", "uri_too_long"):
+            refused.add_metric([reason], self.refusals.counts[reason])
+        yield refused
+
+
+class _HeadDeadline(HeadBudget):
     """The deadline's state and its expiry, shared by both parsers' protocols (it comes
-    first in their bases, so `super()` here is uvicorn's protocol)."""
+    first in their bases, then the byte count, so `super()` is then uvicorn's protocol)."""
 
     head_timeout_s: ClassVar[float] = 10.0
     head_cuts: ClassVar[HeadCuts]
     _timeout_response: ClassVar[bytes] = b""
 
     loop: asyncio.AbstractEventLoop
-    transport: asyncio.Transport
     _head_timer: asyncio.TimerHandle | None = None
     _head_begun = False  # a byte of the pending head has arrived
 
@@ -146,12 +183,6 @@ class _HeadDeadline(asyncio.Protocol):
         """Whether a request before the pending head is still being answered."""
         raise NotImplementedError
 
-    def send_400_response(self, msg: str) -> None:
-        # uvicorn's own answer to a request it cannot parse is text/plain: ours is JSON,
-        # like every other refusal of the push service.
-        self.transport.write(_closing_response("400 Bad Request", "bad_request", msg))
-        self.transport.close()
-
     def _head_expired(self) -> None:
         self._head_timer = None
         if self.transport.is_closing():
@@ -170,17 +201,48 @@ def _httptools_class() -> type[asyncio.Protocol]:
     from uvicorn.protocols.http.flow_control import service_unavailable
     from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+    uvicorn_on_header = HttpToolsProtocol.on_header
+
     class HttpToolsHeadDeadline(_HeadDeadline, HttpToolsProtocol):
-        """httptools calls back at a head's first byte and at its end."""
+        """httptools calls back at a head's first byte, with the target, with each
+        field and at its end; and at the end of the request."""
+
+        _head_open = True  # the bytes that come next are a head's (not a body's)
+        _heads = 0  # request heads parsed
 
         def on_message_begin(self) -> None:
             super().on_message_begin()
             self._head_begun = True
             self._arm_head()
 
+        def on_url(self, url: bytes) -> None:
+            super().on_url(url)
+            if len(self.url) > self.head_limits.max_url_bytes:
+                self._refuse_head(self.head_limits.url_too_long())
+
+        def on_header(self, name: bytes, value: bytes) -> None:
+            # uvicorn's, called directly: this runs for every field of every request.
+            uvicorn_on_header(self, name, value)
+            if len(self.headers) > self._max_headers:
+                self._refuse_head(self.head_limits.too_many_headers())
+
         def on_headers_complete(self) -> None:
             self._disarm_head()
+            self._heads += 1
+            self._head_open = False
+            self._head_done()
             super().on_headers_complete()
+
+        def on_message_complete(self) -> None:
+            self._head_open = True
+            self._head_done()
+            super().on_message_complete()
+
+        def _in_head(self) -> bool:
+            return self._head_open
+
+        def _heads_parsed(self) -> int:
+            return self._heads
 
         def _answering(self) -> bool:
             return self.cycle is not None and not self.cycle.response_complete
@@ -194,7 +256,14 @@ def _httptools_class() -> type[asyncio.Protocol]:
 
 
 class H11HeadDeadline(_HeadDeadline, H11Protocol):
-    """h11 has no per-head callbacks: its state says whether a head is pending (IDLE)."""
+    """h11 has no per-head callbacks: its state says whether a head is pending (IDLE).
+    Its connection refuses the fields and targets over the limits."""
+
+    conn: LimitedH11Connection
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.conn = LimitedH11Connection(self.head_limits)
 
     def data_received(self, data: bytes) -> None:
         if data and self.conn.their_state is h11.IDLE:
@@ -203,28 +272,58 @@ class H11HeadDeadline(_HeadDeadline, H11Protocol):
         super().data_received(data)
         if self.conn.their_state is not h11.IDLE:  # the head was parsed
             self._disarm_head()
+            self._head_done()
+
+    def _in_head(self) -> bool:
+        return self.conn.their_state is h11.IDLE
+
+    def _heads_parsed(self) -> int:
+        return self.conn.requests
+
+    def send_400_response(self, msg: str) -> None:
+        if self.conn.refusal is not None:
+            self._refusal = self.conn.refusal
+        super().send_400_response(msg)
 
     def _answering(self) -> bool:
         return self.cycle is not None and not self.cycle.response_complete
 
 
-def head_deadline_protocol(timeout_s: float, parser: Parser = "auto") -> type[asyncio.Protocol]:
+def head_deadline_protocol(
+    timeout_s: float,
+    parser: Parser = "auto",
+    limits: HeadLimits | None = None,
+    counts: HeadCounts | None = None,
+) -> type[asyncio.Protocol]:
     """uvicorn's HTTP protocol (httptools when installed, as uvicorn's "auto" picks, else
-    h11) with a deadline of `timeout_s` for each request head."""
+    h11) with a deadline of `timeout_s` for each request head, and `limits` on its size;
+    what they cut is counted in `counts`."""
     if parser == "auto":
         parser = "httptools" if importlib.util.find_spec("httptools") else "h11"
     base = _httptools_class() if parser == "httptools" else H11HeadDeadline
+    limits = limits or HeadLimits()
+    counts = counts or HeadCounts(HeadCuts(timeout_s))
     attrs: dict[str, Any] = {
         "head_timeout_s": timeout_s,
-        "head_cuts": HeadCuts(timeout_s),
+        "head_cuts": counts.cuts,
+        "head_limits": limits,
+        "_max_headers": limits.max_headers,
+        "head_refusals": counts.refusals,
+        "_head_room": limits.max_bytes,
         "_timeout_response": _timeout_response(timeout_s),
     }
     return type(base.__name__, (base,), attrs)
 
 
-def run(app: ASGIApp, settings: Settings, sock: socket.socket | None = None) -> None:
+def run(
+    app: ASGIApp,
+    settings: Settings,
+    sock: socket.socket | None = None,
+    counts: HeadCounts | None = None,
+) -> None:
     """Serve `app` with uvicorn until SIGINT or SIGTERM, with the HTTP limits of `settings`;
-    on `sock` (a worker's inherited listening socket) or on IMROUTE_HOST:IMROUTE_PORT."""
+    on `sock` (a worker's inherited listening socket) or on IMROUTE_HOST:IMROUTE_PORT.
+    `counts`: where the heads cut or refused are counted (the app's metrics')."""
     config = uvicorn.Config(
         app,
         host=settings.host,
@@ -234,12 +333,17 @@ def run(app: ASGIApp, settings: Settings, sock: socket.socket | None = None) -> 
         # (shared.logs); uvicorn's own config gave its lines no time, and ours none at all
         log_config=dict_config(settings.log_level, settings.log_format, "push-service"),
         access_log=False,
-        http=head_deadline_protocol(settings.http_header_timeout_s),
+        http=head_deadline_protocol(
+            settings.http_header_timeout_s, "auto", HeadLimits.from_settings(settings), counts
+        ),
         # no WebSocket here: an upgrade request is answered as the HTTP request it is
         ws="none",
         timeout_keep_alive=settings.http_keepalive_timeout_s,
         limit_concurrency=settings.http_max_concurrency,
+        headers=RESPONSE_HEADERS,
     )
+    # (After the Config, which sets up logging.) One line per unparsable request, no more.
+    logging.getLogger("uvicorn.error").addFilter(ParseErrorLines())
     # uvicorn raises the SIGINT it captured once it has shut down; uvicorn.run()
     # swallows it the same way, so Ctrl-C prints no traceback.
     with contextlib.suppress(KeyboardInterrupt):

@@ -47,7 +47,7 @@ IN_FLIGHT = "in_flight"
 LAG = "lag"
 
 _OPERATOR_PATHS = frozenset({"/healthz", "/metrics", "/docs", "/openapi.json", "/v1/gateways"})
-_OPERATOR_PREFIXES = ("/dashboard", "/client/", "/v1/admin/")
+_OPERATOR_PREFIXES = ("/dashboard", "/client/", "/docs/", "/v1/admin/")
 
 
 def is_operator(method: str, path: str) -> bool:

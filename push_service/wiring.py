@@ -77,6 +77,7 @@ from router.webhook.base import EventSink
 from router.webhook.running import running_webhooks
 from shared.auth import TokenRules
 from shared.clock import Clock
+from shared.http_heads import HeadLimits
 from shared.internal_auth import load_tls
 from shared.keys import KeySchema
 from shared.settings import Settings
@@ -258,6 +259,7 @@ class Wiring:
                     clock,
                     settings.gateway_cache_s,
                     TokenRules.from_settings(settings),
+                    HeadLimits.from_settings(settings),
                 ),
                 fleet=Fleet(fleet, RedisDrainRequests(redis, keys)),
                 fanout=fanout,

@@ -7,8 +7,9 @@ here, and `Settings.load` reads them as `IMROUTE_*` like any other.
 from __future__ import annotations
 
 import os
+from typing import Self
 
-from pydantic import Field
+from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings
 
 __all__ = ["HttpSettings", "default_workers"]
@@ -23,11 +24,22 @@ def default_workers() -> int:
 
 
 class HttpSettings(BaseSettings):
-    """How the push service serves HTTP (issue 12: uvicorn's limits; issue 14: workers)."""
+    """How the push service serves HTTP (uvicorn's limits, workers),
+    and how large a request head every HTTP listener takes (shared.http_heads)."""
 
     # a request head (request line and headers) must arrive within this many seconds of
     # the connection opening, or of the next request's first byte: slowloris heads are cut
     http_header_timeout_s: float = Field(10.0, gt=0, le=300)
+    # every HTTP listener (push service, gateway WebSocket and metrics ports): a request
+    # head (request line, headers, blank line) over this many bytes is refused 431 ...
+    http_max_head_bytes: int = Field(16 * 1024, ge=1024, le=1 << 20)
+    # ... and one with more header fields than this; at most 128, as the gateway's
+    # WebSocket library refuses more
+    http_max_headers: int = Field(100, ge=8, le=128)
+    # ... and a request target (path and query) over this many bytes is refused 414;
+    # at most 8000, as the gateway's WebSocket library refuses a request line over 8 KiB.
+    # /v1/dispatch refuses a token that would not fit in the gateway's URL
+    http_max_url_bytes: int = Field(8000, ge=256, le=8000)
     # an idle keep-alive connection is closed after this many seconds (uvicorn's own)
     http_keepalive_timeout_s: int = Field(5, ge=1, le=3600)
     # open connections or running requests past which uvicorn answers 503 (per worker)
@@ -41,3 +53,13 @@ class HttpSettings(BaseSettings):
     # push-service processes sharing the one listening port (README, "Workers"); the
     # default is the cores this process may use
     workers: int = Field(default_factory=default_workers, ge=1, le=256)
+
+    @model_validator(mode="after")
+    def _url_fits_in_a_head(self) -> Self:
+        if self.http_max_url_bytes >= self.http_max_head_bytes:
+            raise ValueError(
+                f"IMROUTE_HTTP_MAX_URL_BYTES ({self.http_max_url_bytes}) must be less than "
+                f"IMROUTE_HTTP_MAX_HEAD_BYTES ({self.http_max_head_bytes}): the request "
+                "line is part of the head"
+            )
+        return self

@@ -33,6 +33,7 @@ from shared.internal_auth import is_loopback, load_tls
 from shared.keys import KeySchema
 from shared.models import GatewayInfo
 from shared.settings import Settings, redact_url
+from shared.throttled import Throttled
 from shared.trace_settings import check_tracing
 from socket_gateway.acks import AckReporter
 from socket_gateway.advertise import advertised
@@ -119,6 +120,7 @@ class Gateway:
         self.consumer_restarts = 0
         self.consumer_budget = RestartBudget(self.clock)
         self._ws: WsEndpoint | None = None  # before the metrics, which read it at once
+        self.metrics_refused = Throttled()  # heads the metrics port refused (431, 414)
         self.limit_counts = LimitCounts()
         self.metrics = GatewayMetrics(
             self.deliver_service, self.conns, lambda: gateway_counts(self), self.limit_counts
@@ -253,9 +255,7 @@ class Gateway:
         self._ws_server = await self._ws.serve(s.ws_host, s.ws_port)
         self.ws_port = self._ws_server.sockets[0].getsockname()[1]
         if s.metrics_port is not None:
-            scrapes = await serve_metrics(
-                s.metrics_host, s.metrics_port, lambda: render(self.metrics)
-            )
+            scrapes = await serve_metrics(s, lambda: render(self.metrics), self.metrics_refused)
             self._stack.push_async_callback(scrapes.wait_closed)
             self._stack.callback(scrapes.close)  # first: the stack unwinds last in, first out
             self.metrics_port = scrapes.sockets[0].getsockname()[1]

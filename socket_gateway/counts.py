@@ -36,6 +36,11 @@ def gateway_counts(gw: Gateway) -> dict[str, tuple[str, float]]:
         )
     if gw.ws_endpoint is not None:
         counts.update(gw.ws_endpoint.refusals.metrics())
+    counts["metrics_heads_refused"] = (
+        "Requests to the metrics port refused for a request head over a limit "
+        "(IMROUTE_HTTP_MAX_HEAD_BYTES, _MAX_HEADERS: 431; _MAX_URL_BYTES: 414)",
+        gw.metrics_refused.total,
+    )
     if gw.resumer is not None:
         r = gw.resumer.stats
         counts["resumes"] = ("Connections that asked to resume (since=)", r.resumes)

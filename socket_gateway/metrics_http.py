@@ -3,7 +3,8 @@
 Apart from the clients' WebSocket port, so the counters (connections, refusals, losses)
 are not public: bind it to an address only the scraper reaches (IMROUTE_METRICS_HOST,
 IMROUTE_METRICS_PORT). A scrape is one short request: the head must come within a few
-seconds and fit in 8 KiB, and the connection closes after the answer.
+seconds and keep to the limits every HTTP listener has (shared.http_heads: 431 or 414
+in JSON past them, counted), and the connection closes after the answer.
 """
 
 from __future__ import annotations
@@ -11,26 +12,69 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
+import time
 from collections.abc import Callable
+from http import HTTPStatus
+from typing import TYPE_CHECKING
 
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from shared.http_heads import END_OF_HEAD, HeadLimits, HeadRefusal, check_head
+from shared.throttled import Throttled
+
+if TYPE_CHECKING:
+    from shared.settings import Settings
+
 __all__ = ["serve_metrics"]
 
+log = logging.getLogger(__name__)
+
 HEAD_TIMEOUT_S = 5.0
-MAX_HEAD = 8192
 
 
-async def serve_metrics(host: str, port: int, render: Callable[[], bytes]) -> asyncio.Server:
-    """Listen on `host`:`port` (0 picks one) and answer `GET /metrics` with `render()`."""
+def _answer(status: bytes, kind: bytes, body: bytes, with_body: bool = True) -> bytes:
+    return (
+        b"HTTP/1.1 %s\r\nContent-Type: %s\r\nContent-Length: %d\r\n"
+        b"X-Content-Type-Options: nosniff\r\nConnection: close\r\n\r\n%s"
+        % (status, kind, len(body), body if with_body else b"")
+    )
+
+
+def _refusal_answer(refusal: HeadRefusal) -> bytes:
+    body = json.dumps({"error": refusal.error, "detail": refusal.detail}).encode()
+    status = f"{refusal.status} {HTTPStatus(refusal.status).phrase}".encode()
+    return _answer(status, b"application/json", body)
+
+
+async def serve_metrics(
+    settings: Settings, render: Callable[[], bytes], refused: Throttled | None = None
+) -> asyncio.Server:
+    """Listen on IMROUTE_METRICS_HOST:IMROUTE_METRICS_PORT (0 picks one) and answer
+    `GET /metrics` with `render()`. Heads over the limits are refused, counted in
+    `refused`."""
+    assert settings.metrics_port is not None
+    limits = HeadLimits.from_settings(settings)
+    refused = refused if refused is not None else Throttled()
+
+    def refuse(writer: asyncio.StreamWriter, refusal: HeadRefusal) -> None:
+        if since := refused.note(time.monotonic()):
+            log.warning("refused %d request head(s) on the metrics port: %s", since, refusal.detail)
+        writer.write(_refusal_answer(refusal))
 
     async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
-            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), HEAD_TIMEOUT_S)
-        except (TimeoutError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, OSError):
-            writer.close()
-            return
-        try:
+            try:
+                head = await asyncio.wait_for(reader.readuntil(END_OF_HEAD), HEAD_TIMEOUT_S)
+            except asyncio.LimitOverrunError:  # the reader keeps at most about 2 limits
+                refuse(writer, limits.too_large())
+                return
+            except (TimeoutError, asyncio.IncompleteReadError, OSError):
+                return
+            refusal = check_head(head, limits)
+            if refusal is not None:
+                refuse(writer, refusal)
+                return
             parts = head.split(b"\r\n", 1)[0].split()
             method, path = (parts[0], parts[1].split(b"?", 1)[0]) if len(parts) == 3 else (b"", b"")
             if path == b"/metrics" and method in (b"GET", b"HEAD"):
@@ -42,15 +86,12 @@ async def serve_metrics(host: str, port: int, render: Callable[[], bytes]) -> as
                     b"404 Not Found",
                     b"application/json",
                 )
-            writer.write(
-                b"HTTP/1.1 %s\r\nContent-Type: %s\r\nContent-Length: %d\r\n"
-                b"Connection: close\r\n\r\n" % (status, kind, len(body))
-            )
-            if method != b"HEAD":
-                writer.write(body)
+            writer.write(_answer(status, kind, body, with_body=method != b"HEAD"))
+        finally:
             with contextlib.suppress(OSError):
                 await writer.drain()
-        finally:
             writer.close()
 
-    return await asyncio.start_server(answer, host, port, limit=MAX_HEAD)
+    return await asyncio.start_server(
+        answer, settings.metrics_host, settings.metrics_port, limit=limits.max_bytes
+    )

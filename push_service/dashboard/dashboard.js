@@ -148,12 +148,18 @@ function drawCharts(series) {
   }));
 }
 
+// The share bar's width, set through the CSSOM: the page's CSP refuses style attributes.
+function fill(share) {
+  const bar = el("span", { class: "fill" });
+  bar.style.width = `${(share * 100).toFixed(1)}%`;
+  return bar;
+}
+
 function drawGroups(groups) {
   $("#groups").replaceChildren(...groups.map((g) =>
     el("div", { class: "bar", "data-group": g.group_id },
       el("span", { class: "name" }, g.group_id),
-      el("span", { class: "track" }, el("span", {
-        class: "fill", style: `display:block;width:${(g.share * 100).toFixed(1)}%` })),
+      el("span", { class: "track" }, fill(g.share)),
       el("span", { class: "n" }, count(g.connections, "connection") +
         (g.max_connections ? ` of ${g.max_connections}` : "") +
         ` · ${count(g.gateways, "gateway")}${g.draining ? `, ${g.draining} draining` : ""}` +

@@ -14,8 +14,10 @@ import math
 import re
 from collections import Counter, OrderedDict
 from collections.abc import Hashable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Generic, TypeVar
+
+from shared.http_heads import HeadLimits
 
 if TYPE_CHECKING:
     from shared.settings import Settings
@@ -62,6 +64,18 @@ REFUSALS: dict[str, tuple[str, int]] = {
         "IMROUTE_WS_HANDSHAKE_TIMEOUT_S",
         logging.INFO,
     ),
+    "headers_too_large": (
+        "Handshakes answered 431: a request head over IMROUTE_HTTP_MAX_HEAD_BYTES",
+        logging.WARNING,
+    ),
+    "too_many_headers": (
+        "Handshakes answered 431: more header fields than IMROUTE_HTTP_MAX_HEADERS",
+        logging.WARNING,
+    ),
+    "uri_too_long": (
+        "Handshakes answered 414: a request target over IMROUTE_HTTP_MAX_URL_BYTES",
+        logging.WARNING,
+    ),
     "rate_limited": (
         "Handshakes answered 429: over IMROUTE_WS_CONNECT_RATE_PER_IP",
         logging.WARNING,
@@ -81,6 +95,8 @@ class HandshakeLimits:
     connect_burst_per_ip: int = 10
     max_pre_auth_per_ip: int = 256  # of max_pre_auth, per client_key
     request_line_s: float = 1.0  # TCP accept -> request line (then the head's deadline)
+    # the request head's size (IMROUTE_HTTP_MAX_*)
+    head: HeadLimits = field(default_factory=HeadLimits)
 
     @classmethod
     def from_settings(cls, settings: Settings) -> HandshakeLimits:
@@ -90,6 +106,7 @@ class HandshakeLimits:
             connect_burst_per_ip=settings.ws_connect_burst_per_ip,
             max_pre_auth_per_ip=settings.ws_max_pre_auth_per_ip,
             request_line_s=settings.ws_request_line_timeout_s,
+            head=HeadLimits.from_settings(settings),
         )
 
 

@@ -71,7 +71,7 @@ class FrameConn(asyncio.Protocol):
         self._ep = ep
         self._transport: asyncio.Transport | None = None
         # The handshake bytes received so far; None once the handshake is over.
-        self._head: bytes | None = b""
+        self._head: bytearray | None = bytearray()
         # The frame-phase protocol, from the 101 on.
         self._ws: ServerProtocol | None = None
         # OPEN and not being closed by us: pushes and pongs may be written.

@@ -3,8 +3,9 @@
 The HTTP request is parsed and answered by a short-lived `ServerProtocol` that is
 dropped after the 101, so the request and its headers are not kept for the life of the
 connection. Everything a client can be refused for is decided before the 101, and
-answered with HTTP and a JSON body: the per-IP connect rate (429, answered at the
-accept, before the request), a draining gateway or a full one (503, both with
+answered with HTTP and a JSON body: a request head over its limits (431, 414: at most
+IMROUTE_HTTP_MAX_HEAD_BYTES of it is kept), the per-IP connect rate (429, answered at
+the accept, before the request), a draining gateway or a full one (503, both with
 Retry-After), the token (401). A refused socket is closed as soon as its answer is
 written. Until then it is counted, from its accept, under its address
 (`admission.PreAuthPool`). After the 101 the client goes into the local map,
@@ -19,6 +20,7 @@ import logging
 import math
 from urllib.parse import parse_qs, urlsplit
 
+from websockets.exceptions import HeaderLineTooLong, RequestLineTooLong, TooManyHeaders
 from websockets.headers import parse_subprotocol
 from websockets.http11 import Request, Response
 from websockets.protocol import OPEN
@@ -26,6 +28,7 @@ from websockets.server import ServerProtocol
 
 from shared.auth import verify_token
 from shared.errors import AuthError, RegistryUnavailable, TooManyConnections
+from shared.http_heads import HeadRefusal, gather_head
 from socket_gateway.connections import ClientConn
 from socket_gateway.ws.admission import ConnectRate, client_key
 from socket_gateway.ws.framing import FrameConn
@@ -34,7 +37,6 @@ from socket_gateway.ws.protocol import (
     CLOSE_INTERNAL,
     CLOSE_TRY_AGAIN,
     MAX_CLIENT_FRAME,
-    MAX_HANDSHAKE_BYTES,
     QuietLog,
     json_refusal,
     select_subprotocol,
@@ -124,31 +126,29 @@ class HandshakeConn(FrameConn):
             self._timer = asyncio.get_running_loop().call_at(timer.when() + extra, self._expire)
 
     def _on_head(self, data: bytes) -> None:
-        """Bytes before the 101: gather the request head, then answer it."""
+        """Bytes before the 101: gather the request head within its limits (at most
+        IMROUTE_HTTP_MAX_HEAD_BYTES are kept), then answer it."""
         head = self._head
         if head is None:  # handshake refused, the response is on its way: ignore the rest
             return
         if b"\n" in data and b"\n" not in head:
             self._line_in()
-        head += data
-        end = head.find(b"\r\n\r\n")
-        if end < 0:
-            if len(head) > MAX_HANDSHAKE_BYTES:
-                self._head = None
-                hs = _handshake_protocol()
-                hs.send_response(
-                    json_refusal(
-                        431,
-                        "headers_too_large",
-                        f"the request line and headers are over {MAX_HANDSHAKE_BYTES} bytes",
-                    )
-                )
-                self._send_handshake(hs)
-            else:
-                self._head = head
+        gathered = gather_head(head, data, self._ep.limits.head)
+        if gathered is None:
             return
         self._head = None
-        self._handshake(head[: end + 4], head[end + 4 :])
+        if isinstance(gathered, HeadRefusal):
+            self._refuse_head(gathered)
+            return
+        self._handshake(*gathered)
+
+    def _refuse_head(self, refusal: HeadRefusal) -> None:
+        """A head over a limit (ours, or the library's own): its JSON answer, counted."""
+        ep = self._ep
+        ep.refusals.note(refusal.error, ep._clock.monotonic(), refusal.detail)
+        hs = _handshake_protocol()
+        hs.send_response(json_refusal(refusal.status, refusal.error, refusal.detail))
+        self._send_handshake(hs)
 
     def _handshake(self, head: bytes, rest: bytes) -> None:
         ep = self._ep
@@ -157,6 +157,10 @@ class HandshakeConn(FrameConn):
         events = hs.events_received()
         request = events[0] if events else None
         if not isinstance(request, Request):
+            refusal = _library_refusal(hs.handshake_exc)
+            if refusal is not None:
+                self._refuse_head(refusal)
+                return
             # Not a valid HTTP request: the library wrote an error response or an EOF.
             self._send_handshake(hs)
             return
@@ -277,6 +281,16 @@ class HandshakeConn(FrameConn):
             self._registering = False
             if self._lost and not ep._abandoned:
                 ep._spawn(ep._unregister_conn(conn))
+
+
+def _library_refusal(exc: Exception | None) -> HeadRefusal | None:
+    """The library's own limits on a head (8 KiB a line, 128 fields), hit only where
+    ours allow more, as the refusal ours would give; it answers them in plain text."""
+    if isinstance(exc, RequestLineTooLong):
+        return HeadRefusal(414, "uri_too_long", f"the request line is too long ({exc})")
+    if isinstance(exc, HeaderLineTooLong | TooManyHeaders):
+        return HeadRefusal(431, "headers_too_large", f"the request headers are too large ({exc})")
+    return None
 
 
 def _as_json(response: Response) -> Response:

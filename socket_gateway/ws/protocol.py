@@ -31,7 +31,6 @@ __all__ = [
     "CLOSE_UNAUTHORIZED",
     "CLOSE_UNSUPPORTED",
     "MAX_CLIENT_FRAME",
-    "MAX_HANDSHAKE_BYTES",
     "PING_FRAME",
     "SUBPROTOCOL",
     "TOKEN_SUBPROTOCOL_PREFIX",
@@ -59,8 +58,7 @@ CLOSE_FULL = 4429
 USER_CAP_REASON = "too many connections for this user"
 # Clients only send pings and acks; anything bigger is junk and gets 1009 from the library.
 MAX_CLIENT_FRAME = 4096
-# The request line and headers of the opening handshake, at most.
-MAX_HANDSHAKE_BYTES = 16 * 1024
+# (The request head's own limits: HandshakeLimits.head, IMROUTE_HTTP_MAX_HEAD_BYTES &c.)
 
 # A browser cannot set headers on a WebSocket: it sends its token as a subprotocol,
 # `imroute.jwt.<token>`, next to SUBPROTOCOL, which is the one the gateway selects (a
