@@ -17,7 +17,7 @@ same certs, a client cert required.
 Connections are accepted here, not by a server of the event loop's, so that each one is
 counted and timed from its TCP accept, before its TLS handshake: at most MAX_PRE_HELLO
 wait for their hello, MAX_PRE_HELLO_PER_PEER from one address, and with every place taken
-the address holding the most loses its oldest (`ws.admission.PreAuthPool`); the hello
+the address holding the most loses its oldest (`socket_gateway.preauth.PreAuthPool`); the hello
 deadline runs from the accept, the handshake included. The loop then runs the TLS
 handshake (`connect_accepted_socket`), with its own fast TLS transport as before.
 """
@@ -39,9 +39,10 @@ from shared.clock import Clock
 from shared.errors import PayloadTooLarge
 from shared.link_frames import FrameReader, frame
 from shared.proto import gateway_pb2
+from shared.throttled import Throttled
 from socket_gateway.delivery import LinkCounts
 from socket_gateway.link_tickets import MAX_TICKETS, TICKET_S, Tickets
-from socket_gateway.ws.admission import PER_KEY_CAP, PreAuthPool, client_key
+from socket_gateway.preauth import PER_KEY_CAP, PreAuthPool, client_key
 
 __all__ = [
     "HELLO_TIMEOUT_S",
@@ -90,8 +91,7 @@ class LinkServer:
         self._conns: set[_LinkConn] = set()
         # Those without their hello yet (their TLS handshake included), by peer address.
         self._pre_hello: PreAuthPool[_LinkConn] = PreAuthPool(MAX_PRE_HELLO, MAX_PRE_HELLO_PER_PEER)
-        self._logged_at = float("-inf")
-        self._unlogged = 0
+        self._refusal_line = Throttled(LOG_EVERY_S)
 
     async def start(self, host: str, port: int, tls: ssl.SSLContext | None = None) -> int:
         """Listen; returns the bound port (port 0 picks one)."""
@@ -132,13 +132,8 @@ class LinkServer:
 
     def refused(self, peer: object, reason: str) -> None:
         self.counts.refused += 1
-        self._unlogged += 1
-        now = self.clock.monotonic()
-        if now - self._logged_at >= LOG_EVERY_S:
-            log.warning(
-                "refused %d delivery link(s), the last from %s: %s", self._unlogged, peer, reason
-            )
-            self._logged_at, self._unlogged = now, 0
+        if since := self._refusal_line.note(self.clock.monotonic()):
+            log.warning("refused %d delivery link(s), the last from %s: %s", since, peer, reason)
 
     @property
     def waiting(self) -> int:

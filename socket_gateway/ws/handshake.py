@@ -8,7 +8,7 @@ IMROUTE_HTTP_MAX_HEAD_BYTES of it is kept), the per-IP connect rate (429, answer
 the accept, before the request), a draining gateway or a full one (503, both with
 Retry-After), the token (401). A refused socket is closed as soon as its answer is
 written. Until then it is counted, from its accept, under its address
-(`admission.PreAuthPool`). After the 101 the client goes into the local map,
+(`socket_gateway.preauth.PreAuthPool`). After the 101 the client goes into the local map,
 then its route into the registry (close 1013 when the registry is unavailable, 4429
 when its user is at the per-user cap: the check is the route write itself).
 """
@@ -30,7 +30,8 @@ from shared.auth import verify_token
 from shared.errors import AuthError, RegistryUnavailable, TooManyConnections
 from shared.http_heads import HeadRefusal, gather_head
 from socket_gateway.connections import ClientConn
-from socket_gateway.ws.admission import ConnectRate, client_key
+from socket_gateway.preauth import client_key
+from socket_gateway.ws.admission import ConnectRate
 from socket_gateway.ws.framing import FrameConn
 from socket_gateway.ws.protocol import (
     CLOSE_FULL,

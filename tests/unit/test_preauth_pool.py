@@ -1,5 +1,5 @@
 """Sockets before they authenticate, counted per address from their accept
-(socket_gateway/ws/admission.py, PreAuthPool): the caps, and who loses a place when
+(socket_gateway/preauth.py, PreAuthPool): the caps, and who loses a place when
 every place is taken."""
 
 from __future__ import annotations
@@ -11,7 +11,8 @@ import pytest
 
 from shared.errors import ConfigError
 from shared.settings import Settings
-from socket_gateway.ws.admission import PER_KEY_CAP, TOTAL_CAP, HandshakeLimits, PreAuthPool
+from socket_gateway.preauth import PER_KEY_CAP, TOTAL_CAP, PreAuthPool
+from socket_gateway.ws.admission import HandshakeLimits
 
 _names = itertools.count()
 

@@ -8,7 +8,8 @@ import logging
 import pytest
 
 from shared.settings import Settings
-from socket_gateway.ws.admission import REFUSALS, ConnectRate, HandshakeLimits, Refusals, client_key
+from socket_gateway.preauth import client_key
+from socket_gateway.ws.admission import REFUSALS, ConnectRate, HandshakeLimits, Refusals
 
 
 def test_a_burst_then_the_rate_per_key() -> None:
