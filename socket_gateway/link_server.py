@@ -67,6 +67,8 @@ MAX_PRE_HELLO = 256
 MAX_PRE_HELLO_PER_PEER = 64
 LOG_EVERY_S = 10.0
 BACKLOG = 100  # as the event loop's servers
+# Connections accepted in a row before the accept loop lets the event loop run
+ACCEPTS_PER_TURN = 32
 # accept() failing for want of descriptors or memory: try again this much later
 ACCEPT_RETRY_S = 1.0
 _OUT_OF = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
@@ -108,6 +110,7 @@ class LinkServer:
 
     async def _accept(self, listener: socket.socket) -> None:
         loop = asyncio.get_running_loop()
+        taken = 0
         while True:
             try:
                 sock, peer = await loop.sock_accept(listener)
@@ -117,6 +120,11 @@ class LinkServer:
                     await asyncio.sleep(ACCEPT_RETRY_S)
                 continue
             _LinkConn(self, peer).accepted(sock)
+            taken += 1
+            if taken % ACCEPTS_PER_TURN == 0:
+                # With a backlog, accept returns at once and would not yield: let what
+                # was accepted start, and the rest of the loop run.
+                await asyncio.sleep(0)
 
     async def close(self) -> None:
         """Stop listening and close every link (their calls were all answered: a call is
@@ -195,7 +203,10 @@ class _LinkConn(asyncio.Protocol):
         self._peer = peer
         self._reader = FrameReader(HELLO_MAX_BYTES)
         self._transport: asyncio.Transport | None = None
-        self._opening: asyncio.Task[None] | None = None  # until connection_made (TLS)
+        # The socket until the loop takes it over (when `_opening` starts), then the
+        # task taking it over until connection_made (TLS)
+        self._sock: socket.socket | None = None
+        self._opening: asyncio.Task[None] | None = None
         self._open = False
         self._hello_timer: asyncio.TimerHandle | None = None
 
@@ -208,13 +219,20 @@ class _LinkConn(asyncio.Protocol):
             server.refused(self._peer, why)
             _turn_away(sock, None if server.tls else _error("RESOURCE_EXHAUSTED", why))
             return
-        loop = asyncio.get_running_loop()
-        self._hello_timer = loop.call_later(HELLO_TIMEOUT_S, self._late)
-        self._opening = loop.create_task(self._take_over(sock, server.tls))
+        self._sock = sock
+        try:
+            loop = asyncio.get_running_loop()
+            self._hello_timer = loop.call_later(HELLO_TIMEOUT_S, self._late)
+            self._opening = loop.create_task(self._take_over(server.tls))
+        except BaseException:
+            self._drop(None)
+            raise
 
-    async def _take_over(self, sock: socket.socket, tls: ssl.SSLContext | None) -> None:
+    async def _take_over(self, tls: ssl.SSLContext | None) -> None:
         loop = asyncio.get_running_loop()
         timeout = None if tls is None else HELLO_TIMEOUT_S
+        sock, self._sock = self._sock, None
+        assert sock is not None
         try:
             await loop.connect_accepted_socket(
                 lambda: self, sock, ssl=tls, ssl_handshake_timeout=timeout
@@ -244,11 +262,24 @@ class _LinkConn(asyncio.Protocol):
 
     def _end(self, code: str, reason: str) -> None:
         transport = self._transport
-        if transport is not None and not transport.is_closing():
+        if transport is None:
+            self._drop(None if self._server.tls else _error(code, reason))
+        elif not transport.is_closing():
             transport.write(_error(code, reason))
             transport.close()
-        elif transport is None and self._opening is not None:
-            self._opening.cancel()
+
+    def _drop(self, answer: bytes | None) -> None:
+        """Cut before connection_made. A task cancelled before it started never runs
+        (its except and finally neither): a socket the loop has not taken over yet is
+        closed here, after `answer` if it takes it at once; one in its TLS handshake is
+        closed by the task's cancellation."""
+        task, self._opening = self._opening, None
+        if task is not None:
+            task.cancel()
+        sock, self._sock = self._sock, None
+        if sock is not None:
+            _turn_away(sock, answer)
+        self._gone()
 
     def data_received(self, data: bytes) -> None:
         try:
@@ -329,5 +360,5 @@ class _LinkConn(asyncio.Protocol):
     def close(self) -> None:
         if self._transport is not None:
             self._transport.close()
-        elif self._opening is not None:
-            self._opening.cancel()
+        else:
+            self._drop(None)
