@@ -14,19 +14,22 @@ frame too big) is answered with an error StreamReply of call_id 0, counted, logg
 (never the ticket) and the connection closed. With mTLS on, the link is TLS with the
 same certs, a client cert required.
 
-Connections are accepted here, not by a server of the event loop's, so that each one is
-counted and timed from its TCP accept, before its TLS handshake: at most MAX_PRE_HELLO
-wait for their hello, MAX_PRE_HELLO_PER_PEER from one address, and with every place taken
-the address holding the most loses its oldest (`socket_gateway.preauth.PreAuthPool`); the hello
-deadline runs from the accept, the handshake included. The loop then runs the TLS
-handshake (`connect_accepted_socket`), with its own fast TLS transport as before.
+Connections are accepted by a task of ours (socket_gateway.acceptor, on every address
+of the host, as the event loop's servers), not by a server of the event loop's, so that
+each one is counted and timed from its TCP accept, before its TLS handshake: at most
+MAX_PRE_HELLO wait for their hello, MAX_PRE_HELLO_PER_PEER from one address, and with
+every place taken the address holding the most loses its oldest
+(`socket_gateway.preauth.PreAuthPool`); the hello deadline runs from the accept, the
+handshake included. The loop then runs the TLS handshake (`connect_accepted_socket`),
+with its own fast TLS transport as before. A connection cut before the loop took its
+socket over (its task not started yet) is closed and forgotten here: a task cancelled
+before it starts runs none of its code.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import errno
 import logging
 import socket
 import ssl
@@ -40,6 +43,7 @@ from shared.errors import PayloadTooLarge
 from shared.link_frames import FrameReader, frame
 from shared.proto import gateway_pb2
 from shared.throttled import Throttled
+from socket_gateway.acceptor import Acceptor
 from socket_gateway.delivery import LinkCounts
 from socket_gateway.link_tickets import MAX_TICKETS, TICKET_S, Tickets
 from socket_gateway.preauth import PER_KEY_CAP, PreAuthPool, client_key
@@ -67,11 +71,6 @@ MAX_PRE_HELLO = 256
 MAX_PRE_HELLO_PER_PEER = 64
 LOG_EVERY_S = 10.0
 BACKLOG = 100  # as the event loop's servers
-# Connections accepted in a row before the accept loop lets the event loop run
-ACCEPTS_PER_TURN = 32
-# accept() failing for want of descriptors or memory: try again this much later
-ACCEPT_RETRY_S = 1.0
-_OUT_OF = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
 
 Answer = Callable[[gateway_pb2.StreamCall], gateway_pb2.StreamReply]
 
@@ -88,53 +87,25 @@ class LinkServer:
         self.frame_limit = frame_limit
         self.counts = counts
         self.tls: ssl.SSLContext | None = None
-        self._listener: socket.socket | None = None
-        self._accepting: asyncio.Task[None] | None = None
+        self._acceptor = Acceptor(self._accepted, clock, "delivery link")
         self._conns: set[_LinkConn] = set()
         # Those without their hello yet (their TLS handshake included), by peer address.
         self._pre_hello: PreAuthPool[_LinkConn] = PreAuthPool(MAX_PRE_HELLO, MAX_PRE_HELLO_PER_PEER)
         self._refusal_line = Throttled(LOG_EVERY_S)
 
-    async def start(self, host: str, port: int, tls: ssl.SSLContext | None = None) -> int:
-        """Listen; returns the bound port (port 0 picks one)."""
-        loop = asyncio.get_running_loop()
-        family, _, _, _, address = (
-            await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
-        )[0]
-        listener = socket.create_server(address, family=family, backlog=BACKLOG)
-        listener.setblocking(False)
+    async def start(self, host: str | None, port: int, tls: ssl.SSLContext | None = None) -> int:
+        """Listen on every address of `host` ("" or None: every interface); returns the
+        bound port (port 0 picks one)."""
         self.tls = tls
-        self._listener = listener
-        self._accepting = loop.create_task(self._accept(listener), name="link-accept")
-        return int(listener.getsockname()[1])
+        return await self._acceptor.listen(host, port, BACKLOG)
 
-    async def _accept(self, listener: socket.socket) -> None:
-        loop = asyncio.get_running_loop()
-        taken = 0
-        while True:
-            try:
-                sock, peer = await loop.sock_accept(listener)
-            except OSError as exc:
-                if exc.errno in _OUT_OF:
-                    log.warning("delivery link: cannot accept (%s); again in 1s", exc)
-                    await asyncio.sleep(ACCEPT_RETRY_S)
-                continue
-            _LinkConn(self, peer).accepted(sock)
-            taken += 1
-            if taken % ACCEPTS_PER_TURN == 0:
-                # With a backlog, accept returns at once and would not yield: let what
-                # was accepted start, and the rest of the loop run.
-                await asyncio.sleep(0)
+    def _accepted(self, sock: socket.socket, peer: object) -> None:
+        _LinkConn(self, peer).accepted(sock)
 
     async def close(self) -> None:
         """Stop listening and close every link (their calls were all answered: a call is
         answered in the callback that read it)."""
-        if self._accepting is not None:
-            self._accepting.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._accepting
-        if self._listener is not None:
-            self._listener.close()
+        await self._acceptor.close()
         for conn in list(self._conns):
             conn.close()
 
