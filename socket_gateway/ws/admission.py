@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import math
+import re
 from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -26,6 +27,7 @@ __all__ = [
     "ConnectRate",
     "HandshakeLimits",
     "Refusals",
+    "request_line_ok",
 ]
 
 # Per-IP buckets kept at most (least recently seen dropped first): about 150 bytes each.
@@ -48,6 +50,11 @@ REFUSALS: dict[str, tuple[str, int]] = {
     "pre_auth_evicted": (
         "Sockets without a 101 closed to make room for one from another address: the "
         "gateway held IMROUTE_WS_MAX_PRE_AUTH of them, and theirs held the most",
+        logging.WARNING,
+    ),
+    "bad_request": (
+        "Sockets answered 400 (or, not HTTP at all, closed): a first line that is no "
+        "request line (GET <target> HTTP/1.x), or a head that is no HTTP request",
         logging.WARNING,
     ),
     "handshake_timeout": (
@@ -76,6 +83,16 @@ REFUSALS: dict[str, tuple[str, int]] = {
     "full": ("Handshakes answered 503: at IMROUTE_GATEWAY_MAX_CONNECTIONS", logging.WARNING),
     "not_accepting": ("Handshakes answered 503: draining or shutting down", logging.INFO),
 }
+
+
+# A handshake's request line: GET, a target of printable ASCII, HTTP/1.x, CRLF.
+_REQUEST_LINE = re.compile(rb"GET [!-~]+ HTTP/1\.[0-9]\r\n")
+
+
+def request_line_ok(line: bytes | bytearray) -> bool:
+    """Whether `line` (up to and including its LF) is shaped like a WebSocket handshake's
+    request line: only then does the socket get the rest of the head's deadline."""
+    return _REQUEST_LINE.fullmatch(line) is not None
 
 
 @dataclass(frozen=True, slots=True)

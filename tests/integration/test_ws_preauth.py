@@ -91,3 +91,57 @@ async def test_one_address_is_capped_and_the_biggest_holder_makes_room(
                 await asyncio.wait_for(raw.reader.read(), 0.05)
             raw.close()
         await wait_for(lambda: not ep._pending, "all gone")
+
+
+@pytest.mark.parametrize(
+    "first", [b"\n", b"junk\r\n", b"GET /ws HTTP/2\r\n", b"POST /ws HTTP/1.1\r\n"]
+)
+async def test_a_first_line_that_is_no_request_line_is_answered_400_at_once(
+    redis_url: str, prefix: str, redis: Any, first: bytes
+) -> None:
+    """Only a request line earns the head's deadline: anything else is answered at once,
+    not held until then."""
+    limits = HandshakeLimits(request_line_s=0.5)
+    async with gateway(redis_url, prefix, limits=limits, timers=WsTimers(handshake_s=3)) as gw:
+        raw = await RawClient.open(gw)
+        started = time.monotonic()
+        raw.writer.write(first)
+        head, body = await raw.response(0.4)
+        assert head.startswith(b"HTTP/1.1 400 "), head
+        assert json.loads(body)["error"] == "bad_handshake"
+        assert await raw.at_eof(0.4)
+        assert time.monotonic() - started < 0.4
+        assert gw.endpoint.refusals.counts["bad_request"] == 1
+        await wait_for(lambda: not gw.endpoint._pending, "gone")
+
+
+async def test_a_head_in_one_read_arms_its_deadline_once(
+    redis_url: str, prefix: str, redis: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The deadline is armed at the accept; it is moved to the head's only for a head
+    still coming after its request line."""
+    loop = asyncio.get_running_loop()
+    armed: list[float] = []
+    call_at = loop.call_at
+
+    def counting(when: float, callback: Any, *args: Any, **kw: Any) -> asyncio.TimerHandle:
+        if getattr(callback, "__name__", "") == "_expire":
+            armed.append(when)
+        return call_at(when, callback, *args, **kw)
+
+    monkeypatch.setattr(loop, "call_at", counting)
+    async with gateway(redis_url, prefix) as gw:
+        whole = await RawClient.open(gw)
+        whole.writer.write(RawClient.request("whole"))
+        assert b" 101 " in await whole.response_head()
+        assert len(armed) == 1
+        request = RawClient.request("split")
+        split = await RawClient.open(gw)
+        line_end = request.index(b"\r\n") + 2
+        split.writer.write(request[: line_end + 10])  # its request line, and a bit more
+        await asyncio.sleep(0.05)
+        split.writer.write(request[line_end + 10 :])
+        assert b" 101 " in await split.response_head()
+        assert len(armed) == 3  # its accept's, and the head's once its line was in
+        whole.close()
+        split.close()
