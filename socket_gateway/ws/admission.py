@@ -76,7 +76,8 @@ REFUSALS: dict[str, tuple[str, int]] = {
         logging.WARNING,
     ),
     "rate_limited": (
-        "Handshakes answered 429: over IMROUTE_WS_CONNECT_RATE_PER_IP",
+        "Sockets over IMROUTE_WS_CONNECT_RATE_PER_IP: answered 429, or closed at once "
+        "when every place before a 101 is taken (one over the rate takes no other's)",
         logging.WARNING,
     ),
     "unauthorized": ("Handshakes answered 401: missing, bad or expired token", logging.INFO),

@@ -77,7 +77,8 @@ class HandshakeConn(FrameConn):
         aborted) when its address holds IMROUTE_WS_MAX_PRE_AUTH_PER_IP of them, or when
         all IMROUTE_WS_MAX_PRE_AUTH places are taken and its address holds the most.
         Otherwise, with every place taken, the address holding the most loses its oldest.
-        Over the rate, it is answered 429 at once."""
+        Over the rate, it is answered 429 at once, in a free place: one over the rate
+        never takes another's, so with every place taken it is refused too."""
         ep = self._ep
         t = self._transport
         assert t is not None
@@ -90,6 +91,9 @@ class HandshakeConn(FrameConn):
         kind = pool.refusal(where)
         if kind is not None:
             ep.refusals.note(kind, now, f"{pool.held(where)} open from {where}, {len(pool)} in all")
+            return False
+        if wait > 0 and pool.full:
+            ep.refusals.note("rate_limited", now, f"from {where}, every place taken")
             return False
         evicted = pool.add(self, where)
         if evicted is not None:

@@ -145,3 +145,41 @@ async def test_a_head_in_one_read_arms_its_deadline_once(
         assert len(armed) == 3  # its accept's, and the head's once its line was in
         whole.close()
         split.close()
+
+
+async def test_over_the_rate_a_socket_takes_no_place_from_another_address(
+    redis_url: str, prefix: str, redis: Any
+) -> None:
+    """With every place taken, a socket over its address's connect rate is closed at
+    once (counted as rate_limited): it neither takes a place nor evicts one."""
+    limits = HandshakeLimits(
+        max_pre_auth=2,
+        max_pre_auth_per_ip=2,
+        connect_rate_per_ip=0.1,
+        connect_burst_per_ip=2,
+        request_line_s=10,
+    )
+    async with gateway(redis_url, prefix, limits=limits, timers=WsTimers(handshake_s=10)) as gw:
+        ep = gw.endpoint
+        for _ in range(2):  # 127.0.0.3 uses up its burst
+            (await RawClient.open(gw, "127.0.0.3")).close()
+        await wait_for(lambda: not ep._pending, "127.0.0.3's gone")
+        held = [await RawClient.open(gw, "127.0.0.2") for _ in range(2)]
+        await wait_for(lambda: len(ep._pending) == 2, "full")
+        over = await RawClient.open(gw, "127.0.0.3")
+        assert await over.dropped(1.0)  # no 429 to write: closed at once
+        assert ep.refusals.counts["rate_limited"] == 1
+        assert ep.refusals.counts["pre_auth_evicted"] == 0
+        for raw in held:  # both still wait
+            with pytest.raises(TimeoutError):
+                await asyncio.wait_for(raw.reader.read(), 0.1)
+        assert len(ep._pending) == 2
+        # Not full: one over the rate holds a place while its 429 is written.
+        held.pop().close()
+        await wait_for(lambda: len(ep._pending) == 1, "a place free")
+        late = await RawClient.open(gw, "127.0.0.3")
+        head, _ = await late.response(1.0)
+        assert head.startswith(b"HTTP/1.1 429 ")
+        assert ep.refusals.counts["rate_limited"] == 2
+        late.close()
+        held[0].close()

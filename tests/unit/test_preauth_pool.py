@@ -125,3 +125,12 @@ def test_the_per_address_cap_and_the_request_line_deadline_come_from_settings() 
     ):
         with pytest.raises(ConfigError, match=name):
             Settings.load({name: value})
+
+
+def test_full_when_every_place_is_taken() -> None:
+    pool: PreAuthPool[str] = PreAuthPool(max_total=2, max_per_key=2)
+    assert not pool.full
+    _fill(pool, "a", 2)
+    assert pool.full
+    pool.discard(next(iter(pool._key_of)))
+    assert not pool.full
