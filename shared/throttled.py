@@ -20,14 +20,20 @@ class Throttled:
     every_s: float = 10.0
     total: int = 0
     _unlogged: int = 0
-    _next_line: float = float("-inf")
+    _line_at: float | None = None
+
+    @property
+    def last_line(self) -> float | None:
+        """When the last line was let through; None before the first."""
+        return self._line_at
 
     def note(self, now: float) -> int:
         """Count one occurrence at `now`; the number to log if a line is due, else 0."""
         self.total += 1
         self._unlogged += 1
-        if now < self._next_line:
+        last = self._line_at
+        if last is not None and now - last < self.every_s:
             return 0
         since, self._unlogged = self._unlogged, 0
-        self._next_line = now + self.every_s
+        self._line_at = now
         return since

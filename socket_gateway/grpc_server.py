@@ -148,7 +148,8 @@ async def start_grpc_server(
         ],
     )
     gateway_pb2_grpc.add_GatewayServicer_to_server(servicer, server)
-    address = f"{host}:{port}"
+    # "": every interface, as for the event loop's servers (gRPC refuses an empty host)
+    address = f"{host or '[::]'}:{port}"
     if tls is None:
         bound = server.add_insecure_port(address)
     else:

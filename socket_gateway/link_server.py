@@ -14,19 +14,22 @@ frame too big) is answered with an error StreamReply of call_id 0, counted, logg
 (never the ticket) and the connection closed. With mTLS on, the link is TLS with the
 same certs, a client cert required.
 
-Connections are accepted here, not by a server of the event loop's, so that each one is
-counted and timed from its TCP accept, before its TLS handshake: at most MAX_PRE_HELLO
-wait for their hello, MAX_PRE_HELLO_PER_PEER from one address, and with every place taken
-the address holding the most loses its oldest (`ws.admission.PreAuthPool`); the hello
-deadline runs from the accept, the handshake included. The loop then runs the TLS
-handshake (`connect_accepted_socket`), with its own fast TLS transport as before.
+Connections are accepted by a task of ours (socket_gateway.acceptor, on every address
+of the host, as the event loop's servers), not by a server of the event loop's, so that
+each one is counted and timed from its TCP accept, before its TLS handshake: at most
+MAX_PRE_HELLO wait for their hello, MAX_PRE_HELLO_PER_PEER from one address, and with
+every place taken the address holding the most loses its oldest
+(`socket_gateway.preauth.PreAuthPool`); the hello deadline runs from the accept, the
+handshake included. The loop then runs the TLS handshake (`connect_accepted_socket`),
+with its own fast TLS transport as before. A connection cut before the loop took its
+socket over (its task not started yet) is closed and forgotten here: a task cancelled
+before it starts runs none of its code.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import errno
 import logging
 import socket
 import ssl
@@ -39,9 +42,11 @@ from shared.clock import Clock
 from shared.errors import PayloadTooLarge
 from shared.link_frames import FrameReader, frame
 from shared.proto import gateway_pb2
+from shared.throttled import Throttled
+from socket_gateway.acceptor import Acceptor
 from socket_gateway.delivery import LinkCounts
 from socket_gateway.link_tickets import MAX_TICKETS, TICKET_S, Tickets
-from socket_gateway.ws.admission import PER_KEY_CAP, PreAuthPool, client_key
+from socket_gateway.preauth import PER_KEY_CAP, PreAuthPool, client_key
 
 __all__ = [
     "HELLO_TIMEOUT_S",
@@ -66,9 +71,6 @@ MAX_PRE_HELLO = 256
 MAX_PRE_HELLO_PER_PEER = 64
 LOG_EVERY_S = 10.0
 BACKLOG = 100  # as the event loop's servers
-# accept() failing for want of descriptors or memory: try again this much later
-ACCEPT_RETRY_S = 1.0
-_OUT_OF = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
 
 Answer = Callable[[gateway_pb2.StreamCall], gateway_pb2.StreamReply]
 
@@ -85,60 +87,32 @@ class LinkServer:
         self.frame_limit = frame_limit
         self.counts = counts
         self.tls: ssl.SSLContext | None = None
-        self._listener: socket.socket | None = None
-        self._accepting: asyncio.Task[None] | None = None
+        self._acceptor = Acceptor(self._accepted, clock, "delivery link")
         self._conns: set[_LinkConn] = set()
         # Those without their hello yet (their TLS handshake included), by peer address.
         self._pre_hello: PreAuthPool[_LinkConn] = PreAuthPool(MAX_PRE_HELLO, MAX_PRE_HELLO_PER_PEER)
-        self._logged_at = float("-inf")
-        self._unlogged = 0
+        self._refusal_line = Throttled(LOG_EVERY_S)
 
-    async def start(self, host: str, port: int, tls: ssl.SSLContext | None = None) -> int:
-        """Listen; returns the bound port (port 0 picks one)."""
-        loop = asyncio.get_running_loop()
-        family, _, _, _, address = (
-            await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
-        )[0]
-        listener = socket.create_server(address, family=family, backlog=BACKLOG)
-        listener.setblocking(False)
+    async def start(self, host: str | None, port: int, tls: ssl.SSLContext | None = None) -> int:
+        """Listen on every address of `host` ("" or None: every interface); returns the
+        bound port (port 0 picks one)."""
         self.tls = tls
-        self._listener = listener
-        self._accepting = loop.create_task(self._accept(listener), name="link-accept")
-        return int(listener.getsockname()[1])
+        return await self._acceptor.listen(host, port, BACKLOG)
 
-    async def _accept(self, listener: socket.socket) -> None:
-        loop = asyncio.get_running_loop()
-        while True:
-            try:
-                sock, peer = await loop.sock_accept(listener)
-            except OSError as exc:
-                if exc.errno in _OUT_OF:
-                    log.warning("delivery link: cannot accept (%s); again in 1s", exc)
-                    await asyncio.sleep(ACCEPT_RETRY_S)
-                continue
-            _LinkConn(self, peer).accepted(sock)
+    def _accepted(self, sock: socket.socket, peer: object) -> None:
+        _LinkConn(self, peer).accepted(sock)
 
     async def close(self) -> None:
         """Stop listening and close every link (their calls were all answered: a call is
         answered in the callback that read it)."""
-        if self._accepting is not None:
-            self._accepting.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._accepting
-        if self._listener is not None:
-            self._listener.close()
+        await self._acceptor.close()
         for conn in list(self._conns):
             conn.close()
 
     def refused(self, peer: object, reason: str) -> None:
         self.counts.refused += 1
-        self._unlogged += 1
-        now = self.clock.monotonic()
-        if now - self._logged_at >= LOG_EVERY_S:
-            log.warning(
-                "refused %d delivery link(s), the last from %s: %s", self._unlogged, peer, reason
-            )
-            self._logged_at, self._unlogged = now, 0
+        if since := self._refusal_line.note(self.clock.monotonic()):
+            log.warning("refused %d delivery link(s), the last from %s: %s", since, peer, reason)
 
     @property
     def waiting(self) -> int:
@@ -200,7 +174,10 @@ class _LinkConn(asyncio.Protocol):
         self._peer = peer
         self._reader = FrameReader(HELLO_MAX_BYTES)
         self._transport: asyncio.Transport | None = None
-        self._opening: asyncio.Task[None] | None = None  # until connection_made (TLS)
+        # The socket until the loop takes it over (when `_opening` starts), then the
+        # task taking it over until connection_made (TLS)
+        self._sock: socket.socket | None = None
+        self._opening: asyncio.Task[None] | None = None
         self._open = False
         self._hello_timer: asyncio.TimerHandle | None = None
 
@@ -213,13 +190,20 @@ class _LinkConn(asyncio.Protocol):
             server.refused(self._peer, why)
             _turn_away(sock, None if server.tls else _error("RESOURCE_EXHAUSTED", why))
             return
-        loop = asyncio.get_running_loop()
-        self._hello_timer = loop.call_later(HELLO_TIMEOUT_S, self._late)
-        self._opening = loop.create_task(self._take_over(sock, server.tls))
+        self._sock = sock
+        try:
+            loop = asyncio.get_running_loop()
+            self._hello_timer = loop.call_later(HELLO_TIMEOUT_S, self._late)
+            self._opening = loop.create_task(self._take_over(server.tls))
+        except BaseException:
+            self._drop(None)
+            raise
 
-    async def _take_over(self, sock: socket.socket, tls: ssl.SSLContext | None) -> None:
+    async def _take_over(self, tls: ssl.SSLContext | None) -> None:
         loop = asyncio.get_running_loop()
         timeout = None if tls is None else HELLO_TIMEOUT_S
+        sock, self._sock = self._sock, None
+        assert sock is not None
         try:
             await loop.connect_accepted_socket(
                 lambda: self, sock, ssl=tls, ssl_handshake_timeout=timeout
@@ -249,11 +233,24 @@ class _LinkConn(asyncio.Protocol):
 
     def _end(self, code: str, reason: str) -> None:
         transport = self._transport
-        if transport is not None and not transport.is_closing():
+        if transport is None:
+            self._drop(None if self._server.tls else _error(code, reason))
+        elif not transport.is_closing():
             transport.write(_error(code, reason))
             transport.close()
-        elif transport is None and self._opening is not None:
-            self._opening.cancel()
+
+    def _drop(self, answer: bytes | None) -> None:
+        """Cut before connection_made. A task cancelled before it started never runs
+        (its except and finally neither): a socket the loop has not taken over yet is
+        closed here, after `answer` if it takes it at once; one in its TLS handshake is
+        closed by the task's cancellation."""
+        task, self._opening = self._opening, None
+        if task is not None:
+            task.cancel()
+        sock, self._sock = self._sock, None
+        if sock is not None:
+            _turn_away(sock, answer)
+        self._gone()
 
     def data_received(self, data: bytes) -> None:
         try:
@@ -334,5 +331,5 @@ class _LinkConn(asyncio.Protocol):
     def close(self) -> None:
         if self._transport is not None:
             self._transport.close()
-        elif self._opening is not None:
-            self._opening.cancel()
+        else:
+            self._drop(None)

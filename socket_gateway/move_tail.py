@@ -22,9 +22,9 @@ from router.receipts.base import DELIVERED
 from router.recovery.base import RecoveryReads, TopicHistory
 from shared.clock import Clock
 from shared.errors import RegistryUnavailable
+from shared.throttled import Throttled
 from socket_gateway.connections import ClientConn, LocalConnections
 from socket_gateway.topic_spans import TopicSpans, fill_for
-from socket_gateway.ws.ratelimit import Throttled
 
 __all__ = ["MOVE_TAIL_FIRST_S", "MoveTails"]
 

@@ -22,6 +22,7 @@ from shared.clock import Clock
 from shared.coalesce import Coalescer
 from shared.errors import RegistryUnavailable
 from shared.positions import Pos, decode_pos
+from shared.throttled import Throttled
 from shared.wire import push_prefix, recovered_frame
 from socket_gateway.connections import ClientConn, LocalConnections
 from socket_gateway.gap_fill import GapFills
@@ -29,7 +30,6 @@ from socket_gateway.move_tail import MoveTails
 from socket_gateway.resume_budget import ResumeLimits, credible_move
 from socket_gateway.topic_spans import TopicSpans, fill_for
 from socket_gateway.ws.admission import ConnectRate
-from socket_gateway.ws.ratelimit import Throttled
 
 __all__ = ["ResumeStats", "Resumer"]
 

@@ -30,9 +30,9 @@ Modules, in the order bytes travel:
 - `ratelimit`: sans-I/O: the per-connection frame rate (1008); counts of its closes and of
   per-user cap refusals;
 - `framing`: the connection's state and Sink, the frame phase and the closing handshake;
-- `admission`: sans-I/O: the limits before the 101, the sockets without it counted per
-  address from their accept (the biggest holder's oldest making room), the per-IP
-  connect rate, refusal counts;
+- `admission`: sans-I/O: the limits before the 101, the per-IP connect rate, refusal
+  counts (the sockets without a 101 are counted per address from their accept, the
+  biggest holder's oldest making room, by `socket_gateway.preauth`);
 - `handshake`: the HTTP upgrade and everything refused before the 101 (429, 503, 401),
   then the per-user cap (4429, after it) and the route (1013);
 - `keepalive`: the gateway-wide ping round;

@@ -22,7 +22,8 @@ from shared.errors import RegistryUnavailable
 from shared.ids import ConnIdFactory
 from socket_gateway.acks import AckReporter
 from socket_gateway.connections import ClientConn, LocalConnections
-from socket_gateway.ws.admission import ConnectRate, HandshakeLimits, PreAuthPool, Refusals
+from socket_gateway.preauth import PreAuthPool
+from socket_gateway.ws.admission import ConnectRate, HandshakeLimits, Refusals
 from socket_gateway.ws.conn import WsConn
 from socket_gateway.ws.framing import FrameConn
 from socket_gateway.ws.keepalive import keepalive_loop

@@ -8,7 +8,7 @@ IMROUTE_HTTP_MAX_HEAD_BYTES of it is kept), the per-IP connect rate (429, answer
 the accept, before the request), a draining gateway or a full one (503, both with
 Retry-After), the token (401). A refused socket is closed as soon as its answer is
 written. Until then it is counted, from its accept, under its address
-(`admission.PreAuthPool`). After the 101 the client goes into the local map,
+(`socket_gateway.preauth.PreAuthPool`). After the 101 the client goes into the local map,
 then its route into the registry (close 1013 when the registry is unavailable, 4429
 when its user is at the per-user cap: the check is the route write itself).
 """
@@ -30,7 +30,8 @@ from shared.auth import verify_token
 from shared.errors import AuthError, RegistryUnavailable, TooManyConnections
 from shared.http_heads import HeadRefusal, gather_head
 from socket_gateway.connections import ClientConn
-from socket_gateway.ws.admission import ConnectRate, client_key
+from socket_gateway.preauth import client_key
+from socket_gateway.ws.admission import ConnectRate, request_line_ok
 from socket_gateway.ws.framing import FrameConn
 from socket_gateway.ws.protocol import (
     CLOSE_FULL,
@@ -76,7 +77,8 @@ class HandshakeConn(FrameConn):
         aborted) when its address holds IMROUTE_WS_MAX_PRE_AUTH_PER_IP of them, or when
         all IMROUTE_WS_MAX_PRE_AUTH places are taken and its address holds the most.
         Otherwise, with every place taken, the address holding the most loses its oldest.
-        Over the rate, it is answered 429 at once."""
+        Over the rate, it is answered 429 at once, in a free place: one over the rate
+        never takes another's, so with every place taken it is refused too."""
         ep = self._ep
         t = self._transport
         assert t is not None
@@ -89,6 +91,9 @@ class HandshakeConn(FrameConn):
         kind = pool.refusal(where)
         if kind is not None:
             ep.refusals.note(kind, now, f"{pool.held(where)} open from {where}, {len(pool)} in all")
+            return False
+        if wait > 0 and pool.full:
+            ep.refusals.note("rate_limited", now, f"from {where}, every place taken")
             return False
         evicted = pool.add(self, where)
         if evicted is not None:
@@ -127,20 +132,42 @@ class HandshakeConn(FrameConn):
 
     def _on_head(self, data: bytes) -> None:
         """Bytes before the 101: gather the request head within its limits (at most
-        IMROUTE_HTTP_MAX_HEAD_BYTES are kept), then answer it."""
+        IMROUTE_HTTP_MAX_HEAD_BYTES are kept), then answer it. Only a request line earns
+        the rest of the head's deadline: any other first line of a head still coming is
+        answered 400 at once (a whole head is the parser's to judge)."""
         head = self._head
         if head is None:  # handshake refused, the response is on its way: ignore the rest
             return
-        if b"\n" in data and b"\n" not in head:
-            self._line_in()
+        line_in = b"\n" in data and b"\n" not in head
         gathered = gather_head(head, data, self._ep.limits.head)
         if gathered is None:
+            if line_in:
+                line = head[: head.index(b"\n") + 1]
+                if not request_line_ok(line):
+                    self._head = None
+                    self._refuse_line(line)
+                    return
+                self._line_in()
             return
         self._head = None
         if isinstance(gathered, HeadRefusal):
             self._refuse_head(gathered)
             return
         self._handshake(*gathered)
+
+    def _refuse_line(self, line: bytes | bytearray) -> None:
+        ep = self._ep
+        shown = bytes(line[:40]).decode("ascii", "replace").rstrip("\r\n")
+        ep.refusals.note("bad_request", ep._clock.monotonic(), f"a first line of {len(line)} B")
+        hs = _handshake_protocol()
+        hs.send_response(
+            json_refusal(
+                400,
+                "bad_handshake",
+                f"the first line is not a request line (GET <target> HTTP/1.1): {shown!r}",
+            )
+        )
+        self._send_handshake(hs)
 
     def _refuse_head(self, refusal: HeadRefusal) -> None:
         """A head over a limit (ours, or the library's own): its JSON answer, counted."""
@@ -162,6 +189,7 @@ class HandshakeConn(FrameConn):
                 self._refuse_head(refusal)
                 return
             # Not a valid HTTP request: the library wrote an error response or an EOF.
+            ep.refusals.note("bad_request", ep._clock.monotonic(), "not an HTTP request")
             self._send_handshake(hs)
             return
         url = urlsplit(request.path)

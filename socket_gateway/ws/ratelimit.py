@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 from shared.throttled import Throttled
 
-__all__ = ["FrameRate", "LimitCounts", "Throttled"]
+__all__ = ["FrameRate", "LimitCounts"]
 
 # Float slack for a bucket drained one frame at a time: `burst` increments of
 # 1/rate must still fit in `burst / rate`.

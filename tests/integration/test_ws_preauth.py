@@ -1,5 +1,5 @@
 """Sockets before their 101, per address and from their accept
-(socket_gateway/ws/admission.py PreAuthPool, handshake.py): a socket that has not sent
+(socket_gateway/preauth.py PreAuthPool, ws/handshake.py): a socket that has not sent
 its request line goes sooner than one that is sending its head, the connect rate is
 answered at the accept, one address is capped, and with every place taken the address
 holding the most loses its oldest socket to a newcomer from another."""
@@ -91,3 +91,95 @@ async def test_one_address_is_capped_and_the_biggest_holder_makes_room(
                 await asyncio.wait_for(raw.reader.read(), 0.05)
             raw.close()
         await wait_for(lambda: not ep._pending, "all gone")
+
+
+@pytest.mark.parametrize(
+    "first", [b"\n", b"junk\r\n", b"GET /ws HTTP/2\r\n", b"POST /ws HTTP/1.1\r\n"]
+)
+async def test_a_first_line_that_is_no_request_line_is_answered_400_at_once(
+    redis_url: str, prefix: str, redis: Any, first: bytes
+) -> None:
+    """Only a request line earns the head's deadline: anything else is answered at once,
+    not held until then."""
+    limits = HandshakeLimits(request_line_s=0.5)
+    async with gateway(redis_url, prefix, limits=limits, timers=WsTimers(handshake_s=3)) as gw:
+        raw = await RawClient.open(gw)
+        started = time.monotonic()
+        raw.writer.write(first)
+        head, body = await raw.response(0.4)
+        assert head.startswith(b"HTTP/1.1 400 "), head
+        assert json.loads(body)["error"] == "bad_handshake"
+        assert await raw.at_eof(0.4)
+        assert time.monotonic() - started < 0.4
+        assert gw.endpoint.refusals.counts["bad_request"] == 1
+        await wait_for(lambda: not gw.endpoint._pending, "gone")
+
+
+async def test_a_head_in_one_read_arms_its_deadline_once(
+    redis_url: str, prefix: str, redis: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The deadline is armed at the accept; it is moved to the head's only for a head
+    still coming after its request line."""
+    loop = asyncio.get_running_loop()
+    armed: list[float] = []
+    call_at = loop.call_at
+
+    def counting(when: float, callback: Any, *args: Any, **kw: Any) -> asyncio.TimerHandle:
+        if getattr(callback, "__name__", "") == "_expire":
+            armed.append(when)
+        return call_at(when, callback, *args, **kw)
+
+    monkeypatch.setattr(loop, "call_at", counting)
+    async with gateway(redis_url, prefix) as gw:
+        whole = await RawClient.open(gw)
+        whole.writer.write(RawClient.request("whole"))
+        assert b" 101 " in await whole.response_head()
+        assert len(armed) == 1
+        request = RawClient.request("split")
+        split = await RawClient.open(gw)
+        line_end = request.index(b"\r\n") + 2
+        split.writer.write(request[: line_end + 10])  # its request line, and a bit more
+        await asyncio.sleep(0.05)
+        split.writer.write(request[line_end + 10 :])
+        assert b" 101 " in await split.response_head()
+        assert len(armed) == 3  # its accept's, and the head's once its line was in
+        whole.close()
+        split.close()
+
+
+async def test_over_the_rate_a_socket_takes_no_place_from_another_address(
+    redis_url: str, prefix: str, redis: Any
+) -> None:
+    """With every place taken, a socket over its address's connect rate is closed at
+    once (counted as rate_limited): it neither takes a place nor evicts one."""
+    limits = HandshakeLimits(
+        max_pre_auth=2,
+        max_pre_auth_per_ip=2,
+        connect_rate_per_ip=0.1,
+        connect_burst_per_ip=2,
+        request_line_s=10,
+    )
+    async with gateway(redis_url, prefix, limits=limits, timers=WsTimers(handshake_s=10)) as gw:
+        ep = gw.endpoint
+        for _ in range(2):  # 127.0.0.3 uses up its burst
+            (await RawClient.open(gw, "127.0.0.3")).close()
+        await wait_for(lambda: not ep._pending, "127.0.0.3's gone")
+        held = [await RawClient.open(gw, "127.0.0.2") for _ in range(2)]
+        await wait_for(lambda: len(ep._pending) == 2, "full")
+        over = await RawClient.open(gw, "127.0.0.3")
+        assert await over.dropped(1.0)  # no 429 to write: closed at once
+        assert ep.refusals.counts["rate_limited"] == 1
+        assert ep.refusals.counts["pre_auth_evicted"] == 0
+        for raw in held:  # both still wait
+            with pytest.raises(TimeoutError):
+                await asyncio.wait_for(raw.reader.read(), 0.1)
+        assert len(ep._pending) == 2
+        # Not full: one over the rate holds a place while its 429 is written.
+        held.pop().close()
+        await wait_for(lambda: len(ep._pending) == 1, "a place free")
+        late = await RawClient.open(gw, "127.0.0.3")
+        head, _ = await late.response(1.0)
+        assert head.startswith(b"HTTP/1.1 429 ")
+        assert ep.refusals.counts["rate_limited"] == 2
+        late.close()
+        held[0].close()

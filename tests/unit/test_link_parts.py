@@ -1,4 +1,5 @@
-"""The delivery link's pure parts: the framing, the tickets, the address's host."""
+"""The delivery link's pure parts: the framing, the tickets, the address's host, the
+accept loop's pause after failures."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from router.gateway_rpc.links import RETRY_MAX_S, RETRY_S, host_of, retry_in
 from shared.clock import ManualClock
 from shared.errors import PayloadTooLarge
 from shared.link_frames import FrameReader, frame
+from socket_gateway import acceptor
 from socket_gateway.link_server import MAX_TICKETS, Tickets
 
 
@@ -69,3 +71,10 @@ def test_a_link_that_cannot_be_opened_is_tried_less_and_less_often() -> None:
     assert waits == [RETRY_S, 2 * RETRY_S, 4 * RETRY_S, 8 * RETRY_S, RETRY_MAX_S, RETRY_MAX_S,
                      RETRY_MAX_S]  # fmt: skip
     assert retry_in(10_000) == RETRY_MAX_S
+
+
+def test_the_accept_loop_pauses_longer_while_failures_repeat() -> None:
+    pauses = [acceptor.retry_after(n) for n in range(1, 40)]
+    assert pauses[0] == acceptor.RETRY_FIRST_S
+    assert pauses == sorted(pauses) and pauses[1] == 2 * pauses[0]
+    assert pauses[-1] == acceptor.RETRY_MAX_S

@@ -1,5 +1,5 @@
 """Sockets before they authenticate, counted per address from their accept
-(socket_gateway/ws/admission.py, PreAuthPool): the caps, and who loses a place when
+(socket_gateway/preauth.py, PreAuthPool): the caps, and who loses a place when
 every place is taken."""
 
 from __future__ import annotations
@@ -11,7 +11,8 @@ import pytest
 
 from shared.errors import ConfigError
 from shared.settings import Settings
-from socket_gateway.ws.admission import PER_KEY_CAP, TOTAL_CAP, HandshakeLimits, PreAuthPool
+from socket_gateway.preauth import PER_KEY_CAP, TOTAL_CAP, PreAuthPool
+from socket_gateway.ws.admission import HandshakeLimits
 
 _names = itertools.count()
 
@@ -124,3 +125,12 @@ def test_the_per_address_cap_and_the_request_line_deadline_come_from_settings() 
     ):
         with pytest.raises(ConfigError, match=name):
             Settings.load({name: value})
+
+
+def test_full_when_every_place_is_taken() -> None:
+    pool: PreAuthPool[str] = PreAuthPool(max_total=2, max_per_key=2)
+    assert not pool.full
+    _fill(pool, "a", 2)
+    assert pool.full
+    pool.discard(next(iter(pool._key_of)))
+    assert not pool.full

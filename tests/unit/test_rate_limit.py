@@ -6,7 +6,8 @@ import pytest
 
 from shared.errors import ConfigError
 from shared.settings import Settings
-from socket_gateway.ws.ratelimit import FrameRate, Throttled
+from shared.throttled import Throttled
+from socket_gateway.ws.ratelimit import FrameRate
 
 LIMIT = FrameRate(rate=20, burst=50)
 
@@ -97,3 +98,13 @@ def test_the_defaults() -> None:
         20.0,
         50,
     )
+
+
+def test_throttled_knows_when_it_last_let_a_line_through() -> None:
+    t = Throttled(every_s=10)
+    assert t.last_line is None
+    t.note(3.0)
+    t.note(4.0)
+    assert t.last_line == 3.0
+    t.note(13.0)
+    assert t.last_line == 13.0

@@ -8,7 +8,14 @@ import logging
 import pytest
 
 from shared.settings import Settings
-from socket_gateway.ws.admission import REFUSALS, ConnectRate, HandshakeLimits, Refusals, client_key
+from socket_gateway.preauth import client_key
+from socket_gateway.ws.admission import (
+    REFUSALS,
+    ConnectRate,
+    HandshakeLimits,
+    Refusals,
+    request_line_ok,
+)
 
 
 def test_a_burst_then_the_rate_per_key() -> None:
@@ -90,3 +97,24 @@ def test_limits_from_settings() -> None:
     assert HandshakeLimits.from_settings(s) == HandshakeLimits(50, 2.5, 4)
     assert HandshakeLimits.from_settings(Settings.load({})) == HandshakeLimits()
     assert HandshakeLimits().connect_rate_per_ip is None  # off by default
+
+
+@pytest.mark.parametrize(
+    ("line", "ok"),
+    [
+        (b"GET /ws?token=abc HTTP/1.1\r\n", True),
+        (b"GET / HTTP/1.0\r\n", True),
+        (b"\n", False),
+        (b"\r\n", False),
+        (b"junk\r\n", False),
+        (b"GET /ws HTTP/1.1\n", False),  # no CR
+        (b"GET /ws HTTP/2\r\n", False),
+        (b"POST /ws HTTP/1.1\r\n", False),
+        (b"GET  HTTP/1.1\r\n", False),  # no target
+        (b"GET /a b HTTP/1.1\r\n", False),
+        (b"GET /\xff HTTP/1.1\r\n", False),
+        (b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\n", False),  # a TLS ClientHello
+    ],
+)
+def test_only_a_request_line_is_a_request_line(line: bytes, ok: bool) -> None:
+    assert request_line_ok(line) is ok
