@@ -109,7 +109,6 @@ async def test_with_mtls_silent_sockets_are_counted_and_cut_before_tls(
             port = await _link_port(address, tls)
             floods = [Flood(port, f"127.0.0.{n}", 1000 if n == 2 else 64) for n in (2, 3, 4, 5)]
             try:
-                started = time.monotonic()
                 for f in floods:
                     await f.fill()
                 await linked(clients, "gwt", address)
@@ -123,7 +122,8 @@ async def test_with_mtls_silent_sockets_are_counted_and_cut_before_tls(
                     "every silent socket closed",
                     link_server.HELLO_TIMEOUT_S + 3,
                 )
-                assert time.monotonic() - started < link_server.HELLO_TIMEOUT_S + 3
+                # Each socket's life, from its connect to its close: the fill, the link
+                # and the delivery above take seconds of their own on a loaded machine.
                 held = [s for f in floods for s in f.held_s]
                 assert max(held) < link_server.HELLO_TIMEOUT_S + 1.5, max(held)
                 # 127.0.0.2 past its 64 was refused at once.
