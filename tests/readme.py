@@ -27,10 +27,10 @@ def python_block(after: str) -> str:
 
 def webhook_verified(
     clock: Callable[[], float] = time.time,
-) -> Callable[[str, bytes, str | None], bool]:
+) -> Callable[..., bool]:
     """The README's webhook receiver check (its `verified`), reading time from `clock`."""
     space: dict[str, Any] = {}
     exec(compile(python_block("**The signature**"), "README.md", "exec"), space)
     space["time"] = SimpleNamespace(time=clock)
-    verified: Callable[[str, bytes, str | None], bool] = space["verified"]
+    verified: Callable[..., bool] = space["verified"]  # (secret, body, header[, tolerance_s])
     return verified
