@@ -6,6 +6,7 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
 
 from fastapi import FastAPI
+from fastapi.routing import APIRoute
 
 from push_service.access import ApiKeys
 from push_service.errors import ServerErrors, add_error_handlers
@@ -99,6 +100,13 @@ def create_app(
     add_error_handlers(app)
     for router in ROUTERS:
         app.include_router(router)
+    # The gate's patterns as the router's own ({uid:uid} spans segments).
+    regexes = {
+        r.path_format: r.path_regex
+        for router in ROUTERS
+        for r in router.routes
+        if isinstance(r, APIRoute)
+    }
     # The dashboard, the browser client and /docs, each page under its own CSP.
     add_pages(app)
     # Innermost: POST /v1/push's hot path, behind every gate (push_service.fast_push).
@@ -118,7 +126,7 @@ def create_app(
     # request over its rate is answered before its body is read.
     app.add_middleware(RateGate, slot=slot)
     app.add_middleware(
-        KeyGate, keys=keys, rules=AccessRules.from_openapi(app.openapi(), KEY_SCHEMES)
+        KeyGate, keys=keys, rules=AccessRules.from_openapi(app.openapi(), KEY_SCHEMES, regexes)
     )
     if settings.otel_exporter_otlp_endpoint is not None:
         # Outermost: a push's root span covers the gates too (push_service.tracing_http).

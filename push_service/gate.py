@@ -58,11 +58,18 @@ class AccessRules:
 
     @classmethod
     def from_openapi(
-        cls, schema: Mapping[str, Any], schemes: Mapping[str, KeyScope]
+        cls,
+        schema: Mapping[str, Any],
+        schemes: Mapping[str, KeyScope],
+        regexes: Mapping[str, re.Pattern[str]] | None = None,
     ) -> AccessRules:
         """Rules from an OpenAPI document: each operation needs the scope of the security
         scheme it names (`schemes`: scheme name -> scope). Routes left out of the schema
-        are public: they must not need a key."""
+        are public: they must not need a key. `regexes`: the router's own pattern of a
+        path, by its OpenAPI form, which does not say that a parameter such as
+        `{uid:uid}` spans segments; a path without one takes each parameter as one
+        segment."""
+        regexes = regexes or {}
         static: dict[str, _PathRule] = {}
         patterns: list[_Pattern] = []
         for path, operations in schema.get("paths", {}).items():
@@ -76,7 +83,7 @@ class AccessRules:
                 ]
                 rule.by_method[method.upper()] = max(needed, key=_RANK.__getitem__, default=None)
             if "{" in path:
-                patterns.append((_template_regex(path), rule))
+                patterns.append((regexes.get(path) or _template_regex(path), rule))
             else:
                 static[path] = rule
         # A static path that a template also matches needs what either needs.
@@ -90,7 +97,15 @@ class AccessRules:
         rules = self._static.get(path)
         if rules is None:
             rules = [rule for regex, rule in self._patterns if regex.fullmatch(path)]
-        return max((r.scope_for(method) for r in rules), key=_RANK.__getitem__, default=None)
+        # As the router picks: a route of this method if any matches (GET
+        # /v1/users/a/route is the route's, not DELETE /v1/users/{uid:uid}'s), else
+        # the 405 to come.
+        with_method = [r for r in rules if method in r.by_method]
+        return max(
+            (r.scope_for(method) for r in with_method or rules),
+            key=_RANK.__getitem__,
+            default=None,
+        )
 
 
 def _template_regex(template: str) -> re.Pattern[str]:

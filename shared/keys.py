@@ -23,6 +23,9 @@ values' formats live with their stores: `router.routes.codec` for a route,
   braces are a Redis Cluster hash tag, so the three meet in one slot and one script; a
   uid holding a brace is tagged by its SHA-1 and named in full after it:
   ``{prefix}useq:{<sha1 hex of uid>}:<uid>`` (`_tag`: one name per uid, whatever it is).
+  ``{prefix}useq:{<sha1 hex>}#quarantine`` (and ``ulog:``, ``uinbox:``) are the keys a
+  braced uid and the uid that is its SHA-1 hex shared before, set aside by the key
+  migration (`KeySchema.quarantined_user_keys`): no uid's keys are named so.
 - ``{prefix}topicseq:{<topic>}`` and ``{prefix}topiclog:{<topic>}`` are a bus topic's
   batch sequence (the same hash) and batch log, hash-tagged by topic the same way.
 - ``{prefix}{drain}:{gateway_id}`` asks that gateway to drain; its value is the boot
@@ -73,7 +76,7 @@ from dataclasses import dataclass
 
 from shared.errors import InvalidInput
 
-__all__ = ["ID_PATTERN", "KeySchema", "validate_id"]
+__all__ = ["ID_PATTERN", "KeySchema", "braced", "name_hash", "validate_id"]
 
 # Gateway and group ids appear inside route values and key names.
 ID_PATTERN = re.compile(r"[A-Za-z0-9_.-]{1,64}")
@@ -124,14 +127,26 @@ class KeySchema:
     def user_inbox(self, uid: str) -> str:
         return f"{self.prefix}uinbox:{_tag(uid)}"
 
+    def user_keys(self, uid: str) -> tuple[str, str, str]:
+        """`user_seq`, `user_log` and `user_inbox` of `uid`, its tag worked out once."""
+        return self._user_keys(_tag(uid))
+
     def legacy_user_keys(self, uid: str) -> tuple[str, str, str] | None:
         """A braced uid's seq, log and inbox as they were named before `_tag` named them
         in full (None for a brace-free uid, whose names never changed): what the key
         migration (`router.recovery.retag`) moves from. Those names are also the keys of
-        the brace-free uid that is the SHA-1 hex."""
-        if "{" not in uid and "}" not in uid:
-            return None
-        tag = "{" + hashlib.sha1(uid.encode()).hexdigest() + "}"
+        the brace-free uid that is the SHA-1 hex (`name_hash`)."""
+        return self.user_keys(name_hash(uid)) if braced(uid) else None
+
+    def quarantined_user_keys(self, hexed: str) -> tuple[str, str, str]:
+        """Where the key migration sets aside the keys a braced uid shared with the uid
+        `hexed`, its SHA-1 hex, when both are users: ``{<hexed>}#quarantine``, in their
+        slot, and nobody's. After the tag's closing brace, the first in the name, a
+        brace-free uid's name ends and a braced uid's goes on with ":"; this one goes
+        on with "#"."""
+        return self._user_keys("{" + hexed + "}#quarantine")
+
+    def _user_keys(self, tag: str) -> tuple[str, str, str]:
         p = self.prefix
         return f"{p}useq:{tag}", f"{p}ulog:{tag}", f"{p}uinbox:{tag}"
 
@@ -203,6 +218,17 @@ def _tag(name: str) -> str:
     either (SHA-1 only picks the slot). The form before, a bare `{<sha1 hex>}`, was
     the tag of the user whose uid is that hex too (`KeySchema.legacy_user_keys`).
     """
-    if "{" in name or "}" in name:
-        return "{" + hashlib.sha1(name.encode()).hexdigest() + "}:" + name
+    if braced(name):
+        return "{" + name_hash(name) + "}:" + name
     return "{" + name + "}"
+
+
+def braced(name: str) -> bool:
+    """Whether `name` holds a brace, so cannot be its own hash tag (`_tag`)."""
+    return "{" in name or "}" in name
+
+
+def name_hash(name: str) -> str:
+    """The SHA-1 hex of `name`'s UTF-8 bytes: a braced name's hash tag (`_tag`), and
+    before, its whole tag: so the uid whose keys a braced uid's were."""
+    return hashlib.sha1(name.encode()).hexdigest()

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from shared.uids import REFUSED
+
 if TYPE_CHECKING:
     from socket_gateway.app import Gateway
     from socket_gateway.resume import Resumer
@@ -36,6 +38,11 @@ def gateway_counts(gw: Gateway) -> dict[str, tuple[str, float]]:
         )
     if gw.ws_endpoint is not None:
         counts.update(gw.ws_endpoint.refusals.metrics())
+    counts["uids_refused"] = (
+        "uids refused by the uid rule: a client token's sub (also counted in "
+        "handshakes_refused_unauthorized)",
+        REFUSED.total,
+    )
     counts["metrics_heads_refused"] = (
         "Requests to the metrics port refused for a request head over a limit "
         "(IMROUTE_HTTP_MAX_HEAD_BYTES, _MAX_HEADERS: 431; _MAX_URL_BYTES: 414)",

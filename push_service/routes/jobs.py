@@ -13,6 +13,7 @@ from push_service.errors import NotFound
 from push_service.routes.deps import FanOutSvc, PushKey, ReceiptsSvc
 from push_service.schemas import JobOut, P2PStatusOut, RecipientsOut, check_uid_value
 from push_service.services.receipts import MAX_PAGE
+from shared.uids import MAX_UID_LEN
 
 __all__ = ["router"]
 
@@ -40,9 +41,11 @@ async def push_recipients(
     push_id: PushId,
     receipts: ReceiptsSvc,
     state: Annotated[Literal["acked", "unacked", "queued"], Query()],
-    # the last uid of the page before
+    # the last uid of the page before (the one rule checks its length, and counts it)
     cursor: Annotated[
-        str | None, Query(min_length=1, max_length=128), AfterValidator(_cursor)
+        str | None,
+        Query(json_schema_extra={"minLength": 1, "maxLength": MAX_UID_LEN}),
+        AfterValidator(_cursor),
     ] = None,
     limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 100,
 ) -> JSONResponse:

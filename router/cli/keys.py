@@ -12,11 +12,11 @@ from typing import Any
 
 from router.directory.sql import SqlUserDirectory
 from router.recovery.base import RecoveryLimits
-from router.recovery.retag import RetagReport, braced, retag
+from router.recovery.retag import Ambiguous, RetagReport, retag
 from router.redis.client import connect_redis
 from shared.clock import SystemClock
 from shared.errors import InvalidInput
-from shared.keys import KeySchema
+from shared.keys import KeySchema, braced
 from shared.settings import Settings
 from shared.uids import check_uid
 
@@ -35,7 +35,20 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
         help="a file of more uids, one per line (users that get P2P pushes but are not "
         "in the directory)",
     )
-    mig.add_argument("--no-directory", action="store_true", help="take the uids of --uids only")
+    mig.add_argument(
+        "--no-directory",
+        action="store_true",
+        help="move the uids of --uids only (the directory is still asked whether a "
+        "braced uid's SHA-1 hex is a user)",
+    )
+    mig.add_argument(
+        "--ambiguous",
+        choices=[a.value for a in Ambiguous],
+        default=Ambiguous.QUARANTINE.value,
+        help="the old keys of a braced uid whose SHA-1 hex is a user too: set aside under "
+        "names nobody reads, to inspect and delete (quarantine, the default), or left to "
+        "the hex user (hex)",
+    )
     mig.add_argument("--dry-run", action="store_true", help="say what would move; move nothing")
     keys.set_defaults(run=_run)
 
@@ -45,8 +58,11 @@ def _run(args: argparse.Namespace) -> int:
     if args.no_directory and not args.uids:
         raise InvalidInput("--uids", "required with --no-directory")
     settings = Settings.load(os.environ)
-    report = asyncio.run(keys_migrate(settings, listed, not args.no_directory, args.dry_run))
-    _print(report, args.dry_run)
+    policy = Ambiguous(args.ambiguous)
+    report = asyncio.run(
+        keys_migrate(settings, listed, not args.no_directory, args.dry_run, policy)
+    )
+    _print(report, KeySchema(settings.redis_prefix), args.dry_run, policy)
     return 0
 
 
@@ -67,8 +83,15 @@ def read_uids(path: Path) -> list[str]:
 
 
 async def keys_migrate(
-    settings: Settings, listed: list[str], use_directory: bool, dry_run: bool
+    settings: Settings,
+    listed: list[str],
+    use_directory: bool,
+    dry_run: bool,
+    ambiguous: Ambiguous = Ambiguous.QUARANTINE,
 ) -> RetagReport:
+    """Move the braced uids of `listed` and (`use_directory`) of the directory. Whether a
+    hex is a user is asked of both either way: an ambiguous pair is told wherever the
+    directory knows the hex user."""
     known = frozenset(listed)
     keys = KeySchema(settings.redis_prefix)
     limits = RecoveryLimits.from_settings(settings)
@@ -87,14 +110,14 @@ async def keys_migrate(
                             yield uid
 
         async def is_user(uid: str) -> bool:
-            if uid in known:
-                return True
-            return use_directory and await directory.get(uid) is not None
+            return uid in known or await directory.get(uid) is not None
 
-        return await retag(redis, keys, limits, uids(), is_user, dry_run=dry_run)
+        return await retag(
+            redis, keys, limits, uids(), is_user, ambiguous=ambiguous, dry_run=dry_run
+        )
 
 
-def _print(report: RetagReport, dry_run: bool) -> None:
+def _print(report: RetagReport, keys: KeySchema, dry_run: bool, ambiguous: Ambiguous) -> None:
     would = "would move" if dry_run else "moved"
     for uid in report.renamed:
         print(f"{would} {uid!r}: its log and inbox, renamed (positions stay valid)")
@@ -104,9 +127,25 @@ def _print(report: RetagReport, dry_run: bool) -> None:
             "(it had new keys already)"
         )
     for uid, hexed in report.ambiguous:
+        if ambiguous is Ambiguous.HEX:
+            print(
+                f"left {uid!r}: its old keys are also those of the user {hexed!r}; they "
+                "stay that user's (whose entries they hold cannot be told)"
+            )
+        else:
+            print(
+                f"ambiguous {uid!r}: its old keys are also those of the user {hexed!r}; "
+                "whose entries they hold cannot be told, so neither user gets them"
+            )
+    aside = "would set aside" if dry_run else "set aside"
+    for hexed in report.quarantined:
+        names = " ".join(keys.quarantined_user_keys(hexed))
+        print(f"{aside} the old keys of {hexed!r}, to inspect and delete: {names}")
+    for hexed in report.quarantined_before:
+        names = " ".join(keys.quarantined_user_keys(hexed))
         print(
-            f"left {uid!r}: its old keys are also those of the user {hexed!r}; they stay "
-            "that user's (whose entries they hold cannot be told)"
+            f"skipped {hexed!r}: set aside by an earlier run ({names}); its old keys hold "
+            "what that user got since, and stay its"
         )
     print(
         f"{len(report.renamed)} renamed, {len(report.merged)} merged, "

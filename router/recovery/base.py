@@ -79,6 +79,13 @@ class RecoveryLimits:
     def inbox_ttl_ms(self) -> int:
         return int(self.inbox_ttl_s * 1000)
 
+    @property
+    def user_seq_ttl_ms(self) -> int:
+        """How long a user's sequence lives past its last append: a window past the log
+        and the inbox it numbers, so a position never meets a restarted count while the
+        entries it names could still be read."""
+        return max(self.window_ms, self.inbox_ttl_ms) + self.window_ms
+
 
 @dataclass(frozen=True, slots=True)
 class Entry:

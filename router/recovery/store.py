@@ -9,7 +9,6 @@ old entries per append), and expires as a whole one window after its last append
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 from router.recovery.base import (
@@ -22,6 +21,7 @@ from router.recovery.base import (
 )
 from router.recovery.codec import decode_batch, decode_message, encode_batch, encode_message
 from router.recovery.content import ContentCache, RedisContentStore
+from router.recovery.lua import APPEND, APPEND_QUEUED, lua
 from router.redis.autopipe import AutoPipeline
 from router.redis.client import RedisClient
 from router.redis.errors import translate_errors
@@ -35,21 +35,11 @@ from shared.proto import gateway_pb2
 __all__ = ["RedisRecoveryStore"]
 
 
-def _lua(name: str) -> str:
-    """A script of this store: `router/recovery/<name>.lua` (comments say what it takes)."""
-    return (Path(__file__).parent / f"{name}.lua").read_text(encoding="utf-8")
-
-
-# Every sequence is a hash: `n` its counter, `e` its epoch (`next.lua`, the prelude of
-# every append), so a Redis that lost a log starts it again under a later epoch.
-_APPEND = _lua("next") + _lua("append")
-# The append, then the entry into the inbox (`append_queued.lua` calls `append()`).
-_APPEND_QUEUED = "local function append()\n" + _APPEND + "end\n" + _lua("append_queued")
-_QUEUE = _lua("queue")
-_READ_USER = _lua("read_user")
-_FORGET = _lua("forget")
-_READ_TOPIC = _lua("read_topic")
-_HEAD = _lua("head")
+_QUEUE = lua("queue")
+_READ_USER = lua("read_user")
+_FORGET = lua("forget")
+_READ_TOPIC = lua("read_topic")
+_HEAD = lua("head")
 
 
 class RedisRecoveryStore:
@@ -68,12 +58,12 @@ class RedisRecoveryStore:
         self._keys = keys
         self._clock = clock
         self.limits = limits
-        self._append = Script(_APPEND)
+        self._append = Script(APPEND)
         self._queue = Script(_QUEUE)
         self._read_user = Script(_READ_USER)
         self._forget = Script(_FORGET)
         self._read_topic = Script(_READ_TOPIC)
-        self._append_queued = Script(_APPEND_QUEUED)
+        self._append_queued = Script(APPEND_QUEUED)
         self._head = Script(_HEAD)
         # Loaded again, all of them, by the runner when Redis lost its script cache.
         self._scripts = ScriptRunner(
@@ -89,9 +79,7 @@ class RedisRecoveryStore:
             ),
             auto,
         )
-        # A sequence outlives what it numbers, so a position never meets a restarted count
-        # while the entries it names could still be read.
-        self._seq_ttl_ms = max(limits.window_ms, limits.inbox_ttl_ms) + limits.window_ms
+        self._seq_ttl_ms = limits.user_seq_ttl_ms  # read once: every append passes it
         self.content = RedisContentStore(
             redis, keys, clock, limits.content_ttl_s, limits.content_inline_max
         )

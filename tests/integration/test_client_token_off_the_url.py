@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
@@ -77,6 +78,29 @@ async def test_the_sdk_keeps_its_token_out_of_the_url(
         assert request_line == b"GET /ws HTTP/1.1", request_line
         assert tok.encode() not in request_line and b"token" not in request_line
         assert f"Sec-WebSocket-Protocol: imroute.v1, imroute.jwt.{tok}".encode() in headers
+
+
+async def test_the_sdk_logs_no_token_at_debug(
+    redis_url: str, prefix: str, redis: aioredis.Redis, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Every logger at DEBUG, the websockets client's handshake lines among them: the
+    token is in no record, whole or its signature (a real gateway, push API and Redis)."""
+    caplog.set_level(logging.DEBUG)
+    tok = token("alice")
+    async with (
+        gateway(redis_url, prefix, "gw1", "g1") as gw,
+        api(redis_url, prefix) as http,
+        ImrouteClient(API, tok, http=http) as client,
+    ):
+        await client.connect()
+        await registered(redis, prefix, "alice")
+        assert await push(http, "alice", "hi") == ["alice"]
+        assert (await next_message(client)).content == "hi"
+        assert len(gw.conns) == 1
+    texts = [r.getMessage() for r in caplog.records]
+    assert "> Sec-WebSocket-Protocol: imroute.v1, imroute.jwt.<redacted>" in texts, texts
+    signature = tok.rsplit(".", 1)[1]
+    assert [t for t in texts if signature in t] == []
 
 
 async def test_the_gateway_still_takes_a_token_in_the_query(redis_url: str, prefix: str) -> None:

@@ -121,13 +121,14 @@ async def test_old_keys_are_read_after_the_migration_positions_and_all(
         )
 
 
-async def test_a_braced_uid_whose_hex_is_a_user_too_is_left_to_that_user(
+async def test_with_ambiguous_hex_a_braced_uid_whose_hex_is_a_user_too_is_left_to_that_user(
     redis_url: str, prefix: str, redis: Any, directory: str, tmp_path: Path
 ) -> None:
     await write_old(redis, prefix, BRACED, "mixed")
     listed = tmp_path / "uids.txt"
     listed.write_text(f"{BRACED}\n{HEXED}\n")
-    out = migrate(redis_url, prefix, directory, "--uids", str(listed), "--no-directory")
+    flags = ("--uids", str(listed), "--no-directory", "--ambiguous", "hex")
+    out = migrate(redis_url, prefix, directory, *flags)
     assert "0 renamed, 0 merged, 1 ambiguous" in out and repr(HEXED) in out
     async with gateway(redis_url, prefix, "gw1", "g1") as gw:
         ws = await open_ws(gw, BRACED)

@@ -18,9 +18,10 @@ import pytest
 from websockets.asyncio.client import connect
 from websockets.exceptions import InvalidStatus
 
+from router.devtools.ports import free_port
 from shared.clock import SystemClock
-from tests.conftest import SECRET
-from tests.integration.procs import BIN, base_env
+from tests.conftest import API_KEY, SECRET
+from tests.integration.procs import BIN, base_env, gateway_process, push_services, scrape
 from tests.integration.stack import AUTH, api, client, gateway, nothing_more
 
 pytestmark = pytest.mark.integration
@@ -153,3 +154,81 @@ def test_users_import_names_the_line_and_echoes_nothing(tmp_path: Path) -> None:
     done = imroute("users", "import", str(csv), env=env)
     assert done.returncode == 2 and f"{csv}:1: the CSV header must name a uid column" in done.stderr
     assert "\x1b" not in done.stderr and "pwned" not in done.stderr
+
+
+async def test_a_uid_too_long_in_a_path_or_a_cursor_is_refused_by_the_rule_and_counted(
+    redis_url: str, prefix: str, tmp_path: Path
+) -> None:
+    """A real push service: the one rule refuses a 129-character uid wherever it comes,
+    with its own message, and counts it (pydantic's own length check came first)."""
+    env = base_env(
+        IMROUTE_REDIS_URL=redis_url,
+        IMROUTE_REDIS_PREFIX=prefix,
+        IMROUTE_API_KEY=API_KEY,
+        IMROUTE_DB_URL=f"sqlite+aiosqlite:///{tmp_path}/users.db",
+    )
+    port = free_port()
+    long = "x" * 129
+    async with (
+        push_services(env, [port]),
+        httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as http,
+    ):
+        before = await refused(http)
+        for method, url, field in [
+            ("GET", f"/v1/users/{long}/route", "path.uid"),
+            ("DELETE", f"/v1/users/{long}", "path.uid"),
+            ("GET", f"/v1/pushes/p1/recipients?state=acked&cursor={long}", "query.cursor"),
+        ]:
+            resp = await http.request(method, url, headers=AUTH)
+            assert resp.status_code == 422, (url, resp.text)
+            detail = {d["field"]: d["message"] for d in resp.json()["detail"]}
+            assert "must be 1-128 characters, got 129" in detail.get(field, ""), resp.text
+        assert await refused(http) - before == 3
+
+
+async def test_a_uid_holding_a_slash_is_put_read_and_deleted_through_the_api(
+    redis_url: str, prefix: str, tmp_path: Path
+) -> None:
+    """The rule allows "/", so the API's paths take it: sent as %2F or as is, and a uid
+    ending in "/route" too (a real push service under uvicorn)."""
+    env = base_env(
+        IMROUTE_REDIS_URL=redis_url,
+        IMROUTE_REDIS_PREFIX=prefix,
+        IMROUTE_API_KEY=API_KEY,
+        IMROUTE_DB_URL=f"sqlite+aiosqlite:///{tmp_path}/users.db",
+    )
+    assert imroute("db", "upgrade", env=env).returncode == 0
+    port = free_port()
+    uids = ["team/alice", "a/route", "/lead", "x//y/"]
+    async with (
+        push_services(env, [port]),
+        httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as http,
+    ):
+        resp = await http.put("/v1/users", json={"users": [{"uid": u} for u in uids]}, headers=AUTH)
+        assert resp.json() == {"upserted": len(uids)}, resp.text
+        for uid in uids:
+            for path in (quote(uid, safe=""), uid):
+                resp = await http.get(f"/v1/users/{path}/route", headers=AUTH)
+                assert resp.status_code == 200, (uid, path, resp.text)
+                assert resp.json() == {"uid": uid, "online": False, "routes": []}
+            # No key: the gate refuses before the app, as for any uid.
+            assert (await http.delete(f"/v1/users/{quote(uid, safe='')}")).status_code == 401
+        for uid in uids:
+            resp = await http.delete(f"/v1/users/{quote(uid, safe='')}", headers=AUTH)
+            assert resp.status_code == 204, (uid, resp.text)
+            assert (await http.delete(f"/v1/users/{uid}", headers=AUTH)).status_code == 404
+
+
+async def test_the_gateway_exports_its_refused_uids(redis_url: str, prefix: str) -> None:
+    """A real gateway process counts a token's bad sub in its /metrics."""
+    async with gateway_process(redis_url, prefix) as (ws_port, _, metrics_port):
+        before = (await scrape(metrics_port, "imroute_gateway_")).get("uids_refused_total")
+        assert before == 0.0
+        for kind in ("newline", "bidi"):
+            with pytest.raises(InvalidStatus) as info:
+                async with connect(f"ws://127.0.0.1:{ws_port}/ws?token={sub_token(BAD[kind])}"):
+                    pass
+            assert info.value.response.status_code == 401
+        counts = await scrape(metrics_port, "imroute_gateway_")
+        assert counts["uids_refused_total"] == 2.0
+        assert counts["handshakes_refused_unauthorized_total"] == 2.0

@@ -3,6 +3,8 @@ settings: pure, no server."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from push_service.access import ApiKeys, Scope, authorize, bearer_token
@@ -137,3 +139,25 @@ SCHEMA = {
 )
 def test_access_rules_from_the_schema(method: str, path: str, needed: Scope | None) -> None:
     assert AccessRules.from_openapi(SCHEMA, SCHEMES).needed(method, path) is needed
+
+
+def test_a_parameter_that_spans_segments_is_matched_as_the_router_matches_it() -> None:
+    """`{uid:uid}` (push_service.routes.users): the OpenAPI form says one segment, the
+    router's pattern says any; a GET of `.../route` is the GET route's, though the
+    DELETE's pattern matches too."""
+    schema = {
+        "paths": {
+            "/v1/users/{uid}/route": {"get": {"security": [{"PushKey": []}]}},
+            "/v1/users/{uid}": {"delete": {"security": [{"AdminKey": []}]}},
+        }
+    }
+    regexes = {
+        "/v1/users/{uid}/route": re.compile(r"^/v1/users/(?P<uid>[\s\S]*)/route$"),
+        "/v1/users/{uid}": re.compile(r"^/v1/users/(?P<uid>[\s\S]*)$"),
+    }
+    rules = AccessRules.from_openapi(schema, SCHEMES, regexes)
+    assert rules.needed("GET", "/v1/users/team/alice/route") is Scope.PUSH
+    assert rules.needed("GET", "/v1/users/alice/route") is Scope.PUSH
+    assert rules.needed("DELETE", "/v1/users/team/alice") is Scope.ADMIN
+    assert rules.needed("DELETE", "/v1/users/alice/route") is Scope.ADMIN  # uid "alice/route"
+    assert rules.needed("POST", "/v1/users/team/alice/route") is Scope.ADMIN  # a 405: strictest

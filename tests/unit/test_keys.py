@@ -10,7 +10,7 @@ from redis.crc import key_slot
 from router.fleet.codec import decode_gateway, encode_gateway
 from router.routes.codec import decode_route, encode_route
 from shared.errors import InvalidInput
-from shared.keys import KeySchema, validate_id
+from shared.keys import KeySchema, braced, name_hash, validate_id
 from shared.models import GatewayInfo
 
 
@@ -108,15 +108,107 @@ def test_a_braced_uid_is_named_in_full_after_its_sha1_tag() -> None:
     assert key_slot(k.user_inbox("bob{corp}").encode()) == key_slot(k.user_inbox(hexed).encode())
 
 
-@given(st.text(min_size=1, max_size=12), st.text(min_size=1, max_size=12))
-def test_no_two_uids_share_a_key(a: str, b: str) -> None:
-    k = KeySchema("imroute:")
-    # b, and the uid a braced a was tagged by before
-    for other in (b, hashlib.sha1(a.encode()).hexdigest()):
+def _sha1(text: str) -> str:
+    return hashlib.sha1(text.encode()).hexdigest()
+
+
+def _keys_apart(k: KeySchema, a: str, b: str) -> None:
+    """a's keys are not b's, nor b's SHA-1 hex's, nor any pair's set aside."""
+    assert a != b
+    for other in (b, _sha1(b)):
         if other != a:
-            assert k.user_seq(a) != k.user_seq(other)
-            assert k.user_log(a) != k.user_log(other)
-            assert k.user_inbox(a) != k.user_inbox(other)
+            assert not set(k.user_keys(a)) & set(k.user_keys(other)), (a, other)
+    for hexed in (_sha1(a), _sha1(b), a, b):
+        assert not set(k.user_keys(a)) & set(k.quarantined_user_keys(hexed)), (a, hexed)
+
+
+# The shapes that matter: braces alone and in pairs, a uid that is another's SHA-1 hex
+# (the old tag), one that spells another's new tag, with and without the prefix.
+_X_HEX = _sha1("x}")
+TRICKY = [
+    "x}",
+    _X_HEX + "}:x",
+    "{" + _X_HEX + "}:x}",
+    "{}",
+    "}{",
+    "{",
+    "}",
+    "{{}}",
+    "bob{corp}",
+    _sha1("bob{corp}"),
+    _sha1("bob{corp}") + "}",
+    "{" + _sha1("bob{corp}") + "}",
+    "{" + _sha1("bob{corp}") + "}:bob{corp}",
+    _sha1("bob{corp}") + "}#quarantine",
+    "{" + _sha1("bob{corp}") + "}#quarantine",
+    "#quarantine",
+    ":bob{corp}",
+    "imroute:",
+    "imroute:useq:{x}",
+    "useq:{x}",
+]
+
+
+@pytest.mark.parametrize("prefix", ["imroute:", ""])
+def test_no_two_tricky_uids_share_a_key(prefix: str) -> None:
+    k = KeySchema(prefix)
+    for a in TRICKY:
+        for b in TRICKY:
+            if a != b:
+                _keys_apart(k, a, b)
+
+
+# Text weighted toward what a key name is made of: braces, ":", "#" and hex digits.
+_NAMES = st.text(
+    st.one_of(
+        st.sampled_from("{}:#"),
+        st.sampled_from("0123456789abcdef"),
+        st.characters(exclude_categories=("Cs",)),  # no uid holds a lone surrogate
+    ),
+    min_size=1,
+    max_size=12,
+)
+
+
+@st.composite
+def _pairs(draw: st.DrawFn) -> tuple[str, str]:
+    """Two uids; the second often built from the first's SHA-1 hex, as an attacker would."""
+    a = draw(_NAMES)
+    hexed = _sha1(a)
+    b = draw(
+        st.one_of(
+            _NAMES,
+            st.just(hexed),
+            _NAMES.map(lambda tail: hexed + tail),
+            _NAMES.map(lambda tail: "{" + hexed + tail),
+            _NAMES.map(lambda head: head + hexed + "}"),
+        )
+    )
+    return a, b
+
+
+@given(_pairs(), st.sampled_from(["imroute:", ""]))
+def test_no_two_uids_share_a_key(pair: tuple[str, str], prefix: str) -> None:
+    a, b = pair
+    if a != b:
+        _keys_apart(KeySchema(prefix), a, b)
+
+
+def test_the_brace_test_and_the_hash_are_the_tags() -> None:
+    k = KeySchema("p:")
+    assert [braced(u) for u in ("a", "{", "}", "a{b}")] == [False, True, True, True]
+    assert name_hash("bob{corp}") == "71c9a76fb93a5cc98216e44101a2ad16c9e56fc4"
+    assert k.user_keys("bob{corp}") == (
+        k.user_seq("bob{corp}"),
+        k.user_log("bob{corp}"),
+        k.user_inbox("bob{corp}"),
+    )
+    aside = k.quarantined_user_keys(name_hash("bob{corp}"))
+    assert aside[0] == "p:useq:{71c9a76fb93a5cc98216e44101a2ad16c9e56fc4}#quarantine"
+    # In the slot of the keys it was: the migration renames within one slot.
+    old = k.legacy_user_keys("bob{corp}")
+    assert old is not None
+    assert len({key_slot(key.encode()) for key in (*aside, *old)}) == 1
 
 
 @pytest.mark.parametrize("uid", ["{", "}", "a{b", "a}b", "{x}", "}{", "bob{corp}", "{{}}"])

@@ -75,3 +75,19 @@ def test_a_refusal_never_quotes_the_uid() -> None:
     with pytest.raises(InvalidUid) as info:
         check_uid("secret\x1b[31m")
     assert "secret" not in str(info.value) and "\x1b" not in str(info.value)
+
+
+def test_a_good_uid_is_passed_in_one_call(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The push path checks every uid of a push (PushIn's validator): a uid that keeps
+    the rule costs the fast test alone, never the diagnosis of what is wrong."""
+    import push_service.schemas
+    import shared.uids
+
+    def diagnosed(uid: object) -> str | None:
+        raise AssertionError("uid_problem called for a good uid")
+
+    monkeypatch.setattr(shared.uids, "uid_problem", diagnosed)
+    assert check_uid("alice") == "alice"
+    assert push_service.schemas.check_uid_value("bob{corp}") == "bob{corp}"
+    monkeypatch.setattr(push_service.schemas, "check_uid", diagnosed)
+    assert push_service.schemas.check_uid_value("carol") == "carol"

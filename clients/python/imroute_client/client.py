@@ -35,6 +35,7 @@ from imroute_client.dedupe import DedupeWindow
 from imroute_client.dispatch import Target, ask_dispatch
 from imroute_client.errors import ClientError, ProtocolError, Unauthorized
 from imroute_client.frames import Message, Reconnect, Recovered, parse_frame
+from imroute_client.logs import RedactedLog
 from imroute_client.policy import (
     CLOSE_DRAIN,
     CLOSE_FULL,
@@ -53,6 +54,8 @@ from imroute_client.urls import resume_url, token_subprotocols
 __all__ = ["ImrouteClient", "OnIncomplete"]
 
 log = logging.getLogger("imroute_client")
+# The library's own logger, whose DEBUG lines would show the token's subprotocol.
+_LIB_LOG = RedactedLog()
 
 OnIncomplete = Callable[[Recovered], Awaitable[None] | None]
 
@@ -214,6 +217,7 @@ class ImrouteClient:
                     open_timeout=self.open_timeout_s,
                     ping_interval=self.ping_interval_s,
                     ping_timeout=self.ping_timeout_s,
+                    logger=_LIB_LOG,
                 )
             except InvalidStatus as exc:
                 self._failed_on = None  # it answered: reachable

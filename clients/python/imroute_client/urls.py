@@ -29,12 +29,7 @@ def resume_url(ws_url: str, since: str | None = None) -> str:
     """The gateway's URL with `since` (when there is a position) in its query, URL-
     encoded, and no `token` in it; the rest of a query already in ws_url is kept. The
     token goes in `token_subprotocols`."""
-    parts = urlsplit(ws_url)
-    query = [(k, v) for k, v in parse_qsl(parts.query, keep_blank_values=True)
-             if k not in ("token", "since")]  # fmt: skip
-    if since is not None:
-        query.append(("since", since))
-    return urlunsplit(parts._replace(query=urlencode(query)))
+    return _gateway_url(ws_url, None, since)
 
 
 def token_subprotocols(token: str) -> list[str]:
@@ -48,10 +43,17 @@ def ws_connect_url(ws_url: str, token: str, since: str | None = None) -> str:
     its query, URL-encoded; a query already in ws_url is kept. For a client that cannot
     set Sec-WebSocket-Protocol: the URL holds the token, which proxies log
     (`ImrouteClient` sends it as `token_subprotocols` and `resume_url`)."""
+    return _gateway_url(ws_url, token, since)
+
+
+def _gateway_url(ws_url: str, token: str | None, since: str | None) -> str:
+    """`ws_url` with `token` and `since` (those given) ending its query, URL-encoded;
+    any `token` or `since` it held dropped, the rest kept."""
     parts = urlsplit(ws_url)
     query = [(k, v) for k, v in parse_qsl(parts.query, keep_blank_values=True)
              if k not in ("token", "since")]  # fmt: skip
-    query.append(("token", token))
+    if token is not None:
+        query.append(("token", token))
     if since is not None:
         query.append(("since", since))
     return urlunsplit(parts._replace(query=urlencode(query)))

@@ -1,0 +1,122 @@
+"""`imroute keys migrate` where a braced uid's SHA-1 hex is a user too: the old keys the
+two shared are set aside, read by neither, reported and left alone by a later run; the
+directory tells such a pair even with --no-directory; a merge appends as the store does
+(real Redis, the command as a process, a real gateway and WebSocket clients)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from router.directory.migrate import upgrade
+from router.recovery.base import RecoveryLimits
+from router.recovery.retag import retag
+from router.recovery.store import RedisRecoveryStore
+from router.redis.client import connect_redis
+from shared.clock import SystemClock
+from shared.keys import KeySchema
+from shared.positions import counter_of
+from tests.integration.recovery_helpers import contents, open_ws, p2p, replay
+from tests.integration.stack import api, gateway
+from tests.integration.test_key_migration import (
+    BRACED,
+    FAR,
+    HEXED,
+    LegacyKeys,
+    message,
+    migrate,
+    users,
+    write_old,
+)
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+async def directory(tmp_path: Path) -> AsyncIterator[str]:
+    url = f"sqlite+aiosqlite:///{tmp_path}/users.db"
+    await upgrade(url)
+    yield url
+
+
+async def test_an_ambiguous_pairs_old_keys_are_set_aside_and_read_by_neither(
+    redis_url: str, prefix: str, redis: Any, directory: str
+) -> None:
+    await write_old(redis, prefix, BRACED, "bob's secret")
+    old = LegacyKeys(prefix).legacy_user_keys(BRACED)
+    assert old is not None
+    aside = KeySchema(prefix).quarantined_user_keys(HEXED)
+    await users(directory, BRACED, HEXED)
+    out = migrate(redis_url, prefix, directory, "--dry-run")
+    assert f"would set aside the old keys of {HEXED!r}" in out and "1 ambiguous" in out, out
+    assert await redis.exists(*old) == 3 and await redis.exists(*aside) == 0
+    out = migrate(redis_url, prefix, directory)
+    assert "0 renamed, 0 merged, 1 ambiguous" in out and " ".join(aside) in out, out
+    assert await redis.exists(*old) == 0 and await redis.exists(*aside) == 3
+    assert await redis.pttl(aside[2]) > 0  # kept as long as the inbox would have been
+    async with gateway(redis_url, prefix, "gw1", "g1") as gw, api(redis_url, prefix) as http:
+        for uid in (BRACED, HEXED):
+            ws = await open_ws(gw, uid)
+            assert (await replay(ws))[0] == [], uid
+            await ws.close()
+        # The hex user's pushes since are under the old names: a later run leaves them.
+        await p2p(http, [HEXED], "later")
+        out = migrate(redis_url, prefix, directory)
+        assert f"skipped {HEXED!r}: set aside by an earlier run" in out, out
+        ws = await open_ws(gw, HEXED)
+        assert contents((await replay(ws))[0]) == ["later"]
+        await ws.close()
+    assert await redis.exists(*aside) == 3
+
+
+async def test_no_directory_still_asks_the_directory_whether_the_hex_is_a_user(
+    redis_url: str, prefix: str, redis: Any, directory: str, tmp_path: Path
+) -> None:
+    """The hex user is in the directory only, and offline: still ambiguous."""
+    await write_old(redis, prefix, BRACED, "whose?")
+    await users(directory, HEXED)
+    listed = tmp_path / "uids.txt"
+    listed.write_text(f"{BRACED}\n")
+    out = migrate(redis_url, prefix, directory, "--uids", str(listed), "--no-directory")
+    assert "0 renamed, 0 merged, 1 ambiguous" in out, out
+    assert await redis.exists(*KeySchema(prefix).quarantined_user_keys(HEXED)) == 3
+
+
+async def test_a_merge_appends_as_the_store_does_and_leaves_no_sequence_without_a_ttl(
+    redis_url: str, prefix: str, redis: Any
+) -> None:
+    keys, limits = KeySchema(prefix), RecoveryLimits()
+    new_seq = keys.user_seq(BRACED)
+
+    async def nobody(_: str) -> bool:
+        return False
+
+    async def only(uid: str) -> AsyncIterator[str]:
+        yield uid
+
+    async with connect_redis(redis_url) as client:
+        old_store = RedisRecoveryStore(client, LegacyKeys(prefix), SystemClock(), limits)
+        store = RedisRecoveryStore(client, keys, SystemClock(), limits)
+        # Old keys whose inbox is empty (a log only); a new inbox whose sequence is gone.
+        await old_store.append_p2p(message("logged"), [BRACED], FAR)
+        await store.append_queued(message("new"), [BRACED], FAR)
+        await client.delete(new_seq)
+        report = await retag(client, keys, limits, only(BRACED), nobody)
+        assert report.merged == [(BRACED, 0)]
+        assert await redis.pttl(new_seq) == -2  # no sequence made, none without a TTL
+        # Old inbox entries appended after the new ones: numbered on, all with TTLs.
+        await client.delete(*keys.user_keys(BRACED))
+        await old_store.append_queued(message("one"), [BRACED], FAR)
+        await old_store.append_queued(message("two"), [BRACED], FAR)
+        await store.append_queued(message("three"), [BRACED], FAR)
+        report = await retag(client, keys, limits, only(BRACED), nobody)
+        assert report.merged == [(BRACED, 2)]
+        history = await store.read_user(BRACED, None)
+        assert [e.message.content_json for e in history.inbox] == [b'"three"', b'"one"', b'"two"']
+        assert [counter_of(e.seq) for e in history.inbox] == [1, 2, 3]
+        assert await redis.llen(keys.user_log(BRACED)) == 3
+        for key in keys.user_keys(BRACED):
+            assert 0 < await redis.pttl(key) <= limits.user_seq_ttl_ms, key
