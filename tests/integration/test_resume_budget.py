@@ -236,6 +236,7 @@ async def test_forged_places_stepped_forward_cost_redis_one_budgeted_read(prefix
             await ws.close()
         read = await s.sent() - before
         lrange, scripts = await s.usec("lrange"), await s.usec("evalsha")
+        print(f"50 stepped places: scripts {scripts} us, lrange {lrange} us, {read} bytes")
         assert await s.metric("resume_topic_reads") == 1
         assert await s.metric("resume_topics_over_budget") == 50
         # One budgeted read: about 2 ms of Redis; each client's own handshake some 100 us.
