@@ -27,7 +27,7 @@ from websockets.asyncio.client import ClientConnection, connect
 
 from router.bus.base import group_topic
 from router.devtools.ports import free_port_block
-from router.recovery.base import RecoveryLimits
+from router.recovery.base import OFFLINE_TOPIC, RecoveryLimits
 from router.recovery.store import RedisRecoveryStore
 from router.redis.client import connect_redis
 from shared.clock import SystemClock
@@ -269,4 +269,27 @@ async def test_resumes_past_a_users_rate_read_nothing_and_are_told_complete_fals
         await ws.close()
         _, end, ws = await s.resume("ruth", place)  # another user: its own bucket
         assert end["complete"] is True
+        await ws.close()
+
+
+async def test_a_resume_reads_from_the_log_only_what_is_older_than_memory(prefix: str) -> None:
+    """A client away while 79 multicasts named it (into the offline log, which the
+    gateway follows and holds the last 64 of in memory) gets all 79, and only the 15
+    older than memory are read from Redis."""
+    async with stack(prefix) as s, api(s.redis.url, s.prefix) as http:
+        _, _, ws = await s.resume("amy", None)
+        await fanout(http, "/v1/multicast", {"to": ["amy"], "content": 0})
+        (first,) = await pushes(ws, 1)
+        await ws.close()
+        await asyncio.sleep(0.3)  # amy's route is gone: what follows goes to `offline`
+        for n in range(1, 80):
+            await fanout(http, "/v1/multicast", {"to": ["amy"], "content": n})
+        await asyncio.sleep(0.5)  # the gateway has followed the offline log
+        before = await s.metric("resume_topic_read_bytes")
+        got, end, ws = await s.resume("amy", first["pos"])
+        assert contents(got) == list(range(1, 80)) and end["complete"] is True
+        log = KeySchema(prefix).topic_log(OFFLINE_TOPIC)
+        entry = max(len(e) for e in await s.client.lrange(log, -79, -1))
+        read = await s.metric("resume_topic_read_bytes") - before
+        assert read <= 15 * entry, f"{read} bytes for 15 entries of at most {entry}"
         await ws.close()
