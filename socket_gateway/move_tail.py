@@ -24,7 +24,8 @@ from shared.errors import RegistryUnavailable
 from shared.throttled import Throttled
 from socket_gateway.acks import Report
 from socket_gateway.connections import ClientConn, LocalConnections
-from socket_gateway.topic_spans import TopicSpans, fill_for
+from socket_gateway.fill_content import fill_for
+from socket_gateway.topic_spans import TopicSpans
 
 __all__ = ["MOVE_TAIL_FIRST_S", "MoveTails"]
 

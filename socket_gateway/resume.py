@@ -26,10 +26,11 @@ from shared.throttled import Throttled
 from shared.wire import push_prefix, recovered_frame
 from socket_gateway.acks import Report
 from socket_gateway.connections import ClientConn, LocalConnections
+from socket_gateway.fill_content import fill_for
 from socket_gateway.gap_fill import GapFills
 from socket_gateway.move_tail import MoveTails
 from socket_gateway.resume_budget import ResumeLimits, credible_move, start_of
-from socket_gateway.topic_spans import TopicSpans, fill_for
+from socket_gateway.topic_spans import TopicSpans
 from socket_gateway.ws.admission import ConnectRate
 
 __all__ = ["ResumeStats", "Resumer"]
@@ -83,7 +84,7 @@ class Resumer:
         self._recent = recent
         self.budget = budget = budget or ResumeLimits()
         # Topic logs are read within the budget, shared by the resumes that need them.
-        self.spans = TopicSpans(reads, clock, budget)
+        self.spans = TopicSpans(reads, clock, budget, self._own)
         self.tails = MoveTails(self.spans, reads, conns, clock, report, move_tail_s)
         rate = budget.rate_per_uid
         self._rate = ConnectRate(rate, budget.burst_per_uid) if rate else None
@@ -95,6 +96,11 @@ class Resumer:
         self.stats = ResumeStats()
         self._gaps: set[asyncio.Future[None]] = set()
         self.gap_fills = GapFills(self._read_users, conns, clock, report, self._spawn)
+
+    def _own(self, topic: str) -> bool:
+        """Whether `topic` is one this gateway follows (its spans are kept)."""
+        group = self._conns.marks.group
+        return topic in (BROADCAST, OFFLINE_TOPIC) or (bool(group) and topic == group_topic(group))
 
     @property
     def moved_tail_writes(self) -> int:

@@ -18,15 +18,15 @@ sent again and again costs Redis nothing). A span is kept within twice the budge
 `MAX_SPANS` of them, so what sharing holds in memory is bounded too.
 
 Batches come without their stored content (a push's content over
-IMROUTE_BUS_CONTENT_INLINE_MAX): `fill_for` fetches it for the batches a resuming user
-is named in, never for everyone else's.
+IMROUTE_BUS_CONTENT_INLINE_MAX): `socket_gateway.fill_content` fetches it for the
+batches a resuming user is named in, never for everyone else's.
 """
 
 from __future__ import annotations
 
 import asyncio
 from bisect import bisect_left, bisect_right
-from collections.abc import Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from itertools import accumulate
 
@@ -36,13 +36,19 @@ from shared.errors import RegistryUnavailable
 from shared.positions import counter_of, epoch_of, seq_of
 from socket_gateway.resume_budget import ResumeLimits, start_of
 
-__all__ = ["FAIL_FAST_S", "MAX_SPANS", "SPAN_TTL_S", "TopicSpans", "fill_for"]
+__all__ = ["FAIL_FAST_S", "MAX_SPANS", "SPAN_TTL_S", "TopicSpans"]
 
 # A span unused this long is dropped: a storm's resumes come within a second or two,
 # and a span is correct however old (a resume stands at the head it was given, and the
 # live path brings what came after).
 SPAN_TTL_S = 2.0
 MAX_SPANS = 32  # topics with a span at once (the gateway's three, and moves' groups)
+# What all spans together may hold, estimated in memory: a batch decoded, with its uids
+# worked out as a set and its push frame, takes about IN_MEMORY times its bytes in the
+# log (measured: 1000 64-character uids, 66 KB in the log, 147 KB of Python objects
+# besides the decoded batch itself). Over it the least recently used span goes.
+IN_MEMORY = 4
+SPANS_MAX_MEMORY = 32 << 20
 # After a topic's read failed, its reads fail at once this long (a hung shard costs each
 # resume of a storm nothing, not a timeout each, one after another).
 FAIL_FAST_S = 1.0
@@ -107,7 +113,16 @@ class _Flight:
 
 
 class TopicSpans:
-    def __init__(self, reads: RecoveryReads, clock: Clock, limits: ResumeLimits) -> None:
+    def __init__(
+        self,
+        reads: RecoveryReads,
+        clock: Clock,
+        limits: ResumeLimits,
+        keep: Callable[[str], bool] = lambda topic: True,
+    ) -> None:
+        """`keep`: whether a topic's span is kept after the read (the gateway's own
+        topics; another group's, read for a move, is read for the waiters and let go)."""
+        self._keep = keep
         self._reads = reads
         self._clock = clock
         self._limits = limits
@@ -231,6 +246,7 @@ class TopicSpans:
         span.add(got, span.hi, end)
         span.read_at = now
         span.trim(self._limits)
+        self._fit()
         return span
 
     async def _down(self, topic: str, span: _Span, lo: int, upto: int, now: float) -> _Span | None:
@@ -243,6 +259,7 @@ class TopicSpans:
             self._cut(topic, got, span.lo)
         span.add(got, got.start if got.over else lo, span.lo)
         span.trim(self._limits)
+        self._fit()
         return span
 
     async def _fresh(
@@ -264,10 +281,19 @@ class TopicSpans:
         span = _Span(lo, lo, now, now)
         span.add(got, lo, end)
         self._spans.pop(topic, None)
-        self._spans[topic] = span
-        if len(self._spans) > MAX_SPANS:
-            del self._spans[min(self._spans, key=lambda t: self._spans[t].used)]
+        if self._keep(topic):
+            self._spans[topic] = span
+            self._fit()
         return span
+
+    def _fit(self) -> None:
+        """Drop the least recently used spans past MAX_SPANS or SPANS_MAX_MEMORY."""
+        spans = self._spans
+        while len(spans) > 1 and (
+            len(spans) > MAX_SPANS
+            or IN_MEMORY * sum(span.cum[-1] for span in spans.values()) > SPANS_MAX_MEMORY
+        ):
+            del spans[min(spans, key=lambda t: spans[t].used)]
 
     async def _fetch(self, topic: str, after: int, upto: int | None) -> TopicSpan:
         """A read of (after, upto] within the budget, backward from `upto`: over it,
@@ -309,32 +335,3 @@ def _end(after: int, upto: int | None, got: TopicSpan) -> int:
     if upto is not None:
         return upto
     return got.head or after
-
-
-async def fill_for(
-    reads: RecoveryReads, uid: str, topics: Mapping[str, TopicHistory]
-) -> dict[str, TopicHistory]:
-    """The histories with the stored content of the batches that name `uid` filled in
-    (one round trip for all of them); one of those whose content is gone is left out (a
-    hole: the resume is incomplete), as a topic read leaves it out for everyone."""
-    wanted = [
-        logged
-        for history in topics.values()
-        for logged in history.batches
-        if _unfilled(logged) and logged.addresses(uid)
-    ]
-    if not wanted:
-        return dict(topics)
-    filled = await reads.fill_content([logged.batch for logged in wanted])
-    gone = {id(logged) for logged, ok in zip(wanted, filled, strict=True) if not ok}
-    if not gone:
-        return dict(topics)
-    return {
-        letter: TopicHistory(h.head, [b for b in h.batches if id(b) not in gone])
-        for letter, h in topics.items()
-    }
-
-
-def _unfilled(logged: LoggedBatch) -> bool:
-    message = logged.batch.message
-    return message.content_stored and not message.content_json

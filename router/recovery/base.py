@@ -111,6 +111,16 @@ class LoggedBatch:
         self._message: Message | None = None
         self._prefix: bytes | None = None
 
+    def detached(self) -> LoggedBatch:
+        """A copy whose batch may be changed (its stored content filled in) leaving this
+        one, which resumes share, as it is; the uids are shared, not copied."""
+        batch = gateway_pb2.Batch()
+        batch.CopyFrom(self.batch)
+        del batch.uids[:]
+        copy = LoggedBatch(batch)
+        copy._uids = self._uids if self._uids is not None else frozenset(self.batch.uids)
+        return copy
+
     def addresses(self, uid: str) -> bool:
         if self.batch.everyone:
             return True

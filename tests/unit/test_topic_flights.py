@@ -11,7 +11,9 @@ import pytest
 from router.recovery.base import TopicSpan
 from shared.clock import ManualClock
 from shared.errors import RegistryUnavailable
-from socket_gateway.topic_spans import FAIL_FAST_S
+from socket_gateway import topic_spans
+from socket_gateway.resume_budget import ResumeLimits
+from socket_gateway.topic_spans import FAIL_FAST_S, IN_MEMORY, TopicSpans
 from tests.unit.test_topic_spans import SIZE, Log, at, seqs, spans
 
 
@@ -99,3 +101,16 @@ async def test_an_empty_log_keeps_no_span() -> None:
     got = await s.read("group.nobody", 0, None)
     assert got is not None and got.batches == []
     assert s._spans == {} and s._next == {} and s._flying == {}
+
+
+async def test_only_the_gateways_own_topics_keep_a_span_and_all_within_a_memory_cap(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    log = Log(100)
+    s = TopicSpans(log, ManualClock(), ResumeLimits(100, 5000), lambda t: t != "group.other")  # type: ignore[arg-type]
+    assert len(seqs(await s.read("group.other", at(90), at(100)))) == 10
+    assert "group.other" not in s._spans
+    monkeypatch.setattr(topic_spans, "SPANS_MAX_MEMORY", IN_MEMORY * 25 * SIZE)
+    for topic in ("b", "o", "g"):
+        assert len(seqs(await s.read(topic, at(90), at(100)))) == 10
+    assert list(s._spans) == ["o", "g"]

@@ -11,8 +11,9 @@ from router.recovery.base import LoggedBatch, TopicHistory, TopicSpan
 from shared.clock import ManualClock
 from shared.positions import counter_of, epoch_of, seq_of
 from shared.proto import gateway_pb2
+from socket_gateway.fill_content import fill_for
 from socket_gateway.resume_budget import ResumeLimits
-from socket_gateway.topic_spans import SPAN_TTL_S, TopicSpans, fill_for
+from socket_gateway.topic_spans import SPAN_TTL_S, TopicSpans
 
 E = 1_790_000_000_000
 SIZE = 100  # bytes of each entry
@@ -196,7 +197,11 @@ async def test_stored_content_is_read_only_for_the_batches_that_name_the_user() 
     got = await fill_for(contents, "u1", {"g": history})  # type: ignore[arg-type]
     assert contents.asked == [[f"m{at(1)}", f"m{at(3)}"]]  # not u2's
     assert [b.seq for b in got["g"].batches] == [at(1), at(2)]  # u1's gone one: a hole
-    assert mine.message.content_json == b'"x"'
+    assert got["g"].batches[0].message.content_json == b'"x"'
+    assert got["g"].batches[1] is theirs
+    # Filled in a copy: the batch the span holds (every resume's) stays as read.
+    assert mine.batch.message.content_json == b"" and got["g"].batches[0] is not mine
+    assert got["g"].batches[0].addresses("u1") and not got["g"].batches[0].addresses("u2")
 
 
 async def test_a_range_found_over_the_budget_is_not_read_again_nor_any_that_holds_it() -> None:
