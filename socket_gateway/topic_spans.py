@@ -252,12 +252,13 @@ class TopicSpans:
     async def _down(self, topic: str, span: _Span, lo: int, upto: int, now: float) -> _Span | None:
         """A range that ends inside the span: what it lacks below is read (backward
         from the span's bottom, as much of it as fits the budget)."""
-        got = await self._fetch(topic, lo, span.lo)
+        bottom = span.lo  # one read of a topic at a time: the span stays as it was
+        got = await self._fetch(topic, lo, bottom)
         if not _same_epoch(got.head, span.hi):
             return await self._fresh(topic, lo, upto, now)  # the log started again
         if got.over:
-            self._cut(topic, got, span.lo)
-        span.add(got, got.start if got.over else lo, span.lo)
+            self._cut(topic, got, bottom)
+        span.add(got, got.start if got.over else lo, bottom)
         span.trim(self._limits)
         self._fit()
         return span
