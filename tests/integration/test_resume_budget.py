@@ -293,3 +293,24 @@ async def test_a_resume_reads_from_the_log_only_what_is_older_than_memory(prefix
         read = await s.metric("resume_topic_read_bytes") - before
         assert read <= 15 * entry, f"{read} bytes for 15 entries of at most {entry}"
         await ws.close()
+
+
+async def test_past_its_rate_a_resume_still_stands_at_its_own_position(prefix: str) -> None:
+    """Past the rate only the topic logs are not read: the P2P messages its position
+    already covers are not sent again (its inbox is not replayed whole)."""
+    rate = {
+        "IMROUTE_RECOVERY_RESUME_BURST_PER_UID": "1",
+        "IMROUTE_RECOVERY_RESUME_RATE_PER_UID": "0.01",
+    }
+    async with stack(prefix, **rate) as s, api(s.redis.url, s.prefix) as http:
+        _, _, ws = await s.resume("rosa", since("g1", s.heads["g1"]))  # its one token
+        await p2p(http, ["rosa"], "seen")
+        (seen,) = await pushes(ws, 1)
+        await ws.close()
+        await asyncio.sleep(0.3)
+        await p2p(http, ["rosa"], "queued", store=True)
+        got, end, ws = await s.resume("rosa", seen["pos"])
+        # Nothing in the topic logs after its place (each stands at its head): complete.
+        assert contents(got) == ["queued"] and end["complete"] is True
+        assert await s.metric("resumes_rate_limited") == 1
+        await ws.close()
