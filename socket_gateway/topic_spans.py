@@ -4,18 +4,21 @@ A storm of clients (thousands reconnecting after a gateway restart) resumes from
 the same place in each topic log, rarely the very same one. Each topic keeps one *span*:
 the batches last read of its log, every seq in (lo, hi] of one epoch, for `SPAN_TTL_S`
 after it was last used. A resume whose range lies inside it reads nothing; one that
-reaches below or above it reads only the missing part, and the span grows by it. The
-reads of one topic are made one at a time, so resumes that arrive together wait for the
-read that brings their range instead of each making its own (single flight).
+reaches below or above it reads only the missing part, and the span grows by it. One
+read of a topic is made at a time (a *flight*): the resumes that arrive meanwhile wait
+for the next one, which takes the widest range they need as it starts, and its result
+or its error goes to all of them; after an error the topic's reads fail at once for
+FAIL_FAST_S.
 
-Every range is held to the budget (`ResumeLimits`) from where it starts to where it
-ends, whether it comes from the span or from Redis: over `max_entries` batches it is not
-read at all (decided from the head), over `max_bytes` of log entries the read stops at
-the first byte past it (`RecoveryReads.read_span`). Either way the answer is None, and
-the resume is incomplete. The highest range found over is remembered as long as a span
-is: a range that holds it is over too, and is refused without a read (a forged place
-sent again and again costs Redis nothing). A span is kept within twice the budget, and
-`MAX_SPANS` of them, so what sharing holds in memory is bounded too.
+Every range is held to the budget (`ResumeLimits`): over `max_entries` batches behind
+its head it is not read at all (decided from the head); a read from Redis brings at most
+`max_bytes` of log entries, read backward from its top (`RecoveryReads.read_span`).
+Over it, the read brings the newest batches that fit and where it ran out: they are kept
+in the span, and that place is remembered for SPAN_TTL_S, so any range from below it is
+over and refused without a read (a forged place, repeated or stepped forward, costs
+Redis one read per topic). Either way the answer is None, and the resume is incomplete.
+Spans are kept for the gateway's own topics only (`keep`), within twice the budget each
+and SPANS_MAX_MEMORY all together, so what sharing holds in memory is bounded too.
 
 Batches come without their stored content (a push's content over
 IMROUTE_BUS_CONTENT_INLINE_MAX): `socket_gateway.fill_content` fetches it for the
