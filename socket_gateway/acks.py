@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Protocol
 
 from router.receipts.base import ACKED, DELIVERED, EXPIRED, ReceiptUpdates
@@ -23,7 +23,11 @@ from shared.errors import ImrouteError
 from socket_gateway.connections import ClientConn, LocalConnections
 from socket_gateway.tracing import GatewayTracing
 
-__all__ = ["FLUSH_S", "AckCounts", "AckReporter", "InboxForget"]
+__all__ = ["FLUSH_S", "AckCounts", "AckReporter", "InboxForget", "Report"]
+
+# (state, push_id, uids): `AckReporter.report`, as the replay, gap fills and move tails
+# are given it.
+Report = Callable[[str, str, Sequence[str]], None]
 
 log = logging.getLogger(__name__)
 

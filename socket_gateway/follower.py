@@ -91,22 +91,23 @@ class TopicFollower:
         self._deliver(sequencer, sequencer.offer(batch, self._clock.monotonic()))
         self._epoch_logged(sequencer, epochs)
 
-    def recent(self, topic: str, after: int) -> TopicHistory | None:
-        """The batches after `after` through what was delivered, from memory; None when
-        memory does not hold all of them."""
+    def recent(self, topic: str, after: int) -> tuple[int, TopicHistory] | None:
+        """The batches after `after` through what was delivered, from memory, as far back
+        as it holds every one: (where they start, the history), the log to be read for
+        what is older; None for a topic this gateway does not follow."""
         sequencer = self.sequencers.get(topic)
         if sequencer is None:
             return None
         head = sequencer.delivered_through
         if after >= head:
-            return TopicHistory(head) if after == head else None
+            return (after, TopicHistory(head)) if after == head else None
+        start, run = head, 0
+        for logged in reversed(self._recent[topic]):
+            if logged.seq != start or start <= after:
+                break  # a seq the sequencer skipped as lost: the log says so
+            start, run = start - 1, run + 1
         kept = self._recent[topic]
-        if not kept or kept[0].seq > after + 1:
-            return None
-        batches = [b for b in kept if b.seq > after]
-        if len(batches) != head - after:
-            return None  # a seq the sequencer skipped as lost: let the log say so
-        return TopicHistory(head, batches)
+        return start, TopicHistory(head, list(kept)[len(kept) - run :] if run else [])
 
     def _deliver(self, sequencer: TopicSequencer, ready: list[gateway_pb2.Batch]) -> None:
         if not ready:

@@ -9,7 +9,7 @@ connection reads what its user's log and inbox hold past what it was written.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 from router.receipts.base import DELIVERED
@@ -17,6 +17,7 @@ from router.recovery.base import UserHistory
 from shared.clock import Clock
 from shared.errors import RegistryUnavailable
 from shared.wire import push_prefix
+from socket_gateway.acks import Report
 from socket_gateway.connections import ClientConn, LocalConnections
 
 __all__ = ["GapFills"]
@@ -25,8 +26,6 @@ log = logging.getLogger(__name__)
 
 # (uid, after) -> the user's log after it and inbox: `Resumer`'s coalesced read.
 ReadUser = Callable[[tuple[str, int | None]], Coroutine[Any, Any, UserHistory]]
-# (state, push_id, uids): `socket_gateway.acks.AckReporter.report`.
-Report = Callable[[str, str, Sequence[str]], None]
 Spawn = Callable[[Coroutine[Any, Any, None]], None]
 
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Sequence
 
 from router.bus.base import group_topic
 from router.receipts.base import DELIVERED
@@ -23,8 +22,10 @@ from router.recovery.base import RecoveryReads, TopicHistory
 from shared.clock import Clock
 from shared.errors import RegistryUnavailable
 from shared.throttled import Throttled
+from socket_gateway.acks import Report
 from socket_gateway.connections import ClientConn, LocalConnections
-from socket_gateway.topic_spans import TopicSpans, fill_for
+from socket_gateway.fill_content import fill_for
+from socket_gateway.topic_spans import TopicSpans
 
 __all__ = ["MOVE_TAIL_FIRST_S", "MoveTails"]
 
@@ -33,9 +34,6 @@ log = logging.getLogger(__name__)
 # The first read of the old group's log this long after the replay; then at doubling
 # intervals, for `MoveTails.tail_s` in all.
 MOVE_TAIL_FIRST_S = 0.5
-
-# (state, push_id, uids): `socket_gateway.acks.AckReporter.report`.
-Report = Callable[[str, str, Sequence[str]], None]
 
 
 class MoveTails:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Coroutine
 from dataclasses import replace
 from typing import Any
 
@@ -21,14 +21,16 @@ from router.recovery.replay import Replay, plan_replay
 from shared.clock import Clock
 from shared.coalesce import Coalescer
 from shared.errors import RegistryUnavailable
-from shared.positions import Pos, decode_pos
+from shared.positions import Pos, counter_of, decode_pos
 from shared.throttled import Throttled
 from shared.wire import push_prefix, recovered_frame
+from socket_gateway.acks import Report
 from socket_gateway.connections import ClientConn, LocalConnections
+from socket_gateway.fill_content import fill_for
 from socket_gateway.gap_fill import GapFills
 from socket_gateway.move_tail import MoveTails
-from socket_gateway.resume_budget import ResumeLimits, credible_move
-from socket_gateway.topic_spans import TopicSpans, fill_for
+from socket_gateway.resume_budget import ResumeLimits, credible_move, start_of
+from socket_gateway.topic_spans import TopicSpans
 from socket_gateway.ws.admission import ConnectRate
 
 __all__ = ["ResumeStats", "Resumer"]
@@ -54,9 +56,7 @@ class ResumeStats:
         self.moves_refused = Throttled()
 
 
-Recent = Callable[[str, int], TopicHistory | None]
-# (state, push_id, uids): `socket_gateway.acks.AckReporter.report`.
-Report = Callable[[str, str, Sequence[str]], None]
+Recent = Callable[[str, int], tuple[int, TopicHistory] | None]
 
 
 class Resumer:
@@ -84,7 +84,7 @@ class Resumer:
         self._recent = recent
         self.budget = budget = budget or ResumeLimits()
         # Topic logs are read within the budget, shared by the resumes that need them.
-        self.spans = TopicSpans(reads, clock, budget)
+        self.spans = TopicSpans(reads, clock, budget, self._own)
         self.tails = MoveTails(self.spans, reads, conns, clock, report, move_tail_s)
         rate = budget.rate_per_uid
         self._rate = ConnectRate(rate, budget.burst_per_uid) if rate else None
@@ -96,6 +96,11 @@ class Resumer:
         self.stats = ResumeStats()
         self._gaps: set[asyncio.Future[None]] = set()
         self.gap_fills = GapFills(self._read_users, conns, clock, report, self._spawn)
+
+    def _own(self, topic: str) -> bool:
+        """Whether `topic` is one this gateway follows (its spans are kept)."""
+        group = self._conns.marks.group
+        return topic in (BROADCAST, OFFLINE_TOPIC) or (bool(group) and topic == group_topic(group))
 
     @property
     def moved_tail_writes(self) -> int:
@@ -114,8 +119,6 @@ class Resumer:
         did not answer (the caller closes the connection; the client comes back)."""
         since = decode_pos(since_text)
         valid = since_text is None or since is not None
-        if since is not None and not self._may_resume(conn.uid):
-            since, valid = None, False  # served as a new connection: its inbox
         replay, ends, since = await self._plan(conn, since, valid)
         if not conn.sink.is_open():
             return
@@ -196,7 +199,7 @@ class Resumer:
         if lines := self.stats.limited.note(now):
             log.warning(
                 "%d resume(s) over IMROUTE_RECOVERY_RESUME_RATE_PER_UID for their user: "
-                "positions not read (inbox only, complete:false)",
+                "topic logs not read (its own messages only, complete:false)",
                 lines,
             )
         return False
@@ -218,16 +221,21 @@ class Resumer:
             # The heads first (one small read): a replay goes at least that far, so what
             # it leaves to the live path is newer than anything it sent.
             heads = await self._heads_since(began, tuple(topic for _, topic, _ in wanted))
+            # Over its user's rate, the topic logs are not read (its own P2P log is,
+            # bounded per user): each stands at its head, and the resume is incomplete.
+            limited = not self._may_resume(conn.uid)
             for (letter, topic, after), head in zip(wanted, heads, strict=True):
                 moved = letter == "g" and since.group != conn.group
-                if moved and not credible_move(after, head, self.budget):
-                    self._refused(self.stats.moves_refused, "in a group it cannot come from")
+                if moved and (limited or not credible_move(after, head, self.budget)):
+                    if not limited:
+                        self._refused(self.stats.moves_refused, _NOT_FROM)
                     valid = False  # nothing of that group is read, nor followed
                     start = replace(start or since, group=conn.group, g=conn.g)
                     continue
-                history = await self._topic(topic, after, head)
+                history = None if limited else await self._topic(topic, after, head)
                 if history is None:
-                    self._refused(self.stats.over, "too far behind its head")
+                    if not limited:
+                        self._refused(self.stats.over, _OVER)
                     history = TopicHistory(head)  # not read: a hole, so incomplete
                     start = _at(start or since, letter, head)
                 topics[letter] = history
@@ -254,8 +262,7 @@ class Resumer:
     def _refused(self, kind: Throttled, why: str) -> None:
         if lines := kind.note(self._clock.monotonic()):
             log.warning(
-                "%d topic log(s) not read for resuming clients, their position %s "
-                "(IMROUTE_RECOVERY_RESUME_MAX, _MAX_BYTES): complete:false",
+                "%d topic log(s) not read for resuming clients, their position %s: complete:false",
                 lines,
                 why,
             )
@@ -270,17 +277,26 @@ class Resumer:
 
     async def _topic(self, topic: str, after: int, head: int) -> TopicHistory | None:
         """A topic's batches after `after`, through `head` at least: from the follower's
-        memory as far as it goes, the rest from the log (shared by the resumes that need
-        it, within the budget); None when over the budget."""
+        memory for what it holds, the older and newer parts from the log (shared by the
+        resumes that need them, within the budget); None when over the budget."""
         held = self._recent(topic, after) if self._recent is not None else None
         if held is None:
             return await self.spans.read(topic, after, head)
-        if held.head >= head:
-            return held
-        tail = await self.spans.read(topic, held.head, head)
-        if tail is None:
-            return None
-        return TopicHistory(tail.head, [*held.batches, *tail.batches])
+        start, mem = held
+        if counter_of(head) - counter_of(start_of(after, head)) > self.budget.max_entries:
+            return None  # decided from the head, as a read from the log is
+        older = newer = None
+        if start > after:
+            older = await self.spans.read(topic, after, start)
+            if older is None:
+                return None
+        if head > mem.head:
+            newer = await self.spans.read(topic, mem.head, head)
+            if newer is None:
+                return None
+        parts = [h.batches for h in (older, mem, newer) if h is not None]
+        top = newer.head if newer is not None else mem.head
+        return TopicHistory(top, [b for part in parts for b in part])
 
     def _count(self, replay: Replay, resumed: bool) -> None:
         s = self.stats
@@ -292,6 +308,10 @@ class Resumer:
                 s.complete += 1
             else:
                 s.incomplete += 1
+
+
+_OVER = "too far behind its head (IMROUTE_RECOVERY_RESUME_MAX, _MAX_BYTES)"
+_NOT_FROM = "in a group no gateway of it could have given out (the credible-move rule)"
 
 
 def _at(pos: Pos, letter: str, seq: int) -> Pos:

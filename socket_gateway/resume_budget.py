@@ -17,12 +17,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from shared.positions import counter_of, epoch_of, seq_of
+from shared.positions import epoch_of, seq_of
 
 if TYPE_CHECKING:
     from shared.settings import Settings
 
-__all__ = ["ResumeLimits", "behind", "credible_move", "start_of"]
+__all__ = ["ResumeLimits", "credible_move", "start_of"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,17 +60,14 @@ def start_of(after: int, head: int) -> int:
     return seq_of(epoch_of(head), 0)
 
 
-def behind(after: int, head: int) -> int:
-    """How many batches a resume from `after` would read to reach `head`."""
-    return counter_of(head) - counter_of(start_of(after, head))
-
-
 def credible_move(g: int, head: int, limits: ResumeLimits) -> bool:
     """Whether a position at `g` in another group's log (whose head is `head`) is read as
     a move from that group: it must name a batch the log holds now, within the budget
     behind its head, as a gateway of that group gives out (its `pos` carries the group's
     head as it delivers); 0 only while the log is still empty (a group that had no batch
-    yet: nothing to read, its tail is watched). Any other place (0 in a log that has
+    yet, or one no gateway uses: nothing to read, and none missed but what its tail
+    brings; no span is kept for an empty log, so a made-up group name costs a few reads
+    of an empty key, rate-limited per user). Any other place (0 in a log that has
     batches, another epoch, past the head, far behind it) could come from no gateway of
     that group lately: nothing of the group is read, and the resume is incomplete."""
     if not g:

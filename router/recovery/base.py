@@ -118,6 +118,16 @@ class LoggedBatch:
         self._message: Message | None = None
         self._prefix: bytes | None = None
 
+    def detached(self) -> LoggedBatch:
+        """A copy whose batch may be changed (its stored content filled in) leaving this
+        one, which resumes share, as it is; the uids are shared, not copied."""
+        batch = gateway_pb2.Batch()
+        batch.CopyFrom(self.batch)
+        del batch.uids[:]
+        copy = LoggedBatch(batch)
+        copy._uids = self._uids if self._uids is not None else frozenset(self.batch.uids)
+        return copy
+
     def addresses(self, uid: str) -> bool:
         if self.batch.everyone:
             return True
@@ -151,12 +161,14 @@ class TopicHistory:
 class TopicSpan:
     """A budgeted read of a topic log (`RecoveryReads.read_span`): the log's head, the
     batches read in seq order (stored content not filled in) and the bytes each took in
-    the log; `over`: the range was over the budget, and nothing of it was read."""
+    the log. `over`: the range was over the budget; the batches are then its newest that
+    fit, every one after `start` (a position below `start` is over the budget too)."""
 
     head: int
     batches: list[LoggedBatch] = field(default_factory=list)
     sizes: list[int] = field(default_factory=list)
     over: bool = False
+    start: int = 0
 
 
 class ContentWrites(Protocol):
@@ -239,9 +251,10 @@ class RecoveryReads(Protocol):
     async def read_span(
         self, topic: str, after: int, upto: int | None, max_entries: int, max_bytes: int
     ) -> TopicSpan:
-        """`read_topic` within a budget: over `max_entries` batches or `max_bytes` bytes
-        of log entries, nothing (`over`); stops reading at the first byte past it. Stored
-        content is left for `fill_content` (a resume needs only its user's)."""
+        """`read_topic` within a budget, read backward from `upto`: over `max_entries`
+        batches or `max_bytes` bytes of log entries, only the newest that fit (`over`,
+        `start`); stops reading at the first entry past it. Stored content is left for
+        `fill_content` (a resume needs only its user's)."""
         ...
 
     async def fill_content(self, batches: Sequence[gateway_pb2.Batch]) -> list[bool]:

@@ -218,7 +218,7 @@ class RedisRecoveryStore:
     async def read_topic(self, topic: str, after: int, upto: int | None = None) -> TopicHistory:
         keys = (self._keys.topic_seq(topic), self._keys.topic_log(topic))
         bound = ("", "") if upto is None else (epoch_of(upto), counter_of(upto))
-        head, epoch, log, _ = await self._one(
+        head, epoch, log, _, _ = await self._one(
             self._read_topic.args(keys, epoch_of(after), counter_of(after), *bound, 0, 0)
         )
         e = int(epoch)
@@ -235,7 +235,7 @@ class RedisRecoveryStore:
         keys = (self._keys.topic_seq(topic), self._keys.topic_log(topic))
         bound = ("", "") if upto is None else (epoch_of(upto), counter_of(upto))
         budget = (max_bytes, max_entries)
-        head, epoch, log, over = await self._one(
+        head, epoch, log, over, start = await self._one(
             self._read_topic.args(keys, epoch_of(after), counter_of(after), *bound, *budget)
         )
         e = int(epoch)
@@ -244,7 +244,8 @@ class RedisRecoveryStore:
             seq, _, data = _split(text)
             batches.append(LoggedBatch(decode_batch(seq, data, e)))
             sizes.append(len(text) if text.isascii() else len(text.encode()))  # as Lua counts
-        return TopicSpan(_head(head, e), batches, sizes, bool(int(over)))
+        over_at = seq_of(e, int(start)) if int(over) else 0
+        return TopicSpan(_head(head, e), batches, sizes, bool(int(over)), over_at)
 
     @translate_errors
     async def fill_content(self, batches: Sequence[gateway_pb2.Batch]) -> list[bool]:

@@ -139,9 +139,9 @@ async def test_a_budgeted_read_of_a_topic_log_stops_at_its_budget(
     client: RedisClient, prefix: str
 ) -> None:
     """`read_span`: the batches in range, with each entry's bytes, and no content filled
-    in; over the budget (in batches, or in bytes: read in chunks of 64 and stopped at
-    the first byte past it), nothing but the head, marked over. A log trimmed under the
-    range gives what it still holds."""
+    in; over the budget (in batches, or in bytes: read backward from the top, stopped
+    at the first entry past it), only the newest that fit, marked over, with where they
+    start. A log trimmed under the range gives what it still holds."""
     s = store(client, prefix, ManualClock(T0), topic_max=150)
     for n in range(1, 201):
         b = to_batch(msg(n), [f"u{n:03d}"], f"batch-{n}")
@@ -152,14 +152,17 @@ async def test_a_budgeted_read_of_a_topic_log_stops_at_its_budget(
     assert counters([b.seq for b in got.batches]) == list(range(191, 201))
     assert got.sizes == [entry] * 10
     over = await s.read_span("group.g1", at(seq, 189), at(seq, 200), 100, 10 * entry)
-    assert over.over and over.batches == [] and over.head == at(seq, 200)
+    assert over.over and over.head == at(seq, 200) and over.start == at(seq, 190)
+    assert counters([b.seq for b in over.batches]) == list(range(191, 201))  # what fits
     many = await s.read_span("group.g1", at(seq, 100), at(seq, 200), 99, 10**9)
-    assert many.over and many.batches == []  # 100 batches: over 99, nothing read
+    assert many.over and many.start == at(seq, 101)  # 100 batches: over 99, the newest
+    assert counters([b.seq for b in many.batches]) == list(range(102, 201))
     # Trimmed to 150: from position 0 it is the 150 kept, over several chunks of 64.
     whole = await s.read_span("group.g1", 0, at(seq, 200), 1000, 10**9)
     assert counters([b.seq for b in whole.batches]) == list(range(51, 201))
     stopped = await s.read_span("group.g1", 0, at(seq, 200), 1000, 100 * entry)
-    assert stopped.over and stopped.batches == []
+    assert stopped.over and stopped.start == at(seq, 100)
+    assert counters([b.seq for b in stopped.batches]) == list(range(101, 201))
 
 
 async def test_a_log_redis_lost_starts_again_under_a_later_epoch(

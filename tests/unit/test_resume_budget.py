@@ -6,12 +6,17 @@ from __future__ import annotations
 import pytest
 
 from shared.errors import ConfigError
-from shared.positions import seq_of
+from shared.positions import counter_of, seq_of
 from shared.settings import Settings
-from socket_gateway.resume_budget import ResumeLimits, behind, credible_move, start_of
+from socket_gateway.resume_budget import ResumeLimits, credible_move, start_of
 
 E1, E2 = 1_790_000_000_000, 1_790_000_500_000  # two epochs of one log (Redis lost it)
 LIMITS = ResumeLimits(max_entries=100, max_bytes=10_000)
+
+
+def behind(after: int, head: int) -> int:
+    """How many batches a resume from `after` reads to reach `head`."""
+    return counter_of(head) - counter_of(start_of(after, head))
 
 
 def test_a_read_starts_at_the_position_in_its_epoch_else_at_the_logs_start() -> None:

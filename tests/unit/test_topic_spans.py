@@ -11,8 +11,9 @@ from router.recovery.base import LoggedBatch, TopicHistory, TopicSpan
 from shared.clock import ManualClock
 from shared.positions import counter_of, epoch_of, seq_of
 from shared.proto import gateway_pb2
+from socket_gateway.fill_content import fill_for
 from socket_gateway.resume_budget import ResumeLimits
-from socket_gateway.topic_spans import SPAN_TTL_S, TopicSpans, fill_for
+from socket_gateway.topic_spans import SPAN_TTL_S, TopicSpans
 
 E = 1_790_000_000_000
 SIZE = 100  # bytes of each entry
@@ -37,17 +38,21 @@ class Log:
         if self.gate is not None:
             await self.gate.wait()
         head = self.n
+        if not head:
+            return TopicSpan(0)  # an empty log (or none): no head, as the store says
         lo = counter_of(after) if epoch_of(after) == self.epoch else 0
         hi = head
         if upto is not None:
             hi = min(counter_of(upto), head) if epoch_of(upto) == self.epoch else 0
         if hi <= lo:
             return TopicSpan(at(head, self.epoch))
-        if hi - lo > max_entries or (hi - lo) * SIZE > max_bytes:
-            return TopicSpan(at(head, self.epoch), over=True)
-        batches = [_batch(at(k, self.epoch), ["u1"]) for k in range(lo + 1, hi + 1)]
+        fit = min(max_entries, max_bytes // SIZE)  # read backward from `hi`
+        start = max(lo, hi - fit)
+        batches = [_batch(at(k, self.epoch), ["u1"]) for k in range(start + 1, hi + 1)]
         self.sent += SIZE * len(batches)
-        return TopicSpan(at(head, self.epoch), batches, [SIZE] * len(batches))
+        over = start > lo
+        cut = at(start, self.epoch) if over else 0
+        return TopicSpan(at(head, self.epoch), batches, [SIZE] * len(batches), over, cut)
 
 
 def _batch(seq: int, uids: list[str], stored: bool = False) -> LoggedBatch:
@@ -112,20 +117,20 @@ async def test_over_the_batches_behind_the_head_nothing_is_read() -> None:
     s = spans(log, entries=100, bytes=100 * SIZE)
     assert await s.read("t", at(899), at(1000)) is None
     assert await s.read("t", 0, at(1000)) is None  # from the start: 1000 behind
-    assert log.calls == [] and s.over == 2
+    assert log.calls == []
     assert seqs(await s.read("t", at(900), at(1000))) == list(range(901, 1001))
 
 
-async def test_over_the_bytes_nothing_comes_back_even_from_memory() -> None:
+async def test_over_the_bytes_the_newest_that_fit_are_kept_and_below_them_is_over() -> None:
     log = Log(100)
     s = spans(log, bytes=20 * SIZE)
     assert await s.read("t", at(70), at(100)) is None  # 30 entries: over 20's bytes
-    assert log.sent == 0
-    await s.read("t", at(85), at(100))
-    await s.read("t", at(80), at(95))  # the span now holds (80, 100]
-    assert log.sent == 20 * SIZE
-    assert await s.read("t", at(75), at(100)) is None  # over, though mostly held
-    assert s.over == 2
+    assert log.sent == 20 * SIZE  # read backward from the head: what fits, no more
+    assert seqs(await s.read("t", at(85), at(100))) == list(range(86, 101))
+    assert seqs(await s.read("t", at(80), at(95))) == list(range(81, 96))
+    assert await s.read("t", at(75), at(100)) is None  # below where the budget ran out
+    assert await s.read("t", at(79), at(100)) is None
+    assert len(log.calls) == 1 and log.sent == 20 * SIZE
 
 
 async def test_a_position_at_or_past_the_head_or_of_a_later_epoch_reads_nothing() -> None:
@@ -192,7 +197,11 @@ async def test_stored_content_is_read_only_for_the_batches_that_name_the_user() 
     got = await fill_for(contents, "u1", {"g": history})  # type: ignore[arg-type]
     assert contents.asked == [[f"m{at(1)}", f"m{at(3)}"]]  # not u2's
     assert [b.seq for b in got["g"].batches] == [at(1), at(2)]  # u1's gone one: a hole
-    assert mine.message.content_json == b'"x"'
+    assert got["g"].batches[0].message.content_json == b'"x"'
+    assert got["g"].batches[1] is theirs
+    # Filled in a copy: the batch the span holds (every resume's) stays as read.
+    assert mine.batch.message.content_json == b"" and got["g"].batches[0] is not mine
+    assert got["g"].batches[0].addresses("u1") and not got["g"].batches[0].addresses("u2")
 
 
 async def test_a_range_found_over_the_budget_is_not_read_again_nor_any_that_holds_it() -> None:
@@ -202,13 +211,11 @@ async def test_a_range_found_over_the_budget_is_not_read_again_nor_any_that_hold
     assert await s.read("t", at(50), at(100)) is None
     assert len(log.calls) == 1
     log.n = 101  # the head moved on: a range that holds the one found over
-    for after in (at(50), at(10), 0):
+    for after in (at(50), at(10), 0, at(60), at(79)):  # any place below where it ran out
         assert await s.read("t", after, at(101)) is None
-    assert len(log.calls) == 1 and s.over == 4
-    assert await s.read("t", at(60), at(101)) is None  # higher up: read, and remembered
-    assert await s.read("t", at(55), at(101)) is None
-    assert len(log.calls) == 2
+    assert len(log.calls) == 1
     assert len(seqs(await s.read("t", at(90), at(101)))) == 11  # within: read as ever
+    assert log.calls[-1] == (at(100), at(101))  # only what the span lacked
     clock.advance(SPAN_TTL_S + 0.1)
     assert await s.read("t", at(50), at(101)) is None
-    assert len(log.calls) == 4  # forgotten: read (and refused) again
+    assert len(log.calls) == 3  # forgotten: read (and refused) again
