@@ -104,6 +104,7 @@ class HeadBudget(asyncio.Protocol):
 
     head_limits: ClassVar[HeadLimits] = HeadLimits()
     _max_headers: ClassVar[int] = HeadLimits().max_headers  # head_limits', read per field
+    _max_bytes: ClassVar[int] = HeadLimits().max_bytes  # likewise
     head_refusals: ClassVar[HeadRefusals]
     # What the pending head may still take; the class's value is the whole limit.
     _head_room: int = HeadLimits().max_bytes
@@ -128,6 +129,10 @@ class HeadBudget(asyncio.Protocol):
         self._refusal = refusal
         raise ValueError(refusal.detail)
 
+    def _sync_room(self) -> None:
+        """The parser was given bytes: a parser that can tell how many of them wait for
+        the next head sets the room from that (h11); httptools' callbacks set it."""
+
     def data_received(self, data: bytes) -> None:
         room = self._head_room
         if len(data) <= room:
@@ -135,22 +140,35 @@ class HeadBudget(asyncio.Protocol):
             # gives the next head its whole room again.
             self._head_room = room - len(data)
             super().data_received(data)
+            self._sync_room()
             return
-        if not self._in_head():
-            super().data_received(data)
-            return
-        # The parser gets what the head may still take; the rest only if that ended it.
-        # (Never an empty read: to h11 that says the client closed.) A next head begun
-        # within those bytes is counted from the rest on: it may take a little more.
-        heads = self._heads_parsed()
-        if room:
-            super().data_received(data[:room])
-            if self.transport.is_closing():
+        self._sliced(data)
+
+    def _sliced(self, data: bytes) -> None:
+        """A read larger than the room, given to the parser in slices of at most the room
+        (or, in a body that spent it, the whole limit), the state looked at again after
+        each: a head begun within a slice has at most that slice parsed before it is
+        counted, and is then held to what is left of its own room."""
+        while data:
+            room = self._head_room
+            if len(data) <= room:
+                self._head_room = room - len(data)
+                super().data_received(data)
+                self._sync_room()
                 return
-        if self._heads_parsed() == heads:
-            self._answer(self.head_limits.too_large())
-            return
-        self.data_received(data[room:])
+            in_head = self._in_head()
+            size = room if in_head or room else self.head_limits.max_bytes
+            heads = self._heads_parsed()
+            self._head_room = 0  # the parser's callbacks give a parsed head its room again
+            if size:  # (never an empty read: to h11 that says the client closed)
+                super().data_received(data[:size])
+                self._sync_room()
+                if self.transport.is_closing():
+                    return
+            if in_head and self._heads_parsed() == heads:
+                self._answer(self.head_limits.too_large())
+                return
+            data = data[size:]
 
     def send_400_response(self, msg: str) -> None:
         # uvicorn's answer to a request it cannot parse is a text/plain 400: ours is
@@ -167,6 +185,11 @@ class HeadBudget(asyncio.Protocol):
         self.head_refusals.refused(refusal)
         self.transport.write(closing_response(refusal.status, refusal.error, refusal.detail))
         self.transport.close()
+
+
+def parsed_size(request: h11.Request) -> int:
+    """The bytes of a parsed request's target, header names and values."""
+    return len(request.target) + sum(len(n) + len(v) for n, v in request.headers.raw_items())
 
 
 class LimitedH11Connection(h11.Connection):
@@ -189,6 +212,10 @@ class LimitedH11Connection(h11.Connection):
         if type(event) is h11.Request:
             self.requests += 1
             refusal = check_request(len(event.target), len(event.headers), self.limits)
+            # The backstop of the byte count: what h11 kept of this head (a pipelined
+            # head waits whole in h11's buffer, where its limit does not look).
+            if refusal is None and parsed_size(event) > self.limits.max_bytes:
+                refusal = self.limits.too_large()
             if refusal is not None:
                 self.refusal = refusal
                 raise h11.RemoteProtocolError(refusal.detail, refusal.status)

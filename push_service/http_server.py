@@ -209,22 +209,29 @@ def _httptools_class() -> type[asyncio.Protocol]:
 
         _head_open = True  # the bytes that come next are a head's (not a body's)
         _heads = 0  # request heads parsed
+        _parsed = 0  # bytes of the pending head's target, names and values, as parsed
 
         def on_message_begin(self) -> None:
             super().on_message_begin()
             self._head_begun = True
+            self._parsed = 0
             self._arm_head()
 
         def on_url(self, url: bytes) -> None:
             super().on_url(url)
             if len(self.url) > self.head_limits.max_url_bytes:
                 self._refuse_head(self.head_limits.url_too_long())
+            self._parsed += len(url)
 
         def on_header(self, name: bytes, value: bytes) -> None:
             # uvicorn's, called directly: this runs for every field of every request.
             uvicorn_on_header(self, name, value)
             if len(self.headers) > self._max_headers:
                 self._refuse_head(self.head_limits.too_many_headers())
+            # The backstop of the byte count: what the parser kept of this head.
+            self._parsed += len(name) + len(value)
+            if self._parsed > self._max_bytes:
+                self._refuse_head(self.head_limits.too_large())
 
         def on_headers_complete(self) -> None:
             self._disarm_head()
@@ -269,10 +276,19 @@ class H11HeadDeadline(_HeadDeadline, H11Protocol):
         if data and self.conn.their_state is h11.IDLE:
             self._head_begun = True
             self._arm_head()
+        self._sync_room()  # (h11 may have parsed its buffer since: a cycle ended)
         super().data_received(data)
         if self.conn.their_state is not h11.IDLE:  # the head was parsed
             self._disarm_head()
-            self._head_done()
+
+    def _sync_room(self) -> None:
+        # What waits in h11's buffer is the pending head's (IDLE: its part so far; DONE:
+        # a pipelined one, behind the answer); in a body, the next slice may be a limit.
+        state = self.conn.their_state
+        if state is h11.IDLE or state is h11.DONE:
+            self._head_room = max(0, self.head_limits.max_bytes - len(self.conn.trailing_data[0]))
+        else:
+            self._head_room = self.head_limits.max_bytes
 
     def _in_head(self) -> bool:
         return self.conn.their_state is h11.IDLE
@@ -308,6 +324,7 @@ def head_deadline_protocol(
         "head_cuts": counts.cuts,
         "head_limits": limits,
         "_max_headers": limits.max_headers,
+        "_max_bytes": limits.max_bytes,
         "head_refusals": counts.refusals,
         "_head_room": limits.max_bytes,
         "_timeout_response": _timeout_response(timeout_s),
