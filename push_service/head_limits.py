@@ -18,56 +18,80 @@ refusal's own JSON answer. Bodies are not counted (they have their own limits).
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
-from collections import Counter
 from collections.abc import Callable
-from http import HTTPStatus
 from typing import Any, ClassVar, NoReturn
 
 import h11
 
+from shared.http_answers import json_refusal_answer
 from shared.http_heads import HeadLimits, HeadRefusal, check_request
 from shared.throttled import Throttled
 
 __all__ = [
+    "LOG_EVERY_S",
     "HeadBudget",
+    "HeadCuts",
     "HeadRefusals",
     "LimitedH11Connection",
     "ParseErrorLines",
-    "closing_response",
 ]
 
 log = logging.getLogger(__name__)
 
 
-def closing_response(status: int, error: str, detail: str) -> bytes:
-    """A whole JSON response after which the connection is closed."""
-    body = json.dumps({"error": error, "detail": detail}).encode()
-    return (
-        f"HTTP/1.1 {status} {HTTPStatus(status).phrase}\r\ncontent-type: application/json\r\n"
-        f"content-length: {len(body)}\r\nx-content-type-options: nosniff\r\n"
-        "connection: close\r\n\r\n".encode()
-        + body
-    )
+LOG_EVERY_S = 10.0
+
+
+class HeadCuts:
+    """Connections the head deadline closed, counted; logged at once, then at most every
+    LOG_EVERY_S with the counts since (`Throttled`: a slowloris attack is thousands of
+    sockets, and must not become thousands of log lines)."""
+
+    def __init__(self, timeout_s: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.timeout_s = timeout_s
+        self.partial = 0  # closed with part of a head (answered 408)
+        self.silent = 0  # closed having sent nothing
+        self._clock = clock
+        self._line = Throttled(LOG_EVERY_S)
+        self._logged = (0, 0)
+
+    def cut(self, began: bool) -> None:
+        if began:
+            self.partial += 1
+        else:
+            self.silent += 1
+        if not self._line.note(self._clock()):
+            return
+        partial, silent = self.partial - self._logged[0], self.silent - self._logged[1]
+        log.warning(
+            "closed %d connection(s) with a request head not whole after %gs (408) and %d "
+            "that sent nothing (IMROUTE_HTTP_HEADER_TIMEOUT_S)",
+            partial,
+            self.timeout_s,
+            silent,
+        )
+        self._logged = (self.partial, self.silent)
 
 
 class HeadRefusals:
     """Heads refused for a limit, counted by kind (the refusal's `error`), each kind
-    logged at once and then at most every `every_s` with the count since."""
+    logged at once and then at most every `every_s` with the count since (`Throttled`)."""
 
     def __init__(self, clock: Callable[[], float] = time.monotonic, every_s: float = 10.0) -> None:
-        self.counts: Counter[str] = Counter()
         self._clock = clock
         self._every_s = every_s
-        self._lines: dict[str, Throttled] = {}
+        self._kinds: dict[str, Throttled] = {}
+
+    @property
+    def counts(self) -> dict[str, int]:
+        return {kind: line.total for kind, line in self._kinds.items()}
 
     def refused(self, refusal: HeadRefusal) -> None:
-        self.counts[refusal.error] += 1
-        line = self._lines.get(refusal.error)
+        line = self._kinds.get(refusal.error)
         if line is None:
-            line = self._lines[refusal.error] = Throttled(self._every_s)
+            line = self._kinds[refusal.error] = Throttled(self._every_s)
         since = line.note(self._clock())
         if since:
             log.warning(
@@ -76,25 +100,32 @@ class HeadRefusals:
 
 
 class ParseErrorLines(logging.Filter):
-    """uvicorn's warning for each request it cannot parse (a head stopped by a limit is
-    one: the limit stops the parser), on the `uvicorn.error` logger: logged at once,
-    then at most once per `every_s` with the count since, like every refusal."""
+    """uvicorn's warnings that any client causes at will, a line per request, on the
+    `uvicorn.error` logger: each logged at once, then at most once per `every_s` with
+    the count since, like every refusal. They are its line for a request it cannot
+    parse (a head stopped by a limit is one: the limit stops the parser), and its two
+    for an upgrade request (the push service serves no WebSocket: `ws="none"`)."""
 
     MESSAGE = "Invalid HTTP request received."
+    UPGRADE = "Unsupported upgrade request."
+    NO_WS_LIBRARY = "No supported WebSocket library detected."  # the start of its line
+    THROTTLED = (MESSAGE, UPGRADE, NO_WS_LIBRARY)
 
     def __init__(self, clock: Callable[[], float] = time.monotonic, every_s: float = 10.0) -> None:
         super().__init__()
         self._clock = clock
-        self._line = Throttled(every_s)
+        self._lines = {message: Throttled(every_s) for message in self.THROTTLED}
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if record.msg != self.MESSAGE:
+        message = record.msg
+        if not isinstance(message, str) or not message.startswith(self.THROTTLED):
             return True
-        since = self._line.note(self._clock())
+        key = next(m for m in self.THROTTLED if message.startswith(m))
+        since = self._lines[key].note(self._clock())
         if not since:
             return False
         if since > 1:
-            record.msg = f"{self.MESSAGE[:-1]}: {since} requests since the last line"
+            record.msg = f"{message[:-1]}: {since} requests since the last line"
         return True
 
 
@@ -178,12 +209,12 @@ class HeadBudget(asyncio.Protocol):
         if refusal is not None:
             self._answer(refusal)
             return
-        self.transport.write(closing_response(400, "bad_request", msg))
+        self.transport.write(json_refusal_answer(400, "bad_request", msg))
         self.transport.close()
 
     def _answer(self, refusal: HeadRefusal) -> None:
         self.head_refusals.refused(refusal)
-        self.transport.write(closing_response(refusal.status, refusal.error, refusal.detail))
+        self.transport.write(json_refusal_answer(refusal.status, refusal.error, refusal.detail))
         self.transport.close()
 
 

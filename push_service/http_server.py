@@ -29,8 +29,7 @@ import contextlib
 import importlib.util
 import logging
 import socket
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any, ClassVar, Literal
 
 import h11
@@ -42,17 +41,26 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from push_service.errors import send_error
 from push_service.head_limits import (
+    LOG_EVERY_S,
     HeadBudget,
+    HeadCuts,
     HeadRefusals,
     LimitedH11Connection,
     ParseErrorLines,
-    closing_response,
 )
+from shared.http_answers import json_refusal_answer
 from shared.http_heads import HeadLimits
 from shared.logs import dict_config
 from shared.settings import Settings
 
-__all__ = ["RESPONSE_HEADERS", "HeadCounts", "HeadCuts", "head_deadline_protocol", "run"]
+__all__ = [
+    "LOG_EVERY_S",
+    "RESPONSE_HEADERS",
+    "HeadCounts",
+    "HeadCuts",
+    "head_deadline_protocol",
+    "run",
+]
 
 log = logging.getLogger(__name__)
 
@@ -76,48 +84,12 @@ async def _concurrency_exceeded(scope: Any, receive: Any, send: Any) -> None:
 
 
 def _timeout_response(timeout_s: float) -> bytes:
-    return closing_response(
+    return json_refusal_answer(
         408,
         "request_timeout",
         f"the request line and headers did not arrive within {timeout_s:g} s "
         "(IMROUTE_HTTP_HEADER_TIMEOUT_S)",
     )
-
-
-LOG_EVERY_S = 10.0
-
-
-class HeadCuts:
-    """Connections the head deadline closed, counted; logged at once, then at most every
-    LOG_EVERY_S with the count since (a slowloris attack is thousands of sockets, and
-    must not become thousands of log lines)."""
-
-    def __init__(self, timeout_s: float, clock: Callable[[], float] = time.monotonic) -> None:
-        self.timeout_s = timeout_s
-        self.partial = 0  # closed with part of a head (answered 408)
-        self.silent = 0  # closed having sent nothing
-        self._clock = clock
-        self._logged = (0, 0)
-        self._next_log = float("-inf")
-
-    def cut(self, began: bool) -> None:
-        if began:
-            self.partial += 1
-        else:
-            self.silent += 1
-        now = self._clock()
-        if now < self._next_log:
-            return
-        partial, silent = self.partial - self._logged[0], self.silent - self._logged[1]
-        log.warning(
-            "closed %d connection(s) with a request head not whole after %gs (408) and %d "
-            "that sent nothing (IMROUTE_HTTP_HEADER_TIMEOUT_S)",
-            partial,
-            self.timeout_s,
-            silent,
-        )
-        self._logged = (self.partial, self.silent)
-        self._next_log = now + LOG_EVERY_S
 
 
 class HeadCounts:
@@ -145,7 +117,7 @@ class HeadCounts:
             labels=["reason"],
         )
         for reason in ("headers_too_large", "too_many_headers", "uri_too_long"):
-            refused.add_metric([reason], self.refusals.counts[reason])
+            refused.add_metric([reason], self.refusals.counts.get(reason, 0))
         yield refused
 
 

@@ -21,8 +21,8 @@ from websockets.exceptions import InvalidStatus
 from websockets.typing import Subprotocol
 
 from router.devtools.ports import free_port
-from socket_gateway.ws.admission import REFUSALS
 from shared.positions import MAX_POS_CHARS
+from socket_gateway.ws.admission import REFUSALS
 from tests.conftest import SECRET
 from tests.integration.head_bombs import FIELDS, KIB, MIB, ask, send_head, send_heads, watching
 from tests.integration.http_raw import Answer, request_head
@@ -175,7 +175,7 @@ async def test_dispatch_refuses_a_token_the_gateways_url_could_not_carry(
         offer = [Subprotocol("imroute.v1"), Subprotocol(f"imroute.jwt.{fits}")]
         async with connect(resp.json()["ws_url"], subprotocols=offer) as ws:
             await ready(ws)
-        line = len(f"Sec-WebSocket-Protocol: imroute.v1, imroute.jwt.\r\n")
+        line = len("Sec-WebSocket-Protocol: imroute.v1, imroute.jwt.\r\n")
         at_line = _padded_token("alice", 8192 - line)
         async with connect(
             resp.json()["ws_url"], subprotocols=[*offer[:1], Subprotocol(f"imroute.jwt.{at_line}")]
