@@ -8,11 +8,17 @@ grew a worker by 1.8 GB. h11 stops at 16 KiB, but with a 400 and no count of fie
 `HeadBudget` counts the bytes of the pending head as they arrive, before the parser
 sees them: a read that would take the head past IMROUTE_HTTP_MAX_HEAD_BYTES is given to
 the parser only up to the limit, and if the head is still not whole the connection gets
-a JSON 431 and is closed. So a head costs at most that many bytes, whatever its reads.
+a JSON 431 and is closed. A body's bytes count against the next head's room too, and a
+read larger than the room in a body goes to the parser in slices (of the room, then of
+the limit), its state looked at after each: a head begun within a slice (after a body,
+or pipelined) has at most that slice parsed uncounted. As a backstop, each protocol
+counts the size of the head it parsed (target, names, values) and refuses it past the
+limit, so no head over it reaches the app (under h11, bytes behind an answer wait in
+h11's buffer, one read at most, and are checked when parsed).
 The count of fields and the request target's length are checked by each parser's
 protocol as it parses (`http_server`): past the limit, the callback records its
 refusal and raises, which uvicorn answers through `send_400_response`, here the
-refusal's own JSON answer. Bodies are not counted (they have their own limits).
+refusal's own JSON answer.
 """
 
 from __future__ import annotations
