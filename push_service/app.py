@@ -108,7 +108,7 @@ def create_app(
         if isinstance(r, APIRoute)
     }
     # The dashboard, the browser client and /docs, each page under its own CSP.
-    add_pages(app)
+    add_pages(app, settings.dashboard_connect_src)
     # Innermost: POST /v1/push's hot path, behind every gate (push_service.fast_push).
     app.add_middleware(FastPush, slot=services_slot, handlers=app.exception_handlers)
     # Added last, so it runs first (outermost): requests without the key a path needs

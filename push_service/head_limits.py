@@ -8,66 +8,96 @@ grew a worker by 1.8 GB. h11 stops at 16 KiB, but with a 400 and no count of fie
 `HeadBudget` counts the bytes of the pending head as they arrive, before the parser
 sees them: a read that would take the head past IMROUTE_HTTP_MAX_HEAD_BYTES is given to
 the parser only up to the limit, and if the head is still not whole the connection gets
-a JSON 431 and is closed. So a head costs at most that many bytes, whatever its reads.
+a JSON 431 and is closed. A body's bytes count against the next head's room too, and a
+read larger than the room in a body goes to the parser in slices (of the room, then of
+the limit), its state looked at after each: a head begun within a slice (after a body,
+or pipelined) has at most that slice parsed uncounted. As a backstop, each protocol
+counts the size of the head it parsed (target, names, values) and refuses it past the
+limit, so no head over it reaches the app (under h11, bytes behind an answer wait in
+h11's buffer, one read at most, and are checked when parsed).
 The count of fields and the request target's length are checked by each parser's
 protocol as it parses (`http_server`): past the limit, the callback records its
 refusal and raises, which uvicorn answers through `send_400_response`, here the
-refusal's own JSON answer. Bodies are not counted (they have their own limits).
+refusal's own JSON answer.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
-from collections import Counter
 from collections.abc import Callable
-from http import HTTPStatus
 from typing import Any, ClassVar, NoReturn
 
 import h11
 
+from shared.http_answers import json_refusal_answer
 from shared.http_heads import HeadLimits, HeadRefusal, check_request
 from shared.throttled import Throttled
 
 __all__ = [
+    "LOG_EVERY_S",
     "HeadBudget",
+    "HeadCuts",
     "HeadRefusals",
     "LimitedH11Connection",
     "ParseErrorLines",
-    "closing_response",
 ]
 
 log = logging.getLogger(__name__)
 
 
-def closing_response(status: int, error: str, detail: str) -> bytes:
-    """A whole JSON response after which the connection is closed."""
-    body = json.dumps({"error": error, "detail": detail}).encode()
-    return (
-        f"HTTP/1.1 {status} {HTTPStatus(status).phrase}\r\ncontent-type: application/json\r\n"
-        f"content-length: {len(body)}\r\nx-content-type-options: nosniff\r\n"
-        "connection: close\r\n\r\n".encode()
-        + body
-    )
+LOG_EVERY_S = 10.0
+
+
+class HeadCuts:
+    """Connections the head deadline closed, counted; logged at once, then at most every
+    LOG_EVERY_S with the counts since (`Throttled`: a slowloris attack is thousands of
+    sockets, and must not become thousands of log lines)."""
+
+    def __init__(self, timeout_s: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.timeout_s = timeout_s
+        self.partial = 0  # closed with part of a head (answered 408)
+        self.silent = 0  # closed having sent nothing
+        self._clock = clock
+        self._line = Throttled(LOG_EVERY_S)
+        self._logged = (0, 0)
+
+    def cut(self, began: bool) -> None:
+        if began:
+            self.partial += 1
+        else:
+            self.silent += 1
+        if not self._line.note(self._clock()):
+            return
+        partial, silent = self.partial - self._logged[0], self.silent - self._logged[1]
+        log.warning(
+            "closed %d connection(s) with a request head not whole after %gs (408) and %d "
+            "that sent nothing (IMROUTE_HTTP_HEADER_TIMEOUT_S)",
+            partial,
+            self.timeout_s,
+            silent,
+        )
+        self._logged = (self.partial, self.silent)
 
 
 class HeadRefusals:
     """Heads refused for a limit, counted by kind (the refusal's `error`), each kind
-    logged at once and then at most every `every_s` with the count since."""
+    logged at once and then at most every `every_s` with the count since (`Throttled`)."""
 
     def __init__(self, clock: Callable[[], float] = time.monotonic, every_s: float = 10.0) -> None:
-        self.counts: Counter[str] = Counter()
         self._clock = clock
         self._every_s = every_s
-        self._lines: dict[str, Throttled] = {}
+        self._kinds: dict[str, Throttled] = {}
+
+    @property
+    def counts(self) -> dict[str, int]:
+        return {kind: line.total for kind, line in self._kinds.items()}
 
     def refused(self, refusal: HeadRefusal) -> None:
-        self.counts[refusal.error] += 1
-        line = self._lines.get(refusal.error)
+        line = self._kinds.get(refusal.error)
         if line is None:
-            line = self._lines[refusal.error] = Throttled(self._every_s)
+            line = self._kinds[refusal.error] = Throttled(self._every_s)
         since = line.note(self._clock())
         if since:
             log.warning(
@@ -76,25 +106,32 @@ class HeadRefusals:
 
 
 class ParseErrorLines(logging.Filter):
-    """uvicorn's warning for each request it cannot parse (a head stopped by a limit is
-    one: the limit stops the parser), on the `uvicorn.error` logger: logged at once,
-    then at most once per `every_s` with the count since, like every refusal."""
+    """uvicorn's warnings that any client causes at will, a line per request, on the
+    `uvicorn.error` logger: each logged at once, then at most once per `every_s` with
+    the count since, like every refusal. They are its line for a request it cannot
+    parse (a head stopped by a limit is one: the limit stops the parser), and its two
+    for an upgrade request (the push service serves no WebSocket: `ws="none"`)."""
 
     MESSAGE = "Invalid HTTP request received."
+    UPGRADE = "Unsupported upgrade request."
+    NO_WS_LIBRARY = "No supported WebSocket library detected."  # the start of its line
+    THROTTLED = (MESSAGE, UPGRADE, NO_WS_LIBRARY)
 
     def __init__(self, clock: Callable[[], float] = time.monotonic, every_s: float = 10.0) -> None:
         super().__init__()
         self._clock = clock
-        self._line = Throttled(every_s)
+        self._lines = {message: Throttled(every_s) for message in self.THROTTLED}
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if record.msg != self.MESSAGE:
+        message = record.msg
+        if not isinstance(message, str) or not message.startswith(self.THROTTLED):
             return True
-        since = self._line.note(self._clock())
+        key = next(m for m in self.THROTTLED if message.startswith(m))
+        since = self._lines[key].note(self._clock())
         if not since:
             return False
         if since > 1:
-            record.msg = f"{self.MESSAGE[:-1]}: {since} requests since the last line"
+            record.msg = f"{message[:-1]}: {since} requests since the last line"
         return True
 
 
@@ -104,6 +141,7 @@ class HeadBudget(asyncio.Protocol):
 
     head_limits: ClassVar[HeadLimits] = HeadLimits()
     _max_headers: ClassVar[int] = HeadLimits().max_headers  # head_limits', read per field
+    _max_bytes: ClassVar[int] = HeadLimits().max_bytes  # likewise
     head_refusals: ClassVar[HeadRefusals]
     # What the pending head may still take; the class's value is the whole limit.
     _head_room: int = HeadLimits().max_bytes
@@ -128,6 +166,10 @@ class HeadBudget(asyncio.Protocol):
         self._refusal = refusal
         raise ValueError(refusal.detail)
 
+    def _sync_room(self) -> None:
+        """The parser was given bytes: a parser that can tell how many of them wait for
+        the next head sets the room from that (h11); httptools' callbacks set it."""
+
     def data_received(self, data: bytes) -> None:
         room = self._head_room
         if len(data) <= room:
@@ -135,22 +177,35 @@ class HeadBudget(asyncio.Protocol):
             # gives the next head its whole room again.
             self._head_room = room - len(data)
             super().data_received(data)
+            self._sync_room()
             return
-        if not self._in_head():
-            super().data_received(data)
-            return
-        # The parser gets what the head may still take; the rest only if that ended it.
-        # (Never an empty read: to h11 that says the client closed.) A next head begun
-        # within those bytes is counted from the rest on: it may take a little more.
-        heads = self._heads_parsed()
-        if room:
-            super().data_received(data[:room])
-            if self.transport.is_closing():
+        self._sliced(data)
+
+    def _sliced(self, data: bytes) -> None:
+        """A read larger than the room, given to the parser in slices of at most the room
+        (or, in a body that spent it, the whole limit), the state looked at again after
+        each: a head begun within a slice has at most that slice parsed before it is
+        counted, and is then held to what is left of its own room."""
+        while data:
+            room = self._head_room
+            if len(data) <= room:
+                self._head_room = room - len(data)
+                super().data_received(data)
+                self._sync_room()
                 return
-        if self._heads_parsed() == heads:
-            self._answer(self.head_limits.too_large())
-            return
-        self.data_received(data[room:])
+            in_head = self._in_head()
+            size = room if in_head or room else self.head_limits.max_bytes
+            heads = self._heads_parsed()
+            self._head_room = 0  # the parser's callbacks give a parsed head its room again
+            if size:  # (never an empty read: to h11 that says the client closed)
+                super().data_received(data[:size])
+                self._sync_room()
+                if self.transport.is_closing():
+                    return
+            if in_head and self._heads_parsed() == heads:
+                self._answer(self.head_limits.too_large())
+                return
+            data = data[size:]
 
     def send_400_response(self, msg: str) -> None:
         # uvicorn's answer to a request it cannot parse is a text/plain 400: ours is
@@ -160,13 +215,18 @@ class HeadBudget(asyncio.Protocol):
         if refusal is not None:
             self._answer(refusal)
             return
-        self.transport.write(closing_response(400, "bad_request", msg))
+        self.transport.write(json_refusal_answer(400, "bad_request", msg))
         self.transport.close()
 
     def _answer(self, refusal: HeadRefusal) -> None:
         self.head_refusals.refused(refusal)
-        self.transport.write(closing_response(refusal.status, refusal.error, refusal.detail))
+        self.transport.write(json_refusal_answer(refusal.status, refusal.error, refusal.detail))
         self.transport.close()
+
+
+def parsed_size(request: h11.Request) -> int:
+    """The bytes of a parsed request's target, header names and values."""
+    return len(request.target) + sum(len(n) + len(v) for n, v in request.headers.raw_items())
 
 
 class LimitedH11Connection(h11.Connection):
@@ -189,6 +249,10 @@ class LimitedH11Connection(h11.Connection):
         if type(event) is h11.Request:
             self.requests += 1
             refusal = check_request(len(event.target), len(event.headers), self.limits)
+            # The backstop of the byte count: what h11 kept of this head (a pipelined
+            # head waits whole in h11's buffer, where its limit does not look).
+            if refusal is None and parsed_size(event) > self.limits.max_bytes:
+                refusal = self.limits.too_large()
             if refusal is not None:
                 self.refusal = refusal
                 raise h11.RemoteProtocolError(refusal.detail, refusal.status)

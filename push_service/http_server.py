@@ -29,8 +29,7 @@ import contextlib
 import importlib.util
 import logging
 import socket
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any, ClassVar, Literal
 
 import h11
@@ -42,17 +41,26 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from push_service.errors import send_error
 from push_service.head_limits import (
+    LOG_EVERY_S,
     HeadBudget,
+    HeadCuts,
     HeadRefusals,
     LimitedH11Connection,
     ParseErrorLines,
-    closing_response,
 )
+from shared.http_answers import json_refusal_answer
 from shared.http_heads import HeadLimits
 from shared.logs import dict_config
 from shared.settings import Settings
 
-__all__ = ["RESPONSE_HEADERS", "HeadCounts", "HeadCuts", "head_deadline_protocol", "run"]
+__all__ = [
+    "LOG_EVERY_S",
+    "RESPONSE_HEADERS",
+    "HeadCounts",
+    "HeadCuts",
+    "head_deadline_protocol",
+    "run",
+]
 
 log = logging.getLogger(__name__)
 
@@ -76,48 +84,12 @@ async def _concurrency_exceeded(scope: Any, receive: Any, send: Any) -> None:
 
 
 def _timeout_response(timeout_s: float) -> bytes:
-    return closing_response(
+    return json_refusal_answer(
         408,
         "request_timeout",
         f"the request line and headers did not arrive within {timeout_s:g} s "
         "(IMROUTE_HTTP_HEADER_TIMEOUT_S)",
     )
-
-
-LOG_EVERY_S = 10.0
-
-
-class HeadCuts:
-    """Connections the head deadline closed, counted; logged at once, then at most every
-    LOG_EVERY_S with the count since (a slowloris attack is thousands of sockets, and
-    must not become thousands of log lines)."""
-
-    def __init__(self, timeout_s: float, clock: Callable[[], float] = time.monotonic) -> None:
-        self.timeout_s = timeout_s
-        self.partial = 0  # closed with part of a head (answered 408)
-        self.silent = 0  # closed having sent nothing
-        self._clock = clock
-        self._logged = (0, 0)
-        self._next_log = float("-inf")
-
-    def cut(self, began: bool) -> None:
-        if began:
-            self.partial += 1
-        else:
-            self.silent += 1
-        now = self._clock()
-        if now < self._next_log:
-            return
-        partial, silent = self.partial - self._logged[0], self.silent - self._logged[1]
-        log.warning(
-            "closed %d connection(s) with a request head not whole after %gs (408) and %d "
-            "that sent nothing (IMROUTE_HTTP_HEADER_TIMEOUT_S)",
-            partial,
-            self.timeout_s,
-            silent,
-        )
-        self._logged = (self.partial, self.silent)
-        self._next_log = now + LOG_EVERY_S
 
 
 class HeadCounts:
@@ -145,7 +117,7 @@ class HeadCounts:
             labels=["reason"],
         )
         for reason in ("headers_too_large", "too_many_headers", "uri_too_long"):
-            refused.add_metric([reason], self.refusals.counts[reason])
+            refused.add_metric([reason], self.refusals.counts.get(reason, 0))
         yield refused
 
 
@@ -209,22 +181,29 @@ def _httptools_class() -> type[asyncio.Protocol]:
 
         _head_open = True  # the bytes that come next are a head's (not a body's)
         _heads = 0  # request heads parsed
+        _parsed = 0  # bytes of the pending head's target, names and values, as parsed
 
         def on_message_begin(self) -> None:
             super().on_message_begin()
             self._head_begun = True
+            self._parsed = 0
             self._arm_head()
 
         def on_url(self, url: bytes) -> None:
             super().on_url(url)
             if len(self.url) > self.head_limits.max_url_bytes:
                 self._refuse_head(self.head_limits.url_too_long())
+            self._parsed += len(url)
 
         def on_header(self, name: bytes, value: bytes) -> None:
             # uvicorn's, called directly: this runs for every field of every request.
             uvicorn_on_header(self, name, value)
             if len(self.headers) > self._max_headers:
                 self._refuse_head(self.head_limits.too_many_headers())
+            # The backstop of the byte count: what the parser kept of this head.
+            self._parsed += len(name) + len(value)
+            if self._parsed > self._max_bytes:
+                self._refuse_head(self.head_limits.too_large())
 
         def on_headers_complete(self) -> None:
             self._disarm_head()
@@ -269,10 +248,19 @@ class H11HeadDeadline(_HeadDeadline, H11Protocol):
         if data and self.conn.their_state is h11.IDLE:
             self._head_begun = True
             self._arm_head()
+        self._sync_room()  # (h11 may have parsed its buffer since: a cycle ended)
         super().data_received(data)
         if self.conn.their_state is not h11.IDLE:  # the head was parsed
             self._disarm_head()
-            self._head_done()
+
+    def _sync_room(self) -> None:
+        # What waits in h11's buffer is the pending head's (IDLE: its part so far; DONE:
+        # a pipelined one, behind the answer); in a body, the next slice may be a limit.
+        state = self.conn.their_state
+        if state is h11.IDLE or state is h11.DONE:
+            self._head_room = max(0, self.head_limits.max_bytes - len(self.conn.trailing_data[0]))
+        else:
+            self._head_room = self.head_limits.max_bytes
 
     def _in_head(self) -> bool:
         return self.conn.their_state is h11.IDLE
@@ -308,6 +296,7 @@ def head_deadline_protocol(
         "head_cuts": counts.cuts,
         "head_limits": limits,
         "_max_headers": limits.max_headers,
+        "_max_bytes": limits.max_bytes,
         "head_refusals": counts.refusals,
         "_head_room": limits.max_bytes,
         "_timeout_response": _timeout_response(timeout_s),

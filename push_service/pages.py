@@ -23,7 +23,7 @@ from starlette.responses import Response
 from starlette.staticfiles import StaticFiles
 from starlette.types import Scope
 
-__all__ = ["DASHBOARD_CSP", "DOCS_CSP", "add_pages"]
+__all__ = ["DASHBOARD_CSP", "DOCS_CSP", "add_pages", "dashboard_csp"]
 
 HERE = Path(__file__).parent
 DASHBOARD = HERE / "dashboard"
@@ -43,8 +43,15 @@ _LOCKED = (
     "form-action 'self'; frame-ancestors 'none'; img-src 'self' data:"
 )
 # The dashboard: its own script, styles and data; WebSockets to the gateways, whose
-# addresses dispatch names, for its test client.
+# addresses dispatch names, for its test client (IMROUTE_DASHBOARD_CONNECT_SRC).
 DASHBOARD_CSP = f"{_LOCKED}; style-src 'self'; connect-src 'self' ws: wss:"
+
+
+def dashboard_csp(connect_src: str) -> str:
+    """The dashboard's policy, its WebSockets allowed to `connect_src` (CSP sources)."""
+    return f"{_LOCKED}; style-src 'self'; connect-src 'self' {connect_src}"
+
+
 # Swagger UI: its script, styles and this API (its "Try it out"), nothing else.
 DOCS_CSP = f"{_LOCKED}; style-src 'self'; connect-src 'self'"
 
@@ -70,11 +77,14 @@ class _Page(StaticFiles):
         return response
 
 
-def add_pages(app: FastAPI) -> None:
+def add_pages(app: FastAPI, connect_src: str = "ws: wss:") -> None:
     """Serve the dashboard, the browser client and the docs on `app` (made with
-    docs_url=None and redoc_url=None; /openapi.json stays FastAPI's)."""
+    docs_url=None and redoc_url=None; /openapi.json stays FastAPI's); the dashboard's
+    test client may connect to `connect_src` (IMROUTE_DASHBOARD_CONNECT_SRC)."""
     # Public, as they hold no data (the dashboard's data needs the admin key).
-    app.mount("/dashboard", _Page(directory=DASHBOARD, csp=DASHBOARD_CSP), name="dashboard")
+    app.mount(
+        "/dashboard", _Page(directory=DASHBOARD, csp=dashboard_csp(connect_src)), name="dashboard"
+    )
     # The browser client (clients/js/imroute.js), for pages to import.
     app.mount("/client", StaticFiles(directory=CLIENT, follow_symlink=True), name="client")
     docs_headers = page_headers(DOCS_CSP)

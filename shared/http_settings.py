@@ -7,12 +7,16 @@ here, and `Settings.load` reads them as `IMROUTE_*` like any other.
 from __future__ import annotations
 
 import os
+import re
 from typing import Self
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings
 
-__all__ = ["HttpSettings", "default_workers"]
+__all__ = ["WS_SOURCE", "HttpSettings", "default_workers"]
+
+# A CSP source a WebSocket may go to: a scheme, or a scheme and host (and port).
+WS_SOURCE = re.compile(r"wss?:(//(\*\.)?[A-Za-z0-9.-]+(:([0-9]{1,5}|\*))?)?")
 
 
 def default_workers() -> int:
@@ -50,9 +54,24 @@ class HttpSettings(BaseSettings):
     # ... and the event loop's lag in ms past which new requests are 503 while at least
     # a few are in flight (0: lag never sheds)
     http_max_lag_ms: int = Field(1000, ge=0, le=60_000)
+    # the dashboard's Content-Security-Policy `connect-src`, besides 'self': where its test
+    # client may open WebSockets (the gateways dispatch names). The default takes any
+    # gateway; set the gateways' origins, e.g. "wss://gw1.example.com wss://*.example.com"
+    dashboard_connect_src: str = Field("ws: wss:", min_length=3, max_length=1000)
     # push-service processes sharing the one listening port (README, "Workers"); the
     # default is the cores this process may use
     workers: int = Field(default_factory=default_workers, ge=1, le=256)
+
+    @field_validator("dashboard_connect_src")
+    @classmethod
+    def _ws_sources(cls, value: str) -> str:
+        for source in value.split():
+            if not WS_SOURCE.fullmatch(source):
+                raise ValueError(
+                    f"IMROUTE_DASHBOARD_CONNECT_SRC: {source[:80]!r} is not a WebSocket source "
+                    "(ws: or wss:, or ws[s]://host[:port], the host may start with *.)"
+                )
+        return " ".join(value.split())
 
     @model_validator(mode="after")
     def _url_fits_in_a_head(self) -> Self:

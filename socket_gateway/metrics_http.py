@@ -15,11 +15,11 @@ import json
 import logging
 import time
 from collections.abc import Callable
-from http import HTTPStatus
 from typing import TYPE_CHECKING
 
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from shared.http_answers import closing_answer, json_refusal_answer
 from shared.http_heads import END_OF_HEAD, HeadLimits, HeadRefusal, check_head
 from shared.throttled import Throttled
 
@@ -31,20 +31,6 @@ __all__ = ["serve_metrics"]
 log = logging.getLogger(__name__)
 
 HEAD_TIMEOUT_S = 5.0
-
-
-def _answer(status: bytes, kind: bytes, body: bytes, with_body: bool = True) -> bytes:
-    return (
-        b"HTTP/1.1 %s\r\nContent-Type: %s\r\nContent-Length: %d\r\n"
-        b"X-Content-Type-Options: nosniff\r\nConnection: close\r\n\r\n%s"
-        % (status, kind, len(body), body if with_body else b"")
-    )
-
-
-def _refusal_answer(refusal: HeadRefusal) -> bytes:
-    body = json.dumps({"error": refusal.error, "detail": refusal.detail}).encode()
-    status = f"{refusal.status} {HTTPStatus(refusal.status).phrase}".encode()
-    return _answer(status, b"application/json", body)
 
 
 async def serve_metrics(
@@ -60,7 +46,7 @@ async def serve_metrics(
     def refuse(writer: asyncio.StreamWriter, refusal: HeadRefusal) -> None:
         if since := refused.note(time.monotonic()):
             log.warning("refused %d request head(s) on the metrics port: %s", since, refusal.detail)
-        writer.write(_refusal_answer(refusal))
+        writer.write(json_refusal_answer(refusal.status, refusal.error, refusal.detail))
 
     async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
@@ -78,15 +64,11 @@ async def serve_metrics(
             parts = head.split(b"\r\n", 1)[0].split()
             method, path = (parts[0], parts[1].split(b"?", 1)[0]) if len(parts) == 3 else (b"", b"")
             if path == b"/metrics" and method in (b"GET", b"HEAD"):
-                body, status, kind = render(), b"200 OK", CONTENT_TYPE_LATEST.encode()
+                body, status, kind = render(), 200, CONTENT_TYPE_LATEST
             else:
                 error = {"error": "not_found", "detail": "this port serves GET /metrics only"}
-                body, status, kind = (
-                    json.dumps(error).encode(),
-                    b"404 Not Found",
-                    b"application/json",
-                )
-            writer.write(_answer(status, kind, body, with_body=method != b"HEAD"))
+                body, status, kind = json.dumps(error).encode(), 404, "application/json"
+            writer.write(closing_answer(status, kind, body, with_body=method != b"HEAD"))
         finally:
             with contextlib.suppress(OSError):
                 await writer.drain()

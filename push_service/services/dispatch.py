@@ -13,27 +13,53 @@ from shared.clock import Clock
 from shared.errors import InvalidInput
 from shared.http_heads import HeadLimits
 from shared.keys import ID_PATTERN
+from shared.positions import MAX_POS_CHARS
 
-__all__ = ["MAX_AVOID", "TOKEN_TARGET", "Dispatch", "check_token_fits", "parse_avoid"]
+__all__ = [
+    "MAX_AVOID",
+    "TOKEN_HEADER",
+    "TOKEN_TARGET",
+    "Dispatch",
+    "check_token_fits",
+    "parse_avoid",
+    "token_room",
+]
 
 # Gateway ids one request may name in `avoid` (a client names the one it failed on).
 MAX_AVOID = 8
-# What a client's request target at a gateway holds before its token (the gateway serves
-# /ws only, whatever path a proxy in front of it shows).
+# The longest request target a client builds at a gateway: its token in the query, and
+# the position it resumes from (the gateway serves /ws only, whatever path a proxy in
+# front of it shows; a position is URL-safe, so it is sent as it is).
 TOKEN_TARGET = "/ws?token="
+RESUME_QUERY = "&since="
+# The header form both SDKs send instead; the gateway's WebSocket library takes at most
+# 8192 bytes a line, its CRLF included.
+TOKEN_HEADER = "Sec-WebSocket-Protocol: imroute.v1, imroute.jwt."
+MAX_HEADER_LINE = 8192
+
+
+def token_room(limits: HeadLimits) -> int:
+    """The longest token a client can connect and resume with, in either form: the URL
+    `/ws?token=<token>&since=<position>` within IMROUTE_HTTP_MAX_URL_BYTES, and the
+    header line `Sec-WebSocket-Protocol: imroute.v1, imroute.jwt.<token>` within the
+    library's line."""
+    in_url = limits.url_room(TOKEN_TARGET) - len(RESUME_QUERY) - MAX_POS_CHARS
+    in_header = min(MAX_HEADER_LINE, limits.max_bytes) - len(TOKEN_HEADER) - len("\r\n")
+    return min(in_url, in_header)
 
 
 def check_token_fits(token: str, limits: HeadLimits) -> None:
-    """InvalidInput when `token` would make the gateway's URL longer than the gateways
-    take (IMROUTE_HTTP_MAX_URL_BYTES): a client could never connect with it."""
-    room = limits.url_room(TOKEN_TARGET)
+    """InvalidInput when `token` would make the gateway's URL (with a position to resume
+    from) or its header line longer than the gateways take: a client could not connect."""
+    room = token_room(limits)
     size = len(token.encode())
     if size > room:
         raise InvalidInput(
             "token",
-            f"is {size} bytes; a gateway takes at most {room} (its URL, "
-            f"{TOKEN_TARGET}<token>, is limited to {limits.max_url_bytes} bytes by "
-            "IMROUTE_HTTP_MAX_URL_BYTES)",
+            f"is {size} bytes; a gateway takes at most {room} (its longest URL, "
+            f"{TOKEN_TARGET}<token>{RESUME_QUERY}<position of up to {MAX_POS_CHARS}>, is "
+            f"limited to {limits.max_url_bytes} bytes by IMROUTE_HTTP_MAX_URL_BYTES, and "
+            f"the header form's line to {MAX_HEADER_LINE})",
         )
 
 

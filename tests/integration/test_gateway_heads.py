@@ -17,8 +17,11 @@ import jwt
 import pytest
 import redis.asyncio as aioredis
 from websockets.asyncio.client import connect
+from websockets.exceptions import InvalidStatus
+from websockets.typing import Subprotocol
 
 from router.devtools.ports import free_port
+from shared.positions import MAX_POS_CHARS
 from socket_gateway.ws.admission import REFUSALS
 from tests.conftest import SECRET
 from tests.integration.head_bombs import FIELDS, KIB, MIB, ask, send_head, send_heads, watching
@@ -116,6 +119,10 @@ async def test_each_limit_is_answered_in_json_on_both_ports(
     assert {"headers_too_large", "too_many_headers", "uri_too_long"} <= set(REFUSALS)
 
 
+def bearer(token: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"}
+
+
 def _padded_token(uid: str, size: int) -> str:
     """A valid client token of `size` bytes or one less (a claim pads it: base64 does
     not come in every length)."""
@@ -145,14 +152,37 @@ async def test_dispatch_refuses_a_token_the_gateways_url_could_not_carry(
         [problem] = resp.json()["detail"]
         assert problem["field"] == "token"
         assert "IMROUTE_HTTP_MAX_URL_BYTES" in problem["message"]
-        assert f"is {len(huge)} bytes; a gateway takes at most 7990" in problem["message"]
+        assert f"is {len(huge)} bytes; a gateway takes at most 7727" in problem["message"]
         url = f"ws://127.0.0.1:{gw.ws_port}/ws?token={huge}"
         async with httpx.AsyncClient() as plain:
             answer = await plain.get(url.replace("ws://", "http://"))
         assert answer.status_code == 414 and answer.json()["error"] == "uri_too_long"
-        # The longest token dispatch takes, the gateway takes too.
-        fits = _padded_token("alice", 7990)  # 8000 less "/ws?token="
-        resp = await http.get("/v1/dispatch", headers={"Authorization": f"Bearer {fits}"})
+        # The longest token dispatch takes, the gateway takes too: in the URL with the
+        # longest position a client resumes from (before: 7990, and a resume got a 414)...
+        assert (
+            await http.get("/v1/dispatch", headers=bearer(_padded_token("a", 7728)))
+        ).status_code == 422
+        fits = _padded_token("alice", 7727)  # 8000 less "/ws?token=&since=" and 256
+        resp = await http.get("/v1/dispatch", headers=bearer(fits))
         assert resp.status_code == 200, resp.text
+        since = "x" * MAX_POS_CHARS  # not a position the gateway wrote: 101, then a close
+        async with connect(f"{resp.json()['ws_url']}?token={fits}&since={since}") as ws:
+            assert ws.response.status_code == 101
         async with connect(f"{resp.json()['ws_url']}?token={fits}") as ws:
             await ready(ws)
+        # ...and in the header form, whose line the gateway's library takes up to 8192
+        # bytes: the room dispatch leaves it, and one byte past the line.
+        offer = [Subprotocol("imroute.v1"), Subprotocol(f"imroute.jwt.{fits}")]
+        async with connect(resp.json()["ws_url"], subprotocols=offer) as ws:
+            await ready(ws)
+        line = len("Sec-WebSocket-Protocol: imroute.v1, imroute.jwt.\r\n")
+        at_line = _padded_token("alice", 8192 - line)
+        async with connect(
+            resp.json()["ws_url"], subprotocols=[*offer[:1], Subprotocol(f"imroute.jwt.{at_line}")]
+        ) as ws:
+            await ready(ws)
+        past = f"imroute.jwt.{at_line}" + "p" * (8192 - line - len(at_line) + 1)
+        with pytest.raises(InvalidStatus) as refused:
+            async with connect(resp.json()["ws_url"], subprotocols=[*offer[:1], Subprotocol(past)]):
+                pass
+        assert refused.value.response.status_code == 431

@@ -123,6 +123,39 @@ async def test_fields_and_targets_over_their_limits_are_refused_by_the_process(
         assert 'imroute_http_heads_refused_total{reason="uri_too_long"} 1.0' in scrape
 
 
+async def test_over_limit_heads_after_a_body_or_pipelined_are_refused_by_the_process(
+    redis_url: str, prefix: str, redis: aioredis.Redis, tmp_path: Path
+) -> None:
+    """The finding, against the real process: a head over the limit behind a body's last
+    bytes in one read, or pipelined behind a GET, reached the app."""
+    big = HEAD_START + b"X-Big: " + b"a" * (40 * KIB) + b"\r\n\r\n"
+    with push_service(redis_url, prefix, tmp_path) as (_, port):
+        for first, then in (
+            (POST_10, b"0123456789" + big),
+            (b"", request_head("GET", "/healthz") + big),
+        ):
+            answers = await _over_limit_after(port, first, then)
+            assert [a.status for a in answers][1:] in ([431], []), answers
+            assert answers[-1].status == 431, answers
+            assert answers[-1].json()["error"] == "headers_too_large"
+        scrape = ask(port, request_head("GET", "/metrics")).body.decode()
+        assert 'imroute_http_heads_refused_total{reason="headers_too_large"} 2.0' in scrape
+
+
+async def test_upgrade_requests_are_logged_at_a_throttled_rate(
+    redis_url: str, prefix: str, redis: aioredis.Redis, tmp_path: Path
+) -> None:
+    """The finding: each upgrade request logged two uvicorn warnings, unthrottled."""
+    with push_service(redis_url, prefix, tmp_path) as (proc, port):
+        upgrade = request_head("GET", "/healthz", Upgrade="websocket", Connection="Upgrade")
+        for _ in range(30):
+            assert ask(port, upgrade).status == 200
+        assert ask(port, with_fields(101)).status == 431  # its line marks the end
+        lines = read_until(proc, "refused 1 request head(s) (431)", 10)
+        assert sum("Unsupported upgrade request" in line for line in lines) == 1, lines
+        assert sum("No supported WebSocket library" in line for line in lines) == 1, lines
+
+
 # ----------------------------------------------------------------- both parsers
 
 
@@ -227,6 +260,53 @@ async def test_bodies_and_keep_alive_requests_do_not_eat_the_next_heads_room(
         assert answer is not None and answer.body == str(MIB).encode(), answer
         writer.close()
         assert not counts.refusals.counts
+
+
+async def _over_limit_after(port: int, first: bytes, then: bytes) -> list[bytes]:
+    """The answers on one connection to `first`, then (a moment later, in one write) `then`."""
+    reader, writer = await asyncio.open_connection(HOST, port)
+    writer.write(first)
+    await asyncio.sleep(0.2)
+    writer.write(then)
+    answers = []
+    while (answer := await read_answer(reader, timeout=5)) is not None:
+        answers.append(answer)
+    writer.close()
+    return answers
+
+
+BIG_HEAD = HEAD_START + b"X-Big: " + b"a" * (120 * KIB) + b"\r\n\r\n"
+POST_10 = b"POST /healthz HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\n"
+
+
+@pytest.mark.parametrize("parser", ["h11", "httptools"])
+@pytest.mark.parametrize("size", [60 * KIB, 120 * KIB])
+async def test_over_limit_head_after_a_body_in_one_read_is_refused(
+    parser: Parser, size: int
+) -> None:
+    """The finding: a body's last bytes and a 60 or 120 KB head in one read went to the
+    parser uncounted, and the head reached the app (200)."""
+    counts = HeadCounts(HeadCuts(5.0))
+    async with _uvicorn(parser, counts) as port:
+        big = HEAD_START + b"X-Big: " + b"a" * size + b"\r\n\r\n"
+        answers = await _over_limit_after(port, POST_10, b"0123456789" + big)
+        # (Refused as soon as it is read: the POST's answer may not be out by then.)
+        assert [a.status for a in answers] in ([200, 431], [431]), answers
+        assert answers[-1].json()["error"] == "headers_too_large"
+        assert counts.refusals.counts == {"headers_too_large": 1}
+
+
+@pytest.mark.parametrize("parser", ["h11", "httptools"])
+async def test_over_limit_pipelined_head_is_refused(parser: Parser) -> None:
+    """The finding: under h11 a 120-KB head pipelined behind a GET waited whole in h11's
+    buffer, where its limit does not look, and reached the app."""
+    counts = HeadCounts(HeadCuts(5.0))
+    async with _uvicorn(parser, counts) as port:
+        answers = await _over_limit_after(port, b"", request_head("GET", "/") + BIG_HEAD)
+        # (httptools refuses it as soon as it is read: the GET's answer may not be out.)
+        assert [a.status for a in answers] in ([200, 431], [431]), answers
+        assert answers[-1].json()["error"] == "headers_too_large"
+        assert counts.refusals.counts == {"headers_too_large": 1}
 
 
 def test_the_push_services_metrics_name_every_reason() -> None:

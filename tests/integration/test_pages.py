@@ -85,3 +85,18 @@ async def test_every_answer_says_nosniff_and_the_pages_their_csp(
                 assert answer.status_code == 404 and answer.json()["error"] == "not_found"
             # The docs need no key, as before.
             assert (await http.get("/docs", headers={"Authorization": "Bearer x"})).is_success
+
+
+async def test_the_dashboards_websockets_can_be_held_to_the_gateways_origins(
+    redis_url: str, prefix: str, redis: aioredis.Redis, tmp_path: Path
+) -> None:
+    """The finding: `connect-src 'self' ws: wss:` lets the dashboard open a WebSocket to
+    any host. IMROUTE_DASHBOARD_CONNECT_SRC names the gateways' origins instead."""
+    sources = "wss://gw1.example.com wss://*.gw.example.com:8443"
+    env = {"IMROUTE_DASHBOARD_CONNECT_SRC": sources}
+    with push_service(redis_url, prefix, tmp_path, **env) as (_, port):
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as http:
+            page = await http.get("/dashboard/")
+        csp = directives(page.headers["content-security-policy"])
+        assert csp["connect-src"] == f"'self' {sources}"
+        assert csp["script-src"] == "'self'"

@@ -7,9 +7,10 @@ import time
 
 import pytest
 
-from push_service.services.dispatch import TOKEN_TARGET, check_token_fits
+from push_service.services.dispatch import TOKEN_HEADER, TOKEN_TARGET, check_token_fits, token_room
 from shared.errors import ConfigError, InvalidInput
 from shared.http_heads import HeadLimits, HeadRefusal, check_head, gather_head
+from shared.positions import MAX_POS_CHARS
 from shared.settings import Settings
 
 LIMITS = HeadLimits(max_bytes=1024, max_headers=10, max_url_bytes=300)
@@ -98,10 +99,19 @@ def test_the_limits_come_from_the_settings_and_must_fit_together() -> None:
 
 def test_dispatch_refuses_a_token_longer_than_a_gateway_url_takes() -> None:
     limits = HeadLimits(max_url_bytes=300)
-    room = 300 - len(TOKEN_TARGET)
+    room = 300 - len(TOKEN_TARGET) - len("&since=") - MAX_POS_CHARS  # with a resume's pos
     check_token_fits("t" * room, limits)
     with pytest.raises(InvalidInput) as refused:
         check_token_fits("t" * (room + 1), limits)
     assert refused.value.field == "token"
     assert f"is {room + 1} bytes; a gateway takes at most {room}" in refused.value.message
     assert "IMROUTE_HTTP_MAX_URL_BYTES" in refused.value.message
+
+
+def test_the_token_room_is_the_smaller_of_the_url_and_the_header_line() -> None:
+    # Defaults: the URL, with a resume's position, is the tighter.
+    assert token_room(HeadLimits()) == 8000 - len("/ws?token=&since=") - 256 == 7727
+    # A target as long as a line: the header line is ("...jwt.<token>\r\n" <= 8192).
+    header = len("Sec-WebSocket-Protocol: imroute.v1, imroute.jwt.")
+    assert header == len(TOKEN_HEADER)
+    assert token_room(HeadLimits(max_bytes=20000, max_url_bytes=9000)) == 8192 - header - 2

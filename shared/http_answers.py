@@ -1,0 +1,31 @@
+"""Whole HTTP/1.1 answers as bytes, for the listeners that write their own: the push
+service's refusals before a request reaches the app, and a gateway's metrics port.
+
+Each says `Connection: close` (the connection is closed once it is written) and
+`X-Content-Type-Options: nosniff`; a refusal's body is `{"error","detail"}` JSON, like
+every other refusal of imroute.
+"""
+
+from __future__ import annotations
+
+import json
+from http import HTTPStatus
+
+__all__ = ["closing_answer", "json_refusal_answer"]
+
+
+def closing_answer(status: int, content_type: str, body: bytes, with_body: bool = True) -> bytes:
+    """A whole response after which the connection is closed (`with_body` False: the
+    answer to HEAD, its Content-Length still the body's)."""
+    head = (
+        f"HTTP/1.1 {status} {HTTPStatus(status).phrase}\r\nContent-Type: {content_type}\r\n"
+        f"Content-Length: {len(body)}\r\nX-Content-Type-Options: nosniff\r\n"
+        "Connection: close\r\n\r\n"
+    )
+    return head.encode() + (body if with_body else b"")
+
+
+def json_refusal_answer(status: int, error: str, detail: str) -> bytes:
+    """A refusal, `{"error","detail"}` in JSON, after which the connection is closed."""
+    body = json.dumps({"error": error, "detail": detail}).encode()
+    return closing_answer(status, "application/json", body)
