@@ -32,7 +32,7 @@ from router.recovery.store import RedisRecoveryStore
 from router.redis.client import connect_redis
 from shared.clock import SystemClock
 from shared.keys import KeySchema
-from shared.positions import counter_of, epoch_of
+from shared.positions import counter_of, decode_pos, epoch_of
 from shared.proto import gateway_pb2
 from tests.conftest import SECRET
 from tests.integration.procs import BIN, Proc, base_env, read_until, running
@@ -77,6 +77,25 @@ class Stack:
         ws = await connect(url, max_size=None)
         got, end = await replay(ws)
         return got, end, ws
+
+
+async def _followed(s: Stack, http: httpx.AsyncClient, topic: str) -> None:
+    """Until the gateway has followed `topic`'s log to its head (a fixed sleep was not
+    enough on a loaded machine): the `pos` a live probe client is handed says how far."""
+    head = int(await s.client.hget(KeySchema(s.prefix).topic_seq(topic), "n") or 0)
+    _, _, probe = await s.resume("probe", None)
+    try:
+        for n in range(200):
+            await p2p(http, ["probe"], n)
+            (frame,) = await pushes(probe, 1)
+            pos = decode_pos(frame["pos"])
+            assert pos is not None, frame
+            if counter_of(pos.o) >= head:
+                return
+            await asyncio.sleep(0.05)
+        raise AssertionError(f"the gateway did not follow {topic} to {head}")
+    finally:
+        await probe.close()
 
 
 def since(group: str, g: int, o: int = 0) -> str:
@@ -284,7 +303,7 @@ async def test_a_resume_reads_from_the_log_only_what_is_older_than_memory(prefix
         await asyncio.sleep(0.3)  # amy's route is gone: what follows goes to `offline`
         for n in range(1, 80):
             await fanout(http, "/v1/multicast", {"to": ["amy"], "content": n})
-        await asyncio.sleep(0.5)  # the gateway has followed the offline log
+        await _followed(s, http, OFFLINE_TOPIC)  # it holds the offline log's last 64
         before = await s.metric("resume_topic_read_bytes")
         got, end, ws = await s.resume("amy", first["pos"])
         assert contents(got) == list(range(1, 80)) and end["complete"] is True
