@@ -204,6 +204,9 @@ class _LinkConn(asyncio.Protocol):
         timeout = None if tls is None else HELLO_TIMEOUT_S
         sock, self._sock = self._sock, None
         assert sock is not None
+        # Batches are small writes that must go at once: uvloop sets this on the
+        # transport it makes, the stdlib loop does not on an accepted socket.
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         try:
             await loop.connect_accepted_socket(
                 lambda: self, sock, ssl=tls, ssl_handshake_timeout=timeout
