@@ -70,7 +70,10 @@ MAX_PRE_HELLO = 256
 # link each; as many as its cores by default) all reconnecting at once fit.
 MAX_PRE_HELLO_PER_PEER = 64
 LOG_EVERY_S = 10.0
-BACKLOG = 100  # as the event loop's servers
+# Connections the kernel completes before the link accepts them. A flood of strangers
+# outruns the accept loop for a moment; past a full queue the kernel drops the
+# handshake's last ACK and a push service's link waits on SYN-ACK retries (1, 2, 4 s...).
+BACKLOG = 1024
 
 Answer = Callable[[gateway_pb2.StreamCall], gateway_pb2.StreamReply]
 

@@ -19,7 +19,7 @@ __all__ = ["Flood", "flood"]
 class _Silent(asyncio.Protocol):
     def __init__(self, flood: Flood) -> None:
         self._flood = flood
-        self._opened = time.monotonic()
+        self.opened = time.monotonic()
         self.transport: asyncio.BaseTransport | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -35,7 +35,7 @@ class _Silent(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         flood = self._flood
         flood.live.discard(self)
-        flood.held_s.append(time.monotonic() - self._opened)
+        flood.held_s.append(time.monotonic() - self.opened)
         flood.lost.set()
 
 

@@ -34,10 +34,16 @@ from tests.integration.test_deliver_stream import gateway_argv
 pytestmark = pytest.mark.integration
 
 
-async def until(check: Callable[[], bool], what: str, timeout: float = 5.0) -> None:
+async def until(
+    check: Callable[[], bool],
+    what: str,
+    timeout: float = 5.0,
+    state: Callable[[], str] = lambda: "",
+) -> None:
+    """Until `check()`; past `timeout`, fail naming `what` (and `state()`, what is left)."""
     deadline = time.monotonic() + timeout
     while not check():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        assert time.monotonic() < deadline, f"timed out waiting for {what} {state()}".rstrip()
         await asyncio.sleep(0.01)
 
 

@@ -32,6 +32,16 @@ pytestmark = pytest.mark.integration
 __all__ = ["certs"]  # the fixture, imported for this module's mTLS test
 
 
+def _still_open(floods: list[Flood]) -> str:
+    """What is left open, for a failure's message: per address, how many and how old."""
+    now = time.monotonic()
+    return "; ".join(
+        f"{f.source}: {len(f.live)} open, the oldest {max(now - s.opened for s in f.live):.1f} s"
+        for f in floods
+        if f.live
+    )
+
+
 async def _link_port(address: str, tls: TlsFiles) -> int:
     """The link port a gateway process offers, asked with mTLS."""
     credentials = grpc.ssl_channel_credentials(tls.ca, tls.key, tls.cert)
@@ -121,6 +131,7 @@ async def test_with_mtls_silent_sockets_are_counted_and_cut_before_tls(
                     lambda: all(not f.live for f in floods),
                     "every silent socket closed",
                     link_server.HELLO_TIMEOUT_S + 3,
+                    lambda: _still_open(floods),
                 )
                 # Each socket's life, from its connect to its close: the fill, the link
                 # and the delivery above take seconds of their own on a loaded machine.
