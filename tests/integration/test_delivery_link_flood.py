@@ -28,7 +28,7 @@ from tests.integration.test_delivery_link import linked, until
 from tests.integration.test_delivery_link_auth import _Raw, _stranger, _ticket
 from tests.integration.test_internal_auth import certs, tls_settings
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.alone]
 __all__ = ["certs"]  # the fixture, imported for this module's mTLS test
 
 

@@ -18,7 +18,7 @@ from tests.integration.floods import flood
 from tests.integration.procs import gateway_process, scrape
 from tests.integration.stack import ready, recv_json, token
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.alone]
 
 CLIENTS = 25
 
