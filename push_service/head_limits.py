@@ -171,21 +171,12 @@ class HeadBudget(asyncio.Protocol):
         the next head sets the room from that (h11); httptools' callbacks set it."""
 
     def data_received(self, data: bytes) -> None:
-        room = self._head_room
-        if len(data) <= room:
-            # Counted in the body too (cheaper than asking): the end of each request
-            # gives the next head its whole room again.
-            self._head_room = room - len(data)
-            super().data_received(data)
-            self._sync_room()
-            return
-        self._sliced(data)
-
-    def _sliced(self, data: bytes) -> None:
-        """A read larger than the room, given to the parser in slices of at most the room
-        (or, in a body that spent it, the whole limit), the state looked at again after
-        each: a head begun within a slice has at most that slice parsed before it is
-        counted, and is then held to what is left of its own room."""
+        """A read within the room goes to the parser whole (counted in a body too,
+        cheaper than asking: the end of each request gives the next head its whole room
+        again). A larger one goes in slices of at most the room (or, in a body that
+        spent it, the whole limit), the state looked at again after each: a head begun
+        within a slice has at most that slice parsed before it is counted, and is then
+        held to what is left of its own room."""
         while data:
             room = self._head_room
             if len(data) <= room:
