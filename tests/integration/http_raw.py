@@ -6,17 +6,39 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import uvicorn
+from starlette.types import ASGIApp
+
 from router.devtools.ports import free_port
 from tests.conftest import API_KEY, SECRET
 from tests.integration.procs import BIN, Proc, base_env, read_until, running
+from tests.integration.stack import wait_for
 
 HOST = "127.0.0.1"
+
+
+@asynccontextmanager
+async def uvicorn_on(app: ASGIApp, http: Any, **config: Any) -> AsyncIterator[int]:
+    """`app` served in this loop by uvicorn with the protocol class `http`; its port."""
+    port = free_port()
+    server = uvicorn.Server(
+        uvicorn.Config(
+            app, host=HOST, port=port, http=http, log_level="warning", lifespan="off", **config
+        )
+    )
+    task = asyncio.create_task(server.serve())
+    try:
+        await wait_for(lambda: server.started, "uvicorn started")
+        yield port
+    finally:
+        server.should_exit = True
+        await asyncio.wait_for(task, 5)
 
 
 @dataclass(frozen=True)

@@ -6,16 +6,14 @@ in-process server at each limit and past it."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import re
 import socket
-from collections.abc import AsyncIterator
+from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 
 import pytest
 import redis.asyncio as aioredis
-import uvicorn
 from starlette.types import Receive, Scope, Send
 
 from push_service.http_server import (
@@ -25,7 +23,6 @@ from push_service.http_server import (
     Parser,
     head_deadline_protocol,
 )
-from router.devtools.ports import free_port
 from shared.http_heads import HeadLimits
 from tests.integration.head_bombs import FIELDS, KIB, MIB, ask, send_head, send_heads, watching
 from tests.integration.http_raw import (
@@ -34,9 +31,9 @@ from tests.integration.http_raw import (
     read_answer,
     read_answer_blocking,
     request_head,
+    uvicorn_on,
 )
 from tests.integration.procs import read_until
-from tests.integration.stack import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -177,22 +174,9 @@ async def _echo(scope: Scope, receive: Receive, send: Send) -> None:
     await send({"type": "http.response.body", "body": body})
 
 
-@contextlib.asynccontextmanager
-async def _uvicorn(parser: Parser, counts: HeadCounts) -> AsyncIterator[int]:
-    port = free_port()
+def _uvicorn(parser: Parser, counts: HeadCounts) -> AbstractAsyncContextManager[int]:
     protocol = head_deadline_protocol(5.0, parser, LIMITS, counts)
-    config = uvicorn.Config(
-        _echo, host=HOST, port=port, http=protocol, log_level="warning", lifespan="off",
-        headers=RESPONSE_HEADERS,
-    )  # fmt: skip
-    server = uvicorn.Server(config)
-    task = asyncio.create_task(server.serve())
-    try:
-        await wait_for(lambda: server.started, "uvicorn started")
-        yield port
-    finally:
-        server.should_exit = True
-        await asyncio.wait_for(task, 5)
+    return uvicorn_on(_echo, protocol, headers=RESPONSE_HEADERS)
 
 
 @pytest.mark.parametrize("parser", ["h11", "httptools"])

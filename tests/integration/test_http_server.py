@@ -7,25 +7,23 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import AsyncIterator
+from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 
 import pytest
 import redis.asyncio as aioredis
-import uvicorn
 from starlette.types import Receive, Scope, Send
 
 from push_service.http_server import Parser, head_deadline_protocol
-from router.devtools.ports import free_port
 from tests.integration.http_raw import (
     HOST,
     closed_by_server,
     push_service,
     read_answer,
     request_head,
+    uvicorn_on,
 )
 from tests.integration.procs import read_until
-from tests.integration.stack import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -101,25 +99,8 @@ async def _hello(scope: Scope, receive: Receive, send: Send) -> None:
     await send({"type": "http.response.body", "body": b""})
 
 
-@contextlib.asynccontextmanager
-async def _uvicorn(parser: Parser, header_timeout_s: float) -> AsyncIterator[int]:
-    port = free_port()
-    config = uvicorn.Config(
-        _hello,
-        host=HOST,
-        port=port,
-        http=head_deadline_protocol(header_timeout_s, parser),
-        log_level="warning",
-        lifespan="off",
-    )
-    server = uvicorn.Server(config)
-    task = asyncio.create_task(server.serve())
-    try:
-        await wait_for(lambda: server.started, "uvicorn started")
-        yield port
-    finally:
-        server.should_exit = True
-        await asyncio.wait_for(task, 5)
+def _uvicorn(parser: Parser, header_timeout_s: float) -> AbstractAsyncContextManager[int]:
+    return uvicorn_on(_hello, head_deadline_protocol(header_timeout_s, parser))
 
 
 @pytest.mark.parametrize("parser", ["h11", "httptools"])
