@@ -81,11 +81,7 @@ async def test_the_api_refuses_a_bad_uid_with_422_naming_the_field(
             assert await nothing_more(ws, 0.1)
         assert gw.deliver_service.calls == 0
         q = quote(bad, safe="")
-        for method, url, field in [
-            ("GET", f"/v1/users/{q}/route", "path.uid"),
-            ("DELETE", f"/v1/users/{q}", "path.uid"),
-            ("GET", f"/v1/pushes/p1/recipients?state=acked&cursor={q}", "query.cursor"),
-        ]:
+        for method, url, field in _uid_urls(q):
             resp = await http.request(method, url, headers=AUTH)
             assert resp.status_code == 422, (url, resp.text)
             assert field in [d["field"] for d in resp.json()["detail"]], resp.text
@@ -156,6 +152,15 @@ def test_users_import_names_the_line_and_echoes_nothing(tmp_path: Path) -> None:
     assert "\x1b" not in done.stderr and "pwned" not in done.stderr
 
 
+def _uid_urls(uid: str) -> list[tuple[str, str, str]]:
+    """(method, URL, the field a refusal names) of each way a uid comes in by a URL."""
+    return [
+        ("GET", f"/v1/users/{uid}/route", "path.uid"),
+        ("DELETE", f"/v1/users/{uid}", "path.uid"),
+        ("GET", f"/v1/pushes/p1/recipients?state=acked&cursor={uid}", "query.cursor"),
+    ]
+
+
 async def test_a_uid_too_long_in_a_path_or_a_cursor_is_refused_by_the_rule_and_counted(
     redis_url: str, prefix: str, tmp_path: Path
 ) -> None:
@@ -174,11 +179,7 @@ async def test_a_uid_too_long_in_a_path_or_a_cursor_is_refused_by_the_rule_and_c
         httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as http,
     ):
         before = await refused(http)
-        for method, url, field in [
-            ("GET", f"/v1/users/{long}/route", "path.uid"),
-            ("DELETE", f"/v1/users/{long}", "path.uid"),
-            ("GET", f"/v1/pushes/p1/recipients?state=acked&cursor={long}", "query.cursor"),
-        ]:
+        for method, url, field in _uid_urls(long):
             resp = await http.request(method, url, headers=AUTH)
             assert resp.status_code == 422, (url, resp.text)
             detail = {d["field"]: d["message"] for d in resp.json()["detail"]}
