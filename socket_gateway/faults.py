@@ -4,15 +4,14 @@
 in a deployed gateway uses this module; no setting turns it on.
 
 - `FailCalls(n, after=True)` fails the next `n` calls with UNAVAILABLE *after* the batch
-  was delivered (the answer is lost on the way back), or before it (`after=False`). On a
-  DeliverStream that breaks the stream, failing the other calls on it too.
+  was delivered (the answer is lost on the way back), or before it (`after=False`).
 - `DelayCalls(seconds)` answers every call late, like an overloaded gateway.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, TypeAlias
 
 import grpc
@@ -26,13 +25,8 @@ if TYPE_CHECKING:
 
 
 class _UnaryInterceptor(grpc.aio.ServerInterceptor):
-    """Wraps the behaviour of every unary call, and of every call on a DeliverStream, in
-    `around(request, context, inner)`.
-
-    A stream's calls are answered concurrently, as unary calls are (a delay holds up
-    only its own call), and an abort in one ends the whole stream, as a broken
-    connection would: the router fails every call on it and opens another.
-    """
+    """Wraps the behaviour of every delivery call (DeliverMany) in
+    `around(request, context, inner)`."""
 
     async def around(
         self, request: Any, context: grpc.aio.ServicerContext[Any, Any], inner: Any
@@ -47,12 +41,6 @@ class _UnaryInterceptor(grpc.aio.ServerInterceptor):
             "Deliver"
         ):
             return handler  # only delivery calls meet the faults (not `Link`)
-        if handler.stream_stream is not None:
-            return grpc.stream_stream_rpc_method_handler(
-                self._stream(handler.stream_stream),
-                request_deserializer=handler.request_deserializer,
-                response_serializer=handler.response_serializer,
-            )
         if handler.unary_unary is None:
             return handler
         inner = handler.unary_unary
@@ -65,58 +53,6 @@ class _UnaryInterceptor(grpc.aio.ServerInterceptor):
             request_deserializer=handler.request_deserializer,
             response_serializer=handler.response_serializer,
         )
-
-    def _stream(self, inner_stream: Any) -> Any:
-        async def one(call: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
-            """The inner stream's answer to this one call."""
-            async for reply in inner_stream(_single(call), context):
-                return reply
-            raise RuntimeError("the stream answered nothing")
-
-        async def stream(
-            request_iterator: AsyncIterator[Any], context: grpc.aio.ServicerContext[Any, Any]
-        ) -> AsyncIterator[Any]:
-            out: asyncio.Queue[Any] = asyncio.Queue()
-            tasks: set[asyncio.Task[None]] = set()
-
-            async def answer(call: Any) -> None:
-                try:
-                    out.put_nowait(await self.around(call, context, one))
-                except BaseException as exc:  # an abort ends the stream
-                    out.put_nowait(_Failed(exc))
-
-            async def pump() -> None:
-                async for call in request_iterator:
-                    task = asyncio.create_task(answer(call))
-                    tasks.add(task)
-                    task.add_done_callback(tasks.discard)
-                await asyncio.gather(*tasks)
-                out.put_nowait(_END)
-
-            reader = asyncio.create_task(pump())
-            try:
-                while (item := await out.get()) is not _END:
-                    if isinstance(item, _Failed):
-                        raise item.exc
-                    yield item
-            finally:
-                reader.cancel()
-                for task in list(tasks):
-                    task.cancel()
-
-        return stream
-
-
-_END = object()
-
-
-class _Failed:
-    def __init__(self, exc: BaseException) -> None:
-        self.exc = exc
-
-
-async def _single(item: Any) -> AsyncIterator[Any]:
-    yield item
 
 
 class FailCalls(_UnaryInterceptor):

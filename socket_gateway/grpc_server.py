@@ -6,7 +6,7 @@ and codecs come from the .proto; every call goes to the delivery core.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import grpc
@@ -26,9 +26,9 @@ MAX_RECEIVE_BYTES = 16 << 20
 
 
 class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
-    """Deliver(batch), DeliverMany(batches) and DeliverStream (many DeliverMany calls on
-    one stream) on top of `DeliverService`; Link tells where the delivery link is
-    (`offer`: a new LinkReply each time, with a fresh ticket; None: port 0, no link)."""
+    """DeliverMany(batches) on top of `DeliverService`, and `answer` for the same call
+    on the delivery link; Link tells where the link is (`offer`: a new LinkReply each
+    time, with a fresh ticket; None: port 0, no link)."""
 
     def __init__(
         self,
@@ -37,20 +37,6 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
     ) -> None:
         self._service = service
         self.offer = offer
-
-    async def Deliver(
-        self,
-        request: gateway_pb2.Batch,
-        context: ServicerContext[gateway_pb2.Batch, gateway_pb2.DeliverReply],
-    ) -> gateway_pb2.DeliverReply:
-        service = self._service
-        service.calls += 1
-        problem = service.problem(request)
-        if problem is not None:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, problem)
-        if service.tracing is not None and not request.traceparent:
-            _take_traceparent([request], context)
-        return service.deliver(request, checked=True, call_left_s=context.time_remaining())
 
     async def DeliverMany(
         self,
@@ -78,20 +64,6 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
                 return f"batch {i}: {problem}"
         return None
 
-    async def DeliverStream(
-        self,
-        request_iterator: AsyncIterator[gateway_pb2.StreamCall],
-        context: ServicerContext[gateway_pb2.StreamCall, gateway_pb2.StreamReply],
-    ) -> AsyncIterator[gateway_pb2.StreamReply]:
-        """DeliverMany calls, one after another, on one stream: each gets its reply
-        (same id) before the next is read, so they are delivered in the order sent."""
-        self._service.open_streams += 1
-        try:
-            async for call in request_iterator:
-                yield self.answer(call)
-        finally:
-            self._service.open_streams -= 1
-
     async def Link(
         self,
         request: gateway_pb2.LinkRequest,
@@ -100,11 +72,11 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
         return gateway_pb2.LinkReply() if self.offer is None else self.offer()
 
     def answer(self, call: gateway_pb2.StreamCall) -> gateway_pb2.StreamReply:
-        """A StreamCall's reply, on a DeliverStream or the delivery link."""
+        """A StreamCall's reply, on the delivery link."""
         service = self._service
         service.calls += 1
         problem = self._first_problem(call.batches)
-        if problem is not None:  # as DeliverMany's, but the stream itself goes on
+        if problem is not None:  # as DeliverMany's, but the link itself goes on
             return gateway_pb2.StreamReply(
                 call_id=call.call_id,
                 error_code=grpc.StatusCode.INVALID_ARGUMENT.name,

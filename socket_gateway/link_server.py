@@ -2,8 +2,8 @@
 
 gRPC's asyncio stack costs about 0.1 ms of CPU on each side per message, even on an
 open stream: the message goes through its completion queue and the poller thread that
-wakes the event loop. The link carries the same StreamCall and StreamReply as
-DeliverStream, one frame each (shared.link_frames) on a TCP connection of its own, read
+wakes the event loop. The link carries the calls of a DeliverMany as StreamCall and
+StreamReply, one frame each (shared.link_frames) on a TCP connection of its own, read
 and answered in the event loop's own callback: every call a chunk of bytes completes is
 answered before the next read, and all their replies go out in one write.
 

@@ -4,8 +4,9 @@
    calls in flight leave together in one DeliverMany (each keeps its reply and deadline).
 2. `resilient.ResilientGatewayClient`: per-gateway call stats, the circuit breaker, and
    retries of a whole RPC on the same gateway (same batch ids, so never twice).
-3. `grpc_client.GrpcGatewayClients`: one grpc.aio channel per gateway address; gRPC
-   errors become GatewayUnavailable here.
+3. `grpc_client.GrpcGatewayClients`: one carrier per call, the gateway's delivery link
+   (`links`, `link`) when it is open, else a unary DeliverMany on the one grpc.aio
+   channel per gateway address; errors become GatewayUnavailable here.
 
 `metrics` holds the listeners of every RPC the resilient layer makes (Prometheus series
 and log lines). `P2PPusher` calls the top of the stack; each layer takes the one below.

@@ -1,9 +1,9 @@
-"""Coalesces concurrent Deliver calls to one gateway into DeliverMany calls.
+"""Coalesces concurrent deliveries to one gateway into shared calls.
 
 At most `max_in_flight` calls per gateway run at once. A call that finds them all
 busy queues; when one finishes, everything queued for that gateway (up to
 `max_batches`) leaves in one DeliverMany. At low load nothing waits and every push
-is its own Deliver; under load one RPC carries many pushes, which is what keeps the
+is a call of its own; under load one RPC carries many pushes, which is what keeps the
 per-push cost of gRPC (about 0.2 ms a call on each side) from capping the push rate.
 
 With `per_turn` (the push service's), deliveries also wait for the end of the loop turn

@@ -1,18 +1,15 @@
-"""gRPC client of the gateways' delivery calls, with one channel per gateway address.
+"""The router's client of the gateways' delivery calls: one carrier per call.
 
-Calls go on the gateway's delivery link when it has one open (router.gateway_rpc.links:
-about a tenth of gRPC's CPU per call), else on one long-lived DeliverStream per channel
-(router.gateway_rpc.grpc_stream), which costs gRPC about half what a unary call does.
-A gateway that has no DeliverStream
-(an older version, mid rolling upgrade) answers UNIMPLEMENTED once; from then on its
-address gets unary Deliver/DeliverMany calls, and the calls that found out are resent
-as such (nothing of them was delivered).
+A call goes on the gateway's delivery link when one is open (router.gateway_rpc.links:
+about a tenth of gRPC's CPU per call), else in a unary DeliverMany on the one grpc.aio
+channel kept per gateway address (which also carries the control call `Link`). A
+single batch is a call of one. Errors of either carrier become GatewayUnavailable
+here, named by gRPC status code; router.gateway_rpc.resilient retries them.
 """
 
 from __future__ import annotations
 
 import asyncio
-import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -21,8 +18,6 @@ import grpc
 import grpc.aio
 
 from router.gateway_rpc.base import Batches, GatewayClient, ManyGatewayClient, Replies
-from router.gateway_rpc.grpc_stream import DeliverStream
-from router.gateway_rpc.link import DeliveryLink
 from router.gateway_rpc.links import Links
 from shared.errors import GatewayUnavailable
 from shared.internal_auth import TlsFiles, token_metadata
@@ -40,8 +35,6 @@ __all__ = [
     "GrpcGatewayClients",
     "ManyGatewayClient",
 ]
-
-log = logging.getLogger(__name__)
 
 # A channel to a gateway that left the fleet is closed; calls still on it get this long.
 CLOSE_GRACE_S = 5.0
@@ -80,18 +73,12 @@ class GrpcGatewayClients:
         close_grace_s: float = CLOSE_GRACE_S,
         token: str | None = None,
         tls: TlsFiles | None = None,
-        streams: bool = True,
-        links: bool | None = None,
+        links: bool = True,
     ) -> None:
         """`token`: the gateways' IMROUTE_INTERNAL_TOKEN, sent with every call; `tls`:
-        dial them with mTLS (this side's cert as the client's); `streams`: calls go on a
-        DeliverStream per gateway (False: every call is a unary one); `links`: on the
-        delivery links the gateways offer (by default, as `streams`)."""
+        dial them with mTLS (this side's cert as the client's); `links`: use the
+        delivery links the gateways offer (False: every call is a DeliverMany)."""
         self._stubs: dict[str, _Stub] = {}
-        self._streams: dict[str, DeliverStream] = {}
-        self._unary_only: set[str] = set()
-        self._use_streams = streams
-        self.streams_opened = 0
         self._grace = close_grace_s
         self._closing: set[asyncio.Task[None]] = set()
         self._metadata = token_metadata(token) if token is not None else None
@@ -103,9 +90,8 @@ class GrpcGatewayClients:
             )
             if tls.server_name:
                 self._options.append(("grpc.ssl_target_name_override", tls.server_name))
-        use_links = streams if links is None else links
         self._links: Links | None = None
-        if use_links:
+        if links:
             context = None if tls is None else client_context(tls)
             server_name = None if tls is None else tls.server_name
             self._links = Links(self._ask_link, context, server_name, close_grace_s)
@@ -132,65 +118,21 @@ class GrpcGatewayClients:
             stub = self._stubs[address] = _Stub(channel, GatewayStub(channel))
         return stub
 
-    def _link(self, gateway_id: str, address: str) -> DeliveryLink | None:
-        """The open link to `address`, or None. The stream it replaces takes no more
-        calls, and ends once it has answered those it took. (Calls started together
-        may then be answered out of order, as calls to two push-service workers are:
-        a push awaited before the next is sent always arrives first.)"""
-        link = None if self._links is None else self._links.get(gateway_id, address)
-        if link is not None and self._streams:
-            stream = self._streams.pop(address, None)
-            if stream is not None:
-                self._end_stream(stream)
-        return link
-
-    def _stream(self, gateway_id: str, address: str) -> DeliverStream | None:
-        """The open stream to `address` (a new one if it broke), or None: unary calls."""
-        if not self._use_streams or address in self._unary_only:
-            return None
-        stream = self._streams.get(address)
-        if stream is not None and stream.usable and stream.gateway_id == gateway_id:
-            return stream
-        if stream is not None:
-            self._end_stream(stream)
-        stream = self._streams[address] = DeliverStream(
-            self._stub(address).rpc, gateway_id, self._metadata, _translate
-        )
-        self.streams_opened += 1
-        return stream
-
     async def deliver(
         self, gateway_id: str, address: str, batch: gateway_pb2.Batch, timeout_s: float
     ) -> gateway_pb2.DeliverReply:
-        link = self._link(gateway_id, address)
-        if link is not None:
-            return (await link.call([batch], timeout_s))[0]
-        stream = self._stream(gateway_id, address)
-        if stream is not None:
-            replies = await self._on_stream(stream, address, [batch], timeout_s)
-            if replies is not None:
-                return replies[0]
-        metadata = self._metadata
-        if batch.traceparent:  # also where gRPC tooling looks (the gateway reads either)
-            metadata = (*(metadata or ()), ("traceparent", batch.traceparent))
-        try:
-            return await self._stub(address).rpc.Deliver(
-                batch, timeout=timeout_s, metadata=metadata
-            )
-        except (grpc.aio.AioRpcError, grpc.aio.BaseError, grpc.RpcError, ValueError) as exc:
-            raise _translate(gateway_id, exc) from None
+        """One batch: a call of one."""
+        return (await self.deliver_many(gateway_id, address, [batch], timeout_s))[0]
 
     async def deliver_many(
         self, gateway_id: str, address: str, batches: Batches, timeout_s: float
     ) -> Replies:
-        link = self._link(gateway_id, address)
+        """One call: on the open link, else a DeliverMany. (Calls started together while
+        a link opens may be answered out of order, as calls to two push-service workers
+        are: a push awaited before the next is sent always arrives first.)"""
+        link = None if self._links is None else self._links.get(gateway_id, address)
         if link is not None:
             return await link.call(batches, timeout_s)
-        stream = self._stream(gateway_id, address)
-        if stream is not None:
-            replies = await self._on_stream(stream, address, batches, timeout_s)
-            if replies is not None:
-                return replies
         request = gateway_pb2.DeliverManyRequest(batches=batches)
         try:
             reply = await self._stub(address).rpc.DeliverMany(
@@ -202,30 +144,14 @@ class GrpcGatewayClients:
             raise GatewayUnavailable(gateway_id, "DeliverMany answered the wrong number of batches")
         return list(reply.replies)
 
-    async def _on_stream(
-        self, stream: DeliverStream, address: str, batches: Batches, timeout_s: float
-    ) -> Replies | None:
-        """The call on the stream; None when the gateway has no DeliverStream (then
-        nothing was delivered, and the caller sends it unary)."""
-        try:
-            return await stream.call(batches, timeout_s)
-        except GatewayUnavailable as exc:
-            if exc.code != "UNIMPLEMENTED":
-                raise
-        if address not in self._unary_only:
-            self._unary_only.add(address)
-            log.info("gateway %s has no DeliverStream: unary calls to it", stream.gateway_id)
-        return None
-
     def retain(self, live: Mapping[str, str]) -> None:
-        """Close the channels to addresses no live gateway has; calls still on them get
-        `close_grace_s` to finish."""
+        """Close the channels and links to addresses no live gateway has; calls still on
+        them get `close_grace_s` to finish."""
         addresses = set(live.values())
         if self._links is not None:
             self._links.retain(addresses)
         for address in [a for a in self._stubs if a not in addresses]:
             self._close_later(address, self._stubs.pop(address).channel)
-        self._unary_only &= addresses
 
     def reconnect(self, address: str) -> None:
         """The gateway at `address` restarted: its next call goes on a new channel. The
@@ -233,23 +159,12 @@ class GrpcGatewayClients:
         crash), which would fail the circuit's probe of a gateway that is back up. Calls
         still on the old channel get `close_grace_s` to finish."""
         stub = self._stubs.pop(address, None)
-        self._unary_only.discard(address)  # it may have been upgraded
         if self._links is not None:
             self._links.forget(address)
         if stub is not None:
             self._close_later(address, stub.channel)
 
-    def _end_stream(self, stream: DeliverStream) -> None:
-        """Let a stream answer what it carries, then end; closing its channel ends it."""
-        stream.finish()
-        task = asyncio.create_task(stream.ended(self._grace), name="stream-end")
-        self._closing.add(task)
-        task.add_done_callback(self._closing.discard)
-
     def _close_later(self, address: str, channel: grpc.aio.Channel) -> None:
-        stream = self._streams.pop(address, None)
-        if stream is not None:
-            stream.finish()  # answered within the grace, or cancelled with the channel
         task = asyncio.create_task(channel.close(self._grace), name=f"close:{address}")
         self._closing.add(task)
         task.add_done_callback(self._closing.discard)
@@ -260,10 +175,6 @@ class GrpcGatewayClients:
     async def close(self) -> None:
         if self._links is not None:
             await self._links.close()
-        streams = list(self._streams.values())
-        self._streams.clear()
-        for stream in streams:
-            await stream.close()
         stubs = list(self._stubs.values())
         self._stubs.clear()
         for stub in stubs:

@@ -1,9 +1,11 @@
 """The router's side of one delivery link to a gateway (README, "The delivery link";
 the gateway's side is socket_gateway.link_server).
 
-The same calls as on a DeliverStream (router.gateway_rpc.grpc_stream), with the same
-outcomes, at a fraction of the CPU: a call is one frame written straight to the socket,
-and the replies are matched by id in the protocol's own callback.
+The same calls as a gRPC DeliverMany, with the same outcomes, at a fraction of the CPU:
+a call is one frame (a StreamCall with its own id and deadline) written straight to the
+socket, and the replies are matched by id in the protocol's own callback. This is the
+one call table of the router's carriers (pending futures, ids, deadlines, fail-all on
+break); a DeliverMany over gRPC leaves all of that to gRPC.
 
 - A caller waits at most its own deadline, then fails with DEADLINE_EXCEEDED; the link
   goes on (a late reply is dropped).
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import socket
 import ssl
 from typing import cast
@@ -26,7 +29,6 @@ from typing import cast
 from google.protobuf.message import DecodeError
 
 from router.gateway_rpc.base import Batches, Replies
-from router.gateway_rpc.grpc_stream import replies_of, stream_call
 from shared.errors import GatewayUnavailable, PayloadTooLarge
 from shared.link_frames import FrameReader, frame
 from shared.proto import gateway_pb2
@@ -40,6 +42,23 @@ KEEPALIVE_INTERVAL_S = 10
 FRAME_LIMIT = 16 << 20
 
 _Reply = gateway_pb2.StreamReply
+
+
+def _stream_call(call_id: int, batches: Batches, timeout_s: float) -> gateway_pb2.StreamCall:
+    """One DeliverMany as a StreamCall, its deadline a duration in ms (as gRPC's)."""
+    return gateway_pb2.StreamCall(
+        call_id=call_id, batches=batches, timeout_ms=max(1, math.ceil(timeout_s * 1000))
+    )
+
+
+def _replies_of(gateway_id: str, reply: _Reply, batches: Batches) -> Replies:
+    """A StreamReply's replies, one per batch in order; GatewayUnavailable when the
+    gateway refused the call (its code) or answered another number of batches."""
+    if reply.error_code:
+        raise GatewayUnavailable(gateway_id, f"{reply.error_code}: {reply.error}", reply.error_code)
+    if len(reply.replies) != len(batches):
+        raise GatewayUnavailable(gateway_id, "the link answered the wrong number of batches")
+    return list(reply.replies)
 
 
 async def open_link(
@@ -142,7 +161,7 @@ class DeliveryLink(asyncio.Protocol):
         loop = asyncio.get_running_loop()
         future: asyncio.Future[_Reply] = loop.create_future()
         self._pending[call_id] = future
-        transport.write(frame(stream_call(call_id, batches, timeout_s).SerializeToString()))
+        transport.write(frame(_stream_call(call_id, batches, timeout_s).SerializeToString()))
         # A timer on the future, not asyncio.timeout (which costs a task look-up and a
         # reschedule per call): at the deadline the future fails, the caller with it.
         timer = loop.call_later(timeout_s, _expire, future)
@@ -157,7 +176,7 @@ class DeliveryLink(asyncio.Protocol):
         finally:
             timer.cancel()
             self._pending.pop(call_id, None)
-        return replies_of(self._gateway_id, reply, batches, "the link")
+        return _replies_of(self._gateway_id, reply, batches)
 
     def send(self, payload: bytes) -> None:
         if self._transport is not None:

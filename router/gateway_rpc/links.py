@@ -5,8 +5,8 @@ Per gateway address: an open link; or a task opening one (ask the gateway's gRPC
 method for its port and a ticket, connect, hello); or the time to try again (a link
 that could not be opened, or broke, is tried again RETRY_S later, and after each failure
 to open one twice as late, up to RETRY_MAX_S); or nothing to try: a
-gateway that offers no link (port 0) or has no `Link` method (an older version). Until
-a link is open, calls go over gRPC as before: nothing waits for a link.
+gateway that offers no link (port 0). Until a link is open, calls go in gRPC
+DeliverMany calls: nothing waits for a link.
 """
 
 from __future__ import annotations
@@ -103,10 +103,6 @@ class Links:
                 self._server_name,
             )
         except GatewayUnavailable as exc:
-            if exc.code == "UNIMPLEMENTED":
-                self._none.add(address)
-                log.info("gateway %s has no delivery link (older version): gRPC", gateway_id)
-                return
             failures = self._failures[address] = self._failures.get(address, 0) + 1
             wait = retry_in(failures)
             self._retry_at[address] = asyncio.get_running_loop().time() + wait

@@ -34,20 +34,10 @@ class GatewayStub:
         Args:
             channel: A grpc.Channel.
         """
-        self.Deliver = channel.unary_unary(
-                '/imroute.v1.Gateway/Deliver',
-                request_serializer=shared_dot_proto_dot_gateway__pb2.Batch.SerializeToString,
-                response_deserializer=shared_dot_proto_dot_gateway__pb2.DeliverReply.FromString,
-                _registered_method=True)
         self.DeliverMany = channel.unary_unary(
                 '/imroute.v1.Gateway/DeliverMany',
                 request_serializer=shared_dot_proto_dot_gateway__pb2.DeliverManyRequest.SerializeToString,
                 response_deserializer=shared_dot_proto_dot_gateway__pb2.DeliverManyReply.FromString,
-                _registered_method=True)
-        self.DeliverStream = channel.stream_stream(
-                '/imroute.v1.Gateway/DeliverStream',
-                request_serializer=shared_dot_proto_dot_gateway__pb2.StreamCall.SerializeToString,
-                response_deserializer=shared_dot_proto_dot_gateway__pb2.StreamReply.FromString,
                 _registered_method=True)
         self.Link = channel.unary_unary(
                 '/imroute.v1.Gateway/Link',
@@ -59,30 +49,15 @@ class GatewayStub:
 class GatewayServicer:
     """Missing associated documentation comment in .proto file."""
 
-    def Deliver(self, request, context):
-        """Missing associated documentation comment in .proto file."""
-        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
-        context.set_details('Method not implemented!')
-        raise NotImplementedError('Method not implemented!')
-
     def DeliverMany(self, request, context):
-        """Missing associated documentation comment in .proto file."""
-        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
-        context.set_details('Method not implemented!')
-        raise NotImplementedError('Method not implemented!')
-
-    def DeliverStream(self, request_iterator, context):
-        """Many DeliverMany calls over one stream per router process and gateway: each
-        StreamCall gets exactly one StreamReply with its call_id (the gateway answers in
-        the order the calls came).
+        """The delivery call while no link is open (and where the gateway offers none).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def Link(self, request, context):
-        """Where and how to open the delivery link (a gateway without one answers port 0;
-        an older gateway, UNIMPLEMENTED).
+        """Where and how to open the delivery link (a gateway without one answers port 0).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -91,20 +66,10 @@ class GatewayServicer:
 
 def add_GatewayServicer_to_server(servicer, server):
     rpc_method_handlers = {
-            'Deliver': grpc.unary_unary_rpc_method_handler(
-                    servicer.Deliver,
-                    request_deserializer=shared_dot_proto_dot_gateway__pb2.Batch.FromString,
-                    response_serializer=shared_dot_proto_dot_gateway__pb2.DeliverReply.SerializeToString,
-            ),
             'DeliverMany': grpc.unary_unary_rpc_method_handler(
                     servicer.DeliverMany,
                     request_deserializer=shared_dot_proto_dot_gateway__pb2.DeliverManyRequest.FromString,
                     response_serializer=shared_dot_proto_dot_gateway__pb2.DeliverManyReply.SerializeToString,
-            ),
-            'DeliverStream': grpc.stream_stream_rpc_method_handler(
-                    servicer.DeliverStream,
-                    request_deserializer=shared_dot_proto_dot_gateway__pb2.StreamCall.FromString,
-                    response_serializer=shared_dot_proto_dot_gateway__pb2.StreamReply.SerializeToString,
             ),
             'Link': grpc.unary_unary_rpc_method_handler(
                     servicer.Link,
@@ -123,33 +88,6 @@ class Gateway:
     """Missing associated documentation comment in .proto file."""
 
     @staticmethod
-    def Deliver(request,
-            target,
-            options=(),
-            channel_credentials=None,
-            call_credentials=None,
-            insecure=False,
-            compression=None,
-            wait_for_ready=None,
-            timeout=None,
-            metadata=None):
-        return grpc.experimental.unary_unary(
-            request,
-            target,
-            '/imroute.v1.Gateway/Deliver',
-            shared_dot_proto_dot_gateway__pb2.Batch.SerializeToString,
-            shared_dot_proto_dot_gateway__pb2.DeliverReply.FromString,
-            options,
-            channel_credentials,
-            insecure,
-            call_credentials,
-            compression,
-            wait_for_ready,
-            timeout,
-            metadata,
-            _registered_method=True)
-
-    @staticmethod
     def DeliverMany(request,
             target,
             options=(),
@@ -166,33 +104,6 @@ class Gateway:
             '/imroute.v1.Gateway/DeliverMany',
             shared_dot_proto_dot_gateway__pb2.DeliverManyRequest.SerializeToString,
             shared_dot_proto_dot_gateway__pb2.DeliverManyReply.FromString,
-            options,
-            channel_credentials,
-            insecure,
-            call_credentials,
-            compression,
-            wait_for_ready,
-            timeout,
-            metadata,
-            _registered_method=True)
-
-    @staticmethod
-    def DeliverStream(request_iterator,
-            target,
-            options=(),
-            channel_credentials=None,
-            call_credentials=None,
-            insecure=False,
-            compression=None,
-            wait_for_ready=None,
-            timeout=None,
-            metadata=None):
-        return grpc.experimental.stream_stream(
-            request_iterator,
-            target,
-            '/imroute.v1.Gateway/DeliverStream',
-            shared_dot_proto_dot_gateway__pb2.StreamCall.SerializeToString,
-            shared_dot_proto_dot_gateway__pb2.StreamReply.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,4 +1,4 @@
-"""The gateway's Deliver semantics over real gRPC: everyone, expiry and duplicates; and
+"""The gateway's delivery semantics over real gRPC: everyone, expiry and duplicates; and
 the client's channel to a gateway that restarted at the same address."""
 
 from __future__ import annotations
@@ -66,8 +66,10 @@ async def test_everyone_duplicate_and_expired_batches(
 
 
 class _Answering(GatewayServicer):
-    async def Deliver(self, request: Any, context: Any) -> gateway_pb2.DeliverReply:
-        return gateway_pb2.DeliverReply(connections=1)
+    async def DeliverMany(self, request: Any, context: Any) -> gateway_pb2.DeliverManyReply:
+        return gateway_pb2.DeliverManyReply(
+            replies=[gateway_pb2.DeliverReply(connections=1)] * len(request.batches)
+        )
 
 
 async def _serve(port: int) -> grpc.aio.Server:

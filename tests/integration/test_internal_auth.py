@@ -72,7 +72,11 @@ async def test_no_call_without_the_token(redis_url: str, prefix: str) -> None:
                 for metadata in (None, (("authorization", f"Bearer {OTHER}"),),
                                  (("authorization", TOKEN),)):  # fmt: skip
                     with pytest.raises(grpc.aio.AioRpcError) as refused:
-                        await stub.Deliver(batch(["alice"]), timeout=2, metadata=metadata)
+                        await stub.DeliverMany(
+                            gateway_pb2.DeliverManyRequest(batches=[batch(["alice"])]),
+                            timeout=2,
+                            metadata=metadata,
+                        )
                     assert refused.value.code() is grpc.StatusCode.UNAUTHENTICATED
                     assert "IMROUTE_INTERNAL_TOKEN" in (refused.value.details() or "")
                 everyone = batch([], bid="b-all")
