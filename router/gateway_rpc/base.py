@@ -1,4 +1,6 @@
-"""The seam every layer of the gateway client stack implements (and P2P calls)."""
+"""The seams of the gateway client stack: `ManyGatewayClient`, one call of many batches
+(what every layer below the coalescer implements: a single batch is a call of one), and
+`GatewayClient`, one delivery per batch (what the coalescer offers, and P2P calls)."""
 
 from __future__ import annotations
 
@@ -36,10 +38,17 @@ class GatewayClient(Protocol):
     async def close(self) -> None: ...
 
 
-class ManyGatewayClient(GatewayClient, Protocol):
+class ManyGatewayClient(Protocol):
     async def deliver_many(
         self, gateway_id: str, address: str, batches: Batches, timeout_s: float
-    ) -> Replies: ...
+    ) -> Replies:
+        """One call: the gateway's reply to each batch, in order."""
+        ...
+
+    def retain(self, live: Mapping[str, str]) -> None:
+        """Forget what is kept for gateways not in `live` (gateway id -> address)."""
+
+    async def close(self) -> None: ...
 
 
 # Each batch's reply, or why that batch was not delivered.

@@ -89,7 +89,7 @@ class CoalescingGatewayClient:
         if not self._per_turn and lane.in_flight < self._max_in_flight and not lane.queue:
             lane.in_flight += 1
             try:
-                return await self._inner.deliver(gateway_id, address, batch, timeout_s)
+                return (await self._inner.deliver_many(gateway_id, address, [batch], timeout_s))[0]
             finally:
                 lane.in_flight -= 1
                 self._drain(lane)
@@ -201,12 +201,8 @@ class CoalescingGatewayClient:
     async def _call(
         self, lane: _Lane, items: Sequence[_Queued], timeout_s: float
     ) -> Sequence[gateway_pb2.DeliverReply]:
-        if len(items) == 1 and self._per_turn:
-            reply = await self._inner.deliver(
-                lane.gateway_id, lane.address, items[0].batch, timeout_s
-            )
-            return [reply]
-        self.many_calls += 1
+        if len(items) > 1:
+            self.many_calls += 1
         return await self._inner.deliver_many(
             lane.gateway_id, lane.address, [i.batch for i in items], timeout_s
         )

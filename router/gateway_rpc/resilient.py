@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, Mapping
-from typing import TypeVar
 
 from router.balancing import (
     AttemptInfo,
@@ -27,7 +26,6 @@ from router.balancing import (
 )
 from router.gateway_rpc.base import Batches, ManyGatewayClient, Replies
 from shared.errors import GatewayUnavailable
-from shared.proto import gateway_pb2
 
 __all__ = ["CIRCUIT_CODES", "CIRCUIT_OPEN", "TRANSPORT_CODES", "ResilientGatewayClient"]
 
@@ -43,8 +41,6 @@ CIRCUIT_CODES = frozenset({"UNAVAILABLE", "DEADLINE_EXCEEDED", "UNAUTHENTICATED"
 MIN_ATTEMPT_S = 0.005
 # The code of the error a call refused by an open circuit raises.
 CIRCUIT_OPEN = "CIRCUIT_OPEN"
-
-R = TypeVar("R")
 
 
 class ResilientGatewayClient:
@@ -69,35 +65,9 @@ class ResilientGatewayClient:
         self._sleep = sleep
         self._listeners = listeners or Listeners()
 
-    async def deliver(
-        self, gateway_id: str, address: str, batch: gateway_pb2.Batch, timeout_s: float
-    ) -> gateway_pb2.DeliverReply:
-        inner = self._inner
-        return await self._call(
-            gateway_id,
-            address,
-            timeout_s,
-            lambda left: inner.deliver(gateway_id, address, batch, left),
-        )
-
     async def deliver_many(
         self, gateway_id: str, address: str, batches: Batches, timeout_s: float
     ) -> Replies:
-        inner = self._inner
-        return await self._call(
-            gateway_id,
-            address,
-            timeout_s,
-            lambda left: inner.deliver_many(gateway_id, address, batches, left),
-        )
-
-    async def _call(
-        self,
-        gateway_id: str,
-        address: str,
-        timeout_s: float,
-        attempt_call: Callable[[float], Awaitable[R]],
-    ) -> R:
         """Attempts within one deadline (`timeout_s` from now, for all of them)."""
         server = GatewayState(gateway_id, "", "", address, 0, 0)
         clock = self.stats.clock
@@ -123,7 +93,8 @@ class ResilientGatewayClient:
             events.on_start_with_server(ctx, attempt)
             attempt_started = clock.monotonic()
             try:
-                reply = await attempt_call(max(deadline - attempt_started, MIN_ATTEMPT_S))
+                left = max(deadline - attempt_started, MIN_ATTEMPT_S)
+                replies = await self._inner.deliver_many(gateway_id, address, batches, left)
             except GatewayUnavailable as exc:
                 if exc.code in CIRCUIT_CODES:
                     self.stats.on_failure(ticket)
@@ -148,8 +119,8 @@ class ResilientGatewayClient:
             else:
                 self.stats.on_success(ticket)
                 ctx.attributes["elapsed_s"] = clock.monotonic() - attempt_started
-                events.on_execution_success(ctx, attempt, reply)
-                return reply
+                events.on_execution_success(ctx, attempt, replies)
+                return replies
             retry += 1
             await self._sleep(backoff)
 

@@ -30,9 +30,9 @@ class FakeGatewayClient:
     - `delay_s`: each call answers after this long; a call whose deadline is shorter
       fails with DEADLINE_EXCEEDED once the deadline has passed.
     - `block`: when set to an Event, every call waits for it first.
-    - `codes` / `many_codes`: the next Deliver / DeliverMany calls fail, one gRPC status
-      code each, in order ("OK": that call does not); `fail`: every call fails with this
-      code.
+    - `codes` / `many_codes`: the next calls of one batch / of several fail, one gRPC
+      status code each, in order ("OK": that call does not); `fail`: every call fails
+      with this code.
     - `expired`: every batch is answered as arrived after its ttl.
 
     It records each call's batch ids (`calls`, joined by ","; `sizes`, batches per call),
@@ -66,7 +66,8 @@ class FakeGatewayClient:
     async def deliver_many(
         self, gateway_id: str, address: str, batches: Batches, timeout_s: float
     ) -> Replies:
-        await self._call(gateway_id, batches, timeout_s, self.many_codes)
+        codes = self.codes if len(batches) == 1 else self.many_codes
+        await self._call(gateway_id, batches, timeout_s, codes)
         return [self._reply(b) for b in batches]
 
     def retain(self, live: Mapping[str, str]) -> None:

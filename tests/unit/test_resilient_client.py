@@ -8,6 +8,7 @@ import asyncio
 import pytest
 
 from router.balancing import BreakerState, RetryPolicy, StatsRegistry, StatsSettings
+from router.gateway_rpc.base import Batches, Replies
 from router.gateway_rpc.coalescer import CoalescingGatewayClient
 from router.gateway_rpc.resilient import ResilientGatewayClient
 from router.testing import FakeGatewayClient, ManualClock
@@ -30,9 +31,15 @@ def wrapper(
 BATCH = gateway_pb2.Batch(batch_id="b1", uids=["u"])
 
 
+async def one(client: ResilientGatewayClient) -> gateway_pb2.DeliverReply:
+    """BATCH in a call of its own."""
+    (reply,) = await client.deliver_many("gw1", "addr", [BATCH], 1.0)
+    return reply
+
+
 async def test_unavailable_is_retried_on_the_same_gateway_with_the_same_batch() -> None:
     inner = FakeGatewayClient("UNAVAILABLE")
-    reply = await wrapper(inner).deliver("gw1", "addr", BATCH, 1.0)
+    reply = await one(wrapper(inner))
     assert list(reply.delivered) == ["u"]
     assert inner.calls == ["b1", "b1"]  # same batch id: the gateway drops a repeat
 
@@ -41,14 +48,14 @@ async def test_unavailable_is_retried_on_the_same_gateway_with_the_same_batch() 
 async def test_other_errors_are_not_retried(code: str) -> None:
     inner = FakeGatewayClient(code)
     with pytest.raises(GatewayUnavailable, match=code):
-        await wrapper(inner).deliver("gw1", "addr", BATCH, 1.0)
+        await one(wrapper(inner))
     assert len(inner.calls) == 1
 
 
 async def test_retries_stop_at_the_limit() -> None:
     inner = FakeGatewayClient("UNAVAILABLE", "UNAVAILABLE", "UNAVAILABLE")
     with pytest.raises(GatewayUnavailable, match="UNAVAILABLE"):
-        await wrapper(inner, retries=1, failures=10).deliver("gw1", "addr", BATCH, 1.0)
+        await one(wrapper(inner, retries=1, failures=10))
     assert len(inner.calls) == 2
 
 
@@ -57,10 +64,10 @@ async def test_the_circuit_opens_and_then_fails_fast() -> None:
     client = wrapper(inner, retries=0, failures=3)
     for _ in range(3):
         with pytest.raises(GatewayUnavailable):
-            await client.deliver("gw1", "addr", BATCH, 1.0)
+            await one(client)
     assert client.stats.breaker("gw1").state is BreakerState.OPEN
     with pytest.raises(GatewayUnavailable) as info:
-        await client.deliver("gw1", "addr", BATCH, 1.0)
+        await one(client)
     assert info.value.code == "CIRCUIT_OPEN"
     assert len(inner.calls) == 3  # the fourth never reached the gateway
     assert client.stats.breaker("gw2").state is BreakerState.CLOSED  # per gateway
@@ -70,7 +77,7 @@ async def test_a_cancelled_call_leaves_nothing_in_flight() -> None:
     inner = FakeGatewayClient()
     inner.block = asyncio.Event()
     client = wrapper(inner)
-    task = asyncio.ensure_future(client.deliver("gw1", "addr", BATCH, 1.0))
+    task = asyncio.ensure_future(one(client))
     await asyncio.sleep(0)
     assert client.stats.in_flight("gw1") == 1
     task.cancel()
@@ -96,7 +103,7 @@ async def test_a_listener_that_raises_does_not_fail_the_call() -> None:
     inner = FakeGatewayClient("UNAVAILABLE")
     client = wrapper(inner)
     client._listeners = Listeners([Raising()])  # type: ignore[list-item]
-    reply = await client.deliver("gw1", "addr", BATCH, 1.0)
+    reply = await one(client)
     assert list(reply.delivered) == ["u"]
     assert len(inner.calls) == 2  # the retry still happened
 
@@ -107,7 +114,7 @@ async def test_a_listener_that_raises_does_not_mask_the_calls_own_error() -> Non
     client = wrapper(FakeGatewayClient("INTERNAL"))
     client._listeners = Listeners([Raising()])  # type: ignore[list-item]
     with pytest.raises(GatewayUnavailable, match="INTERNAL"):
-        await client.deliver("gw1", "addr", BATCH, 1.0)
+        await one(client)
 
 
 async def test_metrics_count_attempts_retries_and_failures() -> None:
@@ -120,8 +127,8 @@ async def test_metrics_count_attempts_retries_and_failures() -> None:
     client = wrapper(FakeGatewayClient("UNAVAILABLE", "INTERNAL"), retries=1, failures=10)
     client._listeners = Listeners([CallMetrics(registry)])
     with pytest.raises(GatewayUnavailable):
-        await client.deliver("gw1", "addr", BATCH, 1.0)  # UNAVAILABLE, retried, INTERNAL
-    await client.deliver("gw1", "addr", BATCH, 1.0)
+        await one(client)  # UNAVAILABLE, retried, INTERNAL
+    await one(client)
 
     def value(name: str, **labels: str) -> float | None:
         return registry.get_sample_value(name, {"gateway": "gw1", **labels})
@@ -166,12 +173,12 @@ async def test_a_retry_gets_only_the_time_left_and_none_without_it() -> None:
     timeouts: list[float] = []
 
     class Slow(FakeGatewayClient):
-        async def deliver(
-            self, gateway_id: str, address: str, batch: gateway_pb2.Batch, timeout_s: float
-        ) -> gateway_pb2.DeliverReply:
+        async def deliver_many(
+            self, gateway_id: str, address: str, batches: Batches, timeout_s: float
+        ) -> Replies:
             timeouts.append(timeout_s)
             clock.advance(0.6)  # the connection breaks after 0.6 s
-            return await super().deliver(gateway_id, address, batch, timeout_s)
+            return await super().deliver_many(gateway_id, address, batches, timeout_s)
 
     async def sleep(seconds: float) -> None:
         clock.advance(seconds)
@@ -179,7 +186,7 @@ async def test_a_retry_gets_only_the_time_left_and_none_without_it() -> None:
     policy = RetryPolicy(max_retries_same=3)
     client = ResilientGatewayClient(Slow("UNAVAILABLE", "UNAVAILABLE"), stats, policy, sleep)
     with pytest.raises(GatewayUnavailable, match="UNAVAILABLE"):
-        await client.deliver("gw1", "addr", BATCH, 1.0)
+        await one(client)
     # 1.0 s for all attempts: the retry got what was left, and there was no third.
     assert timeouts[0] == 1.0 and 0.2 < timeouts[1] < 0.4 and len(timeouts) == 2
 
@@ -188,7 +195,7 @@ async def test_the_failure_that_opens_the_circuit_is_reported_not_a_refusal() ->
     inner = FakeGatewayClient("UNAVAILABLE")
     client = wrapper(inner, retries=1, failures=1)
     with pytest.raises(GatewayUnavailable) as caught:
-        await client.deliver("gw1", "addr", BATCH, 1.0)
+        await one(client)
     assert caught.value.code == "UNAVAILABLE"  # no retry into the open circuit
     assert inner.calls == ["b1"]
     assert client.stats.breaker("gw1").state is BreakerState.OPEN
@@ -200,5 +207,5 @@ async def test_an_answered_error_does_not_count_against_the_circuit(code: str) -
     client = wrapper(inner, retries=0, failures=1)
     for _ in range(3):
         with pytest.raises(GatewayUnavailable, match=code):
-            await client.deliver("gw1", "addr", BATCH, 1.0)
+            await one(client)
     assert client.stats.breaker("gw1").state is BreakerState.CLOSED
