@@ -10,7 +10,7 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
 
 # Copy only what the package build needs.
 WORKDIR /tmp/imroute-src
-COPY pyproject.toml README.md ./
+COPY pyproject.toml README.md LICENSE ./
 COPY shared ./shared
 COPY router ./router
 COPY clients/js ./clients/js

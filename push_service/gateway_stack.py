@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 
-from router.balancing import Listeners, RetryPolicy, StatsRegistry, StatsSettings
+from router.balancing import RetryPolicy, StatsRegistry, StatsSettings
 from router.gateway_rpc.coalescer import CoalescingGatewayClient
 from router.gateway_rpc.grpc_client import GrpcGatewayClients
-from router.gateway_rpc.metrics import CallLog, CallMetrics
+from router.gateway_rpc.metrics import CallMetrics
 from router.gateway_rpc.resilient import ResilientGatewayClient
 from shared.clock import Clock
 from shared.settings import Settings
@@ -57,6 +57,6 @@ def gateway_clients(
         grpc_clients,
         stats,
         RetryPolicy(max_retries_same=settings.deliver_retries),
-        listeners=Listeners([call_metrics, CallLog()]),
+        metrics=call_metrics,
     )
     return CoalescingGatewayClient(resilient, per_turn=True), stats

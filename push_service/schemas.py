@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from dataclasses import fields
+from typing import Annotated, Any, Literal, get_type_hints
 
 from pydantic import (
     AfterValidator,
@@ -13,10 +14,12 @@ from pydantic import (
     StrictBool,
     StringConstraints,
     WithJsonSchema,
+    create_model,
     field_validator,
     model_validator,
 )
 
+from router.jobs.base import Job, JobStatus
 from shared.errors import InvalidUid
 from shared.uids import MAX_UID_LEN, check_uid, valid_uid
 
@@ -254,23 +257,26 @@ class FailedBatchOut(BaseModel):
     error: str
 
 
-class JobOut(BaseModel):
-    push_id: str
-    mode: str
-    status: Literal["queued", "running", "done", "failed"]
-    recipients: int
-    online: int
-    offline: int
-    batches: int
-    published: int
-    failed_batches: int
-    error: str | None
-    created_at: int
-    finished_at: int | None
-    attempts: int = Field(
-        description="runs of the job: 1, plus one per take-over after its process died"
-    )
-    failed: list[FailedBatchOut] = Field(description="the first 100 failed batches")
+def _job_fields() -> dict[str, Any]:
+    """`Job`'s fields in its order, each required (a job's record has them all), typed as
+    the API shows them: the status as a string enum, the failed batches as FailedBatchOut."""
+    edge: dict[str, Any] = {
+        "status": (Literal[tuple(s.value for s in JobStatus)], ...),
+        "attempts": (
+            int,
+            Field(description="runs of the job: 1, plus one per take-over after its process died"),
+        ),
+        "failed": (list[FailedBatchOut], Field(description="the first 100 failed batches")),
+    }
+    hints = get_type_hints(Job)
+    return {f.name: edge.get(f.name, (hints[f.name], ...)) for f in fields(Job)}
+
+
+# A job's fields are `router.jobs.base.Job`'s, not restated here.
+_JobFields = create_model("_JobFields", **_job_fields())
+
+
+class JobOut(_JobFields):  # type: ignore[misc,valid-type]
     delivered: int = Field(0, description="recipients written to at least one connection")
     acked: int = Field(0, description="recipients at least one device acked")
     queued: int = Field(0, description="recipients not written anywhere yet")

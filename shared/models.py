@@ -39,7 +39,7 @@ class GatewayInfo:
     zone: str | None = None
     draining: bool = False
     deadline_ms: int = 0  # when its heartbeat lapses; from the fleet index, not the record
-    heartbeat_ms: int = 0  # when its record was last written (0: an older gateway's)
+    heartbeat_ms: int = 0  # when its record was last written (0: not written yet)
 
 
 @dataclass(frozen=True, slots=True)

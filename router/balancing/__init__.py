@@ -6,7 +6,6 @@
 - `connects`: clients' failed and successful connects, and which gateways they show
   failing (dispatch skips those).
 - `retry`: how often a pinned call is retried on its gateway, and the backoff.
-- `listeners`: observers of every call (metrics and logs hook in here).
 
 Nothing here does I/O: the clock is injected. `router.fleet.dispatch` applies the rules
 to the live fleet; `router.gateway_rpc.resilient` runs calls through stats and retries.
@@ -16,7 +15,6 @@ from __future__ import annotations
 
 from router.balancing.circuit import BreakerState, CircuitBreaker, Permit
 from router.balancing.connects import ConnectReports, ConnectSettings, failing
-from router.balancing.listeners import AttemptInfo, ExecutionContext, ExecutionListener, Listeners
 from router.balancing.retry import RetryPolicy
 from router.balancing.rules import (
     RULE_NAMES,
@@ -37,18 +35,14 @@ from shared.errors import NoEligibleGateway
 __all__ = [
     "RULE_NAMES",
     "RULE_SETTING",
-    "AttemptInfo",
     "Availability",
     "BreakerState",
     "CircuitBreaker",
     "ConnectReports",
     "ConnectSettings",
     "ConsistentHashRule",
-    "ExecutionContext",
-    "ExecutionListener",
     "GatewayState",
     "LeastConnectionsRule",
-    "Listeners",
     "NoEligibleGateway",
     "Permit",
     "RetryPolicy",

@@ -38,11 +38,10 @@ def decode_gateway(value: str) -> GatewayInfo | None:
             grpc_address=str(d["grpc_address"]),
             connections=int(d["connections"]),
             started_ms=int(d["started_ms"]),
-            # Records of older gateways lack these: no limit, no zone, not draining.
-            max_connections=int(d.get("max_connections", 0)),
-            zone=None if d.get("zone") is None else str(d["zone"]),
-            draining=bool(d.get("draining", False)),
-            heartbeat_ms=int(d.get("heartbeat_ms", 0)),
+            max_connections=int(d["max_connections"]),
+            zone=None if d["zone"] is None else str(d["zone"]),
+            draining=bool(d["draining"]),
+            heartbeat_ms=int(d["heartbeat_ms"]),
         )
     except (ValueError, KeyError, TypeError):
         return None

@@ -41,7 +41,7 @@ __all__ = ["ConnectHealth", "Dispatcher", "choose_avoiding", "to_state"]
 
 log = logging.getLogger(__name__)
 
-# What a gateway that announces no limit (an older one) is taken to hold.
+# What a gateway that announces no limit (max_connections 0) is taken to hold.
 UNLIMITED = 1 << 31
 # Zones clients name are remembered (each with its rule) up to this many.
 MAX_ZONES = 64

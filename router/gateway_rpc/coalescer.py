@@ -71,7 +71,6 @@ class CoalescingGatewayClient:
         self._lanes: dict[tuple[str, str], _Lane] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self.many_calls = 0
-        self.queued_too_long = 0
 
     def _lane(self, gateway_id: str, address: str) -> _Lane:
         # By id and address: a gateway that takes over another's address gets its own
@@ -164,7 +163,6 @@ class CoalescingGatewayClient:
             items.append(item)
             size += item_size
         if late:
-            self.queued_too_long += late
             log.warning(
                 "%d deliveries to %s timed out waiting for a call slot", late, lane.gateway_id
             )

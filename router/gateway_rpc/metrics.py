@@ -1,18 +1,13 @@
-"""Built-in listeners of gateway calls: Prometheus metrics and structured logs."""
+"""Prometheus metrics of the gateway calls `resilient.ResilientGatewayClient` makes."""
 
 from __future__ import annotations
 
 import contextlib
-import logging
 from collections.abc import Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
-from router.balancing import AttemptInfo, ExecutionContext
-
-__all__ = ["CallLog", "CallMetrics"]
-
-log = logging.getLogger("imroute.calls")
+__all__ = ["CallMetrics"]
 
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5)
 
@@ -63,78 +58,22 @@ class CallMetrics:
                 with contextlib.suppress(KeyError):
                     metric.remove(*labels)
 
-    def on_execution_start(self, ctx: ExecutionContext) -> None:
-        if ctx.pinned is not None:
-            self._seen.add(ctx.pinned)
+    def retried(self, gateway: str) -> None:
+        """An attempt that retries an earlier failed one starts."""
+        self._seen.add(gateway)
+        self._retries.labels(gateway).inc()
 
-    def on_start_with_server(self, ctx: ExecutionContext, attempt: AttemptInfo) -> None:
-        if attempt.number > 1:
-            self._retries.labels(attempt.server.gateway_id).inc()
+    def attempt_failed(self, gateway: str) -> None:
+        self._seen.add(gateway)
+        self._attempts.labels(gateway, "failure").inc()
 
-    def on_exception_with_server(
-        self, ctx: ExecutionContext, attempt: AttemptInfo, error: BaseException
-    ) -> None:
-        self._attempts.labels(attempt.server.gateway_id, "failure").inc()
-
-    def on_execution_success(
-        self, ctx: ExecutionContext, attempt: AttemptInfo, result: object
-    ) -> None:
-        gateway = attempt.server.gateway_id
+    def succeeded(self, gateway: str, elapsed_s: float) -> None:
+        """The call's last attempt succeeded, after `elapsed_s`."""
+        self._seen.add(gateway)
         self._attempts.labels(gateway, "success").inc()
-        elapsed = ctx.attributes.get("elapsed_s")
-        if isinstance(elapsed, float):
-            self._latency.labels(gateway).observe(elapsed)
+        self._latency.labels(gateway).observe(elapsed_s)
 
-    def on_execution_failed(
-        self, ctx: ExecutionContext, attempt: AttemptInfo | None, error: BaseException
-    ) -> None:
-        gateway = ctx.pinned or (attempt.server.gateway_id if attempt else "?")
+    def failed(self, gateway: str) -> None:
+        """The call failed for good (after its retries, or refused by an open circuit)."""
+        self._seen.add(gateway)
         self._failed.labels(gateway).inc()
-
-
-class CallLog:
-    """One structured log line per failed attempt and per failed delivery."""
-
-    def on_execution_start(self, ctx: ExecutionContext) -> None:
-        pass
-
-    def on_start_with_server(self, ctx: ExecutionContext, attempt: AttemptInfo) -> None:
-        pass
-
-    def on_exception_with_server(
-        self, ctx: ExecutionContext, attempt: AttemptInfo, error: BaseException
-    ) -> None:
-        gateway_id = attempt.server.gateway_id
-        log.info(
-            "call to gateway %s failed (attempt %d): %s",
-            gateway_id,
-            attempt.number,
-            error,
-            extra={"gateway_id": gateway_id},
-        )
-
-    def on_execution_success(
-        self, ctx: ExecutionContext, attempt: AttemptInfo, result: object
-    ) -> None:
-        pass
-
-    def on_execution_failed(
-        self, ctx: ExecutionContext, attempt: AttemptInfo | None, error: BaseException
-    ) -> None:
-        if attempt is None:
-            # Refused by an open circuit: the opening was logged once; a line per
-            # refused call would flood the log while the gateway is out.
-            log.debug(
-                "call to gateway %s refused: %s",
-                ctx.pinned,
-                error,
-                extra={"gateway_id": ctx.pinned},
-            )
-            return
-        log.warning(
-            "delivery to gateway %s failed after %d attempts: %s",
-            ctx.pinned,
-            ctx.attempts,
-            error,
-            extra={"gateway_id": ctx.pinned},
-        )

@@ -9,25 +9,27 @@ it already delivered it, so a retry after a lost answer does not deliver twice.
 After `failure_threshold` consecutive failures a gateway's circuit opens: calls to it
 fail at once for the cool-off, then one probe call decides whether it closes again. The
 same StatsRegistry tells dispatch to skip the gateway meanwhile.
+
+Each failed attempt and each failed call is logged (logger `imroute.calls`), and every
+attempt is counted in `metrics.CallMetrics`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Awaitable, Callable, Mapping
 
-from router.balancing import (
-    AttemptInfo,
-    ExecutionContext,
-    GatewayState,
-    Listeners,
-    RetryPolicy,
-    StatsRegistry,
-)
+from prometheus_client import CollectorRegistry
+
+from router.balancing import RetryPolicy, StatsRegistry
 from router.gateway_rpc.base import Batches, ManyGatewayClient, Replies
+from router.gateway_rpc.metrics import CallMetrics
 from shared.errors import GatewayUnavailable
 
 __all__ = ["CIRCUIT_CODES", "CIRCUIT_OPEN", "TRANSPORT_CODES", "ResilientGatewayClient"]
+
+log = logging.getLogger("imroute.calls")
 
 # Worth a retry on the same gateway: the call did not get through. DEADLINE_EXCEEDED is
 # not: the push's time is spent.
@@ -57,25 +59,23 @@ class ResilientGatewayClient:
         stats: StatsRegistry,
         policy: RetryPolicy,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
-        listeners: Listeners | None = None,
+        metrics: CallMetrics | None = None,
     ) -> None:
         self._inner = inner
         self.stats = stats
         self._policy = policy
         self._sleep = sleep
-        self._listeners = listeners or Listeners()
+        # Without one given, the counts go to a registry of their own, which nobody reads.
+        self._metrics = metrics or CallMetrics(CollectorRegistry())
 
     async def deliver_many(
         self, gateway_id: str, address: str, batches: Batches, timeout_s: float
     ) -> Replies:
         """Attempts within one deadline (`timeout_s` from now, for all of them)."""
-        server = GatewayState(gateway_id, "", "", address, 0, 0)
         clock = self.stats.clock
-        started = clock.monotonic()
-        deadline = started + timeout_s
-        ctx = ExecutionContext(key=None, pinned=gateway_id, started=started)
-        events = self._listeners
-        events.on_execution_start(ctx)
+        deadline = clock.monotonic() + timeout_s
+        metrics = self._metrics
+        extra = {"gateway_id": gateway_id}
         retry = 0
         while True:
             ticket = self.stats.on_start(gateway_id)
@@ -86,11 +86,13 @@ class ResilientGatewayClient:
                     "it is tried again after its cool-off",
                     CIRCUIT_OPEN,
                 )
-                events.on_execution_failed(ctx, None, error)
+                # The opening was logged once; a line per refused call would flood the
+                # log while the gateway is out.
+                log.debug("call to gateway %s refused: %s", gateway_id, error, extra=extra)
+                metrics.failed(gateway_id)
                 raise error
-            ctx.attempts += 1
-            attempt = AttemptInfo(server, ctx.attempts, ctx.attempts)
-            events.on_start_with_server(ctx, attempt)
+            if retry:
+                metrics.retried(gateway_id)
             attempt_started = clock.monotonic()
             try:
                 left = max(deadline - attempt_started, MIN_ATTEMPT_S)
@@ -100,7 +102,14 @@ class ResilientGatewayClient:
                     self.stats.on_failure(ticket)
                 else:  # the gateway answered: a refusal or a bug, not a sign it is down
                     self.stats.on_release(ticket)
-                events.on_exception_with_server(ctx, attempt, exc)
+                log.info(
+                    "call to gateway %s failed (attempt %d): %s",
+                    gateway_id,
+                    retry + 1,
+                    exc,
+                    extra=extra,
+                )
+                metrics.attempt_failed(gateway_id)
                 backoff = self._policy.backoff(retry + 1)
                 if (
                     exc.code not in TRANSPORT_CODES
@@ -111,15 +120,21 @@ class ResilientGatewayClient:
                     # refused; report the failure itself, not the refusal
                     or not self.stats.allow(gateway_id)
                 ):
-                    events.on_execution_failed(ctx, attempt, exc)
+                    log.warning(
+                        "delivery to gateway %s failed after %d attempts: %s",
+                        gateway_id,
+                        retry + 1,
+                        exc,
+                        extra=extra,
+                    )
+                    metrics.failed(gateway_id)
                     raise
             except BaseException:
                 self.stats.on_release(ticket)  # cancelled, or not the gateway's fault
                 raise
             else:
                 self.stats.on_success(ticket)
-                ctx.attributes["elapsed_s"] = clock.monotonic() - attempt_started
-                events.on_execution_success(ctx, attempt, replies)
+                metrics.succeeded(gateway_id, clock.monotonic() - attempt_started)
                 return replies
             retry += 1
             await self._sleep(backoff)

@@ -85,7 +85,6 @@ class ContentCache:
         self._store = store
         self._items = items
         self._cache: OrderedDict[str, bytes] = OrderedDict()
-        self.fetched = 0  # contents read from Redis
         self.missing = 0  # batches whose content was gone
 
     async def fill(self, batches: Sequence[gateway_pb2.Batch]) -> list[bool]:
@@ -100,7 +99,6 @@ class ContentCache:
             ids = sorted(wanted)
             for msg_id, content in zip(ids, await self._store.get_many(ids), strict=True):
                 if content is not None:
-                    self.fetched += 1
                     self._cache[msg_id] = content
                     while len(self._cache) > self._items:
                         self._cache.popitem(last=False)

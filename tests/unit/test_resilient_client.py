@@ -4,12 +4,14 @@ inner client, a ManualClock, no sleeping)."""
 from __future__ import annotations
 
 import asyncio
+import logging
 
 import pytest
 
 from router.balancing import BreakerState, RetryPolicy, StatsRegistry, StatsSettings
 from router.gateway_rpc.base import Batches, Replies
 from router.gateway_rpc.coalescer import CoalescingGatewayClient
+from router.gateway_rpc.metrics import CallMetrics
 from router.gateway_rpc.resilient import ResilientGatewayClient
 from router.testing import FakeGatewayClient, ManualClock
 from shared.errors import GatewayUnavailable
@@ -17,7 +19,10 @@ from shared.proto import gateway_pb2
 
 
 def wrapper(
-    inner: FakeGatewayClient, retries: int = 1, failures: int = 3
+    inner: FakeGatewayClient,
+    retries: int = 1,
+    failures: int = 3,
+    metrics: CallMetrics | None = None,
 ) -> ResilientGatewayClient:
     clock = ManualClock()
     stats = StatsRegistry(clock, StatsSettings(failure_threshold=failures, cool_off_s=5))
@@ -25,7 +30,8 @@ def wrapper(
     async def no_wait(_: float) -> None:
         pass
 
-    return ResilientGatewayClient(inner, stats, RetryPolicy(max_retries_same=retries), no_wait)
+    policy = RetryPolicy(max_retries_same=retries)
+    return ResilientGatewayClient(inner, stats, policy, no_wait, metrics)
 
 
 BATCH = gateway_pb2.Batch(batch_id="b1", uids=["u"])
@@ -87,45 +93,14 @@ async def test_a_cancelled_call_leaves_nothing_in_flight() -> None:
     assert client.stats.stats("gw1").failures == 0  # not the gateway's fault
 
 
-class Raising:
-    """A listener that fails in every hook."""
-
-    def __getattr__(self, name: str) -> object:
-        def hook(*args: object) -> None:
-            raise RuntimeError(f"listener bug in {name}")
-
-        return hook
-
-
-async def test_a_listener_that_raises_does_not_fail_the_call() -> None:
-    from router.balancing import Listeners
-
-    inner = FakeGatewayClient("UNAVAILABLE")
-    client = wrapper(inner)
-    client._listeners = Listeners([Raising()])  # type: ignore[list-item]
-    reply = await one(client)
-    assert list(reply.delivered) == ["u"]
-    assert len(inner.calls) == 2  # the retry still happened
-
-
-async def test_a_listener_that_raises_does_not_mask_the_calls_own_error() -> None:
-    from router.balancing import Listeners
-
-    client = wrapper(FakeGatewayClient("INTERNAL"))
-    client._listeners = Listeners([Raising()])  # type: ignore[list-item]
-    with pytest.raises(GatewayUnavailable, match="INTERNAL"):
-        await one(client)
-
-
 async def test_metrics_count_attempts_retries_and_failures() -> None:
     from prometheus_client import CollectorRegistry
 
-    from router.balancing import Listeners
-    from router.gateway_rpc.metrics import CallMetrics
-
     registry = CollectorRegistry()
-    client = wrapper(FakeGatewayClient("UNAVAILABLE", "INTERNAL"), retries=1, failures=10)
-    client._listeners = Listeners([CallMetrics(registry)])
+    metrics = CallMetrics(registry)
+    client = wrapper(
+        FakeGatewayClient("UNAVAILABLE", "INTERNAL"), retries=1, failures=10, metrics=metrics
+    )
     with pytest.raises(GatewayUnavailable):
         await one(client)  # UNAVAILABLE, retried, INTERNAL
     await one(client)
@@ -138,6 +113,20 @@ async def test_metrics_count_attempts_retries_and_failures() -> None:
     assert value("imroute_gateway_call_retries_total") == 1
     assert value("imroute_gateway_calls_failed_total") == 1
     assert value("imroute_gateway_call_seconds_count") == 1
+
+
+async def test_each_failed_attempt_and_the_failed_call_are_logged(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    client = wrapper(FakeGatewayClient("UNAVAILABLE", "UNAVAILABLE"), retries=1, failures=10)
+    with caplog.at_level(logging.INFO, logger="imroute.calls"), pytest.raises(GatewayUnavailable):
+        await one(client)
+    assert [(r.levelno, r.getMessage()[:40]) for r in caplog.records] == [
+        (logging.INFO, "call to gateway gw1 failed (attempt 1): "),
+        (logging.INFO, "call to gateway gw1 failed (attempt 2): "),
+        (logging.WARNING, "delivery to gateway gw1 failed after 2 a"),
+    ]
+    assert all(r.__dict__["gateway_id"] == "gw1" for r in caplog.records)
 
 
 async def test_a_failed_coalesced_call_counts_once_and_is_retried_whole() -> None:
