@@ -3,7 +3,9 @@
 `Wiring(settings)` checks what can be checked before the server starts (the Redis URL,
 hedging, the dispatch rule) and builds the metrics; `Wiring.open()` opens Redis, the
 gRPC client stack, the bus and the directory, and yields the `Services` the handlers
-call. Only this module (and the services' type hints) names router adapters.
+call. Only this module (and the services' type hints) names router adapters; that
+includes the gRPC client stack to the gateways, and what the fleet cache tells it when
+gateways leave or restart.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import contextlib
 import functools
 import os
 import socket
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
 
@@ -21,7 +23,6 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
 
-from push_service.gateway_stack import gateway_clients, restarted, retain_all
 from push_service.idempotency import Idempotency
 from push_service.live_stats import process_counts
 from push_service.services import (
@@ -40,7 +41,9 @@ from router.balancing import (
     Availability,
     ConnectReports,
     ConnectSettings,
+    RetryPolicy,
     StatsRegistry,
+    StatsSettings,
     rule_for,
 )
 from router.bus.base import Bus
@@ -56,6 +59,7 @@ from router.fleet.store import RedisGatewayFleet
 from router.gateway_rpc.coalescer import CoalescingGatewayClient
 from router.gateway_rpc.grpc_client import CLOSE_GRACE_S, GrpcGatewayClients
 from router.gateway_rpc.metrics import CallMetrics
+from router.gateway_rpc.resilient import ResilientGatewayClient
 from router.hedging.metrics import PublishMetrics
 from router.idempotency.store import RedisIdempotencyStore
 from router.jobs.reaper import reaping
@@ -157,7 +161,9 @@ class Wiring:
                 tls=self._tls,
                 links=settings.delivery_link,
             )
-            clients, call_stats = gateway_clients(grpc_clients, settings, clock, self._call_metrics)
+            clients, call_stats = _gateway_clients(
+                grpc_clients, settings, clock, self._call_metrics
+            )
             stack.push_async_callback(clients.close)
             # The P2P path's single commands share round trips (standalone Redis).
             auto = self.auto = auto_pipeline_for(redis)
@@ -172,8 +178,8 @@ class Wiring:
                 RedisGatewayFleet(redis, keys, clock, ttl_s=1),
                 clock,
                 settings.gateway_cache_s,
-                on_change=retain_all(clients, self._call_metrics),
-                on_started=restarted(grpc_clients, call_stats),
+                on_change=_retain_all(clients, self._call_metrics),
+                on_started=_restarted(grpc_clients, call_stats),
             )
             bus: Bus
             if self._given_bus is not None:
@@ -334,6 +340,52 @@ class Wiring:
             self.unacked = UnackedSweeper(receipts, self.webhooks, self._clock)
             await stack.enter_async_context(self.unacked.running())
         return receipts, view
+
+
+def _retain_all(
+    clients: CoalescingGatewayClient, call_metrics: CallMetrics
+) -> Callable[[Mapping[str, str]], None]:
+    """What the fleet cache calls after each read: forget what departed gateways left."""
+
+    def retain(live: Mapping[str, str]) -> None:
+        clients.retain(live)
+        call_metrics.retain(live)
+
+    return retain
+
+
+def _restarted(
+    grpc_clients: GrpcGatewayClients, call_stats: StatsRegistry
+) -> Callable[[str, str], None]:
+    """What the fleet cache calls when a gateway announces a new start: a new channel
+    (the old one may still be backing off from the crash) and a probe of its circuit now."""
+
+    def restarted_(gateway_id: str, address: str) -> None:
+        grpc_clients.reconnect(address)
+        call_stats.restarted(gateway_id)
+
+    return restarted_
+
+
+def _gateway_clients(
+    grpc_clients: GrpcGatewayClients, settings: Settings, clock: Clock, call_metrics: CallMetrics
+) -> tuple[CoalescingGatewayClient, StatsRegistry]:
+    """gRPC to the gateways: coalesced, with stats, circuit breakers and retries."""
+    stats = StatsRegistry(
+        clock,
+        StatsSettings(
+            failure_threshold=settings.circuit_failures, cool_off_s=settings.circuit_cool_off_s
+        ),
+    )
+    # Retries and the circuit count RPCs, below the coalescer: one failed DeliverMany is
+    # one failure (and one retry of the whole call), however many pushes it carried.
+    resilient = ResilientGatewayClient(
+        grpc_clients,
+        stats,
+        RetryPolicy(max_retries_same=settings.deliver_retries),
+        metrics=call_metrics,
+    )
+    return CoalescingGatewayClient(resilient, per_turn=True), stats
 
 
 async def _retried(receipts: RedisReceiptStore, push_id: str, uids: Sequence[str]) -> None:

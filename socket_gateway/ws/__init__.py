@@ -29,15 +29,14 @@ Modules, in the order bytes travel:
 - `protocol`: sans-I/O: close codes, limits, wire bytes, deadlines, what a text message means;
 - `ratelimit`: sans-I/O: the per-connection frame rate (1008); counts of its closes and of
   per-user cap refusals;
-- `framing`: the connection's state and Sink, the frame phase and the closing handshake;
 - `admission`: sans-I/O: the limits before the 101, the per-IP connect rate, refusal
   counts (the sockets without a 101 are counted per address from their accept, the
   biggest holder's oldest making room, by `socket_gateway.preauth`);
-- `handshake`: the HTTP upgrade and everything refused before the 101 (429, 503, 401),
-  then the per-user cap (4429, after it) and the route (1013);
-- `keepalive`: the gateway-wide ping round;
-- `conn`: `WsConn`, the layers above joined under the transport callbacks;
-- `endpoint`: `WsEndpoint` (listening, shared state, shutdown) and `WsServer`.
+- `conn`: `WsConn`, one connection from its first byte to its last: the HTTP upgrade
+  and everything refused before the 101 (429, 503, 401), then the per-user cap (4429,
+  after it) and the route (1013); its state and Sink, the frame phase, the gateway-wide
+  ping round, the closing handshake; and `EndpointState`, what the connections share;
+- `endpoint`: `WsEndpoint` (listening, shutdown) and `WsServer`.
 """
 
 from socket_gateway.ws.admission import HandshakeLimits

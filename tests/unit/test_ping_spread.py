@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import time
 
-from socket_gateway.ws.keepalive import PING_SLICE, ping_round
+from socket_gateway.ws.conn import PING_SLICE, ping_round
 
 
 class Pinged:

@@ -29,7 +29,7 @@ from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus, WebSocketException
 from websockets.typing import Subprotocol
 
-from imroute_client.acker import ClientAcks
+from imroute_client.acks import ClientAcks
 from imroute_client.backoff import Backoff, retry_after
 from imroute_client.dedupe import DedupeWindow
 from imroute_client.dispatch import Target, ask_dispatch

@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
+from imroute_client.acks import Held
 from imroute_client.frames import Message
-from imroute_client.held import Held
 
 
 def msg(n: int, conn: int, number: int) -> Message:
