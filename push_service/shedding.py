@@ -34,6 +34,7 @@ from prometheus_client.registry import Collector
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from push_service.errors import large_body, send_error
+from shared.throttled import Throttled
 
 __all__ = ["LAG_EVERY_S", "LoadShed", "LoopLag", "Shedder", "is_operator"]
 
@@ -91,6 +92,7 @@ class Shedder:
         self.lag = lag or LoopLag()
         self.in_flight = 0
         self.shed = {IN_FLIGHT: 0, LAG: 0}
+        self.shed_line = Throttled()  # an overload is one line per 10 s, with the count since
 
     def refuse(self) -> str | None:
         """Why a new request must be shed now (IN_FLIGHT or LAG), or None to admit it."""
@@ -171,9 +173,12 @@ class LoadShed:
         reason = shedder.refuse()
         if reason is not None:
             shedder.shed[reason] += 1
-            total = sum(shedder.shed.values())
-            if total == 1 or total % 1000 == 0:
-                log.warning("%d requests shed (503 overloaded): %s", total, shedder.shed)
+            if since := shedder.shed_line.note(time.monotonic()):
+                log.warning(
+                    "%d requests shed (503 overloaded) since the last line; in all: %s",
+                    since,
+                    shedder.shed,
+                )
             headers = [(b"retry-after", str(RETRY_AFTER_S).encode())]
             if large_body(scope["headers"]):
                 # A small body the server skips and the connection is kept: under

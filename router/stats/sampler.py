@@ -13,6 +13,7 @@ from router.stats.latency import LatencyHistogram
 from router.stats.store import RedisStatsStore
 from shared.clock import Clock
 from shared.errors import ImrouteError
+from shared.throttled import Throttled
 
 __all__ = ["StatsSampler", "sampling"]
 
@@ -39,7 +40,7 @@ class StatsSampler:
         self._last: dict[str, int] = dict(counters())
         self._pending: dict[str, int] = {}
         self.failed = 0  # writes that failed (their counts went with a later one)
-        self._logged_at = float("-inf")
+        self._line = Throttled(LOG_EVERY_S)
 
     def _take(self) -> dict[str, int]:
         now = dict(self._counters())
@@ -67,9 +68,7 @@ class StatsSampler:
             self.failed += 1
             for name, n in counts.items():  # with the next ones
                 self._pending[name] = self._pending.get(name, 0) + n
-            now = self._clock.monotonic()
-            if now - self._logged_at >= LOG_EVERY_S:
-                self._logged_at = now
+            if self._line.note(self._clock.monotonic()):
                 log.warning("could not write the live stats (kept for later): %s", exc)
 
     async def run(self) -> None:
