@@ -94,8 +94,12 @@ class Periodic:
             else:
                 self._log.exception("%s failed unexpectedly; going on%s", self.name, more)
 
-    async def __aenter__(self) -> Periodic:
+    def start(self) -> None:
+        """Run in a task of its own until `stop` (what entering the block does)."""
         self.task = asyncio.create_task(self.run(), name=self.name)
+
+    async def __aenter__(self) -> Periodic:
+        self.start()
         return self
 
     async def __aexit__(

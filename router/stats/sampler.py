@@ -13,6 +13,7 @@ from router.stats.latency import LatencyHistogram
 from router.stats.store import RedisStatsStore
 from shared.clock import Clock
 from shared.errors import ImrouteError
+from shared.periodic import Periodic
 from shared.throttled import Throttled
 
 __all__ = ["StatsSampler", "sampling"]
@@ -71,16 +72,12 @@ class StatsSampler:
             if self._line.note(self._clock.monotonic()):
                 log.warning("could not write the live stats (kept for later): %s", exc)
 
-    async def run(self) -> None:
-        """Flush every interval until cancelled (then once more)."""
-        try:
-            while True:
-                await asyncio.sleep(self._interval_s)
-                await self.flush()
-        finally:
-            await asyncio.shield(self._final())
+    def periodic(self) -> Periodic:
+        """Flushing every interval (the first after one)."""
+        return Periodic("live stats", self.flush, self._interval_s, log=log, at_once=False)
 
-    async def _final(self) -> None:
+    async def final(self) -> None:
+        """The last flush, at shutdown."""
         try:
             await self.flush()
         except Exception:  # shutting down: Redis may be gone already
@@ -89,11 +86,9 @@ class StatsSampler:
 
 @contextlib.asynccontextmanager
 async def sampling(sampler: StatsSampler) -> AsyncIterator[StatsSampler]:
-    """`sampler.run()` in a task for the block's lifetime (a last flush at its end)."""
-    task = asyncio.create_task(sampler.run(), name="live-stats")
+    """A flush every interval for the block's lifetime, and a last one at its end."""
     try:
-        yield sampler
+        async with sampler.periodic():
+            yield sampler
     finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+        await asyncio.shield(sampler.final())
