@@ -13,7 +13,6 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
-from types import TracebackType
 
 from shared.clock import AsyncClock, SystemClock
 from shared.errors import ImrouteError
@@ -49,7 +48,7 @@ class Periodic:
 
     `at_once`: the first step on entering, else after the first interval. `fixed_rate`:
     see `ticks`. A step's `ImrouteError` (an outage) is a warning `"<name>: <error>"`,
-    anything else a traceback, on `log`, each at most once per `log_every_s`."""
+    anything else a traceback, on `log`: at most one line per `log_every_s`."""
 
     def __init__(
         self,
@@ -102,12 +101,7 @@ class Periodic:
         self.start()
         return self
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    async def __aexit__(self, *exc_info: object) -> None:
         await self.stop()
 
     async def stop(self) -> None:
