@@ -11,13 +11,17 @@ which stalled pushes on a small machine (docs/benchmarks.md).
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Collection
 
-from socket_gateway.pacing import spread, ticks
+from shared.periodic import Periodic
+from socket_gateway.pacing import spread
 from socket_gateway.ws.framing import FrameConn
 from socket_gateway.ws.protocol import CLOSE_INTERNAL, PING_FRAME
 
 __all__ = ["PING_SLICE", "PING_SPREAD", "KeepaliveConn", "keepalive_loop", "ping_round"]
+
+log = logging.getLogger(__name__)
 
 PING_SLICE = 100  # connections pinged together
 PING_SPREAD = 0.5  # a round's slices are spread over this share of the interval
@@ -42,8 +46,15 @@ class KeepaliveConn(FrameConn):
 
 async def keepalive_loop(interval_s: float, live: Callable[[], Collection[KeepaliveConn]]) -> None:
     """A round over the connections `live()` returns, starting every `interval_s`."""
-    async for _ in ticks(interval_s):
-        await ping_round(live(), spread_s=interval_s * PING_SPREAD)
+    rounds = Periodic(
+        "ws keepalive",
+        lambda: ping_round(live(), spread_s=interval_s * PING_SPREAD),
+        interval_s,
+        log=log,
+        at_once=False,
+        fixed_rate=True,
+    )
+    await rounds.run()
 
 
 async def ping_round(conns: Collection[KeepaliveConn], spread_s: float = 0.0) -> None:
