@@ -13,12 +13,14 @@ import hashlib
 import json
 import logging
 import math
+import time
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from push_service.access import presented
 from router.ratelimit import RateLimiter
 from shared.errors import ImrouteError
+from shared.throttled import Throttled
 
 __all__ = ["SENDING_PATHS", "LimiterSlot", "RateGate", "bucket_of"]
 
@@ -44,6 +46,7 @@ class RateGate:
         self.app = app
         self.slot = slot
         self.refused = 0
+        self._line = Throttled()  # a 429 flood is one line per 10 s, with the count since
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         limiter = self.slot.limiter
@@ -68,8 +71,12 @@ class RateGate:
             await self.app(scope, receive, send)
             return
         self.refused += 1
-        if self.refused == 1 or self.refused % 1000 == 0:
-            log.warning("%d requests over IMROUTE_RATE_LIMIT refused (429)", self.refused)
+        if since := self._line.note(time.monotonic()):
+            log.warning(
+                "%d requests over IMROUTE_RATE_LIMIT refused (429) since the last line, %d in all",
+                since,
+                self.refused,
+            )
         detail = (
             f"over IMROUTE_RATE_LIMIT ({limiter.limit.describe()}) for this API key: "
             f"retry in {wait:.3f} s"

@@ -23,7 +23,6 @@ API"). A shed request did nothing, so a retry (with its `Idempotency-Key`) is sa
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 import time
@@ -34,6 +33,8 @@ from prometheus_client.registry import Collector
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from push_service.errors import large_body, send_error
+from shared.periodic import Periodic
+from shared.throttled import Throttled
 
 __all__ = ["LAG_EVERY_S", "LoadShed", "LoopLag", "Shedder", "is_operator"]
 
@@ -75,11 +76,16 @@ class LoopLag:
         overdue = 0.0 if self.due is None else self._clock() - self.due
         return max(self.smoothed_s, overdue)
 
-    async def run(self, every_s: float = LAG_EVERY_S) -> None:
-        while True:
+    def measuring(self, every_s: float = LAG_EVERY_S) -> Periodic:
+        """The measuring task: a wake-up every `every_s`, how late it came measured."""
+
+        async def woke() -> None:
+            if self.due is not None:
+                self.measured(self._clock() - self.due)
             self.due = self._clock() + every_s
-            await asyncio.sleep(every_s)
-            self.measured(self._clock() - self.due)
+
+        self.due = self._clock() + every_s
+        return Periodic("loop lag", woke, every_s, log=log, at_once=False)
 
 
 class Shedder:
@@ -91,6 +97,7 @@ class Shedder:
         self.lag = lag or LoopLag()
         self.in_flight = 0
         self.shed = {IN_FLIGHT: 0, LAG: 0}
+        self.shed_line = Throttled()  # an overload is one line per 10 s, with the count since
 
     def refuse(self) -> str | None:
         """Why a new request must be shed now (IN_FLIGHT or LAG), or None to admit it."""
@@ -110,13 +117,8 @@ class Shedder:
         if self.max_lag_s <= 0:
             yield
             return
-        task = asyncio.create_task(self.lag.run(), name="loop-lag")
-        try:
+        async with self.lag.measuring():
             yield
-        finally:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
 
     def describe(self, reason: str) -> str:
         if reason == IN_FLIGHT:
@@ -171,9 +173,12 @@ class LoadShed:
         reason = shedder.refuse()
         if reason is not None:
             shedder.shed[reason] += 1
-            total = sum(shedder.shed.values())
-            if total == 1 or total % 1000 == 0:
-                log.warning("%d requests shed (503 overloaded): %s", total, shedder.shed)
+            if since := shedder.shed_line.note(time.monotonic()):
+                log.warning(
+                    "%d requests shed (503 overloaded) since the last line; in all: %s",
+                    since,
+                    shedder.shed,
+                )
             headers = [(b"retry-after", str(RETRY_AFTER_S).encode())]
             if large_body(scope["headers"]):
                 # A small body the server skips and the connection is kept: under

@@ -16,10 +16,12 @@ apart) before freezing again, which frees the cycles closed connections left beh
 
 from __future__ import annotations
 
-import asyncio
 import gc
 import logging
 import time
+
+from shared.clock import SystemClock
+from shared.periodic import Periodic
 
 __all__ = ["GEN0_THRESHOLD", "Freezer", "settle"]
 
@@ -66,11 +68,15 @@ class Freezer:
         return full
 
     async def run(self) -> None:
+        """A step every `freeze_s` until cancelled (none with `freeze_s` <= 0)."""
         if self._freeze_s <= 0:
             return
-        loop = asyncio.get_running_loop()
-        last_full = loop.time()
-        while True:
-            await asyncio.sleep(self._freeze_s)
-            if self.step(loop.time() - last_full):
-                last_full = loop.time()
+        clock = SystemClock()
+        last_full = clock.monotonic()
+
+        async def tick() -> None:
+            nonlocal last_full
+            if self.step(clock.monotonic() - last_full):
+                last_full = clock.monotonic()
+
+        await Periodic("gc freezer", tick, self._freeze_s, log=log, at_once=False).run()

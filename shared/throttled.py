@@ -27,10 +27,11 @@ class Throttled:
         """When the last line was let through; None before the first."""
         return self._line_at
 
-    def note(self, now: float) -> int:
-        """Count one occurrence at `now`; the number to log if a line is due, else 0."""
-        self.total += 1
-        self._unlogged += 1
+    def note(self, now: float, n: int = 1) -> int:
+        """Count `n` occurrences at `now`; the number to log (since the last line, these
+        included) if a line is due, else 0."""
+        self.total += n
+        self._unlogged += n
         last = self._line_at
         if last is not None and now - last < self.every_s:
             return 0

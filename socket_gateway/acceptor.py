@@ -21,6 +21,7 @@ import logging
 import socket
 from collections.abc import Callable, Sequence
 
+from shared.backoff import backoff_s
 from shared.clock import Clock
 from shared.throttled import Throttled
 
@@ -44,7 +45,7 @@ Handler = Callable[[socket.socket, object], None]
 
 def retry_after(failures: int) -> float:
     """The pause after `failures` failures in a row (at least 1)."""
-    return min(RETRY_MAX_S, RETRY_FIRST_S * float(2 ** min(failures - 1, 16)))
+    return backoff_s(failures, RETRY_FIRST_S, RETRY_MAX_S, rand=None)
 
 
 class Acceptor:

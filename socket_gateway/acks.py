@@ -20,6 +20,7 @@ from typing import Protocol
 from router.receipts.base import ACKED, DELIVERED, EXPIRED, ReceiptUpdates
 from shared.clock import Clock
 from shared.errors import ImrouteError
+from shared.throttled import Throttled
 from socket_gateway.connections import ClientConn, LocalConnections
 from socket_gateway.tracing import GatewayTracing
 
@@ -79,7 +80,7 @@ class AckReporter:
         self._pending = 0
         self._timer: asyncio.TimerHandle | None = None
         self._flushing: asyncio.Task[None] | None = None
-        self._logged_at = float("-inf")
+        self._line = Throttled(LOG_EVERY_S)
         self.counts = AckCounts()
 
     # ------------------------------------------------------------------ the connections' side
@@ -179,10 +180,8 @@ class AckReporter:
                 self._tracing.acked(marks[ACKED], written=False)
             self.counts.failed_flushes += 1
             self._put_back(forget, marks)
-            now = self._clock.monotonic()
-            if now - self._logged_at >= LOG_EVERY_S:
+            if self._line.note(self._clock.monotonic()):
                 log.warning("could not write acks (kept for the next try): %s", exc)
-                self._logged_at = now
             return
         if self._tracing is not None:
             self._tracing.acked(marks[ACKED], written=True)

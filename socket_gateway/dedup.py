@@ -10,10 +10,10 @@ window ran out is counted (`evicted_early`), since a duplicate of it would get t
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from collections.abc import Sequence
 
 from shared.clock import Clock
+from shared.expiring import ExpiringMap
 
 __all__ = ["RecentIds", "RecentReplies"]
 
@@ -35,37 +35,27 @@ class RecentIds:
         max_entries: int = 200_000,
         max_bytes: int = 64 << 20,
     ) -> None:
-        self._clock = clock
         self._window = window_s
-        self._max = max_entries
-        self._max_bytes = max_bytes
-        self._bytes = 0
-        self._seen: OrderedDict[str, float] = OrderedDict()
-        self.evicted_early = 0  # ids forgotten inside their window, for the caps
+        # Kept for the same window each, so insertion order is expiry order.
+        self._seen: ExpiringMap[str, None] = ExpiringMap(
+            clock.monotonic,
+            lambda batch_id, _: len(batch_id) + ENTRY_OVERHEAD,
+            max_entries,
+            max_bytes,
+        )
 
     def check_and_add(self, batch_id: str) -> bool:
         """True if `batch_id` was seen within the window; records it either way."""
-        now = self._clock.monotonic()
-        seen = self._seen
-        size = len(batch_id) + ENTRY_OVERHEAD
-        # Insertion order is time order: expire from the old end.
-        while seen:
-            oldest, at = next(iter(seen.items()))
-            young = now - at < self._window
-            if young and len(seen) < self._max and self._bytes + size <= self._max_bytes:
-                break
-            del seen[oldest]
-            self._bytes -= len(oldest) + ENTRY_OVERHEAD
-            self.evicted_early += young
-        if batch_id in seen:
-            return True
-        seen[batch_id] = now
-        self._bytes += size
-        return False
+        return self._seen.add(batch_id, None, self._window)
+
+    @property
+    def evicted_early(self) -> int:
+        """Ids forgotten inside their window, for the caps."""
+        return self._seen.evicted_early
 
     @property
     def bytes(self) -> int:
-        return self._bytes
+        return self._seen.bytes
 
     def __len__(self) -> int:
         return len(self._seen)
@@ -95,14 +85,14 @@ class RecentReplies:
         max_entries: int = 200_000,
         max_bytes: int = 64 << 20,
     ) -> None:
-        self._clock = clock
         self._window = window_s
-        self._max = max_entries
-        self._max_bytes = max_bytes
-        self._bytes = 0
-        # batch id -> (keep until, on the monotonic clock; delivered bitmap)
-        self._replies: OrderedDict[str, tuple[float, bytes]] = OrderedDict()
-        self.evicted_early = 0  # answers forgotten before their batch expired, for the caps
+        # batch id -> delivered bitmap; roughly in expiry order (expiries follow the calls)
+        self._replies: ExpiringMap[str, bytes] = ExpiringMap(
+            clock.monotonic,
+            lambda batch_id, mask: len(batch_id) + len(mask) + ENTRY_OVERHEAD,
+            max_entries,
+            max_bytes,
+        )
 
     def put(
         self,
@@ -113,36 +103,17 @@ class RecentReplies:
     ) -> None:
         """Remember the answer; `expires_in_s`: how long until the batch expires."""
         mask = b"" if len(delivered) == len(uids) else _mask(uids, delivered)
-        now = self._clock.monotonic()
         keep = self._window if expires_in_s is None else min(self._window, expires_in_s)
-        replies = self._replies
-        size = len(batch_id) + len(mask) + ENTRY_OVERHEAD
-        # Roughly in time order (expiries follow the calls): expire from the old end.
-        while replies:
-            oldest, (until, old) = next(iter(replies.items()))
-            young = now < until
-            fits = len(replies) < self._max and self._bytes + size <= self._max_bytes
-            if young and fits:
-                break
-            del replies[oldest]
-            self._bytes -= len(oldest) + len(old) + ENTRY_OVERHEAD
-            self.evicted_early += young
-        old_entry = replies.pop(batch_id, None)
-        if old_entry is not None:
-            self._bytes -= len(batch_id) + len(old_entry[1]) + ENTRY_OVERHEAD
-        replies[batch_id] = (now + max(keep, 0.0) + REPLY_GRACE_S, mask)
-        self._bytes += size
+        self._replies.put(batch_id, mask, max(keep, 0.0) + REPLY_GRACE_S)
 
     def seen(self, batch_id: str) -> bool:
-        entry = self._replies.get(batch_id)
-        return entry is not None and self._clock.monotonic() < entry[0]
+        return batch_id in self._replies
 
     def get(self, batch_id: str, uids: Sequence[str]) -> tuple[list[str], list[str]] | None:
         """(delivered, missing) of the first attempt of `batch_id`, or None."""
-        entry = self._replies.get(batch_id)
-        if entry is None or self._clock.monotonic() >= entry[0]:
+        mask = self._replies.get(batch_id)
+        if mask is None:
             return None
-        mask = entry[1]
         if not mask:
             return list(uids), []
         if len(mask) != (len(uids) + 7) // 8:
@@ -154,8 +125,13 @@ class RecentReplies:
         return delivered, missing
 
     @property
+    def evicted_early(self) -> int:
+        """Answers forgotten before their batch expired, for the caps."""
+        return self._replies.evicted_early
+
+    @property
     def bytes(self) -> int:
-        return self._bytes
+        return self._replies.bytes
 
     def __len__(self) -> int:
         return len(self._replies)

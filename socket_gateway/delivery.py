@@ -16,6 +16,7 @@ from shared.batches import message_of
 from shared.clock import Clock
 from shared.positions import seq_of
 from shared.proto import gateway_pb2
+from shared.throttled import Throttled
 from shared.tracing import sampled
 from shared.wire import push_prefix
 from socket_gateway.batch_check import BatchCheck
@@ -67,10 +68,9 @@ class DeliverService:
         self.latency = LatencyHistogram()
         self.rejected = 0  # batches refused by `check` (nothing of them was written)
         self.skewed = 0  # P2P batches expired on arrival while their call had time left
-        self._skew_logged_at = float("-inf")
+        self._skew_line = Throttled(LOG_EVERY_S)
         self.check = BatchCheck()
-        self._logged_at = float("-inf")
-        self._unlogged = 0
+        self._refusal_line = Throttled(LOG_EVERY_S)
         # Told of the recipients each bus batch reached (their push's receipt); the P2P
         # path's are known from its call's answer.
         self.report: Callable[[str, str, Sequence[str]], None] | None = None
@@ -81,16 +81,13 @@ class DeliverService:
         problem = self.check.problem(batch)
         if problem is not None:
             self.rejected += 1
-            self._unlogged += 1
-            now = self._clock.monotonic()
-            if now - self._logged_at >= LOG_EVERY_S:
+            if since := self._refusal_line.note(self._clock.monotonic()):
                 log.error(
                     "refused %d batch(es), the last (batch_id %.64r): %s",
-                    self._unlogged,
+                    since,
                     batch.batch_id,
                     problem,
                 )
-                self._logged_at, self._unlogged = now, 0
         return problem
 
     def deliver(
@@ -199,8 +196,7 @@ class DeliverService:
         # Expired by the wall clock while its call (whose deadline travels as a
         # duration) still has time: our clock and the router's disagree.
         self.skewed += 1
-        now = self._clock.monotonic()
-        if now - self._skew_logged_at >= LOG_EVERY_S:
+        if self._skew_line.note(self._clock.monotonic()):
             log.warning(
                 "P2P batches expire on arrival: one was %d ms past its expires_ms with "
                 "%.1f s left on its call; this gateway's clock is probably ahead of the "
@@ -208,7 +204,6 @@ class DeliverService:
                 late_ms,
                 call_left_s,
             )
-            self._skew_logged_at = now
 
     @property
     def evicted_early(self) -> int:

@@ -13,7 +13,6 @@ of clients resuming from about the same place reads the batch logs once, not per
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections import deque
 from collections.abc import Sequence
@@ -21,7 +20,7 @@ from collections.abc import Sequence
 from router.bus.base import BROADCAST
 from router.recovery.base import OFFLINE_TOPIC, LoggedBatch, RecoveryReads, TopicHistory
 from shared.clock import Clock
-from shared.errors import ImrouteError
+from shared.periodic import Periodic
 from shared.proto import gateway_pb2
 from socket_gateway.connections import Marks
 from socket_gateway.delivery import DeliverService
@@ -55,6 +54,7 @@ class TopicFollower:
         self._clock = clock
         self._hold_s = hold_s
         self._poll_s = poll_s
+        self._next_poll = 0.0  # monotonic: when the heads are read next
         self.sequencers: dict[str, TopicSequencer] = {}
         self.without_content = 0  # bus batches dropped because their content was gone
         self._recent: dict[str, deque[LoggedBatch]] = {}
@@ -122,18 +122,15 @@ class TopicFollower:
     async def run(self) -> None:
         """Fill gaps that outlived the hold; read the heads every `poll_s`."""
         step = min(self._hold_s, self._poll_s) / 2
-        next_poll = 0.0
-        while True:
-            await asyncio.sleep(step)
-            now = self._clock.monotonic()
-            try:
-                if now >= next_poll:
-                    next_poll = now + self._poll_s
-                    await self._poll(now)
-                for sequencer in self.sequencers.values():
-                    await self._fill(sequencer)
-            except ImrouteError as exc:
-                log.warning("could not read the recovery log: %s", exc)
+        await Periodic("reading the recovery log", self._step, step, log=log, at_once=False).run()
+
+    async def _step(self) -> None:
+        now = self._clock.monotonic()
+        if now >= self._next_poll:
+            self._next_poll = now + self._poll_s
+            await self._poll(now)
+        for sequencer in self.sequencers.values():
+            await self._fill(sequencer)
 
     async def _poll(self, now: float) -> None:
         heads = await self._reads.heads(list(self.sequencers))

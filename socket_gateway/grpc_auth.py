@@ -17,6 +17,7 @@ import grpc.aio
 
 from shared.clock import Clock
 from shared.internal_auth import token_matches
+from shared.throttled import Throttled
 
 __all__ = ["TokenCheck"]
 
@@ -49,8 +50,7 @@ class TokenCheck(grpc.aio.ServerInterceptor):
         self._token = token.encode()
         self._clock = clock
         self.refused = 0
-        self._logged_at = float("-inf")
-        self._unlogged = 0
+        self._line = Throttled(LOG_EVERY_S)
 
     async def intercept_service(
         self, continuation: Continuation, handler_call_details: grpc.HandlerCallDetails
@@ -58,17 +58,11 @@ class TokenCheck(grpc.aio.ServerInterceptor):
         if token_matches(self._token, handler_call_details.invocation_metadata):
             return await continuation(handler_call_details)
         self.refused += 1
-        self._unlogged += 1
-        now = self._clock.monotonic()
-        if now - self._logged_at >= LOG_EVERY_S:
+        if since := self._line.note(self._clock.monotonic()):
             # Neither the token sent nor the request is logged: only that calls came.
             log.warning(
-                "refused %d gRPC call(s) to %s: %s",
-                self._unlogged,
-                handler_call_details.method,
-                REFUSAL,
+                "refused %d gRPC call(s) to %s: %s", since, handler_call_details.method, REFUSAL
             )
-            self._logged_at, self._unlogged = now, 0
         handler = await continuation(handler_call_details)
         if handler is not None and handler.request_streaming:
             return _REFUSE_STREAM

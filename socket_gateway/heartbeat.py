@@ -18,16 +18,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 from router.fleet.base import DrainRequests, GatewayFleet
 from router.routes.base import RouteRegistry
 from shared.errors import ImrouteError, RegistryUnavailable
 from shared.models import GatewayInfo, Registration
+from shared.periodic import Periodic
 from shared.wire import ws_text_frame
 from socket_gateway.connections import LocalConnections
-from socket_gateway.pacing import spread, ticks
+from socket_gateway.pacing import spread
 from socket_gateway.ws import WsEndpoint
 
 __all__ = [
@@ -127,41 +128,37 @@ class Heartbeat:
         self._drain = drain
         self._start_drain = start_drain
         self._caught_up = caught_up
-        self._tasks: list[asyncio.Task[None]] = []
+        # A loop that died would let every route of this gateway expire while its
+        # clients stay connected: a failed beat is logged and the next one comes.
+        # The refresh starts a beat every interval however long the last took (the
+        # paced refresh takes half of it); the heartbeat leaves an interval between.
+        self._loops = (
+            Periodic("fleet heartbeat", self.announce, heartbeat_s, log=log, at_once=False),
+            Periodic(
+                "route refresh",
+                self.paced_refresh,
+                self._refresh_s,
+                log=log,
+                at_once=False,
+                fixed_rate=True,
+            ),
+        )
         self._drain_task: asyncio.Task[None] | None = None
         self._reregister: asyncio.Task[None] | None = None
 
     def start(self) -> None:
-        self._tasks = [
-            asyncio.create_task(self._loop(self._interval, self.announce), name="fleet-heartbeat"),
-            asyncio.create_task(
-                self._loop(self._refresh_s, self.paced_refresh, fixed_rate=True),
-                name="route-refresh",
-            ),
-        ]
+        for loop in self._loops:
+            loop.start()
 
     async def aclose(self) -> None:
         """Cancel the loops and what they started (a re-register, a requested drain)."""
-        for task in (self._reregister, self._drain_task, *self._tasks):
+        for task in (self._reregister, self._drain_task):
             if task is not None:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
-
-    async def _loop(
-        self, interval: float, beat: Callable[[], Awaitable[None]], fixed_rate: bool = False
-    ) -> None:
-        """`fixed_rate`: a beat starts every `interval` however long the last one took
-        (the paced refresh, which takes half of it); else `interval` passes between beats."""
-        async for _ in ticks(interval, fixed_rate):
-            try:
-                await beat()
-            except ImrouteError as exc:
-                log.warning("heartbeat failed, retrying in %.1fs: %s", interval, exc)
-            except Exception:
-                # A heartbeat loop that died would let every route of this gateway expire
-                # while its clients stay connected: log and keep beating.
-                log.exception("heartbeat failed unexpectedly, retrying in %.1fs", interval)
+        for loop in self._loops:
+            await loop.stop()
 
     async def announce(self) -> None:
         """One heartbeat: the fleet record, then a drain request, both within the beat."""

@@ -19,6 +19,7 @@ import logging
 from router.bus.base import group_topic
 from router.receipts.base import DELIVERED
 from router.recovery.base import RecoveryReads, TopicHistory
+from shared.backoff import backoff_s
 from shared.clock import Clock
 from shared.errors import RegistryUnavailable
 from shared.throttled import Throttled
@@ -65,12 +66,12 @@ class MoveTails:
 
     async def _tail(self, conn: ClientConn, group: str, after: int) -> None:
         topic = group_topic(group)
-        delay, waited = MOVE_TAIL_FIRST_S, 0.0
+        reads, waited = 0, 0.0
         while waited < self.tail_s and conn.sink.is_open():
-            step = min(delay, self.tail_s - waited)
+            reads += 1
+            step = backoff_s(reads, MOVE_TAIL_FIRST_S, self.tail_s - waited, rand=None)
             await asyncio.sleep(step)
             waited += step
-            delay *= 2
             try:
                 history = await self._spans.read(topic, after, None)
                 if history is None:

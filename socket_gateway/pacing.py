@@ -1,5 +1,6 @@
-"""Periodic work without bursts: rounds at a fixed rate, each round's items in slices
-spread over part of its interval (the route refresh, the keepalive round)."""
+"""Periodic work without bursts: rounds at a fixed rate (`ticks`, from shared.periodic),
+each round's items in slices spread over part of its interval (the route refresh, the
+keepalive round)."""
 
 from __future__ import annotations
 
@@ -7,25 +8,11 @@ import asyncio
 from collections.abc import AsyncIterator, Sequence
 from typing import TypeVar
 
+from shared.periodic import ticks  # the rounds' clock, with the periodic tasks'
+
 __all__ = ["spread", "ticks"]
 
 T = TypeVar("T")
-
-
-async def ticks(interval_s: float, fixed_rate: bool = True) -> AsyncIterator[None]:
-    """Once per `interval_s`, forever. `fixed_rate`: a tick every `interval_s` however
-    long the caller's work took (after work that overran, the next at once, with no
-    catching up); else `interval_s` passes after the caller's work, each time."""
-    loop = asyncio.get_running_loop()
-    next_at = loop.time()
-    while True:
-        if fixed_rate:
-            next_at += interval_s
-            await asyncio.sleep(max(0.0, next_at - loop.time()))
-            next_at = max(next_at, loop.time())
-        else:
-            await asyncio.sleep(interval_s)
-        yield
 
 
 async def spread(items: Sequence[T], size: int, over_s: float) -> AsyncIterator[Sequence[T]]:

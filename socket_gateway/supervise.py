@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections import deque
 
+from shared.backoff import backoff_s
 from shared.clock import Clock
 
 __all__ = ["RestartBudget"]
@@ -41,7 +42,7 @@ class RestartBudget:
             failures.popleft()
         if len(failures) >= self._max:
             return None
-        return min(self._first * 2.0 ** (len(failures) - 1), self._cap)
+        return backoff_s(len(failures), self._first, self._cap, rand=None)
 
     @property
     def recent(self) -> int:

@@ -13,6 +13,7 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from shared.backoff import backoff_s
 from shared.errors import ConfigError
 
 __all__ = ["RetryPolicy"]
@@ -22,9 +23,8 @@ __all__ = ["RetryPolicy"]
 class RetryPolicy:
     """How many times a call is retried on its gateway and how long each retry waits.
 
-    Retries back off exponentially from `backoff_s` up to `max_backoff_s`, with jitter:
-    each wait is between half and all of that ("equal jitter"). `jitter` returns a
-    number in [0, 1).
+    Retries back off exponentially from `backoff_s` up to `max_backoff_s`, with equal
+    jitter (`shared.backoff`). `jitter` returns a number in [0, 1).
     """
 
     max_retries_same: int = 0
@@ -47,5 +47,4 @@ class RetryPolicy:
 
     def backoff(self, retry: int) -> float:
         """The jittered wait before the `retry`-th retry (from 1)."""
-        ceiling = min(self.backoff_s * 2.0 ** min(retry - 1, 64), self.max_backoff_s)
-        return ceiling * (0.5 + 0.5 * self.jitter())
+        return backoff_s(retry, self.backoff_s, self.max_backoff_s, rand=self.jitter)

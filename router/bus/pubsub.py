@@ -21,7 +21,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import logging
-import random
 from collections.abc import AsyncGenerator, Mapping, Sequence
 from contextlib import suppress
 from typing import Any, Self, Unpack
@@ -46,6 +45,7 @@ from router.bus.pubsub_errors import RETRYABLE_CODES, is_retryable_code, pubsub_
 from router.bus.pubsub_names import subscription_id, topic_id
 from router.bus.pubsub_stream import StreamingPull
 from router.hedging import Attempt, AttemptContext
+from shared.backoff import backoff_s
 
 __all__ = [
     "TELEMETRY_HEADER",
@@ -227,7 +227,7 @@ class PubSubTransport(BusLifecycle):
     async def _consume(
         self, topics: tuple[str, ...], subscriber: str
     ) -> AsyncGenerator[Received, None]:
-        backoff = delay = BACKOFF_MIN_S
+        failures, delay = 0, BACKOFF_MIN_S
         while not self._closed:
             stream = StreamingPull(self, self._flow_control(), topics, subscriber)
             self._streams.add(stream)
@@ -240,18 +240,18 @@ class PubSubTransport(BusLifecycle):
                         return
                     if isinstance(item, BaseException):
                         raise BusUnavailable(f"the streaming pull ended: {item}") from item
-                    backoff = BACKOFF_MIN_S
+                    failures = 0
                     yield item
             except BusUnavailable as exc:
                 if self._closed:
                     return
-                delay = backoff * random.uniform(0.5, 1.0)
+                failures += 1
+                delay = backoff_s(failures, BACKOFF_MIN_S, BACKOFF_MAX_S)
                 log.warning("bus subscriber %s: %s; retrying in %.2fs", subscriber, exc, delay)
             finally:
                 await stream.stop()
                 self._streams.discard(stream)
             await self._until_closed(asyncio.sleep(delay))
-            backoff = min(backoff * 2, BACKOFF_MAX_S)
 
 
 def telemetry_header(ctx: AttemptContext) -> str:

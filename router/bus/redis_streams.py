@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-import random
 from collections.abc import AsyncGenerator, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from typing import Any, Unpack
@@ -34,6 +33,7 @@ from router.bus.redis_trim import text as _text
 from router.hedging import Attempt, AttemptContext
 from router.redis.client import connection_identity
 from router.redis.errors import is_unreachable, redis_errors, reraise_swallowed_cancel
+from shared.backoff import backoff_s
 from shared.errors import ConfigError
 from shared.keys import KeySchema
 
@@ -183,22 +183,22 @@ class RedisStreamsTransport(BusLifecycle):
         self, topics: tuple[str, ...], subscriber: str
     ) -> AsyncGenerator[Received, None]:
         reader = _Reader(self, topics, subscriber, self._consumer or subscriber)
-        backoff = BACKOFF_MIN_S
+        failures = 0
         while not self._closed:
             try:
                 batch = await self._until_closed(reader.next_batch())
             except redis.exceptions.RedisError as exc:
                 # Every Redis error is retried, not only lost connections: READONLY (a
                 # failover) and NOGROUP (Redis lost its data) are error replies that pass.
-                delay = backoff * random.uniform(0.5, 1.0)
+                failures += 1
+                delay = backoff_s(failures, BACKOFF_MIN_S, BACKOFF_MAX_S)
                 log.warning("bus subscriber %s: %s; retrying in %.2fs", subscriber, exc, delay)
                 reader.restart()
                 await self._until_closed(asyncio.sleep(delay))
-                backoff = min(backoff * 2, BACKOFF_MAX_S)
                 continue
             if batch is None:
                 return
-            backoff = BACKOFF_MIN_S
+            failures = 0
             for item in batch:
                 yield item
 

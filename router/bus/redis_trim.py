@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from router.bus.losses import BusLosses
+from shared.throttled import Throttled
 
 __all__ = [
     "LOST_TTL_MS",
@@ -182,7 +183,7 @@ class TrimReporter:
         self.losses = BusLosses()
         self._maxlen = maxlen
         self._group_idle_s = group_idle_s
-        self._logged: dict[tuple[str, str], tuple[float, int]] = {}
+        self._lines: dict[tuple[str, str], Throttled] = {}
 
     def report(self, topic: str, report: TrimReport, now: float) -> None:
         if report.dropped:
@@ -196,16 +197,16 @@ class TrimReporter:
             )
         self.losses.record(topic, report.lost, report.batches)
         for group, n in report.lost.items():
-            since, owed = self._logged.get((topic, group), (-LOSS_LOG_EVERY_S, 0))
-            if now - since < LOSS_LOG_EVERY_S:
-                self._logged[topic, group] = (since, owed + n)
+            line = self._lines.get((topic, group))
+            if line is None:
+                line = self._lines[topic, group] = Throttled(LOSS_LOG_EVERY_S)
+            if not (lost := line.note(now, n)):
                 continue
-            self._logged[topic, group] = (now, 0)
             log.warning(
                 "bus %s: gateway %s fell more than IMROUTE_BUS_MAXLEN (%d) entries behind; "
                 "%d entries it had not read were trimmed (imroute_bus_unread_trimmed_total)",
                 topic,
                 group,
                 self._maxlen,
-                n + owed,
+                lost,
             )

@@ -24,6 +24,7 @@ from router.devtools.embedded_redis import EmbeddedRedis, keeps_nothing, redis_a
 from router.devtools.ports import port_free
 from router.devtools.supervisor import ChildExited, Supervisor
 from router.directory.migrate import upgrade_sync
+from shared.backoff import backoff_s
 from shared.errors import ConfigError
 from shared.logs import say
 from shared.settings import Settings, redact_url
@@ -51,7 +52,7 @@ class _Managed:
     argv: list[str]
     env: dict[str, str]
     started: float = 0.0  # monotonic
-    backoff_s: float = RESTART_FIRST_S  # the delay before its next restart
+    deaths: int = 0  # in a row, each within STABLE_S of its start
     due: float | None = None  # when a dead one starts again
 
 
@@ -233,9 +234,9 @@ class DevStack:
                 continue
             managed, now = self._managed[child.name], time.monotonic()
             if now - managed.started >= STABLE_S:
-                managed.backoff_s = RESTART_FIRST_S  # it had been up a while: start over
-            delay = managed.backoff_s
-            managed.backoff_s = min(delay * 2, RESTART_MAX_S)
+                managed.deaths = 0  # it had been up a while: start over
+            managed.deaths += 1
+            delay = backoff_s(managed.deaths, RESTART_FIRST_S, RESTART_MAX_S, rand=None)
             managed.due = now + delay
             self._say(f"imroute dev: {ChildExited(child)}; restarting it in {delay:.0f}s", err=True)
 

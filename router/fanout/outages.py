@@ -17,6 +17,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
+from shared.backoff import backoff_s
 from shared.errors import RegistryUnavailable
 
 __all__ = ["RIDE_OUT_S", "ride_out"]
@@ -38,13 +39,14 @@ async def ride_out(
     """`step`, tried again while Redis cannot answer (RegistryUnavailable), waiting 0.25 s
     doubling to 2 s, for `budget_s` at most; then its last error."""
     deadline = clock() + budget_s
-    delay = 0.25
+    failures = 0
     while True:
         try:
             return await step()
         except RegistryUnavailable as exc:
+            failures += 1
+            delay = backoff_s(failures, 0.25, 2.0, rand=None)
             if clock() + delay > deadline:
                 raise
             log.warning("%s: %s; trying again in %.2f s", what, exc, delay)
             await sleep(delay)
-            delay = min(delay * 2, 2.0)

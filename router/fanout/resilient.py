@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 from router.fanout.publisher import Publisher, ReportsLosses
 from router.recovery.base import ContentWrites, RecoveryLog
+from shared.backoff import backoff_s
 from shared.errors import BusUnavailable
 from shared.models import Message
 from shared.proto import gateway_pb2
@@ -39,7 +40,10 @@ class PublishRetry:
     max_backoff_s: float = 5.0
 
     def delays(self) -> list[float]:
-        return [min(self.backoff_s * 2**n, self.max_backoff_s) for n in range(self.retries)]
+        return [
+            backoff_s(n, self.backoff_s, self.max_backoff_s, rand=None)
+            for n in range(1, self.retries + 1)
+        ]
 
 
 def stable_batch_id(batch: gateway_pb2.Batch) -> str:

@@ -36,6 +36,7 @@ from router.stats.base import CountSums
 from shared.clock import Clock
 from shared.errors import ImrouteError
 from shared.models import GatewayInfo
+from shared.throttled import Throttled
 
 __all__ = ["ConnectHealth", "Dispatcher", "choose_avoiding", "to_state"]
 
@@ -82,7 +83,7 @@ class ConnectHealth:
         self.settings = settings
         self.reports = reports or ConnectReports(clock, settings.window_s)
         self.failing: frozenset[str] = frozenset()
-        self._logged_at = float("-inf")
+        self._line = Throttled(LOG_EVERY_S)
 
     def report(self, uid: str, gateway_ids: Sequence[str]) -> None:
         """`uid` could not connect to `gateway_ids` (live gateways)."""
@@ -100,8 +101,7 @@ class ConnectHealth:
         try:
             counts = await self._counts.sums(now - int(self.settings.window_s * 1000), now, names)
         except ImrouteError as exc:
-            if self._clock.monotonic() - self._logged_at >= LOG_EVERY_S:
-                self._logged_at = self._clock.monotonic()
+            if self._line.note(self._clock.monotonic()):
                 log.warning("could not read the clients' connects (dispatch keeps its view): %s",
                             exc)  # fmt: skip
             return

@@ -17,6 +17,7 @@ import ssl
 from collections.abc import Awaitable, Callable, Iterable
 
 from router.gateway_rpc.link import DeliveryLink, open_link
+from shared.backoff import backoff_s
 from shared.errors import GatewayUnavailable
 from shared.proto import gateway_pb2
 
@@ -31,7 +32,7 @@ RETRY_MAX_S = 60.0
 
 def retry_in(failures: int) -> float:
     """How long after its `failures`-th failure in a row a link is tried again."""
-    return min(RETRY_S * (1 << min(max(0, failures - 1), 16)), RETRY_MAX_S)
+    return backoff_s(failures, RETRY_S, RETRY_MAX_S, rand=None)
 
 
 # Asks a gateway (id, address) for its link: port and ticket.

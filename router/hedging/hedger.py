@@ -27,6 +27,7 @@ from typing import Any, Generic, Protocol, TypeVar
 from router.hedging.delay import HedgeDelay
 from router.hedging.settings import HedgingSettings, RetrySettings, check_compatible
 from router.hedging.tokens import TokenBucket
+from shared.backoff import backoff_s
 from shared.clock import AsyncClock, Cancellable
 from shared.errors import BusUnavailable
 
@@ -278,7 +279,7 @@ class _Publish(Generic[T]):
 
     async def _original(self) -> T:
         r, obs = self.h.retry, self.h._observer
-        rpc_timeout, backoff = r.initial_rpc_timeout_s, r.initial_backoff_s
+        rpc_timeout, retries = r.initial_rpc_timeout_s, 0
         while True:
             obs.attempt(self.topic, hedge=False)
             timeout = min(rpc_timeout, self._remaining())
@@ -287,10 +288,15 @@ class _Publish(Generic[T]):
             except Exception as exc:
                 if not self.h._is_retryable(exc):
                     raise
-                # Jittered: between half and all of the current backoff.
-                pause = backoff * (0.5 + 0.5 * self.h._jitter())
+                retries += 1
+                pause = backoff_s(
+                    retries,
+                    r.initial_backoff_s,
+                    r.max_backoff_s,
+                    factor=r.backoff_multiplier,
+                    rand=self.h._jitter,
+                )
                 if self._remaining() <= pause:
                     raise  # the total timeout leaves no room for another try
             await self.clock.sleep(pause)
-            backoff = min(backoff * r.backoff_multiplier, r.max_backoff_s)
             rpc_timeout = min(rpc_timeout * r.rpc_timeout_multiplier, r.max_rpc_timeout_s)

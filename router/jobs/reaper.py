@@ -16,9 +16,9 @@ import logging
 from collections.abc import AsyncIterator
 from typing import Protocol
 
-from shared.errors import ImrouteError
+from shared.periodic import Periodic
 
-__all__ = ["Reapable", "reap_forever", "reaping"]
+__all__ = ["Reapable", "reaping"]
 
 log = logging.getLogger(__name__)
 
@@ -30,24 +30,12 @@ class Reapable(Protocol):
     async def reap(self) -> int: ...
 
 
-async def reap_forever(jobs: Reapable, every_s: float) -> None:
-    """Take orphaned jobs over now and every `every_s`; a failed pass is logged and retried."""
-    while True:
-        try:
-            await jobs.reap()
-        except ImrouteError as exc:
-            # Redis is down: the next pass tries again; the jobs wait meanwhile.
-            log.warning("job reaper: %s", exc)
-        await asyncio.sleep(every_s)
-
-
 @contextlib.asynccontextmanager
 async def reaping(jobs: Reapable, every_s: float) -> AsyncIterator[asyncio.Task[None]]:
-    """Run `reap_forever` in a task for the block's lifetime; cancelled on exit."""
-    task = asyncio.create_task(reap_forever(jobs, every_s), name="job-reaper")
-    try:
-        yield task
-    finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+    """Take orphaned jobs over now and every `every_s` while the block runs (the task,
+    for tests to watch); a failed pass (Redis down) is logged and the next one tries
+    again, the jobs wait meanwhile."""
+    # Every failed pass is logged: passes come half a lease apart, not a flood.
+    async with Periodic("job reaper", jobs.reap, every_s, log=log, log_every_s=0) as reaper:
+        assert reaper.task is not None
+        yield reaper.task

@@ -13,7 +13,6 @@ between emitting and settling re-emits the same ids, which receivers dedupe.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Sequence
@@ -21,7 +20,7 @@ from typing import Protocol
 
 from router.webhook.base import Event, EventSink
 from shared.clock import Clock
-from shared.errors import ImrouteError
+from shared.periodic import Periodic
 
 __all__ = ["EVENT_UIDS", "UnackedDue", "UnackedSweeper"]
 
@@ -86,21 +85,12 @@ class UnackedSweeper:
             await self._due.settle(push_id)
         return len(ids)
 
-    async def _loop(self) -> None:
-        while True:
-            try:
-                while await self.sweep() >= CLAIM_LIMIT:
-                    pass  # a backlog: go on at once
-            except ImrouteError as exc:
-                log.warning("message.unacked sweep failed (tried again): %s", exc)
-            await asyncio.sleep(self._every_s)
+    async def _sweep_all(self) -> None:
+        while await self.sweep() >= CLAIM_LIMIT:
+            pass  # a backlog: go on at once
 
     @contextlib.asynccontextmanager
     async def running(self) -> AsyncIterator[UnackedSweeper]:
-        task = asyncio.create_task(self._loop(), name="unacked-sweeper")
-        try:
+        """Sweep every `every_s` while the block runs (a failed sweep is tried again)."""
+        async with Periodic("message.unacked sweep", self._sweep_all, self._every_s, log=log):
             yield self
-        finally:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task

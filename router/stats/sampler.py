@@ -13,6 +13,8 @@ from router.stats.latency import LatencyHistogram
 from router.stats.store import RedisStatsStore
 from shared.clock import Clock
 from shared.errors import ImrouteError
+from shared.periodic import Periodic
+from shared.throttled import Throttled
 
 __all__ = ["StatsSampler", "sampling"]
 
@@ -39,7 +41,7 @@ class StatsSampler:
         self._last: dict[str, int] = dict(counters())
         self._pending: dict[str, int] = {}
         self.failed = 0  # writes that failed (their counts went with a later one)
-        self._logged_at = float("-inf")
+        self._line = Throttled(LOG_EVERY_S)
 
     def _take(self) -> dict[str, int]:
         now = dict(self._counters())
@@ -67,21 +69,15 @@ class StatsSampler:
             self.failed += 1
             for name, n in counts.items():  # with the next ones
                 self._pending[name] = self._pending.get(name, 0) + n
-            now = self._clock.monotonic()
-            if now - self._logged_at >= LOG_EVERY_S:
-                self._logged_at = now
+            if self._line.note(self._clock.monotonic()):
                 log.warning("could not write the live stats (kept for later): %s", exc)
 
-    async def run(self) -> None:
-        """Flush every interval until cancelled (then once more)."""
-        try:
-            while True:
-                await asyncio.sleep(self._interval_s)
-                await self.flush()
-        finally:
-            await asyncio.shield(self._final())
+    def periodic(self) -> Periodic:
+        """Flushing every interval (the first after one)."""
+        return Periodic("live stats", self.flush, self._interval_s, log=log, at_once=False)
 
-    async def _final(self) -> None:
+    async def final(self) -> None:
+        """The last flush, at shutdown."""
         try:
             await self.flush()
         except Exception:  # shutting down: Redis may be gone already
@@ -90,11 +86,9 @@ class StatsSampler:
 
 @contextlib.asynccontextmanager
 async def sampling(sampler: StatsSampler) -> AsyncIterator[StatsSampler]:
-    """`sampler.run()` in a task for the block's lifetime (a last flush at its end)."""
-    task = asyncio.create_task(sampler.run(), name="live-stats")
+    """A flush every interval for the block's lifetime, and a last one at its end."""
     try:
-        yield sampler
+        async with sampler.periodic():
+            yield sampler
     finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+        await asyncio.shield(sampler.final())

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import enum
 import random
+from collections.abc import Callable
+
+from shared.backoff import backoff_s as _backoff_s
 
 __all__ = ["Outcome", "backoff_s", "outcome_of"]
 
@@ -27,9 +30,7 @@ def outcome_of(status: int | None) -> Outcome:
     return Outcome.DROP
 
 
-def backoff_s(failures: int, cap_s: float, rng: random.Random | None = None) -> float:
-    """Exponential from BACKOFF_BASE_S, capped at `cap_s`, with "equal jitter" (half
-    fixed, half random) so several senders retrying together spread out."""
-    ceiling = min(cap_s, BACKOFF_BASE_S * 2.0 ** min(30, max(0, failures - 1)))
-    jitter: float = (rng or random).uniform(0, ceiling / 2)
-    return ceiling / 2 + jitter
+def backoff_s(failures: int, cap_s: float, rand: Callable[[], float] = random.random) -> float:
+    """Exponential from BACKOFF_BASE_S, capped at `cap_s`, with equal jitter
+    (`shared.backoff`) so several senders retrying together spread out."""
+    return _backoff_s(failures, BACKOFF_BASE_S, cap_s, rand=rand)

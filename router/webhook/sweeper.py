@@ -8,7 +8,6 @@ A pass that fails (Redis down) is logged and the next one tries again.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Sequence
@@ -16,8 +15,8 @@ from typing import Protocol
 
 from router.webhook.presence import RedisPresence, Settled
 from shared.clock import Clock
-from shared.errors import ImrouteError
 from shared.models import GatewayInfo, Route
+from shared.periodic import Periodic
 
 __all__ = ["LiveFleet", "OfflineSweeper", "RouteLookup"]
 
@@ -56,6 +55,7 @@ class OfflineSweeper:
         self._every_s = every_s
         self._adopt_every_s = adopt_every_s
         self._suspects: set[str] = set()
+        self._next_adopt = 0.0  # monotonic: when the next pass looks for gone gateways
         self.sent = 0  # user.offline events this sweeper sent
         self.adopted = 0  # users of gone gateways it scheduled
 
@@ -91,26 +91,16 @@ class OfflineSweeper:
         self.adopted += adopted
         return adopted
 
-    async def run(self) -> None:
-        next_adopt = self._clock.monotonic()
-        while True:
-            try:
-                if self._clock.monotonic() >= next_adopt:
-                    next_adopt = self._clock.monotonic() + self._adopt_every_s
-                    await self.adopt_gone()
-                await self.sweep()
-            except ImrouteError as exc:
-                log.warning("webhook offline sweeper: %s", exc)
-            except Exception:
-                log.exception("webhook offline sweeper failed; going on")
-            await asyncio.sleep(self._every_s)
+    async def _pass(self) -> None:
+        """A sweep, after a look for gone gateways when one is due."""
+        if self._clock.monotonic() >= self._next_adopt:
+            self._next_adopt = self._clock.monotonic() + self._adopt_every_s
+            await self.adopt_gone()
+        await self.sweep()
 
     @contextlib.asynccontextmanager
     async def running(self) -> AsyncIterator[None]:
-        task = asyncio.create_task(self.run(), name="webhook-offline-sweeper")
-        try:
+        """A pass every `every_s` while the block runs, the first at once."""
+        self._next_adopt = self._clock.monotonic()
+        async with Periodic("webhook offline sweeper", self._pass, self._every_s, log=log):
             yield
-        finally:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task

@@ -57,10 +57,11 @@ from shared.clock import Clock
 from shared.errors import AuthError, RegistryUnavailable, TooManyConnections
 from shared.http_heads import HeadRefusal, gather_head
 from shared.ids import ConnIdFactory
+from shared.periodic import Periodic
 from shared.wire import PONG_FRAME
 from socket_gateway.acks import AckReporter
 from socket_gateway.connections import ClientConn, LocalConnections
-from socket_gateway.pacing import spread, ticks
+from socket_gateway.pacing import spread
 from socket_gateway.preauth import PreAuthPool, client_key
 from socket_gateway.ws.admission import ConnectRate, HandshakeLimits, Refusals, request_line_ok
 from socket_gateway.ws.protocol import (
@@ -763,8 +764,15 @@ class WsConn(asyncio.Protocol):
 
 async def keepalive_loop(interval_s: float, live: Callable[[], Collection[WsConn]]) -> None:
     """A round over the connections `live()` returns, starting every `interval_s`."""
-    async for _ in ticks(interval_s):
-        await ping_round(live(), spread_s=interval_s * PING_SPREAD)
+    rounds = Periodic(
+        "ws keepalive",
+        lambda: ping_round(live(), spread_s=interval_s * PING_SPREAD),
+        interval_s,
+        log=log,
+        at_once=False,
+        fixed_rate=True,
+    )
+    await rounds.run()
 
 
 async def ping_round(conns: Collection[WsConn], spread_s: float = 0.0) -> None:
