@@ -19,6 +19,7 @@ from push_service.ratelimit import LimiterSlot, RateGate
 from push_service.routes import ROUTERS
 from push_service.routes.deps import KEY_SCHEMES
 from push_service.shedding import LoadShed, Shedder, ShedMetrics
+from push_service.stores import Stores
 from push_service.tracing_http import TracedRequests, TracerSlot
 from push_service.uid_metrics import UidMetrics
 from push_service.wiring import Wiring
@@ -46,19 +47,19 @@ def create_app(
     bus: Bus | None = None,
     worker: Worker | None = None,
     on_ready: Callable[[], None] | None = None,
+    stores: Stores | None = None,
 ) -> FastAPI:
     """Build the app; Redis and gRPC channels are opened by its lifespan. `bus`: one the
     caller owns, e.g. a MemoryBus shared with gateways in the same process. `worker`:
     this process is one of several (IMROUTE_WORKERS). `on_ready`: called once the
-    services are open."""
+    services are open. `stores`: the state's stores, when not Redis's (tests/api)."""
     if settings.api_key is None:
         raise ConfigError("IMROUTE_API_KEY: required by the push service")
     shedder = Shedder(settings.http_max_in_flight, settings.http_max_lag_ms)
     # What the server cuts before a request is whole (push_service.http_server.run).
     heads = HeadCounts(HeadCuts(settings.http_header_timeout_s))
-    wiring = Wiring(
-        settings, clock or SystemClock(), bus, metrics=[ShedMetrics(shedder), UidMetrics(), heads]
-    )
+    metrics = [ShedMetrics(shedder), UidMetrics(), heads]
+    wiring = Wiring(settings, clock or SystemClock(), bus, metrics, stores)
     slot = LimiterSlot()
     services_slot = ServicesSlot()
     traced = TracerSlot()

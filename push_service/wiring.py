@@ -37,6 +37,7 @@ from push_service.services import (
     Services,
     Users,
 )
+from push_service.stores import ReceiptStore, StatsStore, Stores, redis_stores
 from router.balancing import (
     Availability,
     ConnectReports,
@@ -54,29 +55,19 @@ from router.fanout.resilient import PublishRetry
 from router.fanout.runner import JobRunner
 from router.fleet.cache import CachedFleet
 from router.fleet.dispatch import ConnectHealth, Dispatcher
-from router.fleet.drain import RedisDrainRequests
-from router.fleet.store import RedisGatewayFleet
 from router.gateway_rpc.coalescer import CoalescingGatewayClient
 from router.gateway_rpc.grpc_client import CLOSE_GRACE_S, GrpcGatewayClients
 from router.gateway_rpc.metrics import CallMetrics
 from router.gateway_rpc.resilient import ResilientGatewayClient
 from router.hedging.metrics import PublishMetrics
-from router.idempotency.store import RedisIdempotencyStore
 from router.jobs.reaper import reaping
-from router.jobs.store import RedisJobStore
 from router.p2p.pusher import P2PPusher
-from router.ratelimit import RateLimit, RateLimiter, RedisRateLimiter
-from router.receipts.base import DELIVERED, ReceiptLimits
-from router.receipts.store import RedisReceiptStore
+from router.ratelimit import RateLimit, RateLimiter
+from router.receipts.base import DELIVERED, ReceiptLimits, ReceiptUpdates
 from router.receipts.unacked import UnackedSweeper
-from router.recovery.base import RecoveryLimits
-from router.recovery.store import RedisRecoveryStore
 from router.redis.autopipe import AutoPipeline, auto_pipeline_for
-from router.redis.client import RedisClient, create_redis, ping
-from router.routes.reads import hash_reads_for
-from router.routes.registry import RedisRouteRegistry
+from router.redis.client import RedisClient, create_redis
 from router.stats.sampler import StatsSampler, sampling
-from router.stats.store import RedisStatsStore
 from router.webhook.base import EventSink
 from router.webhook.running import running_webhooks
 from shared.auth import TokenRules
@@ -112,10 +103,13 @@ class Wiring:
         clock: Clock,
         bus: Bus | None = None,
         metrics: Sequence[Collector] = (),
+        stores: Stores | None = None,
     ) -> None:
         """`bus`: a bus the caller opened and closes (a MemoryBus shared with in-process
         gateways); without it, the one IMROUTE_BUS_URL names is opened and closed here.
-        `metrics`: the HTTP shell's own collectors, scraped with the rest."""
+        `metrics`: the HTTP shell's own collectors, scraped with the rest. `stores`:
+        the state's stores (router.testing's in-memory ones); without them, Redis's."""
+        self._given_stores = stores
         self._settings = settings
         self._clock = clock
         self._given_bus = bus
@@ -165,17 +159,11 @@ class Wiring:
                 grpc_clients, settings, clock, self._call_metrics
             )
             stack.push_async_callback(clients.close)
-            # The P2P path's single commands share round trips (standalone Redis).
-            auto = self.auto = auto_pipeline_for(redis)
-            if auto is not None:
-                stack.push_async_callback(auto.aclose)
-            registry = RedisRouteRegistry(redis, keys, clock, reads=hash_reads_for(redis, auto))
-            limits = RecoveryLimits.from_settings(settings)
-            recovery = RedisRecoveryStore(redis, keys, clock, limits, auto)
-            # The fleet's TTL is the gateways' to set; readers only read.
+            stores = self._given_stores or self._redis_stores(stack, redis)
+            registry, recovery = stores.registry, stores.recovery
             # Gateways that leave the fleet take their channels and circuit stats along.
             fleet = CachedFleet(
-                RedisGatewayFleet(redis, keys, clock, ttl_s=1),
+                stores.fleet,
                 clock,
                 settings.gateway_cache_s,
                 on_change=_retain_all(clients, self._call_metrics),
@@ -193,7 +181,7 @@ class Wiring:
                 SqlUserDirectory.from_url(settings.db_url, clock)
             )
             lease_s = settings.job_lease_s
-            jobs = RedisJobStore(redis, keys, clock, lease_s=lease_s)
+            jobs = stores.jobs
             runner = JobRunner(
                 jobs,
                 renew_s=lease_s / 3,
@@ -217,9 +205,9 @@ class Wiring:
             self.parts = Parts(bus, fleet, call_stats, clients, grpc_clients)
             stack.callback(setattr, self, "parts", None)
             if self._rate is not None:
-                self.rate_limiter = RedisRateLimiter(redis, keys, self._rate)
+                self.rate_limiter = stores.rate_limiter(self._rate)
                 stack.callback(setattr, self, "rate_limiter", None)
-            receipts, on_receipts = await self._receipts(stack, redis)
+            receipts, on_receipts = await self._receipts(stack, stores.receipts)
             if receipts is not None:
                 pusher.on_retried = functools.partial(_retried, receipts)
             fanout = FanOut(
@@ -247,8 +235,9 @@ class Wiring:
                 settings.dispatch_skip_ratio,
             )
             reports = ConnectReports(clock, skip.window_s)
-            pushes, stats = await self._live(
-                stack, redis, pusher, on_receipts, fanout, call_stats, reports
+            stats = stores.stats
+            pushes = await self._live(
+                stack, stats, pusher, on_receipts, fanout, call_stats, reports
             )
             yield Services(
                 pushes=pushes,
@@ -267,18 +256,12 @@ class Wiring:
                     TokenRules.from_settings(settings),
                     HeadLimits.from_settings(settings),
                 ),
-                fleet=Fleet(fleet, RedisDrainRequests(redis, keys)),
+                fleet=Fleet(fleet, stores.drains),
                 fanout=fanout,
                 users=Users(directory, registry),
-                health=Health(functools.partial(ping, redis), self._metrics),
+                health=Health(stores.ping, self._metrics),
                 idempotency=Idempotency.waiting_for_pushes(
-                    RedisIdempotencyStore(
-                        redis,
-                        keys,
-                        ttl_s=settings.idempotency_ttl_s,
-                        lease_s=settings.idempotency_lease_s,
-                    ),
-                    settings.deliver_timeout_s,
+                    stores.idempotency, settings.deliver_timeout_s
                 ),
                 receipts=ReceiptsView(receipts),
                 webhooks=self.webhooks,
@@ -288,20 +271,27 @@ class Wiring:
     async def _live(
         self,
         stack: AsyncExitStack,
-        redis: RedisClient,
+        stats: StatsStore,
         pusher: P2PPusher,
         receipts: Receipts | None,
         fanout: FanOut,
         calls: StatsRegistry,
         reports: ConnectReports,
-    ) -> tuple[Pushes, RedisStatsStore]:
-        """The P2P pushes, and the dashboard's figures: this process's counts go in every
-        second until the stack closes; the store they go in."""
+    ) -> Pushes:
+        """The P2P pushes, and the dashboard's figures: this process's counts go in
+        `stats` every second until the stack closes."""
         pushes = Pushes(pusher, self._clock, receipts, traced=self.tracer is not None)
-        stats = RedisStatsStore(redis, self._keys)
         counts = process_counts(pushes, fanout, self._publish_metrics, calls, reports)
         await stack.enter_async_context(sampling(StatsSampler(stats, self._clock, counts)))
-        return pushes, stats
+        return pushes
+
+    def _redis_stores(self, stack: AsyncExitStack, redis: RedisClient) -> Stores:
+        """The stores on Redis; the P2P path's single commands share round trips
+        (standalone Redis) until the stack closes."""
+        auto = self.auto = auto_pipeline_for(redis)
+        if auto is not None:
+            stack.push_async_callback(auto.aclose)
+        return redis_stores(self._settings, redis, self._clock, auto)
 
     def _register(self, stack: AsyncExitStack, collector: Collector) -> None:
         """`collector` scraped with the process's metrics until the stack closes."""
@@ -324,15 +314,14 @@ class Wiring:
         return tracing.tracer
 
     async def _receipts(
-        self, stack: AsyncExitStack, redis: RedisClient
-    ) -> tuple[RedisReceiptStore | None, Receipts | None]:
+        self, stack: AsyncExitStack, receipts: ReceiptStore | None
+    ) -> tuple[ReceiptStore | None, Receipts | None]:
         """The receipt store, and the P2P and fan-out paths' view of it; with webhooks,
         the message.unacked sweeper, running until the stack closes."""
         settings = self._settings
         rlimits = ReceiptLimits.from_settings(settings)
-        if not rlimits.enabled:
+        if receipts is None:
             return None, None
-        receipts = RedisReceiptStore(redis, self._keys, rlimits, self.auto)
         # message.unacked needs both the receipts and a webhook to send it to.
         unacked_ms = int(settings.webhook_unacked_s * 1000) if self.webhooks else 0
         view = Receipts(receipts, receipts, rlimits, settings.webhook_preview, unacked_ms)
@@ -388,7 +377,7 @@ def _gateway_clients(
     return CoalescingGatewayClient(resilient, per_turn=True), stats
 
 
-async def _retried(receipts: RedisReceiptStore, push_id: str, uids: Sequence[str]) -> None:
+async def _retried(receipts: ReceiptUpdates, push_id: str, uids: Sequence[str]) -> None:
     """A background retry reached these recipients: delivered, in the push's receipt."""
     await receipts.mark(DELIVERED, {push_id: uids})
 

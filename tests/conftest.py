@@ -16,6 +16,7 @@ import pytest
 import redis.asyncio as aioredis
 
 from router.devtools.embedded_redis import EmbeddedRedis, redis_answers
+from shared.clock import ManualClock
 from tests.pubsub_emulator import PROJECT, find_emulator, running_emulator
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
@@ -55,6 +56,12 @@ def pubsub_project() -> Iterator[str]:
                 os.environ.pop("PUBSUB_EMULATOR_HOST", None)
             else:
                 os.environ["PUBSUB_EMULATOR_HOST"] = saved
+
+
+@pytest.fixture
+def clock() -> ManualClock:
+    """The injected clock, moved by hand; wall time starts at `ManualClock.wall_ms`."""
+    return ManualClock()
 
 
 @pytest.fixture

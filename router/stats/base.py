@@ -3,10 +3,10 @@ dispatch reads of clients' connects."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Protocol
 
-__all__ = ["CountSums", "StatsReads"]
+__all__ = ["CountSums", "StatsReads", "StatsWrites"]
 
 
 class StatsReads(Protocol):
@@ -23,4 +23,10 @@ class StatsReads(Protocol):
 class CountSums(Protocol):
     async def sums(self, since_ms: int, until_ms: int, names: Sequence[str]) -> dict[str, int]:
         """Each of `names` summed over the intervals starting in [since_ms, until_ms]."""
+        ...
+
+
+class StatsWrites(Protocol):
+    async def add(self, at_ms: int, counts: Mapping[str, int]) -> None:
+        """Add `counts` to the interval holding `at_ms`."""
         ...

@@ -9,8 +9,8 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator, Callable, Mapping
 
+from router.stats.base import StatsWrites
 from router.stats.latency import LatencyHistogram
-from router.stats.store import RedisStatsStore
 from shared.clock import Clock
 from shared.errors import ImrouteError
 from shared.periodic import Periodic
@@ -26,7 +26,7 @@ LOG_EVERY_S = 60.0
 class StatsSampler:
     def __init__(
         self,
-        store: RedisStatsStore,
+        store: StatsWrites,
         clock: Clock,
         counters: Callable[[], Mapping[str, int]],
         latency: LatencyHistogram | None = None,

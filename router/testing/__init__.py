@@ -4,6 +4,11 @@ in-memory stand-ins that unit tests, examples and benchmarks share.
 - `FakeGatewayClient`: the gateway RPC seam (`ManyGatewayClient`) in memory.
 - `MemoryBus`: the `memory://` bus, in-process (from `router.bus.memory`).
 - `ManualClock`: the injected clock, moved by hand (from `shared.clock`).
+- The stores in memory, behind the router's seams (`router.testing.routes`,
+  `router.testing.stores`, `router.testing.edge`): `MemoryRouteRegistry`, `MemoryGatewayFleet`,
+  `MemoryDrainRequests`, `MemoryRecoveryLog`, `MemoryReceiptStore`, `MemoryJobStore`,
+  `MemoryIdempotencyStore`, `MemoryStatsStore`, `MemoryRateLimiter`: the push service's
+  HTTP routes run on them without Redis (tests/api).
 - `router.testing.pubsub.LatencyPublisher`: a real gRPC Pub/Sub Publisher server that
   injects latency and failures (imported on its own: it loads grpc and google).
 
@@ -17,11 +22,32 @@ from collections.abc import Mapping, Sequence
 
 from router.bus.memory import MemoryBus
 from router.gateway_rpc.base import Batches, Replies
+from router.testing.edge import MemoryIdempotencyStore, MemoryRateLimiter
+from router.testing.routes import MemoryDrainRequests, MemoryGatewayFleet, MemoryRouteRegistry
+from router.testing.stores import (
+    MemoryJobStore,
+    MemoryReceiptStore,
+    MemoryRecoveryLog,
+    MemoryStatsStore,
+)
 from shared.clock import ManualClock
 from shared.errors import GatewayUnavailable
 from shared.proto import gateway_pb2
 
-__all__ = ["FakeGatewayClient", "ManualClock", "MemoryBus"]
+__all__ = [
+    "FakeGatewayClient",
+    "ManualClock",
+    "MemoryBus",
+    "MemoryDrainRequests",
+    "MemoryGatewayFleet",
+    "MemoryIdempotencyStore",
+    "MemoryJobStore",
+    "MemoryRateLimiter",
+    "MemoryReceiptStore",
+    "MemoryRecoveryLog",
+    "MemoryRouteRegistry",
+    "MemoryStatsStore",
+]
 
 
 class FakeGatewayClient:

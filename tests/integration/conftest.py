@@ -39,3 +39,9 @@ def redis_cluster() -> Iterator[LocalCluster]:
     session (tests keep to their own key prefix and leave its topology as it was)."""
     with cluster_nodes(3, replicas=1) as cluster:
         yield cluster
+
+
+@pytest.fixture(scope="session")
+def cluster_url(redis_cluster: LocalCluster) -> str:
+    """The session's cluster as a `redis+cluster://` URL (tests keep to `prefix`)."""
+    return redis_cluster.url

@@ -30,6 +30,7 @@ from typing import Any
 
 from router.devtools.ports import free_port
 from tests.integration.webhook_receiver import check_signature
+from tests.waiting import wait_for
 
 __all__ = ["OK", "Conn", "Drip", "Flood", "HostileReceiver"]
 
@@ -97,10 +98,7 @@ class HostileReceiver:
                 await task
 
     async def wait_for(self, cond: Any, what: str, timeout: float = 20) -> None:
-        deadline = time.monotonic() + timeout
-        while not cond():
-            assert time.monotonic() < deadline, f"timed out waiting for {what}: {self.conns}"
-            await asyncio.sleep(0.02)
+        await wait_for(cond, what, timeout, every=0.02, detail=lambda: str(self.conns))
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()

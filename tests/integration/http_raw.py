@@ -18,7 +18,7 @@ from starlette.types import ASGIApp
 from router.devtools.ports import free_port
 from tests.conftest import API_KEY, SECRET
 from tests.integration.procs import BIN, Proc, base_env, read_until, running
-from tests.integration.stack import wait_for
+from tests.waiting import wait_for
 
 HOST = "127.0.0.1"
 

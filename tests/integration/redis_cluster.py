@@ -104,13 +104,6 @@ class LocalCluster:
 
 
 @contextmanager
-def local_cluster(nodes: int = 3, timeout_s: float = 20.0) -> Iterator[str]:
-    """Yield a `redis+cluster://` URL of a fresh cluster of `nodes` primaries."""
-    with cluster_nodes(nodes, timeout_s=timeout_s) as cluster:
-        yield cluster.url
-
-
-@contextmanager
 def cluster_nodes(
     primaries: int = 3,
     replicas: int = 0,

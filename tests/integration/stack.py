@@ -1,25 +1,62 @@
-"""In-process pieces on real sockets: gateways, the push API, WebSocket clients."""
+"""In-process pieces on real sockets, one helper module for the integration tests:
+gateways, the push API and WebSocket clients of them; and a bare WebSocket endpoint
+with its Redis registry (`endpoint`), with real `websockets` clients and a raw TCP
+one for it (tests/integration/test_ws_*.py)."""
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
+import os
+import struct
 import tempfile
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
+import pytest
 from websockets.asyncio.client import ClientConnection, connect
+from websockets.exceptions import ConnectionClosed
 
 from push_service.app import create_app
 from router.bus.base import Bus
 from router.directory.migrate import upgrade
-from shared.auth import issue_token
+from router.redis.client import connect_redis
+from router.routes.registry import RedisRouteRegistry
+from shared.auth import TokenRules, issue_token
 from shared.clock import SystemClock
+from shared.ids import ConnIdFactory
+from shared.keys import KeySchema
+from shared.models import Message
 from shared.settings import Settings
+from shared.wire import encode_push_json, ws_text_frame
 from socket_gateway.app import Gateway
+from socket_gateway.connections import LocalConnections
+from socket_gateway.ws import HandshakeLimits, WsEndpoint, WsTimers
 from tests.conftest import API_KEY, SECRET
+from tests.waiting import wait_for
+
+__all__ = [
+    "AUTH",
+    "Gw",
+    "RawClient",
+    "api",
+    "client",
+    "closed_with",
+    "endpoint",
+    "endpoint_client",
+    "gateway",
+    "nothing_more",
+    "push_frame",
+    "ready",
+    "recv_json",
+    "routes",
+    "settings",
+    "token",
+]
 
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
 
@@ -97,14 +134,6 @@ async def ready(ws: ClientConnection, timeout: float = 5.0) -> list[dict[str, An
         replayed.append(frame)
 
 
-async def wait_for(cond: Any, what: str, timeout: float = 5.0) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not cond():
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.01)
-
-
 async def recv_json(ws: ClientConnection, timeout: float = 3.0) -> dict[str, Any]:
     data = await asyncio.wait_for(ws.recv(), timeout)
     assert isinstance(data, str), "pushes are text frames"
@@ -118,3 +147,194 @@ async def nothing_more(ws: ClientConnection, wait: float = 0.3) -> bool:
     except TimeoutError:
         return True
     return False
+
+
+# ------------------------------------------------------------------ a bare endpoint
+
+Registrar = Callable[[str, str], Awaitable[None]]
+
+
+@dataclass
+class Gw:
+    """A bare WebSocket endpoint (no gRPC, no bus) on a free loopback port, with its
+    map and Redis registry."""
+
+    endpoint: Any
+    server: Any
+    conns: LocalConnections
+    registry: RedisRouteRegistry
+    keys: KeySchema
+    port: int
+    calls: list[tuple[str, str, str]] = field(default_factory=list)
+
+    def url(self, query: str = "", path: str = "/ws") -> str:
+        return f"ws://127.0.0.1:{self.port}{path}{query}"
+
+
+@asynccontextmanager
+async def endpoint(
+    redis_url: str,
+    prefix: str,
+    *,
+    register: Registrar | None = None,
+    unregister: Registrar | None = None,
+    timers: WsTimers | None = None,
+    limits: HandshakeLimits | None = None,
+    token_rules: TokenRules | None = None,
+    max_connections: int | None = None,
+) -> AsyncIterator[Gw]:
+    async with connect_redis(redis_url) as redis:
+        keys = KeySchema(prefix)
+        registry = RedisRouteRegistry(
+            redis,
+            keys,
+            SystemClock(),
+            ttl_s=60,
+            gateway_id="gw1",
+            group_id="g1",
+            ip="127.0.0.1",
+            port=5000,
+        )
+        calls: list[tuple[str, str, str]] = []
+
+        async def reg(uid: str, conn_id: str) -> None:
+            calls.append(("register", uid, conn_id))
+            await (register or registry.register)(uid, conn_id)
+            calls.append(("registered", uid, conn_id))
+
+        async def unreg(uid: str, conn_id: str) -> None:
+            calls.append(("unregister", uid, conn_id))
+            await (unregister or registry.unregister)(uid, conn_id)
+
+        conns = LocalConnections()
+        ep = WsEndpoint(
+            conns,
+            SECRET,
+            SystemClock(),
+            ConnIdFactory("gw1"),
+            reg,
+            unreg,
+            timers,
+            max_connections=max_connections,
+            token_rules=token_rules,
+            limits=limits,
+        )
+        server = await ep.serve("127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        gw = Gw(ep, server, conns, registry, keys, port, calls)
+        try:
+            yield gw
+        finally:
+            ep.accepting = False
+            server.close(close_connections=True)
+            await asyncio.wait_for(server.wait_closed(), 10)
+
+
+async def routes(redis: Any, gw: Gw, uid: str) -> dict[str, str]:
+    fields: dict[str, str] = await redis.hgetall(gw.keys.route(uid))
+    return fields
+
+
+@asynccontextmanager
+async def endpoint_client(gw: Gw, uid: str) -> AsyncIterator[ClientConnection]:
+    """A real client connected as `uid`, in the local map and registered in Redis."""
+    before = sum(1 for c in gw.conns if c.uid == uid)
+    async with connect(gw.url(f"?token={token(uid)}")) as ws:
+        await wait_for(
+            lambda: sum(1 for c in gw.conns if c.uid == uid) > before, f"{uid} in the map"
+        )
+        await wait_for(
+            lambda: sum(1 for c in gw.calls if c[0] == "registered" and c[1] == uid) > before,
+            f"{uid} registered",
+        )
+        yield ws
+
+
+async def closed_with(ws: ClientConnection, timeout: float = 3.0) -> tuple[int, str]:
+    with pytest.raises(ConnectionClosed) as closed:
+        while True:  # skip anything still in flight before the close
+            await asyncio.wait_for(ws.recv(), timeout)
+    assert closed.value.rcvd is not None, "the server sent no close frame"
+    return closed.value.rcvd.code, closed.value.rcvd.reason
+
+
+def push_frame(text: str) -> tuple[bytes, dict[str, Any]]:
+    msg = Message("m1", "p1", 3, "admin", json.dumps({"text": text}).encode(), 1_700_000_000_123)
+    payload = encode_push_json(msg)
+    return ws_text_frame(payload), json.loads(payload)
+
+
+# --------------------------------------------------------------------------- raw client
+
+
+class RawClient:
+    """A hand-rolled client on a plain TCP socket, for what `websockets` would not do."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader = reader
+        self.writer = writer
+
+    @classmethod
+    async def open(cls, gw: Gw, source: str = "127.0.0.1") -> RawClient:
+        """Connected from `source` (any address of 127/8 is loopback)."""
+        reader, writer = await asyncio.open_connection("127.0.0.1", gw.port, local_addr=(source, 0))
+        return cls(reader, writer)
+
+    @staticmethod
+    def request(uid: str, path: str = "/ws", query: str | None = None, extra: str = "") -> bytes:
+        """A handshake for `uid` (its token in the query unless `query` is given);
+        `extra`: more header lines, each ending in CRLF."""
+        key = base64.b64encode(os.urandom(16)).decode()
+        q = f"?token={token(uid)}" if query is None else query
+        return (
+            f"GET {path}{q} HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+            f"Upgrade: websocket\r\nConnection: Upgrade\r\n{extra}"
+            f"Sec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n\r\n"
+        ).encode()
+
+    async def response(self, timeout: float = 3.0) -> tuple[bytes, bytes]:
+        """The head of an HTTP answer and its Content-Length body."""
+        head = await asyncio.wait_for(self.reader.readuntil(b"\r\n\r\n"), timeout)
+        length = 0
+        for line in head.split(b"\r\n"):
+            name, _, value = line.partition(b":")
+            if name.strip().lower() == b"content-length":
+                length = int(value)
+        body = await asyncio.wait_for(self.reader.readexactly(length), timeout)
+        return head, body
+
+    @staticmethod
+    def frame(opcode: int, payload: bytes, fin: bool = True) -> bytes:
+        mask = os.urandom(4)
+        n = len(payload)
+        head = bytes([(0x80 if fin else 0) | opcode])
+        if n < 126:
+            head += bytes([0x80 | n])
+        else:
+            head += struct.pack("!BH", 0x80 | 126, n)
+        return head + mask + bytes(b ^ mask[i % 4] for i, b in enumerate(payload))
+
+    async def response_head(self) -> bytes:
+        return await asyncio.wait_for(self.reader.readuntil(b"\r\n\r\n"), 3)
+
+    async def read_frame(self, timeout: float = 3.0) -> tuple[int, bytes]:
+        head = await asyncio.wait_for(self.reader.readexactly(2), timeout)
+        n = head[1] & 0x7F
+        if n == 126:
+            (n,) = struct.unpack("!H", await self.reader.readexactly(2))
+        return head[0] & 0x0F, await self.reader.readexactly(n)
+
+    async def at_eof(self, timeout: float = 3.0) -> bool:
+        rest = await asyncio.wait_for(self.reader.read(), timeout)
+        return rest == b""
+
+    async def dropped(self, timeout: float = 3.0) -> bool:
+        """The server aborted the connection: a reset, or EOF without a byte."""
+        try:
+            rest = await asyncio.wait_for(self.reader.read(), timeout)
+        except ConnectionResetError:
+            return True
+        return rest == b""
+
+    def close(self) -> None:
+        self.writer.transport.abort()

@@ -21,7 +21,8 @@ from shared.proto import gateway_pb2
 from socket_gateway.app import Gateway
 from socket_gateway.metrics import render
 from socket_gateway.supervise import RestartBudget
-from tests.integration.stack import client, recv_json, settings, wait_for
+from tests.integration.stack import client, recv_json, settings
+from tests.waiting import wait_for
 
 pytestmark = pytest.mark.integration
 

@@ -23,16 +23,8 @@ from shared.keys import KeySchema
 from shared.models import GatewayInfo
 from tests.conftest import SECRET
 from tests.integration.procs import BIN, Proc, base_env, read_until, running
-from tests.integration.stack import (
-    AUTH,
-    api,
-    client,
-    gateway,
-    ready,
-    recv_json,
-    token,
-    wait_for,
-)
+from tests.integration.stack import AUTH, api, client, gateway, ready, recv_json, token
+from tests.waiting import wait_for
 
 pytestmark = pytest.mark.integration
 

@@ -22,7 +22,8 @@ from shared.keys import KeySchema
 from shared.models import Message as ServerMessage
 from tests.conftest import SECRET
 from tests.integration.procs import BIN, base_env, read_until, running
-from tests.integration.stack import AUTH, api, gateway, token, wait_for
+from tests.integration.stack import AUTH, api, gateway, token
+from tests.waiting import wait_for
 
 pytestmark = pytest.mark.integration
 

@@ -67,11 +67,6 @@ async def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterato
 
 
 @pytest.fixture
-def clock() -> ManualClock:
-    return ManualClock()
-
-
-@pytest.fixture
 async def directory(db_url: str, clock: ManualClock) -> AsyncIterator[SqlUserDirectory]:
     await upgrade(db_url)
     async with SqlUserDirectory.from_url(db_url, clock) as d:

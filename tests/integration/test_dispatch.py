@@ -22,7 +22,8 @@ from shared.clock import SystemClock
 from shared.keys import KeySchema
 from shared.models import GatewayInfo
 from socket_gateway.app import Gateway
-from tests.integration.stack import api, client, gateway, token, wait_for
+from tests.integration.stack import api, client, gateway, token
+from tests.waiting import wait_for
 
 pytestmark = pytest.mark.integration
 

@@ -26,6 +26,7 @@ from tests.integration.fault_clients import SdkUser, port_block
 from tests.integration.http_raw import push_service
 from tests.integration.procs import BIN, Proc, base_env, read_until, running
 from tests.integration.stack import AUTH, token
+from tests.waiting import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -97,18 +98,6 @@ async def ws_url_of(proc: Proc) -> str:
     return found.group(1)
 
 
-async def until(
-    cond: Callable[[], Awaitable[bool]], what: str, timeout: float, every: float = 0.1
-) -> float:
-    """Seconds until the async predicate `cond` holds; AssertionError after `timeout`."""
-    loop = asyncio.get_running_loop()
-    start = loop.time()
-    while not await cond():
-        assert loop.time() - start < timeout, f"{what}: not within {timeout}s"
-        await asyncio.sleep(every)
-    return loop.time() - start
-
-
 async def test_clients_cut_off_from_a_gateway_move_and_dispatch_skips_it_until_it_heals(
     redis_url: str, prefix: str, redis: object, tmp_path: Path
 ) -> None:
@@ -155,7 +144,7 @@ async def test_clients_cut_off_from_a_gateway_move_and_dispatch_skips_it_until_i
                 async def gw2_full() -> bool:
                     return (await connections()).get("gw2") == BALLAST
 
-                await until(gw2_full, "gw2 announcing its ballast", 10)
+                await wait_for(gw2_full, "gw2 announcing its ballast", 10, every=0.1)
                 for i in range(CUT_USERS):
                     client = ImrouteClient(api, token(f"cut{i}"), http=http, backoff_min_s=0.05,
                                            backoff_max_s=1.0)  # fmt: skip
@@ -165,7 +154,9 @@ async def test_clients_cut_off_from_a_gateway_move_and_dispatch_skips_it_until_i
                 async def all_on(gateway_id: str) -> bool:
                     return all(u.client.gateway_id == gateway_id for u in users)
 
-                await until(lambda: all_on("gw1"), "the SDK clients on gw1 (the emptiest)", 15)
+                await wait_for(
+                    lambda: all_on("gw1"), "the SDK clients on gw1 (the emptiest)", 15, every=0.1
+                )
                 # They have been there a while: their connects are older than the window.
                 await asyncio.sleep(WINDOW_S + 1)
 
@@ -180,7 +171,9 @@ async def test_clients_cut_off_from_a_gateway_move_and_dispatch_skips_it_until_i
                     )
                     assert resp.status_code == 200, resp.text
                     pushed.append(resp.json()["msg_id"])
-                await until(lambda: all_on("gw2"), "every cut client on gw2", MOVE_BOUND_S)
+                await wait_for(
+                    lambda: all_on("gw2"), "every cut client on gw2", MOVE_BOUND_S, every=0.1
+                )
                 moved_s = loop.time() - cut_at
 
                 async def all_pushes_in() -> bool:
@@ -189,7 +182,7 @@ async def test_clients_cut_off_from_a_gateway_move_and_dispatch_skips_it_until_i
                         for u, m in zip(users, pushed, strict=True)
                     )
 
-                await until(all_pushes_in, "the cut clients' pushes", 10)
+                await wait_for(all_pushes_in, "the cut clients' pushes", 10, every=0.1)
                 arrived_s = loop.time() - cut_at
                 print(f"\ncut clients all on gw2 after {moved_s:.2f}s; pushes in {arrived_s:.2f}s")
                 assert all(u.client.stats.avoided >= 1 for u in users)
@@ -200,15 +193,17 @@ async def test_clients_cut_off_from_a_gateway_move_and_dispatch_skips_it_until_i
                 async def gw1_empty() -> bool:
                     return (await connections())["gw1"] == 0
 
-                await until(gw1_empty, "gw1 announcing no connections", 5)
-                await until(sent_to("fresh", "gw2"), "dispatch skipping gw1", 5)
+                await wait_for(gw1_empty, "gw1 announcing no connections", 5, every=0.1)
+                await wait_for(sent_to("fresh", "gw2"), "dispatch skipping gw1", 5, every=0.1)
                 fresh = [await dispatched(f"fresh{i}") for i in range(20)]
                 assert fresh == ["gw2"] * 20
 
                 # gw1 reachable again: once the reports are older than the window, it is
                 # chosen again, and a client connects there.
                 await link.heal()
-                back_s = await until(sent_to("later", "gw1"), "gw1 chosen again", WINDOW_S + 8)
+                back_s = await wait_for(
+                    sent_to("later", "gw1"), "gw1 chosen again", WINDOW_S + 8, every=0.1
+                )
                 print(f"gw1 chosen again {back_s:.2f}s after it healed")
                 late = ImrouteClient(api, token("later"), http=http)
                 async with late:

@@ -14,7 +14,8 @@ from websockets.exceptions import ConnectionClosed
 
 from shared.keys import KeySchema
 from socket_gateway.app import CLOSE_DRAIN
-from tests.integration.stack import AUTH, api, client, gateway, token, wait_for
+from tests.integration.stack import AUTH, api, client, gateway, token
+from tests.waiting import wait_for
 
 pytestmark = pytest.mark.integration
 

@@ -22,6 +22,7 @@ from shared.clock import SystemClock
 from shared.errors import BusUnavailable, ConfigError
 from tests.integration.stack import api, gateway, settings
 from tests.integration.test_group_push import connect_all, frames
+from tests.waiting import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -63,13 +64,6 @@ def slow_first(seconds: float) -> Callable[[Call], Behaviour]:
     return lambda call: Behaviour(seconds if call.hedged_attempt_count == 0 else FAST)
 
 
-async def wait_until(cond: Callable[[], bool], timeout: float = 3.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline
-        await asyncio.sleep(0.01)
-
-
 async def test_a_slow_first_attempt_is_beaten_by_a_hedge_which_cancels_it(
     server: LatencyPublisher,
 ) -> None:
@@ -85,7 +79,7 @@ async def test_a_slow_first_attempt_is_beaten_by_a_hedge_which_cancels_it(
         assert hedge.answered and message_id == hedge.message_id
         assert first.data == hedge.data == [b"batch"]
         # The loser is really cancelled: the server saw the client cancel the call.
-        await wait_until(lambda: first.cancelled)
+        await wait_for(lambda: first.cancelled, "the first attempt cancelled", 3.0)
         assert not first.answered
         assert first.publish_start_ms == hedge.publish_start_ms  # one publish, two attempts
         assert 0.09 <= hedge.started - first.started < 0.5
@@ -111,7 +105,7 @@ async def test_hedges_repeat_every_delay_until_the_tokens_run_out(
         assert server.attempts == [0, 1, 2, 3]  # three tokens, three hedges, then none
         gaps = [b.started - a.started for a, b in zip(server.calls, server.calls[1:], strict=False)]
         assert all(0.08 < g < 0.3 for g in gaps), gaps
-        await wait_until(lambda: sum(c.cancelled for c in server.calls) == 3)
+        await wait_for(lambda: sum(c.cancelled for c in server.calls) == 3, "three cancelled", 3.0)
 
 
 async def test_with_no_tokens_no_hedge_is_sent(server: LatencyPublisher) -> None:
@@ -262,7 +256,7 @@ async def test_a_hedged_duplicate_reaches_a_client_once(
         assert await redis.xlen(stream_key(prefix, BROADCAST)) == 5 + 2  # both landed
         got = await frames(sockets)
         assert [f["msg_id"] for f in got["alice"]] == ["m99"]
-        await wait_until(lambda: gw.deliver_service.duplicates == 1)
+        await wait_for(lambda: gw.deliver_service.duplicates == 1, "one duplicate", 3.0)
         async with httpx.AsyncClient() as client:
             scrape = await client.get(f"http://127.0.0.1:{gw.metrics_port}/metrics")
         assert scrape.status_code == 200

@@ -25,7 +25,7 @@ from tests.integration.http_raw import (
     request_head,
 )
 from tests.integration.procs import read_until
-from tests.integration.stack import wait_for
+from tests.waiting import wait_for
 
 pytestmark = pytest.mark.integration
 

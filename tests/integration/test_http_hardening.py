@@ -1,7 +1,8 @@
-"""The push service's HTTP edge as an attacker meets it: the key before the body, two key
-scopes, and drains that keep a group served. The body attack runs against a real
+"""The push service's HTTP edge as an attacker meets it: the key before the body, and
+drains that keep a group served. The body attack runs against a real
 `python -m push_service`, whose memory is what is at stake. (uvicorn's limits:
-test_http_server.py.)"""
+test_http_server.py; the two key scopes and the body limits per path, on the in-memory
+stores: tests/api/test_http_contract.py.)"""
 
 from __future__ import annotations
 
@@ -24,12 +25,12 @@ from tests.integration.http_raw import (
     read_answer_blocking,
     request_head,
 )
-from tests.integration.stack import AUTH, api, gateway, wait_for
+from tests.integration.stack import AUTH, api, gateway
+from tests.waiting import wait_for
 
 pytestmark = pytest.mark.integration
 
 ADMIN_KEY = "test-admin-key-0123456789"
-ADMIN = {"Authorization": f"Bearer {ADMIN_KEY}"}
 MIB = 1 << 20
 
 
@@ -120,75 +121,6 @@ def _peak_rss(process: psutil.Process) -> Iterator[Callable[[], int]]:
     finally:
         done.set()
         sampler.join()
-
-
-async def test_large_bodies_only_with_the_key_and_only_where_needed(
-    redis_url: str, prefix: str, redis: aioredis.Redis
-) -> None:
-    # Valid JSON over the 1 MiB default: padded with whitespace.
-    pad = b" " * (2 * MIB)
-    multicast = b'{"to":["alice"],"content":1' + pad + b"}"
-    users = b'{"users":[{"uid":"alice"}]' + pad + b"}"
-    json_type = {"Content-Type": "application/json"}
-    async with api(redis_url, prefix) as http:
-        resp = await http.post("/v1/multicast", content=multicast, headers={**AUTH, **json_type})
-        assert resp.status_code == 202, resp.text
-        resp = await http.put("/v1/users", content=users, headers={**AUTH, **json_type})
-        assert resp.status_code == 200, resp.text
-        # Without the key: 401, not 413 (nothing of the body was looked at).
-        resp = await http.post("/v1/multicast", content=multicast, headers=json_type)
-        assert resp.status_code == 401 and resp.json()["error"] == "unauthorized"
-        # A public path keeps the small default, whoever calls it.
-        resp = await http.request("GET", "/v1/dispatch", content=multicast, headers=json_type)
-        assert resp.status_code == 413 and resp.json()["error"] == "payload_too_large"
-        resp = await http.post("/v1/push", content=multicast, headers={**AUTH, **json_type})
-        assert resp.status_code == 413
-
-
-async def test_with_an_admin_key_each_key_holds_only_its_scope(
-    redis_url: str, prefix: str, redis: aioredis.Redis
-) -> None:
-    async with (  # the API first (see the test below on drains)
-        api(redis_url, prefix, admin_api_key=ADMIN_KEY) as http,
-        gateway(redis_url, prefix, "gw1", "g1", heartbeat_s=0.2),
-        gateway(redis_url, prefix, "gw2", "g1", heartbeat_s=0.2),
-    ):
-        # The push key on the admin endpoints: 403 naming the scope (and its variable).
-        for method, path, body in [
-            ("POST", "/v1/gateways/gw1/drain", None),
-            ("PUT", "/v1/users", {"users": [{"uid": "alice"}]}),
-            ("DELETE", "/v1/users/alice", None),
-        ]:
-            resp = await http.request(method, path, json=body, headers=AUTH)
-            assert resp.status_code == 403, (path, resp.text)
-            assert resp.json()["error"] == "forbidden"
-            assert "admin scope" in resp.json()["detail"]
-            assert "IMROUTE_ADMIN_API_KEY" in resp.json()["detail"]
-            assert 'scope="admin"' in resp.headers["www-authenticate"]
-            resp = await http.request(method, path, json=body)
-            assert resp.status_code == 401 and "IMROUTE_ADMIN_API_KEY" in resp.json()["detail"]
-        # The admin key cannot push (least privilege).
-        for method, path, body in [
-            ("POST", "/v1/push", {"to": ["alice"], "content": 1}),
-            ("POST", "/v1/broadcast", {"content": 1}),
-            ("GET", "/v1/gateways", None),
-        ]:
-            resp = await http.request(method, path, json=body, headers=ADMIN)
-            assert resp.status_code == 403, (path, resp.text)
-            assert "push scope" in resp.json()["detail"]
-        # Each key does what its scope allows.
-        assert (await http.get("/v1/gateways", headers=AUTH)).status_code == 200
-        resp = await http.put("/v1/users", json={"users": [{"uid": "alice"}]}, headers=ADMIN)
-        assert resp.json() == {"upserted": 1}
-        assert (await http.delete("/v1/users/alice", headers=ADMIN)).status_code == 204
-        resp = await http.post("/v1/gateways/gw1/drain", headers=ADMIN)
-        assert resp.status_code == 202, resp.text
-        # The schema says which key each operation takes.
-        schema = (await http.get("/openapi.json")).json()
-        assert schema["paths"]["/v1/gateways/{gateway_id}/drain"]["post"]["security"] == [
-            {"AdminKey": []}
-        ]
-        assert schema["paths"]["/v1/push"]["post"]["security"] == [{"PushKey": []}]
 
 
 async def test_draining_a_groups_last_gateway_is_409_unless_forced(

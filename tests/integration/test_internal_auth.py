@@ -31,16 +31,8 @@ from socket_gateway.app import Gateway
 from socket_gateway.metrics import render
 from tests.conftest import SECRET
 from tests.integration.procs import base_env
-from tests.integration.stack import (
-    AUTH,
-    api,
-    client,
-    gateway,
-    nothing_more,
-    recv_json,
-    settings,
-    wait_for,
-)
+from tests.integration.stack import AUTH, api, client, gateway, nothing_more, recv_json, settings
+from tests.waiting import wait_for
 
 pytestmark = pytest.mark.integration
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import subprocess
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +24,6 @@ from shared.keys import KeySchema
 from shared.models import Message
 from tests.integration.procs import BIN, base_env
 from tests.integration.recovery_helpers import contents, open_ws, p2p, replay
-from tests.integration.redis_cluster import local_cluster
 from tests.integration.stack import api, gateway
 
 pytestmark = pytest.mark.integration
@@ -166,12 +165,6 @@ async def test_new_keys_written_before_the_migration_get_the_old_inbox_appended(
         assert sorted(contents(got)) == ["new", "old"]
         await ws.close()
     assert await redis.exists(*LegacyKeys(prefix).legacy_user_keys(BRACED)) == 0  # type: ignore[misc]
-
-
-@pytest.fixture(scope="module")
-def cluster_url() -> Iterator[str]:
-    with local_cluster() as url:
-        yield url
 
 
 async def test_the_move_on_redis_cluster(cluster_url: str, prefix: str) -> None:

@@ -13,8 +13,8 @@ from tests.integration.stack import (
     gateway,
     nothing_more,
     recv_json,
-    wait_for,
 )
+from tests.waiting import wait_for
 
 pytestmark = pytest.mark.integration
 

@@ -14,16 +14,8 @@ from shared.clock import ManualClock, SystemClock
 from shared.keys import KeySchema
 from shared.positions import decode_pos
 from tests.conftest import SECRET
-from tests.integration.stack import (
-    AUTH,
-    api,
-    client,
-    gateway,
-    nothing_more,
-    recv_json,
-    token,
-    wait_for,
-)
+from tests.integration.stack import AUTH, api, client, gateway, nothing_more, recv_json, token
+from tests.waiting import wait_for
 
 pytestmark = pytest.mark.integration
 

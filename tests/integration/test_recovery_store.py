@@ -6,7 +6,7 @@ are the dense 1, 2, 3 ... of one log; `at(s, n)` names entry n of the log `s` is
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 
 import pytest
 
@@ -19,7 +19,6 @@ from shared.keys import KeySchema
 from shared.models import Message
 from shared.positions import counter_of, epoch_of, seq_of
 from shared.proto import gateway_pb2
-from tests.integration.redis_cluster import local_cluster
 
 pytestmark = pytest.mark.integration
 
@@ -28,12 +27,6 @@ T0 = 1_800_000_000_000
 
 def msg(n: int, ts: int = T0) -> Message:
     return Message(f"m{n}", f"p{n}", 1, "admin", b'{"n":%d}' % n, ts)
-
-
-@pytest.fixture(scope="module")
-def cluster_url() -> Iterator[str]:
-    with local_cluster() as url:
-        yield url
 
 
 @pytest.fixture(params=["standalone", "cluster"])

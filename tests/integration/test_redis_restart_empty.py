@@ -27,6 +27,7 @@ from shared.positions import decode_pos, epoch_of
 from tests.integration.recovery_helpers import fanout, open_ws, replay
 from tests.integration.redis_process import redis_process
 from tests.integration.stack import AUTH, api, gateway, recv_json
+from tests.waiting import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -59,13 +60,6 @@ async def collect(ws: ClientConnection, into: list[dict[str, Any]], stop: asynci
             continue
         if frame["type"] == "push":
             into.append(frame)
-
-
-async def until(cond: Any, what: str, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, f"timed out: {what}"
-        await asyncio.sleep(0.02)
 
 
 async def test_a_redis_restarted_empty_loses_nothing_for_connected_clients(prefix: str) -> None:
@@ -113,8 +107,11 @@ async def test_a_redis_restarted_empty_loses_nothing_for_connected_clients(prefi
 
             # Before: every log has a history (P2P 1..3, every topic a few batches).
             await each_kind(range(3))
-            await until(
-                lambda: all(len(frames[u]) == len(expected[u]) for u in UIDS), "the first pushes"
+            await wait_for(
+                lambda: all(len(frames[u]) == len(expected[u]) for u in UIDS),
+                "the first pushes",
+                10.0,
+                every=0.02,
             )
             old_pos = frames["amy"][-1]["pos"]
 
@@ -129,9 +126,11 @@ async def test_a_redis_restarted_empty_loses_nothing_for_connected_clients(prefi
             for u, body in answers.items():
                 assert body["delivered"] == [u] or body["queued"] == [u], body
                 expected[u].append("during")
-            await until(
+            await wait_for(
                 lambda: all(f["content"] == "during" for f in (frames[u][-1] for u in UIDS)),
                 "the pushes queued while the routes were gone",
+                10.0,
+                every=0.02,
             )
             fresh = aioredis.Redis.from_url(server.url)
             try:
@@ -144,9 +143,11 @@ async def test_a_redis_restarted_empty_loses_nothing_for_connected_clients(prefi
 
             # After: every log starts again under a new epoch, and all of it arrives.
             await each_kind(range(3, 6))
-            await until(
+            await wait_for(
                 lambda: all(len(frames[u]) >= len(expected[u]) for u in UIDS),
                 "every push after the restart",
+                10.0,
+                every=0.02,
             )
             await asyncio.sleep(0.5)  # nothing more may come: no duplicate
             stop.set()

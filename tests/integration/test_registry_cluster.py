@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 
 import pytest
 
@@ -13,16 +13,9 @@ from router.routes.reads import PipelineHashReads
 from router.routes.registry import RedisRouteRegistry, Registration
 from shared.clock import Clock, ManualClock, SystemClock
 from shared.keys import KeySchema
-from tests.integration.redis_cluster import local_cluster
 from tests.integration.test_multicast import RecordingBus, message
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture(scope="module")
-def cluster_url() -> Iterator[str]:
-    with local_cluster() as url:
-        yield url
 
 
 @pytest.fixture

@@ -4,7 +4,7 @@ script keeps to the one ``{wh}`` slot, while the routes it follows spread over a
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 
 import pytest
 
@@ -19,7 +19,6 @@ from router.webhook.sweeper import OfflineSweeper
 from shared.clock import SystemClock
 from shared.keys import KeySchema
 from shared.models import GatewayInfo
-from tests.integration.redis_cluster import local_cluster
 
 pytestmark = pytest.mark.integration
 
@@ -29,12 +28,6 @@ class NoGateways:
 
     async def live(self) -> list[GatewayInfo]:
         return []
-
-
-@pytest.fixture(scope="module")
-def cluster_url() -> Iterator[str]:
-    with local_cluster() as url:
-        yield url
 
 
 @pytest.fixture

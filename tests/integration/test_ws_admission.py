@@ -16,15 +16,9 @@ from websockets.exceptions import InvalidStatus
 
 from socket_gateway.metrics import render
 from socket_gateway.ws import HandshakeLimits, WsTimers
+from tests.integration.stack import RawClient, endpoint, endpoint_client, recv_json, token
 from tests.integration.stack import gateway as stack_gateway
-from tests.integration.ws_helpers import (
-    RawClient,
-    client,
-    gateway,
-    recv_json,
-    token,
-    wait_for,
-)
+from tests.waiting import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -34,8 +28,8 @@ async def test_a_client_that_never_finishes_the_handshake_is_dropped(
 ) -> None:
     timers = WsTimers(handshake_s=0.5)
     async with (
-        gateway(redis_url, prefix, timers=timers) as gw,
-        client(gw, "bystander") as bystander,
+        endpoint(redis_url, prefix, timers=timers) as gw,
+        endpoint_client(gw, "bystander") as bystander,
     ):
         silent = await RawClient.open(gw)
         partial = await RawClient.open(gw)
@@ -70,9 +64,14 @@ async def test_sockets_without_a_101_are_capped_and_those_over_are_closed_at_onc
     redis_url: str, prefix: str, redis: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
     limits = HandshakeLimits(max_pre_auth=3)
-    async with gateway(redis_url, prefix, limits=limits, timers=WsTimers(handshake_s=30)) as gw:
+    async with endpoint(redis_url, prefix, limits=limits, timers=WsTimers(handshake_s=30)) as gw:
         # Connected clients do not count: only sockets still in their handshake.
-        async with client(gw, "a"), client(gw, "b"), client(gw, "c"), client(gw, "d"):
+        async with (
+            endpoint_client(gw, "a"),
+            endpoint_client(gw, "b"),
+            endpoint_client(gw, "c"),
+            endpoint_client(gw, "d"),
+        ):
             silent = [await RawClient.open(gw) for _ in range(3)]
             await wait_for(lambda: len(gw.endpoint._pending) == 3, "three pending")
             over = [await RawClient.open(gw) for _ in range(5)]
@@ -85,7 +84,7 @@ async def test_sockets_without_a_101_are_capped_and_those_over_are_closed_at_onc
             assert len(lines) == 1 and lines[0].levelno == logging.WARNING
             silent[0].close()
             await wait_for(lambda: len(gw.endpoint._pending) == 2, "a place free")
-            async with client(gw, "e"):
+            async with endpoint_client(gw, "e"):
                 pass
             for raw in silent[1:]:
                 raw.close()
@@ -97,9 +96,9 @@ async def test_connects_per_ip_over_the_rate_get_429_with_retry_after(
     redis_url: str, prefix: str, redis: Any
 ) -> None:
     limits = HandshakeLimits(connect_rate_per_ip=0.5, connect_burst_per_ip=3)
-    async with gateway(redis_url, prefix, limits=limits) as gw:
+    async with endpoint(redis_url, prefix, limits=limits) as gw:
         for uid in ("a", "b", "c"):  # the burst
-            async with client(gw, uid):
+            async with endpoint_client(gw, uid):
                 pass
         with pytest.raises(InvalidStatus) as info:
             async with connect(gw.url(f"?token={token('d')}")):
@@ -117,7 +116,7 @@ async def test_with_the_defaults_1500_connects_from_one_address_all_pass(
 ) -> None:
     # Load tests open 10k connections from one loopback address at about 1,500/s: no
     # default limit may refuse them (each is closed after its 101 to spare descriptors).
-    async with gateway(redis_url, prefix) as gw:
+    async with endpoint(redis_url, prefix) as gw:
         accepted = 0
 
         async def one(i: int) -> None:

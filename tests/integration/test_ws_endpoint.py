@@ -10,14 +10,8 @@ from typing import Any
 import pytest
 
 from socket_gateway.ws import WsTimers
-from tests.integration.ws_helpers import (
-    RawClient,
-    client,
-    closed_with,
-    gateway,
-    routes,
-    wait_for,
-)
+from tests.integration.stack import RawClient, closed_with, endpoint, endpoint_client, routes
+from tests.waiting import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -27,9 +21,11 @@ async def test_shutdown_closes_clients_1001_and_unregisters(
     prefix: str,
     redis: Any,
 ) -> None:
-    async with gateway(redis_url, prefix) as gw:
+    async with endpoint(redis_url, prefix) as gw:
         async with AsyncExitStack() as stack:
-            sockets = [await stack.enter_async_context(client(gw, f"u{i}")) for i in range(5)]
+            sockets = [
+                await stack.enter_async_context(endpoint_client(gw, f"u{i}")) for i in range(5)
+            ]
             assert all([await routes(redis, gw, f"u{i}") for i in range(5)])
             gw.endpoint.accepting = False
             gw.server.close(close_connections=True)
@@ -49,7 +45,7 @@ async def test_shutdown_closes_clients_1001_and_unregisters(
 async def test_shutdown_is_bounded_for_clients_that_never_answer(
     redis_url: str, prefix: str, redis: Any
 ) -> None:
-    async with gateway(redis_url, prefix, timers=WsTimers(shutdown_s=0.5)) as gw:
+    async with endpoint(redis_url, prefix, timers=WsTimers(shutdown_s=0.5)) as gw:
         raw = await RawClient.open(gw)
         raw.writer.write(RawClient.request("mute"))
         assert b" 101 " in await raw.response_head()

@@ -10,17 +10,17 @@ from typing import Any
 import pytest
 
 from shared.wire import ws_text_frame
-from tests.integration.ws_helpers import (
+from tests.integration.stack import (
     RawClient,
-    client,
     closed_with,
-    gateway,
+    endpoint,
+    endpoint_client,
     nothing_more,
     push_frame,
     recv_json,
     routes,
-    wait_for,
 )
+from tests.waiting import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -33,8 +33,8 @@ async def test_ping_pong_and_junk_frames_spare_the_bystander(
     prefix: str,
     redis: Any,
 ) -> None:
-    async with gateway(redis_url, prefix) as gw:
-        async with client(gw, "bystander") as bystander:
+    async with endpoint(redis_url, prefix) as gw:
+        async with endpoint_client(gw, "bystander") as bystander:
             cases: list[tuple[str | bytes, int]] = [
                 ("not json", 1008),
                 ('{"type":"push"}', 1008),
@@ -43,7 +43,7 @@ async def test_ping_pong_and_junk_frames_spare_the_bystander(
                 ("x" * 10_000, 1009),  # over the 4096-byte client frame limit
             ]
             for junk, code in cases:
-                async with client(gw, "junky") as ws:
+                async with endpoint_client(gw, "junky") as ws:
                     await ws.send('{"type":"ping"}')
                     assert await recv_json(ws) == {"type": "pong"}
                     await ws.send(junk)
@@ -65,7 +65,7 @@ async def test_fragmented_ping_is_reassembled(
     prefix: str,
     redis: Any,
 ) -> None:
-    async with gateway(redis_url, prefix) as gw, client(gw, "alice") as ws:
+    async with endpoint(redis_url, prefix) as gw, endpoint_client(gw, "alice") as ws:
         await ws.send(['{"type"', ':"ping"', "}"])
         assert await recv_json(ws) == {"type": "pong"}
 
@@ -75,7 +75,7 @@ async def test_invalid_utf8_text_is_1007(
     prefix: str,
     redis: Any,
 ) -> None:
-    async with gateway(redis_url, prefix) as gw, client(gw, "alice"):
+    async with endpoint(redis_url, prefix) as gw, endpoint_client(gw, "alice"):
         raw = await RawClient.open(gw)
         raw.writer.write(RawClient.request("bob"))
         assert b" 101 " in await raw.response_head()
@@ -92,7 +92,7 @@ async def test_websocket_pings_are_answered(
     prefix: str,
     redis: Any,
 ) -> None:
-    async with gateway(redis_url, prefix) as gw, client(gw, "alice") as ws:
+    async with endpoint(redis_url, prefix) as gw, endpoint_client(gw, "alice") as ws:
         pong = await ws.ping(b"hello")
         assert await asyncio.wait_for(pong, 3) >= 0
 
@@ -105,9 +105,9 @@ async def test_multi_device_each_connection_has_its_route_and_gets_the_push(
     prefix: str,
     redis: Any,
 ) -> None:
-    async with gateway(redis_url, prefix) as gw:
-        async with client(gw, "alice") as phone, client(gw, "alice") as tablet:
-            async with client(gw, "bob") as other:
+    async with endpoint(redis_url, prefix) as gw:
+        async with endpoint_client(gw, "alice") as phone, endpoint_client(gw, "alice") as tablet:
+            async with endpoint_client(gw, "bob") as other:
                 ids = sorted(c.conn_id for c in gw.conns if c.uid == "alice")
                 assert len(ids) == 2 and len(gw.conns) == 3
                 assert sorted(await routes(redis, gw, "alice")) == ids
@@ -137,7 +137,7 @@ async def test_prebuilt_frame_reaches_the_client_exactly_once(
     prefix: str,
     redis: Any,
 ) -> None:
-    async with gateway(redis_url, prefix) as gw, client(gw, "ünï") as ws:
+    async with endpoint(redis_url, prefix) as gw, endpoint_client(gw, "ünï") as ws:
         frame, expected = push_frame("héllo 👋")
         assert gw.conns.write_to(["ünï"], frame) == (["ünï"], [])
         assert await recv_json(ws) == expected
@@ -151,7 +151,7 @@ async def test_prebuilt_frame_reaches_the_client_exactly_once(
 async def test_client_that_stops_reading_is_aborted_not_buffered(
     redis_url: str, prefix: str, redis: Any
 ) -> None:
-    async with gateway(redis_url, prefix) as gw:
+    async with endpoint(redis_url, prefix) as gw:
         gw.conns.max_buffer = 64 * 1024
         raw = await RawClient.open(gw)
         raw.writer.transport.pause_reading()  # type: ignore[attr-defined]

@@ -21,16 +21,16 @@ from shared.clock import SystemClock
 from shared.errors import RegistryUnavailable
 from socket_gateway.ws import WsTimers
 from tests.conftest import SECRET
-from tests.integration.ws_helpers import (
+from tests.integration.stack import (
     RawClient,
-    client,
     closed_with,
-    gateway,
+    endpoint,
+    endpoint_client,
     recv_json,
     routes,
     token,
-    wait_for,
 )
+from tests.waiting import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -61,7 +61,7 @@ async def test_bad_tokens_get_401_with_json_and_no_101(
 ) -> None:
     # Long deadlines: the socket must be closed because it was refused, not by a timer.
     timers = WsTimers(handshake_s=30, close_s=30)
-    async with gateway(redis_url, prefix, timers=timers) as gw:
+    async with endpoint(redis_url, prefix, timers=timers) as gw:
         raw = await RawClient.open(gw)
         raw.writer.write(RawClient.request("alice", query=_bad_tokens()[bad]))
         head, body = await raw.response()
@@ -79,7 +79,7 @@ async def test_bad_tokens_get_401_with_json_and_no_101(
 
 
 async def test_a_websockets_client_sees_the_401(redis_url: str, prefix: str, redis: Any) -> None:
-    async with gateway(redis_url, prefix) as gw:
+    async with endpoint(redis_url, prefix) as gw:
         with pytest.raises(InvalidStatus) as info:
             async with connect(gw.url("?token=not.a.jwt")):
                 pass
@@ -92,7 +92,7 @@ async def test_the_token_can_travel_as_a_subprotocol_and_is_never_echoed(
     redis_url: str, prefix: str, redis: Any
 ) -> None:
     tok = token("alice")
-    async with gateway(redis_url, prefix) as gw:
+    async with endpoint(redis_url, prefix) as gw:
         # As a browser sends it: new WebSocket(url, ["imroute.v1", "imroute.jwt." + token]).
         offer = [Subprotocol("imroute.v1"), Subprotocol(f"imroute.jwt.{tok}")]
         async with connect(gw.url(), subprotocols=offer) as ws:
@@ -125,7 +125,7 @@ async def test_the_token_is_never_logged(
     good, expired = token("alice"), token("alice", ttl=1)
     bad = jwt.encode({"sub": "alice", "exp": 2**40}, "w" * 32, "HS256")
     caplog.set_level(logging.DEBUG)
-    async with gateway(redis_url, prefix) as gw:
+    async with endpoint(redis_url, prefix) as gw:
         async with connect(gw.url(f"?token={good}")) as ws:
             await ws.send('{"type":"ping"}')
             await recv_json(ws)
@@ -152,7 +152,7 @@ async def test_wrong_path_is_404_with_a_text_body(
     prefix: str,
     redis: Any,
 ) -> None:
-    async with gateway(redis_url, prefix) as gw:
+    async with endpoint(redis_url, prefix) as gw:
         with pytest.raises(InvalidStatus) as info:
             async with connect(gw.url(f"?token={token('a')}", path="/other")):
                 pass
@@ -167,8 +167,8 @@ async def test_wrong_path_is_404_with_a_text_body(
 async def test_not_accepting_and_full_are_503_with_json_and_retry_after(
     redis_url: str, prefix: str, redis: Any
 ) -> None:
-    async with gateway(redis_url, prefix, max_connections=1) as gw:
-        async with client(gw, "a"):
+    async with endpoint(redis_url, prefix, max_connections=1) as gw:
+        async with endpoint_client(gw, "a"):
             with pytest.raises(InvalidStatus) as info:
                 async with connect(gw.url(f"?token={token('b')}")):
                     pass
@@ -194,7 +194,7 @@ async def test_plain_http_request_is_refused(
     prefix: str,
     redis: Any,
 ) -> None:
-    async with gateway(redis_url, prefix) as gw:
+    async with endpoint(redis_url, prefix) as gw:
         raw = await RawClient.open(gw)
         raw.writer.write(b"GET /ws HTTP/1.1\r\nHost: x\r\n\r\n")
         head, body = await raw.response()
@@ -210,7 +210,7 @@ async def test_plain_http_request_is_refused(
 
 
 async def test_oversized_handshake_is_431(redis_url: str, prefix: str, redis: Any) -> None:
-    async with gateway(redis_url, prefix) as gw:
+    async with endpoint(redis_url, prefix) as gw:
         raw = await RawClient.open(gw)
         raw.writer.write(b"GET /ws HTTP/1.1\r\n" + b"X-Pad: " + b"a" * 20_000)
         head = await raw.response_head()
@@ -222,7 +222,7 @@ async def test_oversized_handshake_is_431(redis_url: str, prefix: str, redis: An
 async def test_handshake_and_frames_in_one_segment(redis_url: str, prefix: str, redis: Any) -> None:
     # Clients should wait for the 101 (RFC 6455 4.1); the `websockets` server writes its
     # pong to a pipelined ping before the 101, so this is checked on the sans-I/O one only.
-    async with gateway(redis_url, prefix) as gw:
+    async with endpoint(redis_url, prefix) as gw:
         raw = await RawClient.open(gw)
         ping = RawClient.frame(0x1, b'{"type":"ping"}')
         raw.writer.write(RawClient.request("alice") + ping + RawClient.frame(0x9, b"p"))
@@ -246,8 +246,8 @@ async def test_register_then_disconnect_removes_the_route(
     prefix: str,
     redis: Any,
 ) -> None:
-    async with gateway(redis_url, prefix) as gw:
-        async with client(gw, "alice"):
+    async with endpoint(redis_url, prefix) as gw:
+        async with endpoint_client(gw, "alice"):
             (conn,) = list(gw.conns)
             fields = await routes(redis, gw, "alice")
             assert list(fields) == [conn.conn_id]
@@ -268,7 +268,7 @@ async def test_registry_down_closes_1013(
     async def down(uid: str, conn_id: str) -> None:
         raise RegistryUnavailable("redis did not answer: test")
 
-    async with gateway(redis_url, prefix, register=down, unregister=down) as gw:
+    async with endpoint(redis_url, prefix, register=down, unregister=down) as gw:
         async with connect(gw.url(f"?token={token('alice')}")) as ws:
             code, _ = await closed_with(ws)
         assert code == 1013
@@ -289,7 +289,7 @@ async def test_client_gone_during_register_is_unregistered_after_it(
         await release.wait()
         await holder["registry"].register(uid, conn_id)
 
-    async with gateway(redis_url, prefix, register=slow) as gw:
+    async with endpoint(redis_url, prefix, register=slow) as gw:
         holder["registry"] = gw.registry
         raw = await RawClient.open(gw)
         raw.writer.write(RawClient.request("alice"))

@@ -9,13 +9,8 @@ from typing import Any
 import pytest
 
 from socket_gateway.ws import WsTimers
-from tests.integration.ws_helpers import (
-    RawClient,
-    client,
-    gateway,
-    recv_json,
-    wait_for,
-)
+from tests.integration.stack import RawClient, endpoint, endpoint_client, recv_json
+from tests.waiting import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -24,7 +19,10 @@ async def test_keepalive_pings_and_closes_silent_clients(
     redis_url: str, prefix: str, redis: Any
 ) -> None:
     timers = WsTimers(ping_interval_s=0.2, close_s=0.5)
-    async with gateway(redis_url, prefix, timers=timers) as gw, client(gw, "lively") as lively:
+    async with (
+        endpoint(redis_url, prefix, timers=timers) as gw,
+        endpoint_client(gw, "lively") as lively,
+    ):
         raw = await RawClient.open(gw)
         raw.writer.write(RawClient.request("mute"))
         assert b" 101 " in await raw.response_head()

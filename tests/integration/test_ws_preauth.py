@@ -14,7 +14,8 @@ from typing import Any
 import pytest
 
 from socket_gateway.ws import HandshakeLimits, WsTimers
-from tests.integration.ws_helpers import RawClient, client, gateway, wait_for
+from tests.integration.stack import RawClient, endpoint, endpoint_client
+from tests.waiting import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -23,7 +24,7 @@ async def test_a_socket_without_its_request_line_goes_before_one_sending_its_hea
     redis_url: str, prefix: str, redis: Any
 ) -> None:
     limits = HandshakeLimits(request_line_s=0.3)
-    async with gateway(redis_url, prefix, limits=limits, timers=WsTimers(handshake_s=1.5)) as gw:
+    async with endpoint(redis_url, prefix, limits=limits, timers=WsTimers(handshake_s=1.5)) as gw:
         started = time.monotonic()
         silent = await RawClient.open(gw)
         partial = await RawClient.open(gw)
@@ -44,7 +45,7 @@ async def test_over_the_connect_rate_a_socket_is_answered_429_at_its_accept(
     redis_url: str, prefix: str, redis: Any
 ) -> None:
     limits = HandshakeLimits(connect_rate_per_ip=0.1, connect_burst_per_ip=1)
-    async with gateway(redis_url, prefix, limits=limits) as gw:
+    async with endpoint(redis_url, prefix, limits=limits) as gw:
         first = await RawClient.open(gw)  # silent, and it took the address's one connect
         second = await RawClient.open(gw)
         # Answered before it sent a byte: a silent socket no longer escapes the rate.
@@ -69,7 +70,7 @@ async def test_one_address_is_capped_and_the_biggest_holder_makes_room(
     redis_url: str, prefix: str, redis: Any
 ) -> None:
     limits = HandshakeLimits(max_pre_auth=5, max_pre_auth_per_ip=4)
-    async with gateway(redis_url, prefix, limits=limits, timers=WsTimers(handshake_s=30)) as gw:
+    async with endpoint(redis_url, prefix, limits=limits, timers=WsTimers(handshake_s=30)) as gw:
         ep = gw.endpoint
         big = [await RawClient.open(gw, "127.0.0.2") for _ in range(4)]
         await wait_for(lambda: len(ep._pending) == 4, "four pending")
@@ -83,7 +84,7 @@ async def test_one_address_is_capped_and_the_biggest_holder_makes_room(
         assert ep.refusals.counts["pre_auth_cap"] == 1
         # A client from another address takes the place of 127.0.0.2's oldest socket,
         # and gets in; the others wait on.
-        async with client(gw, "real"):
+        async with endpoint_client(gw, "real"):
             assert await big[0].dropped(1.0)
             assert ep.refusals.counts["pre_auth_evicted"] == 1
         for raw in big[1:] + small:
@@ -102,7 +103,7 @@ async def test_a_first_line_that_is_no_request_line_is_answered_400_at_once(
     """Only a request line earns the head's deadline: anything else is answered at once,
     not held until then."""
     limits = HandshakeLimits(request_line_s=0.5)
-    async with gateway(redis_url, prefix, limits=limits, timers=WsTimers(handshake_s=3)) as gw:
+    async with endpoint(redis_url, prefix, limits=limits, timers=WsTimers(handshake_s=3)) as gw:
         raw = await RawClient.open(gw)
         started = time.monotonic()
         raw.writer.write(first)
@@ -130,7 +131,7 @@ async def test_a_head_in_one_read_arms_its_deadline_once(
         return call_at(when, callback, *args, **kw)
 
     monkeypatch.setattr(loop, "call_at", counting)
-    async with gateway(redis_url, prefix) as gw:
+    async with endpoint(redis_url, prefix) as gw:
         whole = await RawClient.open(gw)
         whole.writer.write(RawClient.request("whole"))
         assert b" 101 " in await whole.response_head()
@@ -159,7 +160,7 @@ async def test_over_the_rate_a_socket_takes_no_place_from_another_address(
         connect_burst_per_ip=2,
         request_line_s=10,
     )
-    async with gateway(redis_url, prefix, limits=limits, timers=WsTimers(handshake_s=10)) as gw:
+    async with endpoint(redis_url, prefix, limits=limits, timers=WsTimers(handshake_s=10)) as gw:
         ep = gw.endpoint
         for _ in range(2):  # 127.0.0.3 uses up its burst
             (await RawClient.open(gw, "127.0.0.3")).close()

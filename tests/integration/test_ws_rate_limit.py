@@ -12,8 +12,7 @@ from websockets.exceptions import ConnectionClosed
 
 from socket_gateway.app import Gateway
 from socket_gateway.metrics import render
-from tests.integration.stack import client, gateway, nothing_more, recv_json
-from tests.integration.ws_helpers import RawClient, closed_with
+from tests.integration.stack import RawClient, client, closed_with, gateway, nothing_more, recv_json
 
 pytestmark = pytest.mark.integration
 

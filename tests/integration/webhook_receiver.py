@@ -27,6 +27,7 @@ from typing import Any
 
 from router.devtools.ports import free_port
 from tests.readme import webhook_verified
+from tests.waiting import wait_for
 
 __all__ = ["WebhookReceiver"]
 
@@ -93,14 +94,15 @@ class WebhookReceiver:
         return [i for i, n in Counter(e["event_id"] for e in self.events).items() if n > 1]
 
     async def wait_for(self, cond: Callable[[], bool], what: str, timeout: float = 15) -> None:
-        deadline = time.monotonic() + timeout
-        while not cond():
-            if time.monotonic() > deadline:
-                raise AssertionError(
-                    f"timed out waiting for {what}; got {self.events!r}, "
-                    f"requests {self.requests}, rejected {self.rejected}"
-                )
-            await asyncio.sleep(0.02)
+        await wait_for(
+            cond,
+            what,
+            timeout,
+            every=0.02,
+            detail=lambda: (
+                f"got {self.events!r}, requests {self.requests}, rejected {self.rejected}"
+            ),
+        )
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self._open.add(writer)

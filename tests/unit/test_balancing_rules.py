@@ -58,11 +58,6 @@ def fleet(groups: int, per_group: int = 2) -> list[GatewayState]:
 
 
 @pytest.fixture
-def clock() -> ManualClock:
-    return ManualClock(wall_ms=CLOCK_MS)
-
-
-@pytest.fixture
 def stats(clock: ManualClock) -> StatsRegistry:
     return StatsRegistry(clock, StatsSettings(failure_threshold=1, cool_off_s=10.0))
 

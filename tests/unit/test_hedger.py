@@ -21,11 +21,6 @@ from tests.unit.hedger_calls import (
 )
 
 
-@pytest.fixture
-def clock() -> ManualClock:
-    return ManualClock()
-
-
 async def test_no_hedge_when_the_first_attempt_beats_the_delay(clock: ManualClock) -> None:
     rec = Recorder()
     h, calls = hedger(clock, tokens=5, observer=rec), Calls()

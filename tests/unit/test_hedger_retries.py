@@ -13,11 +13,6 @@ from shared.errors import BusUnavailable
 from tests.unit.hedger_calls import Calls, Fatal, Retryable, advance, hedger, settle, start
 
 
-@pytest.fixture
-def clock() -> ManualClock:
-    return ManualClock()
-
-
 async def test_the_original_is_retried_with_backoff_and_growing_timeouts(
     clock: ManualClock,
 ) -> None:

@@ -10,11 +10,6 @@ from router.hedging import AUTO, Hedger, HedgingSettings, RetrySettings
 from router.testing import ManualClock
 
 
-@pytest.fixture
-def clock() -> ManualClock:
-    return ManualClock()
-
-
 def test_defaults_are_googles() -> None:
     s = HedgingSettings()
     assert (s.hedge_delay, s.max_tokens, s.refill_ratio) == (1.0, 50, 0.1)

@@ -6,7 +6,6 @@ it: a 5xx's release (so retries are not held off for the lease), a done push's a
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
 
 from fastapi import Request
 from fastapi.responses import Response
@@ -14,6 +13,7 @@ from fastapi.responses import Response
 from push_service.idempotency import Idempotency
 from router.idempotency.base import Answer, Outcome
 from shared.errors import RegistryUnavailable
+from tests.waiting import wait_for
 
 
 class FlakyWrites:
@@ -46,18 +46,11 @@ async def no_wait(_: float) -> None:
     await asyncio.sleep(0)
 
 
-async def until(done: Callable[[], object]) -> None:
-    for _ in range(400):
-        if done():
-            return
-        await asyncio.sleep(0.005)
-
-
 async def test_a_release_redis_refused_is_made_once_it_answers() -> None:
     store = FlakyWrites(failures=3)
     once = Idempotency(store, wait_s=1.0, sleep=no_wait)
     await once._release("scope", "k1", "token")  # does not raise: the answer goes out
-    await until(lambda: store.released)
+    await wait_for(lambda: store.released, "the release", 2.0, every=0.005)
     assert store.released == ["k1"] and store.failures == 0
 
 
@@ -71,5 +64,5 @@ async def test_a_done_push_whose_answer_redis_refused_answers_and_keeps_it_later
     request = Request({"type": "http", "method": "POST", "path": "/v1/multicast"})
     response = await once._run_claimed(request, "scope", "k1", "token", handler)
     assert response.status_code == 202  # before: the failed write made it an error
-    await until(lambda: store.kept)
+    await wait_for(lambda: store.kept, "the answer kept", 2.0, every=0.005)
     assert store.kept == [Answer(202, b'{"push_id":"p1"}')]

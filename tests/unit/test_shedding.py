@@ -16,14 +16,7 @@ from push_service.shedding import (
     Shedder,
     is_operator,
 )
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
+from shared.clock import ManualClock
 
 
 def test_past_the_in_flight_bound_the_next_is_refused() -> None:
@@ -36,13 +29,13 @@ def test_past_the_in_flight_bound_the_next_is_refused() -> None:
 
 
 def test_lag_sheds_only_with_requests_in_flight_and_counts_an_overdue_wake_up_at_once() -> None:
-    clock = Clock()
-    lag = LoopLag(clock)
+    clock = ManualClock(mono=100.0)
+    lag = LoopLag(clock.monotonic)
     shedder = Shedder(max_in_flight=1000, max_lag_ms=200, lag=lag)
-    lag.due = clock.now + 0.05  # the measuring task sleeps until then
+    lag.due = clock.mono + 0.05  # the measuring task sleeps until then
     shedder.in_flight = LAG_MIN_IN_FLIGHT
     assert shedder.refuse() is None
-    clock.now += 0.4  # the loop is stuck: the task is 0.35 s overdue right now
+    clock.advance(0.4)  # the loop is stuck: the task is 0.35 s overdue right now
     assert lag.now_s() == pytest.approx(0.35)
     assert shedder.refuse() == LAG
     assert "IMROUTE_HTTP_MAX_LAG_MS" in shedder.describe(LAG)
@@ -52,7 +45,7 @@ def test_lag_sheds_only_with_requests_in_flight_and_counts_an_overdue_wake_up_at
 
 
 def test_the_lag_is_smoothed_and_decays() -> None:
-    lag = LoopLag(Clock())
+    lag = LoopLag(ManualClock(mono=100.0).monotonic)
     lag.measured(0.9)
     assert lag.smoothed_s == pytest.approx(0.3)
     for _ in range(10):
@@ -61,8 +54,7 @@ def test_the_lag_is_smoothed_and_decays() -> None:
 
 
 def test_lag_zero_never_sheds() -> None:
-    clock = Clock()
-    lag = LoopLag(clock)
+    lag = LoopLag(ManualClock(mono=100.0).monotonic)
     lag.measured(10.0)
     shedder = Shedder(max_in_flight=1000, max_lag_ms=0, lag=lag)
     shedder.in_flight = 500

@@ -1,0 +1,290 @@
+"""The HTTP edge's contract on the in-memory stores: bad input is a clear 4xx JSON error
+and nothing is sent, keys and their scopes, body limits, the status of a push, the
+schema. (Over real Redis, gateways and sockets: tests/integration.)"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from shared.models import GatewayInfo
+from tests.api.conftest import Api, Fakes
+from tests.conftest import API_KEY
+
+pytestmark = pytest.mark.api
+
+AUTH = {"Authorization": f"Bearer {API_KEY}"}
+ADMIN_KEY = "test-admin-key-0123456789"
+ADMIN = {"Authorization": f"Bearer {ADMIN_KEY}"}
+MIB = 1 << 20
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ({"content": 1}, "body.to"),
+        ({"to": [], "content": 1}, "body.to"),
+        ({"to": [""], "content": 1}, "body.to.0"),
+        ({"to": ["x" * 129], "content": 1}, "body.to.0"),
+        ({"to": ["alice", "alice"], "content": 1}, "body.to"),
+        ({"to": "alice", "content": 1}, "body.to"),
+        ({"to": ["alice"]}, "body.content"),
+        ({"to": ["alice"], "content": 1, "msg_type": "x"}, "body.msg_type"),
+        ({"to": ["alice"], "content": 1, "msg_type": -1}, "body.msg_type"),
+        ({"to": ["alice"], "content": 1, "from": ""}, "body.from"),
+        ({"to": ["alice"], "content": 1, "extra": True}, "body.extra"),
+        ({"to": [f"u{i}" for i in range(1001)], "content": 1}, "body.to"),
+    ],
+)
+async def test_malformed_push_is_422_naming_the_field(
+    api: Api, fakes: Fakes, body: dict[str, Any], field: str
+) -> None:
+    async with api() as http:
+        resp = await http.post("/v1/push", json=body, headers=AUTH)
+        assert resp.status_code == 422, resp.text
+        payload = resp.json()
+        assert payload["error"] == "invalid_request"
+        assert field in [d["field"] for d in payload["detail"]], payload
+        assert fakes.nothing_sent()
+
+
+async def test_invalid_json_is_422(api: Api) -> None:
+    async with api() as http:
+        resp = await http.post(
+            "/v1/push",
+            content=b'{"to": ["a"], "content": ',
+            headers={**AUTH, "Content-Type": "application/json"},
+        )
+        assert resp.status_code == 422
+        assert resp.json()["error"] == "invalid_request"
+        assert resp.json()["detail"][0]["field"] == "body"
+        assert "invalid JSON at character" in resp.json()["detail"][0]["message"]
+        resp = await http.post(
+            "/v1/push",
+            content=b'{"to": ["a"], "content": NaN}',
+            headers={**AUTH, "Content-Type": "application/json"},
+        )
+        assert resp.status_code == 422
+        assert resp.json()["detail"][0]["field"] == "content"
+
+
+async def test_oversized_content_is_413_and_not_sent(api: Api, fakes: Fakes) -> None:
+    async with api() as http:
+        resp = await http.post(
+            "/v1/push", json={"to": ["alice"], "content": "x" * (64 * 1024)}, headers=AUTH
+        )
+        assert resp.status_code == 413
+        assert resp.json()["detail"][0]["field"] == "content"
+        assert fakes.nothing_sent()
+        # Just under the limit once encoded (two quotes) is fine: queued, alice offline.
+        ok = await http.post(
+            "/v1/push", json={"to": ["alice"], "content": "x" * (64 * 1024 - 2)}, headers=AUTH
+        )
+        assert ok.status_code == 200
+        assert ok.json()["queued"] == ["alice"]
+
+
+async def test_huge_body_is_413_before_parsing(api: Api) -> None:
+    async with api() as http:
+        resp = await http.post(
+            "/v1/push",
+            content=b'{"to":["a"],"content":"' + b"x" * (2 << 20) + b'"}',
+            headers={**AUTH, "Content-Type": "application/json"},
+        )
+        assert resp.status_code == 413
+        assert resp.json()["error"] == "payload_too_large"
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [
+        {},
+        {"Authorization": "Bearer wrong-key-000000000"},
+        {"Authorization": API_KEY},
+        {"Authorization": "Basic x"},
+    ],
+)
+async def test_missing_or_wrong_api_key_is_401(api: Api, headers: dict[str, str]) -> None:
+    async with api() as http:
+        for method, path in [
+            ("POST", "/v1/push"),
+            ("GET", "/v1/gateways"),
+            ("GET", "/v1/users/alice/route"),
+        ]:
+            resp = await http.request(
+                method, path, headers=headers, json={"to": ["a"], "content": 1}
+            )
+            assert resp.status_code == 401, (path, resp.text)
+            assert resp.json()["error"] == "unauthorized"
+            assert resp.headers["www-authenticate"] == "Bearer"
+
+
+async def test_healthz_needs_no_key_and_tracks_the_store(api: Api, fakes: Fakes) -> None:
+    async with api() as http:
+        resp = await http.get("/healthz")
+        assert resp.status_code == 200 and resp.json() == {"status": "ok"}
+        assert (await http.get("/docs")).status_code == 200
+        assert (await http.get("/openapi.json")).json()["paths"]["/v1/push"]
+        fakes.redis_answers = False
+        assert (await http.get("/healthz")).status_code == 503
+
+
+async def test_huge_chunked_body_is_413_too(api: Api) -> None:
+    async def chunks():  # type: ignore[no-untyped-def]
+        yield b'{"to":["a"],"content":"'
+        for _ in range(40):
+            yield b"x" * 65536
+        yield b'"}'
+
+    async with api() as http:
+        resp = await http.post(
+            "/v1/push", content=chunks(), headers={**AUTH, "Content-Type": "application/json"}
+        )
+        assert resp.status_code == 413
+        assert resp.json()["error"] == "payload_too_large"
+
+
+@pytest.mark.parametrize(
+    ("path", "raw"),
+    [
+        ("/v1/push", b'{"to":["alice"],"content":"\\ud83d"}'),
+        ("/v1/push", b'{"to":["alice"],"content":{"k\\udc00":1}}'),
+        ("/v1/multicast", b'{"to":["alice"],"content":["ok","\\ud83d"]}'),
+        ("/v1/broadcast", b'{"content":"\\ud83d"}'),
+    ],
+)
+async def test_a_lone_surrogate_in_content_is_422_naming_content(
+    api: Api, fakes: Fakes, path: str, raw: bytes
+) -> None:
+    async with api() as http:
+        resp = await http.post(
+            path, content=raw, headers={**AUTH, "Content-Type": "application/json"}
+        )
+        assert resp.status_code == 422, resp.text
+        payload = resp.json()
+        assert payload["error"] == "invalid_request"
+        assert payload["detail"][0]["field"] == "content"
+        assert "surrogate" in payload["detail"][0]["message"]
+        assert fakes.nothing_sent()
+        # A whole emoji, escaped as its surrogate pair, is fine.
+        ok = await http.post(
+            "/v1/push",
+            content=b'{"to":["alice"],"content":"\\ud83d\\ude00"}',
+            headers={**AUTH, "Content-Type": "application/json"},
+        )
+        assert ok.status_code == 200, ok.text
+
+
+async def test_large_bodies_only_with_the_key_and_only_where_needed(api: Api) -> None:
+    # Valid JSON over the 1 MiB default: padded with whitespace.
+    pad = b" " * (2 * MIB)
+    multicast = b'{"to":["alice"],"content":1' + pad + b"}"
+    users = b'{"users":[{"uid":"alice"}]' + pad + b"}"
+    json_type = {"Content-Type": "application/json"}
+    async with api() as http:
+        resp = await http.post("/v1/multicast", content=multicast, headers={**AUTH, **json_type})
+        assert resp.status_code == 202, resp.text
+        resp = await http.put("/v1/users", content=users, headers={**AUTH, **json_type})
+        assert resp.status_code == 200, resp.text
+        # Without the key: 401, not 413 (nothing of the body was looked at).
+        resp = await http.post("/v1/multicast", content=multicast, headers=json_type)
+        assert resp.status_code == 401 and resp.json()["error"] == "unauthorized"
+        # A public path keeps the small default, whoever calls it.
+        resp = await http.request("GET", "/v1/dispatch", content=multicast, headers=json_type)
+        assert resp.status_code == 413 and resp.json()["error"] == "payload_too_large"
+        resp = await http.post("/v1/push", content=multicast, headers={**AUTH, **json_type})
+        assert resp.status_code == 413
+
+
+def live_gateway(gateway_id: str, group_id: str) -> GatewayInfo:
+    return GatewayInfo(gateway_id, group_id, f"ws://{gateway_id}/ws", f"{gateway_id}:1", 0, 1)
+
+
+async def test_with_an_admin_key_each_key_holds_only_its_scope(api: Api, fakes: Fakes) -> None:
+    for gw in (live_gateway("gw1", "g1"), live_gateway("gw2", "g1")):
+        await fakes.fleet.announce(gw)
+    async with api(admin_api_key=ADMIN_KEY) as http:
+        # The push key on the admin endpoints: 403 naming the scope (and its variable).
+        for method, path, body in [
+            ("POST", "/v1/gateways/gw1/drain", None),
+            ("PUT", "/v1/users", {"users": [{"uid": "alice"}]}),
+            ("DELETE", "/v1/users/alice", None),
+        ]:
+            resp = await http.request(method, path, json=body, headers=AUTH)
+            assert resp.status_code == 403, (path, resp.text)
+            assert resp.json()["error"] == "forbidden"
+            assert "admin scope" in resp.json()["detail"]
+            assert "IMROUTE_ADMIN_API_KEY" in resp.json()["detail"]
+            assert 'scope="admin"' in resp.headers["www-authenticate"]
+            resp = await http.request(method, path, json=body)
+            assert resp.status_code == 401 and "IMROUTE_ADMIN_API_KEY" in resp.json()["detail"]
+        # The admin key cannot push (least privilege).
+        for method, path, body in [
+            ("POST", "/v1/push", {"to": ["alice"], "content": 1}),
+            ("POST", "/v1/broadcast", {"content": 1}),
+            ("GET", "/v1/gateways", None),
+        ]:
+            resp = await http.request(method, path, json=body, headers=ADMIN)
+            assert resp.status_code == 403, (path, resp.text)
+            assert "push scope" in resp.json()["detail"]
+        # Each key does what its scope allows.
+        assert (await http.get("/v1/gateways", headers=AUTH)).status_code == 200
+        resp = await http.put("/v1/users", json={"users": [{"uid": "alice"}]}, headers=ADMIN)
+        assert resp.json() == {"upserted": 1}
+        assert (await http.delete("/v1/users/alice", headers=ADMIN)).status_code == 204
+        resp = await http.post("/v1/gateways/gw1/drain", headers=ADMIN)
+        assert resp.status_code == 202, resp.text
+        # The schema says which key each operation takes.
+        schema = (await http.get("/openapi.json")).json()
+        assert schema["paths"]["/v1/gateways/{gateway_id}/drain"]["post"]["security"] == [
+            {"AdminKey": []}
+        ]
+        assert schema["paths"]["/v1/push"]["post"]["security"] == [{"PushKey": []}]
+
+
+async def test_a_push_is_read_back_by_its_id_and_an_unknown_one_is_404(api: Api) -> None:
+    async with api() as http:
+        pushed = await http.post("/v1/push", json={"to": ["alice"], "content": 1}, headers=AUTH)
+        assert pushed.status_code == 200, pushed.text
+        assert pushed.json()["queued"] == ["alice"]  # offline: nobody is connected
+        push_id = pushed.json()["push_id"]
+        status = (await http.get(f"/v1/pushes/{push_id}", headers=AUTH)).json()
+        assert (status["mode"], status["recipients"], status["queued"]) == ("p2p", 1, 1)
+        queued = await http.get(f"/v1/pushes/{push_id}/recipients?state=queued", headers=AUTH)
+        assert queued.json()["uids"] == ["alice"], queued.text
+        bad = await http.get(
+            f"/v1/pushes/{push_id}/recipients", params={"state": "lost"}, headers=AUTH
+        )
+        assert bad.status_code == 422 and "state" in bad.text
+        missing = await http.get("/v1/pushes/nope/recipients?state=acked", headers=AUTH)
+        assert missing.status_code == 404 and missing.json()["error"] == "not_found"
+        unknown = await http.get("/v1/pushes/nope", headers=AUTH)
+        assert unknown.status_code == 404 and unknown.json()["error"] == "not_found"
+        too_long = await http.get(f"/v1/pushes/{'p' * 65}", headers=AUTH)
+        assert too_long.status_code == 422, too_long.text
+
+
+@pytest.mark.parametrize(
+    ("value", "problem"),
+    [
+        (b"", "empty"),
+        (b"k" * 256, "at most 255"),
+        (b"tab\there", "printable"),
+        ("caf\u00e9".encode("latin-1"), "printable"),
+    ],
+)
+async def test_a_bad_idempotency_key_is_refused_by_name(
+    api: Api, fakes: Fakes, value: bytes, problem: str
+) -> None:
+    async with api() as http:
+        for path, body in (
+            ("/v1/push", {"to": ["alice"], "content": 1}),
+            ("/v1/broadcast", {"content": 1}),
+        ):
+            resp = await http.post(path, json=body, headers={**AUTH, "Idempotency-Key": value})
+            assert resp.status_code == 422, resp.text
+            (detail,) = resp.json()["detail"]
+            assert detail["field"] == "Idempotency-Key" and problem in detail["message"]
+        assert fakes.idempotency.entries == {}
+        assert fakes.nothing_sent()
