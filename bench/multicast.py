@@ -50,19 +50,9 @@ from typing import cast
 
 from bench.harness.cli import add_run_flags
 from bench.harness.counting import CountingPublisher, WireWrites, directory_uid
-from bench.harness.report import (
-    profile_summary,
-    redis_facts,
-    versions,
-)
+from bench.harness.report import profile_summary, redis_facts, versions
 from bench.harness.stack import BenchError, Harness, clean_up, run_async, run_main
-from bench.harness.stats import (
-    CpuMeter,
-    RssSampler,
-    reset_peak_rss,
-    ru_maxrss_kib,
-    vm_kib,
-)
+from bench.harness.stats import CpuMeter, RssSampler, reset_peak_rss, ru_maxrss_kib, vm_kib
 from bench.multicast_report import CONTENT, GROUPS, Result, http_multicast, report, verify
 from router.bus.base import group_topic
 from router.bus.redis_streams import DEFAULT_MAXLEN, RedisStreamsBus, stream_key
