@@ -48,7 +48,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import cast
 
-from bench.harness.cli import add_run_flags
+from bench.harness.cli import add_run_flags, parse_run_args
 from bench.harness.counting import CountingPublisher, WireWrites, directory_uid
 from bench.harness.report import profile_summary, redis_facts, versions
 from bench.harness.stack import BenchError, Harness, clean_up, run_async, run_main
@@ -289,9 +289,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--http", action="store_true", help="also time it once through the HTTP API")
     p.add_argument("--recovery", choices=["on", "off"], default="on", help="log each batch (on)")
     add_run_flags(p, "20,000 recipients")
-    args = p.parse_args(argv)
-    if args.quick:
-        args.recipients = 20_000
+    args = parse_run_args(p, argv, recipients=20_000)
     if not 1 <= args.recipients <= 2_000_000:
         p.error("--recipients must be 1-2,000,000")
     if not 1 <= args.groups <= 64:

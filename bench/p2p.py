@@ -31,13 +31,7 @@ from typing import TYPE_CHECKING, Any
 import httpx
 
 from bench.harness.cli import add_run_flags, in_range, parse_run_args
-from bench.harness.clients import (
-    ack_frame,
-    indices_of,
-    send_now,
-    spec_pool,
-    uid_of,
-)
+from bench.harness.clients import ack_frame, indices_of, send_now, spec_pool, uid_of
 from bench.harness.internal import add_internal_flag, internal_credentials
 from bench.harness.link import ChildLink, emit, stdin_commands
 from bench.harness.load import make_clients, run_load, skip_missing_sniffio

@@ -36,12 +36,7 @@ from typing import Any
 import httpx
 
 from bench.harness.cli import parse_run_args
-from bench.harness.clients import (
-    ack_frame,
-    send_now,
-    spec_pool,
-    uid_of,
-)
+from bench.harness.clients import ack_frame, send_now, spec_pool, uid_of
 from bench.harness.link import ChildLink, emit, stdin_commands
 from bench.harness.report import machine_lines, print_json
 from bench.harness.stack import HOST, BenchError, Harness, run_async, run_main, start_stack
