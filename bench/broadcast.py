@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.harness import stats
-from bench.harness.cli import add_run_flags
+from bench.harness.cli import add_run_flags, parse_run_args
 from bench.harness.counting import CountingPublisher, WireWrites, stream_entries
 from bench.harness.counting import directory_uid as uid_of
 from bench.harness.report import (
@@ -326,9 +326,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--profile", action="store_true", help="cProfile the measured runs")
     add_run_flags(p, "20,000 users")
-    args = p.parse_args(argv)
-    if args.quick:
-        args.users = 20_000
+    args = parse_run_args(p, argv, users=20_000)
     if not 1 <= args.users <= 2_000_000:
         p.error("--users must be 1-2,000,000")
     if args.maxlen < math.ceil(args.users / PAGE) * 1.2:

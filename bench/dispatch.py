@@ -20,6 +20,7 @@ import sys
 import time
 from collections.abc import Callable
 
+from bench.harness.cli import parse_run_args
 from bench.harness.stats import machine_info
 from router.balancing import (
     RULE_NAMES,
@@ -104,9 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=0.4)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--quick", action="store_true", help="0.1 s per rule, once")
-    args = parser.parse_args(argv)
-    if args.quick:
-        args.seconds, args.repeats = 0.1, 1
+    args = parse_run_args(parser, argv, seconds=0.1, repeats=1)
     if args.gateways < 1 or args.per_group < 1 or args.zones < 1 or args.repeats < 1:
         parser.error("--gateways, --per-group, --zones and --repeats must be at least 1")
 

@@ -30,8 +30,8 @@ from typing import Any
 
 import redis
 
-from bench.harness.cli import add_run_flags, in_range
-from bench.harness.clients import ClientPool, indices_of, token_url, uid_of
+from bench.harness.cli import add_run_flags, in_range, parse_run_args
+from bench.harness.clients import indices_of, spec_pool, uid_of
 from bench.harness.link import ChildLink, emit, stdin_commands
 from bench.harness.report import machine_lines, print_json
 from bench.harness.stack import (
@@ -39,14 +39,12 @@ from bench.harness.stack import (
     BenchError,
     BenchStack,
     Harness,
-    bench_argv,
     raise_nofile,
     run_async,
-    run_loop,
     run_main,
-    wait_routes,
 )
 from bench.harness.stats import all_cpu, best_of, others_cpu, vm_kib
+from bench.harness.workers import add_worker_flag, serve_worker, spawn_worker
 from router.devtools.devstack import gateway_argv
 from router.devtools.ports import free_port
 from router.devtools.supervisor import Child
@@ -70,16 +68,8 @@ CONNECT_PARALLEL = 32  # handshakes in flight per client process (listen backlog
 # --------------------------------------------------------------------------- client process
 
 
-def worker_main(spec: dict[str, Any]) -> int:
-    """A client process: connects its share of the clients on 'go', then times each round."""
-    raise_nofile(len(indices_of(spec)) + 1024)
-    run_loop(_worker(spec))
-    return 0
-
-
 async def _worker(spec: dict[str, Any]) -> None:
-    url: str = spec["url"]
-    secret = os.environ["IMROUTE_SECRET"]
+    """A client process: connects its share of the clients on 'go', then times each round."""
     # round -> [frames, first arrival, last arrival]; time.monotonic() is CLOCK_MONOTONIC,
     # so the parent can compare it with its own clock.
     rounds: dict[int, list[float]] = {}
@@ -105,9 +95,7 @@ async def _worker(spec: dict[str, Any]) -> None:
         if st[0] == expected[0]:
             emit(event="done", round=r, n=st[0], first=st[1], last=st[2])
 
-    pool = ClientPool(
-        indices_of(spec), lambda k: token_url(url, k, secret), on_frame, CONNECT_PARALLEL
-    )
+    pool = spec_pool(spec, on_frame, CONNECT_PARALLEL)
     async for cmd in stdin_commands():
         if cmd["cmd"] == "go":
             started = time.monotonic()
@@ -226,7 +214,7 @@ async def bench(
         raise BenchError("no client could connect")
     uids = [uid_of(k) for k in range(opts.clients) if k not in failed]
     # Registered (a route) and held (the gateway's count): 1013-closed clients are back.
-    await wait_routes(h.redis_url, h.keys, uids)
+    await h.wait_routes(uids)
     await wait_gateway(h.redis_url, h.keys, stack, connected)
     await asyncio.sleep(2.0)  # idle: let the handshakes' garbage go
     rss_after_kb = vm_kib(gw_pid)["VmRSS"]
@@ -343,17 +331,14 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="uids per Deliver call (1000)",
     )
     add_run_flags(p, "1000 clients, 3 rounds")
-    p.add_argument("--worker", help=argparse.SUPPRESS)
-    args = p.parse_args(argv)
-    if args.quick:
-        args.clients, args.rounds = 1000, 3
-    return args
+    add_worker_flag(p)
+    return parse_run_args(p, argv, clients=1000, rounds=3)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     if args.worker:
-        return worker_main(json.loads(args.worker))
+        return serve_worker(_worker, args.worker)
     opts = Options(args.clients, args.client_procs, args.rounds, args.batch, args.json)
     # The gateway inherits this limit and holds one descriptor per client.
     limit = raise_nofile(opts.clients + 1024)
@@ -377,15 +362,9 @@ def _fanout(h: Harness, opts: Options) -> None:
         announced.close()
     if found is None:
         raise BenchError(f"the gateway did not announce itself within {READY_TIMEOUT_S:.0f}s")
-    spec, n = {"url": f"ws://{HOST}:{ws_port}/ws"}, opts.clients
+    spec, n = {"urls": [f"ws://{HOST}:{ws_port}/ws"]}, opts.clients
     workers = [
-        h.stack.spawn(
-            f"clients{w}",
-            bench_argv(
-                "bench.fanout", "--worker", json.dumps(spec | {"indices": [w, n, opts.procs]})
-            ),
-            pipes=True,
-        )
+        spawn_worker(h, "bench.fanout", spec | {"indices": [w, n, opts.procs]}, f"clients{w}")
         for w in range(min(opts.procs, opts.clients))
     ]
     time.sleep(1.0)  # the gateway idles: measure its RSS with no client

@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bench.harness.cli import parse_run_args
 from bench.harness.link import ChildLink, emit, stdin_commands
 from bench.harness.stack import BenchError, Interrupted, bench_argv, run_async
 from bench.harness.stats import busy_seconds, cpu_seconds
@@ -305,9 +306,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                    help="the publisher's event loop")  # fmt: skip
     p.add_argument("--json", action="store_true", help="add one JSON line with every figure")
     p.add_argument("--serve", help=argparse.SUPPRESS)
-    args = p.parse_args(argv)
-    if args.quick:
-        args.publishes, args.warm_s, args.slowdown_s = 2_000, 1.0, 4.0
+    args = parse_run_args(p, argv, publishes=2_000, warm_s=1.0, slowdown_s=4.0)
     if min(args.rate, args.slowdown_rate, args.publishes) <= 0:
         p.error("--rate, --slowdown-rate and --publishes must be positive")
     return args

@@ -48,21 +48,11 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import cast
 
-from bench.harness.cli import add_run_flags
+from bench.harness.cli import add_run_flags, parse_run_args
 from bench.harness.counting import CountingPublisher, WireWrites, directory_uid
-from bench.harness.report import (
-    profile_summary,
-    redis_facts,
-    versions,
-)
+from bench.harness.report import profile_summary, redis_facts, versions
 from bench.harness.stack import BenchError, Harness, clean_up, run_async, run_main
-from bench.harness.stats import (
-    CpuMeter,
-    RssSampler,
-    reset_peak_rss,
-    ru_maxrss_kib,
-    vm_kib,
-)
+from bench.harness.stats import CpuMeter, RssSampler, reset_peak_rss, ru_maxrss_kib, vm_kib
 from bench.multicast_report import CONTENT, GROUPS, Result, http_multicast, report, verify
 from router.bus.base import group_topic
 from router.bus.redis_streams import DEFAULT_MAXLEN, RedisStreamsBus, stream_key
@@ -299,9 +289,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--http", action="store_true", help="also time it once through the HTTP API")
     p.add_argument("--recovery", choices=["on", "off"], default="on", help="log each batch (on)")
     add_run_flags(p, "20,000 recipients")
-    args = p.parse_args(argv)
-    if args.quick:
-        args.recipients = 20_000
+    args = parse_run_args(p, argv, recipients=20_000)
     if not 1 <= args.recipients <= 2_000_000:
         p.error("--recipients must be 1-2,000,000")
     if not 1 <= args.groups <= 64:

@@ -23,7 +23,6 @@ import asyncio
 import json
 import os
 import random
-import secrets
 import sys
 import time
 from collections.abc import Sequence
@@ -31,28 +30,17 @@ from typing import TYPE_CHECKING, Any
 
 import httpx
 
-from bench.harness.cli import add_run_flags, in_range
-from bench.harness.clients import ClientPool, ack_frame, indices_of, send_now, token_url, uid_of
+from bench.harness.cli import add_run_flags, in_range, parse_run_args
+from bench.harness.clients import ack_frame, indices_of, send_now, spec_pool, uid_of
 from bench.harness.internal import add_internal_flag, internal_credentials
 from bench.harness.link import ChildLink, emit, stdin_commands
 from bench.harness.load import make_clients, run_load, skip_missing_sniffio
 from bench.harness.redis_info import redis_counters
 from bench.harness.report import print_json
-from bench.harness.stack import (
-    HOST,
-    BenchError,
-    Harness,
-    bench_argv,
-    raise_nofile,
-    run_async,
-    run_loop,
-    run_main,
-    start_stack,
-    wait_routes,
-)
+from bench.harness.stack import BenchError, Harness, Service, run_async, run_main, start_service
 from bench.harness.stats import cpu_snapshot, others_cpu
+from bench.harness.workers import add_worker_flag, serve_worker, spawn_worker
 from bench.p2p_report import Options, PushRecord, report, summarize
-from router.devtools.ports import free_port
 from router.devtools.supervisor import Child
 
 if TYPE_CHECKING:
@@ -68,16 +56,8 @@ RECEIPTS_SAMPLED = 200  # delivered pushes whose receipt is read after the run
 # --------------------------------------------------------------------------- client process
 
 
-def worker_main(spec: dict[str, Any]) -> int:
-    """The client process: connects its clients on 'go', records every push frame's arrival."""
-    raise_nofile(len(indices_of(spec)) + 1024)
-    run_loop(_worker(spec))
-    return 0
-
-
 async def _worker(spec: dict[str, Any]) -> None:
-    urls: list[str] = spec["urls"]
-    secret = os.environ["IMROUTE_SECRET"]
+    """The client process: connects its clients on 'go', records every push frame's arrival."""
     # seq -> (arrival, msg_id); time.monotonic() is CLOCK_MONOTONIC, shared by all processes.
     arrivals: dict[int, tuple[float, str]] = {}
     stats = {"duplicates": 0, "bad": 0, "acks_sent": 0}
@@ -101,9 +81,7 @@ async def _worker(spec: dict[str, Any]) -> None:
         else:
             arrivals[seq] = (now, msg_id)
 
-    pool = ClientPool(
-        indices_of(spec), lambda k: token_url(urls[k % len(urls)], k, secret), on_frame
-    )
+    pool = spec_pool(spec, on_frame)
     async for cmd in stdin_commands():
         if cmd["cmd"] == "go":
             started = time.monotonic()
@@ -137,7 +115,7 @@ async def _worker(spec: dict[str, Any]) -> None:
 
 
 async def bench(
-    opts: Options, h: Harness, worker: Child, http_port: int, api_key: str, pids: dict[str, int]
+    opts: Options, h: Harness, worker: Child, svc: Service, pids: dict[str, int]
 ) -> dict[str, Any]:
     link = await ChildLink(worker).open()
     link.send(cmd="go")
@@ -147,7 +125,7 @@ async def bench(
     if not connected:
         raise BenchError("no client could connect")
     h.stack.check()
-    await wait_routes(h.redis_url, h.keys, [uid_of(k) for k in connected])
+    await h.wait_routes([uid_of(k) for k in connected])
 
     rng = random.Random(opts.seed)
     total = max(1, round(opts.rate * opts.duration))
@@ -164,7 +142,7 @@ async def bench(
         for j in range(WARMUP_PUSHES)
     ]
     skip_missing_sniffio()
-    clients = make_clients(f"http://{HOST}:{http_port}", api_key, opts.concurrency)
+    clients = make_clients(svc.base_url, svc.api_key, opts.concurrency)
     try:
         # Warm-up, not measured: opens the keep-alive and gRPC connections, fills caches.
         await run_load(clients, [PushRecord() for _ in warm], warm, 1e9, opts.concurrency, 60)
@@ -242,12 +220,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="off: IMROUTE_RECEIPTS_TTL_S=0 (no receipts; default on)",
     )  # fmt: skip
     add_run_flags(p, "200 clients, 3 s, 200/s", concurrency=64)
-    p.add_argument("--worker", help=argparse.SUPPRESS)
-    args = p.parse_args(argv)
+    add_worker_flag(p)
+    args = parse_run_args(p, argv, clients=200, duration=3.0)
     if args.wait_ack_ms is not None and args.receipts == "off":
         p.error("--wait-ack-ms needs receipts (--receipts on)")
-    if args.quick:
-        args.clients, args.duration = 200, 3.0
     if args.rate is None:
         args.rate = 200.0 if args.quick else 1000.0
     return args
@@ -256,39 +232,24 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     if args.worker:
-        return worker_main(json.loads(args.worker))
+        return serve_worker(_worker, args.worker)
     opts = Options(args.clients, args.rate, args.duration, args.concurrency, args.seed,
                    args.json, args.store == "on", args.internal, args.ack == "on",
                    args.wait_ack_ms, args.receipts == "on")  # fmt: skip
     # Children inherit the limit: each gateway holds about half of the clients.
-    raise_nofile(opts.clients + 4096)
-    return run_main("p2p", lambda h: _p2p(h, opts))
+    return run_main("p2p", lambda h: _p2p(h, opts), nofile=opts.clients + 4096)
 
 
 def _p2p(h: Harness, opts: Options) -> None:
-    api_key = secrets.token_urlsafe(24)
-    h.env["IMROUTE_API_KEY"] = api_key
     h.cond["store"] = "on" if opts.store else "off"
     if not opts.receipts:
         h.env["IMROUTE_RECEIPTS_TTL_S"] = "0"
     internal_credentials(h.env, h.cond, opts.internal)
-    http_port = free_port()
-    gateways = [("gw1", "g1", free_port(), free_port()), ("gw2", "g2", free_port(), free_port())]
-    start_stack(h.stack, http_port, gateways, api_key)
-    spec = {
-        "urls": [f"ws://{HOST}:{ws}/ws" for _, _, ws, _ in gateways],
-        "indices": [0, opts.clients, 1],
-        "ack": opts.ack,
-    }
-    worker = h.stack.spawn(
-        "clients", bench_argv("bench.p2p", "--worker", json.dumps(spec)), pipes=True
-    )
-    cpu_pids = {c.name: c.pid for c in h.stack.children} | {"loadgen": os.getpid()}
-    if h.redis_pid:
-        cpu_pids["redis"] = h.redis_pid
-    result = run_async(
-        lambda: bench(opts, h, worker, http_port, api_key, cpu_pids), OVERALL_TIMEOUT_S
-    )
+    svc = start_service(h, ["g1", "g2"])
+    spec = {"urls": svc.ws_urls, "indices": [0, opts.clients, 1], "ack": opts.ack}
+    worker = spawn_worker(h, "bench.p2p", spec)
+    cpu_pids = h.cpu_pids()
+    result = run_async(lambda: bench(opts, h, worker, svc, cpu_pids), OVERALL_TIMEOUT_S)
     report(result, h.cond)
     print_json(opts.json_out, {"conditions": h.cond, "results": result})
 

@@ -17,9 +17,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import random
-import secrets
 import statistics
 import sys
 import time
@@ -28,24 +26,14 @@ from typing import Any
 
 import httpx
 
-from bench.harness.cli import in_range
+from bench.harness.cli import in_range, parse_run_args
 from bench.harness.clients import uid_of
 from bench.harness.internal import internal_credentials
 from bench.harness.link import ChildLink
 from bench.harness.report import print_json
-from bench.harness.stack import (
-    HOST,
-    BenchError,
-    Harness,
-    bench_argv,
-    raise_nofile,
-    run_async,
-    run_main,
-    start_stack,
-    wait_routes,
-)
+from bench.harness.stack import BenchError, Harness, Service, run_async, run_main, start_service
 from bench.harness.stats import cpu_snapshot
-from router.devtools.ports import free_port
+from bench.harness.workers import spawn_worker
 
 CONNECT_TIMEOUT_S = 120.0
 DRAIN_TIMEOUT_S = 20.0
@@ -53,14 +41,14 @@ OVERALL_TIMEOUT_S = 240.0
 
 
 async def bench(
-    args: argparse.Namespace, h: Harness, link: ChildLink, port: int, key: str, pids: dict[str, int]
+    args: argparse.Namespace, h: Harness, link: ChildLink, svc: Service, pids: dict[str, int]
 ) -> dict[str, Any]:
     link.send(cmd="go")
     ready = await link.expect("ready", CONNECT_TIMEOUT_S)
     connected = [k for k in range(args.clients) if k not in set(ready["failed"])]
     if not connected:
         raise BenchError("no client could connect")
-    await wait_routes(h.redis_url, h.keys, [uid_of(k) for k in connected])
+    await h.wait_routes([uid_of(k) for k in connected])
     rng = random.Random(args.seed)
 
     def body(call: int) -> bytes:
@@ -79,12 +67,10 @@ async def bench(
         json.dumps({"messages": [{"to": [uid_of(k)], "content": {"seq": -1 - k}}]}).encode()
         for k in connected[:50]
     ]
-    headers = {"Authorization": f"Bearer {key}", "Content-Type": "application/json"}
+    headers = {"Authorization": f"Bearer {svc.api_key}", "Content-Type": "application/json"}
     statuses: dict[int, int] = {}
     latencies: list[float] = []
-    async with httpx.AsyncClient(
-        base_url=f"http://{HOST}:{port}", headers=headers, timeout=60
-    ) as http:
+    async with httpx.AsyncClient(base_url=svc.base_url, headers=headers, timeout=60) as http:
         for w in warm:
             (await http.post("/v1/push/batch", content=w)).raise_for_status()
         queue: asyncio.Queue[bytes] = asyncio.Queue()
@@ -141,39 +127,23 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--quick", action="store_true", help="200 clients, 10 calls")
     p.add_argument("--json", dest="json_out", action="store_true")
-    args = p.parse_args(argv)
-    if args.quick:
-        args.clients, args.calls = 200, 10
-    return args
+    return parse_run_args(p, argv, clients=200, calls=10)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    raise_nofile(args.clients + 4096)
-    return run_main("push_batch", lambda h: _run(h, args))
+    return run_main("push_batch", lambda h: _run(h, args), nofile=args.clients + 4096)
 
 
 def _run(h: Harness, args: argparse.Namespace) -> None:
-    key = secrets.token_urlsafe(24)
-    h.env["IMROUTE_API_KEY"] = key
     internal_credentials(h.env, h.cond, "token")
-    port = free_port()
-    gateways = [("gw1", "g1", free_port(), free_port()), ("gw2", "g2", free_port(), free_port())]
-    start_stack(h.stack, port, gateways, key)
-    spec = {
-        "urls": [f"ws://{HOST}:{ws}/ws" for _, _, ws, _ in gateways],
-        "indices": [0, args.clients, 1],
-        "ack": True,
-    }
-    worker = h.stack.spawn(
-        "clients", bench_argv("bench.p2p", "--worker", json.dumps(spec)), pipes=True
-    )
-    pids = {c.name: c.pid for c in h.stack.children} | {"loadgen": os.getpid()}
-    if h.redis_pid:
-        pids["redis"] = h.redis_pid
+    svc = start_service(h, ["g1", "g2"])
+    spec = {"urls": svc.ws_urls, "indices": [0, args.clients, 1], "ack": True}
+    worker = spawn_worker(h, "bench.p2p", spec)  # bench.p2p's client process
+    pids = h.cpu_pids()
 
     async def go() -> dict[str, Any]:
-        return await bench(args, h, await ChildLink(worker).open(), port, key, pids)
+        return await bench(args, h, await ChildLink(worker).open(), svc, pids)
 
     result = run_async(go, OVERALL_TIMEOUT_S)
     print(

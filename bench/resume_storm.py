@@ -31,24 +31,13 @@ from typing import Any
 
 import httpx
 
-from bench.harness.cli import add_run_flags, in_range
+from bench.harness.cli import add_run_flags, in_range, parse_run_args
 from bench.harness.clients import ClientPool, indices_of, token_url, uid_of
 from bench.harness.link import ChildLink, emit, stdin_commands
 from bench.harness.report import machine_lines, print_json
-from bench.harness.stack import (
-    HOST,
-    BenchError,
-    Harness,
-    bench_argv,
-    raise_nofile,
-    run_async,
-    run_loop,
-    run_main,
-    start_stack,
-    wait_routes,
-)
+from bench.harness.stack import BenchError, Harness, Service, run_async, run_main, start_service
 from bench.harness.stats import cpu_snapshot, spread
-from router.devtools.ports import free_port
+from bench.harness.workers import add_worker_flag, serve_worker, spawn_worker
 from router.devtools.supervisor import Child
 from router.recovery.base import RecoveryLimits
 from router.recovery.store import RedisRecoveryStore
@@ -61,12 +50,6 @@ STORM_PARALLEL = 1000  # handshakes in flight in the client process: "at once"
 
 
 # --------------------------------------------------------------------------- client process
-
-
-def worker_main(spec: dict[str, Any]) -> int:
-    raise_nofile(2 * len(indices_of(spec)) + 1024)
-    run_loop(_worker(spec))
-    return 0
 
 
 async def _worker(spec: dict[str, Any]) -> None:
@@ -155,17 +138,16 @@ async def _worker(spec: dict[str, Any]) -> None:
 # --------------------------------------------------------------------------- main process
 
 
-async def bench(opts: argparse.Namespace, h: Harness, worker: Child, port: int, key: str) -> Any:
+async def bench(opts: argparse.Namespace, h: Harness, worker: Child, svc: Service) -> Any:
     link = await ChildLink(worker).open()
     n, missed = opts.clients, opts.missed
     ready = await link.ask("connected", 180, cmd="connect")
     if ready["failed"]:
         raise BenchError(f"{len(ready['failed'])} clients could not connect")
     uids = [uid_of(k) for k in range(n)]
-    await wait_routes(h.redis_url, h.keys, uids)
-    async with httpx.AsyncClient(
-        base_url=f"http://{HOST}:{port}", headers={"Authorization": f"Bearer {key}"}, timeout=60
-    ) as http:
+    await h.wait_routes(uids)
+    auth = {"Authorization": f"Bearer {svc.api_key}"}
+    async with httpx.AsyncClient(base_url=svc.base_url, headers=auth, timeout=60) as http:
         await _fanout(http, "/v1/broadcast", {"content": "first", "audience": {"online": True}})
         for _ in range(200):
             if (await link.ask("positions", 10, cmd="positions"))["n"] == n:
@@ -274,34 +256,22 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--clients", type=in_range(int, 2, 15000), default=5000)
     p.add_argument("--missed", type=in_range(int, 2, 200), default=20)
     add_run_flags(p, "500 clients, 10 missed")
-    p.add_argument("--worker", help=argparse.SUPPRESS)
-    args = p.parse_args(argv)
-    if args.quick:
-        args.clients, args.missed = 500, 10
-    return args
+    add_worker_flag(p)
+    return parse_run_args(p, argv, clients=500, missed=10)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     if args.worker:
-        return worker_main(json.loads(args.worker))
-    raise_nofile(2 * args.clients + 4096)
-    return run_main("resume_storm", lambda h: _run(h, args))
+        return serve_worker(_worker, args.worker, 2)
+    return run_main("resume_storm", lambda h: _run(h, args), nofile=2 * args.clients + 4096)
 
 
 def _run(h: Harness, args: argparse.Namespace) -> None:
-    key = secrets.token_urlsafe(24)
-    h.env["IMROUTE_API_KEY"] = key
-    port = free_port()
-    gateways = [("gw1", "g1", free_port(), free_port()), ("gw2", "g1", free_port(), free_port())]
-    start_stack(h.stack, port, gateways, key)
-    spec = {
-        "urls": [f"ws://{HOST}:{ws}/ws" for _, _, ws, _ in gateways],
-        "indices": [0, args.clients, 1],
-    }
-    argv = bench_argv("bench.resume_storm", "--worker", json.dumps(spec))
-    worker = h.stack.spawn("clients", argv, pipes=True)
-    result = run_async(lambda: bench(args, h, worker, port, key), OVERALL_TIMEOUT_S)
+    svc = start_service(h, ["g1", "g1"])
+    spec = {"urls": svc.ws_urls, "indices": [0, args.clients, 1]}
+    worker = spawn_worker(h, "bench.resume_storm", spec)
+    result = run_async(lambda: bench(args, h, worker, svc), OVERALL_TIMEOUT_S)
     report(result, h.cond)
     print_json(args.json, {"conditions": h.cond, "results": result})
     if result["resumed"] < args.clients:

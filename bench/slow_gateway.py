@@ -42,7 +42,6 @@ import argparse
 import asyncio
 import json
 import math
-import os
 import random
 import secrets
 import subprocess
@@ -60,17 +59,9 @@ from bench.harness.clients import uid_of
 from bench.harness.link import ChildLink
 from bench.harness.load import make_clients, run_load, skip_missing_sniffio
 from bench.harness.report import code_version, print_json, redis_facts
-from bench.harness.stack import (
-    HOST,
-    BenchError,
-    Harness,
-    bench_argv,
-    raise_nofile,
-    run_async,
-    run_main,
-    wait_routes,
-)
+from bench.harness.stack import HOST, BenchError, Harness, run_async, run_main
 from bench.harness.stats import cpu_snapshot, others_cpu, steal_seconds
+from bench.harness.workers import add_worker_flag, spawn_worker
 from bench.slow_gateway_report import (
     GATEWAYS,
     REDIS_SAMPLE_S,
@@ -140,7 +131,7 @@ async def bench(run: Run) -> dict[str, Any]:
         if not uids:
             raise BenchError("no client could connect")
         h.stack.check()
-        where = await wait_routes(h.redis_url, h.keys, uids)
+        where = await h.wait_routes(uids)
         if SLOW_GATEWAY not in where.values():
             raise BenchError(f"no client is connected to the slow gateway {SLOW_GATEWAY}")
         setup = {
@@ -292,8 +283,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "(default: baseline,without,with; and long with --long-deadline)",
     )
     add_run_flags(p, "100 clients, 150/s, 8 s per phase", concurrency=128)
-    p.add_argument("--serve-gateways", help=argparse.SUPPRESS)
-    p.add_argument("--serve-clients", help=argparse.SUPPRESS)
+    add_worker_flag(p, "--serve-gateways")
+    add_worker_flag(p, "--serve-clients")
     args = p.parse_args(argv)
     args.clients = args.clients or (100 if args.quick else 400)
     args.rate = args.rate or (150.0 if args.quick else 200.0)
@@ -313,7 +304,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.serve_gateways:
         return gateways_main(json.loads(args.serve_gateways))
     if args.serve_clients:
-        return clients_main(json.loads(args.serve_clients))
+        return clients_main(args.serve_clients)
     opts = Options(
         args.clients,
         args.rate,
@@ -326,8 +317,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.seed,
         args.json,
     )
-    raise_nofile(opts.clients + 4096)  # the gateways' process holds every client's socket
-    return run_main("slow-gateway", lambda h: _slow_gateway(h, opts))
+    # Children inherit the limit: the gateways' process holds every client's socket.
+    return run_main("slow-gateway", lambda h: _slow_gateway(h, opts), nofile=opts.clients + 4096)
 
 
 def _slow_gateway(h: Harness, opts: Options) -> None:
@@ -352,20 +343,13 @@ def _slow_gateway(h: Harness, opts: Options) -> None:
         ]
     }
     me = "bench.slow_gateway"
-    gateways = h.stack.spawn(
-        "gateways", bench_argv(me, "--serve-gateways", json.dumps(gw_spec)), pipes=True
-    )
+    gateways = spawn_worker(h, me, gw_spec, "gateways", "--serve-gateways")
     cl_spec = {
         "urls": [f"ws://{HOST}:{ws}/ws" for ws, _ in ports.values()],
-        "clients": opts.clients,
+        "indices": [0, opts.clients, 1],
     }
-    clients = h.stack.spawn(
-        "clients", bench_argv(me, "--serve-clients", json.dumps(cl_spec)), pipes=True
-    )
-    cpu_pids = {"gateways": gateways.pid, "clients": clients.pid, "loadgen": os.getpid()}
-    if h.redis_pid:
-        cpu_pids["redis"] = h.redis_pid
-    run = Run(h, opts, api_key, ChildLink(gateways), ChildLink(clients), cpu_pids)
+    clients = spawn_worker(h, me, cl_spec, "clients", "--serve-clients")
+    run = Run(h, opts, api_key, ChildLink(gateways), ChildLink(clients), h.cpu_pids())
     phases = len(opts.phases())
     result = run_async(lambda: bench(run), 120 + phases * (2 * opts.duration + 60))
     report(result, h.cond, opts)

@@ -17,9 +17,10 @@ from typing import TYPE_CHECKING, Any
 import httpx
 import redis
 
-from bench.harness.clients import ClientPool, token_url, uid_of
+from bench.harness.clients import spec_pool, uid_of
 from bench.harness.link import emit, stdin_commands
-from bench.harness.stack import HOST, BenchError, raise_nofile, run_loop
+from bench.harness.stack import HOST, BenchError, run_loop
+from bench.harness.workers import serve_worker
 from bench.slow_gateway_report import GATEWAYS, REDIS_SAMPLE_S
 from shared.keys import KeySchema
 
@@ -102,16 +103,12 @@ class Tally:
     warmup: int = 0
 
 
-def clients_main(spec: dict[str, Any]) -> int:
+def clients_main(spec_json: str) -> int:
     """The client process: connects on 'go'; counts push frames per seq and per uid."""
-    raise_nofile(spec["clients"] + 1024)
-    run_loop(_clients(spec))
-    return 0
+    return serve_worker(_clients, spec_json)
 
 
 async def _clients(spec: dict[str, Any]) -> None:
-    urls: list[str] = spec["urls"]
-    secret = os.environ["IMROUTE_SECRET"]
     tally = Tally()
 
     def on_frame(conn: ClientConnection, now: float, data: bytes) -> None:
@@ -128,9 +125,7 @@ async def _clients(spec: dict[str, Any]) -> None:
         uid = "?" if k is None else uid_of(k)
         tally.by_uid[uid] = tally.by_uid.get(uid, 0) + 1
 
-    pool = ClientPool(
-        range(spec["clients"]), lambda k: token_url(urls[k % len(urls)], k, secret), on_frame
-    )
+    pool = spec_pool(spec, on_frame)
     async for cmd in stdin_commands():
         if cmd["cmd"] == "go":
             started = time.monotonic()

@@ -35,29 +35,13 @@ from typing import Any
 
 import httpx
 
-from bench.harness.clients import (
-    ClientPool,
-    ack_frame,
-    indices_of,
-    send_now,
-    token_url,
-    uid_of,
-)
+from bench.harness.cli import parse_run_args
+from bench.harness.clients import ack_frame, send_now, spec_pool, uid_of
 from bench.harness.link import ChildLink, emit, stdin_commands
 from bench.harness.report import machine_lines, print_json
-from bench.harness.stack import (
-    HOST,
-    BenchError,
-    Harness,
-    bench_argv,
-    raise_nofile,
-    run_async,
-    run_loop,
-    run_main,
-    start_stack,
-    wait_routes,
-)
+from bench.harness.stack import HOST, BenchError, Harness, run_async, run_main, start_stack
 from bench.harness.stats import cpu_seconds
+from bench.harness.workers import add_worker_flag, serve_worker, spawn_worker
 from router.devtools.ports import free_port
 
 API_KEY = "bench-api-key-" + secrets.token_hex(8)
@@ -128,16 +112,8 @@ class Receiver:
 PER_PROCESS = 17_000
 
 
-def worker_main(spec: dict[str, Any]) -> int:
-    """A client process: connects its clients on 'go', acks every push as it arrives."""
-    raise_nofile(len(indices_of(spec)) + 1024)
-    run_loop(_worker(spec))
-    return 0
-
-
 async def _worker(spec: dict[str, Any]) -> None:
-    urls: list[str] = spec["urls"]
-    secret = os.environ["IMROUTE_SECRET"]
+    """A client process: connects its clients on 'go', acks every push as it arrives."""
     acks = {"sent": 0}
 
     def on_frame(conn: Any, _now: float, data: bytes) -> None:
@@ -145,9 +121,7 @@ async def _worker(spec: dict[str, Any]) -> None:
         if frame.get("type") == "push" and send_now(conn, ack_frame(str(frame["pos"]))):
             acks["sent"] += 1
 
-    pool = ClientPool(
-        indices_of(spec), lambda k: token_url(urls[k % len(urls)], k, secret), on_frame
-    )
+    pool = spec_pool(spec, on_frame)
     async for cmd in stdin_commands():
         if cmd["cmd"] == "go":
             failed = await pool.start()
@@ -159,7 +133,6 @@ async def _worker(spec: dict[str, Any]) -> None:
 
 
 def run(h: Harness, args: argparse.Namespace) -> dict[str, Any]:
-    raise_nofile(20_000)
     http_port = free_port()
     n = max(1, -(-args.online // PER_PROCESS))  # as many gateways as client processes
     gateways = [(f"gw{i + 1}", "g1", free_port(), free_port()) for i in range(n)]
@@ -179,9 +152,7 @@ def run(h: Harness, args: argparse.Namespace) -> dict[str, Any]:
         links = []
         for i in range(n):  # client process i takes clients i, i+n, ...: all on gateway i
             spec = {"urls": [urls[i]], "indices": [i, args.online, n]}
-            child = h.stack.spawn(
-                f"clients{i}", bench_argv("bench.webhook", "--worker", json.dumps(spec)), pipes=True
-            )
+            child = spawn_worker(h, "bench.webhook", spec, f"clients{i}")
             links.append(await ChildLink(child).open())
         began = time.monotonic()
         for link in links:
@@ -190,7 +161,7 @@ def run(h: Harness, args: argparse.Namespace) -> dict[str, Any]:
             ready = await link.expect("ready", 300)
             if ready["failed"]:
                 raise BenchError(f"{ready['failed']} clients of {link.name} could not connect")
-        await wait_routes(h.redis_url, h.keys, [uid_of(k) for k in range(args.online)])
+        await h.wait_routes([uid_of(k) for k in range(args.online)])
         connect_s = time.monotonic() - began
         to = [uid_of(k) for k in range(args.recipients)]
         pids = {name: h.stack.pid(name) for name in ("push-service", *(g[0] for g in gateways))}
@@ -264,12 +235,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--quick", action="store_true", help="10,000 recipients, 5,000 online")
     p.add_argument("--json", action="store_true")
-    p.add_argument("--worker", help=argparse.SUPPRESS)
-    args = p.parse_args(argv)
+    add_worker_flag(p)
+    args = parse_run_args(p, argv, recipients=10_000, online=5_000)
     if args.worker:
-        return worker_main(json.loads(args.worker))
-    if args.quick:
-        args.recipients, args.online = 10_000, 5_000
+        return serve_worker(_worker, args.worker)
     if not 0 <= args.online < args.recipients:
         p.error("--online must be below --recipients")
 
@@ -283,7 +252,7 @@ def main(argv: list[str] | None = None) -> int:
         if not result["exact"] or result["duplicates"] or result["bad_signatures"]:
             raise BenchError("the events did not name exactly the offline recipients once")
 
-    return run_main("webhook", body)
+    return run_main("webhook", body, nofile=20_000)
 
 
 if __name__ == "__main__":

@@ -39,6 +39,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench.harness.cli import parse_run_args
 from bench.harness.link import ChildLink, emit, stdin_commands
 from bench.harness.stack import HOST, bench_argv, raise_nofile, run_loop
 from bench.harness.stats import vm_kib
@@ -325,9 +326,7 @@ def main() -> None:
         "--no-pin", action="store_true", help="do not put the gateway and clients on own CPUs"
     )
     p.add_argument("--quick", action="store_true", help="2000 clients, 2 rounds")
-    args = p.parse_args()
-    if args.quick:
-        args.clients, args.rounds = 2000, 2
+    args = parse_run_args(p, None, clients=2000, rounds=2)
     report = asyncio.run(orchestrate(args))
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=1))

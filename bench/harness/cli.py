@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
-__all__ = ["add_run_flags", "in_range"]
+__all__ = ["add_run_flags", "in_range", "parse_run_args"]
 
 
 def in_range(
@@ -36,3 +36,15 @@ def add_run_flags(p: argparse.ArgumentParser, quick: str, concurrency: int | Non
         p.add_argument("--seed", type=int, default=1, help="random seed for the recipients")
     p.add_argument("--quick", action="store_true", help=f"smoke run: {quick}")
     p.add_argument("--json", action="store_true", help="also print the results as JSON")
+
+
+def parse_run_args(
+    p: argparse.ArgumentParser, argv: Sequence[str] | None, **quick: object
+) -> argparse.Namespace:
+    """`p.parse_args(argv)`; with --quick, the smoke run's values (`quick`) replace those
+    of the flags they name."""
+    args = p.parse_args(argv)
+    if args.quick:
+        for name, value in quick.items():
+            setattr(args, name, value)
+    return args

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import random
 import time
 from collections.abc import Callable, Sequence
@@ -19,6 +20,7 @@ __all__ = [
     "ack_frame",
     "indices_of",
     "send_now",
+    "spec_pool",
     "token_url",
     "uid_of",
 ]
@@ -63,6 +65,18 @@ def token_url(base: str, k: int, secret: str) -> str:
     from shared.clock import SystemClock
 
     return f"{base}?token={issue_token(secret, uid_of(k), TOKEN_TTL_S, SystemClock())}"
+
+
+def spec_pool(
+    spec: dict[str, Any], on_frame: OnFrame, parallel: int = CONNECT_PARALLEL
+) -> ClientPool:
+    """A worker's pool: the clients numbered by spec["indices"], client k on the gateway
+    spec["urls"][k % len(urls)] with a token signed by IMROUTE_SECRET."""
+    urls: list[str] = spec["urls"]
+    secret = os.environ["IMROUTE_SECRET"]
+    return ClientPool(
+        indices_of(spec), lambda k: token_url(urls[k % len(urls)], k, secret), on_frame, parallel
+    )
 
 
 class ClientPool:

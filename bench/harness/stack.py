@@ -24,7 +24,7 @@ import redis
 from bench.harness.report import conditions
 from router.devtools.devstack import gateway_argv, listed_gateways, push_service_argv
 from router.devtools.embedded_redis import EmbeddedRedis, redis_answers
-from router.devtools.ports import HOST
+from router.devtools.ports import HOST, free_port
 from router.devtools.supervisor import Child, ChildExited, Supervisor
 from router.routes.codec import decode_route
 from shared.keys import KeySchema
@@ -35,6 +35,7 @@ __all__ = [
     "BenchStack",
     "Harness",
     "Interrupted",
+    "Service",
     "bench_argv",
     "clean_up",
     "drop_prefix",
@@ -43,8 +44,8 @@ __all__ = [
     "run_async",
     "run_loop",
     "run_main",
+    "start_service",
     "start_stack",
-    "wait_routes",
 ]
 
 T = TypeVar("T")
@@ -137,31 +138,33 @@ def start_stack(
         raise BenchError(f"the stack was not ready within {READY_TIMEOUT_S:.0f}s")
 
 
-async def wait_routes(redis_url: str, keys: KeySchema, uids: Sequence[str]) -> dict[str, str]:
-    """uid -> its gateway, from Redis, once every uid has one route (30 s at most): a
-    client's handshake ends before its register."""
-    import redis.asyncio as aioredis
+@dataclass(frozen=True)
+class Service:
+    """A running push service: its HTTP port, its API key and its (gateway_id, group,
+    ws_port, grpc_port) gateways."""
 
-    client = aioredis.from_url(redis_url, decode_responses=True)
-    try:
-        deadline = asyncio.get_running_loop().time() + 30
-        while True:
-            pipe = client.pipeline(transaction=False)
-            for uid in uids:
-                pipe.hgetall(keys.route(uid))
-            where: dict[str, str] = {}
-            for uid, fields in zip(uids, await pipe.execute(), strict=True):
-                routes = [decode_route(uid, c, v) for c, v in fields.items()]
-                gateways = {r.gateway_id for r in routes if r is not None}
-                if len(gateways) == 1:
-                    where[uid] = gateways.pop()
-            if len(where) == len(uids):
-                return where
-            if asyncio.get_running_loop().time() > deadline:
-                raise BenchError(f"{len(uids) - len(where)} uids have no single route after 30s")
-            await asyncio.sleep(0.1)
-    finally:
-        await client.aclose()
+    port: int
+    api_key: str
+    gateways: list[tuple[str, str, int, int]]
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{HOST}:{self.port}"
+
+    @property
+    def ws_urls(self) -> list[str]:
+        return [f"ws://{HOST}:{ws}/ws" for _, _, ws, _ in self.gateways]
+
+
+def start_service(h: Harness, groups: Sequence[str]) -> Service:
+    """A fresh IMROUTE_API_KEY, the push service and gateways gw1, gw2, ... (one per entry of
+    `groups`, in that group) on free ports, started as in start_stack."""
+    api_key = secrets.token_urlsafe(24)
+    h.env["IMROUTE_API_KEY"] = api_key
+    port = free_port()
+    gateways = [(f"gw{i + 1}", g, free_port(), free_port()) for i, g in enumerate(groups)]
+    start_stack(h.stack, port, gateways, api_key)
+    return Service(port, api_key, gateways)
 
 
 def raise_nofile(wanted: int) -> int:
@@ -254,9 +257,48 @@ class Harness:
     def keys(self) -> KeySchema:
         return KeySchema(self.prefix)
 
+    def cpu_pids(self) -> dict[str, int]:
+        """The processes whose CPU a run reports: every child by name, this one as
+        "loadgen", and Redis when it runs on this machine."""
+        pids = {c.name: c.pid for c in self.stack.children} | {"loadgen": os.getpid()}
+        if self.redis_pid:
+            pids["redis"] = self.redis_pid
+        return pids
 
-def run_main(tag: str, body: Callable[[Harness], None]) -> int:
-    """Run `body` with a harness; stop every child by PID whatever happens."""
+    async def wait_routes(self, uids: Sequence[str]) -> dict[str, str]:
+        """uid -> its gateway, from Redis, once every uid has one route (30 s at most): a
+        client's handshake ends before its register."""
+        import redis.asyncio as aioredis
+
+        client = aioredis.from_url(self.redis_url, decode_responses=True)
+        try:
+            deadline = asyncio.get_running_loop().time() + 30
+            while True:
+                pipe = client.pipeline(transaction=False)
+                for uid in uids:
+                    pipe.hgetall(self.keys.route(uid))
+                where: dict[str, str] = {}
+                for uid, fields in zip(uids, await pipe.execute(), strict=True):
+                    routes = [decode_route(uid, c, v) for c, v in fields.items()]
+                    gateways = {r.gateway_id for r in routes if r is not None}
+                    if len(gateways) == 1:
+                        where[uid] = gateways.pop()
+                if len(where) == len(uids):
+                    return where
+                if asyncio.get_running_loop().time() > deadline:
+                    raise BenchError(
+                        f"{len(uids) - len(where)} uids have no single route after 30s"
+                    )
+                await asyncio.sleep(0.1)
+        finally:
+            await client.aclose()
+
+
+def run_main(tag: str, body: Callable[[Harness], None], nofile: int = 0) -> int:
+    """Run `body` with a harness; stop every child by PID whatever happens. `nofile`: the
+    file descriptors this process and its children (who inherit the limit) need."""
+    if nofile:
+        raise_nofile(nofile)
     _set_signals(_interrupt)
     log_dir = Path(tempfile.mkdtemp(prefix=f"imroute-bench-{tag}-"))
     env = dict(os.environ)
