@@ -75,7 +75,8 @@ async def gateway_side(endpoint: str, clients: int) -> None:
         await asyncio.sleep(0)
 
     if endpoint == "sansio":
-        from socket_gateway.ws import HandshakeLimits, WsEndpoint
+        from socket_gateway.ws.admission import HandshakeLimits
+        from socket_gateway.ws.endpoint import WsEndpoint
 
         # Every client process connects from the one loopback address.
         one_address = HandshakeLimits(max_pre_auth_per_ip=HandshakeLimits().max_pre_auth)

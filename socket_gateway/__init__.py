@@ -15,9 +15,4 @@ the keepalive round spread over their intervals), `dedup`, `metrics`,
 `faults` (test-only gRPC interceptors), and `app`, which composes and starts/stops it all.
 """
 
-from __future__ import annotations
-
-from socket_gateway.app import Gateway
-from socket_gateway.connections import ClientConn, LocalConnections
-
-__all__ = ["ClientConn", "Gateway", "LocalConnections"]
+# No re-exports: importing one module of the package loads only what it needs.

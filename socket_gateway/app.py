@@ -60,7 +60,9 @@ from socket_gateway.resume import Resumer
 from socket_gateway.resume_budget import ResumeLimits
 from socket_gateway.supervise import RestartBudget
 from socket_gateway.tracing import gateway_tracing
-from socket_gateway.ws import HandshakeLimits, WsEndpoint, WsServer, WsTimers
+from socket_gateway.ws.admission import HandshakeLimits
+from socket_gateway.ws.endpoint import WsEndpoint, WsServer
+from socket_gateway.ws.protocol import WsTimers
 from socket_gateway.ws.ratelimit import FrameRate, LimitCounts
 
 __all__ = ["CLOSE_DRAIN", "RECONNECT_FRAME", "Gateway"]

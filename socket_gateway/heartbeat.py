@@ -29,7 +29,7 @@ from shared.periodic import Periodic
 from shared.wire import ws_text_frame
 from socket_gateway.connections import LocalConnections
 from socket_gateway.pacing import spread
-from socket_gateway.ws import WsEndpoint
+from socket_gateway.ws.endpoint import WsEndpoint
 
 __all__ = [
     "CLOSE_DRAIN",

@@ -39,12 +39,14 @@ def _lines(path: Path) -> int:
 
 
 def _our_modules() -> dict[str, Path]:
-    """Dotted name -> file, for every module of the four packages (a package is its
-    `__init__`)."""
+    """Dotted name -> file, for every module of the four packages and the Python SDK (a
+    package is its `__init__`)."""
     modules = {}
     for p in _python_files():
         rel = p.relative_to(ROOT)
-        if rel.parts[0] not in PACKAGES:
+        if rel.parts[:3] == ("clients", "python", "imroute_client"):
+            rel = rel.relative_to("clients/python")  # the SDK, its own distribution
+        elif rel.parts[0] not in PACKAGES:
             continue
         parts = rel.with_suffix("").parts
         if parts[-1] == "__init__":
@@ -92,9 +94,11 @@ def _targets(
 def _import_graph() -> dict[str, set[str]]:
     """module -> the modules of ours it imports.
 
-    An edge goes to the module a statement names, not to the packages above it: a
-    package's `__init__` re-exporting its own modules, which import one another by full
-    name, is no cycle. Every statement counts, those under `if TYPE_CHECKING:` and those
+    An edge goes to the module a statement names and to the packages above it that the
+    import runs (their `__init__`), except the importer's own packages, which are
+    loaded before it: a package whose `__init__` re-exports a module that imports back
+    into a sibling would otherwise close a cycle only the import order hides. Every
+    statement counts, those under `if TYPE_CHECKING:` and those
     inside functions too: an import that only the type checker runs, or one deferred to
     a call, hides a cycle from the interpreter but not from the reader, who still needs
     both modules to understand either (the two cycles this test was written against were
@@ -105,11 +109,20 @@ def _import_graph() -> dict[str, set[str]]:
     for module, path in modules.items():
         tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
         is_package = path.name == "__init__.py"
+        own = _packages_above(module) | ({module} if is_package else set())
         for node in _import_statements(tree):
             for target in _targets(module, is_package, node, modules):
-                if target is not None and target != module:
-                    graph[module].add(target)
+                if target is None:
+                    continue
+                runs = {target} | {p for p in _packages_above(target) if p in modules}
+                graph[module] |= runs - own - {module}
     return graph
+
+
+def _packages_above(module: str) -> set[str]:
+    """`a.b.c` -> {`a`, `a.b`}: the packages whose `__init__` importing it runs first."""
+    parts = module.split(".")
+    return {".".join(parts[:i]) for i in range(1, len(parts))}
 
 
 def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -161,6 +174,14 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 def test_the_cycle_finder_finds_cycles_and_only_them() -> None:
     graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a", "e"}, "e": set(), "f": {"f"}}
     assert _cycles(graph) == [["a", "b", "c"]]
+
+
+def test_an_import_names_the_module_and_runs_the_packages_above_it() -> None:
+    modules = {m: Path() for m in ("a", "a.b", "a.b.c", "a.d")}
+    relative = ast.parse("from .c import x\nfrom . import c\nfrom ..d import y").body
+    found = [t for n in relative for t in _targets("a.b.x", False, n, modules)]  # type: ignore[arg-type]
+    assert found == ["a.b.c", "a.b.c", "a.d"]
+    assert _packages_above("a.b.c") == {"a", "a.b"}
 
 
 def test_no_import_cycles() -> None:

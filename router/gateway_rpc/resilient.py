@@ -91,10 +91,10 @@ class ResilientGatewayClient:
                 log.debug("call to gateway %s refused: %s", gateway_id, error, extra=extra)
                 metrics.failed(gateway_id)
                 raise error
-            if retry:
-                metrics.retried(gateway_id)
             attempt_started = clock.monotonic()
             try:
+                if retry:  # inside the try: whatever it raises, the ticket is released
+                    metrics.retried(gateway_id)
                 left = max(deadline - attempt_started, MIN_ATTEMPT_S)
                 replies = await self._inner.deliver_many(gateway_id, address, batches, left)
             except GatewayUnavailable as exc:

@@ -39,15 +39,4 @@ Modules, in the order bytes travel:
 - `endpoint`: `WsEndpoint` (listening, shutdown) and `WsServer`.
 """
 
-from socket_gateway.ws.admission import HandshakeLimits
-from socket_gateway.ws.endpoint import WsEndpoint, WsServer
-from socket_gateway.ws.protocol import CLOSE_FULL, CLOSE_UNAUTHORIZED, WsTimers
-
-__all__ = [
-    "CLOSE_FULL",
-    "CLOSE_UNAUTHORIZED",
-    "HandshakeLimits",
-    "WsEndpoint",
-    "WsServer",
-    "WsTimers",
-]
+# No re-exports: importing one module of the package loads only what it needs.

@@ -35,7 +35,9 @@ from shared.settings import Settings
 from shared.wire import encode_push_json, ws_text_frame
 from socket_gateway.app import Gateway
 from socket_gateway.connections import LocalConnections
-from socket_gateway.ws import HandshakeLimits, WsEndpoint, WsTimers
+from socket_gateway.ws.admission import HandshakeLimits
+from socket_gateway.ws.endpoint import WsEndpoint
+from socket_gateway.ws.protocol import WsTimers
 from tests.conftest import API_KEY, SECRET
 from tests.waiting import wait_for
 

@@ -15,7 +15,8 @@ from websockets.asyncio.client import connect
 from websockets.exceptions import InvalidStatus
 
 from socket_gateway.metrics import render
-from socket_gateway.ws import HandshakeLimits, WsTimers
+from socket_gateway.ws.admission import HandshakeLimits
+from socket_gateway.ws.protocol import WsTimers
 from tests.integration.stack import RawClient, endpoint, endpoint_client, recv_json, token
 from tests.integration.stack import gateway as stack_gateway
 from tests.waiting import wait_for

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from socket_gateway.ws import WsTimers
+from socket_gateway.ws.protocol import WsTimers
 from tests.integration.stack import RawClient, closed_with, endpoint, endpoint_client, routes
 from tests.waiting import wait_for
 

@@ -19,7 +19,7 @@ from websockets.typing import Subprotocol
 from router.routes.registry import RedisRouteRegistry
 from shared.clock import SystemClock
 from shared.errors import RegistryUnavailable
-from socket_gateway.ws import WsTimers
+from socket_gateway.ws.protocol import WsTimers
 from tests.conftest import SECRET
 from tests.integration.stack import (
     RawClient,

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from socket_gateway.ws import WsTimers
+from socket_gateway.ws.protocol import WsTimers
 from tests.integration.stack import RawClient, endpoint, endpoint_client, recv_json
 from tests.waiting import wait_for
 

@@ -13,7 +13,8 @@ from typing import Any
 
 import pytest
 
-from socket_gateway.ws import HandshakeLimits, WsTimers
+from socket_gateway.ws.admission import HandshakeLimits
+from socket_gateway.ws.protocol import WsTimers
 from tests.integration.stack import RawClient, endpoint, endpoint_client
 from tests.waiting import wait_for
 
