@@ -11,7 +11,7 @@ from router.gateway_rpc.grpc_client import GrpcGatewayClients
 from router.gateway_rpc.metrics import CallLog, CallMetrics
 from router.gateway_rpc.resilient import ResilientGatewayClient
 from shared.clock import Clock
-from shared.settings import Settings
+from shared.settings import PushSettings
 
 __all__ = ["gateway_clients", "restarted", "retain_all"]
 
@@ -42,7 +42,10 @@ def restarted(
 
 
 def gateway_clients(
-    grpc_clients: GrpcGatewayClients, settings: Settings, clock: Clock, call_metrics: CallMetrics
+    grpc_clients: GrpcGatewayClients,
+    settings: PushSettings,
+    clock: Clock,
+    call_metrics: CallMetrics,
 ) -> tuple[CoalescingGatewayClient, StatsRegistry]:
     """gRPC to the gateways: coalesced, with stats, circuit breakers and retries."""
     stats = StatsRegistry(

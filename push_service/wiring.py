@@ -80,8 +80,7 @@ from shared.clock import Clock
 from shared.http_heads import HeadLimits
 from shared.internal_auth import load_tls
 from shared.keys import KeySchema
-from shared.settings import Settings
-from shared.trace_settings import check_tracing
+from shared.settings import PushSettings, check_tracing
 from shared.tracing import Tracer
 
 __all__ = ["Parts", "Wiring"]
@@ -104,7 +103,7 @@ class Wiring:
 
     def __init__(
         self,
-        settings: Settings,
+        settings: PushSettings,
         clock: Clock,
         bus: Bus | None = None,
         metrics: Sequence[Collector] = (),
