@@ -12,7 +12,7 @@ from push_service.http_server import run
 from push_service.workers import serve_workers
 from shared.errors import ImrouteError
 from shared.gc_policy import GEN0_THRESHOLD, settle
-from shared.settings import Settings
+from shared.settings import PushSettings
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -48,7 +48,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     flags = {k: v for k, v in vars(args).items() if k not in ("listen_fd", "worker", "workers_dir")}
     try:
-        settings = Settings.load(os.environ, **flags)
+        settings = PushSettings.load(os.environ, **flags)
         if worker is None and settings.workers > 1:
             # Checked here once, so a bad setting is one message, not one per worker.
             create_app(settings)

@@ -17,7 +17,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from shared.auth import api_key_matches
-from shared.settings import Settings
+from shared.settings import PushSettings
 
 __all__ = ["ApiKeys", "Denial", "Scope", "authorize", "bearer_token", "presented"]
 
@@ -38,7 +38,7 @@ class ApiKeys:
     admin: str | None = None
 
     @classmethod
-    def from_settings(cls, settings: Settings) -> ApiKeys:
+    def from_settings(cls, settings: PushSettings) -> ApiKeys:
         """The keys of `settings`; the caller has checked that IMROUTE_API_KEY is set."""
         assert settings.api_key is not None
         admin = settings.admin_api_key

@@ -27,7 +27,7 @@ from push_service.worker import Worker
 from router.bus.base import Bus
 from shared.clock import Clock, SystemClock
 from shared.errors import ConfigError
-from shared.settings import Settings
+from shared.settings import PushSettings
 
 __all__ = ["Worker", "create_app"]
 
@@ -42,7 +42,7 @@ MAX_USERS_BODY_BYTES = 32 << 20
 
 
 def create_app(
-    settings: Settings,
+    settings: PushSettings,
     clock: Clock | None = None,
     bus: Bus | None = None,
     worker: Worker | None = None,

@@ -51,7 +51,7 @@ from push_service.head_limits import (
 from shared.http_answers import json_refusal_answer
 from shared.http_heads import HeadLimits
 from shared.logs import dict_config
-from shared.settings import Settings
+from shared.settings import PushSettings
 
 __all__ = [
     "LOG_EVERY_S",
@@ -306,7 +306,7 @@ def head_deadline_protocol(
 
 def run(
     app: ASGIApp,
-    settings: Settings,
+    settings: PushSettings,
     sock: socket.socket | None = None,
     counts: HeadCounts | None = None,
 ) -> None:

@@ -31,7 +31,7 @@ from router.stats.base import CountSums, StatsReads, StatsWrites
 from router.stats.store import RedisStatsStore
 from shared.clock import Clock
 from shared.keys import KeySchema
-from shared.settings import Settings
+from shared.settings import PushSettings
 
 __all__ = ["JobRecords", "ReceiptStore", "RouteStore", "StatsStore", "Stores", "redis_stores"]
 
@@ -69,7 +69,7 @@ class Stores:
 
 
 def redis_stores(
-    settings: Settings, redis: RedisClient, clock: Clock, auto: AutoPipeline | None
+    settings: PushSettings, redis: RedisClient, clock: Clock, auto: AutoPipeline | None
 ) -> Stores:
     """Every store on Redis (`auto`: the P2P path's shared round trips)."""
     keys = KeySchema(settings.redis_prefix)

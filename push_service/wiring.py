@@ -75,8 +75,7 @@ from shared.clock import Clock
 from shared.http_heads import HeadLimits
 from shared.internal_auth import load_tls
 from shared.keys import KeySchema
-from shared.settings import Settings
-from shared.trace_settings import check_tracing
+from shared.settings import PushSettings, check_tracing
 from shared.tracing import Tracer
 
 __all__ = ["Parts", "Wiring"]
@@ -99,7 +98,7 @@ class Wiring:
 
     def __init__(
         self,
-        settings: Settings,
+        settings: PushSettings,
         clock: Clock,
         bus: Bus | None = None,
         metrics: Sequence[Collector] = (),
@@ -357,7 +356,10 @@ def _restarted(
 
 
 def _gateway_clients(
-    grpc_clients: GrpcGatewayClients, settings: Settings, clock: Clock, call_metrics: CallMetrics
+    grpc_clients: GrpcGatewayClients,
+    settings: PushSettings,
+    clock: Clock,
+    call_metrics: CallMetrics,
 ) -> tuple[CoalescingGatewayClient, StatsRegistry]:
     """gRPC to the gateways: coalesced, with stats, circuit breakers and retries."""
     stats = StatsRegistry(

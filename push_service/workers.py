@@ -36,7 +36,7 @@ from types import FrameType
 
 from router.devtools.supervisor import Child, Supervisor
 from shared.logs import configure, say
-from shared.settings import Settings
+from shared.settings import PushSettings
 
 __all__ = ["BACKLOG", "serve_workers", "worker_argv"]
 
@@ -85,7 +85,7 @@ class _Signals:
         self.event.set()
 
 
-def serve_workers(settings: Settings, argv: Sequence[str]) -> int:
+def serve_workers(settings: PushSettings, argv: Sequence[str]) -> int:
     """Run `settings.workers` push services on one port until SIGINT or SIGTERM; the exit
     code is 0, or that of a worker that could not start."""
     configure(settings.log_level, settings.log_format, "push-service")
@@ -119,7 +119,7 @@ def serve_workers(settings: Settings, argv: Sequence[str]) -> int:
 
 def _supervise(
     sup: Supervisor,
-    settings: Settings,
+    settings: PushSettings,
     argv: Sequence[str],
     fd: int,
     port: int,
@@ -190,7 +190,7 @@ def _supervise(
     return code
 
 
-def _say(settings: Settings, text: str, err: bool) -> None:
+def _say(settings: PushSettings, text: str, err: bool) -> None:
     """What the supervisor tells people and scripts, whatever IMROUTE_LOG_LEVEL."""
     level = logging.INFO if text.startswith("INFO:") else logging.WARNING
     if settings.log_format == "json":

@@ -14,7 +14,7 @@ from shared.errors import AuthError, InvalidUid
 from shared.uids import check_uid
 
 if TYPE_CHECKING:
-    from shared.settings import Settings
+    from shared.settings import ClientTokenSettings
 
 __all__ = ["TokenRules", "api_key_matches", "issue_token", "verify_token"]
 
@@ -37,7 +37,7 @@ class TokenRules:
     max_ttl_s: float | None = 86_400.0
 
     @classmethod
-    def from_settings(cls, settings: Settings) -> TokenRules:
+    def from_settings(cls, settings: ClientTokenSettings) -> TokenRules:
         return cls(
             audience=settings.jwt_audience,
             issuer=settings.jwt_issuer,

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from shared.http_settings import HttpSettings
+    from shared.settings import HttpHeadSettings
 
 __all__ = [
     "END_OF_HEAD",
@@ -50,7 +50,7 @@ class HeadLimits:
     max_url_bytes: int = 8000
 
     @classmethod
-    def from_settings(cls, settings: HttpSettings) -> HeadLimits:
+    def from_settings(cls, settings: HttpHeadSettings) -> HeadLimits:
         return cls(
             max_bytes=settings.http_max_head_bytes,
             max_headers=settings.http_max_headers,

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from shared.errors import ConfigError
-from shared.settings import Settings
+from shared.settings import InternalCallSettings
 
 __all__ = [
     "METADATA_KEY",
@@ -65,7 +65,7 @@ class TlsFiles:
         return f"TlsFiles(server_name={self.server_name!r})"
 
 
-def load_tls(settings: Settings) -> TlsFiles | None:
+def load_tls(settings: InternalCallSettings) -> TlsFiles | None:
     """The mTLS files the settings name, read now; None when mTLS is off. Raises
     ConfigError naming the variable of a file that cannot be read or is not PEM."""
     if settings.grpc_tls_cert is None:

@@ -1,5 +1,5 @@
 """OpenTelemetry traces of each push's journey, through the official SDK: on when
-OTEL_EXPORTER_OTLP_ENDPOINT is set (shared.trace_settings), off otherwise. Off, no span
+OTEL_EXPORTER_OTLP_ENDPOINT is set (shared.settings.TraceSettings), off otherwise. Off, no span
 is built anywhere: each entry point builds its `Tracing` (or None) once, and every part
 that makes spans holds a `Tracer | None` and skips them on None.
 

@@ -1,5 +1,5 @@
 """A process's OpenTelemetry SDK (shared.tracing): the tracer provider, its OTLP
-exporter as OTEL_EXPORTER_OTLP_* say (shared.trace_settings), and its shutdown.
+exporter as OTEL_EXPORTER_OTLP_* say (shared.settings.TraceSettings), and its shutdown.
 
 Imported only where tracing is on (the SDK takes about 0.25 s to import, and every
 process would pay it at start)."""
@@ -12,7 +12,7 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor, SpanExporter
 
-from shared.trace_settings import TraceSettings, check_tracing
+from shared.settings import TraceSettings, check_tracing
 from shared.tracing import Tracer
 from shared.urls import redact_url
 

@@ -14,7 +14,7 @@ from typing import Any
 from shared.errors import ConfigError, ImrouteError
 from shared.gc_policy import Freezer, settle
 from shared.logs import configure, say
-from shared.settings import Settings
+from shared.settings import GatewaySettings
 from socket_gateway.app import Gateway
 
 
@@ -44,7 +44,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-async def serve(settings: Settings) -> None:
+async def serve(settings: GatewaySettings) -> None:
     """Serve until SIGINT (stop now) or SIGTERM (drain first: clients are told to
     reconnect and closed over IMROUTE_DRAIN_WINDOW_S; a second signal stops at once)."""
     stop = asyncio.Event()
@@ -111,7 +111,7 @@ def run(main: Coroutine[Any, Any, None]) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     try:
-        settings = Settings.load(os.environ, **vars(args))
+        settings = GatewaySettings.load(os.environ, **vars(args))
     except ImrouteError as exc:
         print(f"imroute gateway: {exc}", file=sys.stderr)
         return 2
@@ -135,7 +135,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-def _own(settings: Settings) -> dict[str, str] | None:
+def _own(settings: GatewaySettings) -> dict[str, str] | None:
     """What every line of this gateway names: itself."""
     return {"gateway_id": settings.gateway_id} if settings.gateway_id else None
 

@@ -32,9 +32,8 @@ from shared.ids import ConnIdFactory
 from shared.internal_auth import is_loopback, load_tls
 from shared.keys import KeySchema
 from shared.models import GatewayInfo
-from shared.settings import Settings, redact_url
+from shared.settings import GatewaySettings, check_tracing, redact_url
 from shared.throttled import Throttled
-from shared.trace_settings import check_tracing
 from shared.uids import REFUSED
 from socket_gateway.acks import AckReporter
 from socket_gateway.advertise import advertised
@@ -75,7 +74,7 @@ class Gateway:
 
     def __init__(
         self,
-        settings: Settings,
+        settings: GatewaySettings,
         clock: Clock | None = None,
         grpc_interceptors: Sequence[grpc.aio.ServerInterceptor] = (),
         bus: Bus | None = None,

@@ -12,7 +12,7 @@ import grpc.aio
 from shared.clock import Clock
 from shared.internal_auth import TlsFiles
 from shared.proto import gateway_pb2
-from shared.settings import Settings
+from shared.settings import GatewaySettings
 from shared.tls_context import server_context
 from socket_gateway.delivery import DeliverService
 from socket_gateway.grpc_server import MAX_RECEIVE_BYTES, GatewayServicer, start_grpc_server
@@ -31,7 +31,7 @@ class DeliveryPorts:
 async def open_delivery_ports(
     stack: AsyncExitStack,
     service: DeliverService,
-    settings: Settings,
+    settings: GatewaySettings,
     interceptors: Sequence[grpc.aio.ServerInterceptor],
     tls: TlsFiles | None,
     clock: Clock,

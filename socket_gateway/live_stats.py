@@ -14,7 +14,7 @@ from router.stats.sampler import StatsSampler, sampling
 from router.stats.store import RedisStatsStore
 from shared.clock import Clock
 from shared.keys import KeySchema
-from shared.settings import Settings
+from shared.settings import GatewaySettings
 from socket_gateway.acks import AckReporter
 from socket_gateway.connections import LocalConnections
 from socket_gateway.delivery import DeliverService
@@ -26,7 +26,7 @@ class _Parts(Protocol):
     """What it reads of the gateway (socket_gateway.app.Gateway)."""
 
     clock: Clock
-    settings: Settings
+    settings: GatewaySettings
     conns: LocalConnections
     deliver_service: DeliverService
     acks: AckReporter | None

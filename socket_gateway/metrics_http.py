@@ -24,7 +24,7 @@ from shared.http_heads import END_OF_HEAD, HeadLimits, HeadRefusal, check_head
 from shared.throttled import Throttled
 
 if TYPE_CHECKING:
-    from shared.settings import Settings
+    from shared.settings import GatewaySettings
 
 __all__ = ["serve_metrics"]
 
@@ -34,7 +34,7 @@ HEAD_TIMEOUT_S = 5.0
 
 
 async def serve_metrics(
-    settings: Settings, render: Callable[[], bytes], refused: Throttled | None = None
+    settings: GatewaySettings, render: Callable[[], bytes], refused: Throttled | None = None
 ) -> asyncio.Server:
     """Listen on IMROUTE_METRICS_HOST:IMROUTE_METRICS_PORT (0 picks one) and answer
     `GET /metrics` with `render()`. Heads over the limits are refused, counted in

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 from shared.positions import epoch_of, seq_of
 
 if TYPE_CHECKING:
-    from shared.settings import Settings
+    from shared.settings import GatewaySettings
 
 __all__ = ["ResumeLimits", "credible_move", "start_of"]
 
@@ -39,7 +39,7 @@ class ResumeLimits:
             raise ValueError(f"a rate of resumes cannot be negative: {self}")
 
     @classmethod
-    def from_settings(cls, s: Settings) -> ResumeLimits:
+    def from_settings(cls, s: GatewaySettings) -> ResumeLimits:
         return cls(
             s.recovery_resume_max,
             s.recovery_resume_max_bytes,

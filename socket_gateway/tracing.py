@@ -19,7 +19,7 @@ from opentelemetry.context import Context
 from opentelemetry.trace import set_span_in_context
 
 from shared.proto import gateway_pb2
-from shared.settings import Settings
+from shared.settings import GatewaySettings
 from shared.tracing import (
     TRACEPARENT,
     AttributeValue,
@@ -94,7 +94,9 @@ class GatewayTracing:
             span.end()
 
 
-async def gateway_tracing(stack: AsyncExitStack, settings: Settings) -> GatewayTracing | None:
+async def gateway_tracing(
+    stack: AsyncExitStack, settings: GatewaySettings
+) -> GatewayTracing | None:
     """The gateway's tracing when OTEL_EXPORTER_OTLP_ENDPOINT is set (its spans sent when
     `stack` closes), else None."""
     if settings.otel_exporter_otlp_endpoint is None:

@@ -41,3 +41,21 @@ def test_generated_protobuf_code_is_up_to_date(tmp_path: Path) -> None:
         assert filecmp.cmp(generated, ROOT / "shared" / "proto" / name, shallow=False), (
             f"shared/proto/{name} is stale: run ./scripts/proto"
         )
+
+
+def test_the_configuration_reference_is_up_to_date(tmp_path: Path) -> None:
+    """docs/configuration.md is what ./scripts/config_reference writes from the settings
+    classes (which also refuses a setting without a description)."""
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "config_reference"), str(tmp_path / "c.md")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "c.md").read_text(encoding="utf-8") == (
+        ROOT / "docs" / "configuration.md"
+    ).read_text(encoding="utf-8"), (
+        "docs/configuration.md is stale: run .venv/bin/python scripts/config_reference"
+    )

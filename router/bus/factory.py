@@ -8,7 +8,7 @@ from router.bus.redis_streams import DEFAULT_GROUP_IDLE_S, DEFAULT_MAXLEN, Redis
 from router.bus.transport import BusTransport
 from router.hedging import AUTO, HedgeObserver, HedgingSettings, RetrySettings, check_compatible
 from shared.errors import ConfigError
-from shared.settings import Settings
+from shared.settings import FleetSettings
 from shared.tracing import Tracer
 
 __all__ = [
@@ -79,7 +79,7 @@ def open_bus(
 CLUSTER_SCHEME = "redis+cluster"
 
 
-def check_bus_settings(settings: Settings) -> None:
+def check_bus_settings(settings: FleetSettings) -> None:
     """Refuse, before anything opens, a bus the settings cannot give: the default bus is
     Redis Streams on IMROUTE_REDIS_URL, and a Redis Cluster cannot hold it (a gateway
     reads all its topics' streams in one XREADGROUP, which Cluster refuses across slots),
@@ -94,7 +94,7 @@ def check_bus_settings(settings: Settings) -> None:
 
 
 def bus_from_settings(
-    settings: Settings, observer: HedgeObserver | None = None, tracer: Tracer | None = None
+    settings: FleetSettings, observer: HedgeObserver | None = None, tracer: Tracer | None = None
 ) -> HedgedBus[BusTransport]:
     """The bus a push service or gateway process is configured for; with `tracer`, each
     publish attempt is a span (shared.tracing)."""
@@ -114,7 +114,7 @@ def bus_from_settings(
 HEDGE_VARS = "IMROUTE_HEDGE_DELAY_MS, IMROUTE_HEDGE_MAX_TOKENS, IMROUTE_HEDGE_REFILL_RATIO"
 
 
-def hedging_from_settings(settings: Settings) -> HedgingSettings | None:
+def hedging_from_settings(settings: FleetSettings) -> HedgingSettings | None:
     """Publish hedging as configured: on when IMROUTE_HEDGE_DELAY_MS is set; checked as
     HedgingSettings and against the publish retry settings. ConfigError when bad."""
     s = settings

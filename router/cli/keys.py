@@ -17,7 +17,7 @@ from router.redis.client import connect_redis
 from shared.clock import SystemClock
 from shared.errors import InvalidInput
 from shared.keys import KeySchema, braced
-from shared.settings import Settings
+from shared.settings import ToolSettings
 from shared.uids import check_uid
 
 __all__ = ["keys_migrate", "read_uids", "register"]
@@ -57,7 +57,7 @@ def _run(args: argparse.Namespace) -> int:
     listed = read_uids(Path(args.uids)) if args.uids else []
     if args.no_directory and not args.uids:
         raise InvalidInput("--uids", "required with --no-directory")
-    settings = Settings.load(os.environ)
+    settings = ToolSettings.load(os.environ)
     policy = Ambiguous(args.ambiguous)
     report = asyncio.run(
         keys_migrate(settings, listed, not args.no_directory, args.dry_run, policy)
@@ -83,7 +83,7 @@ def read_uids(path: Path) -> list[str]:
 
 
 async def keys_migrate(
-    settings: Settings,
+    settings: ToolSettings,
     listed: list[str],
     use_directory: bool,
     dry_run: bool,

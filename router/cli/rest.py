@@ -24,7 +24,7 @@ from collections.abc import Callable
 from typing import Any
 
 import httpx
-from pydantic import SecretStr
+from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from router.balancing.retry import RetryPolicy
@@ -57,9 +57,15 @@ class ApiSettings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="IMROUTE_", extra="ignore")
 
-    api_url: str = DEFAULT_API_URL
-    api_key: SecretStr | None = None
-    admin_api_key: SecretStr | None = None
+    api_url: str = Field(
+        DEFAULT_API_URL,
+        description="where the operator commands (`imroute push`, `status`, ...) find the push "
+        "service; only they read it",
+    )
+    api_key: SecretStr | None = Field(None, description="the key the commands send (push role)")
+    admin_api_key: SecretStr | None = Field(
+        None, description="the key the commands send for drains and directory writes"
+    )
 
 
 class RemoteError(ImrouteError):

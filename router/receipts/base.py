@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
-    from shared.settings import Settings
+    from shared.settings import ReceiptSettings
 
 __all__ = [
     "ACKED",
@@ -53,7 +53,7 @@ class ReceiptLimits:
     max_recipients: int = 10_000  # IMROUTE_RECEIPTS_MAX_RECIPIENTS: listable up to this
 
     @classmethod
-    def from_settings(cls, s: Settings) -> ReceiptLimits:
+    def from_settings(cls, s: ReceiptSettings) -> ReceiptLimits:
         return cls(s.receipts_ttl_s, s.receipts_max_recipients)
 
     @property

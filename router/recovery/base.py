@@ -29,7 +29,7 @@ from shared.proto import gateway_pb2
 from shared.wire import push_prefix
 
 if TYPE_CHECKING:
-    from shared.settings import Settings
+    from shared.settings import FleetSettings
 
 __all__ = [
     "OFFLINE_TOPIC",
@@ -60,7 +60,7 @@ class RecoveryLimits:
     content_inline_max: int = 1024  # IMROUTE_BUS_CONTENT_INLINE_MAX: bytes, else stored once
 
     @classmethod
-    def from_settings(cls, s: Settings) -> RecoveryLimits:
+    def from_settings(cls, s: FleetSettings) -> RecoveryLimits:
         return cls(
             s.recovery_window_s,
             s.recovery_user_max,

@@ -28,7 +28,7 @@ from router.webhook.scripts import ADOPT, CLAIM, CONNECTED, EMPTIED, SETTLE
 from shared.clock import Clock
 from shared.errors import ImrouteError
 from shared.keys import KeySchema
-from shared.settings import Settings
+from shared.settings import GatewaySettings
 
 __all__ = ["KEEP_MS", "RedisPresence", "Settled", "adopt_last_run", "from_settings", "retire"]
 
@@ -189,7 +189,7 @@ class RedisPresence:
 
 
 def from_settings(
-    settings: Settings, redis: RedisClient, keys: KeySchema, clock: Clock
+    settings: GatewaySettings, redis: RedisClient, keys: KeySchema, clock: Clock
 ) -> RedisPresence | None:
     """A gateway's presence writer, or None while IMROUTE_WEBHOOK_URL is unset (webhooks
     off: nothing is tracked, an unregister stays one HDEL)."""

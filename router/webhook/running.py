@@ -20,14 +20,14 @@ from router.webhook.sender import WebhookSender
 from router.webhook.sweeper import LiveFleet, OfflineSweeper, RouteLookup
 from shared.clock import Clock
 from shared.keys import KeySchema
-from shared.settings import Settings
+from shared.settings import PushSettings
 
 __all__ = ["WebhookCounts", "running_webhooks"]
 
 
 @asynccontextmanager
 async def running_webhooks(
-    settings: Settings,
+    settings: PushSettings,
     clock: Clock,
     keys: KeySchema,
     redis: RedisClient,

@@ -18,7 +18,7 @@ from shared.http_heads import HeadLimits
 from shared.throttled import Throttled
 
 if TYPE_CHECKING:
-    from shared.settings import Settings
+    from shared.settings import GatewaySettings
 
 __all__ = [
     "MAX_TRACKED_IPS",
@@ -109,7 +109,7 @@ class HandshakeLimits:
     head: HeadLimits = field(default_factory=HeadLimits)
 
     @classmethod
-    def from_settings(cls, settings: Settings) -> HandshakeLimits:
+    def from_settings(cls, settings: GatewaySettings) -> HandshakeLimits:
         return cls(
             max_pre_auth=settings.ws_max_pre_auth,
             connect_rate_per_ip=settings.ws_connect_rate_per_ip,

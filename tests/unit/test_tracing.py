@@ -29,8 +29,7 @@ from router.bus.hedged import traced_attempt
 from router.testing import ManualClock
 from shared.errors import ConfigError
 from shared.proto import gateway_pb2
-from shared.settings import Settings
-from shared.trace_settings import check_tracing
+from shared.settings import Settings, check_tracing
 from shared.tracing import TRACEPARENT, parent_context, sampled, traced, traceparent
 from shared.tracing_setup import Tracing, open_tracing
 from socket_gateway.tracing import MAX_TRACED_PUSHES, GatewayTracing
