@@ -47,7 +47,6 @@ from router.bus.base import Bus
 from router.bus.factory import bus_from_settings, check_bus_settings, hedging_from_settings
 from router.bus.metrics import BusLossMetrics
 from router.directory.sql import SqlUserDirectory
-from router.fanout.resilient import PublishRetry
 from router.fanout.runner import JobRunner
 from router.fleet.cache import CachedFleet
 from router.fleet.dispatch import ConnectHealth, Dispatcher
@@ -225,7 +224,6 @@ class Wiring:
                 clock,
                 batch_size=settings.batch_size,
                 flush_timeout_s=settings.flush_timeout_s,
-                retry=PublishRetry(settings.job_publish_retries, settings.job_publish_backoff_s),
                 recovery=recovery,
                 receipts=on_receipts,
                 tracer=tracer,
