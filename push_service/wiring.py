@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import logging
 import os
 import socket
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
@@ -51,7 +52,6 @@ from router.bus.base import Bus
 from router.bus.factory import bus_from_settings, check_bus_settings, hedging_from_settings
 from router.bus.metrics import BusLossMetrics
 from router.directory.sql import SqlUserDirectory
-from router.fanout.resilient import PublishRetry
 from router.fanout.runner import JobRunner
 from router.fleet.cache import CachedFleet
 from router.fleet.dispatch import ConnectHealth, Dispatcher
@@ -93,6 +93,9 @@ class Parts:
     grpc_clients: GrpcGatewayClients  # its bottom: one channel per gateway
 
 
+log = logging.getLogger(__name__)
+
+
 class Wiring:
     """Builds the push service's objects from Settings; `open()` starts and stops them."""
 
@@ -120,6 +123,13 @@ class Wiring:
         if bus is None:
             check_bus_settings(settings)  # redis+cluster:// without IMROUTE_BUS_URL
         rule_for(settings.dispatch_rule, Availability(clock))  # a bad rule name stops it here
+        unused = {"job_publish_retries", "job_publish_backoff_s"} & settings.model_fields_set
+        if unused:
+            log.warning(
+                "%s: accepted and no longer used; a job batch's publish is retried by the "
+                "bus itself, up to 60 s",
+                ", ".join(f"IMROUTE_{name.upper()}" for name in sorted(unused)),
+            )
         # A registry per app, so several apps in one process (tests) never collide.
         self._metrics = CollectorRegistry(auto_describe=True)
         self._publish_metrics = PublishMetrics(self._metrics)
@@ -131,7 +141,7 @@ class Wiring:
         # Parsed now: a bad IMROUTE_RATE_LIMIT stops the start, by name.
         self._rate = None if limit is None else RateLimit.parse(limit, settings.rate_burst)
         self.rate_limiter: RateLimiter | None = None  # set while open, when a limit is set
-        # issue 13: where producers (message.unacked) emit webhook events; set while open,
+        # where producers (message.unacked) emit webhook events; set while open,
         # when IMROUTE_WEBHOOK_URL is set (None: webhooks off, nothing to emit)
         self.webhooks: EventSink | None = None
         self.unacked: UnackedSweeper | None = None  # sends message.unacked, while open
@@ -218,7 +228,6 @@ class Wiring:
                 clock,
                 batch_size=settings.batch_size,
                 flush_timeout_s=settings.flush_timeout_s,
-                retry=PublishRetry(settings.job_publish_retries, settings.job_publish_backoff_s),
                 recovery=recovery,
                 receipts=on_receipts,
                 tracer=tracer,

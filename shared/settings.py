@@ -1058,13 +1058,15 @@ class FanoutSettings(Section):
         3,
         ge=0,
         le=10,
-        description="retries of a job batch's publish when the bus is unavailable",
+        description="accepted and no longer used: a job batch's publish is retried by "
+        "the bus itself, up to 60 s (one retry layer per hop); the push service warns when "
+        "it is set",
     )
     job_publish_backoff_s: float = Field(
         0.2,
         ge=0,
         le=60,
-        description="the first wait between a job batch's publish retries, doubling up to 5 s",
+        description="accepted and no longer used, as `IMROUTE_JOB_PUBLISH_RETRIES`",
     )
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import filecmp
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -59,3 +60,14 @@ def test_the_configuration_reference_is_up_to_date(tmp_path: Path) -> None:
     ).read_text(encoding="utf-8"), (
         "docs/configuration.md is stale: run .venv/bin/python scripts/config_reference"
     )
+
+
+def test_every_lua_script_is_shipped_in_the_wheel() -> None:
+    """The stores read their `.lua` files at import: package-data lists every one."""
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
+    data: dict[str, list[str]] = config["tool"]["setuptools"]["package-data"]
+    for package, patterns in data.items():
+        shipped = {path for pattern in patterns for path in (ROOT / package).glob(pattern)}
+        for path in (ROOT / package).rglob("*.lua"):
+            assert path in shipped, f"{path.relative_to(ROOT)}: not in package-data"
+    assert list((ROOT / "router").rglob("*.lua"))

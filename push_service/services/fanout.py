@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator, Sequence
 from typing import Protocol
 
@@ -15,7 +14,6 @@ from router.fanout.broadcast import pages_after, run_broadcast
 from router.fanout.multicast import chunked, run_multicast
 from router.fanout.outages import ride_out
 from router.fanout.publisher import BatchPublisher, Publisher
-from router.fanout.resilient import PublishRetry, ResilientPublisher, StableIdLog
 from router.fanout.runner import JobRun, JobRunner, Work
 from router.jobs.base import Claim, Job, PushCounters
 from router.jobs.specs import BroadcastSpec
@@ -52,7 +50,6 @@ class FanOut:
         *,
         batch_size: int,
         flush_timeout_s: float,
-        retry: PublishRetry,
         recovery: RecoveryLog | None = None,
         receipts: Receipts | None = None,
         tracer: Tracer | None = None,
@@ -63,7 +60,6 @@ class FanOut:
             groups = TracedGroupLookup(groups, tracer)
         self._recovery = recovery
         self._receipts = receipts
-        self._retry = retry
         self._bus = bus
         self._directory = directory
         self._groups = groups
@@ -176,12 +172,11 @@ class FanOut:
     def _publisher(
         self, message: Message, expires_ms: int, counters: PushCounters, store: bool
     ) -> BatchPublisher:
-        recovery = StableIdLog(self._recovery) if store and self._recovery else None
-        bus = ResilientPublisher(self._bus, self._retry, asyncio.sleep)
+        recovery = self._recovery if store else None
         # Content is stored once per push even when the batches are not logged.
         content = self._recovery.content if self._recovery is not None else None
         return BatchPublisher(
-            bus, message, expires_ms, counters, recovery, content=content, tracer=self._tracer
+            self._bus, message, expires_ms, counters, recovery, content=content, tracer=self._tracer
         )
 
     def _receipt(

@@ -33,6 +33,7 @@ from router.bus.redis_trim import text as _text
 from router.hedging import Attempt, AttemptContext
 from router.redis.client import connection_identity
 from router.redis.errors import is_unreachable, redis_errors, reraise_swallowed_cancel
+from router.redis.scripts import ScriptRunner
 from shared.backoff import backoff_s
 from shared.errors import ConfigError
 from shared.keys import KeySchema
@@ -118,7 +119,7 @@ class RedisStreamsTransport(BusLifecycle):
         self._prefix = prefix
         self._maxlen = maxlen
         self._group_idle_ms = int(group_idle_s * 1000)
-        self._publish = self._redis.register_script(PUBLISH)
+        self._scripts = ScriptRunner(self._redis, (PUBLISH,))
         self._checked: dict[str, float] = {}  # topic -> when its groups were last looked at
         self._trims = TrimReporter(maxlen, group_idle_s)
         self.losses: BusLosses = self._trims.losses
@@ -149,7 +150,7 @@ class RedisStreamsTransport(BusLifecycle):
                 self._checked[topic] = now
             args = [self._maxlen, self._group_idle_ms, int(check), MAX_EXCESS, LOST_TTL_MS]
             async with asyncio.timeout(ctx.timeout_s):
-                reply = await self._publish(keys=keys, args=[*args, *fields])
+                reply = await self._scripts.run(PUBLISH, keys, *args, *fields)
             reraise_swallowed_cancel()
             report = parse_reply(reply)
             if report.dropped or report.lost:

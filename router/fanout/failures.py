@@ -1,7 +1,8 @@
 """A batch that failed is counted and listed, and the push goes on with the next one.
 
-Its publish was retried already (ResilientPublisher). Only a bus that stays down ends the
-push: after MAX_CONSECUTIVE_FAILURES failed batches in a row, the last error is raised.
+Its publish was retried already, by the bus (`router.bus.hedged`). Only a bus that stays
+down ends the push: after MAX_CONSECUTIVE_FAILURES failed batches in a row, the last
+error is raised.
 """
 
 from __future__ import annotations

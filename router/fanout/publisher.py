@@ -8,10 +8,20 @@ A batch the bus lost after it was published (Redis Streams trimmed it past
 IMROUTE_BUS_MAXLEN before a live gateway read it) moves from `published` to
 `failed_batches`: the bus reports it (`BusLosses`), and each publish takes the push's
 lost batches so far.
+
+A batch of a push job may be published more than once: a publish whose first attempt
+reached the bus after all, or the page a resumed job publishes again because its previous
+process died between logging or publishing it and recording its checkpoint. Gateways
+drop a batch id they have seen (`socket_gateway.dedup`), so each batch gets its id where
+it is built, derived from what it delivers (push id, mode, group, recipients): the same
+in every attempt and in every process, on the bus and in the recovery log (whose entry
+a gateway may read instead when the bus lost the batch). A batch published twice
+reaches each client once.
 """
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Protocol, runtime_checkable
@@ -22,7 +32,6 @@ from router.fanout.outages import ride_out
 from router.jobs.base import PushCounters
 from router.recovery.base import OFFLINE_TOPIC, ContentWrites, RecoveryLog
 from shared.batches import to_batch
-from shared.ids import new_id
 from shared.models import Message
 from shared.positions import counter_of, epoch_of
 from shared.proto import gateway_pb2
@@ -43,6 +52,7 @@ __all__ = [
     "PushCounters",
     "ReportsLosses",
     "group_topic",
+    "stable_batch_id",
 ]
 
 BROADCAST_TOPIC = BROADCAST
@@ -63,6 +73,18 @@ class ReportsLosses(Protocol):
 
     @property
     def losses(self) -> BusLosses: ...
+
+
+def stable_batch_id(batch: gateway_pb2.Batch) -> str:
+    """32 hex characters (as `new_id`) that depend only on what the batch delivers."""
+    h = hashlib.blake2b(digest_size=16)
+    m = batch.message
+    head = (m.push_id, str(batch.mode), batch.group_id, "1" if batch.everyone else "0")
+    h.update("\0".join(head).encode())
+    for uid in batch.uids:
+        h.update(b"\0")
+        h.update(uid.encode())
+    return h.hexdigest()
 
 
 class BatchPublisher:
@@ -100,9 +122,7 @@ class BatchPublisher:
         """Log recipients who had no route (one entry for all of them), so that a client
         resuming within the window gets the message; nothing is published."""
         if self._recovery is not None and uids:
-            batch = await self._batch(uids)
-            batch.mode = gateway_pb2.MODE_MULTICAST
-            batch.expires_ms = self._expires_ms
+            batch = await self._batch(uids, gateway_pb2.MODE_MULTICAST)
             await self._recovery.append_batch(OFFLINE_TOPIC, batch)
 
     async def publish(
@@ -139,11 +159,7 @@ class BatchPublisher:
         everyone: bool,
         span: Span | None,
     ) -> None:
-        batch = await self._batch(uids)
-        batch.mode = mode
-        batch.group_id = group_id
-        batch.everyone = everyone
-        batch.expires_ms = self._expires_ms
+        batch = await self._batch(uids, mode, group_id, everyone)
         attributes = {
             "batch_id": batch.batch_id,
             "push_id": self._message.push_id,
@@ -156,7 +172,7 @@ class BatchPublisher:
                 lambda: recovery.append_batch(topic, batch), f"logging a batch of {topic}"
             )
             batch.seq, batch.epoch = counter_of(seq), epoch_of(seq)
-        if span is not None:  # the batch's id as sent (a stable id log may set it)
+        if span is not None:
             span.set_attribute("imroute.batch_id", batch.batch_id)
             attributes[TRACEPARENT] = traceparent(span)
         self.counters.batches += 1
@@ -182,12 +198,27 @@ class BatchPublisher:
         self.counters.failed_batches += lost
         return lost
 
-    async def _batch(self, uids: Sequence[str]) -> gateway_pb2.Batch:
+    async def _batch(
+        self,
+        uids: Sequence[str],
+        mode: gateway_pb2.Mode.ValueType,
+        group_id: str = "",
+        everyone: bool = False,
+    ) -> gateway_pb2.Batch:
+        """The batch for `uids`, under its stable id."""
         if self._content is None:
-            return to_batch(self._message, uids, new_id())
-        # Stored (or its TTL pushed forward) before the batch that names it can exist.
-        content, m = self._content, self._message
-        await ride_out(lambda: content.hold(m.msg_id, m.content_json), "storing a push's content")
-        batch = to_batch(self._bare, uids, new_id())
-        batch.message.content_stored = True
+            batch = to_batch(self._message, uids, "")
+        else:
+            # Stored (or its TTL pushed forward) before the batch that names it can exist.
+            content, m = self._content, self._message
+            await ride_out(
+                lambda: content.hold(m.msg_id, m.content_json), "storing a push's content"
+            )
+            batch = to_batch(self._bare, uids, "")
+            batch.message.content_stored = True
+        batch.mode = mode
+        batch.group_id = group_id
+        batch.everyone = everyone
+        batch.expires_ms = self._expires_ms
+        batch.batch_id = stable_batch_id(batch)
         return batch

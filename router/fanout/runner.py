@@ -69,7 +69,7 @@ class JobRun:
         Raises LeaseLost if another process took the job over, Handover if the runner is
         stopping (the job is released from here). A Redis error is logged and the job
         goes on: its lease lapses if Redis stays away, and a take-over re-publishes from
-        the last checkpoint that was written (harmless: see ResilientPublisher).
+        the last checkpoint that was written (harmless: see `stable_batch_id`).
         """
         self.last = Checkpoint(after, pages, self.counters.copy())
         try:

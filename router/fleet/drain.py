@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from router.fleet.base import DrainRequests
 from router.redis.client import RedisClient
 from router.redis.errors import translate_errors
+from router.redis.scripts import Script, ScriptRunner
 from shared.keys import KeySchema
 
 __all__ = ["DRAIN_REQUEST_TTL_S", "DrainRequests", "RedisDrainRequests"]
@@ -20,27 +21,8 @@ __all__ = ["DRAIN_REQUEST_TTL_S", "DrainRequests", "RedisDrainRequests"]
 DRAIN_REQUEST_TTL_S = 60
 
 
-# The request's value is the boot it is for; taking it deletes it either way.
-_TAKE = """
-local v = redis.call('GET', KEYS[1])
-if not v then return 0 end
-redis.call('DEL', KEYS[1])
-if v == ARGV[1] then return 1 end
-return 0
-"""
-
-
-# KEYS[1] the drain key asked for, KEYS[2..] the others' (one hash slot: shared.keys);
-# ARGV[1] the TTL, ARGV[2] the boot asked for, ARGV[i + 1] the boot of KEYS[i].
-_REQUEST_UNLESS_LAST = """
-for i = 2, #KEYS do
-  if redis.call('GET', KEYS[i]) ~= ARGV[i + 1] then
-    redis.call('SET', KEYS[1], ARGV[2], 'EX', ARGV[1])
-    return 1
-  end
-end
-return 0
-"""
+_TAKE = Script.load(__package__, "take")
+_REQUEST_UNLESS_LAST = Script.load(__package__, "request_unless_last")
 
 
 class RedisDrainRequests:
@@ -53,6 +35,7 @@ class RedisDrainRequests:
         self._redis = redis
         self._keys = keys
         self._ttl_s = ttl_s
+        self._scripts = ScriptRunner(redis, (_TAKE, _REQUEST_UNLESS_LAST))
 
     @translate_errors  # Redis down: RegistryUnavailable (a 503 at the API)
     async def request(self, gateway_id: str, boot_ms: int) -> None:
@@ -64,9 +47,9 @@ class RedisDrainRequests:
     ) -> bool:
         keys = [self._keys.drain(gateway_id), *(self._keys.drain(g) for g in others)]
         args = [str(self._ttl_s), str(boot_ms), *(str(b) for b in others.values())]
-        return bool(await self._redis.eval(_REQUEST_UNLESS_LAST, len(keys), *keys, *args))
+        return bool(await self._scripts.run(_REQUEST_UNLESS_LAST, keys, *args))
 
     @translate_errors
     async def take(self, gateway_id: str, boot_ms: int) -> bool:
         key = self._keys.drain(gateway_id)
-        return bool(await self._redis.eval(_TAKE, 1, key, str(boot_ms)))
+        return bool(await self._scripts.run(_TAKE, (key,), str(boot_ms)))

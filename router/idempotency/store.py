@@ -22,38 +22,15 @@ from router.idempotency.base import (
 )
 from router.redis.client import RedisClient
 from router.redis.errors import translate_errors
+from router.redis.scripts import Script, ScriptRunner
 from shared.keys import KeySchema
 
 __all__ = ["RedisIdempotencyStore"]
 
-# ARGV: fingerprint, token, lease ms. Returns {"claimed"} | {"mismatch"} | {"running"}
-# | {"done", status, body}.
-_CLAIM = """
-local e = redis.call('HMGET', KEYS[1], 'fp', 'state', 'status', 'body')
-if not e[1] then
-  redis.call('HSET', KEYS[1], 'fp', ARGV[1], 'state', 'running', 'token', ARGV[2])
-  redis.call('PEXPIRE', KEYS[1], ARGV[3])
-  return {'claimed'}
-end
-if e[1] ~= ARGV[1] then return {'mismatch'} end
-if e[2] == 'done' then return {'done', e[3], e[4]} end
-return {'running'}
-"""
-
-# ARGV: token, status, body, ttl ms. Returns 1, or 0 when the token is not the holder's.
-_COMPLETE = """
-if redis.call('HGET', KEYS[1], 'token') ~= ARGV[1] then return 0 end
-redis.call('HSET', KEYS[1], 'state', 'done', 'status', ARGV[2], 'body', ARGV[3])
-redis.call('HDEL', KEYS[1], 'token')
-redis.call('PEXPIRE', KEYS[1], ARGV[4])
-return 1
-"""
-
-# ARGV: token.
-_RELEASE = """
-if redis.call('HGET', KEYS[1], 'token') == ARGV[1] then redis.call('DEL', KEYS[1]) end
-return 0
-"""
+# One script per step (their comments say what they take and answer).
+_CLAIM = Script.load(__package__, "claim")
+_COMPLETE = Script.load(__package__, "complete")
+_RELEASE = Script.load(__package__, "release")
 
 
 class RedisIdempotencyStore:
@@ -63,9 +40,7 @@ class RedisIdempotencyStore:
         self._keys = keys
         self._ttl_ms = int(ttl_s * 1000)
         self._lease_ms = int(lease_s * 1000)
-        self._claim = redis.register_script(_CLAIM)
-        self._complete = redis.register_script(_COMPLETE)
-        self._release = redis.register_script(_RELEASE)
+        self._scripts = ScriptRunner(redis, (_CLAIM, _COMPLETE, _RELEASE))
 
     def _key(self, scope: str, key: str) -> str:
         return self._keys.idempotency(scope, key_hash(key))
@@ -73,8 +48,8 @@ class RedisIdempotencyStore:
     @translate_errors
     async def claim(self, scope: str, key: str, fingerprint: str) -> Outcome:
         token = secrets.token_hex(16)
-        reply = await self._claim(
-            keys=[self._key(scope, key)], args=[fingerprint, token, self._lease_ms]
+        reply = await self._scripts.run(
+            _CLAIM, (self._key(scope, key),), fingerprint, token, self._lease_ms
         )
         match reply[0]:
             case "claimed":
@@ -89,12 +64,11 @@ class RedisIdempotencyStore:
 
     @translate_errors
     async def complete(self, scope: str, key: str, token: str, answer: Answer) -> bool:
-        done = await self._complete(
-            keys=[self._key(scope, key)],
-            args=[token, answer.status, answer.body, self._ttl_ms],
+        done = await self._scripts.run(
+            _COMPLETE, (self._key(scope, key),), token, answer.status, answer.body, self._ttl_ms
         )
         return bool(done)
 
     @translate_errors
     async def release(self, scope: str, key: str, token: str) -> None:
-        await self._release(keys=[self._key(scope, key)], args=[token])
+        await self._scripts.run(_RELEASE, (self._key(scope, key),), token)

@@ -31,6 +31,7 @@ from router.jobs.base import (
 )
 from router.redis.client import RedisClient
 from router.redis.errors import translate_errors
+from router.redis.scripts import Script, ScriptRunner
 from shared.clock import Clock
 from shared.keys import KeySchema
 
@@ -40,92 +41,13 @@ FINISHED_TTL_S = 7 * 24 * 3600
 
 ORPHANED = "the push service running this job stopped before it finished"
 
-# The common head of every fenced write: ARGV[1] is the writer's epoch.
-_FENCE = """
-local status = redis.call('HGET', KEYS[1], 'status')
-if status ~= 'queued' and status ~= 'running' then return 0 end
-if redis.call('HGET', KEYS[1], 'epoch') ~= ARGV[1] then return -1 end
-"""
-
-# Renewal and checkpoint: ARGV = epoch, lease end, push id, checkpoint or '', failed
-# list, then the counters as field/value pairs.
-_PROGRESS = (
-    _FENCE
-    + """
-redis.call('HSET', KEYS[1], 'status', 'running', 'failed', ARGV[5], unpack(ARGV, 6))
-if ARGV[4] ~= '' then redis.call('HSET', KEYS[1], 'checkpoint', ARGV[4]) end
-redis.call('ZADD', KEYS[2], ARGV[2], ARGV[3])
-return 1
-"""
-)
-
-# ARGV = epoch, push id, finished TTL, failed list, then field/value pairs (status, ...).
-# What only a resume needs (the spec holds up to 64 KiB of content) goes with the end.
-_FINISH = (
-    _FENCE
-    + """
-redis.call('HSET', KEYS[1], 'failed', ARGV[4], unpack(ARGV, 5))
-redis.call('HDEL', KEYS[1], 'spec', 'checkpoint', 'released')
-redis.call('EXPIRE', KEYS[1], ARGV[3])
-redis.call('ZREM', KEYS[2], ARGV[2])
-return 1
-"""
-)
-
-# A hand-over at shutdown: the epoch moves on, so a renewal of this holder still in
-# flight is refused, and the job is claimable at once (lease end 0).
-# ARGV = epoch, push id, checkpoint or '', failed list, then counter pairs.
-_RELEASE = (
-    _FENCE
-    + """
-redis.call('HINCRBY', KEYS[1], 'epoch', 1)
-redis.call('HSET', KEYS[1], 'status', 'queued', 'released', '1', 'failed', ARGV[4], unpack(ARGV, 5))
-if ARGV[3] ~= '' then redis.call('HSET', KEYS[1], 'checkpoint', ARGV[3]) end
-redis.call('ZADD', KEYS[2], 0, ARGV[2])
-return 1
-"""
-)
-
-# A new job, leased to its creator; the latest jobs (for the dashboard) keep it among
-# theirs. KEYS = job, running, recent. ARGV = lease end, push id, created at, recent
-# kept, then the job's field/value pairs.
-_CREATE = """
-redis.call('HSET', KEYS[1], unpack(ARGV, 5))
-redis.call('ZADD', KEYS[2], ARGV[1], ARGV[2])
-redis.call('ZADD', KEYS[3], ARGV[3], ARGV[2])
-redis.call('ZREMRANGEBYRANK', KEYS[3], 0, -tonumber(ARGV[4]) - 1)
-return 1
-"""
-
-# One job whose lease the scan saw lapsed. ARGV = now, new lease end, max attempts,
-# push id, finished TTL, the error of an orphan that cannot be resumed, that of one out
-# of attempts. Returns false (live, or already ended), {0} (failed) or {epoch, spec,
-# checkpoint, mode, attempts} (claimed by the caller).
-_CLAIM = """
-local score = redis.call('ZSCORE', KEYS[2], ARGV[4])
-if not score or tonumber(score) > tonumber(ARGV[1]) then return false end
-local status = redis.call('HGET', KEYS[1], 'status')
-if status ~= 'queued' and status ~= 'running' then
-  redis.call('ZREM', KEYS[2], ARGV[4])
-  return false
-end
-local f = redis.call('HMGET', KEYS[1], 'spec', 'attempts', 'released', 'checkpoint', 'mode')
-local attempts = tonumber(f[2] or '1')
-if f[3] ~= '1' then attempts = attempts + 1 end
-if (not f[1]) or attempts > tonumber(ARGV[3]) then
-  local reason = ARGV[6]
-  if f[1] then reason = ARGV[7] end
-  redis.call('HSET', KEYS[1], 'status', 'failed', 'error', reason, 'finished_at', ARGV[1])
-  redis.call('HDEL', KEYS[1], 'spec', 'checkpoint', 'released')
-  redis.call('EXPIRE', KEYS[1], ARGV[5])
-  redis.call('ZREM', KEYS[2], ARGV[4])
-  return {0}
-end
-local epoch = redis.call('HINCRBY', KEYS[1], 'epoch', 1)
-redis.call('HSET', KEYS[1], 'status', 'running', 'attempts', attempts, 'released', '0')
-redis.call('ZADD', KEYS[2], ARGV[2], ARGV[4])
-return {epoch, f[1], f[4] or '', f[5], attempts}
-"""
+# Each write is one script (its comments say what it takes); the fenced ones start with
+# the check of the writer's epoch (`fence_fn.lua`).
+_PROGRESS = Script.load(__package__, "fence_fn", "progress")
+_FINISH = Script.load(__package__, "fence_fn", "finish")
+_RELEASE = Script.load(__package__, "fence_fn", "release")
+_CREATE = Script.load(__package__, "create")
+_CLAIM = Script.load(__package__, "claim")
 
 
 RECENT_KEPT = 100  # jobs:recent holds the latest this many
@@ -137,11 +59,7 @@ class RedisJobStore:
         self._keys = keys
         self._clock = clock
         self._lease_ms = int(lease_s * 1000)
-        self._progress = redis.register_script(_PROGRESS)
-        self._finish = redis.register_script(_FINISH)
-        self._release = redis.register_script(_RELEASE)
-        self._claim = redis.register_script(_CLAIM)
-        self._create = redis.register_script(_CREATE)
+        self._scripts = ScriptRunner(redis, (_PROGRESS, _FINISH, _RELEASE, _CREATE, _CLAIM))
 
     def _job_keys(self, push_id: str) -> list[str]:
         return [self._keys.job(push_id), self._keys.jobs_running()]
@@ -167,7 +85,7 @@ class RedisJobStore:
         pairs = [v for kv in fields_.items() for v in kv]
         args = [self._clock.now_ms() + self._lease_ms, push_id, fields_["created_at"]]
         keys = [*self._job_keys(push_id), self._keys.jobs_recent()]
-        await self._create(keys=keys, args=[*args, RECENT_KEPT, *pairs])
+        await self._scripts.run(_CREATE, keys, *args, RECENT_KEPT, *pairs)
         return Lease(push_id, 1)
 
     @translate_errors
@@ -190,7 +108,7 @@ class RedisJobStore:
             _failed_json(counters.failed),
             *_pairs(counters),
         ]
-        return bool(await self._progress(keys=self._job_keys(lease.push_id), args=args) == 1)
+        return bool(await self._scripts.run(_PROGRESS, self._job_keys(lease.push_id), *args) == 1)
 
     @translate_errors
     async def finish(self, lease: Lease, counters: PushCounters, error: str | None) -> bool:
@@ -209,7 +127,7 @@ class RedisJobStore:
         ]
         if error:
             args += ["error", error]
-        return bool(await self._finish(keys=self._job_keys(lease.push_id), args=args) == 1)
+        return bool(await self._scripts.run(_FINISH, self._job_keys(lease.push_id), *args) == 1)
 
     @translate_errors
     async def release(self, lease: Lease, checkpoint: Checkpoint | None) -> bool:
@@ -222,7 +140,7 @@ class RedisJobStore:
             _failed_json(counters.failed),
             *(_pairs(counters) if checkpoint else ()),
         ]
-        return bool(await self._release(keys=self._job_keys(lease.push_id), args=args) == 1)
+        return bool(await self._scripts.run(_RELEASE, self._job_keys(lease.push_id), *args) == 1)
 
     @translate_errors
     async def claim_lapsed(self, max_attempts: int) -> tuple[list[Claim], int]:
@@ -238,17 +156,16 @@ class RedisJobStore:
         claims: list[Claim] = []
         failed = 0
         for push_id in lapsed:
-            got = await self._claim(
-                keys=self._job_keys(push_id),
-                args=[
-                    now,
-                    now + self._lease_ms,
-                    max_attempts,
-                    push_id,
-                    FINISHED_TTL_S,
-                    ORPHANED,
-                    f"{ORPHANED}, {max_attempts} times (IMROUTE_JOB_MAX_ATTEMPTS)",
-                ],
+            got = await self._scripts.run(
+                _CLAIM,
+                self._job_keys(push_id),
+                now,
+                now + self._lease_ms,
+                max_attempts,
+                push_id,
+                FINISHED_TTL_S,
+                ORPHANED,
+                f"{ORPHANED}, {max_attempts} times (IMROUTE_JOB_MAX_ATTEMPTS)",
             )
             if not got:
                 continue

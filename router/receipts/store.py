@@ -39,99 +39,11 @@ MARK_CHUNK = 1000
 # A counts-only push's set of recipients not acked yet outlives its event at most this.
 PENDING_TTL_MS = 86_400_000
 
-# Moves one uid to a state if that is up from where it is, keeping the counters.
-_MOVE = """
-local rank = {q = 1, x = 2, d = 3, a = 4}
-local function move(k, uid, new)
-  local f = 'u:' .. uid
-  local cur = redis.call('HGET', k, f)
-  if cur and rank[new] <= rank[cur] then return 0 end
-  redis.call('HSET', k, f, new)
-  redis.call('HINCRBY', k, 'c' .. new, 1)
-  if cur then redis.call('HINCRBY', k, 'c' .. cur, -1) end
-  return 1
-end
-"""
-
-# KEYS: receipt, pending. ARGV: ttl ms, mode, recipients, online, listable, queued
-# (counts-only), pending ttl ms (0: none), n meta, meta k v..., then uid state pairs:
-# moved (listable), or added to the pending set (counts-only, a message.unacked due).
-_RECORD = (
-    _MOVE
-    + """
-local k = KEYS[1]
-redis.call('HSET', k, 'm', ARGV[2], 'n', ARGV[3], 'on', ARGV[4], 'l', ARGV[5])
-if ARGV[5] == '0' then redis.call('HSET', k, 'cq', ARGV[6]) end
-local i = 9
-for _ = 1, tonumber(ARGV[8]) do
-  redis.call('HSET', k, ARGV[i], ARGV[i + 1])
-  i = i + 2
-end
-local pend = ARGV[5] == '0' and tonumber(ARGV[7]) > 0
-while i < #ARGV do
-  if pend then redis.call('SADD', KEYS[2], ARGV[i]) else move(k, ARGV[i], ARGV[i + 1]) end
-  i = i + 2
-end
-if pend then redis.call('PEXPIRE', KEYS[2], ARGV[7]) end
-redis.call('PEXPIRE', k, ARGV[1])
-return 1
-"""
-)
-
-# KEYS: receipt, acked HLL, delivered HLL, pending. ARGV: state, early ttl ms, uids...
-_MARK = (
-    _MOVE
-    + """
-local k, state = KEYS[1], ARGV[1]
-local l = redis.call('HGET', k, 'l')
-if l == '0' then
-  local uids = {unpack(ARGV, 3)}
-  if state == 'x' then
-    redis.call('HINCRBY', k, 'cx', #uids)
-  else
-    if state == 'a' then
-      redis.call('PFADD', KEYS[2], unpack(uids))
-      redis.call('SREM', KEYS[4], unpack(uids))
-    end
-    redis.call('PFADD', KEYS[3], unpack(uids))
-  end
-  local ttl = redis.call('PTTL', k)
-  if ttl > 0 then
-    redis.call('PEXPIRE', KEYS[2], ttl)
-    redis.call('PEXPIRE', KEYS[3], ttl)
-  end
-  return 0
-end
-if not l then
-  if state ~= 'a' then return 0 end
-  redis.call('HSET', k, 'l', '1')
-  redis.call('PEXPIRE', k, ARGV[2])
-end
-local moved = 0
-for i = 3, #ARGV do moved = moved + move(k, ARGV[i], state) end
-return moved
-"""
-)
-
-# KEYS: receipt. ARGV: ttl ms, mode, recipients, online, queued (added to the counts).
-_ADD = """
-local k = KEYS[1]
-redis.call('HSET', k, 'm', ARGV[2], 'l', '0')
-redis.call('HINCRBY', k, 'n', ARGV[3])
-redis.call('HINCRBY', k, 'on', ARGV[4])
-redis.call('HINCRBY', k, 'cq', ARGV[5])
-if redis.call('PTTL', k) < 0 then redis.call('PEXPIRE', k, ARGV[1]) end
-return 1
-"""
-
-# KEYS: due. ARGV: now ms, lease ms, limit. The due push ids, each leased (due again
-# at the lease's end unless settled first).
-_CLAIM = """
-local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1], 'LIMIT', 0, ARGV[3])
-local until_ms = tonumber(ARGV[1]) + tonumber(ARGV[2])
-for _, id in ipairs(due) do redis.call('ZADD', KEYS[1], 'XX', until_ms, id) end
-return due
-"""
+# Each script's comments say what it takes; a `_fn` file is a prelude of functions.
+_RECORD = Script.load(__package__, "move_fn", "record")
+_MARK = Script.load(__package__, "move_fn", "mark")
+_ADD = Script.load(__package__, "add")
+_CLAIM = Script.load(__package__, "claim")
 
 _COUNTS = ("m", "n", "on", "l", "cq", "cx", "cd", "ca")
 _META = ("mi", "mt", "fr", "pv")
@@ -153,13 +65,11 @@ class RedisReceiptStore:
         self._redis = redis
         self._keys = keys
         self.limits = limits
-        self._record = Script(_RECORD)
-        self._mark = Script(_MARK)
-        self._add = Script(_ADD)
-        self._claim = Script(_CLAIM)
-        self._scripts = ScriptRunner(
-            redis, (self._record, self._mark, self._add, self._claim), auto
-        )
+        self._record = _RECORD
+        self._mark = _MARK
+        self._add = _ADD
+        self._claim = _CLAIM
+        self._scripts = ScriptRunner(redis, (_RECORD, _MARK, _ADD, _CLAIM), auto)
 
     # ------------------------------------------------------------------ ReceiptLog
 

@@ -2,29 +2,26 @@
 what it takes) and composed: one script's code runs inside another as a function.
 
 Redis runs one script text per call, so a script that does what another does takes that
-one's text as a local function: ``as_function("f", text)`` makes ``f(KEYS, ARGV)``, whose
-body sees the keys and arguments it is called with, not the caller's.
+one's text as a local function (`router.redis.scripts.as_function`).
 """
 
 from __future__ import annotations
 
-from pathlib import Path
+from router.redis.scripts import Script, as_function, lua
 
-__all__ = ["APPEND", "APPEND_QUEUED", "as_function", "lua"]
-
-
-def lua(name: str) -> str:
-    """`router/recovery/<name>.lua`."""
-    return (Path(__file__).parent / f"{name}.lua").read_text(encoding="utf-8")
-
-
-def as_function(name: str, text: str) -> str:
-    """The script `text` as a local function `name(KEYS, ARGV)` of the script after it."""
-    return f"local function {name}(KEYS, ARGV)\n{text}end\n"
-
+__all__ = ["APPEND", "APPEND_QUEUED", "FORGET", "HEAD", "QUEUE", "READ_TOPIC", "READ_USER", "RETAG"]
 
 # Every sequence is a hash: `n` its counter, `e` its epoch (`next.lua`, the prelude of
 # every append), so a Redis that lost a log starts it again under a later epoch.
-APPEND = lua("next") + lua("append")
+_APPEND = lua(__package__, "next") + lua(__package__, "append")
 # The append, then the entry into the inbox (`append_queued.lua` calls `append()`).
-APPEND_QUEUED = "local function append()\n" + APPEND + "end\n" + lua("append_queued")
+_APPEND_QUEUED = "local function append()\n" + _APPEND + "end\n" + lua(__package__, "append_queued")
+
+APPEND = Script(_APPEND)
+APPEND_QUEUED = Script(_APPEND_QUEUED)
+QUEUE = Script.load(__package__, "queue")
+READ_USER = Script.load(__package__, "read_user")
+FORGET = Script.load(__package__, "forget")
+READ_TOPIC = Script.load(__package__, "read_topic")
+HEAD = Script.load(__package__, "head")
+RETAG = Script.load(__package__, "retag", prelude=as_function("append_queued", _APPEND_QUEUED))

@@ -31,16 +31,15 @@ from dataclasses import dataclass, field
 from functools import partial
 
 from router.recovery.base import RecoveryLimits
-from router.recovery.lua import APPEND_QUEUED, as_function, lua
+from router.recovery.lua import RETAG
 from router.redis.client import RedisClient
 from router.redis.errors import translate_errors
-from router.redis.scripts import Script, ScriptRunner
+from router.redis.scripts import ScriptRunner
 from shared.clock import Clock, SystemClock
 from shared.keys import KeySchema, braced, name_hash
 
 __all__ = ["Ambiguous", "RetagReport", "retag"]
 
-_RETAG = Script(as_function("append_queued", APPEND_QUEUED) + lua("retag"))
 _NOTHING, _RENAMED, _MERGED, _SET_ASIDE_BEFORE, _SET_ASIDE = range(5)
 
 
@@ -78,7 +77,7 @@ async def retag(
 ) -> RetagReport:
     """Move the old keys of every braced uid of `uids` (others are skipped); `is_user(hex)`
     says whether the uid that is a braced uid's SHA-1 hex is a user as well."""
-    runner = ScriptRunner(redis, (_RETAG,))
+    runner = ScriptRunner(redis, (RETAG,))
     now = (clock or SystemClock()).now_ms()
     # append_queued.lua's ARGV after its data, as the store passes them
     tail = (
@@ -133,7 +132,7 @@ async def _by_hex(uids: AsyncIterable[str]) -> dict[str, list[str]]:
 async def _run(
     runner: ScriptRunner, names: tuple[str, ...], tail: tuple[int, ...], mode: str
 ) -> tuple[int, int]:
-    how, entries = await runner.one(_RETAG.args(names, mode, *tail))
+    how, entries = await runner.run(RETAG, names, mode, *tail)
     return int(how), int(entries)
 
 

@@ -21,11 +21,19 @@ from router.recovery.base import (
 )
 from router.recovery.codec import decode_batch, decode_message, encode_batch, encode_message
 from router.recovery.content import ContentCache, RedisContentStore
-from router.recovery.lua import APPEND, APPEND_QUEUED, lua
+from router.recovery.lua import (
+    APPEND,
+    APPEND_QUEUED,
+    FORGET,
+    HEAD,
+    QUEUE,
+    READ_TOPIC,
+    READ_USER,
+)
 from router.redis.autopipe import AutoPipeline
 from router.redis.client import RedisClient
 from router.redis.errors import translate_errors
-from router.redis.scripts import Script, ScriptRunner
+from router.redis.scripts import ScriptRunner
 from shared.clock import Clock
 from shared.keys import KeySchema
 from shared.models import Message
@@ -33,13 +41,6 @@ from shared.positions import counter_of, epoch_of, seq_of
 from shared.proto import gateway_pb2
 
 __all__ = ["RedisRecoveryStore"]
-
-
-_QUEUE = lua("queue")
-_READ_USER = lua("read_user")
-_FORGET = lua("forget")
-_READ_TOPIC = lua("read_topic")
-_HEAD = lua("head")
 
 
 class RedisRecoveryStore:
@@ -58,13 +59,13 @@ class RedisRecoveryStore:
         self._keys = keys
         self._clock = clock
         self.limits = limits
-        self._append = Script(APPEND)
-        self._queue = Script(_QUEUE)
-        self._read_user = Script(_READ_USER)
-        self._forget = Script(_FORGET)
-        self._read_topic = Script(_READ_TOPIC)
-        self._append_queued = Script(APPEND_QUEUED)
-        self._head = Script(_HEAD)
+        self._append = APPEND
+        self._queue = QUEUE
+        self._read_user = READ_USER
+        self._forget = FORGET
+        self._read_topic = READ_TOPIC
+        self._append_queued = APPEND_QUEUED
+        self._head = HEAD
         # Loaded again, all of them, by the runner when Redis lost its script cache.
         self._scripts = ScriptRunner(
             redis,

@@ -1,9 +1,16 @@
-"""Lua scripts run by SHA, one at a time or many in a pipeline, on Redis or Redis Cluster.
+"""The one way Lua runs here: scripts kept as `.lua` files beside the store that runs them,
+sent by SHA, one at a time or many in a pipeline, on Redis or Redis Cluster.
+
+A store reads its scripts once, at import (`Script.load(__package__, "name")`: the file
+`name.lua` of the store's package, which the wheel ships). A script that needs another's
+code takes that one's text first (several names), or as a local function (`as_function`).
 
 redis-py's `Script` objects do not go through a cluster pipeline (it refuses evalsha),
-so calls are sent as `EVALSHA sha n key...`, which the cluster pipeline routes by the
-first key. A Redis that restarted or failed over has lost its script cache: the call
-fails with NoScriptError before anything ran, the scripts are loaded and it runs again.
+and in a pipeline they add a SCRIPT EXISTS round trip, so calls are sent as
+`EVALSHA sha n key...`, which the cluster pipeline routes by the first key. A Redis that
+restarted or failed over has lost its script cache: the call fails with NoScriptError
+before anything ran, the runner's scripts are loaded and it runs again. Redis errors
+leave as redis-py raised them: each store maps them into ours.
 """
 
 from __future__ import annotations
@@ -11,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 from collections.abc import Awaitable, Callable, Sequence
+from importlib import resources
 from typing import Any, TypeVar
 
 from redis.exceptions import NoScriptError
@@ -18,29 +26,49 @@ from redis.exceptions import NoScriptError
 from router.redis.autopipe import AutoPipeline
 from router.redis.client import RedisClient
 
-__all__ = ["Script", "ScriptRunner"]
+__all__ = ["Script", "ScriptRunner", "as_function", "lua"]
 
 T = TypeVar("T")
 
 AUTO_MANY = 16  # more calls than this go in a pipeline of their own
 
 
+def lua(package: str, name: str) -> str:
+    """The text of `<name>.lua` in `package`'s folder."""
+    return resources.files(package).joinpath(f"{name}.lua").read_text(encoding="utf-8")
+
+
+def as_function(name: str, text: str) -> str:
+    """The script `text` as a local function `name(KEYS, ARGV)` of the script after it,
+    whose body sees the keys and arguments it is called with, not the caller's."""
+    return f"local function {name}(KEYS, ARGV)\n{text}end\n"
+
+
 class Script:
+    """One script's text and SHA; `args` makes a call of it for a `ScriptRunner`."""
+
     def __init__(self, text: str) -> None:
         self.text = text
         self.sha = hashlib.sha1(text.encode()).hexdigest()
+
+    @classmethod
+    def load(cls, package: str, *names: str, prelude: str = "") -> Script:
+        """`prelude`, then the named `.lua` files of `package`, as one script."""
+        return cls(prelude + "".join(lua(package, name) for name in names))
 
     def args(self, keys: Sequence[str], *argv: Any) -> tuple[Any, ...]:
         return ("EVALSHA", self.sha, len(keys), *keys, *argv)
 
 
 class ScriptRunner:
-    """Runs calls of its scripts (`Script.args`) alone or pipelined."""
+    """Runs calls of its scripts (`Script.args`) alone or pipelined; a pipeline may
+    carry plain commands (`("HDEL", key, field)`) among them."""
 
     def __init__(
         self, redis: RedisClient, scripts: Sequence[Script], auto: AutoPipeline | None = None
     ) -> None:
-        """`auto`: send single calls through it (their round trips shared with other
+        """`scripts`: all that its calls run (loaded together when Redis lost them).
+        `auto`: send single calls through it (their round trips shared with other
         tasks' commands), standalone Redis only."""
         self._redis = redis
         self._scripts = tuple(scripts)
@@ -55,6 +83,10 @@ class ScriptRunner:
             for script in self._scripts:
                 await self._redis.script_load(script.text)
             return await call()
+
+    async def run(self, script: Script, keys: Sequence[str], *argv: Any) -> Any:
+        """One call of `script`: its reply."""
+        return await self.one(script.args(keys, *argv))
 
     async def one(self, args: tuple[Any, ...]) -> Any:
         return await self._run(lambda: self._execute(*args))

@@ -9,14 +9,12 @@ layout: `shared.keys`. A new connection is admitted only while its user has fewe
 
 from __future__ import annotations
 
-import hashlib
 import logging
 from collections.abc import Iterable, Sequence
 
-from redis.exceptions import NoScriptError
-
 from router.redis.client import RedisClient
 from router.redis.errors import translate_errors
+from router.redis.scripts import Script, ScriptRunner
 from router.routes.base import (
     LOOKUP_CHUNK,
     ConnectionEvents,
@@ -52,50 +50,13 @@ log = logging.getLogger(__name__)
 SWEEP_SAMPLE = 2
 REAP_SAMPLE = 128
 
-# Sets one connection's field and extends the key's PEXPIRE without ever shortening it;
-# first drops the fields past their own deadline among a few sampled ones. A new
-# connection (cap > 0) is refused (0) when its user already has `cap` fields, counted
-# after a sweep of up to REAP_SAMPLE of them, so only live routes count; one script, so
-# two gateways admitting the same user at once cannot both pass the check. Heartbeats
-# upsert too (cap 0), so routes come back by themselves after Redis lost its data
-# (restart, failover). Every call is O(1) in the number of the user's connections.
-_UPSERT = f"""
-local key, field, value = KEYS[1], ARGV[1], ARGV[2]
-local now, ttl, cap = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
-local function sweep(count)
-  local sample = redis.call('HRANDFIELD', key, count, 'WITHVALUES')
-  for i = 1, #sample, 2 do
-    local exp = tonumber(string.match(sample[i + 1], '|(%d+)$'))
-    if exp and exp <= now then redis.call('HDEL', key, sample[i]) end
-  end
-end
-sweep({SWEEP_SAMPLE})
-if cap > 0 and redis.call('HEXISTS', key, field) == 0
-    and redis.call('HLEN', key) >= cap then
-  sweep({REAP_SAMPLE})
-  if redis.call('HLEN', key) >= cap then return 0 end
-end
-redis.call('HSET', key, field, value)
-if redis.call('PTTL', key) < ttl then redis.call('PEXPIRE', key, ttl) end
-return 1
-"""
-
-
-# Removes one connection's field; returns 1 when the user is left without a live route (a
-# presence event is due). Reads the remaining values only when there are few (a user
-# with more than 64 fields is taken to have a live one): O(1) like every write.
-_REMOVE = """
-local key, now = KEYS[1], tonumber(ARGV[2])
-redis.call('HDEL', key, ARGV[1])
-local n = redis.call('HLEN', key)
-if n == 0 then return 1 end
-if n > 64 then return 0 end
-for _, v in ipairs(redis.call('HVALS', key)) do
-  local exp = tonumber(string.match(v, '|(%d+)$'))
-  if exp and exp > now then return 0 end
-end
-return 1
-"""
+# The writes' scripts (`upsert.lua`, `remove.lua`: their comments say what they do).
+_UPSERT = Script.load(
+    __package__,
+    "upsert",
+    prelude=f"local SWEEP_SAMPLE, REAP_SAMPLE = {SWEEP_SAMPLE}, {REAP_SAMPLE}\n",
+)
+_REMOVE = Script.load(__package__, "remove")
 
 
 class RedisRouteRegistry:
@@ -127,8 +88,7 @@ class RedisRouteRegistry:
         self._clock = clock
         self._ttl_ms = int(ttl_s * 1000)
         self._where = (gateway_id, group_id, ip, port)
-        self._upsert_sha = hashlib.sha1(_UPSERT.encode()).hexdigest()
-        self._remove_sha = hashlib.sha1(_REMOVE.encode()).hexdigest()
+        self._scripts = ScriptRunner(redis, (_UPSERT, _REMOVE))
         self._presence = presence
 
     def _value(self, now_ms: int) -> str:
@@ -191,15 +151,8 @@ class RedisRouteRegistry:
         One flag per op: False for a new connection refused by the per-user cap."""
         if not ops:
             return []
-        try:
-            replies = await self._apply(ops)
-        except NoScriptError:
-            # Redis restarted (or failed over) and lost its script cache: load and redo;
-            # every operation is idempotent.
-            await self._redis.script_load(_UPSERT)
-            if self._presence is not None:
-                await self._redis.script_load(_REMOVE)
-            replies = await self._apply(ops)
+        # Run again, scripts loaded, when Redis lost them: every operation is idempotent.
+        replies = await self._scripts.many(self._calls(ops))
         accepted = [
             not (op.register and op.new) or reply == 1
             for op, reply in zip(ops, replies, strict=True)
@@ -222,34 +175,21 @@ class RedisRouteRegistry:
             # sweeper's live-route check, a missed schedule by the gateway's set.
             log.warning("presence of %d users not tracked: %s", len(connected) + len(emptied), exc)
 
-    async def _apply(self, ops: Sequence[RouteOp]) -> list[object]:
-        # EVALSHA directly: redis-py's Script objects add a SCRIPT EXISTS round trip to
-        # every pipeline that carries them. Through execute_command, because redis-py's
-        # cluster pipeline refuses `evalsha()` but routes "EVALSHA sha 1 key" by its key.
+    def _calls(self, ops: Sequence[RouteOp]) -> list[tuple[object, ...]]:
         now = self._clock.now_ms()
         value = self._value(now)
         cap = self.max_per_user
-        pipe = self._redis.pipeline(transaction=False)
+        calls: list[tuple[object, ...]] = []
         for op in ops:
             key = self._keys.route(op.uid)
             if op.register:
-                pipe.execute_command(
-                    "EVALSHA",
-                    self._upsert_sha,
-                    1,
-                    key,
-                    op.conn_id,
-                    value,
-                    now,
-                    self._ttl_ms,
-                    cap if op.new else 0,
-                )
+                args = (op.conn_id, value, now, self._ttl_ms, cap if op.new else 0)
+                calls.append(_UPSERT.args((key,), *args))
             elif self._presence is not None:
-                pipe.execute_command("EVALSHA", self._remove_sha, 1, key, op.conn_id, now)
+                calls.append(_REMOVE.args((key,), op.conn_id, now))
             else:
-                pipe.hdel(key, op.conn_id)
-        replies: list[object] = await pipe.execute()
-        return replies
+                calls.append(("HDEL", key, op.conn_id))
+        return calls
 
     @translate_errors
     async def lookup(self, uids: Sequence[str]) -> dict[str, list[Route]]:

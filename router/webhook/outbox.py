@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from router.redis.client import RedisClient
 from router.redis.errors import translate_errors
+from router.redis.scripts import ScriptRunner
 from router.webhook.base import Event, encode_event
 from router.webhook.scripts import EMIT
 from shared.keys import KeySchema
@@ -38,7 +39,7 @@ class RedisOutbox:
         self._redis = redis
         self._keys = (keys.webhook_events(), keys.webhook_overflow())
         self._maxlen = maxlen
-        self._emit = redis.register_script(EMIT)
+        self._scripts = ScriptRunner(redis, (EMIT,))
         self.overflowed = 0  # refused here, by this process
 
     async def emit(self, events: Sequence[Event]) -> None:
@@ -58,7 +59,7 @@ class RedisOutbox:
 
     @translate_errors
     async def _add(self, encoded: list[str]) -> int:
-        added = await self._emit(keys=list(self._keys), args=[self._maxlen, *encoded])
+        added = await self._scripts.run(EMIT, self._keys, self._maxlen, *encoded)
         return int(added)
 
     @translate_errors

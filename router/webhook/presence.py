@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 from router.redis.client import RedisClient
 from router.redis.errors import translate_errors
+from router.redis.scripts import ScriptRunner
 from router.webhook.scripts import ADOPT, CLAIM, CONNECTED, EMPTIED, SETTLE
 from shared.clock import Clock
 from shared.errors import ImrouteError
@@ -73,11 +74,7 @@ class RedisPresence:
         self._grace_ms = int(grace_s * 1000)
         self._queue_max = queue_max
         self._gateway_id = gateway_id
-        self._connected = redis.register_script(CONNECTED)
-        self._emptied = redis.register_script(EMPTIED)
-        self._adopt = redis.register_script(ADOPT)
-        self._claim = redis.register_script(CLAIM)
-        self._settle = redis.register_script(SETTLE)
+        self._scripts = ScriptRunner(redis, (CONNECTED, EMPTIED, ADOPT, CLAIM, SETTLE))
         self.refused = 0  # presence events this process had refused by a full outbox
 
     @translate_errors
@@ -90,20 +87,22 @@ class RedisPresence:
             args.append(self._gateway_id)
             for uid in connected:
                 args += (uid, json.dumps(uid))
-            refused = await self._connected(
-                keys=[
+            refused = await self._scripts.run(
+                CONNECTED,
+                (
                     keys.webhook_events(),
                     keys.webhook_overflow(),
                     keys.gateway_users(self._gateway_id),
                     keys.presence_gateways(),
-                ],
-                args=args,
+                ),
+                *args,
             )
             self._count_refused(int(refused), "user.online")
         if emptied:
-            await self._emptied(
-                keys=[keys.offline_due(), keys.gateway_users(self._gateway_id)],
-                args=[now, now + self._grace_ms, KEEP_MS, keys.presence_prefix(), *emptied],
+            await self._scripts.run(
+                EMPTIED,
+                (keys.offline_due(), keys.gateway_users(self._gateway_id)),
+                *(now, now + self._grace_ms, KEEP_MS, keys.presence_prefix(), *emptied),
             )
 
     @translate_errors
@@ -114,20 +113,11 @@ class RedisPresence:
         while True:
             now = self._clock.now_ms()
             taken = int(
-                await self._adopt(
-                    keys=[
-                        keys.gateway_users(gateway_id),
-                        keys.offline_due(),
-                        keys.presence_gateways(),
-                    ],
-                    args=[
-                        now,
-                        now + self._grace_ms,
-                        KEEP_MS,
-                        keys.presence_prefix(),
-                        gateway_id,
-                        ADOPT_CHUNK,
-                    ],
+                await self._scripts.run(
+                    ADOPT,
+                    (keys.gateway_users(gateway_id), keys.offline_due(), keys.presence_gateways()),
+                    *(now, now + self._grace_ms, KEEP_MS, keys.presence_prefix()),
+                    *(gateway_id, ADOPT_CHUNK),
                 )
             )
             total += taken
@@ -152,8 +142,8 @@ class RedisPresence:
     async def claim(self, lease_ms: int, limit: int) -> list[tuple[str, str]]:
         """Due entries as (member, uid), each leased for `lease_ms`."""
         now = self._clock.now_ms()
-        members = await self._claim(
-            keys=[self._keys.offline_due()], args=[now, now + lease_ms, limit]
+        members = await self._scripts.run(
+            CLAIM, (self._keys.offline_due(),), now, now + lease_ms, limit
         )
         return [(m, m.partition(":")[2]) for m in members]
 
@@ -169,9 +159,8 @@ class RedisPresence:
         ]
         for member, uid, deadline in entries:
             args += (member, json.dumps(uid), deadline)
-        reply = await self._settle(
-            keys=[keys.offline_due(), keys.webhook_events(), keys.webhook_overflow()],
-            args=args,
+        reply = await self._scripts.run(
+            SETTLE, (keys.offline_due(), keys.webhook_events(), keys.webhook_overflow()), *args
         )
         settled = Settled(*(int(n) for n in reply))
         self._count_refused(settled.refused, "user.offline")

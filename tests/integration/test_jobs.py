@@ -9,16 +9,18 @@ from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
+import redis.exceptions
 
-from router.bus.redis_streams import RedisStreamsBus
+from router.bus import HedgedBus
+from router.bus.redis_streams import RedisStreamsTransport
 from router.fanout.broadcast import run_broadcast
 from router.fanout.publisher import BatchPublisher, PushCounters
-from router.fanout.resilient import PublishRetry, ResilientPublisher
 from router.fanout.runner import JobRun, JobRunner
+from router.hedging import Attempt, AttemptContext, RetrySettings
 from router.jobs.reaper import reaping
 from router.jobs.store import JobStatus, RedisJobStore
 from shared.clock import ManualClock, SystemClock
-from shared.errors import BusUnavailable, InvalidInput, RegistryUnavailable
+from shared.errors import InvalidInput, RegistryUnavailable
 from shared.keys import KeySchema
 from shared.models import Message
 from shared.proto import gateway_pb2
@@ -167,26 +169,29 @@ async def test_the_push_service_reaps_orphans_when_it_starts(
     assert job["status"] == "failed" and "stopped before it finished" in job["error"]
 
 
-class FlakyBus:
-    """The real bus, except that the batch starting with a listed uid fails that many
-    times (BusUnavailable, as a dropped connection gives); records what went through."""
+class FlakyTransport(RedisStreamsTransport):
+    """The real transport, except that each attempt at the batch starting with a listed
+    uid fails, that many times, as a dropped connection does; records what went through."""
 
-    def __init__(self, bus: RedisStreamsBus, fail: dict[str, int]) -> None:
-        self.bus = bus
+    def __init__(self, url: str, prefix: str, fail: dict[str, int]) -> None:
+        super().__init__(url, prefix)
         self.fail = fail
         self.published: list[tuple[str, tuple[str, ...]]] = []
 
-    async def publish(
-        self, topic: str, data: bytes, attributes: Mapping[str, str] | None = None
-    ) -> str:
+    async def attempt(self, topic: str, data: bytes, attributes: Mapping[str, str]) -> Attempt[str]:
+        real = await super().attempt(topic, data, attributes)
         batch = gateway_pb2.Batch.FromString(data)
         first = batch.uids[0] if batch.uids else ""
-        if self.fail.get(first, 0) > 0:
-            self.fail[first] -= 1
-            raise BusUnavailable("redis streams: connection reset by peer")
-        entry = await self.bus.publish(topic, data, attributes)
-        self.published.append((batch.batch_id, tuple(batch.uids)))
-        return entry
+
+        async def flaky(ctx: AttemptContext) -> str:
+            if self.fail.get(first, 0) > 0:
+                self.fail[first] -= 1
+                raise redis.exceptions.ConnectionError("connection reset by peer")
+            entry = await real(ctx)
+            self.published.append((batch.batch_id, tuple(batch.uids)))
+            return entry
+
+        return flaky
 
 
 MESSAGE = Message(msg_id="m1", push_id="p1", msg_type=0, sender="admin", content_json=b"1", ts_ms=1)
@@ -203,26 +208,26 @@ async def test_a_failed_batch_is_retried_then_counted_and_the_broadcast_goes_on(
         yield ["cid"]  # fails every attempt: counted, listed, and the broadcast goes on
         yield ["dan", "eve"]
 
-    async with RedisStreamsBus(redis_url, prefix) as real:
-        bus = FlakyBus(real, {"ann": 1, "cid": 3})
+    # The bus retries a publish for up to its total timeout (60 s by default): 1 s here.
+    retry = RetrySettings(initial_backoff_s=0.01, max_backoff_s=0.01, total_timeout_s=1.0)
+    transport = FlakyTransport(redis_url, prefix, {"ann": 1, "cid": 1_000_000})
+    async with HedgedBus(transport, retry=retry) as bus:
 
         async def work(run: JobRun) -> None:
-            publisher = ResilientPublisher(bus, PublishRetry(2, 0.01), asyncio.sleep)
-            await run_broadcast(pages(), BatchPublisher(publisher, MESSAGE, 0, run.counters))
+            await run_broadcast(pages(), BatchPublisher(bus, MESSAGE, 0, run.counters))
 
         with caplog.at_level(logging.WARNING):
             await runner.submit("p1", "broadcast", work)
             await runner.wait("p1")
-    assert [uids for _, uids in bus.published] == [("ann", "bob"), ("dan", "eve")]
+    assert [uids for _, uids in transport.published] == [("ann", "bob"), ("dan", "eve")]
     job = await store.get("p1")
     assert job is not None and job.status is JobStatus.FAILED
     assert (job.recipients, job.batches, job.published, job.failed_batches) == (5, 3, 2, 1)
     assert job.error == (
         "1 of 3 batches failed: not published, or lost by the bus before a gateway read them "
-        "(the first: redis streams: connection reset by peer)"
+        "(the first: redis did not answer: connection reset by peer)"
     )
     assert [(f.topic, f.uids, f.after) for f in job.failed] == [("broadcast", 1, "bob")]
-    assert "publish to broadcast failed (attempt 1 of 3), retrying" in caplog.text
     assert "a batch of 1 uids to broadcast (after 'bob') failed" in caplog.text
 
 

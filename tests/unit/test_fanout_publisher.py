@@ -1,4 +1,5 @@
-"""BatchPublisher's counters: every batch ends published or failed, never both."""
+"""BatchPublisher: every batch ends published or failed, never both, under an id that is
+the same wherever and however often it is built."""
 
 from __future__ import annotations
 
@@ -7,9 +8,17 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 
 import pytest
 
+from router.bus import HedgedBus, MemoryTransport
 from router.fanout.broadcast import run_broadcast
 from router.fanout.failures import MAX_CONSECUTIVE_FAILURES
-from router.fanout.publisher import BROADCAST_TOPIC, BatchPublisher, PushCounters
+from router.fanout.publisher import (
+    BROADCAST_TOPIC,
+    BatchPublisher,
+    PushCounters,
+    stable_batch_id,
+)
+from router.hedging import Attempt, AttemptContext, RetrySettings
+from router.recovery.base import OFFLINE_TOPIC
 from shared.errors import BusUnavailable
 from shared.models import Message
 from shared.proto import gateway_pb2
@@ -118,3 +127,102 @@ async def test_a_publish_cancelled_at_shutdown_is_not_a_failed_batch() -> None:
     with pytest.raises(asyncio.CancelledError):
         await task
     assert (counters.batches, counters.published, counters.failed_batches) == (1, 0, 0)
+
+
+class Taking:
+    """A bus that takes every publish, and a batch log: what each was given."""
+
+    def __init__(self) -> None:
+        self.taken: list[tuple[gateway_pb2.Batch, dict[str, str]]] = []
+        self.logged: list[tuple[str, gateway_pb2.Batch]] = []
+        self.content = None  # no content stored apart
+
+    async def publish(
+        self, topic: str, data: bytes, attributes: Mapping[str, str] | None = None
+    ) -> str:
+        self.taken.append((gateway_pb2.Batch.FromString(data), dict(attributes or {})))
+        return str(len(self.taken))
+
+    async def append_batch(self, topic: str, batch: gateway_pb2.Batch) -> int:
+        self.logged.append((topic, gateway_pb2.Batch.FromString(batch.SerializeToString())))
+        return len(self.logged)
+
+
+async def test_a_batch_published_again_carries_the_same_id() -> None:
+    bus = Taking()
+
+    async def publish(uids: list[str], push_id: str = "p1") -> None:
+        m = Message("m1", push_id, 0, "admin", b'{"a":1}', 1)
+        batches = BatchPublisher(bus, m, 0, PushCounters())
+        await batches.publish(gateway_pb2.MODE_BROADCAST, BROADCAST_TOPIC, uids)
+
+    await publish(["a", "b"])
+    await publish(["a", "b"])  # e.g. by the process that resumed the job
+    await publish(["a", "c"])
+    await publish(["a", "b"], push_id="p2")
+    ids = [batch.batch_id for batch, _ in bus.taken]
+    assert ids[0] == ids[1] and len(set(ids)) == 3
+    assert all(len(i) == 32 and int(i, 16) >= 0 for i in ids)
+    assert [attrs["batch_id"] for _, attrs in bus.taken] == ids
+    first = bus.taken[0][0]
+    assert (list(first.uids), first.message.content_json) == (["a", "b"], b'{"a":1}')
+
+
+async def test_a_batch_is_logged_under_the_id_it_is_published_with() -> None:
+    bus = Taking()
+    batches = BatchPublisher(bus, message(), 0, PushCounters(), bus)  # type: ignore[arg-type]
+    await batches.publish(gateway_pb2.MODE_MULTICAST, "group.g1", ["a", "b"], group_id="g1")
+    await batches.record_offline(["c"])
+    ((published, attributes),) = bus.taken
+    (topic, logged), (offline_topic, offline) = bus.logged
+    assert topic == "group.g1" and logged.batch_id == published.batch_id
+    assert attributes["batch_id"] == published.batch_id == stable_batch_id(published)
+    assert offline.batch_id == stable_batch_id(offline) != published.batch_id
+    assert offline_topic == OFFLINE_TOPIC and list(offline.uids) == ["c"]
+    assert offline.mode == gateway_pb2.MODE_MULTICAST
+
+
+class Unreachable(MemoryTransport):
+    """A transport that never answers: every attempt fails, worth another try."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.attempts = 0
+
+    async def attempt(self, topic: str, data: bytes, attributes: Mapping[str, str]) -> Attempt[str]:
+        async def fail(ctx: AttemptContext) -> str:
+            self.attempts += 1
+            raise BusUnavailable("unreachable")
+
+        return fail
+
+    def is_retryable(self, exc: BaseException) -> bool:
+        return True
+
+
+class Handed:
+    """Counts the batches handed to the bus."""
+
+    def __init__(self, bus: HedgedBus[Unreachable]) -> None:
+        self.bus = bus
+        self.calls = 0
+
+    async def publish(
+        self, topic: str, data: bytes, attributes: Mapping[str, str] | None = None
+    ) -> str:
+        self.calls += 1
+        return await self.bus.publish(topic, data, attributes)
+
+
+async def test_a_batch_is_retried_by_the_bus_alone() -> None:
+    """One retry layer per hop: the bus's, within its total timeout; the batch publisher
+    hands each batch over once and counts what the bus gave up on."""
+    transport, counters = Unreachable(), PushCounters()
+    retry = RetrySettings(initial_backoff_s=0.001, max_backoff_s=0.001, total_timeout_s=0.03)
+    async with HedgedBus(transport, retry=retry) as bus:
+        handed = Handed(bus)
+        publisher = BatchPublisher(handed, message(), 0, counters)
+        with pytest.raises(BusUnavailable, match="unreachable"):
+            await publisher.publish(gateway_pb2.MODE_BROADCAST, BROADCAST_TOPIC, ["a"])
+    assert handed.calls == 1 and transport.attempts > 1
+    assert (counters.batches, counters.published, counters.failed_batches) == (1, 0, 1)
