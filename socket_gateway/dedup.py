@@ -65,7 +65,7 @@ class RecentReplies:
     """What recent P2P batches delivered, by batch id: the P2P dedupe, and the answer
     to a retried call.
 
-    A router that lost the answer to a Deliver call resends the same batch; the gateway
+    A router that lost the answer to a delivery call resends the same batch; the gateway
     drops it as a duplicate and answers with what the first attempt delivered, so the
     push is reported delivered once, not offline or failed. A retry resends the same
     uids in the same order, so a bitmap of the delivered positions is enough (125 bytes

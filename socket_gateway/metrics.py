@@ -20,8 +20,6 @@ class DeliveryCounts(Protocol):
     @property
     def expired(self) -> int: ...
     @property
-    def open_streams(self) -> int: ...
-    @property
     def links(self) -> LinkCountsView: ...
 
 
@@ -89,10 +87,13 @@ class GatewayMetrics(Collector):
         yield GaugeMetricFamily(
             "imroute_gateway_connections", "Open client connections", len(self._connections)
         )
+        # The gRPC stream this counted is gone (the delivery link replaced it): a constant
+        # 0, so that dashboards and alerts that read it do not break.
         yield GaugeMetricFamily(
             "imroute_gateway_delivery_streams",
-            "Open DeliverStream calls (one per push-service process that pushes here)",
-            c.open_streams,
+            "Always 0, kept for dashboards: no delivery streams since the delivery link "
+            "(see imroute_gateway_delivery_links)",
+            0,
         )
         yield GaugeMetricFamily(
             "imroute_gateway_delivery_links",
