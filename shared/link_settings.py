@@ -11,7 +11,7 @@ __all__ = ["LinkSettings"]
 
 class LinkSettings(BaseSettings):
     # gateway: offer the link; push service: use the links gateways offer. Off on
-    # either side: every delivery call goes over gRPC (DeliverStream)
+    # either side: every delivery call goes over gRPC (DeliverMany)
     delivery_link: bool = True
     # gateway: the link's port, on IMROUTE_GRPC_HOST; 0: any free port (routers learn
     # it from the gRPC Link method, so nothing needs to know it in advance)
