@@ -30,8 +30,9 @@ This module is what the parts that make spans use (the OpenTelemetry API only);
 `shared.tracing_setup` builds a process's SDK provider and exporter.
 
 The context travels as W3C `traceparent`: the HTTP header in; `Batch.traceparent` on
-P2P batches (a call may carry many pushes' batches) and the gRPC metadata of a unary
-Deliver; the bus message attribute `traceparent` on broadcast and multicast batches.
+P2P batches (a call may carry many pushes' batches; a gateway also takes a DeliverMany's
+gRPC metadata for batches without one); the bus message attribute `traceparent` on
+broadcast and multicast batches.
 """
 
 from __future__ import annotations

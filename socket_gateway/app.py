@@ -8,7 +8,7 @@ import contextlib
 import logging
 from collections.abc import Sequence
 from contextlib import AsyncExitStack
-from types import TracebackType
+from typing import Self
 
 import grpc.aio
 
@@ -27,6 +27,7 @@ from router.routes.writer import CoalescingRouteWriter
 from router.webhook import presence as wh_presence
 from shared.auth import TokenRules
 from shared.clock import Clock, SystemClock
+from shared.closing import ClosedOnExit
 from shared.errors import ConfigError, ImrouteError, RegistryUnavailable
 from shared.ids import ConnIdFactory
 from shared.internal_auth import is_loopback, load_tls
@@ -69,7 +70,7 @@ __all__ = ["CLOSE_DRAIN", "RECONNECT_FRAME", "Gateway"]
 log = logging.getLogger(__name__)
 
 
-class Gateway:
+class Gateway(ClosedOnExit):
     """`async with Gateway(settings) as gw:` serves until the block exits."""
 
     def __init__(
@@ -170,11 +171,11 @@ class Gateway:
             draining=self.draining,
         )
 
-    async def __aenter__(self) -> Gateway:
+    async def __aenter__(self) -> Self:
         try:
             await self._start()
         except BaseException:
-            await self._stack.aclose()
+            await self.close()
             raise
         return self
 
@@ -314,12 +315,8 @@ class Gateway:
                 log.exception("the bus consumer failed; restarting it in %.1fs", delay)
                 await asyncio.sleep(delay)
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    async def close(self) -> None:
+        """Stop everything started, in the reverse order."""
         await self._stack.aclose()
 
     async def _shutdown(self) -> None:

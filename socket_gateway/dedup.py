@@ -11,6 +11,7 @@ window ran out is counted (`evicted_early`), since a duplicate of it would get t
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import ClassVar
 
 from shared.clock import Clock
 from shared.expiring import ExpiringMap
@@ -24,48 +25,59 @@ ENTRY_OVERHEAD = 200
 REPLY_GRACE_S = 5.0
 
 
-class RecentIds:
-    """Bus batch ids seen within `window_s` (the bus's redelivery horizon: Pub/Sub's
-    longest ack deadline is 600 s), at most `max_entries` and about `max_bytes`."""
+class _Memory:
+    """Batch ids, each with a few bytes (an answer's bitmap, or none), kept for
+    `window_s` at most (the class's WINDOW_S unless given), within `max_entries` and
+    about `max_bytes`."""
+
+    WINDOW_S: ClassVar[float]
 
     def __init__(
         self,
         clock: Clock,
-        window_s: float = 600.0,
+        window_s: float | None = None,
         max_entries: int = 200_000,
         max_bytes: int = 64 << 20,
     ) -> None:
-        self._window = window_s
-        # Kept for the same window each, so insertion order is expiry order.
-        self._seen: ExpiringMap[str, None] = ExpiringMap(
-            clock.monotonic,
-            lambda batch_id, _: len(batch_id) + ENTRY_OVERHEAD,
-            max_entries,
-            max_bytes,
+        self._window = self.WINDOW_S if window_s is None else window_s
+        self._kept: ExpiringMap[str, bytes] = ExpiringMap(
+            clock.monotonic, _entry_size, max_entries, max_bytes
         )
-
-    def check_and_add(self, batch_id: str) -> bool:
-        """True if `batch_id` was seen within the window; records it either way."""
-        return self._seen.add(batch_id, None, self._window)
 
     @property
     def evicted_early(self) -> int:
-        """Ids forgotten inside their window, for the caps."""
-        return self._seen.evicted_early
+        """Entries forgotten before their time was up, for the caps."""
+        return self._kept.evicted_early
 
     @property
     def bytes(self) -> int:
-        return self._seen.bytes
+        return self._kept.bytes
 
     def __len__(self) -> int:
-        return len(self._seen)
+        return len(self._kept)
 
 
-class RecentReplies:
+def _entry_size(batch_id: str, kept: bytes) -> int:
+    return len(batch_id) + len(kept) + ENTRY_OVERHEAD
+
+
+class RecentIds(_Memory):
+    """Bus batch ids seen within `window_s` (the bus's redelivery horizon: Pub/Sub's
+    longest ack deadline is 600 s), at most `max_entries` and about `max_bytes`."""
+
+    # Kept for the same window each, so insertion order is expiry order.
+    WINDOW_S = 600.0
+
+    def check_and_add(self, batch_id: str) -> bool:
+        """True if `batch_id` was seen within the window; records it either way."""
+        return self._kept.add(batch_id, b"", self._window)
+
+
+class RecentReplies(_Memory):
     """What recent P2P batches delivered, by batch id: the P2P dedupe, and the answer
     to a retried call.
 
-    A router that lost the answer to a Deliver call resends the same batch; the gateway
+    A router that lost the answer to a delivery call resends the same batch; the gateway
     drops it as a duplicate and answers with what the first attempt delivered, so the
     push is reported delivered once, not offline or failed. A retry resends the same
     uids in the same order, so a bitmap of the delivered positions is enough (125 bytes
@@ -78,21 +90,8 @@ class RecentReplies:
     (a router older than this rule) is kept for `window_s`.
     """
 
-    def __init__(
-        self,
-        clock: Clock,
-        window_s: float = 60.0,
-        max_entries: int = 200_000,
-        max_bytes: int = 64 << 20,
-    ) -> None:
-        self._window = window_s
-        # batch id -> delivered bitmap; roughly in expiry order (expiries follow the calls)
-        self._replies: ExpiringMap[str, bytes] = ExpiringMap(
-            clock.monotonic,
-            lambda batch_id, mask: len(batch_id) + len(mask) + ENTRY_OVERHEAD,
-            max_entries,
-            max_bytes,
-        )
+    # batch id -> delivered bitmap; roughly in expiry order (expiries follow the calls)
+    WINDOW_S = 60.0
 
     def put(
         self,
@@ -104,14 +103,14 @@ class RecentReplies:
         """Remember the answer; `expires_in_s`: how long until the batch expires."""
         mask = b"" if len(delivered) == len(uids) else _mask(uids, delivered)
         keep = self._window if expires_in_s is None else min(self._window, expires_in_s)
-        self._replies.put(batch_id, mask, max(keep, 0.0) + REPLY_GRACE_S)
+        self._kept.put(batch_id, mask, max(keep, 0.0) + REPLY_GRACE_S)
 
     def seen(self, batch_id: str) -> bool:
-        return batch_id in self._replies
+        return batch_id in self._kept
 
     def get(self, batch_id: str, uids: Sequence[str]) -> tuple[list[str], list[str]] | None:
         """(delivered, missing) of the first attempt of `batch_id`, or None."""
-        mask = self._replies.get(batch_id)
+        mask = self._kept.get(batch_id)
         if mask is None:
             return None
         if not mask:
@@ -123,18 +122,6 @@ class RecentReplies:
         for i, uid in enumerate(uids):
             (delivered if mask[i >> 3] >> (i & 7) & 1 else missing).append(uid)
         return delivered, missing
-
-    @property
-    def evicted_early(self) -> int:
-        """Answers forgotten before their batch expired, for the caps."""
-        return self._replies.evicted_early
-
-    @property
-    def bytes(self) -> int:
-        return self._replies.bytes
-
-    def __len__(self) -> int:
-        return len(self._replies)
 
 
 def _mask(uids: Sequence[str], delivered: Sequence[str]) -> bytes:

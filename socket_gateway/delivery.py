@@ -56,8 +56,7 @@ class DeliverService:
         self._clock = clock
         self._recent = recent
         self._replies = RecentReplies(clock)
-        self.calls = 0  # gRPC calls (Deliver, DeliverMany, StreamCall), counted by the servicer
-        self.open_streams = 0  # DeliverStreams open (about one per router process)
+        self.calls = 0  # delivery calls (DeliverMany, StreamCall), counted by the servicer
         self.links = LinkCounts()  # delivery links
         self.batches = 0
         self.duplicates = 0
@@ -97,7 +96,7 @@ class DeliverService:
         checked: bool = False,
         call_left_s: float | None = None,
     ) -> gateway_pb2.DeliverReply:
-        """Deliver one batch (from a gRPC call or the bus), at most once per batch_id.
+        """Deliver one batch (from a delivery call or the bus), at most once per batch_id.
         `log`: the recovery log it is from (`b`, `g`, `o`); by default, as its mode says.
         `checked`: the caller already had `problem` pass it. A bad batch writes nothing.
         `call_left_s`: what the gRPC call that brought it has left of its deadline."""

@@ -1,7 +1,7 @@
 """Fault injection for tests and benchmarks: gRPC server interceptors for a real gateway.
 
-`Gateway(settings, grpc_interceptors=[...])` wraps its Deliver service with them. Nothing
-in a deployed gateway uses this module; no setting turns it on.
+`Gateway(settings, grpc_interceptors=[...])` wraps its gRPC delivery calls (DeliverMany)
+with them. Nothing in a deployed gateway uses this module; no setting turns it on.
 
 - `FailCalls(n, after=True)` fails the next `n` calls with UNAVAILABLE *after* the batch
   was delivered (the answer is lost on the way back), or before it (`after=False`).
@@ -37,9 +37,7 @@ class _UnaryInterceptor(grpc.aio.ServerInterceptor):
         self, continuation: Continuation, handler_call_details: grpc.HandlerCallDetails
     ) -> Handler | None:
         handler = await continuation(handler_call_details)
-        if handler is None or not handler_call_details.method.rsplit("/", 1)[-1].startswith(
-            "Deliver"
-        ):
+        if handler is None or handler_call_details.method.rsplit("/", 1)[-1] != "DeliverMany":
             return handler  # only delivery calls meet the faults (not `Link`)
         if handler.unary_unary is None:
             return handler

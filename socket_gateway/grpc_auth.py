@@ -37,10 +37,8 @@ async def _refuse(request: object, context: grpc.aio.ServicerContext[Any, Any]) 
 
 
 # Requests stay bytes (no deserializer): nothing from an unauthenticated caller is parsed.
-# A streaming method (DeliverStream) is refused by a handler of its own shape, at once,
-# before it reads a message.
+# Every method of the service is unary, so one handler shape refuses them all.
 _REFUSE: Handler = grpc.unary_unary_rpc_method_handler(_refuse)
-_REFUSE_STREAM: Handler = grpc.stream_stream_rpc_method_handler(_refuse)
 
 
 class TokenCheck(grpc.aio.ServerInterceptor):
@@ -63,7 +61,4 @@ class TokenCheck(grpc.aio.ServerInterceptor):
             log.warning(
                 "refused %d gRPC call(s) to %s: %s", since, handler_call_details.method, REFUSAL
             )
-        handler = await continuation(handler_call_details)
-        if handler is not None and handler.request_streaming:
-            return _REFUSE_STREAM
         return _REFUSE

@@ -2,50 +2,18 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
-from typing import Protocol
+from collections.abc import Callable, Iterator, Mapping, Sized
+from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+if TYPE_CHECKING:
+    from socket_gateway.delivery import DeliverService
+    from socket_gateway.ws.ratelimit import LimitCounts
+
 __all__ = ["GatewayMetrics", "render"]
-
-
-class DeliveryCounts(Protocol):
-    @property
-    def batches(self) -> int: ...
-    @property
-    def duplicates(self) -> int: ...
-    @property
-    def expired(self) -> int: ...
-    @property
-    def open_streams(self) -> int: ...
-    @property
-    def links(self) -> LinkCountsView: ...
-
-
-class LinkCountsView(Protocol):
-    @property
-    def open(self) -> int: ...
-    @property
-    def refused(self) -> int: ...
-
-
-class ConnectionCount(Protocol):
-    def __len__(self) -> int: ...
-
-
-class Tally(Protocol):
-    @property
-    def total(self) -> int: ...
-
-
-class LimitCountsView(Protocol):
-    @property
-    def frame_rate(self) -> Tally: ...
-    @property
-    def user_cap(self) -> Tally: ...
 
 
 class GatewayMetrics(Collector):
@@ -53,10 +21,10 @@ class GatewayMetrics(Collector):
 
     def __init__(
         self,
-        counts: DeliveryCounts,
-        connections: ConnectionCount,
+        counts: DeliverService,
+        connections: Sized,
         recovery: Callable[[], Mapping[str, tuple[str, float]]] | None = None,
-        limit_counts: LimitCountsView | None = None,
+        limit_counts: LimitCounts | None = None,
     ) -> None:
         """`recovery`: name -> (help, value) of the recovery counters, read per scrape;
         `limit_counts`: what the client limits refused or closed
@@ -89,10 +57,13 @@ class GatewayMetrics(Collector):
         yield GaugeMetricFamily(
             "imroute_gateway_connections", "Open client connections", len(self._connections)
         )
+        # The gRPC stream this counted is gone (the delivery link replaced it): a constant
+        # 0, so that dashboards and alerts that read it do not break.
         yield GaugeMetricFamily(
             "imroute_gateway_delivery_streams",
-            "Open DeliverStream calls (one per push-service process that pushes here)",
-            c.open_streams,
+            "Always 0, kept for dashboards: no delivery streams since the delivery link "
+            "(see imroute_gateway_delivery_links)",
+            0,
         )
         yield GaugeMetricFamily(
             "imroute_gateway_delivery_links",

@@ -9,6 +9,7 @@ the gateway gives up and drains (socket_gateway.app), so its clients move elsewh
 from __future__ import annotations
 
 from collections import deque
+from dataclasses import dataclass, field
 
 from shared.backoff import backoff_s
 from shared.clock import Clock
@@ -16,33 +17,26 @@ from shared.clock import Clock
 __all__ = ["RestartBudget"]
 
 
+@dataclass(slots=True, eq=False)
 class RestartBudget:
     """`failed()`: the delay before the next restart, or None once the budget is spent."""
 
-    def __init__(
-        self,
-        clock: Clock,
-        max_failures: int = 5,
-        window_s: float = 60.0,
-        first_delay_s: float = 0.5,
-        max_delay_s: float = 8.0,
-    ) -> None:
-        self._clock = clock
-        self._max = max_failures
-        self._window = window_s
-        self._first = first_delay_s
-        self._cap = max_delay_s
-        self._failures: deque[float] = deque()
+    clock: Clock
+    max_failures: int = 5
+    window_s: float = 60.0
+    first_delay_s: float = 0.5
+    max_delay_s: float = 8.0
+    _failures: deque[float] = field(default_factory=deque, init=False, repr=False)
 
     def failed(self) -> float | None:
-        now = self._clock.monotonic()
+        now = self.clock.monotonic()
         failures = self._failures
         failures.append(now)
-        while failures and now - failures[0] > self._window:
+        while failures and now - failures[0] > self.window_s:
             failures.popleft()
-        if len(failures) >= self._max:
+        if len(failures) >= self.max_failures:
             return None
-        return backoff_s(len(failures), self._first, self._cap, rand=None)
+        return backoff_s(len(failures), self.first_delay_s, self.max_delay_s, rand=None)
 
     @property
     def recent(self) -> int:

@@ -3,7 +3,8 @@ handler calls."""
 
 from __future__ import annotations
 
-from typing import Annotated
+from collections.abc import Awaitable, Callable
+from typing import Annotated, TypeVar
 
 from fastapi import Depends, Header, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
@@ -39,6 +40,8 @@ __all__ = [
     "UsersSvc",
     "client_bearer",
 ]
+
+T = TypeVar("T")
 
 # One security scheme per credential, so the OpenAPI document says which each needs.
 _push_bearer = HTTPBearer(scheme_name="PushKey", description="IMROUTE_API_KEY", auto_error=False)
@@ -87,50 +90,27 @@ def _services(request: Request) -> Services:
     return services
 
 
-# Dependencies are async on purpose: FastAPI runs sync ones in a thread pool, which
-# cost more CPU per push than the whole route look-up.
-async def _pushes(request: Request) -> Pushes:
-    return _services(request).pushes
+def _service(pick: Callable[[Services], T]) -> Callable[[Request], Awaitable[T]]:
+    """The dependency that hands a handler the service `pick` chooses."""
 
+    # Async on purpose: FastAPI runs sync dependencies in a thread pool, which costs more
+    # CPU per push than the whole route look-up.
+    async def service(request: Request) -> T:
+        return pick(_services(request))
 
-async def _dispatch(request: Request) -> Dispatch:
-    return _services(request).dispatch
-
-
-async def _fleet(request: Request) -> Fleet:
-    return _services(request).fleet
-
-
-async def _overview(request: Request) -> Overview:
-    return _services(request).overview
-
-
-async def _fanout(request: Request) -> FanOut:
-    return _services(request).fanout
-
-
-async def _users(request: Request) -> Users:
-    return _services(request).users
-
-
-async def _health(request: Request) -> Health:
-    return _services(request).health
-
-
-async def _receipts(request: Request) -> ReceiptsView:
-    return _services(request).receipts
+    return service
 
 
 PushKey = Depends(_require_push)
 AdminKey = Depends(_require_admin)
-PushesSvc = Annotated[Pushes, Depends(_pushes)]
-DispatchSvc = Annotated[Dispatch, Depends(_dispatch)]
-FleetSvc = Annotated[Fleet, Depends(_fleet)]
-OverviewSvc = Annotated[Overview, Depends(_overview)]
-FanOutSvc = Annotated[FanOut, Depends(_fanout)]
-UsersSvc = Annotated[Users, Depends(_users)]
-HealthSvc = Annotated[Health, Depends(_health)]
-ReceiptsSvc = Annotated[ReceiptsView, Depends(_receipts)]
+PushesSvc = Annotated[Pushes, Depends(_service(lambda s: s.pushes))]
+DispatchSvc = Annotated[Dispatch, Depends(_service(lambda s: s.dispatch))]
+FleetSvc = Annotated[Fleet, Depends(_service(lambda s: s.fleet))]
+OverviewSvc = Annotated[Overview, Depends(_service(lambda s: s.overview))]
+FanOutSvc = Annotated[FanOut, Depends(_service(lambda s: s.fanout))]
+UsersSvc = Annotated[Users, Depends(_service(lambda s: s.users))]
+HealthSvc = Annotated[Health, Depends(_service(lambda s: s.health))]
+ReceiptsSvc = Annotated[ReceiptsView, Depends(_service(lambda s: s.receipts))]
 
 
 # --- issue 13, idempotency: the Idempotency-Key of the three push endpoints ---

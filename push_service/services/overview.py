@@ -6,6 +6,7 @@ broadcasts and multicasts with their progress."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from push_service.services.receipts import ReceiptsView
@@ -24,29 +25,21 @@ RECENT_MS = 10_000  # what "now" averages (the rates beside each gateway, the ti
 RECENT_JOBS = 10
 
 
+@dataclass(frozen=True, slots=True, eq=False)
 class Overview:
-    def __init__(
-        self,
-        fleet: CachedFleet,
-        stats: StatsReads,
-        jobs: RecentJobs,
-        receipts: ReceiptsView,
-        circuits: StatsRegistry,
-        clock: Clock,
-    ) -> None:
-        self._fleet = fleet
-        self._stats = stats
-        self._jobs = jobs
-        self._receipts = receipts
-        self._circuits = circuits
-        self._clock = clock
+    fleet: CachedFleet
+    stats: StatsReads
+    jobs: RecentJobs
+    receipts: ReceiptsView
+    circuits: StatsRegistry
+    clock: Clock
 
     async def read(self) -> dict[str, Any]:
-        now = self._clock.now_ms()
-        self._fleet.invalidate()  # fresh, as GET /v1/gateways reads it
-        live = await self._fleet.live()
-        buckets = await self._stats.read(now - WINDOW_MS, now)
-        width = self._stats.bucket_ms
+        now = self.clock.now_ms()
+        self.fleet.invalidate()  # fresh, as GET /v1/gateways reads it
+        live = await self.fleet.live()
+        buckets = await self.stats.read(now - WINDOW_MS, now)
+        width = self.stats.bucket_ms
         # The last whole intervals (the current one is still filling).
         recent = [b for b in buckets if now - RECENT_MS - width <= b[0] < now - width]
         seconds = max(len(recent) * width / 1000, 1e-9)
@@ -74,7 +67,7 @@ class Overview:
             "connections": g.connections,
             "max_connections": g.max_connections,
             "draining": g.draining,
-            "circuit": self._circuits.breaker(gid).state.value,
+            "circuit": self.circuits.breaker(gid).state.value,
             "heartbeat_age_s": round((now - g.heartbeat_ms) / 1000, 1) if g.heartbeat_ms else None,
             "started_ms": g.started_ms,
             "calls_per_s": round(summed.get(f"calls:{gid}", 0) / seconds, 2),
@@ -84,7 +77,7 @@ class Overview:
 
     async def _recent_jobs(self) -> list[dict[str, Any]]:
         return [
-            await self._receipts.status(j.push_id, j) for j in await self._jobs.recent(RECENT_JOBS)
+            await self.receipts.status(j.push_id, j) for j in await self.jobs.recent(RECENT_JOBS)
         ]
 
 

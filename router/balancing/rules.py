@@ -73,7 +73,21 @@ class Availability:
         return 0 if self.stats is None else self.stats.in_flight(server.gateway_id)
 
 
-class RoundRobinRule:
+class _EligibleRule:
+    """A rule that picks among the eligible gateways of `servers` (none: None)."""
+
+    def __init__(self, available: Availability) -> None:
+        self.available = available
+
+    def choose(self, servers: Sequence[GatewayState], key: str | None) -> GatewayState | None:
+        eligible = self.available.filter(servers)
+        return self._pick(eligible, key) if eligible else None
+
+    def _pick(self, eligible: list[GatewayState], key: str | None) -> GatewayState:
+        raise NotImplementedError
+
+
+class RoundRobinRule(_EligibleRule):
     """Each eligible gateway in turn (Ribbon's incrementAndGetModulo).
 
     `next()` on an itertools.count is a single C call, so it is atomic under the GIL and
@@ -82,27 +96,18 @@ class RoundRobinRule:
     """
 
     def __init__(self, available: Availability) -> None:
-        self.available = available
+        super().__init__(available)
         self._counter = itertools.count()
 
-    def choose(self, servers: Sequence[GatewayState], key: str | None) -> GatewayState | None:
-        eligible = self.available.filter(servers)
-        if not eligible:
-            return None
+    def _pick(self, eligible: list[GatewayState], key: str | None) -> GatewayState:
         return eligible[next(self._counter) % len(eligible)]
 
 
-class LeastConnectionsRule:
+class LeastConnectionsRule(_EligibleRule):
     """The eligible gateway with the fewest connections; ties go to the fewest calls in
     flight, then to the smallest id, so the choice is deterministic."""
 
-    def __init__(self, available: Availability) -> None:
-        self.available = available
-
-    def choose(self, servers: Sequence[GatewayState], key: str | None) -> GatewayState | None:
-        eligible = self.available.filter(servers)
-        if not eligible:
-            return None
+    def _pick(self, eligible: list[GatewayState], key: str | None) -> GatewayState:
         fewest = min(s.connections for s in eligible)
         tied = [s for s in eligible if s.connections == fewest]
         if len(tied) == 1:
@@ -121,7 +126,7 @@ def _score(data: bytes) -> int:
     return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "big")
 
 
-class ConsistentHashRule:
+class ConsistentHashRule(_EligibleRule):
     """Rendezvous (HRW) hashing of the uid over the groups that have an eligible gateway,
     then the least-loaded eligible gateway of that group.
 
@@ -130,13 +135,7 @@ class ConsistentHashRule:
     only its own users. Without a key it takes the least-loaded eligible gateway.
     """
 
-    def __init__(self, available: Availability) -> None:
-        self.available = available
-
-    def choose(self, servers: Sequence[GatewayState], key: str | None) -> GatewayState | None:
-        eligible = self.available.filter(servers)
-        if not eligible:
-            return None
+    def _pick(self, eligible: list[GatewayState], key: str | None) -> GatewayState:
         if key is None:
             return min(eligible, key=self._load)
         suffix = b"\x00" + key.encode()

@@ -31,6 +31,7 @@ from types import TracebackType
 from typing import Any, Protocol, Self, TypeVar
 
 from router.bus.losses import BusLosses
+from shared.closing import ClosedOnExit
 from shared.errors import BusUnavailable, InvalidInput, PayloadTooLarge
 from shared.keys import ID_PATTERN, validate_id
 
@@ -190,24 +191,6 @@ async def until_closed(coro: Coroutine[Any, Any, T], closing: asyncio.Future[Non
             task.exception()  # read on purpose: failing because we closed is expected
         return None
     return task.result()
-
-
-class ClosedOnExit:
-    """`async with` that closes on the way out."""
-
-    async def close(self) -> None:
-        raise NotImplementedError
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.close()
 
 
 class BusLifecycle(ClosedOnExit):

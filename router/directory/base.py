@@ -18,8 +18,10 @@ __all__ = [
     "MAX_TAG_LEN",
     "MAX_UID_LEN",
     "MAX_UPSERT",
+    "PageReader",
     "UserDirectory",
     "UserRecord",
+    "pages_after",
     "text_problem",
 ]
 
@@ -82,3 +84,26 @@ class UserDirectory(Protocol):
     ) -> AsyncIterator[list[str]]: ...
     async def count(self) -> int: ...
     async def close(self) -> None: ...
+
+
+class PageReader(Protocol):
+    """What paging through a directory needs: its keyset `page`."""
+
+    async def page(
+        self, after: str | None, limit: int = 1000, tags_any: Sequence[str] | None = None
+    ) -> list[str]: ...
+
+
+async def pages_after(
+    directory: PageReader, after: str | None, limit: int, tags_any: Sequence[str] | None
+) -> AsyncIterator[list[str]]:
+    """Every non-empty page of uids past `after` (None: from the start), in uid order;
+    each page is its own short query, so users written meanwhile appear if their uid is
+    past the current position."""
+    while True:
+        uids = await directory.page(after, limit, tags_any)
+        if uids:
+            yield uids
+        if len(uids) < limit:
+            return
+        after = uids[-1]

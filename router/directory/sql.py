@@ -9,8 +9,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime
-from types import TracebackType
-from typing import Any, Self
+from typing import Any
 
 import sqlalchemy.exc
 from sqlalchemy import Select, delete, event, func, select, union
@@ -18,9 +17,17 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
-from router.directory.base import MAX_TAG_LEN, MAX_UPSERT, UserDirectory, UserRecord, text_problem
+from router.directory.base import (
+    MAX_TAG_LEN,
+    MAX_UPSERT,
+    UserDirectory,
+    UserRecord,
+    pages_after,
+    text_problem,
+)
 from router.directory.schema import user_tags, users
 from shared.clock import Clock
+from shared.closing import ClosedOnExit
 from shared.errors import ConfigError, DirectoryUnavailable, InvalidInput
 from shared.settings import redact_url
 
@@ -114,7 +121,7 @@ def page_statement(after: str | None, limit: int, tags_any: Sequence[str] | None
     return select(merged.c.uid).order_by(merged.c.uid).limit(limit)
 
 
-class SqlUserDirectory:
+class SqlUserDirectory(ClosedOnExit):
     """The user directory in SQLite or PostgreSQL; an async context manager."""
 
     def __init__(self, engine: AsyncEngine, clock: Clock) -> None:
@@ -126,17 +133,6 @@ class SqlUserDirectory:
     def from_url(cls, url: str, clock: Clock, **engine_kwargs: Any) -> SqlUserDirectory:
         """A directory over a new engine for `url`; the tables come from `migrate.upgrade`."""
         return cls(create_directory_engine(url, **engine_kwargs), clock)
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.close()
 
     async def upsert(self, users: Sequence[UserRecord]) -> int:
         """Insert or replace (tags included) up to MAX_UPSERT users, all or none.
@@ -219,19 +215,11 @@ class SqlUserDirectory:
                 result = await conn.execute(page_statement(after, limit, tags))
                 return list(result.scalars())
 
-    async def iter_pages(
+    def iter_pages(
         self, limit: int = 1000, tags_any: Sequence[str] | None = None
     ) -> AsyncIterator[list[str]]:
-        """Every page in order, each non-empty; each page is its own short query, so
-        users written meanwhile appear if their uid is past the current position."""
-        after: str | None = None
-        while True:
-            uids = await self.page(after, limit, tags_any)
-            if uids:
-                yield uids
-            if len(uids) < limit:
-                return
-            after = uids[-1]
+        """Every page in order, each non-empty (`pages_after` from the start)."""
+        return pages_after(self, None, limit, tags_any)
 
     async def count(self) -> int:
         """How many users the directory holds."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Sequence
 from typing import Protocol
 
+from router.directory.base import PageReader, pages_after
 from router.fanout.failures import publish_or_count
 from router.fanout.publisher import BROADCAST_TOPIC, BatchPublisher
 from shared.proto import gateway_pb2
@@ -16,27 +17,6 @@ class Checkpoints(Protocol):
     """Where a resumable broadcast records each page done (JobRun.checkpoint)."""
 
     async def __call__(self, after: str | None, pages: int) -> None: ...
-
-
-class PageReader(Protocol):
-    """The directory's keyset paging (UserDirectory.page)."""
-
-    async def page(
-        self, after: str | None, limit: int = 1000, tags_any: Sequence[str] | None = None
-    ) -> list[str]: ...
-
-
-async def pages_after(
-    directory: PageReader, after: str | None, limit: int, tags_any: Sequence[str] | None
-) -> AsyncIterator[list[str]]:
-    """Every non-empty page of uids past `after` (None: from the start), in uid order."""
-    while True:
-        uids = await directory.page(after, limit, tags_any)
-        if uids:
-            yield uids
-        if len(uids) < limit:
-            return
-        after = uids[-1]
 
 
 async def run_broadcast(

@@ -19,7 +19,8 @@ class CallMetrics:
         self._seen: set[str] = set()  # gateways with series
         self._attempts = Counter(
             "imroute_gateway_call_attempts",
-            "Deliver/DeliverMany RPCs to a gateway (one may carry many pushes), by outcome",
+            "Delivery calls to a gateway (link or DeliverMany; one may carry many pushes), "
+            "by outcome",
             ["gateway", "outcome"],
             registry=registry,
         )
@@ -37,7 +38,7 @@ class CallMetrics:
         )
         self._latency = Histogram(
             "imroute_gateway_call_seconds",
-            "Latency of successful Deliver/DeliverMany RPCs",
+            "Latency of successful delivery calls (link or DeliverMany)",
             ["gateway"],
             buckets=LATENCY_BUCKETS,
             registry=registry,
