@@ -15,7 +15,7 @@ from push_service.gate import AccessRules, KeyGate
 from push_service.http_server import HeadCounts, HeadCuts
 from push_service.limits import BodyLimit
 from push_service.pages import add_pages
-from push_service.ratelimit import LimiterSlot, RateGate
+from push_service.ratelimit.http import LimiterSlot, RateGate
 from push_service.routes import ROUTERS
 from push_service.routes.deps import KEY_SCHEMES
 from push_service.shedding import LoadShed, Shedder, ShedMetrics

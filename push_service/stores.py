@@ -9,14 +9,15 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Protocol
 
+from push_service.idempotency.base import IdempotencyStore
+from push_service.idempotency.store import RedisIdempotencyStore
+from push_service.ratelimit.base import RateLimit, RateLimiter
+from push_service.ratelimit.store import RedisRateLimiter
 from router.fleet.base import DrainRequests, GatewayFleet
 from router.fleet.drain import RedisDrainRequests
 from router.fleet.store import RedisGatewayFleet
-from router.idempotency.base import IdempotencyStore
-from router.idempotency.store import RedisIdempotencyStore
 from router.jobs.base import JobStore, RecentJobs
 from router.jobs.store import RedisJobStore
-from router.ratelimit import RateLimit, RateLimiter, RedisRateLimiter
 from router.receipts.base import ReceiptLimits, ReceiptLog, ReceiptReads, ReceiptUpdates
 from router.receipts.store import RedisReceiptStore
 from router.receipts.unacked import UnackedDue

@@ -24,8 +24,9 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
 
-from push_service.idempotency import Idempotency
+from push_service.idempotency.http import Idempotency
 from push_service.live_stats import process_counts
+from push_service.ratelimit.base import RateLimit, RateLimiter
 from push_service.services import (
     Dispatch,
     FanOut,
@@ -62,7 +63,6 @@ from router.gateway_rpc.resilient import ResilientGatewayClient
 from router.hedging.metrics import PublishMetrics
 from router.jobs.reaper import reaping
 from router.p2p.pusher import P2PPusher
-from router.ratelimit import RateLimit, RateLimiter
 from router.receipts.base import DELIVERED, ReceiptLimits, ReceiptUpdates
 from router.receipts.unacked import UnackedSweeper
 from router.redis.autopipe import AutoPipeline, auto_pipeline_for

@@ -11,7 +11,8 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from push_service.access import ApiKeys, Scope, authorize
 from push_service.errors import Forbidden
-from push_service.idempotency import Once
+from push_service.idempotency.base import HEADER, parse_key
+from push_service.idempotency.http import Once
 from push_service.services import (
     Dispatch,
     FanOut,
@@ -23,7 +24,6 @@ from push_service.services import (
     Services,
     Users,
 )
-from router.idempotency.base import HEADER, parse_key
 from shared.errors import AuthError
 
 __all__ = [

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from push_service.idempotency import Idempotency
+from push_service.idempotency.http import Idempotency
 from push_service.services.dispatch import Dispatch
 from push_service.services.fanout import FanOut
 from push_service.services.fleet import Fleet

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from push_service.content import new_message
-from push_service.idempotency import id_seed
+from push_service.idempotency.http import id_seed
 from push_service.schemas import PushIn
 from router.p2p.plan import Outgoing, PushOutcome
 from router.p2p.pusher import P2PPusher

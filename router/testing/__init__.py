@@ -5,10 +5,11 @@ in-memory stand-ins that unit tests, examples and benchmarks share.
 - `MemoryBus`: the `memory://` bus, in-process (from `router.bus.memory`).
 - `ManualClock`: the injected clock, moved by hand (from `shared.clock`).
 - The stores in memory, behind the router's seams (`router.testing.routes`,
-  `router.testing.stores`, `router.testing.edge`): `MemoryRouteRegistry`, `MemoryGatewayFleet`,
+  `router.testing.stores`): `MemoryRouteRegistry`, `MemoryGatewayFleet`,
   `MemoryDrainRequests`, `MemoryRecoveryLog`, `MemoryReceiptStore`, `MemoryJobStore`,
-  `MemoryIdempotencyStore`, `MemoryStatsStore`, `MemoryRateLimiter`: the push service's
-  HTTP routes run on them without Redis (tests/api).
+  `MemoryStatsStore`; with the HTTP edge's own (`push_service.testing`:
+  `MemoryIdempotencyStore`, `MemoryRateLimiter`), the push service's HTTP routes run on
+  them without Redis (tests/api).
 - `router.testing.pubsub.LatencyPublisher`: a real gRPC Pub/Sub Publisher server that
   injects latency and failures (imported on its own: it loads grpc and google).
 
@@ -22,7 +23,6 @@ from collections.abc import Mapping, Sequence
 
 from router.bus.memory import MemoryBus
 from router.gateway_rpc.base import Batches, Replies
-from router.testing.edge import MemoryIdempotencyStore, MemoryRateLimiter
 from router.testing.routes import MemoryDrainRequests, MemoryGatewayFleet, MemoryRouteRegistry
 from router.testing.stores import (
     MemoryJobStore,
@@ -40,9 +40,7 @@ __all__ = [
     "MemoryBus",
     "MemoryDrainRequests",
     "MemoryGatewayFleet",
-    "MemoryIdempotencyStore",
     "MemoryJobStore",
-    "MemoryRateLimiter",
     "MemoryReceiptStore",
     "MemoryRecoveryLog",
     "MemoryRouteRegistry",

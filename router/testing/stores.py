@@ -1,6 +1,6 @@
 """In-memory stand-ins for the stores of what pushes leave behind (recovery log, receipts,
 jobs, the dashboard's counts), behind the router's seams: with `router.testing.routes`
-and `router.testing.edge`, the push service's HTTP routes run without Redis (tests/api).
+and `push_service.testing`, the push service's HTTP routes run without Redis (tests/api).
 Records in dicts, with the states' rules; no TTLs, no lapsing leases, no failures: those
 are tested on the real stores, against real Redis."""
 

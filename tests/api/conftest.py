@@ -17,16 +17,15 @@ import pytest
 from fastapi import FastAPI
 
 from push_service.app import create_app
+from push_service.ratelimit.base import RateLimit, RateLimiter
 from push_service.stores import Stores
+from push_service.testing import MemoryIdempotencyStore, MemoryRateLimiter
 from router.directory.migrate import upgrade
-from router.ratelimit import RateLimit, RateLimiter
 from router.testing import (
     MemoryBus,
     MemoryDrainRequests,
     MemoryGatewayFleet,
-    MemoryIdempotencyStore,
     MemoryJobStore,
-    MemoryRateLimiter,
     MemoryReceiptStore,
     MemoryRecoveryLog,
     MemoryRouteRegistry,

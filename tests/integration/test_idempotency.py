@@ -13,9 +13,9 @@ from typing import Any
 import httpx
 import pytest
 
+from push_service.idempotency.base import Answer, Claimed, fingerprint, scope_hash
+from push_service.idempotency.store import RedisIdempotencyStore
 from router.devtools.ports import free_port
-from router.idempotency.base import Answer, Claimed, fingerprint, scope_hash
-from router.idempotency.store import RedisIdempotencyStore
 from shared.keys import KeySchema
 from tests.conftest import API_KEY
 from tests.integration.procs import base_env, push_services

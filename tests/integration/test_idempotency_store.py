@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from router.idempotency.base import Answer, Claimed, Mismatch, Running
-from router.idempotency.store import RedisIdempotencyStore
+from push_service.idempotency.base import Answer, Claimed, Mismatch, Running
+from push_service.idempotency.store import RedisIdempotencyStore
 from router.redis.client import create_redis
 from shared.keys import KeySchema
 

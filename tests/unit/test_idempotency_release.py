@@ -10,8 +10,8 @@ import asyncio
 from fastapi import Request
 from fastapi.responses import Response
 
-from push_service.idempotency import Idempotency
-from router.idempotency.base import Answer, Outcome
+from push_service.idempotency.base import Answer, Outcome
+from push_service.idempotency.http import Idempotency
 from shared.errors import RegistryUnavailable
 from tests.waiting import wait_for
 

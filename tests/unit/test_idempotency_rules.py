@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from router.idempotency.base import fingerprint, is_kept, key_hash, parse_key, scope_hash
+from push_service.idempotency.base import fingerprint, is_kept, key_hash, parse_key, scope_hash
 from shared.errors import InvalidInput
 
 

@@ -1,6 +1,6 @@
 """Idempotency-Key on the push endpoints, as HTTP: claim, wait, replay, keep.
 
-The decisions are `router.idempotency.base`'s; this is the shell that reads the request
+The decisions are `push_service.idempotency.base`'s; this is the shell that reads the request
 (its API key, method, path and the raw body FastAPI has already read), turns a handler's
 error into the answer the client would get, and replays a kept answer.
 
@@ -24,8 +24,7 @@ from fastapi.responses import Response
 
 from push_service.access import bearer_token
 from push_service.errors import Conflict, handler_for
-from router.fanout.outages import ride_out
-from router.idempotency.base import (
+from push_service.idempotency.base import (
     HEADER,
     Answer,
     Claimed,
@@ -37,6 +36,7 @@ from router.idempotency.base import (
     key_hash,
     scope_hash,
 )
+from router.fanout.outages import ride_out
 from shared.errors import ImrouteError, InvalidInput, RegistryUnavailable
 
 __all__ = ["REPLAYED_HEADER", "Idempotency", "Once", "id_seed"]

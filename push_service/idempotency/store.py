@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import secrets
 
-from router.idempotency.base import (
+from push_service.idempotency.base import (
     Answer,
     Claimed,
     Mismatch,

@@ -10,7 +10,7 @@ round trip and one small key per bucket; the key expires when its bucket is full
 
 from __future__ import annotations
 
-from router.ratelimit.base import RateLimit
+from push_service.ratelimit.base import RateLimit
 from router.redis.client import RedisClient
 from router.redis.errors import translate_errors
 from router.redis.scripts import Script, ScriptRunner

@@ -18,7 +18,7 @@ import time
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from push_service.access import presented
-from router.ratelimit import RateLimiter
+from push_service.ratelimit.base import RateLimiter
 from shared.errors import ImrouteError
 from shared.throttled import Throttled
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import secrets
 from dataclasses import dataclass
 
-from router.idempotency.base import Answer, Claimed, Mismatch, Outcome, Running
-from router.ratelimit.base import RateLimit
+from push_service.idempotency.base import Answer, Claimed, Mismatch, Outcome, Running
+from push_service.ratelimit.base import RateLimit
 from shared.clock import Clock
 
 __all__ = ["MemoryIdempotencyStore", "MemoryRateLimiter"]

@@ -1,0 +1,8 @@
+"""Rate limits shared by every push-service process, per API key.
+
+- `base`: the limit (`RateLimit`, parsed from IMROUTE_RATE_LIMIT) and the RateLimiter seam.
+- `store`: a GCRA in one Redis script (`RedisRateLimiter`, `gcra.lua`).
+- `http`: the pure-ASGI gate on the sending endpoints (429 from the headers alone).
+"""
+
+# No re-exports: importing one module of the package loads only what it needs.
