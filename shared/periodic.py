@@ -10,7 +10,6 @@ never caught: leaving the block cancels the task and waits for it to end.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 
@@ -76,8 +75,10 @@ class Periodic:
         """Step every interval until cancelled."""
         if self._at_once:
             await self.step()
+            _raise_if_cancelling()
         async for _ in ticks(self.every_s, self._fixed_rate, self._clock):
             await self.step()
+            _raise_if_cancelling()
 
     async def step(self) -> None:
         """One step; what it raises (but cancellation) is counted and logged, throttled."""
@@ -110,5 +111,15 @@ class Periodic:
         if task is None:
             return
         task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
+        try:
             await task
+        except asyncio.CancelledError:
+            _raise_if_cancelling()  # the caller's own cancellation is not ours to swallow
+
+
+def _raise_if_cancelling() -> None:
+    """Raise CancelledError if this task is being cancelled: a step that swallowed the
+    cancellation (some libraries do, mid-command) must not keep the loop going."""
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError

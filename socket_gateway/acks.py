@@ -37,7 +37,6 @@ FLUSH_S = 0.05
 # Updates held at most (users' inbox entries plus receipt uids); past it, new ones are
 # dropped and counted: Redis has been failing for a while.
 MAX_PENDING = 200_000
-LOG_EVERY_S = 10.0
 
 
 class InboxForget(Protocol):
@@ -80,7 +79,7 @@ class AckReporter:
         self._pending = 0
         self._timer: asyncio.TimerHandle | None = None
         self._flushing: asyncio.Task[None] | None = None
-        self._line = Throttled(LOG_EVERY_S)
+        self._line = Throttled()
         self.counts = AckCounts()
 
     # ------------------------------------------------------------------ the connections' side

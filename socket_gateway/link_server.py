@@ -69,7 +69,6 @@ MAX_PRE_HELLO = 256
 # ... and from one address (IPv4, or IPv6 /64): a push-service host's processes (one
 # link each; as many as its cores by default) all reconnecting at once fit.
 MAX_PRE_HELLO_PER_PEER = 64
-LOG_EVERY_S = 10.0
 # Connections the kernel completes before the link accepts them. A flood of strangers
 # outruns the accept loop for a moment; past a full queue the kernel drops the
 # handshake's last ACK and a push service's link waits on SYN-ACK retries (1, 2, 4 s...).
@@ -94,7 +93,7 @@ class LinkServer:
         self._conns: set[_LinkConn] = set()
         # Those without their hello yet (their TLS handshake included), by peer address.
         self._pre_hello: PreAuthPool[_LinkConn] = PreAuthPool(MAX_PRE_HELLO, MAX_PRE_HELLO_PER_PEER)
-        self._refusal_line = Throttled(LOG_EVERY_S)
+        self._refusal_line = Throttled()
 
     async def start(self, host: str | None, port: int, tls: ssl.SSLContext | None = None) -> int:
         """Listen on every address of `host` ("" or None: every interface); returns the

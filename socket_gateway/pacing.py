@@ -1,5 +1,5 @@
-"""Periodic work without bursts: rounds at a fixed rate (`ticks`, from shared.periodic),
-each round's items in slices spread over part of its interval (the route refresh, the
+"""Periodic work without bursts: each round's items (rounds at a fixed rate, from
+shared.periodic) in slices spread over part of its interval (the route refresh, the
 keepalive round)."""
 
 from __future__ import annotations
@@ -8,9 +8,7 @@ import asyncio
 from collections.abc import AsyncIterator, Sequence
 from typing import TypeVar
 
-from shared.periodic import ticks  # the rounds' clock, with the periodic tasks'
-
-__all__ = ["spread", "ticks"]
+__all__ = ["spread"]
 
 T = TypeVar("T")
 

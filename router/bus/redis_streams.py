@@ -32,7 +32,7 @@ from router.bus.redis_trim import LOST_TTL_MS, MAX_EXCESS, PUBLISH, TrimReporter
 from router.bus.redis_trim import text as _text
 from router.hedging import Attempt, AttemptContext
 from router.redis.client import connection_identity
-from router.redis.errors import is_unreachable, redis_errors, reraise_swallowed_cancel
+from router.redis.errors import is_transient, redis_errors, reraise_swallowed_cancel
 from router.redis.scripts import ScriptRunner
 from shared.backoff import backoff_s
 from shared.errors import ConfigError
@@ -159,8 +159,9 @@ class RedisStreamsTransport(BusLifecycle):
 
         return xadd
 
-    # Redis did not answer (in time): worth another try; an error reply is final.
-    is_retryable = staticmethod(is_unreachable)
+    # Redis did not answer (in time), or answered "not now" (a failover): worth another
+    # try; any other error reply is final.
+    is_retryable = staticmethod(is_transient)
 
     def errors(self, operation: str) -> AbstractContextManager[None]:
         """The one redis-py mapping (router.redis.errors), into BusUnavailable."""

@@ -44,8 +44,6 @@ __all__ = [
 
 log = logging.getLogger("router.bus.redis_streams")
 
-# A gateway that keeps losing entries is logged at most this often, with the total.
-LOSS_LOG_EVERY_S = 10.0
 
 # Entries trimmed past the bound by one publish at most: after IMROUTE_BUS_MAXLEN was
 # lowered, the excess goes over the next publishes instead of one long script.
@@ -87,7 +85,7 @@ def text(value: bytes | str | int) -> str:
 
 class TrimReporter:
     """Counts and logs what the trims did; a gateway losing entries on every publish is
-    logged once per LOSS_LOG_EVERY_S, with what it lost meanwhile."""
+    logged once per 10 s (`Throttled`), with what it lost meanwhile."""
 
     def __init__(self, maxlen: int, group_idle_s: float) -> None:
         self.losses = BusLosses()
@@ -109,7 +107,7 @@ class TrimReporter:
         for group, n in report.lost.items():
             line = self._lines.get((topic, group))
             if line is None:
-                line = self._lines[topic, group] = Throttled(LOSS_LOG_EVERY_S)
+                line = self._lines[topic, group] = Throttled()
             if not (lost := line.note(now, n)):
                 continue
             log.warning(

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import logging
 import random
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
@@ -30,8 +31,11 @@ from router.hedging.tokens import TokenBucket
 from shared.backoff import backoff_s
 from shared.clock import AsyncClock, Cancellable
 from shared.errors import BusUnavailable
+from shared.throttled import Throttled
 
 __all__ = ["Attempt", "AttemptContext", "HedgeObserver", "Hedger", "NullObserver"]
+
+log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
@@ -101,6 +105,8 @@ class Hedger:
         self._is_retryable = is_retryable
         self._observer: HedgeObserver = observer or NullObserver()
         self._jitter = jitter
+        # Retries are the one sign of an outage before a publish fails: a line per 10 s.
+        self.retries = Throttled()
         # Per topic, as Google's clients have one publisher (and bucket) per topic.
         self._buckets: dict[str, TokenBucket] = {}
         self._delays: dict[str, HedgeDelay] = {}
@@ -298,5 +304,13 @@ class _Publish(Generic[T]):
                 )
                 if self._remaining() <= pause:
                     raise  # the total timeout leaves no room for another try
+                since = self.h.retries.note(self.clock.monotonic())
+                if since:
+                    log.warning(
+                        "publish to %s retried (%d retries since the last line): %s",
+                        self.topic,
+                        since,
+                        exc,
+                    )
             await self.clock.sleep(pause)
             rpc_timeout = min(rpc_timeout * r.rpc_timeout_multiplier, r.max_rpc_timeout_s)

@@ -65,10 +65,6 @@ class RedisReceiptStore:
         self._redis = redis
         self._keys = keys
         self.limits = limits
-        self._record = _RECORD
-        self._mark = _MARK
-        self._add = _ADD
-        self._claim = _CLAIM
         self._scripts = ScriptRunner(redis, (_RECORD, _MARK, _ADD, _CLAIM), auto)
 
     # ------------------------------------------------------------------ ReceiptLog
@@ -96,7 +92,7 @@ class RedisReceiptStore:
         pairs = [v for kv in receipt.states.items() for v in kv] if listable or due_ms else []
         # A counts-only push's pending set lives until its event is sent, or a day.
         pending_ms = PENDING_TTL_MS if due_ms and not listable else 0
-        record = self._record.args(
+        record = _RECORD.args(
             (keys[0], keys[3]),
             self.limits.ttl_ms,
             receipt.mode,
@@ -118,7 +114,7 @@ class RedisReceiptStore:
     async def claim_due(self, now_ms: int, lease_ms: int, limit: int) -> list[str]:
         """Push ids whose message.unacked is due, leased to the caller for `lease_ms`."""
         due = await self._scripts.one(
-            self._claim.args((self._keys.unacked_due(),), now_ms, lease_ms, limit)
+            _CLAIM.args((self._keys.unacked_due(),), now_ms, lease_ms, limit)
         )
         return [str(d) for d in due]
 
@@ -147,7 +143,7 @@ class RedisReceiptStore:
     async def add(self, push_id: str, recipients: int, online: int, queued: int) -> None:
         key = self._keys.receipt(push_id)[0]
         await self._scripts.one(
-            self._add.args((key,), self.limits.ttl_ms, "broadcast", recipients, online, queued)
+            _ADD.args((key,), self.limits.ttl_ms, "broadcast", recipients, online, queued)
         )
 
     # ------------------------------------------------------------------ ReceiptUpdates
@@ -159,7 +155,7 @@ class RedisReceiptStore:
             keys = self._keys.receipt(push_id)
             for start in range(0, len(uids), MARK_CHUNK):
                 chunk = uids[start : start + MARK_CHUNK]
-                calls.append(self._mark.args(keys, state, EARLY_TTL_MS, *chunk))
+                calls.append(_MARK.args(keys, state, EARLY_TTL_MS, *chunk))
         if calls:
             await self._scripts.many(calls)
 

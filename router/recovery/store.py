@@ -59,24 +59,17 @@ class RedisRecoveryStore:
         self._keys = keys
         self._clock = clock
         self.limits = limits
-        self._append = APPEND
-        self._queue = QUEUE
-        self._read_user = READ_USER
-        self._forget = FORGET
-        self._read_topic = READ_TOPIC
-        self._append_queued = APPEND_QUEUED
-        self._head = HEAD
         # Loaded again, all of them, by the runner when Redis lost its script cache.
         self._scripts = ScriptRunner(
             redis,
             (
-                self._append,
-                self._queue,
-                self._read_user,
-                self._forget,
-                self._read_topic,
-                self._append_queued,
-                self._head,
+                APPEND,
+                QUEUE,
+                READ_USER,
+                FORGET,
+                READ_TOPIC,
+                APPEND_QUEUED,
+                HEAD,
             ),
             auto,
         )
@@ -101,7 +94,7 @@ class RedisRecoveryStore:
         lim = self.limits
         k = self._keys
         tail = (data, now, now - lim.window_ms, lim.user_max, lim.window_ms, self._seq_ttl_ms)
-        calls = [self._append.args((k.user_seq(u), k.user_log(u)), *tail) for u in uids]
+        calls = [APPEND.args((k.user_seq(u), k.user_log(u)), *tail) for u in uids]
         if len(calls) == 1:
             return [_seq(await self._one(calls[0]))]
         return [_seq(r) for r in await self._pipelined(calls)]
@@ -146,8 +139,7 @@ class RedisRecoveryStore:
             lim.inbox_ttl_ms,
         )
         return [
-            self._append_queued.args((k.user_seq(u), k.user_log(u), k.user_inbox(u)), *tail)
-            for u in uids
+            APPEND_QUEUED.args((k.user_seq(u), k.user_log(u), k.user_inbox(u)), *tail) for u in uids
         ]
 
     @translate_errors
@@ -157,7 +149,7 @@ class RedisRecoveryStore:
         lim = self.limits
         k = self._keys
         calls = [
-            self._queue.args(
+            QUEUE.args(
                 (k.user_seq(uid), k.user_inbox(uid)),
                 epoch_of(seq),
                 counter_of(seq),
@@ -175,7 +167,7 @@ class RedisRecoveryStore:
         lim = self.limits
         keys = (self._keys.topic_seq(topic), self._keys.topic_log(topic))
         # The topic's sequence never expires: gateways follow it for as long as they run.
-        args = self._append.args(
+        args = APPEND.args(
             keys, encode_batch(batch), now, now - lim.window_ms, lim.topic_max, lim.window_ms, 0
         )
         return _seq(await self._one(args))
@@ -190,7 +182,7 @@ class RedisRecoveryStore:
         """`read_user` for many users, in one pipelined round trip."""
         k = self._keys
         calls = [
-            self._read_user.args(
+            READ_USER.args(
                 (k.user_seq(uid), k.user_log(uid), k.user_inbox(uid)),
                 *(("", "") if after is None else (epoch_of(after), counter_of(after))),
             )
@@ -207,7 +199,7 @@ class RedisRecoveryStore:
         """`forget_inbox` for many users, in one pipelined round trip."""
         k = self._keys
         calls = [
-            self._forget.args((k.user_seq(uid), k.user_inbox(uid)), epoch, *ns)
+            FORGET.args((k.user_seq(uid), k.user_inbox(uid)), epoch, *ns)
             for uid, seqs in wanted
             for epoch, ns in _by_epoch(seqs).items()
         ]
@@ -220,7 +212,7 @@ class RedisRecoveryStore:
         keys = (self._keys.topic_seq(topic), self._keys.topic_log(topic))
         bound = ("", "") if upto is None else (epoch_of(upto), counter_of(upto))
         head, epoch, log, _, _ = await self._one(
-            self._read_topic.args(keys, epoch_of(after), counter_of(after), *bound, 0, 0)
+            READ_TOPIC.args(keys, epoch_of(after), counter_of(after), *bound, 0, 0)
         )
         e = int(epoch)
         decoded = [decode_batch(seq, data, e) for seq, _, data in map(_split, log)]
@@ -237,7 +229,7 @@ class RedisRecoveryStore:
         bound = ("", "") if upto is None else (epoch_of(upto), counter_of(upto))
         budget = (max_bytes, max_entries)
         head, epoch, log, over, start = await self._one(
-            self._read_topic.args(keys, epoch_of(after), counter_of(after), *bound, *budget)
+            READ_TOPIC.args(keys, epoch_of(after), counter_of(after), *bound, *budget)
         )
         e = int(epoch)
         batches, sizes = [], []
@@ -259,7 +251,7 @@ class RedisRecoveryStore:
 
     @translate_errors
     async def heads(self, topics: Sequence[str]) -> list[int]:
-        calls = [self._head.args((self._keys.topic_seq(t),)) for t in topics]
+        calls = [HEAD.args((self._keys.topic_seq(t),)) for t in topics]
         return [_head(n, int(e)) for n, e in await self._pipelined(calls)]
 
 

@@ -27,7 +27,13 @@ import redis.exceptions
 
 from shared.errors import ImrouteError, RegistryUnavailable
 
-__all__ = ["is_unreachable", "redis_errors", "reraise_swallowed_cancel", "translate_errors"]
+__all__ = [
+    "is_transient",
+    "is_unreachable",
+    "redis_errors",
+    "reraise_swallowed_cancel",
+    "translate_errors",
+]
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -40,6 +46,21 @@ def is_unreachable(exc: BaseException) -> bool:
     return isinstance(
         exc, redis.exceptions.ConnectionError | redis.exceptions.TimeoutError | TimeoutError
     )
+
+
+# Error replies that say "not now" rather than "never": a replica promoted behind the
+# address (READONLY), a cluster mid-failover (CLUSTERDOWN, MASTERDOWN) or mid-resharding
+# (TRYAGAIN). LOADING is a ConnectionError to redis-py already.
+_TRANSIENT_REPLIES = (
+    redis.exceptions.ReadOnlyError,
+    redis.exceptions.ClusterDownError,
+    redis.exceptions.TryAgainError,
+)
+
+
+def is_transient(exc: BaseException) -> bool:
+    """Worth another try: Redis did not answer (in time), or answered "not now"."""
+    return is_unreachable(exc) or isinstance(exc, _TRANSIENT_REPLIES)
 
 
 class _RedisErrors:

@@ -3,14 +3,10 @@
 from __future__ import annotations
 
 import enum
-import random
-from collections.abc import Callable
 
-from shared.backoff import backoff_s as _backoff_s
+__all__ = ["Outcome", "outcome_of"]
 
-__all__ = ["Outcome", "backoff_s", "outcome_of"]
-
-BACKOFF_BASE_S = 0.5
+BACKOFF_BASE_S = 0.5  # a failed POST's first wait (shared.backoff: doubling, equal jitter)
 
 
 class Outcome(enum.Enum):
@@ -28,9 +24,3 @@ def outcome_of(status: int | None) -> Outcome:
     # Redirects are not followed: a signed POST re-sent elsewhere is the receiver's
     # misconfiguration to fix, and retrying would not fix it.
     return Outcome.DROP
-
-
-def backoff_s(failures: int, cap_s: float, rand: Callable[[], float] = random.random) -> float:
-    """Exponential from BACKOFF_BASE_S, capped at `cap_s`, with equal jitter
-    (`shared.backoff`) so several senders retrying together spread out."""
-    return _backoff_s(failures, BACKOFF_BASE_S, cap_s, rand=rand)

@@ -25,10 +25,11 @@ import httpx
 from router.redis.client import RedisClient
 from router.webhook.base import events_body
 from router.webhook.consumer import Entry, OutboxConsumer
-from router.webhook.delivery import Outcome, backoff_s, outcome_of
+from router.webhook.delivery import BACKOFF_BASE_S, Outcome, outcome_of
 from router.webhook.exchange import ANSWER_READ_BYTES, Answer, Cut, post_bounded
 from router.webhook.outbox import OutboxStats, RedisOutbox
 from router.webhook.signing import HEADER, sign
+from shared.backoff import backoff_s
 from shared.clock import Clock
 from shared.errors import ImrouteError
 from shared.keys import KeySchema
@@ -125,7 +126,7 @@ class WebhookSender:
             if outcome is Outcome.RETRY:
                 failures += 1
                 self.retried += 1
-                delay = backoff_s(failures, self._backoff_max_s)
+                delay = backoff_s(failures, BACKOFF_BASE_S, self._backoff_max_s)
                 log.warning(
                     "webhook POST of %d events failed (%s); retry %d in %.1fs",
                     len(batch),

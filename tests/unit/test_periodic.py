@@ -4,6 +4,7 @@ throttled, cancellation passed through, the task stopped with the block."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 
 import pytest
@@ -133,3 +134,35 @@ async def test_stop_before_start_is_a_no_op() -> None:
         pass
 
     await Periodic("p", step, 1.0, log=log).stop()
+
+
+async def test_a_step_that_swallows_the_cancellation_still_ends_the_loop() -> None:
+    entered = asyncio.Event()
+
+    async def swallowing() -> None:
+        entered.set()
+        with contextlib.suppress(asyncio.CancelledError):  # as a library mid-command may
+            await asyncio.sleep(10)
+
+    loop = Periodic("swallower", swallowing, 0.001, log=logging.getLogger("t"))
+    loop.start()
+    await entered.wait()
+    async with asyncio.timeout(1):
+        await loop.stop()  # returns: the loop did not step on
+
+
+async def test_stop_keeps_the_callers_own_cancellation() -> None:
+    async def slow_to_end() -> None:
+        try:
+            await asyncio.sleep(10)
+        finally:
+            await asyncio.sleep(0.05)  # the loop takes a while to end
+
+    loop = Periodic("slow", slow_to_end, 1.0, log=logging.getLogger("t"))
+    loop.start()
+    await asyncio.sleep(0)
+    stopper = asyncio.create_task(loop.stop())
+    await asyncio.sleep(0.01)
+    stopper.cancel()  # the caller is cancelled while it waits for the loop
+    with pytest.raises(asyncio.CancelledError):
+        await stopper

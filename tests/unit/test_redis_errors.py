@@ -36,3 +36,32 @@ async def test_our_own_attribute_errors_stay_bugs() -> None:
     with pytest.raises(AttributeError):
         with redis_errors():
             None.writelines  # type: ignore[attr-defined]  # noqa: B018
+
+
+def test_not_now_replies_are_transient_and_other_replies_final() -> None:
+    from router.redis.errors import is_transient
+
+    for exc in (
+        redis.exceptions.ConnectionError("refused"),
+        redis.exceptions.TimeoutError("slow"),
+        redis.exceptions.BusyLoadingError("LOADING"),
+        redis.exceptions.ReadOnlyError("READONLY You can't write against a read only replica."),
+        redis.exceptions.ClusterDownError("CLUSTERDOWN The cluster is down"),
+        redis.exceptions.MasterDownError("MASTERDOWN Link with MASTER is down"),
+        redis.exceptions.TryAgainError("TRYAGAIN Multiple keys request during rehashing"),
+    ):
+        assert is_transient(exc), exc
+    for exc in (
+        redis.exceptions.ResponseError("ERR wrong number of arguments"),
+        redis.exceptions.OutOfMemoryError("OOM command not allowed"),
+        redis.exceptions.NoScriptError("NOSCRIPT"),
+    ):
+        assert not is_transient(exc), exc
+
+
+def test_the_redis_streams_bus_retries_a_failover_reply() -> None:
+    from router.bus.redis_streams import RedisStreamsTransport
+
+    readonly = redis.exceptions.ReadOnlyError("READONLY You can't write against a replica.")
+    assert RedisStreamsTransport.is_retryable(readonly)
+    assert not RedisStreamsTransport.is_retryable(redis.exceptions.ResponseError("ERR syntax"))

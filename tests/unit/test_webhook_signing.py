@@ -9,8 +9,9 @@ import json
 import pytest
 
 from router.webhook.base import Event, encode_event, events_body
-from router.webhook.delivery import Outcome, backoff_s, outcome_of
+from router.webhook.delivery import BACKOFF_BASE_S, Outcome, outcome_of
 from router.webhook.signing import SignatureError, sign, verify
+from shared.backoff import backoff_s
 from shared.errors import InvalidInput
 from tests.integration.webhook_receiver import check_signature
 
@@ -108,10 +109,10 @@ def test_what_an_answer_means(status: int | None, outcome: Outcome) -> None:
 
 
 def test_backoff_grows_to_its_cap_with_jitter() -> None:
-    assert 0.25 <= backoff_s(1, 30) <= 0.5
-    assert 2.0 <= backoff_s(4, 30) <= 4.0
-    assert 15 <= backoff_s(50, 30) <= 30
-    assert backoff_s(10_000, 0.2) <= 0.2
+    assert 0.25 <= backoff_s(1, BACKOFF_BASE_S, 30) <= 0.5
+    assert 2.0 <= backoff_s(4, BACKOFF_BASE_S, 30) <= 4.0
+    assert 15 <= backoff_s(50, BACKOFF_BASE_S, 30) <= 30
+    assert backoff_s(10_000, BACKOFF_BASE_S, 0.2) <= 0.2
 
 
 def test_a_batch_is_split_into_posts_of_at_most_a_byte_bound() -> None:
