@@ -328,7 +328,7 @@ class Wiring:
         the message.unacked sweeper, running until the stack closes."""
         settings = self._settings
         rlimits = ReceiptLimits.from_settings(settings)
-        if receipts is None:
+        if receipts is None or not rlimits.enabled:  # given stores too: off is off
             return None, None
         # message.unacked needs both the receipts and a webhook to send it to.
         unacked_ms = int(settings.webhook_unacked_s * 1000) if self.webhooks else 0

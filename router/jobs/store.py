@@ -41,6 +41,12 @@ FINISHED_TTL_S = 7 * 24 * 3600
 
 ORPHANED = "the push service running this job stopped before it finished"
 
+
+def out_of_attempts(max_attempts: int) -> str:
+    """The error of a job taken over `max_attempts` times already."""
+    return f"{ORPHANED}, {max_attempts} times (IMROUTE_JOB_MAX_ATTEMPTS)"
+
+
 # Each write is one script (its comments say what it takes); the fenced ones start with
 # the check of the writer's epoch (`fence_fn.lua`).
 _PROGRESS = Script.load(__package__, "fence_fn", "progress")
@@ -165,7 +171,7 @@ class RedisJobStore:
                 push_id,
                 FINISHED_TTL_S,
                 ORPHANED,
-                f"{ORPHANED}, {max_attempts} times (IMROUTE_JOB_MAX_ATTEMPTS)",
+                out_of_attempts(max_attempts),
             )
             if not got:
                 continue

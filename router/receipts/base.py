@@ -28,6 +28,7 @@ __all__ = [
     "ACKED",
     "DELIVERED",
     "EXPIRED",
+    "LISTS",
     "QUEUED",
     "STATES",
     "Counts",
@@ -37,6 +38,8 @@ __all__ = [
     "ReceiptReads",
     "ReceiptUpdates",
     "RecipientPage",
+    "estimated",
+    "moves_up",
 ]
 
 # A recipient's state, as one character in Redis.
@@ -45,6 +48,25 @@ EXPIRED = "x"
 DELIVERED = "d"
 ACKED = "a"
 STATES = (QUEUED, EXPIRED, DELIVERED, ACKED)  # in rank order: a state only moves right
+# What `ReceiptReads.page` lists: the states each name covers.
+LISTS = {"acked": {ACKED}, "unacked": {QUEUED, EXPIRED, DELIVERED}, "queued": {QUEUED}}
+
+
+def moves_up(old: str | None, new: str) -> bool:
+    """Whether a recipient at `old` (None: none yet) moves to `new`: only to a higher rank
+    (expired -> delivered too: a gateway's late answer still counts). The Redis store's
+    scripts say the same in `move_fn.lua`."""
+    return old is None or STATES.index(new) > STATES.index(old)
+
+
+def estimated(recipients: int, acked: int, delivered: int) -> tuple[int, int]:
+    """A counts-only receipt's (acked, delivered) from its counts of distinct uids: never
+    more than its recipients (when known; a broadcast's are its job's), and as many
+    delivered as acked at least."""
+    cap = recipients or None
+    acked = min(acked, cap) if cap else acked
+    delivered = max(delivered, acked)
+    return acked, min(delivered, cap) if cap else delivered
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,13 +13,12 @@ from typing import Any
 
 from router.receipts.base import (
     ACKED,
-    DELIVERED,
-    EXPIRED,
-    QUEUED,
+    LISTS,
     Counts,
     NewReceipt,
     ReceiptLimits,
     RecipientPage,
+    estimated,
 )
 from router.redis.autopipe import AutoPipeline
 from router.redis.client import RedisClient
@@ -47,8 +46,6 @@ _CLAIM = Script.load(__package__, "claim")
 
 _COUNTS = ("m", "n", "on", "l", "cq", "cx", "cd", "ca")
 _META = ("mi", "mt", "fr", "pv")
-# What `page` lists: the states each name covers.
-_LISTS = {"acked": {ACKED}, "unacked": {QUEUED, EXPIRED, DELIVERED}, "queued": {QUEUED}}
 
 
 class RedisReceiptStore:
@@ -177,11 +174,8 @@ class RedisReceiptStore:
         if listable == "1":
             acked = int(ca or 0)
             delivered = int(cd or 0) + acked
-        else:  # HyperLogLog estimates: never more than there are recipients, if known
-            cap = int(n or 0) or None  # a broadcast's count is its job's, not here
-            acked = min(int(acked_n), cap) if cap else int(acked_n)
-            delivered = max(int(delivered_n), acked)
-            delivered = min(delivered, cap) if cap else delivered
+        else:  # HyperLogLog estimates
+            acked, delivered = estimated(int(n or 0), int(acked_n), int(delivered_n))
         return Counts(
             mode=str(m),
             recipients=int(n or 0),
@@ -203,7 +197,7 @@ class RedisReceiptStore:
 
     @translate_errors
     async def page(self, push_id: str, state: str, cursor: str | None, limit: int) -> RecipientPage:
-        wanted = _LISTS.get(state)
+        wanted = LISTS.get(state)
         if wanted is None:
             raise InvalidInput("state", "must be acked, unacked or queued")
         key = self._keys.receipt(push_id)[0]

@@ -1,8 +1,9 @@
 """In-memory stand-ins for the stores of what pushes leave behind (recovery log, receipts,
 jobs, the dashboard's counts), behind the router's seams: with `router.testing.routes`
 and `push_service.testing`, the push service's HTTP routes run without Redis (tests/api).
-Records in dicts, with the states' rules; no TTLs, no lapsing leases, no failures: those
-are tested on the real stores, against real Redis."""
+Records in dicts, by the real stores' rules (tests/integration/test_store_contract.py runs
+the same scenarios on both); no TTLs and no failures: those are tested on the real stores,
+against real Redis."""
 
 from __future__ import annotations
 
@@ -10,15 +11,19 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from router.jobs.base import Checkpoint, Claim, Job, JobStatus, Lease, PushCounters
+from router.jobs.store import ORPHANED, out_of_attempts
 from router.receipts.base import (
     ACKED,
     DELIVERED,
     EXPIRED,
+    LISTS,
     QUEUED,
     STATES,
     Counts,
     NewReceipt,
     RecipientPage,
+    estimated,
+    moves_up,
 )
 from router.recovery.base import ContentWrites
 from shared.clock import Clock
@@ -93,70 +98,92 @@ class MemoryRecoveryLog:
 
 @dataclass
 class _Receipt:
-    mode: str
-    recipients: int
-    online: int
-    listable: bool
-    queued: int = 0  # counts-only
+    """One receipt, field for field as the Redis store keeps it (`router.receipts.store`),
+    with exact sets where Redis estimates distinct uids."""
+
+    mode: str | None = None  # None: started by an ack that came before the record
+    recipients: int = 0
+    online: int = 0
+    listable: bool = True
+    counters: dict[str, int] = field(default_factory=lambda: dict.fromkeys(STATES, 0))
     states: dict[str, str] = field(default_factory=dict)  # listable: uid -> state
-    marked: dict[str, set[str]] = field(default_factory=dict)  # counts-only: state -> uids
+    acked: set[str] = field(default_factory=set)  # counts-only
+    delivered: set[str] = field(default_factory=set)  # counts-only
+    pending: set[str] = field(default_factory=set)  # counts-only: a message.unacked due
     meta: dict[str, str] = field(default_factory=dict)
+
+    def move(self, uid: str, new: str) -> None:
+        old = self.states.get(uid)
+        if moves_up(old, new):
+            self.states[uid] = new
+            self.counters[new] += 1
+            if old is not None:
+                self.counters[old] -= 1
 
 
 class MemoryReceiptStore:
-    """Receipts in a dict: the router's writes, the gateways' marks and the reads, with
-    states that only move up; a counts-only receipt counts distinct uids exactly."""
+    """Receipts in a dict, by the Redis store's rules (its scripts, step by step): the
+    router's writes, the gateways' marks and the reads; states only move up, an ack that
+    comes before the record starts the receipt, and a counts-only receipt counts distinct
+    uids exactly (Redis: about 1 % off)."""
 
     def __init__(self) -> None:
         self.receipts: dict[str, _Receipt] = {}
 
     async def record(self, receipt: NewReceipt, listable: bool, due_ms: int = 0) -> None:
-        r = self.receipts.get(receipt.push_id)
-        if r is None:
-            r = self.receipts[receipt.push_id] = _Receipt(
-                receipt.mode, receipt.recipients, receipt.online, listable
-            )
-        r.meta.update(receipt.meta)
+        r = self.receipts.setdefault(receipt.push_id, _Receipt())
+        r.mode, r.recipients, r.online = receipt.mode, receipt.recipients, receipt.online
+        r.listable = listable
         if not listable:
-            r.queued += receipt.recipients - receipt.online
-        for uid, state in receipt.states.items():
-            if listable:
-                r.states[uid] = _higher(r.states.get(uid), state)
+            r.counters[QUEUED] = receipt.recipients - receipt.online
+        r.meta.update(receipt.meta)
+        if not listable and due_ms:
+            r.pending.update(receipt.states)
+        elif listable:
+            for uid, state in receipt.states.items():
+                r.move(uid, state)
 
     async def record_many(self, receipts: Sequence[tuple[NewReceipt, bool, int]]) -> None:
         for receipt, listable, due_ms in receipts:
             await self.record(receipt, listable, due_ms)
 
     async def add(self, push_id: str, recipients: int, online: int, queued: int) -> None:
-        r = self.receipts.setdefault(push_id, _Receipt("broadcast", 0, 0, False))
+        r = self.receipts.setdefault(push_id, _Receipt())
+        r.mode, r.listable = "broadcast", False
         r.recipients += recipients
         r.online += online
-        r.queued += queued
+        r.counters[QUEUED] += queued
 
     async def mark(self, state: str, by_push: Mapping[str, Sequence[str]]) -> None:
         for push_id, uids in by_push.items():
             r = self.receipts.get(push_id)
             if r is None:
-                continue
-            for uid in uids:
-                if r.listable:
-                    r.states[uid] = _higher(r.states.get(uid), state)
-                else:
-                    r.marked.setdefault(state, set()).add(uid)
+                if state != ACKED:
+                    continue
+                r = self.receipts[push_id] = _Receipt()  # listable until recorded
+            if r.listable:
+                for uid in uids:
+                    r.move(uid, state)
+            elif state == EXPIRED:
+                r.counters[EXPIRED] += len(uids)  # counted, not distinct, as in Redis
+            else:
+                if state == ACKED:
+                    r.acked.update(uids)
+                    r.pending.difference_update(uids)
+                r.delivered.update(uids)
 
     async def counts(self, push_id: str) -> Counts | None:
         r = self.receipts.get(push_id)
-        if r is None:
+        if r is None or r.mode is None:
             return None
+        c = r.counters
         if r.listable:
-            n = {s: sum(1 for v in r.states.values() if v == s) for s in STATES}
-            acked, delivered = n[ACKED], n[DELIVERED] + n[ACKED]
-            queued, expired = n[QUEUED], n[EXPIRED]
+            acked, delivered = c[ACKED], c[DELIVERED] + c[ACKED]
         else:
-            acked = len(r.marked.get(ACKED, ()))
-            delivered = len(r.marked.get(DELIVERED, set()) | r.marked.get(ACKED, set()))
-            queued, expired = r.queued, len(r.marked.get(EXPIRED, ()))
-        return Counts(r.mode, r.recipients, r.online, delivered, acked, queued, expired, r.listable)
+            acked, delivered = estimated(r.recipients, len(r.acked), len(r.delivered))
+        return Counts(
+            r.mode, r.recipients, r.online, delivered, acked, c[QUEUED], c[EXPIRED], r.listable
+        )
 
     async def states(self, push_id: str, uids: Sequence[str]) -> dict[str, str]:
         r = self.receipts.get(push_id)
@@ -164,7 +191,7 @@ class MemoryReceiptStore:
         return {u: held[u] for u in uids if u in held}
 
     async def page(self, push_id: str, state: str, cursor: str | None, limit: int) -> RecipientPage:
-        wanted = {"acked": {ACKED}, "unacked": {QUEUED, DELIVERED}, "queued": {QUEUED}}.get(state)
+        wanted = LISTS.get(state)
         if wanted is None:
             raise InvalidInput("state", "must be acked, unacked or queued")
         r = self.receipts.get(push_id)
@@ -182,55 +209,65 @@ class MemoryReceiptStore:
 
     async def unacked(self, push_id: str) -> list[str]:
         r = self.receipts.get(push_id)
-        return [] if r is None else sorted(u for u, s in r.states.items() if s != ACKED)
+        if r is None:
+            return []
+        if not r.listable:
+            return sorted(r.pending)
+        return sorted(u for u, s in r.states.items() if s != ACKED)
 
     async def settle(self, push_id: str) -> None:
-        return None
-
-
-def _higher(old: str | None, new: str) -> str:
-    """A recipient's state only moves up (queued -> expired / delivered -> acked)."""
-    if old is None:
-        return new
-    if old == EXPIRED and new == DELIVERED:
-        return old
-    return new if STATES.index(new) > STATES.index(old) else old
+        r = self.receipts.get(push_id)
+        if r is not None:
+            r.pending.clear()
 
 
 class MemoryJobStore:
-    """Job records in a dict, fenced by epoch; a released job is claimed again by the
-    next `claim_lapsed` (leases never lapse by time here)."""
+    """Job records in a dict, by the Redis store's rules (its scripts, step by step):
+    fenced by epoch, a claim or a release moves the epoch on, a lease lapses on the
+    clock, and a hand-over at shutdown is claimable at once and not an attempt."""
 
-    def __init__(self, clock: Clock) -> None:
+    def __init__(self, clock: Clock, lease_s: float = 10.0) -> None:
         self._clock = clock
+        self._lease_ms = int(lease_s * 1000)
         self.jobs: dict[str, Job] = {}
         self._epochs: dict[str, int] = {}
-        self._specs: dict[str, str | None] = {}
-        self._released: dict[str, Checkpoint | None] = {}
+        self._specs: dict[str, str] = {}
+        self._checkpoints: dict[str, Checkpoint] = {}
+        self._released: set[str] = set()
+        self._leases: dict[str, int] = {}  # running jobs: push id -> lease end (ms)
 
     async def create(self, push_id: str, mode: str, spec: str | None = None) -> Lease:
         now = self._clock.now_ms()
         self.jobs[push_id] = Job(push_id, mode, JobStatus.QUEUED, 0, 0, 0, 0, 0, 0, None, now, None)
         self._epochs[push_id] = 1
-        self._specs[push_id] = spec
+        if spec is not None:
+            self._specs[push_id] = spec
+        self._leases[push_id] = now + self._lease_ms
         return Lease(push_id, 1)
 
     def _holds(self, lease: Lease) -> bool:
         job = self.jobs.get(lease.push_id)
         return (
             job is not None
+            and job.status in (JobStatus.QUEUED, JobStatus.RUNNING)
             and self._epochs.get(lease.push_id) == lease.epoch
-            and job.status not in (JobStatus.DONE, JobStatus.FAILED)
         )
 
-    def _write(self, push_id: str, counters: PushCounters, **changes: object) -> None:
-        c = counters
-        self.jobs[push_id] = replace(
-            self.jobs[push_id],
-            recipients=c.recipients, online=c.online, offline=c.offline, batches=c.batches,
-            published=c.published, failed_batches=c.failed_batches, failed=tuple(c.failed),
-            **changes,  # type: ignore[arg-type]
-        )  # fmt: skip
+    def _write(self, push_id: str, counters: PushCounters | None, **changes: object) -> None:
+        if counters is not None:
+            c = counters
+            changes.update(
+                recipients=c.recipients, online=c.online, offline=c.offline, batches=c.batches,
+                published=c.published, failed_batches=c.failed_batches, failed=tuple(c.failed),
+            )  # fmt: skip
+        self.jobs[push_id] = replace(self.jobs[push_id], **changes)  # type: ignore[arg-type]
+
+    def _end(self, push_id: str) -> None:
+        """What only a resume needs goes with the job's end."""
+        self._specs.pop(push_id, None)
+        self._checkpoints.pop(push_id, None)
+        self._released.discard(push_id)
+        self._leases.pop(push_id, None)
 
     async def progress(
         self, lease: Lease, counters: PushCounters, checkpoint: Checkpoint | None = None
@@ -238,38 +275,60 @@ class MemoryJobStore:
         if not self._holds(lease):
             return False
         self._write(lease.push_id, counters, status=JobStatus.RUNNING)
+        if checkpoint is not None:
+            self._checkpoints[lease.push_id] = checkpoint
+        self._leases[lease.push_id] = self._clock.now_ms() + self._lease_ms
         return True
 
     async def finish(self, lease: Lease, counters: PushCounters, error: str | None) -> bool:
         if not self._holds(lease):
             return False
         status = JobStatus.FAILED if error else JobStatus.DONE
-        now = self._clock.now_ms()
-        self._write(lease.push_id, counters, status=status, error=error, finished_at=now)
+        changes: dict[str, object] = {"status": status, "finished_at": self._clock.now_ms()}
+        if error:
+            changes["error"] = error
+        self._write(lease.push_id, counters, **changes)
+        self._end(lease.push_id)
         return True
 
     async def release(self, lease: Lease, checkpoint: Checkpoint | None) -> bool:
         if not self._holds(lease):
             return False
-        self._released[lease.push_id] = checkpoint
-        counters = checkpoint.counters if checkpoint else PushCounters()
-        self._write(lease.push_id, counters, status=JobStatus.QUEUED)
+        push_id = lease.push_id
+        self._epochs[push_id] += 1  # a renewal of this holder still in flight is refused
+        if checkpoint is None:  # the counters stay; the failed list does not
+            self._write(push_id, None, status=JobStatus.QUEUED, failed=())
+        else:
+            self._write(push_id, checkpoint.counters, status=JobStatus.QUEUED)
+            self._checkpoints[push_id] = checkpoint
+        self._released.add(push_id)
+        self._leases[push_id] = 0  # claimable at once
         return True
 
     async def claim_lapsed(self, max_attempts: int) -> tuple[list[Claim], int]:
+        now = self._clock.now_ms()
+        lapsed = sorted((end, p) for p, end in self._leases.items() if end <= now)
         claims: list[Claim] = []
         failed = 0
-        for push_id, checkpoint in list(self._released.items()):
-            del self._released[push_id]
-            job, spec = self.jobs[push_id], self._specs.get(push_id)
-            if spec is None or job.attempts >= max_attempts:
-                self.jobs[push_id] = replace(job, status=JobStatus.FAILED, error="orphaned")
+        for _, push_id in lapsed:
+            job = self.jobs[push_id]
+            if job.status not in (JobStatus.QUEUED, JobStatus.RUNNING):
+                del self._leases[push_id]
+                continue
+            attempts = job.attempts + (0 if push_id in self._released else 1)
+            spec = self._specs.get(push_id)
+            if spec is None or attempts > max_attempts:
+                error = ORPHANED if spec is None else out_of_attempts(max_attempts)
+                self._write(push_id, None, status=JobStatus.FAILED, error=error, finished_at=now)
+                self._end(push_id)
                 failed += 1
                 continue
             self._epochs[push_id] += 1
-            self.jobs[push_id] = replace(job, attempts=job.attempts + 1)
+            self._write(push_id, None, status=JobStatus.RUNNING, attempts=attempts)
+            self._released.discard(push_id)
+            self._leases[push_id] = now + self._lease_ms
             lease = Lease(push_id, self._epochs[push_id])
-            claims.append(Claim(lease, job.mode, spec, checkpoint, job.attempts + 1))
+            claims.append(Claim(lease, job.mode, spec, self._checkpoints.get(push_id), attempts))
         return claims, failed
 
     async def get(self, push_id: str) -> Job | None:

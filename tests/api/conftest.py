@@ -32,7 +32,7 @@ from router.testing import (
     MemoryStatsStore,
 )
 from shared.clock import SystemClock
-from shared.settings import Settings
+from shared.settings import PushSettings
 from tests.conftest import API_KEY, SECRET
 
 NO_REDIS = "redis://127.0.0.1:1/0"  # nothing listens on port 1
@@ -71,7 +71,7 @@ class Fakes:
         return not (self.recovery.seqs or self.receipts.receipts or self.jobs.jobs)
 
 
-def settings(db_url: str, **overrides: Any) -> Settings:
+def settings(db_url: str, **overrides: Any) -> PushSettings:
     base: dict[str, Any] = {
         "redis_url": NO_REDIS,
         "api_key": API_KEY,
@@ -79,7 +79,7 @@ def settings(db_url: str, **overrides: Any) -> Settings:
         "db_url": db_url,
         "gateway_cache_s": 0,
     }
-    return Settings.load({}, **{**base, **overrides})
+    return PushSettings.load({}, **{**base, **overrides})
 
 
 _MIGRATED: list[bytes] = []

@@ -288,3 +288,16 @@ async def test_a_bad_idempotency_key_is_refused_by_name(
             assert detail["field"] == "Idempotency-Key" and problem in detail["message"]
         assert fakes.idempotency.entries == {}
         assert fakes.nothing_sent()
+
+
+async def test_receipts_off_on_the_given_stores_too(api: Api, fakes: Fakes) -> None:
+    async with api(receipts_ttl_s=0) as http:
+        pushed = await http.post("/v1/push", json={"to": ["alice"], "content": 1}, headers=AUTH)
+        assert pushed.status_code == 200, pushed.text
+        assert fakes.receipts.receipts == {}
+        status = await http.get(f"/v1/pushes/{pushed.json()['push_id']}", headers=AUTH)
+        assert status.status_code == 404
+        waiting = await http.post(
+            "/v1/push", json={"to": ["alice"], "content": 1, "wait_ack_ms": 100}, headers=AUTH
+        )
+        assert waiting.status_code == 422 and "receipts are off" in waiting.text

@@ -1,0 +1,353 @@
+"""The in-memory stores of `router.testing` against the Redis stores they stand in for:
+each test runs one scenario on both (parametrized) and asserts the same answers, so a
+fake that drifts from its real store fails here, not in a test that trusted it. The
+last test of each store replays one long generated log of calls on both and compares
+every answer."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import replace
+from typing import Any
+
+import pytest
+import redis.asyncio as aioredis
+
+from push_service.stores import ReceiptStore
+from router.jobs.base import Checkpoint, FailedBatch, Job, JobStatus, JobStore, PushCounters
+from router.jobs.store import ORPHANED, RedisJobStore, out_of_attempts
+from router.receipts.base import (
+    ACKED,
+    DELIVERED,
+    EXPIRED,
+    QUEUED,
+    STATES,
+    NewReceipt,
+    ReceiptLimits,
+)
+from router.receipts.store import RedisReceiptStore
+from router.testing import MemoryJobStore, MemoryReceiptStore
+from shared.clock import ManualClock, SystemClock
+from shared.errors import InvalidInput
+from shared.keys import KeySchema
+
+pytestmark = pytest.mark.integration
+
+LEASE_S = 10
+
+
+@pytest.fixture(params=["memory", "redis"])
+def kind(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture
+def clock() -> ManualClock:
+    return ManualClock(wall_ms=SystemClock().now_ms())
+
+
+@pytest.fixture
+def receipts(kind: str, redis: aioredis.Redis, prefix: str) -> ReceiptStore:
+    if kind == "memory":
+        return MemoryReceiptStore()
+    return RedisReceiptStore(redis, KeySchema(prefix), ReceiptLimits())
+
+
+@pytest.fixture
+def jobs(kind: str, redis: aioredis.Redis, prefix: str, clock: ManualClock) -> JobStore:
+    if kind == "memory":
+        return MemoryJobStore(clock, lease_s=LEASE_S)
+    return RedisJobStore(redis, KeySchema(prefix), clock, lease_s=LEASE_S)
+
+
+# ---------------------------------------------------------------------- receipts
+
+
+@pytest.mark.parametrize("old", STATES)
+@pytest.mark.parametrize("new", STATES)
+async def test_a_recipients_state_only_moves_up(receipts: ReceiptStore, old: str, new: str) -> None:
+    await receipts.record(NewReceipt("p", "p2p", 1, 1, {"u": old}), True)
+    await receipts.mark(new, {"p": ["u"]})
+    up = STATES.index(new) > STATES.index(old)  # expired -> delivered too
+    assert await receipts.states("p", ["u"]) == {"u": new if up else old}
+    counts = await receipts.counts("p")
+    assert counts is not None
+    state = new if up else old
+    assert (counts.queued, counts.expired) == (state == QUEUED, state == EXPIRED)
+    assert (counts.delivered, counts.acked) == (state in (DELIVERED, ACKED), state == ACKED)
+
+
+async def test_an_ack_before_the_record_counts_and_expired_is_unacked(
+    receipts: ReceiptStore,
+) -> None:
+    await receipts.mark(DELIVERED, {"p": ["late"]})  # dropped: no receipt yet
+    await receipts.mark(ACKED, {"p": ["early"]})  # kept: it starts the receipt
+    assert await receipts.counts("p") is None  # not recorded yet
+    assert await receipts.states("p", ["early", "late"]) == {"early": ACKED}
+    states = {"early": QUEUED, "u1": QUEUED, "u2": QUEUED, "u3": DELIVERED}
+    await receipts.record(NewReceipt("p", "multicast", 4, 1, states), True)
+    await receipts.mark(EXPIRED, {"p": ["u1", "u2"]})
+    await receipts.mark(DELIVERED, {"p": ["u2"]})
+    assert await receipts.states("p", ["early", "u1", "u2", "u3", "late"]) == {
+        "early": ACKED,
+        "u1": EXPIRED,
+        "u2": DELIVERED,
+        "u3": DELIVERED,
+    }
+    assert (await receipts.page("p", "unacked", None, 100)).uids == ["u1", "u2", "u3"]
+    assert (await receipts.page("p", "acked", None, 100)).uids == ["early"]
+    assert (await receipts.page("p", "queued", None, 100)).uids == []
+    assert await receipts.unacked("p") == ["u1", "u2", "u3"]
+    counts = await receipts.counts("p")
+    assert counts is not None
+    assert (counts.mode, counts.recipients, counts.online, counts.listable) == (
+        "multicast",
+        4,
+        1,
+        True,
+    )
+    assert (counts.delivered, counts.acked, counts.queued, counts.expired) == (3, 1, 0, 1)
+
+
+async def test_pages_meta_and_an_unknown_push(receipts: ReceiptStore) -> None:
+    states = {f"u{n}": QUEUED for n in range(5)}
+    meta = {"mi": "m1", "mt": "0", "fr": "svc"}
+    await receipts.record(NewReceipt("p", "multicast", 5, 0, states, meta), True)
+    first = await receipts.page("p", "queued", None, 2)
+    second = await receipts.page("p", "queued", first.cursor, 2)
+    last = await receipts.page("p", "queued", second.cursor, 2)
+    assert (first.uids, first.cursor) == (["u0", "u1"], "u1")
+    assert (second.uids, second.cursor) == (["u2", "u3"], "u3")
+    assert (last.uids, last.cursor) == (["u4"], None)
+    assert await receipts.meta("p") == meta
+    with pytest.raises(InvalidInput):
+        await receipts.page("p", "lost", None, 2)
+    assert await receipts.counts("nope") is None
+    assert await receipts.states("nope", ["u0"]) == {}
+    assert (await receipts.page("nope", "acked", None, 2)).uids == []
+    assert await receipts.unacked("nope") == []
+    assert await receipts.meta("nope") == {}
+
+
+async def test_a_counts_only_receipt(receipts: ReceiptStore) -> None:
+    uids = ["a", "b", "c", "d", "e"]
+    pending = dict.fromkeys(uids, QUEUED)
+    await receipts.record(NewReceipt("p", "multicast", 5, 3, pending), False, due_ms=1)
+    await receipts.mark(DELIVERED, {"p": ["a", "b"]})
+    await receipts.mark(ACKED, {"p": ["a"]})
+    await receipts.mark(ACKED, {"p": ["a"]})  # distinct uids
+    await receipts.mark(EXPIRED, {"p": ["e"]})
+    await receipts.mark(EXPIRED, {"p": ["e"]})  # counted per mark, not per uid
+    counts = await receipts.counts("p")
+    assert counts is not None
+    assert (counts.recipients, counts.online, counts.listable) == (5, 3, False)
+    assert (counts.delivered, counts.acked, counts.queued, counts.expired) == (2, 1, 2, 2)
+    assert await receipts.states("p", uids) == {}
+    assert (await receipts.page("p", "unacked", None, 10)).uids == []
+    assert await receipts.unacked("p") == ["b", "c", "d", "e"]  # its pending set
+    await receipts.settle("p")
+    assert await receipts.unacked("p") == []
+    # No message.unacked due: no pending set.
+    await receipts.record(NewReceipt("q", "multicast", 5, 3, pending), False)
+    assert await receipts.unacked("q") == []
+
+
+async def test_a_broadcasts_receipt_adds_up_page_by_page(receipts: ReceiptStore) -> None:
+    await receipts.add("b", 2, 1, 1)
+    await receipts.add("b", 1, 1, 0)
+    await receipts.mark(DELIVERED, {"b": ["u1", "u2", "u3", "u4"]})  # more than recipients
+    await receipts.mark(ACKED, {"b": ["u1"]})
+    counts = await receipts.counts("b")
+    assert counts is not None
+    assert (counts.mode, counts.recipients, counts.online, counts.listable) == (
+        "broadcast",
+        3,
+        2,
+        False,
+    )
+    assert (counts.delivered, counts.acked, counts.queued, counts.expired) == (3, 1, 1, 0)
+
+
+async def test_receipts_answer_alike_over_a_generated_log(
+    redis: aioredis.Redis, prefix: str, clock: ManualClock
+) -> None:
+    fake, real = MemoryReceiptStore(), RedisReceiptStore(redis, KeySchema(prefix), ReceiptLimits())
+    rnd = random.Random(26)
+    pushes, uids = ["p0", "p1", "p2", "p3"], [f"u{n}" for n in range(8)]
+    for step in range(300):
+        push_id, op = rnd.choice(pushes), rnd.random()
+        some = rnd.sample(uids, rnd.randint(1, 4))
+        if op < 0.2:
+            listable = push_id != "p3"
+            states = {u: rnd.choice(STATES) for u in some}
+            receipt = NewReceipt(push_id, "multicast", len(uids), 2, states, {"mi": str(step)})
+            call: tuple[str, tuple[Any, ...]] = ("record", (receipt, listable, rnd.choice([0, 1])))
+        elif op < 0.8:
+            call = ("mark", (rnd.choice(STATES), {push_id: some}))
+        elif op < 0.85:
+            call = ("settle", (push_id,))
+        else:
+            call = (rnd.choice(["counts", "unacked", "meta"]), (push_id,))
+        name, args = call
+        assert await getattr(fake, name)(*args) == await getattr(real, name)(*args), (step, call)
+    for push_id in pushes:
+        for state in ("acked", "unacked", "queued"):
+            page = await fake.page(push_id, state, None, 100)
+            assert page == await real.page(push_id, state, None, 100), (push_id, state)
+        assert await fake.states(push_id, uids) == await real.states(push_id, uids)
+        assert await fake.counts(push_id) == await real.counts(push_id)
+
+
+# -------------------------------------------------------------------------- jobs
+
+
+def job(created: int, **fields: Any) -> Job:
+    """Job "j" (a broadcast) as `get` reads it: queued, no counts, unless `fields` say."""
+    queued = Job("j", "broadcast", JobStatus.QUEUED, 0, 0, 0, 0, 0, 0, None, created, None)
+    return replace(queued, **fields)
+
+
+async def test_a_hand_over_moves_the_epoch_on_and_is_no_attempt(
+    jobs: JobStore, clock: ManualClock
+) -> None:
+    lease = await jobs.create("j", "broadcast", spec='{"x":1}')
+    for _ in range(3):  # more hand-overs than max attempts
+        old = lease
+        assert await jobs.release(old, None)
+        assert await jobs.get("j") == job(clock.now_ms(), status=JobStatus.QUEUED)
+        assert not await jobs.progress(old, PushCounters(recipients=1))  # fenced
+        claims, failed = await jobs.claim_lapsed(2)
+        assert failed == 0 and len(claims) == 1
+        lease = claims[0].lease
+        assert (lease.epoch, claims[0].attempts) == (old.epoch + 2, 1)
+        assert await jobs.get("j") == job(clock.now_ms(), status=JobStatus.RUNNING)
+    assert not await jobs.release(old, None)
+    assert not await jobs.finish(old, PushCounters(), None)
+    assert await jobs.finish(lease, PushCounters(recipients=2, published=1), None)
+    done = await jobs.get("j")
+    assert done == job(
+        clock.now_ms(),
+        status=JobStatus.DONE,
+        recipients=2,
+        published=1,
+        finished_at=clock.now_ms(),
+    )
+    assert not await jobs.progress(lease, PushCounters())  # ended
+    assert await jobs.claim_lapsed(2) == ([], 0)
+
+
+async def test_a_lapsed_lease_is_claimed_from_its_checkpoint_until_out_of_attempts(
+    jobs: JobStore, clock: ManualClock
+) -> None:
+    created = clock.now_ms()
+    lease = await jobs.create("j", "broadcast", spec="spec")
+    assert (await jobs.get("j")) == job(created)
+    failed_batch = FailedBatch("t", 3, None, "down")
+    counters = PushCounters(recipients=5, batches=2, published=1, failed_batches=1)
+    counters.failed.append(failed_batch)
+    checkpoint = Checkpoint("u9", 1, counters.copy())
+    assert await jobs.progress(lease, counters, checkpoint)
+    clock.advance(LEASE_S - 1)
+    assert await jobs.claim_lapsed(2) == ([], 0)  # not lapsed yet
+    clock.advance(2)
+    claims, failed = await jobs.claim_lapsed(2)
+    assert failed == 0 and len(claims) == 1
+    claim = claims[0]
+    assert (claim.lease.epoch, claim.mode, claim.spec, claim.attempts) == (
+        2,
+        "broadcast",
+        "spec",
+        2,
+    )
+    assert claim.checkpoint == checkpoint
+    assert not await jobs.progress(lease, PushCounters())  # the old holder is fenced
+    expected = job(
+        created,
+        status=JobStatus.RUNNING,
+        recipients=5,
+        batches=2,
+        published=1,
+        failed_batches=1,
+        attempts=2,
+        failed=(failed_batch,),
+    )
+    assert await jobs.get("j") == expected
+    # A release with no checkpoint keeps the counters, not the failed list.
+    assert await jobs.release(claim.lease, None)
+    assert await jobs.get("j") == job(
+        created,
+        recipients=5,
+        batches=2,
+        published=1,
+        failed_batches=1,
+        attempts=2,
+    )
+    (claim,), _ = await jobs.claim_lapsed(2)
+    assert (claim.attempts, claim.checkpoint) == (2, checkpoint)
+    clock.advance(LEASE_S + 1)
+    assert await jobs.claim_lapsed(2) == ([], 1)  # a third attempt is one too many
+    gone = await jobs.get("j")
+    assert gone is not None
+    assert (gone.status, gone.error, gone.finished_at, gone.attempts) == (
+        JobStatus.FAILED,
+        out_of_attempts(2),
+        clock.now_ms(),
+        2,
+    )
+    assert not await jobs.progress(claim.lease, PushCounters())
+
+
+async def test_a_lapsed_job_that_cannot_resume_fails(jobs: JobStore, clock: ManualClock) -> None:
+    lease = await jobs.create("j", "multicast")
+    clock.advance(LEASE_S + 1)
+    assert await jobs.claim_lapsed(3) == ([], 1)
+    gone = await jobs.get("j")
+    assert gone is not None
+    assert (gone.status, gone.error, gone.finished_at) == (
+        JobStatus.FAILED,
+        ORPHANED,
+        clock.now_ms(),
+    )
+    assert not await jobs.finish(lease, PushCounters(), None)
+    assert await jobs.get("nope") is None
+
+
+async def test_jobs_answer_alike_over_a_generated_log(
+    redis: aioredis.Redis, prefix: str, clock: ManualClock
+) -> None:
+    fake = MemoryJobStore(clock, lease_s=LEASE_S)
+    real = RedisJobStore(redis, KeySchema(prefix), clock, lease_s=LEASE_S)
+    rnd = random.Random(26)
+    ids = ["j0", "j1", "j2"]
+    leases: dict[str, list[Any]] = {}  # push id -> every lease either store gave out
+    for step in range(300):
+        push_id, op = rnd.choice(ids), rnd.random()
+        counters = PushCounters(recipients=step, published=rnd.randint(0, 3))
+        if push_id not in leases:  # push ids are never reused
+            spec = rnd.choice([None, "spec"])
+            call: tuple[str, tuple[Any, ...]] = ("create", (push_id, "broadcast", spec))
+        elif op < 0.15:
+            call = ("claim_lapsed", (rnd.randint(1, 3),))
+        elif op < 0.25:
+            clock.advance(rnd.choice([1, 4, LEASE_S + 1]))
+            continue
+        else:
+            lease = rnd.choice(leases[push_id])
+            checkpoint = rnd.choice([None, Checkpoint("u", step, counters.copy())])
+            name = rnd.choice(["progress", "progress", "release", "finish"])
+            args = {
+                "progress": (lease, counters, checkpoint),
+                "release": (lease, checkpoint),
+                "finish": (lease, counters, rnd.choice([None, "boom"])),
+            }[name]
+            call = (name, args)
+        name, args = call
+        got, want = await getattr(fake, name)(*args), await getattr(real, name)(*args)
+        assert got == want, (step, call)
+        if name == "create":
+            leases[push_id] = [got]
+        elif name == "claim_lapsed":
+            for claim in got[0]:
+                leases[claim.lease.push_id].append(claim.lease)
+        for push_id in ids:
+            assert await fake.get(push_id) == await real.get(push_id), (step, call, push_id)
