@@ -18,6 +18,7 @@ from shared.errors import InvalidInput
 
 __all__ = [
     "MAX_FAILED_LISTED",
+    "ORPHANED",
     "Checkpoint",
     "Claim",
     "FailedBatch",
@@ -33,6 +34,14 @@ __all__ = [
 # A job's record lists its first failed batches, so an operator can re-send them; the
 # count (`failed_batches`) is always complete.
 MAX_FAILED_LISTED = 100
+
+# The errors a job's store writes when a take-over finds its holder gone.
+ORPHANED = "the push service running this job stopped before it finished"
+
+
+def out_of_attempts(max_attempts: int) -> str:
+    """The error of a job taken over `max_attempts` times already."""
+    return f"{ORPHANED}, {max_attempts} times (IMROUTE_JOB_MAX_ATTEMPTS)"
 
 
 class JobStatus(StrEnum):

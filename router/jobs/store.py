@@ -20,6 +20,7 @@ from typing import Any
 
 from router.jobs.base import (
     COUNTERS,
+    ORPHANED,
     Checkpoint,
     Claim,
     FailedBatch,
@@ -27,6 +28,7 @@ from router.jobs.base import (
     JobStatus,
     Lease,
     PushCounters,
+    out_of_attempts,
     read_failed,
 )
 from router.redis.client import RedisClient
@@ -38,14 +40,6 @@ from shared.keys import KeySchema
 __all__ = ["Job", "JobStatus", "RedisJobStore"]
 
 FINISHED_TTL_S = 7 * 24 * 3600
-
-ORPHANED = "the push service running this job stopped before it finished"
-
-
-def out_of_attempts(max_attempts: int) -> str:
-    """The error of a job taken over `max_attempts` times already."""
-    return f"{ORPHANED}, {max_attempts} times (IMROUTE_JOB_MAX_ATTEMPTS)"
-
 
 # Each write is one script (its comments say what it takes); the fenced ones start with
 # the check of the writer's epoch (`fence_fn.lua`).

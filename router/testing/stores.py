@@ -10,8 +10,16 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
-from router.jobs.base import Checkpoint, Claim, Job, JobStatus, Lease, PushCounters
-from router.jobs.store import ORPHANED, out_of_attempts
+from router.jobs.base import (
+    ORPHANED,
+    Checkpoint,
+    Claim,
+    Job,
+    JobStatus,
+    Lease,
+    PushCounters,
+    out_of_attempts,
+)
 from router.receipts.base import (
     ACKED,
     DELIVERED,

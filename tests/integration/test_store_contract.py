@@ -14,8 +14,17 @@ import pytest
 import redis.asyncio as aioredis
 
 from push_service.stores import ReceiptStore
-from router.jobs.base import Checkpoint, FailedBatch, Job, JobStatus, JobStore, PushCounters
-from router.jobs.store import ORPHANED, RedisJobStore, out_of_attempts
+from router.jobs.base import (
+    ORPHANED,
+    Checkpoint,
+    FailedBatch,
+    Job,
+    JobStatus,
+    JobStore,
+    PushCounters,
+    out_of_attempts,
+)
+from router.jobs.store import RedisJobStore
 from router.receipts.base import (
     ACKED,
     DELIVERED,
