@@ -26,7 +26,7 @@ from socket_gateway.ws.admission import REFUSALS
 from tests.conftest import SECRET
 from tests.integration.head_bombs import FIELDS, KIB, MIB, ask, send_head, send_heads, watching
 from tests.integration.http_raw import Answer, request_head
-from tests.integration.procs import BIN, Proc, base_env, read_until, running
+from tests.integration.procs import BIN, Proc, gateway_env, read_until, running
 from tests.integration.stack import api, gateway, ready
 
 pytestmark = pytest.mark.integration
@@ -36,12 +36,7 @@ pytestmark = pytest.mark.integration
 def gateway_process(redis_url: str, prefix: str) -> Iterator[tuple[Proc, int, int]]:
     """A real `imroute gateway` with a metrics port: it, its WebSocket and metrics ports."""
     metrics = free_port()
-    env = base_env(
-        IMROUTE_REDIS_URL=redis_url,
-        IMROUTE_REDIS_PREFIX=prefix,
-        IMROUTE_SECRET=SECRET,
-        IMROUTE_METRICS_PORT=str(metrics),
-    )
+    env = gateway_env(redis_url, prefix, IMROUTE_METRICS_PORT=str(metrics))
     argv = [str(BIN / "imroute"), "gateway", "--id", "gwh", "--group", "g1"]
     with running([*argv, "--ws-port", "0", "--grpc-port", "0"], env) as proc:
         line = read_until(proc, "ready")[-1]
