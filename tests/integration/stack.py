@@ -170,6 +170,11 @@ class Gw:
     def url(self, query: str = "", path: str = "/ws") -> str:
         return f"ws://127.0.0.1:{self.port}{path}{query}"
 
+    async def let_go(self, what: str = "removal") -> None:
+        """Wait until every connection has left the map, and an unregister was tried."""
+        await wait_for(lambda: len(self.conns) == 0, what)
+        await wait_for(lambda: any(c[0] == "unregister" for c in self.calls), "unregister")
+
 
 @asynccontextmanager
 async def endpoint(
