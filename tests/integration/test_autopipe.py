@@ -32,6 +32,17 @@ async def pipelined(url: str, timeout_s: float = 5.0) -> AsyncIterator[tuple[Any
         await client.aclose()
 
 
+def running_sums(n: int, keys: int) -> list[int]:
+    """The replies to INCRBY i on key i % `keys`, for i in range(n), in order: each is
+    the running sum of its key."""
+    sums: dict[int, int] = {}
+    expected = []
+    for i in range(n):
+        sums[i % keys] = sums.get(i % keys, 0) + i
+        expected.append(sums[i % keys])
+    return expected
+
+
 def test_values_are_packed_as_redis_py_encodes_them() -> None:
     assert pack_command(("SET", "k", "é")) == b"*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$2\r\n\xc3\xa9\r\n"
     assert pack_command((b"x", 7, 0.5)) == b"*3\r\n$1\r\nx\r\n$1\r\n7\r\n$3\r\n0.5\r\n"
@@ -47,12 +58,7 @@ async def test_concurrent_commands_share_round_trips(
             *(auto.execute("INCRBY", f"{prefix}n{i % 10}", i) for i in range(500))
         )
         # Each reply is its own command's: the running sum of its key, in order.
-        sums: dict[int, int] = {}
-        expected = []
-        for i in range(500):
-            sums[i % 10] = sums.get(i % 10, 0) + i
-            expected.append(sums[i % 10])
-        assert replies == expected
+        assert replies == running_sums(500, 10)
         assert auto.commands == 500
         assert auto.round_trips == 1
         assert await redis.get(f"{prefix}n3") == str(sum(range(3, 500, 10)))
@@ -103,12 +109,7 @@ async def test_many_calls_of_one_caller_are_packed_and_parsed_at_once(
         # was never loaded, so the first try fails whole (NOSCRIPT) and runs again.
         calls = [script.args([f"{prefix}m{i % 7}"], i) for i in range(2500)]
         replies = await runner.many(calls)
-        sums: dict[int, int] = {}
-        expected = []
-        for i in range(2500):
-            sums[i % 7] = sums.get(i % 7, 0) + i
-            expected.append(sums[i % 7])
-        assert replies == expected
+        assert replies == running_sums(2500, 7)
         assert auto.round_trips == 6  # 3 refused (NOSCRIPT), 3 after the load
         # An error reply among many is raised once all are read, as a pipeline's is.
         await redis.hset(f"{prefix}h", "f", "v")
