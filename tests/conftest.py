@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import uuid
 from collections.abc import AsyncIterator, Iterator
+from typing import Any
 
 # Before anything imports grpc: this process runs gRPC servers and clients and also
 # starts subprocesses, and gRPC's fork support restarts its poller in the child between
@@ -12,6 +13,7 @@ from collections.abc import AsyncIterator, Iterator
 # then hangs before it execs (seen as a push service that never started, grpc/grpc#43055).
 os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
 
+import httpx
 import pytest
 import redis.asyncio as aioredis
 
@@ -22,6 +24,40 @@ from tests.pubsub_emulator import PROJECT, find_emulator, running_emulator
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 API_KEY = "test-api-key-0123456789"
 SECRET = "test-secret-0123456789abcdef-0123456789"
+
+# Bodies of POST /v1/push that fail validation, each with the field its 422 names
+# (the API tier and the integration tier check the same cases).
+MALFORMED_PUSHES = [
+    ({"content": 1}, "body.to"),
+    ({"to": [], "content": 1}, "body.to"),
+    ({"to": [""], "content": 1}, "body.to.0"),
+    ({"to": ["x" * 129], "content": 1}, "body.to.0"),
+    ({"to": ["alice", "alice"], "content": 1}, "body.to"),
+    ({"to": "alice", "content": 1}, "body.to"),
+    ({"to": ["alice"]}, "body.content"),
+    ({"to": ["alice"], "content": 1, "msg_type": "x"}, "body.msg_type"),
+    ({"to": ["alice"], "content": 1, "msg_type": -1}, "body.msg_type"),
+    ({"to": ["alice"], "content": 1, "from": ""}, "body.from"),
+    ({"to": ["alice"], "content": 1, "extra": True}, "body.extra"),
+    ({"to": [f"u{i}" for i in range(1001)], "content": 1}, "body.to"),
+]
+
+# Raw JSON bodies, by path, whose content holds a lone surrogate (half an emoji).
+LONE_SURROGATES = [
+    ("/v1/push", b'{"to":["alice"],"content":"\\ud83d"}'),
+    ("/v1/push", b'{"to":["alice"],"content":{"k\\udc00":1}}'),
+    ("/v1/multicast", b'{"to":["alice"],"content":["ok","\\ud83d"]}'),
+    ("/v1/broadcast", b'{"content":"\\ud83d"}'),
+]
+
+
+def invalid_details(resp: httpx.Response) -> list[dict[str, Any]]:
+    """The details of a 422 `invalid_request` answer, once asserted that it is one."""
+    assert resp.status_code == 422, resp.text
+    payload = resp.json()
+    assert payload["error"] == "invalid_request"
+    details: list[dict[str, Any]] = payload["detail"]
+    return details
 
 
 @pytest.fixture(scope="session")

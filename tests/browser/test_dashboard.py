@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import re
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
@@ -19,9 +18,9 @@ import httpx
 import pytest
 from websockets.asyncio.client import connect
 
-from tests.conftest import API_KEY, SECRET
+from tests.conftest import API_KEY
 from tests.integration.http_raw import push_service
-from tests.integration.procs import BIN, Proc, base_env, read_until, running
+from tests.integration.procs import BIN, Proc, gateway_env, running, ws_url_of
 from tests.integration.stack import AUTH, ready, recv_json, token
 
 pytestmark = pytest.mark.integration
@@ -31,22 +30,22 @@ DOCS = Path(__file__).resolve().parents[2] / "docs"
 
 
 @contextmanager
-def gateways(env: dict[str, str], *specs: tuple[str, str]) -> Iterator[dict[str, Proc]]:
-    """Gateway processes (id, group), each once it says it is ready."""
-    with ExitStack() as stack:
+def stack(
+    redis_url: str, prefix: str, tmp_path: Path, drain_window_s: str, *specs: tuple[str, str]
+) -> Iterator[tuple[int, dict[str, Proc]]]:
+    """A push service process that takes the admin key, and gateway processes (id, group)
+    that drain in `drain_window_s`: the push service's port and the gateways by id."""
+    env = gateway_env(redis_url, prefix, IMROUTE_DRAIN_WINDOW_S=drain_window_s)
+    with (
+        push_service(redis_url, prefix, tmp_path, IMROUTE_ADMIN_API_KEY=ADMIN_KEY) as (_, port),
+        ExitStack() as gateways,
+    ):
         procs = {}
         for gid, group in specs:
             argv = [str(BIN / "imroute"), "gateway", "--id", gid, "--group", group,
                     "--ws-port", "0", "--grpc-port", "0", "--heartbeat", "0.5"]  # fmt: skip
-            procs[gid] = stack.enter_context(running(argv, env))
-        yield procs
-
-
-async def _ws_url(proc: Proc) -> str:
-    line = (await asyncio.to_thread(read_until, proc, "ready"))[-1]
-    found = re.search(r"ws=(\S+)", line)
-    assert found, line
-    return found.group(1)
+            procs[gid] = gateways.enter_context(running(argv, env))
+        yield port, procs
 
 
 async def _tile(page: Any, name: str) -> float:
@@ -57,18 +56,9 @@ async def _tile(page: Any, name: str) -> float:
 async def test_the_dashboard_logs_in_shows_the_fleet_and_drains(
     browser: Any, redis_url: str, prefix: str, redis: object, tmp_path: Path
 ) -> None:
-    env = base_env(
-        IMROUTE_REDIS_URL=redis_url,
-        IMROUTE_REDIS_PREFIX=prefix,
-        IMROUTE_SECRET=SECRET,
-        IMROUTE_DRAIN_WINDOW_S="0.5",
-    )
-    extra = {"IMROUTE_ADMIN_API_KEY": ADMIN_KEY}
-    with (
-        push_service(redis_url, prefix, tmp_path, **extra) as (_, port),
-        gateways(env, ("gw1", "g1"), ("gw2", "g1"), ("gw3", "g2")) as procs,
-    ):
-        urls = {gid: await _ws_url(proc) for gid, proc in procs.items()}
+    specs = [("gw1", "g1"), ("gw2", "g1"), ("gw3", "g2")]
+    with stack(redis_url, prefix, tmp_path, "0.5", *specs) as (port, procs):
+        urls = {gid: await ws_url_of(proc) for gid, proc in procs.items()}
         base = f"http://127.0.0.1:{port}"
         page = await browser.new_page(viewport={"width": 1280, "height": 1000})
         problems: list[str] = []

@@ -12,10 +12,8 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.browser.test_dashboard import ADMIN_KEY, gateways
-from tests.conftest import SECRET
-from tests.integration.http_raw import push_service
-from tests.integration.procs import base_env, read_until
+from tests.browser.test_dashboard import ADMIN_KEY, stack
+from tests.integration.procs import read_until
 from tests.integration.stack import AUTH, token
 
 pytestmark = pytest.mark.integration
@@ -54,17 +52,7 @@ async def _wait_count(page: Any, n: int, timeout: float = 15.0) -> None:
 async def test_the_browser_client_receives_follows_a_drain_and_resumes_without_loss(
     browser: Any, redis_url: str, prefix: str, redis: object, tmp_path: Path
 ) -> None:
-    env = base_env(
-        IMROUTE_REDIS_URL=redis_url,
-        IMROUTE_REDIS_PREFIX=prefix,
-        IMROUTE_SECRET=SECRET,
-        IMROUTE_DRAIN_WINDOW_S="0.2",
-    )
-    extra = {"IMROUTE_ADMIN_API_KEY": ADMIN_KEY}
-    with (
-        push_service(redis_url, prefix, tmp_path, **extra) as (_, port),
-        gateways(env, ("gw1", "g1"), ("gw2", "g1")) as procs,
-    ):
+    with stack(redis_url, prefix, tmp_path, "0.2", ("gw1", "g1"), ("gw2", "g1")) as (port, procs):
         for proc in procs.values():
             await asyncio.to_thread(read_until, proc, "ready")
         base = f"http://127.0.0.1:{port}"

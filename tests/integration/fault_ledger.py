@@ -82,19 +82,30 @@ async def post(
         await asyncio.sleep(RETRY_EVERY_S)
 
 
+async def answered(
+    http: httpx.AsyncClient, stack: Api, ledger: Ledger, path: str, key: str,
+    body: dict[str, Any], status: int,
+) -> httpx.Response | None:  # fmt: skip
+    """POST `body` to `path`: the answer if its status is `status`, else None with what
+    went wrong in the ledger."""
+    try:
+        resp = await post(http, stack, ledger, path, key, body)
+    except httpx.HTTPError as exc:
+        ledger.errors.append(f"POST {path} {key}: {exc!r}")
+        return None
+    if resp.status_code != status:
+        ledger.errors.append(f"POST {path} {key}: {resp.status_code} {resp.text[:300]}")
+        return None
+    return resp
+
+
 async def p2p_push(
     http: httpx.AsyncClient, stack: Api, ledger: Ledger, key: str, content: Any,
     to: Sequence[str],
 ) -> None:  # fmt: skip
-    try:
-        resp = await post(
-            http, stack, ledger, "/v1/push", key, {"to": list(to), "content": content}
-        )
-    except httpx.HTTPError as exc:
-        ledger.errors.append(f"POST /v1/push {key}: {exc!r}")
-        return
-    if resp.status_code != 200:
-        ledger.errors.append(f"POST /v1/push {key}: {resp.status_code} {resp.text[:300]}")
+    sent = {"to": list(to), "content": content}
+    resp = await answered(http, stack, ledger, "/v1/push", key, sent, 200)
+    if resp is None:
         return
     body = resp.json()
     reached = set(body["delivered"]) | set(body["queued"])
@@ -114,13 +125,8 @@ async def fanout_push(
     body: dict[str, Any], addressed: Sequence[str],
 ) -> None:  # fmt: skip
     """POST a broadcast or multicast and wait for its job to end."""
-    try:
-        resp = await post(http, stack, ledger, path, key, body)
-    except httpx.HTTPError as exc:
-        ledger.errors.append(f"POST {path} {key}: {exc!r}")
-        return
-    if resp.status_code != 202:
-        ledger.errors.append(f"POST {path} {key}: {resp.status_code} {resp.text[:300]}")
+    resp = await answered(http, stack, ledger, path, key, body, 202)
+    if resp is None:
         return
     push_id = resp.json()["push_id"]
     ledger.times[key] = asyncio.get_running_loop().time()

@@ -13,14 +13,25 @@ from pathlib import Path
 from typing import Any
 
 import uvicorn
-from starlette.types import ASGIApp
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from router.devtools.ports import free_port
-from tests.conftest import API_KEY, SECRET
-from tests.integration.procs import BIN, Proc, base_env, read_until, running
+from tests.conftest import SECRET
+from tests.integration.procs import BIN, Proc, read_until, running, service_env
 from tests.waiting import wait_for
 
 HOST = "127.0.0.1"
+
+
+async def lifespan_done(scope: Scope, receive: Receive, send: Send) -> bool:
+    """For a test's ASGI app: see a lifespan scope through to its shutdown (True), or
+    leave any other scope to the app (False)."""
+    if scope["type"] != "lifespan":
+        return False
+    while (await receive())["type"] != "lifespan.shutdown":
+        pass
+    await send({"type": "lifespan.shutdown.complete"})
+    return True
 
 
 @asynccontextmanager
@@ -112,25 +123,14 @@ def request_head(method: str, path: str, **headers: str) -> bytes:
     return ("\r\n".join(lines) + "\r\n\r\n").encode()
 
 
-def directory_url(folder: Path) -> str:
-    """The SQLite user directory `push_service` gives a process started in `folder`."""
-    return f"sqlite+aiosqlite:///{folder}/users.db"
-
-
 @contextmanager
 def push_service(
     redis_url: str, prefix: str, tmp_path: Path, **env: str
 ) -> Iterator[tuple[Proc, int]]:
     """`python -m push_service` as a real process on a free port, with its own directory."""
     port = free_port()
-    environ = base_env(
-        IMROUTE_REDIS_URL=redis_url,
-        IMROUTE_REDIS_PREFIX=prefix,
-        IMROUTE_API_KEY=API_KEY,
-        IMROUTE_SECRET=SECRET,
-        IMROUTE_PORT=str(port),
-        IMROUTE_DB_URL=directory_url(tmp_path),
-        **env,
+    environ = service_env(
+        redis_url, prefix, tmp_path, IMROUTE_SECRET=SECRET, IMROUTE_PORT=str(port), **env
     )
     with running([str(BIN / "python"), "-m", "push_service"], environ) as proc:
         read_until(proc, "Uvicorn running on")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import re
+import subprocess
 import sys
 from collections.abc import AsyncIterator, Iterator
 from contextlib import ExitStack, asynccontextmanager, contextmanager
@@ -14,17 +15,23 @@ import httpx
 
 from router.devtools.ports import free_port
 from router.devtools.supervisor import Child, Supervisor
-from tests.conftest import SECRET
+from tests.conftest import API_KEY, SECRET
 
 __all__ = [
     "BIN",
     "Proc",
     "base_env",
+    "dev_started",
+    "directory_url",
+    "gateway_env",
     "gateway_process",
+    "imroute",
     "push_services",
     "read_until",
     "running",
     "scrape",
+    "service_env",
+    "ws_url_of",
 ]
 
 BIN = Path(sys.executable).parent
@@ -54,6 +61,41 @@ async def push_services(env: dict[str, str], ports: list[int]) -> AsyncIterator[
         yield procs
 
 
+async def ws_url_of(proc: Proc) -> str:
+    """The WebSocket URL a gateway process announces once it says it is ready (read in a
+    thread: the test's loop, its in-process servers and heartbeats, goes on meanwhile)."""
+    line = (await asyncio.to_thread(read_until, proc, "ready"))[-1]
+    found = re.search(r"ws=(\S+)", line)
+    assert found, line
+    return found.group(1)
+
+
+def imroute(
+    *args: str, env: dict[str, str], timeout: float = 60.0
+) -> subprocess.CompletedProcess[str]:
+    """The `imroute` CLI run to its end with `env`, its output captured as text (its exit
+    status is the caller's to check)."""
+    return subprocess.run(
+        [str(BIN / "imroute"), *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+def dev_started(dev: Proc) -> tuple[str, str, str, str]:
+    """`imroute dev`'s output up to the end of its banner, once it has started everything:
+    the banner, and the API key, admin key and secret it printed there."""
+    banner = "\n".join(read_until(dev, "Ctrl-C stops everything", timeout=60))
+    key = re.search(r"API key:\s+(\S+)", banner)
+    admin = re.search(r"admin key:\s+(\S+)", banner)
+    secret = re.search(r"secret:\s+(\S+)", banner)
+    assert key and admin and secret, banner
+    return banner, key.group(1), admin.group(1), secret.group(1)
+
+
 def read_until(proc: Proc, marker: str, timeout: float = 30.0) -> list[str]:
     """Lines of output up to and including the first one containing `marker`."""
     try:
@@ -73,6 +115,30 @@ def base_env(**extra: str) -> dict[str, str]:
     return env
 
 
+def gateway_env(redis_url: str, prefix: str, **extra: str) -> dict[str, str]:
+    """`base_env` for a gateway: its Redis, its key prefix and the tests' secret, plus `extra`."""
+    return base_env(
+        IMROUTE_REDIS_URL=redis_url, IMROUTE_REDIS_PREFIX=prefix, IMROUTE_SECRET=SECRET, **extra
+    )
+
+
+def directory_url(folder: Path) -> str:
+    """The SQLite user directory of a push service started in `folder`."""
+    return f"sqlite+aiosqlite:///{folder}/users.db"
+
+
+def service_env(redis_url: str, prefix: str, folder: Path, **extra: str) -> dict[str, str]:
+    """`base_env` for a push service: its Redis, its key prefix, the tests' API key and a
+    user directory in `folder`, plus `extra` (no secret unless `extra` sets one)."""
+    return base_env(
+        IMROUTE_REDIS_URL=redis_url,
+        IMROUTE_REDIS_PREFIX=prefix,
+        IMROUTE_API_KEY=API_KEY,
+        IMROUTE_DB_URL=directory_url(folder),
+        **extra,
+    )
+
+
 @asynccontextmanager
 async def gateway_process(
     redis_url: str, prefix: str, gid: str = "gwp", **env: str
@@ -82,14 +148,8 @@ async def gateway_process(
     ports = [free_port(), free_port(), free_port()]
     argv = [str(BIN / "imroute"), "gateway", "--id", gid, "--group", "g1",
             "--ws-port", str(ports[0]), "--grpc-port", str(ports[1])]  # fmt: skip
-    settings = {
-        "IMROUTE_REDIS_URL": redis_url,
-        "IMROUTE_REDIS_PREFIX": prefix,
-        "IMROUTE_SECRET": SECRET,
-        "IMROUTE_METRICS_PORT": str(ports[2]),
-        **env,
-    }
-    with running(argv, base_env(**settings)) as proc:
+    settings = gateway_env(redis_url, prefix, IMROUTE_METRICS_PORT=str(ports[2]), **env)
+    with running(argv, settings) as proc:
         await asyncio.to_thread(read_until, proc, "ready", 60)
         yield ports
 

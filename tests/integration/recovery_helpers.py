@@ -61,6 +61,17 @@ async def gone(gw: Gateway, uid: str) -> None:
     raise AssertionError(f"{uid} still connected")
 
 
+async def reconnect(gw: Gateway, ws: ClientConnection, uid: str) -> list[Frame]:
+    """Close, wait until the gateway let go, connect afresh (no since): the replay."""
+    await ws.close()
+    await gone(gw, uid)
+    again = await open_ws(gw, uid)
+    got, _ = await replay(again)
+    await again.close()
+    await gone(gw, uid)
+    return got
+
+
 async def p2p(http: httpx.AsyncClient, uids: list[str], content: Any, **kw: Any) -> Frame:
     resp = await http.post("/v1/push", json={"to": uids, "content": content, **kw}, headers=AUTH)
     assert resp.status_code == 200, resp.text

@@ -19,7 +19,8 @@ from typing import Any
 import httpx
 import pytest
 from websockets.asyncio.client import ClientConnection, connect
-from websockets.exceptions import ConnectionClosed
+from websockets.exceptions import ConnectionClosed, InvalidStatus
+from websockets.http11 import Response
 
 from push_service.app import create_app
 from router.bus.base import Bus
@@ -51,6 +52,7 @@ __all__ = [
     "endpoint",
     "endpoint_client",
     "gateway",
+    "handshake_refused",
     "nothing_more",
     "push_frame",
     "ready",
@@ -172,6 +174,11 @@ class Gw:
     def url(self, query: str = "", path: str = "/ws") -> str:
         return f"ws://127.0.0.1:{self.port}{path}{query}"
 
+    async def let_go(self, what: str = "removal") -> None:
+        """Wait until every connection has left the map, and an unregister was tried."""
+        await wait_for(lambda: len(self.conns) == 0, what)
+        await wait_for(lambda: any(c[0] == "unregister" for c in self.calls), "unregister")
+
 
 @asynccontextmanager
 async def endpoint(
@@ -258,6 +265,14 @@ async def closed_with(ws: ClientConnection, timeout: float = 3.0) -> tuple[int, 
             await asyncio.wait_for(ws.recv(), timeout)
     assert closed.value.rcvd is not None, "the server sent no close frame"
     return closed.value.rcvd.code, closed.value.rcvd.reason
+
+
+async def handshake_refused(url: str, **kw: Any) -> Response:
+    """The HTTP answer that refused a WebSocket handshake to `url` (`kw`: connect's)."""
+    with pytest.raises(InvalidStatus) as info:
+        async with connect(url, **kw):
+            pass
+    return info.value.response
 
 
 def push_frame(text: str) -> tuple[bytes, dict[str, Any]]:

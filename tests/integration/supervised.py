@@ -1,4 +1,9 @@
-"""Child scripts and helpers for the supervisor's tests (real processes, `python -c`)."""
+"""Child scripts and helpers for the supervisor's tests (real processes, `python -c`).
+
+Every process of those tests is started by the test, directly or through a child, and is
+only ever signalled by its PID. The `strays` fixture SIGKILLs (by PID) the grandchildren
+a test expects to outlive their parent, so that no failing test leaves a sleeper behind.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +12,7 @@ import textwrap
 import time
 from pathlib import Path
 
-from router.devtools.supervisor import alive
+from router.devtools.supervisor import Child, Supervisor, alive
 
 REPO = Path(__file__).resolve().parents[2]
 GRACE_S = 0.5  # a short grace for the children that ignore SIGTERM
@@ -124,3 +129,15 @@ def gone_within(pid: int, timeout_s: float) -> bool:
 
 def pid_from(line: str) -> int:
     return int(line.rsplit("pid=", 1)[1])
+
+
+def with_grandchild(
+    sup: Supervisor, strays: list[int], name: str, on_sigterm: str, **start: bool
+) -> tuple[Child, int]:
+    """A child (`sup.start` options: `start`) that has started a grandchild, which does
+    `on_sigterm` ("default" or "ignore-sigterm"); the grandchild's PID is in `strays`."""
+    argv = py(SPAWNS_GRANDCHILD, textwrap.dedent(GRANDCHILD), on_sigterm)
+    child = sup.start(name, argv, stdout="lines", **start)
+    grandchild = pid_from(child.read_until("grandchild pid=", 5)[-1])
+    strays.append(grandchild)
+    return child, grandchild

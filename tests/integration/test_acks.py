@@ -12,17 +12,16 @@ import httpx
 import pytest
 from websockets.asyncio.client import ClientConnection, connect
 
-from socket_gateway.app import Gateway
 from tests.integration.fault_clients import TcpProxy
 from tests.integration.recovery_helpers import (
     Frame,
     ack,
     acked,
     contents,
-    gone,
     open_ws,
     p2p,
     pushes,
+    reconnect,
     replay,
 )
 from tests.integration.stack import AUTH, api, gateway, recv_json, token
@@ -35,17 +34,6 @@ async def status(http: httpx.AsyncClient, push_id: str) -> Frame:
     assert resp.status_code == 200, resp.text
     body: Frame = resp.json()
     return body
-
-
-async def reconnect(gw: Gateway, ws: ClientConnection, uid: str) -> list[Frame]:
-    """Close, wait until the gateway let go, connect afresh (no since): the replay."""
-    await ws.close()
-    await gone(gw, uid)
-    again = await open_ws(gw, uid)
-    got, _ = await replay(again)
-    await again.close()
-    await gone(gw, uid)
-    return got
 
 
 async def test_an_acked_push_leaves_the_inbox_and_its_receipt_says_acked(

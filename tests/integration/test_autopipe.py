@@ -4,6 +4,9 @@ and each caller gets its own reply or its own error."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
@@ -17,6 +20,29 @@ from router.redis.scripts import Script, ScriptRunner
 pytestmark = pytest.mark.integration
 
 
+@asynccontextmanager
+async def pipelined(url: str, timeout_s: float = 5.0) -> AsyncIterator[tuple[Any, AutoPipeline]]:
+    """A client of the Redis at `url` and an AutoPipeline over it, both closed after."""
+    client = create_redis(url, timeout_s)
+    auto = AutoPipeline(client)
+    try:
+        yield client, auto
+    finally:
+        await auto.aclose()
+        await client.aclose()
+
+
+def running_sums(n: int, keys: int) -> list[int]:
+    """The replies to INCRBY i on key i % `keys`, for i in range(n), in order: each is
+    the running sum of its key."""
+    sums: dict[int, int] = {}
+    expected = []
+    for i in range(n):
+        sums[i % keys] = sums.get(i % keys, 0) + i
+        expected.append(sums[i % keys])
+    return expected
+
+
 def test_values_are_packed_as_redis_py_encodes_them() -> None:
     assert pack_command(("SET", "k", "é")) == b"*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$2\r\n\xc3\xa9\r\n"
     assert pack_command((b"x", 7, 0.5)) == b"*3\r\n$1\r\nx\r\n$1\r\n7\r\n$3\r\n0.5\r\n"
@@ -27,19 +53,12 @@ def test_values_are_packed_as_redis_py_encodes_them() -> None:
 async def test_concurrent_commands_share_round_trips(
     redis_url: str, prefix: str, redis: aioredis.Redis
 ) -> None:
-    client = create_redis(redis_url, 5.0)
-    auto = AutoPipeline(client)
-    try:
+    async with pipelined(redis_url) as (_client, auto):
         replies = await asyncio.gather(
             *(auto.execute("INCRBY", f"{prefix}n{i % 10}", i) for i in range(500))
         )
         # Each reply is its own command's: the running sum of its key, in order.
-        sums: dict[int, int] = {}
-        expected = []
-        for i in range(500):
-            sums[i % 10] = sums.get(i % 10, 0) + i
-            expected.append(sums[i % 10])
-        assert replies == expected
+        assert replies == running_sums(500, 10)
         assert auto.commands == 500
         assert auto.round_trips == 1
         assert await redis.get(f"{prefix}n3") == str(sum(range(3, 500, 10)))
@@ -49,17 +68,12 @@ async def test_concurrent_commands_share_round_trips(
             {"a": "1", "b": "ü"},
             ["a", "1", "b", "ü"],
         )
-    finally:
-        await auto.aclose()
-        await client.aclose()
 
 
 async def test_an_error_reply_fails_only_its_own_command(
     redis_url: str, prefix: str, redis: aioredis.Redis
 ) -> None:
-    client = create_redis(redis_url, 5.0)
-    auto = AutoPipeline(client)
-    try:
+    async with pipelined(redis_url) as (_client, auto):
         await redis.hset(f"{prefix}h", "f", "v")
         results = await asyncio.gather(
             auto.execute("INCR", f"{prefix}a"),
@@ -73,44 +87,29 @@ async def test_an_error_reply_fails_only_its_own_command(
         assert "WRONGTYPE" in str(results[1])
         assert isinstance(results[2], NoScriptError)
         assert auto.round_trips == 1
-    finally:
-        await auto.aclose()
-        await client.aclose()
 
 
 async def test_a_script_runner_loads_its_script_after_noscript(
     redis_url: str, prefix: str, redis: aioredis.Redis
 ) -> None:
-    client = create_redis(redis_url, 5.0)
-    auto = AutoPipeline(client)
-    script = Script(f"return redis.call('INCR', KEYS[1]) -- {prefix}")  # never loaded yet
-    runner = ScriptRunner(client, [script], auto)
-    try:
+    async with pipelined(redis_url) as (client, auto):
+        script = Script(f"return redis.call('INCR', KEYS[1]) -- {prefix}")  # never loaded yet
+        runner = ScriptRunner(client, [script], auto)
         assert await runner.one(script.args([f"{prefix}s"])) == 1
         assert await runner.many([script.args([f"{prefix}s"])] * 3) == [2, 3, 4]
-    finally:
-        await auto.aclose()
-        await client.aclose()
 
 
 async def test_many_calls_of_one_caller_are_packed_and_parsed_at_once(
     redis_url: str, prefix: str, redis: aioredis.Redis
 ) -> None:
-    client = create_redis(redis_url, 5.0)
-    auto = AutoPipeline(client)
-    script = Script(f"return redis.call('INCRBY', KEYS[1], ARGV[1]) -- many {prefix}")
-    runner = ScriptRunner(client, [script], auto)
-    try:
+    async with pipelined(redis_url) as (client, auto):
+        script = Script(f"return redis.call('INCRBY', KEYS[1], ARGV[1]) -- many {prefix}")
+        runner = ScriptRunner(client, [script], auto)
         # 2,500 calls: three round trips of at most 1000, replies in order; the script
         # was never loaded, so the first try fails whole (NOSCRIPT) and runs again.
         calls = [script.args([f"{prefix}m{i % 7}"], i) for i in range(2500)]
         replies = await runner.many(calls)
-        sums: dict[int, int] = {}
-        expected = []
-        for i in range(2500):
-            sums[i % 7] = sums.get(i % 7, 0) + i
-            expected.append(sums[i % 7])
-        assert replies == expected
+        assert replies == running_sums(2500, 7)
         assert auto.round_trips == 6  # 3 refused (NOSCRIPT), 3 after the load
         # An error reply among many is raised once all are read, as a pipeline's is.
         await redis.hset(f"{prefix}h", "f", "v")
@@ -118,17 +117,12 @@ async def test_many_calls_of_one_caller_are_packed_and_parsed_at_once(
             await auto.execute_many([("INCR", f"{prefix}x"), ("INCR", f"{prefix}h")] * 20)
         assert await redis.get(f"{prefix}x") == "20"
         assert await auto.execute("PING") in ("PONG", True)  # the connection is still good
-    finally:
-        await auto.aclose()
-        await client.aclose()
 
 
 async def test_a_cancelled_caller_leaves_the_others_their_replies(
     redis_url: str, prefix: str
 ) -> None:
-    client = create_redis(redis_url, 5.0)
-    auto = AutoPipeline(client)
-    try:
+    async with pipelined(redis_url) as (_client, auto):
         slow = asyncio.ensure_future(auto.execute("BLPOP", f"{prefix}never", 0.3))
         others = [asyncio.ensure_future(auto.execute("INCR", f"{prefix}c")) for _ in range(5)]
         await asyncio.sleep(0.05)
@@ -136,19 +130,11 @@ async def test_a_cancelled_caller_leaves_the_others_their_replies(
         assert sorted(await asyncio.gather(*others)) == [1, 2, 3, 4, 5]
         # The connection went back to the pool in sync: the next commands read their own.
         assert await auto.execute("INCR", f"{prefix}c") == 6
-    finally:
-        await auto.aclose()
-        await client.aclose()
 
 
 async def test_a_redis_that_is_not_there_fails_every_caller_clearly(prefix: str) -> None:
-    client = create_redis("redis://127.0.0.1:1/0", 1.0)
-    auto = AutoPipeline(client)
-    try:
+    async with pipelined("redis://127.0.0.1:1/0", 1.0) as (_client, auto):
         results = await asyncio.gather(
             *(auto.execute("INCR", f"{prefix}x") for _ in range(3)), return_exceptions=True
         )
         assert all(isinstance(r, RedisConnectionError) for r in results), results
-    finally:
-        await auto.aclose()
-        await client.aclose()

@@ -19,8 +19,7 @@ from shared.batches import to_batch
 from shared.errors import GatewayUnavailable
 from shared.proto import gateway_pb2
 from socket_gateway.metrics import render
-from tests.conftest import SECRET
-from tests.integration.procs import BIN, base_env, read_until, running
+from tests.integration.procs import BIN, gateway_env, read_until, running
 from tests.integration.stack import client, gateway, nothing_more, recv_json
 from tests.integration.test_deliver import message
 from tests.integration.test_delivery_link import linked, until
@@ -117,7 +116,7 @@ async def test_a_stopped_gateway_fails_calls_at_their_deadline_and_a_killed_one_
 ) -> None:
     port = free_port_block([0])
     address = f"127.0.0.1:{port}"
-    env = base_env(IMROUTE_REDIS_URL=redis_url, IMROUTE_REDIS_PREFIX=prefix, IMROUTE_SECRET=SECRET)
+    env = gateway_env(redis_url, prefix)
     clients = clients_for(carrier, close_grace_s=0.1)
     opened = 1 if carrier == LINK else 0
     try:

@@ -5,7 +5,6 @@ gateway process killed with SIGKILL."""
 from __future__ import annotations
 
 import asyncio
-import re
 import signal
 import time
 from typing import Any
@@ -21,8 +20,7 @@ from router.routes.registry import RedisRouteRegistry, Registration
 from shared.clock import SystemClock
 from shared.keys import KeySchema
 from shared.models import GatewayInfo
-from tests.conftest import SECRET
-from tests.integration.procs import BIN, Proc, base_env, read_until, running
+from tests.integration.procs import BIN, Proc, gateway_env, running, ws_url_of
 from tests.integration.stack import AUTH, api, client, gateway, ready, recv_json, token
 from tests.waiting import wait_for
 
@@ -98,7 +96,7 @@ async def test_a_sigkilled_gateway_process_fails_fast_and_closes_its_circuit_whe
     redis_url: str, prefix: str, redis: aioredis.Redis
 ) -> None:
     port = free_port_block([0])
-    env = base_env(IMROUTE_REDIS_URL=redis_url, IMROUTE_REDIS_PREFIX=prefix, IMROUTE_SECRET=SECRET)
+    env = gateway_env(redis_url, prefix)
     # A heartbeat of 5 s keeps the dead gateway in the fleet for 10-15 s: long enough for
     # pushes to try it, as they would in the seconds after a real crash.
     argv = [str(BIN / "imroute"), "gateway", "--id", "gwk", "--group", "g1",
@@ -106,17 +104,10 @@ async def test_a_sigkilled_gateway_process_fails_fast_and_closes_its_circuit_whe
     keys = KeySchema(prefix)
 
     async def connect_kim(proc: Proc) -> Any:
-        # In a thread: blocking the loop would stall the in-process gateway's heartbeats.
-        line = (await asyncio.to_thread(read_until, proc, "ready"))[-1]
-        ws_url = re.search(r"ws=(\S+)", line)
-        assert ws_url, line
-        ws = await connect(f"{ws_url.group(1)}?token={token('kim')}")
+        ws = await connect(f"{await ws_url_of(proc)}?token={token('kim')}")
         await ready(ws)
-        for _ in range(200):
-            if await redis.hlen(keys.route("kim")):
-                return ws
-            await asyncio.sleep(0.02)
-        raise AssertionError("kim's route never appeared")
+        await wait_for(lambda: redis.hlen(keys.route("kim")), "kim's route", 4.0, every=0.02)
+        return ws
 
     async def push(http: Any, n: int) -> tuple[dict[str, Any], float]:
         started = time.monotonic()

@@ -20,8 +20,7 @@ from shared.batches import to_batch
 from shared.clock import SystemClock
 from shared.keys import KeySchema
 from shared.models import Message as ServerMessage
-from tests.conftest import SECRET
-from tests.integration.procs import BIN, base_env, read_until, running
+from tests.integration.procs import BIN, gateway_env, read_until, running
 from tests.integration.stack import AUTH, api, gateway, token
 from tests.waiting import wait_for
 
@@ -168,8 +167,7 @@ async def test_the_only_gateway_killed_and_restarted_is_retried_in_place(
     argv = [str(BIN / "imroute"), "gateway", "--id", "gwr", "--group", "g1",
             "--ws-port", str(ws_port), "--grpc-port", str(grpc_port),
             "--heartbeat", "0.5"]  # fmt: skip
-    env = base_env(IMROUTE_REDIS_URL=redis_url, IMROUTE_REDIS_PREFIX=prefix,
-                   IMROUTE_SECRET=SECRET)  # fmt: skip
+    env = gateway_env(redis_url, prefix)
     async with (
         api(redis_url, prefix) as http,
         ImrouteClient(

@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import re
 import signal
 from collections import Counter
 from collections.abc import AsyncIterator, Iterator
@@ -31,13 +30,12 @@ import pytest
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
 
-from router.devtools.ports import free_port_block
 from router.directory.migrate import upgrade
 from shared.keys import KeySchema
-from tests.conftest import API_KEY, SECRET
-from tests.integration.procs import BIN, Proc, base_env, read_until, running
+from tests.integration.procs import Proc
 from tests.integration.redis_cluster import LocalCluster, cluster_nodes
 from tests.integration.stack import AUTH, ready, token
+from tests.integration.test_cluster_stack import cluster_env, processes
 
 pytestmark = pytest.mark.integration
 
@@ -83,26 +81,9 @@ def cluster() -> Iterator[LocalCluster]:
 @contextlib.contextmanager
 def services(redis_url: str, cluster: LocalCluster, db: Path) -> Iterator[tuple[str, str, Proc]]:
     """(the API's base URL, the gateway's WebSocket URL, the push service process)."""
-    env = base_env(
-        IMROUTE_REDIS_URL=cluster.url,
-        IMROUTE_BUS_URL=redis_url,
-        IMROUTE_REDIS_PREFIX=PREFIX,
-        IMROUTE_SECRET=SECRET,
-        IMROUTE_API_KEY=API_KEY,
-        IMROUTE_DB_URL=f"sqlite+aiosqlite:///{db}",
-        IMROUTE_GATEWAY_CACHE_S="0",
-    )
-    port = free_port_block([0])
-    gateway = [str(BIN / "imroute"), "gateway", "--ws-port", "0", "--grpc-port", "0"]
-    service = [str(BIN / "python"), "-m", "push_service", "--port", str(port)]
-    with (
-        running([*gateway, "--id", "gw1", "--group", "g1"], env) as gw,
-        running(service, env) as ps,
-    ):
-        found = re.search(r"ws=(\S+)", read_until(gw, "ready", 60)[-1])
-        assert found
-        read_until(ps, "Uvicorn running on", 60)
-        yield f"http://127.0.0.1:{port}", found.group(1), ps
+    env = cluster_env(redis_url, cluster, PREFIX, db)
+    with processes(env, "gw1") as (api, ws_url, (_, ps)):
+        yield api, ws_url, ps
 
 
 @contextlib.asynccontextmanager

@@ -62,6 +62,28 @@ def cluster_env(
     )
 
 
+@contextlib.contextmanager
+def processes(env: dict[str, str], *gateway_ids: str) -> Iterator[tuple[str, str, list[Proc]]]:
+    """Gateways of group g1 (`gateway_ids`) and a push service, with `env`, once all are
+    up: the API's base URL, the first gateway's WebSocket URL, and the processes (the
+    gateways', then the push service's)."""
+    port = free_port_block([0])
+    gateway = [str(BIN / "imroute"), "gateway", "--ws-port", "0", "--grpc-port", "0"]
+    service = [str(BIN / "python"), "-m", "push_service", "--port", str(port)]
+    with contextlib.ExitStack() as running_procs:
+        gws = [
+            running_procs.enter_context(running([*gateway, "--id", gid, "--group", "g1"], env))
+            for gid in gateway_ids
+        ]
+        ps = running_procs.enter_context(running(service, env))
+        found = re.search(r"ws=(\S+)", read_until(gws[0], "ready", 60)[-1])
+        assert found
+        for gw in gws[1:]:
+            read_until(gw, "ready", 60)
+        read_until(ps, "Uvicorn running on", 60)
+        yield f"http://127.0.0.1:{port}", found.group(1), [*gws, ps]
+
+
 @pytest.fixture(scope="module")
 def stack(
     redis_url: str, redis_cluster: LocalCluster, tmp_path_factory: pytest.TempPathFactory
@@ -82,19 +104,8 @@ def stack(
         IMROUTE_WEBHOOK_OFFLINE_GRACE_S="0",
         IMROUTE_WEBHOOK_BACKOFF_MAX_S="0.2",
     )
-    port = free_port_block([0])
-    gateway = [str(BIN / "imroute"), "gateway", "--ws-port", "0", "--grpc-port", "0"]
-    service = [str(BIN / "python"), "-m", "push_service", "--port", str(port)]
-    with (
-        running([*gateway, "--id", "gw1", "--group", "g1"], env) as gw,
-        running([*gateway, "--id", "gw2", "--group", "g1"], env) as gw2,
-        running(service, env) as ps,
-    ):
-        found = re.search(r"ws=(\S+)", read_until(gw, "ready", 60)[-1])
-        assert found
-        read_until(gw2, "ready", 60)
-        read_until(ps, "Uvicorn running on", 60)
-        yield Stack(f"http://127.0.0.1:{port}", found.group(1), hook_port, env, (gw, ps, gw2))
+    with processes(env, "gw1", "gw2") as (api, ws, (gw, gw2, ps)):
+        yield Stack(api, ws, hook_port, env, (gw, ps, gw2))
 
 
 @pytest.fixture

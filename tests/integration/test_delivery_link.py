@@ -14,6 +14,7 @@ from typing import Any
 
 import grpc.aio
 import pytest
+from websockets.asyncio.client import ClientConnection
 
 from router.devtools.ports import free_port
 from router.gateway_rpc import links as links_module
@@ -22,6 +23,7 @@ from shared.batches import to_batch
 from shared.errors import GatewayUnavailable
 from shared.proto import gateway_pb2
 from shared.proto.gateway_pb2_grpc import GatewayServicer, add_GatewayServicer_to_server
+from socket_gateway.app import Gateway
 from tests.integration.stack import client, gateway, nothing_more, recv_json
 from tests.integration.test_deliver import message
 
@@ -52,6 +54,22 @@ async def linked(clients: GrpcGatewayClients, gid: str, address: str, opened: in
         batch = to_batch(message(0), ["nobody"], f"warm-{opened}-{n}")
         await clients.deliver(gid, address, batch, 5.0)
         await asyncio.sleep(0.02)
+
+
+async def delivered_over_a_link(
+    gw: Gateway, gid: str, ws: ClientConnection, n: int, batch_id: str, token: str | None = None
+) -> None:
+    """A router (its internal `token`) gets a link to `gw`, known as `gid`, and delivers
+    push `n` over it to the client `ws` of uid "a"."""
+    clients = GrpcGatewayClients(token=token)
+    try:
+        address = f"127.0.0.1:{gw.grpc_port}"
+        await linked(clients, gid, address)
+        reply = await clients.deliver(gid, address, to_batch(message(n), ["a"], batch_id), 5.0)
+        assert list(reply.delivered) == ["a"]
+        assert (await recv_json(ws))["content"] == {"n": n}
+    finally:
+        await clients.close()
 
 
 async def test_the_switch_from_grpc_to_the_link_loses_nothing(

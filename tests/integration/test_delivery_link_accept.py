@@ -18,17 +18,14 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from router.gateway_rpc.grpc_client import GrpcGatewayClients
-from shared.batches import to_batch
 from shared.clock import SystemClock
 from shared.link_frames import FrameReader, frame
 from shared.proto import gateway_pb2
 from socket_gateway import link_server
 from socket_gateway.delivery import LinkCounts
 from socket_gateway.link_server import LinkServer, Tickets
-from tests.integration.stack import client, gateway, recv_json
-from tests.integration.test_deliver import message
-from tests.integration.test_delivery_link import linked, until
+from tests.integration.stack import client, gateway
+from tests.integration.test_delivery_link import delivered_over_a_link, until
 from tests.integration.test_internal_auth import TOKEN
 
 pytestmark = pytest.mark.integration
@@ -161,15 +158,7 @@ async def test_an_empty_host_is_every_interface_on_one_port(redis_url: str, pref
         port = link._acceptor.sockets[0].getsockname()[1]
         for family, host in ((socket.AF_INET, "127.0.0.1"), (socket.AF_INET6, "::1")):
             assert (await _stranger(family, host, port)).error_code == "UNAUTHENTICATED"
-        clients = GrpcGatewayClients(token=TOKEN)
-        try:
-            address = f"127.0.0.1:{gw.grpc_port}"
-            await linked(clients, "gwa", address)
-            reply = await clients.deliver("gwa", address, to_batch(message(3), ["a"], "e3"), 5.0)
-            assert list(reply.delivered) == ["a"]
-            assert (await recv_json(a))["content"] == {"n": 3}
-        finally:
-            await clients.close()
+        await delivered_over_a_link(gw, "gwa", a, 3, "e3", token=TOKEN)
 
 
 async def test_a_connection_the_link_cannot_take_is_closed_and_the_next_one_served(

@@ -25,7 +25,7 @@ from socket_gateway import link_server
 from socket_gateway.app import Gateway
 from tests.integration.stack import client, gateway, nothing_more, recv_json, settings
 from tests.integration.test_deliver import message
-from tests.integration.test_delivery_link import linked, until
+from tests.integration.test_delivery_link import delivered_over_a_link, linked, until
 from tests.integration.test_internal_auth import certs, tls_settings
 
 pytestmark = pytest.mark.integration
@@ -199,12 +199,4 @@ async def test_sockets_waiting_for_a_hello_are_capped(
             transport.close()
         await until(lambda: link.waiting == 0, "the closes")
         # A router gets its link and its calls through.
-        clients = GrpcGatewayClients()
-        try:
-            address = f"127.0.0.1:{gw.grpc_port}"
-            await linked(clients, "gw1", address)
-            reply = await clients.deliver("gw1", address, to_batch(message(5), ["a"], "h5"), 5.0)
-            assert list(reply.delivered) == ["a"]
-            assert (await recv_json(a))["content"] == {"n": 5}
-        finally:
-            await clients.close()
+        await delivered_over_a_link(gw, "gw1", a, 5, "h5")

@@ -24,7 +24,7 @@ from tests.integration.floods import Flood
 from tests.integration.procs import gateway_process, scrape
 from tests.integration.stack import client, gateway, ready, recv_json, settings, token
 from tests.integration.test_deliver import message
-from tests.integration.test_delivery_link import linked, until
+from tests.integration.test_delivery_link import delivered_over_a_link, linked, until
 from tests.integration.test_delivery_link_auth import _Raw, _stranger, _ticket
 from tests.integration.test_internal_auth import certs, tls_settings
 
@@ -78,15 +78,7 @@ async def test_a_push_service_link_takes_the_place_of_the_biggest_holders_oldest
         assert refusal.error_code == "RESOURCE_EXHAUSTED" and "127.0.0.2" in refusal.error
         # Full: the router's link (from 127.0.0.1) takes the place of the oldest socket
         # of the address that got to hold the most first, and delivers.
-        clients = GrpcGatewayClients()
-        try:
-            address = f"127.0.0.1:{gw.grpc_port}"
-            await linked(clients, "gw1", address)
-            reply = await clients.deliver("gw1", address, to_batch(message(7), ["a"], "e7"), 5.0)
-            assert list(reply.delivered) == ["a"]
-            assert (await recv_json(a))["content"] == {"n": 7}
-        finally:
-            await clients.close()
+        await delivered_over_a_link(gw, "gw1", a, 7, "e7")
         oldest = held[0][1]
         await asyncio.wait_for(oldest.closed, 1)
         assert oldest.replies[0].error_code == "RESOURCE_EXHAUSTED", oldest.replies

@@ -13,7 +13,6 @@ import httpx
 import pytest
 import redis.asyncio as aioredis
 from websockets.asyncio.client import connect
-from websockets.exceptions import InvalidStatus
 
 from router.fleet.cache import CachedFleet
 from router.fleet.dispatch import Dispatcher
@@ -22,7 +21,7 @@ from shared.clock import SystemClock
 from shared.keys import KeySchema
 from shared.models import GatewayInfo
 from socket_gateway.app import Gateway
-from tests.integration.stack import api, client, gateway, token
+from tests.integration.stack import api, client, gateway, handshake_refused, token
 from tests.waiting import wait_for
 
 pytestmark = pytest.mark.integration
@@ -163,9 +162,7 @@ async def test_a_full_gateway_refuses_with_503_and_keeps_its_clients(
 ) -> None:
     async with gateway(redis_url, prefix, "gw1", "g1", gateway_max_connections=2) as gw:
         async with client(gw, "a"), client(gw, "b"):
-            with pytest.raises(InvalidStatus) as refused:
-                await connect(f"ws://127.0.0.1:{gw.ws_port}/ws?token={token('c')}")
-            response = refused.value.response
+            response = await handshake_refused(f"ws://127.0.0.1:{gw.ws_port}/ws?token={token('c')}")
             assert response.status_code == 503 and response.headers["Retry-After"]
             assert "gateway full" in json.loads(response.body)["detail"]
             assert sorted(c.uid for c in gw.conns) == ["a", "b"]

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import re
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
@@ -21,10 +20,9 @@ import pytest
 from imroute_client import ImrouteClient
 from websockets.asyncio.client import ClientConnection, connect
 
-from tests.conftest import SECRET
 from tests.integration.fault_clients import SdkUser, port_block
 from tests.integration.http_raw import push_service
-from tests.integration.procs import BIN, Proc, base_env, read_until, running
+from tests.integration.procs import BIN, gateway_env, running, ws_url_of
 from tests.integration.stack import AUTH, token
 from tests.waiting import wait_for
 
@@ -91,19 +89,12 @@ def gateway_argv(gid: str, ws_port: int) -> list[str]:
             "--ws-port", str(ws_port), "--grpc-port", "0", "--heartbeat", "0.5"]  # fmt: skip
 
 
-async def ws_url_of(proc: Proc) -> str:
-    line = (await asyncio.to_thread(read_until, proc, "ready"))[-1]
-    found = re.search(r"ws=(\S+)", line)
-    assert found, line
-    return found.group(1)
-
-
 async def test_clients_cut_off_from_a_gateway_move_and_dispatch_skips_it_until_it_heals(
     redis_url: str, prefix: str, redis: object, tmp_path: Path
 ) -> None:
     base = port_block([0, 1])
     gw1_port, link_port = base, base + 1
-    env = base_env(IMROUTE_REDIS_URL=redis_url, IMROUTE_REDIS_PREFIX=prefix, IMROUTE_SECRET=SECRET)
+    env = gateway_env(redis_url, prefix)
     gw1_env = {**env, "IMROUTE_WS_PUBLIC_URL": f"ws://127.0.0.1:{link_port}/ws"}
     link = Link(link_port, gw1_port)
     users: list[SdkUser] = []

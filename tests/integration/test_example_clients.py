@@ -5,7 +5,6 @@ moving to the others. Real processes throughout."""
 from __future__ import annotations
 
 import json
-import re
 import signal
 import subprocess
 import sys
@@ -17,7 +16,7 @@ from typing import Any
 import pytest
 
 from router.devtools.ports import free_port_block
-from tests.integration.procs import BIN, Proc, base_env, read_until, running
+from tests.integration.procs import BIN, Proc, base_env, dev_started, read_until, running
 
 pytestmark = pytest.mark.integration
 
@@ -48,12 +47,8 @@ def test_clients_dispatch_then_move_off_a_drained_gateway(
     )
     argv = [str(BIN / "imroute"), "dev", "--gateways", "4", "--groups", "2", "--port", str(port)]
     with running(argv, env) as dev:
-        banner = "\n".join(read_until(dev, "Ctrl-C stops everything", timeout=60))
-        key = re.search(r"API key:\s+(\S+)", banner)
-        admin = re.search(r"admin key:\s+(\S+)", banner)
-        secret = re.search(r"secret:\s+(\S+)", banner)
-        assert key and admin and secret, banner
-        assert admin.group(1) != key.group(1)  # dev generated both: two roles
+        _, key, admin, secret = dev_started(dev)
+        assert admin != key  # dev generated both: two roles
         api = f"http://127.0.0.1:{port}"
         client_argv = [sys.executable, str(CLIENTS), "--api", api, "--count", str(COUNT),
                        "--json", "--every", "0.3"]  # fmt: skip
@@ -70,7 +65,7 @@ def test_clients_dispatch_then_move_off_a_drained_gateway(
         assert wrong.returncode == 2, wrong.stderr
         assert "401" in wrong.stderr and "IMROUTE_SECRET" in wrong.stderr
 
-        with running(client_argv, base_env(IMROUTE_SECRET=secret.group(1))) as clients:
+        with running(client_argv, base_env(IMROUTE_SECRET=secret)) as clients:
             placed = reports(clients, lambda s: s["connected"] == COUNT)
             spread = placed["gateways"]
             assert set(spread) == {"gw1", "gw2", "gw3", "gw4"}, spread
@@ -82,7 +77,7 @@ def test_clients_dispatch_then_move_off_a_drained_gateway(
             request = urllib.request.Request(
                 f"{api}/v1/gateways/gw1/drain",
                 method="POST",
-                headers={"Authorization": f"Bearer {admin.group(1)}"},
+                headers={"Authorization": f"Bearer {admin}"},
             )
             with urllib.request.urlopen(request) as resp:
                 assert resp.status == 202

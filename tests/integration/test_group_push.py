@@ -16,6 +16,7 @@ from websockets.asyncio.client import ClientConnection, connect
 from shared.keys import KeySchema
 from socket_gateway.app import Gateway
 from tests.integration.stack import AUTH, api, gateway, ready, token
+from tests.waiting import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -249,10 +250,7 @@ async def test_a_backlog_from_before_a_restart_is_acked_and_left_to_the_replays(
         async with gateway(redis_url, prefix, "gw1", "g1") as gw:
             assert gw.follower is not None
             sequencer = gw.follower.sequencers["broadcast"]
-            for _ in range(100):
-                if sequencer.late:
-                    break
-                await asyncio.sleep(0.02)
+            await wait_for(lambda: sequencer.late, "the late batch", 2.0, every=0.02)
             assert sequencer.late == 1 and gw.deliver_service.batches == 0
             await asyncio.sleep(0.1)
             pending = await redis.xpending(keys.bus_stream("broadcast"), "gw1")

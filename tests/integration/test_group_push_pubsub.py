@@ -15,6 +15,7 @@ from shared.errors import ConfigError
 from socket_gateway.app import Gateway
 from tests.integration.stack import AUTH, api, gateway
 from tests.integration.test_group_push import GATEWAYS, connect_all, finished, frames
+from tests.waiting import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -114,10 +115,7 @@ async def test_a_backlog_on_pubsub_from_before_a_restart_is_acked_not_written(
             # gateway started: acked, not written (its clients replay it themselves).
             assert gw.follower is not None
             sequencer = gw.follower.sequencers["broadcast"]
-            for _ in range(350):
-                if sequencer.late:
-                    break
-                await asyncio.sleep(0.1)
+            await wait_for(lambda: sequencer.late, "the late batch", 35.0, every=0.1)
             assert sequencer.late == 1 and gw.deliver_service.batches == 0
             await asyncio.sleep(0.5)  # the ack reaches Pub/Sub
         async with gateway(redis_url, prefix, "gw1", "g1", bus_url=bus_url) as gw:

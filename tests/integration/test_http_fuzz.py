@@ -39,8 +39,8 @@ from push_service.app import create_app
 from router.directory.migrate import upgrade
 from shared.settings import Settings
 from tests.conftest import API_KEY, SECRET
-from tests.integration.http_raw import directory_url, push_service
-from tests.integration.procs import BIN, base_env, read_until, running
+from tests.integration.http_raw import push_service
+from tests.integration.procs import BIN, directory_url, gateway_env, read_until, running
 from tests.integration.stack import token
 
 pytestmark = pytest.mark.integration
@@ -115,16 +115,14 @@ def base_url(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterat
     prefix = f"imroute-test:{uuid.uuid4().hex[:12]}:"
     tmp = tmp_path_factory.mktemp("fuzz")
     asyncio.run(upgrade(directory_url(tmp)))
-    gateway_env = base_env(
-        IMROUTE_REDIS_URL=redis_url, IMROUTE_REDIS_PREFIX=prefix, IMROUTE_SECRET=SECRET
-    )
+    gw_env = gateway_env(redis_url, prefix)
     gateway_argv = [
         str(BIN / "imroute"),
         *("gateway", "--id", "gw1", "--group", "g1", "--ws-port", "0", "--grpc-port", "0"),
     ]
     try:
         with (
-            running(gateway_argv, gateway_env) as gw,
+            running(gateway_argv, gw_env) as gw,
             push_service(redis_url, prefix, tmp) as (_, port),
         ):
             read_until(gw, "ready")

@@ -27,6 +27,7 @@ from shared.http_heads import HeadLimits
 from tests.integration.head_bombs import FIELDS, KIB, MIB, ask, send_head, send_heads, watching
 from tests.integration.http_raw import (
     HOST,
+    lifespan_done,
     push_service,
     read_answer,
     read_answer_blocking,
@@ -158,10 +159,7 @@ async def test_upgrade_requests_are_logged_at_a_throttled_rate(
 
 async def _echo(scope: Scope, receive: Receive, send: Send) -> None:
     """200 with the size of the body it read."""
-    if scope["type"] == "lifespan":
-        while (await receive())["type"] != "lifespan.shutdown":
-            pass
-        await send({"type": "lifespan.shutdown.complete"})
+    if await lifespan_done(scope, receive, send):
         return
     size, more = 0, True
     while more:

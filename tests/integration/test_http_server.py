@@ -18,6 +18,7 @@ from push_service.http_server import Parser, head_deadline_protocol
 from tests.integration.http_raw import (
     HOST,
     closed_by_server,
+    lifespan_done,
     push_service,
     read_answer,
     request_head,
@@ -90,10 +91,7 @@ async def test_slowloris_heads_are_cut_by_the_header_timeout(
 
 
 async def _hello(scope: Scope, receive: Receive, send: Send) -> None:
-    if scope["type"] == "lifespan":
-        while (await receive())["type"] != "lifespan.shutdown":
-            pass
-        await send({"type": "lifespan.shutdown.complete"})
+    if await lifespan_done(scope, receive, send):
         return
     await send({"type": "http.response.start", "status": 200, "headers": []})
     await send({"type": "http.response.body", "body": b""})

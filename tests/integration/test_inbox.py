@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from websockets.asyncio.client import ClientConnection
 
 from shared.errors import ConfigError
 from shared.settings import Settings
@@ -18,9 +17,10 @@ from tests.integration.recovery_helpers import (
     open_ws,
     p2p,
     pushes,
+    reconnect,
     replay,
 )
-from tests.integration.stack import AUTH, api, gateway
+from tests.integration.stack import AUTH, api, gateway, nothing_more
 from tests.integration.test_retry import FailCalls
 
 pytestmark = pytest.mark.integration
@@ -50,12 +50,7 @@ async def test_a_push_to_an_offline_user_is_queued_and_delivered_on_connect(
         assert contents(got) == [{"text": "while you were out"}]
         await ack(ws, got[0])
         await acked(gw, 1)
-        await ws.close()
-        await gone(gw, "olive")
-        # Acked: out of the inbox.
-        ws = await open_ws(gw, "olive")
-        assert (await replay(ws))[0] == []
-        await ws.close()
+        assert await reconnect(gw, ws, "olive") == []  # acked: out of the inbox
 
 
 async def test_store_false_is_not_kept_and_an_expired_ttl_is_never_delivered(
@@ -180,19 +175,7 @@ async def test_a_push_that_failed_for_a_live_client_comes_first_when_the_next_on
         assert (resp.json()["delivered"], resp.json()["queued"]) == (1, 0)
         assert gw.resumer is not None and gw.resumer.gap_filled == 1
         await asyncio.sleep(1.5)  # the background retry finds it written: not again
-        assert await _quiet(ws)
+        assert await nothing_more(ws)
         await ack(ws, got[1])  # both, cumulatively
         await acked(gw, 2)
-        await ws.close()
-        await gone(gw, "gail")
-        ws = await open_ws(gw, "gail")  # and, acked, they left the inbox
-        assert (await replay(ws))[0] == []
-        await ws.close()
-
-
-async def _quiet(ws: ClientConnection, wait: float = 0.3) -> bool:
-    try:
-        await asyncio.wait_for(ws.recv(), wait)
-    except TimeoutError:
-        return True
-    return False
+        assert await reconnect(gw, ws, "gail") == []  # and, acked, they left the inbox

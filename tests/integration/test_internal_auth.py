@@ -30,7 +30,7 @@ from shared.proto.gateway_pb2_grpc import GatewayStub
 from socket_gateway.app import Gateway
 from socket_gateway.metrics import render
 from tests.conftest import SECRET
-from tests.integration.procs import base_env
+from tests.integration.procs import gateway_env
 from tests.integration.stack import AUTH, api, client, gateway, nothing_more, recv_json, settings
 from tests.waiting import wait_for
 
@@ -272,10 +272,9 @@ def test_bad_internal_settings_are_named(tmp_path: Path) -> None:
 async def test_a_gateway_process_on_an_open_address_without_a_token_refuses_to_start(
     redis_url: str, prefix: str
 ) -> None:
-    env = base_env(
-        IMROUTE_REDIS_URL=redis_url,
-        IMROUTE_REDIS_PREFIX=prefix,
-        IMROUTE_SECRET=SECRET,
+    env = gateway_env(
+        redis_url,
+        prefix,
         IMROUTE_GRPC_HOST="0.0.0.0",
         IMROUTE_GRPC_PORT=str(free_port()),
         IMROUTE_WS_PORT=str(free_port()),

@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-import subprocess
 from typing import Any
 
 import httpx
@@ -23,9 +22,9 @@ from shared.clock import SystemClock
 from shared.keys import KeySchema
 from shared.models import GatewayInfo
 from tests.conftest import API_KEY, SECRET
-from tests.integration.http_raw import directory_url
-from tests.integration.procs import BIN, base_env, read_until, running
+from tests.integration.procs import BIN, base_env, imroute, read_until, running, service_env
 from tests.integration.stack import AUTH, ready, recv_json, token
+from tests.waiting import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -47,12 +46,11 @@ def _objects(lines: list[str]) -> list[dict[str, Any]]:
 async def test_every_line_is_json_and_names_the_push_the_batch_and_the_gateway(
     redis_url: str, prefix: str, redis: aioredis.Redis, tmp_path: Any
 ) -> None:
-    env = base_env(
-        IMROUTE_REDIS_URL=redis_url,
-        IMROUTE_REDIS_PREFIX=prefix,
-        IMROUTE_API_KEY=API_KEY,
+    env = service_env(
+        redis_url,
+        prefix,
+        tmp_path,
         IMROUTE_SECRET=SECRET,
-        IMROUTE_DB_URL=directory_url(tmp_path),
         IMROUTE_LOG_FORMAT="json",
         IMROUTE_LOG_LEVEL="debug",
     )
@@ -84,10 +82,7 @@ async def test_every_line_is_json_and_names_the_push_the_batch_and_the_gateway(
         assert ws_url, gw_lines[-1]
         async with connect(f"{ws_url.group(1)}?token={token('amy')}") as ws:
             await ready(ws)
-            for _ in range(100):
-                if await redis.hlen(keys.route("amy")):
-                    break
-                await asyncio.sleep(0.05)
+            await wait_for(lambda: redis.hlen(keys.route("amy")), "amy's route", 5.0, every=0.05)
             async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=30) as http:
                 for _ in range(100):  # until a worker has the gateway in its fleet
                     resp = await http.post(
@@ -129,9 +124,6 @@ async def test_every_line_is_json_and_names_the_push_the_batch_and_the_gateway(
 
 def test_a_bad_log_format_is_refused_naming_the_setting() -> None:
     env = base_env(IMROUTE_LOG_FORMAT="xml", IMROUTE_SECRET=SECRET)
-    done = subprocess.run(
-        [str(BIN / "imroute"), "gateway", "--id", "g", "--group", "g1"],
-        check=False, env=env, capture_output=True, text=True, timeout=30,
-    )  # fmt: skip
+    done = imroute("gateway", "--id", "g", "--group", "g1", env=env, timeout=30)
     assert done.returncode == 2
     assert "IMROUTE_LOG_FORMAT" in done.stderr and "'text' or 'json'" in done.stderr

@@ -5,7 +5,6 @@ WebSocket client; the move itself on a real Redis Cluster too)."""
 from __future__ import annotations
 
 import hashlib
-import subprocess
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -22,7 +21,7 @@ from router.redis.client import RedisClient, connect_redis
 from shared.clock import SystemClock
 from shared.keys import KeySchema
 from shared.models import Message
-from tests.integration.procs import BIN, base_env
+from tests.integration.procs import base_env, imroute
 from tests.integration.recovery_helpers import contents, open_ws, p2p, replay
 from tests.integration.stack import api, gateway
 
@@ -75,14 +74,7 @@ async def users(url: str, *uids: str) -> None:
 
 def migrate(redis_url: str, prefix: str, db_url: str, *flags: str) -> str:
     env = base_env(IMROUTE_REDIS_URL=redis_url, IMROUTE_REDIS_PREFIX=prefix, IMROUTE_DB_URL=db_url)
-    done = subprocess.run(
-        [str(BIN / "imroute"), "keys", "migrate", *flags],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    done = imroute("keys", "migrate", *flags, env=env)
     assert done.returncode == 0, done.stderr
     return done.stdout
 

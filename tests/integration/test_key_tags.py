@@ -16,6 +16,7 @@ from tests.integration.recovery_helpers import (
     open_ws,
     p2p,
     pushes,
+    reconnect,
     replay,
 )
 from tests.integration.stack import api, gateway, nothing_more
@@ -49,11 +50,7 @@ async def test_a_braced_uids_offline_push_is_not_read_nor_acked_by_its_sha1_hex(
         assert contents(got) == [{"text": "for bob only"}]
         await ack(ws, got[0])
         await acked(gw, 1)
-        await ws.close()
-        await gone(gw, BRACED)
-        ws = await open_ws(gw, BRACED)
-        assert (await replay(ws))[0] == []
-        await ws.close()
+        assert await reconnect(gw, ws, BRACED) == []
 
 
 async def test_the_sha1_hex_uids_pushes_never_reach_the_braced_uid(

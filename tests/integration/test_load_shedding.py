@@ -18,9 +18,7 @@ import httpx
 import pytest
 
 from router.devtools.ports import free_port
-from tests.conftest import API_KEY
-from tests.integration.http_raw import directory_url
-from tests.integration.procs import BIN, Proc, base_env, read_until, running
+from tests.integration.procs import BIN, Proc, read_until, running, service_env
 from tests.integration.stack import AUTH, api, client, gateway, nothing_more, recv_json
 
 pytestmark = pytest.mark.integration
@@ -47,13 +45,8 @@ async def test_past_its_bound_a_push_service_sheds_at_once_and_the_operator_is_a
     redis_url: str, prefix: str, redis: object, tmp_path: Path
 ) -> None:
     port = free_port()
-    env = base_env(
-        IMROUTE_REDIS_URL=redis_url,
-        IMROUTE_REDIS_PREFIX=prefix,
-        IMROUTE_API_KEY=API_KEY,
-        IMROUTE_DB_URL=directory_url(tmp_path),
-        IMROUTE_GATEWAY_CACHE_S="0",
-        IMROUTE_HTTP_MAX_IN_FLIGHT="6",
+    env = service_env(
+        redis_url, prefix, tmp_path, IMROUTE_GATEWAY_CACHE_S="0", IMROUTE_HTTP_MAX_IN_FLIGHT="6"
     )
     async with (
         gateway(redis_url, prefix, "gw1", "g1", heartbeat_s=5.0) as gw,

@@ -27,6 +27,22 @@ from tests.integration.test_registry import CountingPipelines
 
 pytestmark = pytest.mark.integration
 
+
+def gateway_registry(
+    redis: aioredis.Redis, prefix: str, gateway_id: str, group_id: str, port: int
+) -> RedisRouteRegistry:
+    """The route registry of gateway `gateway_id` of group `group_id` (127.0.0.1:`port`)."""
+    return RedisRouteRegistry(
+        redis,
+        KeySchema(prefix),
+        SystemClock(),
+        gateway_id=gateway_id,
+        group_id=group_id,
+        ip="127.0.0.1",
+        port=port,
+    )
+
+
 GROUPS = ("g1", "g2", "g3", "g4")
 
 
@@ -50,15 +66,7 @@ def message() -> Message:
 async def online(redis: Any, prefix: str, uids: Sequence[str]) -> None:
     """Register each uid on a gateway of group GROUPS[i % 4]."""
     for g, group in enumerate(GROUPS):
-        writer = RedisRouteRegistry(
-            redis,
-            KeySchema(prefix),
-            SystemClock(),
-            gateway_id=f"gw-{group}",
-            group_id=group,
-            ip="127.0.0.1",
-            port=9000 + g,
-        )
+        writer = gateway_registry(redis, prefix, f"gw-{group}", group, 9000 + g)
         await writer.refresh(Registration(u, f"c-{u}") for i, u in enumerate(uids) if i % 4 == g)
 
 
@@ -146,24 +154,8 @@ async def test_high_priority_does_not_wait_for_the_buffer(
 async def test_devices_in_one_group_count_once_even_across_a_flush(
     redis: aioredis.Redis, prefix: str
 ) -> None:
-    registry = RedisRouteRegistry(
-        redis,
-        KeySchema(prefix),
-        SystemClock(),
-        gateway_id="gw-g1",
-        group_id="g1",
-        ip="127.0.0.1",
-        port=9000,
-    )
-    other = RedisRouteRegistry(
-        redis,
-        KeySchema(prefix),
-        SystemClock(),
-        gateway_id="gw-g1b",
-        group_id="g1",
-        ip="127.0.0.1",
-        port=9001,
-    )
+    registry = gateway_registry(redis, prefix, "gw-g1", "g1", 9000)
+    other = gateway_registry(redis, prefix, "gw-g1b", "g1", 9001)
     await registry.refresh([Registration("alice", "c1"), Registration("bob", "c2")])
     await other.refresh([Registration("bob", "c3")])  # bob's second device, same group
     bus = RecordingBus()

@@ -24,8 +24,18 @@ from shared.keys import KeySchema
 from shared.proto import gateway_pb2
 from shared.proto.gateway_pb2_grpc import GatewayStub
 from tests.conftest import SECRET
-from tests.integration.procs import BIN, base_env, read_until, running
+from tests.integration.procs import (
+    BIN,
+    base_env,
+    dev_started,
+    gateway_env,
+    imroute,
+    read_until,
+    running,
+    ws_url_of,
+)
 from tests.integration.stack import ready, token
+from tests.waiting import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -33,7 +43,7 @@ pytestmark = pytest.mark.integration
 async def test_a_crashed_gateways_routes_expire(
     redis_url: str, prefix: str, redis: aioredis.Redis
 ) -> None:
-    env = base_env(IMROUTE_REDIS_URL=redis_url, IMROUTE_REDIS_PREFIX=prefix, IMROUTE_SECRET=SECRET)
+    env = gateway_env(redis_url, prefix)
     argv = [
         str(BIN / "imroute"),
         "gateway",
@@ -52,14 +62,10 @@ async def test_a_crashed_gateways_routes_expire(
     ]
     keys = KeySchema(prefix)
     with running(argv, env) as proc:
-        line = (await asyncio.to_thread(read_until, proc, "ready"))[-1]
-        ws_url = re.search(r"ws=(\S+)", line)
-        assert ws_url, line
-        async with connect(f"{ws_url.group(1)}?token={token('crashy')}"):
-            for _ in range(100):
-                if await redis.hlen(keys.route("crashy")):
-                    break
-                await asyncio.sleep(0.02)
+        async with connect(f"{await ws_url_of(proc)}?token={token('crashy')}"):
+            await wait_for(
+                lambda: redis.hlen(keys.route("crashy")), "crashy's route", 2.0, every=0.02
+            )
             assert await redis.hlen(keys.route("crashy")) == 1
             assert await redis.zscore(keys.gateways(), "gwc") is not None
             proc.send_signal(signal.SIGKILL)  # no goodbye, no unregister
@@ -73,22 +79,10 @@ async def test_a_crashed_gateways_routes_expire(
 
 
 def test_token_command_and_its_errors() -> None:
-    ok = subprocess.run(
-        [str(BIN / "imroute"), "token", "alice", "--ttl", "60"],
-        env=base_env(IMROUTE_SECRET=SECRET),
-        capture_output=True,
-        text=True,
-        check=False,
-    )
+    ok = imroute("token", "alice", "--ttl", "60", env=base_env(IMROUTE_SECRET=SECRET))
     assert ok.returncode == 0, ok.stderr
     assert ok.stdout.count(".") == 2
-    missing = subprocess.run(
-        [str(BIN / "imroute"), "token", "alice"],
-        env=base_env(),
-        capture_output=True,
-        text=True,
-        check=False,
-    )
+    missing = imroute("token", "alice", env=base_env())
     assert missing.returncode == 2
     assert "IMROUTE_SECRET" in missing.stderr
 
@@ -119,27 +113,21 @@ def test_token_command_and_its_errors() -> None:
 def test_bad_configuration_stops_with_a_message_naming_it(
     argv: list[str], env: dict[str, str], named: str
 ) -> None:
-    result = subprocess.run(
-        [str(BIN / "imroute"), *argv],
-        env=base_env(**env),
-        capture_output=True,
-        text=True,
-        timeout=30,
-        check=False,
-    )
+    result = imroute(*argv, env=base_env(**env), timeout=30)
     assert result.returncode == 2, (result.stdout, result.stderr)
     assert named in result.stderr
     assert SECRET not in result.stderr + result.stdout
 
 
 def test_gateway_without_redis_fails_clearly() -> None:
-    result = subprocess.run(
-        [str(BIN / "imroute"), "gateway", "--ws-port", "0", "--grpc-port", "0"],
+    result = imroute(
+        "gateway",
+        "--ws-port",
+        "0",
+        "--grpc-port",
+        "0",
         env=base_env(IMROUTE_SECRET=SECRET, IMROUTE_REDIS_URL="redis://:pw-hunter2@127.0.0.1:1/0"),
-        capture_output=True,
-        text=True,
         timeout=30,
-        check=False,
     )
     assert result.returncode == 1
     assert "IMROUTE_REDIS_URL" in result.stderr
@@ -158,11 +146,7 @@ async def test_imroute_dev_serves_a_push_end_to_end_and_stops_cleanly(
     )
     argv = [str(BIN / "imroute"), "dev", "--port", str(port)]
     with running(argv, env) as dev:
-        banner = "\n".join(read_until(dev, "Ctrl-C stops everything", timeout=60))
-        key = re.search(r"API key:\s+(\S+)", banner)
-        admin = re.search(r"admin key:\s+(\S+)", banner)
-        secret = re.search(r"secret:\s+(\S+)", banner)
-        assert key and admin and secret, banner
+        banner, key, admin, secret = dev_started(dev)
         assert "started an embedded one" in banner
         gateways = re.findall(r"(gw\d) group=(g\d) ws=(\S+)", banner)
         assert [(g, grp) for g, grp, _ in gateways] == [("gw1", "g1"), ("gw2", "g2")]
@@ -171,14 +155,16 @@ async def test_imroute_dev_serves_a_push_end_to_end_and_stops_cleanly(
         assert grpc_address, banner
         async with grpc.aio.insecure_channel(grpc_address.group(1)) as channel:
             with pytest.raises(grpc.aio.AioRpcError) as refused:
-                await GatewayStub(channel).Deliver(gateway_pb2.Batch(), timeout=5)
+                await GatewayStub(channel).DeliverMany(
+                    gateway_pb2.DeliverManyRequest(batches=[gateway_pb2.Batch()]), timeout=5
+                )
             assert refused.value.code() is grpc.StatusCode.UNAUTHENTICATED
         children = descendants(dev.pid)
         assert len(children) >= 4  # push service, two gateways, redis-server
 
         tok = subprocess.run(
             [str(BIN / "imroute"), "token", "alice"],
-            env=base_env(IMROUTE_SECRET=secret.group(1)),
+            env=base_env(IMROUTE_SECRET=secret),
             capture_output=True,
             text=True,
             check=True,
@@ -191,7 +177,7 @@ async def test_imroute_dev_serves_a_push_end_to_end_and_stops_cleanly(
                     f"http://127.0.0.1:{port}/v1/push",
                     data=json.dumps({"to": ["alice"], "content": {"text": "hi"}}).encode(),
                     headers={
-                        "Authorization": f"Bearer {key.group(1)}",
+                        "Authorization": f"Bearer {key}",
                         "Content-Type": "application/json",
                     },
                 )
@@ -223,13 +209,13 @@ async def test_imroute_dev_serves_a_push_end_to_end_and_stops_cleanly(
 
             users = {"users": [{"uid": "alice"}, {"uid": "bob"}]}
             with pytest.raises(urllib.error.HTTPError) as refused:  # the push key cannot
-                await asyncio.to_thread(call, "PUT", "/v1/users", users, key.group(1))
+                await asyncio.to_thread(call, "PUT", "/v1/users", users, key)
             assert refused.value.code == 403
-            assert await asyncio.to_thread(call, "PUT", "/v1/users", users, admin.group(1)) == {
+            assert await asyncio.to_thread(call, "PUT", "/v1/users", users, admin) == {
                 "upserted": 2
             }
             accepted = await asyncio.to_thread(
-                call, "POST", "/v1/broadcast", {"content": "all"}, key.group(1)
+                call, "POST", "/v1/broadcast", {"content": "all"}, key
             )
             frame = json.loads(await asyncio.wait_for(ws.recv(), 5))
             assert (frame["push_id"], frame["content"]) == (accepted["push_id"], "all")
@@ -263,64 +249,31 @@ async def test_kill_9_of_imroute_dev_leaves_no_orphans(prefix: str, tmp_path: Pa
 
 def test_db_upgrade_and_users_import_commands(tmp_path: Path) -> None:
     env = base_env(IMROUTE_DB_URL=f"sqlite+aiosqlite:///{tmp_path}/users.db")
-    imroute = str(BIN / "imroute")
     for _ in range(2):  # the second run is a no-op
-        up = subprocess.run(
-            [imroute, "db", "upgrade"],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=False,
-        )
+        up = imroute("db", "upgrade", env=env)
         assert up.returncode == 0, up.stderr
         assert "up to date" in up.stdout
     data = tmp_path / "users.jsonl"
     data.write_text('{"uid":"a","tags":["vip"]}\nnot json\n{"tags":["x"]}\n{"uid":"b"}\n')
-    imp = subprocess.run(
-        [imroute, "users", "import", str(data)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    imp = imroute("users", "import", str(data), env=env)
     assert imp.returncode == 0, imp.stderr
     assert "imported 2 users, skipped 2 bad lines" in imp.stdout
     assert f"{data}:2:" in imp.stderr and f"{data}:3:" in imp.stderr
-    bad = subprocess.run(
-        [imroute, "users", "import", str(tmp_path / "x.xml")],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    bad = imroute("users", "import", str(tmp_path / "x.xml"), env=env)
     assert bad.returncode == 2 and "x.xml" in bad.stderr
 
 
 async def test_sigterm_drains_the_gateway_then_it_exits(
     redis_url: str, prefix: str, redis: aioredis.Redis
 ) -> None:
-    env = base_env(
-        IMROUTE_REDIS_URL=redis_url,
-        IMROUTE_REDIS_PREFIX=prefix,
-        IMROUTE_SECRET=SECRET,
-        IMROUTE_DRAIN_WINDOW_S="0.5",
-    )
+    env = gateway_env(redis_url, prefix, IMROUTE_DRAIN_WINDOW_S="0.5")
     argv = [str(BIN / "imroute"), "gateway", "--id", "gwt", "--group", "g1",
             "--ws-port", "0", "--grpc-port", "0"]  # fmt: skip
     keys = KeySchema(prefix)
     with running(argv, env) as proc:
-        line = (await asyncio.to_thread(read_until, proc, "ready"))[-1]
-        ws_url = re.search(r"ws=(\S+)", line)
-        assert ws_url, line
-        async with connect(f"{ws_url.group(1)}?token={token('tess')}") as ws:
+        async with connect(f"{await ws_url_of(proc)}?token={token('tess')}") as ws:
             await ready(ws)
-            for _ in range(100):
-                if await redis.hlen(keys.route("tess")):
-                    break
-                await asyncio.sleep(0.02)
+            await wait_for(lambda: redis.hlen(keys.route("tess")), "tess's route", 2.0, every=0.02)
             proc.send_signal(signal.SIGTERM)
             frame = json.loads(await asyncio.wait_for(ws.recv(), 5))
             assert frame == {"type": "reconnect", "reason": "drain"}

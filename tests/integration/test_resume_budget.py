@@ -34,8 +34,7 @@ from shared.clock import SystemClock
 from shared.keys import KeySchema
 from shared.positions import counter_of, decode_pos, epoch_of
 from shared.proto import gateway_pb2
-from tests.conftest import SECRET
-from tests.integration.procs import BIN, Proc, base_env, read_until, running
+from tests.integration.procs import BIN, Proc, gateway_env, read_until, running
 from tests.integration.recovery_helpers import contents, fanout, p2p, pushes, replay
 from tests.integration.redis_process import RedisProcess, redis_process
 from tests.integration.stack import api, token
@@ -132,10 +131,9 @@ def _gateway(url: str, prefix: str, metrics_port: int, **env: str) -> Iterator[P
     argv = [str(BIN / "python"), "-m", "socket_gateway", "--ws-port", "0", "--grpc-port", "0"]
     with running(
         argv,
-        base_env(
-            IMROUTE_REDIS_URL=url,
-            IMROUTE_REDIS_PREFIX=prefix,
-            IMROUTE_SECRET=SECRET,
+        gateway_env(
+            url,
+            prefix,
             IMROUTE_GATEWAY_ID="gw1",
             IMROUTE_GROUP_ID="g1",
             IMROUTE_METRICS_PORT=str(metrics_port),

@@ -1,9 +1,6 @@
 """router.devtools.supervisor with real child processes (`python -c` scripts, no mocks):
-reading output, stop, stop_all and the context manager.
-
-Every process here is started by the test, directly or through a child, and is only ever
-signalled by its PID. The `strays` fixture SIGKILLs (by PID) the grandchildren a test expects
-to outlive their parent, so that no failing test leaves a sleeper behind.
+reading output, stop, stop_all and the context manager (how they treat their
+processes: tests/integration/supervised.py).
 """
 
 from __future__ import annotations

@@ -1,16 +1,12 @@
 """router.devtools.supervisor with real child processes (`python -c` scripts, no mocks):
-process groups, dying with the parent, and wait_until.
-
-Every process here is started by the test, directly or through a child, and is only ever
-signalled by its PID. The `strays` fixture SIGKILLs (by PID) the grandchildren a test expects
-to outlive their parent, so that no failing test leaves a sleeper behind.
+process groups, dying with the parent, and wait_until (how they treat their
+processes: tests/integration/supervised.py).
 """
 
 from __future__ import annotations
 
 import os
 import signal
-import textwrap
 import threading
 import time
 from pathlib import Path
@@ -21,15 +17,14 @@ from router.devtools.ports import free_port, port_free
 from router.devtools.supervisor import Child, ChildExited, Supervisor, alive, descendants
 from tests.integration.supervised import (
     GRACE_S,
-    GRANDCHILD,
     LISTENS_LATER,
     MIDDLE_SUPERVISOR,
     REPO,
     SLEEPER,
-    SPAWNS_GRANDCHILD,
     gone_within,
     pid_from,
     py,
+    with_grandchild,
 )
 
 pytestmark = pytest.mark.integration
@@ -42,10 +37,7 @@ pytestmark = pytest.mark.integration
 def test_whole_group_also_stops_the_childs_children(
     sup: Supervisor, strays: list[int], how: str
 ) -> None:
-    argv = py(SPAWNS_GRANDCHILD, textwrap.dedent(GRANDCHILD), "default")
-    child = sup.start("group", argv, stdout="lines", whole_group=True)
-    grandchild = pid_from(child.read_until("grandchild pid=", 5)[-1])
-    strays.append(grandchild)
+    child, grandchild = with_grandchild(sup, strays, "group", "default", whole_group=True)
     assert os.getsid(child.pid) == child.pid  # whole_group implies new_session
     assert os.getpgid(grandchild) == child.pid
     assert descendants(child.pid) == {grandchild}
@@ -62,10 +54,7 @@ def test_whole_group_also_stops_the_childs_children(
 def test_without_whole_group_only_the_child_is_signalled(
     sup: Supervisor, strays: list[int], new_session: bool
 ) -> None:
-    argv = py(SPAWNS_GRANDCHILD, textwrap.dedent(GRANDCHILD), "default")
-    child = sup.start("parent", argv, stdout="lines", new_session=new_session)
-    grandchild = pid_from(child.read_until("grandchild pid=", 5)[-1])
-    strays.append(grandchild)
+    child, grandchild = with_grandchild(sup, strays, "parent", "default", new_session=new_session)
     assert (os.getsid(child.pid) == child.pid) is new_session
 
     assert sup.stop(child, grace_s=5) == -signal.SIGTERM
@@ -76,10 +65,7 @@ def test_without_whole_group_only_the_child_is_signalled(
 def test_whole_group_sigkills_group_members_that_outlive_the_leader(
     sup: Supervisor, strays: list[int]
 ) -> None:
-    argv = py(SPAWNS_GRANDCHILD, textwrap.dedent(GRANDCHILD), "ignore-sigterm")
-    child = sup.start("group", argv, stdout="lines", whole_group=True)
-    grandchild = pid_from(child.read_until("grandchild pid=", 5)[-1])
-    strays.append(grandchild)
+    child, grandchild = with_grandchild(sup, strays, "group", "ignore-sigterm", whole_group=True)
     assert os.getpgid(grandchild) == child.pid
 
     assert sup.stop(child, grace_s=GRACE_S) == -signal.SIGTERM

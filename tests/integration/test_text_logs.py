@@ -15,8 +15,7 @@ import pytest
 
 from router.devtools.ports import free_port, free_port_block
 from tests.conftest import API_KEY, SECRET
-from tests.integration.http_raw import directory_url
-from tests.integration.procs import BIN, base_env, read_until, running
+from tests.integration.procs import BIN, base_env, gateway_env, read_until, running, service_env
 
 pytestmark = pytest.mark.integration
 
@@ -44,12 +43,11 @@ def test_every_line_of_the_push_service_and_a_gateway_starts_with_its_time(
     redis_url: str, prefix: str, tmp_path: Path
 ) -> None:
     port = free_port()
-    env = base_env(
-        IMROUTE_REDIS_URL=redis_url,
-        IMROUTE_REDIS_PREFIX=prefix,
-        IMROUTE_API_KEY=API_KEY,
+    env = service_env(
+        redis_url,
+        prefix,
+        tmp_path,
         IMROUTE_SECRET=SECRET,
-        IMROUTE_DB_URL=directory_url(tmp_path),
         IMROUTE_PORT=str(port),
         IMROUTE_WORKERS="2",
         # a warning of our own code (429s counted), which had no handler in text mode
@@ -69,9 +67,7 @@ def test_every_line_of_the_push_service_and_a_gateway_starts_with_its_time(
 
     gw_argv = [str(BIN / "python"), "-m", "socket_gateway", "--ws-port", "0",
                "--grpc-port", "0"]  # fmt: skip
-    gw_env = base_env(
-        IMROUTE_REDIS_URL=redis_url, IMROUTE_REDIS_PREFIX=prefix, IMROUTE_SECRET=SECRET
-    )
+    gw_env = gateway_env(redis_url, prefix)
     with running(gw_argv, gw_env) as gw:
         lines = read_until(gw, " ready ", 60)
     assert not _untimed(lines), lines

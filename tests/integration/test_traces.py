@@ -28,10 +28,9 @@ import pytest
 from websockets.asyncio.client import ClientConnection, connect
 
 from router.devtools.ports import free_port
-from tests.conftest import API_KEY, SECRET
-from tests.integration.http_raw import directory_url
+from tests.conftest import SECRET
 from tests.integration.otlp_receiver import ReceivedSpan, Receiver, otlp_receiver
-from tests.integration.procs import BIN, base_env, read_until, running
+from tests.integration.procs import BIN, read_until, running, service_env
 from tests.integration.stack import AUTH, ready, recv_json, token
 
 pytestmark = pytest.mark.integration
@@ -51,14 +50,7 @@ def processes(
     redis_url: str, prefix: str, tmp_path: Path, env_extra: dict[str, str]
 ) -> Iterator[Stack]:
     """A push service and the two gateways, as real processes."""
-    env = base_env(
-        IMROUTE_REDIS_URL=redis_url,
-        IMROUTE_REDIS_PREFIX=prefix,
-        IMROUTE_API_KEY=API_KEY,
-        IMROUTE_SECRET=SECRET,
-        IMROUTE_DB_URL=directory_url(tmp_path),
-        **env_extra,
-    )
+    env = service_env(redis_url, prefix, tmp_path, IMROUTE_SECRET=SECRET, **env_extra)
     port = free_port()
     with ExitStack() as stack:
         push = stack.enter_context(

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -20,8 +19,15 @@ from websockets.exceptions import InvalidStatus
 
 from router.devtools.ports import free_port
 from shared.clock import SystemClock
-from tests.conftest import API_KEY, SECRET
-from tests.integration.procs import BIN, base_env, gateway_process, push_services, scrape
+from tests.conftest import SECRET
+from tests.integration.procs import (
+    base_env,
+    gateway_process,
+    imroute,
+    push_services,
+    scrape,
+    service_env,
+)
 from tests.integration.stack import AUTH, api, client, gateway, nothing_more
 
 pytestmark = pytest.mark.integration
@@ -109,23 +115,12 @@ async def test_a_token_whose_sub_breaks_the_rule_gets_401_at_the_gateway_and_dis
         assert resp.status_code == 401 and "sub:" in resp.json()["detail"]
 
 
-def imroute(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [str(BIN / "imroute"), *args],
-        env=env or base_env(IMROUTE_SECRET=SECRET),
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-
-
 def test_imroute_token_refuses_a_bad_uid_without_echoing_it() -> None:
-    done = imroute("token", BAD["escape"])
+    done = imroute("token", BAD["escape"], env=base_env(IMROUTE_SECRET=SECRET))
     assert done.returncode == 2 and done.stdout == ""
     assert "imroute token: uid: must not hold control characters" in done.stderr
     assert "\x1b" not in done.stderr and "pwned" not in done.stderr
-    assert imroute("token", "bob{corp}").returncode == 0
+    assert imroute("token", "bob{corp}", env=base_env(IMROUTE_SECRET=SECRET)).returncode == 0
 
 
 def test_users_import_names_the_line_and_echoes_nothing(tmp_path: Path) -> None:
@@ -166,12 +161,7 @@ async def test_a_uid_too_long_in_a_path_or_a_cursor_is_refused_by_the_rule_and_c
 ) -> None:
     """A real push service: the one rule refuses a 129-character uid wherever it comes,
     with its own message, and counts it (pydantic's own length check came first)."""
-    env = base_env(
-        IMROUTE_REDIS_URL=redis_url,
-        IMROUTE_REDIS_PREFIX=prefix,
-        IMROUTE_API_KEY=API_KEY,
-        IMROUTE_DB_URL=f"sqlite+aiosqlite:///{tmp_path}/users.db",
-    )
+    env = service_env(redis_url, prefix, tmp_path)
     port = free_port()
     long = "x" * 129
     async with (
@@ -192,12 +182,7 @@ async def test_a_uid_holding_a_slash_is_put_read_and_deleted_through_the_api(
 ) -> None:
     """The rule allows "/", so the API's paths take it: sent as %2F or as is, and a uid
     ending in "/route" too (a real push service under uvicorn)."""
-    env = base_env(
-        IMROUTE_REDIS_URL=redis_url,
-        IMROUTE_REDIS_PREFIX=prefix,
-        IMROUTE_API_KEY=API_KEY,
-        IMROUTE_DB_URL=f"sqlite+aiosqlite:///{tmp_path}/users.db",
-    )
+    env = service_env(redis_url, prefix, tmp_path)
     assert imroute("db", "upgrade", env=env).returncode == 0
     port = free_port()
     uids = ["team/alice", "a/route", "/lead", "x//y/"]

@@ -33,8 +33,7 @@ from shared.errors import TooManyConnections
 from shared.keys import KeySchema
 from socket_gateway.metrics import render
 from socket_gateway.ws.protocol import USER_CAP_REASON
-from tests.conftest import SECRET
-from tests.integration.procs import BIN, Proc, base_env, read_until, running
+from tests.integration.procs import BIN, Proc, gateway_env, read_until, running
 from tests.integration.stack import client, gateway, ready, recv_json, token
 
 pytestmark = pytest.mark.integration
@@ -279,7 +278,7 @@ async def test_a_refusal_costs_a_bounded_sample(private_redis: str) -> None:
 @asynccontextmanager
 async def gateway_process(redis_url: str, prefix: str, gid: str) -> AsyncIterator[tuple[Proc, str]]:
     """A real `imroute gateway` with the default cap; yields it and its WebSocket URL."""
-    env = base_env(IMROUTE_REDIS_URL=redis_url, IMROUTE_REDIS_PREFIX=prefix, IMROUTE_SECRET=SECRET)
+    env = gateway_env(redis_url, prefix)
     argv = [str(BIN / "imroute"), "gateway", "--id", gid, "--group", "g1"]
     with running([*argv, "--ws-port", "0", "--grpc-port", "0"], env) as proc:
         line = read_until(proc, "ready")[-1]

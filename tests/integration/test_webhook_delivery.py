@@ -19,8 +19,7 @@ from router.redis.client import RedisClient, connect_redis
 from router.webhook.base import Event
 from router.webhook.outbox import RedisOutbox
 from shared.keys import KeySchema
-from tests.conftest import API_KEY
-from tests.integration.procs import base_env, push_services
+from tests.integration.procs import push_services, service_env
 from tests.integration.stack import AUTH
 from tests.integration.webhook_receiver import WebhookReceiver
 
@@ -36,11 +35,10 @@ async def outbox_redis(redis_url: str) -> AsyncIterator[RedisClient]:
 
 
 def env_for(redis_url: str, prefix: str, tmp_path: Path, url: str, **extra: str) -> dict[str, str]:
-    return base_env(
-        IMROUTE_REDIS_URL=redis_url,
-        IMROUTE_REDIS_PREFIX=prefix,
-        IMROUTE_API_KEY=API_KEY,
-        IMROUTE_DB_URL=f"sqlite+aiosqlite:///{tmp_path}/users.db",
+    return service_env(
+        redis_url,
+        prefix,
+        tmp_path,
         IMROUTE_WEBHOOK_URL=url,
         IMROUTE_WEBHOOK_SECRET=HOOK_SECRET,
         IMROUTE_WEBHOOK_BACKOFF_MAX_S="0.3",

@@ -10,8 +10,9 @@ arrives an earlier one would have too.
 from __future__ import annotations
 
 import asyncio
-import re
 import signal
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack, asynccontextmanager
 from typing import Any
 
 import pytest
@@ -19,8 +20,8 @@ import redis.asyncio as aioredis
 from websockets.asyncio.client import connect
 
 from shared.keys import KeySchema
-from tests.conftest import SECRET
-from tests.integration.procs import BIN, Proc, base_env, read_until, running
+from socket_gateway.app import Gateway
+from tests.integration.procs import BIN, Proc, gateway_env, read_until, running, ws_url_of
 from tests.integration.stack import api, client, gateway, ready, token
 from tests.integration.webhook_receiver import WebhookReceiver
 
@@ -46,6 +47,22 @@ def online(rx: WebhookReceiver, uid: str) -> list[dict[str, Any]]:
     return [e for e in rx.of_type("user.online") if e["uid"] == uid]
 
 
+@asynccontextmanager
+async def presence(
+    redis_url: str, prefix: str, grace_s: float, gateways: int = 2
+) -> AsyncIterator[tuple[WebhookReceiver, list[Gateway]]]:
+    """A webhook receiver, and gateways gw1, gw2, ... of group g1 and a push service that
+    send it presence events `grace_s` after a user's last close."""
+    async with WebhookReceiver(HOOK_SECRET) as rx, AsyncExitStack() as stack:
+        wh = hooks(rx, grace_s)
+        gws = [
+            await stack.enter_async_context(gateway(redis_url, prefix, f"gw{n}", "g1", **wh))
+            for n in range(1, gateways + 1)
+        ]
+        await stack.enter_async_context(api(redis_url, prefix, **wh))
+        yield rx, gws
+
+
 async def epoch_of(redis: aioredis.Redis, prefix: str, uid: str) -> int:
     return int(await redis.hget(KeySchema(prefix).presence_prefix() + uid, "e"))
 
@@ -53,18 +70,13 @@ async def epoch_of(redis: aioredis.Redis, prefix: str, uid: str) -> int:
 async def test_a_user_who_stays_away_gets_exactly_one_offline_with_its_epoch(
     redis_url: str, prefix: str, redis: aioredis.Redis
 ) -> None:
-    async with WebhookReceiver(HOOK_SECRET) as rx:
-        wh = hooks(rx, grace_s=0.5)
-        async with (
-            gateway(redis_url, prefix, "gw1", "g1", **wh) as gw,
-            api(redis_url, prefix, **wh),
-        ):
-            async with client(gw, "alice"), client(gw, "alice"):  # two devices
-                epoch = await epoch_of(redis, prefix, "alice")
-            await rx.wait_for(lambda: bool(offline(rx, "alice")), "alice's user.offline")
-            async with client(gw, "bob"):
-                pass
-            await rx.wait_for(lambda: bool(offline(rx, "bob")), "bob's user.offline")
+    async with presence(redis_url, prefix, grace_s=0.5, gateways=1) as (rx, [gw]):
+        async with client(gw, "alice"), client(gw, "alice"):  # two devices
+            epoch = await epoch_of(redis, prefix, "alice")
+        await rx.wait_for(lambda: bool(offline(rx, "alice")), "alice's user.offline")
+        async with client(gw, "bob"):
+            pass
+        await rx.wait_for(lambda: bool(offline(rx, "bob")), "bob's user.offline")
     (event,) = offline(rx, "alice")
     assert event == {
         "event_id": f"user.offline:{epoch}:alice",
@@ -80,41 +92,29 @@ async def test_a_user_who_stays_away_gets_exactly_one_offline_with_its_epoch(
 async def test_a_reconnect_within_the_grace_to_this_or_another_gateway_gives_none(
     redis_url: str, prefix: str, redis: aioredis.Redis
 ) -> None:
-    async with WebhookReceiver(HOOK_SECRET) as rx:
-        wh = hooks(rx, grace_s=1.5)
-        async with (
-            gateway(redis_url, prefix, "gw1", "g1", **wh) as gw1,
-            gateway(redis_url, prefix, "gw2", "g1", **wh) as gw2,
-            api(redis_url, prefix, **wh),
-        ):
-            async with client(gw1, "alice"), client(gw1, "bob"):
-                pass
-            async with client(gw1, "alice"), client(gw2, "bob"):  # back within the grace
-                epoch = await epoch_of(redis, prefix, "alice")
-                async with client(gw1, "carol"):
-                    pass  # carol stays away: due after alice's and bob's entries
-                await rx.wait_for(lambda: bool(offline(rx, "carol")), "carol's user.offline")
-                assert not offline(rx, "alice") and not offline(rx, "bob"), rx.events
-            # Now alice stays away: her offline carries the reconnection's epoch.
-            await rx.wait_for(lambda: bool(offline(rx, "alice")), "alice's user.offline")
+    async with presence(redis_url, prefix, grace_s=1.5) as (rx, [gw1, gw2]):
+        async with client(gw1, "alice"), client(gw1, "bob"):
+            pass
+        async with client(gw1, "alice"), client(gw2, "bob"):  # back within the grace
+            epoch = await epoch_of(redis, prefix, "alice")
+            async with client(gw1, "carol"):
+                pass  # carol stays away: due after alice's and bob's entries
+            await rx.wait_for(lambda: bool(offline(rx, "carol")), "carol's user.offline")
+            assert not offline(rx, "alice") and not offline(rx, "bob"), rx.events
+        # Now alice stays away: her offline carries the reconnection's epoch.
+        await rx.wait_for(lambda: bool(offline(rx, "alice")), "alice's user.offline")
     assert [e["epoch"] for e in offline(rx, "alice")] == [epoch]
     assert not rx.of_type("user.online") and not rx.rejected and not rx.duplicates()
 
 
 async def test_online_after_offline_carries_a_higher_epoch(redis_url: str, prefix: str) -> None:
-    async with WebhookReceiver(HOOK_SECRET) as rx:
-        wh = hooks(rx, grace_s=0.3)
-        async with (
-            gateway(redis_url, prefix, "gw1", "g1", **wh) as gw1,
-            gateway(redis_url, prefix, "gw2", "g1", **wh) as gw2,
-            api(redis_url, prefix, **wh),
-        ):
-            async with client(gw1, "dave"):
-                pass
-            await rx.wait_for(lambda: len(offline(rx, "dave")) == 1, "dave's user.offline")
-            async with client(gw2, "dave"):
-                await rx.wait_for(lambda: len(online(rx, "dave")) == 1, "dave's user.online")
-            await rx.wait_for(lambda: len(offline(rx, "dave")) == 2, "dave's 2nd user.offline")
+    async with presence(redis_url, prefix, grace_s=0.3) as (rx, [gw1, gw2]):
+        async with client(gw1, "dave"):
+            pass
+        await rx.wait_for(lambda: len(offline(rx, "dave")) == 1, "dave's user.offline")
+        async with client(gw2, "dave"):
+            await rx.wait_for(lambda: len(online(rx, "dave")) == 1, "dave's user.online")
+        await rx.wait_for(lambda: len(offline(rx, "dave")) == 2, "dave's 2nd user.offline")
     kinds = [(e["type"], e["epoch"]) for e in rx.events]
     first, back, second = kinds
     assert first[0] == "user.offline" and back[0] == "user.online" and second[0] == "user.offline"
@@ -127,10 +127,9 @@ async def test_online_after_offline_carries_a_higher_epoch(redis_url: str, prefi
 def gateway_proc(
     redis_url: str, prefix: str, rx: WebhookReceiver
 ) -> tuple[list[str], dict[str, str]]:
-    env = base_env(
-        IMROUTE_REDIS_URL=redis_url,
-        IMROUTE_REDIS_PREFIX=prefix,
-        IMROUTE_SECRET=SECRET,
+    env = gateway_env(
+        redis_url,
+        prefix,
         IMROUTE_WEBHOOK_URL=rx.url,
         IMROUTE_WEBHOOK_SECRET=HOOK_SECRET,
         IMROUTE_WEBHOOK_OFFLINE_GRACE_S="0.5",
@@ -143,9 +142,7 @@ def gateway_proc(
 
 async def connect_then_crash(proc: Proc, redis: aioredis.Redis, prefix: str, uid: str) -> int:
     """Connect `uid` to the gateway process, SIGKILL it (no unregister); `uid`'s epoch."""
-    found = re.search(r"ws=(\S+)", (await asyncio.to_thread(read_until, proc, "ready"))[-1])
-    assert found
-    async with connect(f"{found.group(1)}?token={token(uid)}") as ws:
+    async with connect(f"{await ws_url_of(proc)}?token={token(uid)}") as ws:
         await ready(ws)
         epoch = await epoch_of(redis, prefix, uid)
         proc.send_signal(signal.SIGKILL)
@@ -190,21 +187,15 @@ async def test_a_user_who_flaps_gets_one_offline_for_the_last_epoch(
 ) -> None:
     # The first close's entry falls due while erin is away again: only its epoch, no
     # longer hers, keeps it from being sent before the second close's grace is over.
-    async with WebhookReceiver(HOOK_SECRET) as rx:
-        wh = hooks(rx, grace_s=1.0)
-        async with (
-            gateway(redis_url, prefix, "gw1", "g1", **wh) as gw1,
-            gateway(redis_url, prefix, "gw2", "g1", **wh) as gw2,
-            api(redis_url, prefix, **wh),
-        ):
-            async with client(gw1, "erin"):
-                first = await epoch_of(redis, prefix, "erin")
-            async with client(gw2, "erin"):
-                last = await epoch_of(redis, prefix, "erin")
-            await rx.wait_for(lambda: bool(offline(rx, "erin")), "erin's user.offline")
-            async with client(gw1, "frank"):
-                pass
-            await rx.wait_for(lambda: bool(offline(rx, "frank")), "frank's user.offline")
+    async with presence(redis_url, prefix, grace_s=1.0) as (rx, [gw1, gw2]):
+        async with client(gw1, "erin"):
+            first = await epoch_of(redis, prefix, "erin")
+        async with client(gw2, "erin"):
+            last = await epoch_of(redis, prefix, "erin")
+        await rx.wait_for(lambda: bool(offline(rx, "erin")), "erin's user.offline")
+        async with client(gw1, "frank"):
+            pass
+        await rx.wait_for(lambda: bool(offline(rx, "frank")), "frank's user.offline")
     assert last > first
     assert [e["epoch"] for e in offline(rx, "erin")] == [last]
     assert not rx.rejected and not rx.duplicates()

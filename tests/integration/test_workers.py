@@ -18,18 +18,17 @@ import pytest
 from router.devtools.ports import free_port
 from router.devtools.supervisor import alive, descendants
 from tests.conftest import API_KEY
-from tests.integration.procs import BIN, Proc, base_env, read_until, running
+from tests.integration.procs import BIN, Proc, base_env, read_until, running, service_env
 from tests.integration.stack import AUTH, client, gateway, recv_json
 
 pytestmark = pytest.mark.integration
 
 
 def _env(redis_url: str, prefix: str, tmp_path: Path, workers: int) -> dict[str, str]:
-    return base_env(
-        IMROUTE_REDIS_URL=redis_url,
-        IMROUTE_REDIS_PREFIX=prefix,
-        IMROUTE_API_KEY=API_KEY,
-        IMROUTE_DB_URL=f"sqlite+aiosqlite:///{tmp_path}/users.db",
+    return service_env(
+        redis_url,
+        prefix,
+        tmp_path,
         IMROUTE_GATEWAY_CACHE_S="0",
         IMROUTE_WORKERS=str(workers),
         IMROUTE_LOG_LEVEL="info",

@@ -28,8 +28,7 @@ from router.gateway_rpc.grpc_client import GrpcGatewayClients
 from shared.batches import to_batch
 from shared.clock import SystemClock
 from shared.models import Message
-from tests.conftest import SECRET
-from tests.integration.procs import BIN, Proc, base_env, read_until, running
+from tests.integration.procs import BIN, Proc, base_env, gateway_env, read_until, running
 from tests.integration.stack import ready, token
 
 pytestmark = pytest.mark.integration
@@ -105,7 +104,7 @@ def p99(values: list[float]) -> float:
 async def test_the_gateway_survives_a_fuzz_and_keeps_delivering(
     redis_url: str, prefix: str
 ) -> None:
-    env = base_env(IMROUTE_REDIS_URL=redis_url, IMROUTE_REDIS_PREFIX=prefix, IMROUTE_SECRET=SECRET)
+    env = gateway_env(redis_url, prefix)
     argv = [str(BIN / "imroute"), "gateway", "--id", "gwf", "--group", "g1"]
     seed = int(os.environ.get("IMROUTE_FUZZ_SEED", str(int(time.time()))))
     clients = GrpcGatewayClients()

@@ -26,6 +26,7 @@ from tests.integration.stack import (
     closed_with,
     endpoint,
     endpoint_client,
+    handshake_refused,
     recv_json,
     routes,
     token,
@@ -80,10 +81,7 @@ async def test_bad_tokens_get_401_with_json_and_no_101(
 
 async def test_a_websockets_client_sees_the_401(redis_url: str, prefix: str, redis: Any) -> None:
     async with endpoint(redis_url, prefix) as gw:
-        with pytest.raises(InvalidStatus) as info:
-            async with connect(gw.url("?token=not.a.jwt")):
-                pass
-        response = info.value.response
+        response = await handshake_refused(gw.url("?token=not.a.jwt"))
         assert response.status_code == 401
         assert json.loads(response.body)["error"] == "unauthorized"
 
@@ -114,9 +112,10 @@ async def test_the_token_can_travel_as_a_subprotocol_and_is_never_echoed(
         assert tok.encode() not in head and b"jwt" not in head
         raw.close()
         # A bad token in the subprotocol is refused like one in the query.
-        with pytest.raises(InvalidStatus) as info:
-            await connect(gw.url(), subprotocols=[V1, Subprotocol("imroute.jwt.x.y.z")])
-        assert info.value.response.status_code == 401
+        answer = await handshake_refused(
+            gw.url(), subprotocols=[V1, Subprotocol("imroute.jwt.x.y.z")]
+        )
+        assert answer.status_code == 401
 
 
 async def test_the_token_is_never_logged(
@@ -153,11 +152,9 @@ async def test_wrong_path_is_404_with_a_text_body(
     redis: Any,
 ) -> None:
     async with endpoint(redis_url, prefix) as gw:
-        with pytest.raises(InvalidStatus) as info:
-            async with connect(gw.url(f"?token={token('a')}", path="/other")):
-                pass
-        assert info.value.response.status_code == 404
-        assert json.loads(info.value.response.body) == {
+        answer = await handshake_refused(gw.url(f"?token={token('a')}", path="/other"))
+        assert answer.status_code == 404
+        assert json.loads(answer.body) == {
             "error": "not_found",
             "detail": "the WebSocket endpoint is /ws?token=<JWT>",
         }
@@ -169,19 +166,13 @@ async def test_not_accepting_and_full_are_503_with_json_and_retry_after(
 ) -> None:
     async with endpoint(redis_url, prefix, max_connections=1) as gw:
         async with endpoint_client(gw, "a"):
-            with pytest.raises(InvalidStatus) as info:
-                async with connect(gw.url(f"?token={token('b')}")):
-                    pass
-            full = info.value.response
+            full = await handshake_refused(gw.url(f"?token={token('b')}"))
             assert full.status_code == 503 and full.headers["Retry-After"] == "2"
             assert json.loads(full.body)["error"] == "gateway_full"
             assert [c.uid for c in gw.conns] == ["a"]
         await wait_for(lambda: len(gw.conns) == 0, "a gone")
         gw.endpoint.accepting = False  # draining or shutting down
-        with pytest.raises(InvalidStatus) as info:
-            async with connect(gw.url(f"?token={token('a')}")):
-                pass
-        draining = info.value.response
+        draining = await handshake_refused(gw.url(f"?token={token('a')}"))
         assert draining.status_code == 503 and draining.headers["Retry-After"] == "2"
         assert json.loads(draining.body)["error"] == "unavailable"
         assert [c[1] for c in gw.calls if c[0] == "register"] == ["a"]
@@ -234,8 +225,7 @@ async def test_handshake_and_frames_in_one_segment(redis_url: str, prefix: str, 
         assert await raw.read_frame() == (0x8, struct.pack("!H", 1000) + b"bye")
         assert await raw.at_eof()
         raw.close()
-        await wait_for(lambda: len(gw.conns) == 0, "removal")
-        await wait_for(lambda: any(c[0] == "unregister" for c in gw.calls), "unregister")
+        await gw.let_go()
 
 
 # --------------------------------------------------------------------------- routes
@@ -254,8 +244,7 @@ async def test_register_then_disconnect_removes_the_route(
             assert fields[conn.conn_id].startswith("gw1|g1|127.0.0.1|5000|")
             found = await gw.registry.lookup(["alice"])
             assert [r.conn_id for r in found["alice"]] == [conn.conn_id]
-        await wait_for(lambda: len(gw.conns) == 0, "local removal")
-        await wait_for(lambda: any(c[0] == "unregister" for c in gw.calls), "unregister")
+        await gw.let_go("local removal")
         await asyncio.sleep(0.05)
         assert await routes(redis, gw, "alice") == {}
 
@@ -272,9 +261,7 @@ async def test_registry_down_closes_1013(
         async with connect(gw.url(f"?token={token('alice')}")) as ws:
             code, _ = await closed_with(ws)
         assert code == 1013
-        await wait_for(lambda: len(gw.conns) == 0, "removal")
-        # The unregister was attempted (and its failure only logged).
-        await wait_for(lambda: any(c[0] == "unregister" for c in gw.calls), "unregister")
+        await gw.let_go()  # the unregister was attempted (and its failure only logged)
 
 
 async def test_client_gone_during_register_is_unregistered_after_it(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from router.balancing import BreakerState, ServerStats, StatsRegistry, StatsSettings
+from router.balancing import BreakerState, ServerStats, StatsRegistry, StatsSettings, Ticket
 from router.testing import ManualClock
 from shared.errors import ConfigError
 
@@ -18,6 +18,19 @@ def fail(reg: StatsRegistry, gateway_id: str, n: int) -> None:
         ticket = reg.on_start(gateway_id)
         assert ticket is not None
         reg.on_failure(ticket)
+
+
+def probing(
+    clock: ManualClock, threshold: int, cool_off_s: float = 10.0
+) -> tuple[StatsRegistry, Ticket]:
+    """A registry whose circuit to gw1 opened (`threshold` failures) and cooled off, and
+    the ticket of its half-open probe."""
+    reg = registry(clock, threshold=threshold, cool_off_s=cool_off_s)
+    fail(reg, "gw1", threshold)
+    clock.advance(cool_off_s)
+    probe = reg.on_start("gw1")
+    assert probe is not None
+    return reg, probe
 
 
 def test_failures_count_consecutively_and_a_success_resets_them() -> None:
@@ -86,11 +99,7 @@ def test_half_open_lets_exactly_one_probe_through_and_its_success_closes() -> No
 
 def test_probe_failure_reopens_for_a_whole_cool_off() -> None:
     clock = ManualClock()
-    reg = registry(clock, threshold=2, cool_off_s=10.0)
-    fail(reg, "gw1", 2)
-    clock.advance(10.0)
-    probe = reg.on_start("gw1")
-    assert probe is not None
+    reg, probe = probing(clock, threshold=2)
     clock.advance(3.0)
     reg.on_failure(probe)
     assert reg.breaker("gw1").state is BreakerState.OPEN
@@ -103,12 +112,7 @@ def test_probe_failure_reopens_for_a_whole_cool_off() -> None:
 
 
 def test_a_released_probe_frees_the_slot() -> None:
-    clock = ManualClock()
-    reg = registry(clock, threshold=1)
-    fail(reg, "gw1", 1)
-    clock.advance(10.0)
-    probe = reg.on_start("gw1")
-    assert probe is not None
+    reg, probe = probing(ManualClock(), threshold=1)
     reg.on_release(probe)  # e.g. cancelled: no verdict
     assert reg.breaker("gw1").state is BreakerState.HALF_OPEN
     assert reg.on_start("gw1") is not None
@@ -136,11 +140,7 @@ def test_stragglers_from_before_the_opening_do_not_move_the_circuit() -> None:
 
 def test_a_probe_out_for_a_whole_cool_off_is_taken_as_lost() -> None:
     clock = ManualClock()
-    reg = registry(clock, threshold=1, cool_off_s=5.0)
-    fail(reg, "gw1", 1)
-    clock.advance(5.0)
-    lost = reg.on_start("gw1")
-    assert lost is not None
+    reg, lost = probing(clock, threshold=1, cool_off_s=5.0)
     clock.advance(4.9)
     assert reg.on_start("gw1") is None
     clock.advance(0.1)

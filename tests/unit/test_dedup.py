@@ -68,12 +68,17 @@ def test_recent_replies_keep_a_bitmap_within_a_byte_budget() -> None:
     assert replies.get("n9", uids) == (half, uids[1::2])
 
 
-def test_a_retry_gets_the_first_answer_even_after_its_ttl() -> None:
-    clock = ManualClock()
+def amys_gateway(clock: ManualClock) -> tuple[DeliverService, ListSink]:
+    """A gateway's deliver service with one connection, amy's, and what it was sent."""
     conns = LocalConnections()
     sink = ListSink()
     conns.add(ClientConn("amy", "c1", sink))
-    service = DeliverService(conns, clock, RecentIds(clock))
+    return DeliverService(conns, clock, RecentIds(clock)), sink
+
+
+def test_a_retry_gets_the_first_answer_even_after_its_ttl() -> None:
+    clock = ManualClock()
+    service, sink = amys_gateway(clock)
     message = gateway_pb2.Message(msg_id="m1", content_json=b"1")
     batch = gateway_pb2.Batch(
         batch_id="b1",
@@ -126,10 +131,7 @@ def test_p2p_load_does_not_push_bus_ids_out() -> None:
     """The finding: P2P and bus batches shared one set of 200k ids, so 5k P2P batches/s
     shrank the bus's 10-minute window to 40 s, and a late bus redelivery was written twice."""
     clock = ManualClock()
-    conns = LocalConnections()
-    sink = ListSink()
-    conns.add(ClientConn("amy", "c1", sink))
-    service = DeliverService(conns, clock, RecentIds(clock))
+    service, sink = amys_gateway(clock)
     bus = _batch("bus-1", gateway_pb2.MODE_BROADCAST, ["amy"])
     service.deliver(bus)
     for second in range(60):  # a minute at 5k P2P batches/s, each expiring in 2 s
@@ -147,10 +149,7 @@ def test_p2p_load_does_not_push_bus_ids_out() -> None:
 
 def test_a_p2p_batch_is_not_written_once_its_call_is_over() -> None:
     clock = ManualClock()
-    conns = LocalConnections()
-    sink = ListSink()
-    conns.add(ClientConn("amy", "c1", sink))
-    service = DeliverService(conns, clock, RecentIds(clock))
+    service, sink = amys_gateway(clock)
     late = service.deliver(_batch("b1", gateway_pb2.MODE_P2P, ["amy"]), call_left_s=0.0)
     assert late.expired and not sink.frames
     fine = service.deliver(_batch("b2", gateway_pb2.MODE_P2P, ["amy"]), call_left_s=0.5)
