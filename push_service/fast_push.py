@@ -98,7 +98,7 @@ class FastPush:
             return
         self.taken += 1
         try:
-            pushed = await services.pushes.push(push_in)
+            pushed = await services.pushes.push_one(push_in)
         except Exception as exc:
             handler = handler_for(self.handlers, exc)
             if handler is None:

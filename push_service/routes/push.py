@@ -31,7 +31,7 @@ async def push(body: PushIn, pushes: PushesSvc, once: IdempotentOnce) -> Respons
 
 
 async def _push(body: PushIn, pushes: PushesSvc) -> JSONResponse:
-    return JSONResponse(push_answer(await pushes.push(body)))
+    return JSONResponse(push_answer(await pushes.push_one(body)))
 
 
 class PushBatchIn(BaseModel):
@@ -61,7 +61,7 @@ async def _push_batch(request: Request, messages: list[Any], pushes: Pushes) -> 
     # FastAPI read (and cached) the body to bind it; this reads no byte again.
     checked = check_messages(messages, quick=not may_hold_surrogates(await request.body()))
     valid = [(i, c) for i, c in enumerate(checked) if isinstance(c, PushIn)]
-    outcomes = await pushes.push_many([c for _, c in valid])
+    outcomes = await pushes.push([c for _, c in valid], batch=True)
     results: list[dict[str, Any]] = [{} for _ in checked]
     for i, item in enumerate(checked):
         if isinstance(item, Invalid):

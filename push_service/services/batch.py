@@ -1,7 +1,7 @@
 """POST /v1/push/batch: up to 1000 P2P messages in one call, each checked and pushed on
 its own, so one bad message fails only itself.
 
-A batch's valid messages are pushed together (`Pushes.push_many`): one log-and-inbox
+A batch's valid messages are pushed together (`Pushes.push`): one log-and-inbox
 write for all of them, one route look-up for all their recipients, each gateway's
 deliveries in as few calls as its lane makes of them, one receipt write; that is what
 makes a batch cheaper per message than as many single pushes. A message with
