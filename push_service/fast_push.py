@@ -212,11 +212,11 @@ def _bounds(name: str) -> tuple[int, int]:
     return low, high
 
 
-_TO = _bounds("to")
-_MSG_TYPES = _bounds("msg_type")
-_SENDER_LEN = _bounds("sender")
-_TTL_S = _bounds("ttl_s")
-_WAIT_ACK_MS = _bounds("wait_ack_ms")
+_TO_MIN, _TO_MAX = _bounds("to")
+_MSG_TYPE_MIN, _MSG_TYPE_MAX = _bounds("msg_type")
+_SENDER_MIN, _SENDER_MAX = _bounds("sender")
+_TTL_S_MIN, _TTL_S_MAX = _bounds("ttl_s")
+_WAIT_ACK_MS_MIN, _WAIT_ACK_MS_MAX = _bounds("wait_ack_ms")
 
 
 def may_hold_surrogates(body: bytes) -> bool:
@@ -241,7 +241,7 @@ def _unicode(text: str) -> bool:
 
 
 def _uids(to: Any) -> bool:
-    if type(to) is not list or not _TO[0] <= len(to) <= _TO[1]:
+    if type(to) is not list or not _TO_MIN <= len(to) <= _TO_MAX:
         return False
     for uid in to:
         if type(uid) is not str or not valid_uid(uid):
@@ -266,15 +266,15 @@ def quick_push(data: Any) -> PushIn | None:
     store = data.get("store", _STORE)
     wait_ack_ms = data.get("wait_ack_ms")
     if not (
-        _int_in(msg_type, *_MSG_TYPES)
+        _int_in(msg_type, _MSG_TYPE_MIN, _MSG_TYPE_MAX)
         and type(sender) is str
-        and _SENDER_LEN[0] <= len(sender) <= _SENDER_LEN[1]
+        and _SENDER_MIN <= len(sender) <= _SENDER_MAX
         and _unicode(sender)
         and type(priority) is str
         and priority in _PRIORITIES
-        and (ttl_s is None or _int_in(ttl_s, *_TTL_S))
+        and (ttl_s is None or _int_in(ttl_s, _TTL_S_MIN, _TTL_S_MAX))
         and type(store) is bool
-        and (wait_ack_ms is None or _int_in(wait_ack_ms, *_WAIT_ACK_MS))
+        and (wait_ack_ms is None or _int_in(wait_ack_ms, _WAIT_ACK_MS_MIN, _WAIT_ACK_MS_MAX))
     ):
         return None
     # Every field checked above as PushIn's validators would: built without them.

@@ -113,50 +113,51 @@ class P2PPusher:
             uids = items[0].uids
         else:
             uids = list(dict.fromkeys(u for item in items for u in item.uids))
-        if recovery is None or not any(item.store for item in items):
+        seqs: list[Seqs] = [_NO_SEQS] * len(items)
+        stored = [i for i, item in enumerate(items) if item.store] if recovery else []
+        if recovery is None or not stored:
             routes = await self._lookup(uids)
-            seqs: list[Seqs] = [_NO_SEQS] * len(items)
         else:
-            routes, seqs = await self._log_and_lookup(recovery, items, uids)
+            # Logged before any gateway can write it: a replay never misses a live push.
+            # Both at once (one task, not gather's two: this is the hottest path).
+            wanted = [(items[i].message, items[i].uids, items[i].expires_ms) for i in stored]
+            appending = asyncio.ensure_future(recovery.append_queued_many(wanted))
+            try:
+                routes = await self._lookup(uids)
+            except BaseException:
+                # As gather would: the append goes on; its outcome is not ours to wait for.
+                appending.add_done_callback(_consume)
+                raise
+            dropped = 0
+            for i, (logged, over) in zip(stored, await appending, strict=True):
+                seqs[i] = dict(zip(items[i].uids, logged, strict=True))
+                dropped += over
+            self._dropped(dropped)
         delivered = await self._deliver(items, routes, seqs)
         outcomes: list[PushOutcome | ImrouteError] = list(delivered)
-        if recovery is None:
-            return outcomes
-        waiting = [i for i, o in enumerate(delivered) if items[i].store and (o.offline or o.failed)]
-        if len(waiting) == 1:  # no gather, no task
-            i = waiting[0]
-            outcomes[i] = await self._queued(recovery, items[i], delivered[i], seqs[i])
-        elif waiting:
-            queued = await asyncio.gather(
-                *(self._queued(recovery, items[i], delivered[i], seqs[i]) for i in waiting)
-            )
-            for i, outcome in zip(waiting, queued, strict=True):
-                outcomes[i] = outcome
+        if recovery is not None:
+            missed = [i for i in stored if delivered[i].offline or delivered[i].failed]
+            if missed:
+                queued = await self._queue_missed(recovery, items, delivered, seqs, missed)
+                for i, outcome in zip(missed, queued, strict=True):
+                    outcomes[i] = outcome
         return outcomes
 
-    async def _log_and_lookup(
-        self, recovery: RecoveryLog, items: Sequence[Outgoing], uids: Sequence[str]
-    ) -> tuple[dict[str, list[Route]], list[Seqs]]:
-        """The stored messages logged (and queued) for each recipient while `uids` are
-        looked up: the routes, and each message's log positions."""
-        stored = [i for i, item in enumerate(items) if item.store]
-        wanted = [(items[i].message, items[i].uids, items[i].expires_ms) for i in stored]
-        # Logged before any gateway can write it: a replay never misses a live push.
-        # Both at once (one task, not gather's two: this is the hottest path).
-        appending = asyncio.ensure_future(recovery.append_queued_many(wanted))
-        try:
-            routes = await self._lookup(uids)
-        except BaseException:
-            # As gather would: the append goes on; its outcome is not ours to wait for.
-            appending.add_done_callback(_consume)
-            raise
-        seqs: list[Seqs] = [_NO_SEQS] * len(items)
-        dropped = 0
-        for i, (logged, over) in zip(stored, await appending, strict=True):
-            seqs[i] = dict(zip(items[i].uids, logged, strict=True))
-            dropped += over
-        self._dropped(dropped)
-        return routes, seqs
+    async def _queue_missed(
+        self,
+        recovery: RecoveryLog,
+        items: Sequence[Outgoing],
+        delivered: Sequence[PushOutcome],
+        seqs: Sequence[Seqs],
+        missed: Sequence[int],
+    ) -> list[PushOutcome | ImrouteError]:
+        """`_queued` for each stored message that missed a recipient (`missed`)."""
+        if len(missed) == 1:  # no gather, no task
+            i = missed[0]
+            return [await self._queued(recovery, items[i], delivered[i], seqs[i])]
+        return await asyncio.gather(
+            *(self._queued(recovery, items[i], delivered[i], seqs[i]) for i in missed)
+        )
 
     async def _lookup(self, uids: Sequence[str]) -> dict[str, list[Route]]:
         tracer = traced(self._tracer)
