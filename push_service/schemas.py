@@ -26,9 +26,13 @@ from shared.uids import MAX_UID_LEN, check_uid, valid_uid
 __all__ = [
     "MAX_BATCH",
     "MAX_CONTENT_BYTES",
+    "MAX_MSG_TYPE",
     "MAX_MULTICAST",
     "MAX_RECIPIENTS",
+    "MAX_SENDER_LEN",
+    "MAX_TTL_S",
     "MAX_USERS_PER_CALL",
+    "MAX_WAIT_ACK_MS",
     "AcceptedOut",
     "Audience",
     "BroadcastIn",
@@ -50,8 +54,14 @@ __all__ = [
     "check_uid_value",
 ]
 
+# The bounds of a push body, declared once for PushIn and the group pushes' bodies
+# (POST /v1/push's hand check, push_service.fast_push, reads them from PushIn's fields).
 MAX_RECIPIENTS = 1000
 MAX_CONTENT_BYTES = 64 * 1024
+MAX_MSG_TYPE = 2**31 - 1
+MAX_SENDER_LEN = 128
+MAX_TTL_S = 30 * 24 * 3600
+MAX_WAIT_ACK_MS = 10_000
 
 
 def check_uid_value(uid: str) -> str:
@@ -78,17 +88,17 @@ class PushIn(BaseModel):
 
     to: list[Uid] = Field(min_length=1, max_length=MAX_RECIPIENTS)
     content: JsonValue
-    msg_type: int = Field(0, ge=0, le=2**31 - 1)
-    sender: str = Field("admin", alias="from", min_length=1, max_length=128)
+    msg_type: int = Field(0, ge=0, le=MAX_MSG_TYPE)
+    sender: str = Field("admin", alias="from", min_length=1, max_length=MAX_SENDER_LEN)
     # P2P never buffers, so "high" changes nothing here; accepted on every push alike.
     priority: Literal["normal", "high"] = "normal"
-    ttl_s: int | None = Field(None, ge=1, le=30 * 24 * 3600)
+    ttl_s: int | None = Field(None, ge=1, le=MAX_TTL_S)
     # false: at-most-once (typing indicators and the like): not logged for recovery,
     # not kept in any inbox
     store: StrictBool = True
     # wait up to this long for the recipients' devices to ack; the answer then lists
     # `acked` and `unacked` (it returns early once every online recipient acked)
-    wait_ack_ms: int | None = Field(None, ge=0, le=10_000)
+    wait_ack_ms: int | None = Field(None, ge=0, le=MAX_WAIT_ACK_MS)
 
     @field_validator("to")
     @classmethod
@@ -187,7 +197,6 @@ class DispatchOut(BaseModel):
 
 MAX_MULTICAST = 1_000_000
 MAX_USERS_PER_CALL = 10_000
-MAX_TTL_S = 30 * 24 * 3600
 
 Tag = Annotated[str, StringConstraints(min_length=1, max_length=64)]
 
@@ -214,8 +223,8 @@ class _GroupPushIn(BaseModel):
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
 
     content: JsonValue
-    msg_type: int = Field(0, ge=0, le=2**31 - 1)
-    sender: str = Field("admin", alias="from", min_length=1, max_length=128)
+    msg_type: int = Field(0, ge=0, le=MAX_MSG_TYPE)
+    sender: str = Field("admin", alias="from", min_length=1, max_length=MAX_SENDER_LEN)
     priority: Literal["normal", "high"] = "normal"
     ttl_s: int | None = Field(None, ge=1, le=MAX_TTL_S)
     # false: at-most-once (typing indicators and the like): not logged for recovery,

@@ -1,5 +1,6 @@
-"""P2P pushes: one message to 1-1000 users, delivered over gRPC wherever they are
-connected; its receipt recorded; with `wait_ack_ms`, the acks waited for."""
+"""P2P pushes: messages, each to 1-1000 users, delivered wherever they are connected;
+their receipts recorded; with `wait_ack_ms`, the acks waited for. One API for any
+number of messages (`Pushes.push`): POST /v1/push is a batch of one."""
 
 from __future__ import annotations
 
@@ -57,7 +58,7 @@ class Receipts:
 
 
 class Pushes:
-    """Builds the message once (content encoded at the edge) and pushes it P2P."""
+    """Builds each message once (content encoded at the edge) and pushes them P2P."""
 
     def __init__(
         self,
@@ -90,49 +91,119 @@ class Pushes:
                 "(IMROUTE_RECEIPTS_MAX_RECIPIENTS) keep per-recipient states",
             )
 
-    async def push_many(self, bodies: Sequence[PushIn]) -> list[Pushed | ImrouteError]:
-        """`push` for each body at once (`P2PPusher.push_many`), their receipts recorded
-        in one write; each one's answer, or the error that failed it. It waits for no
-        acks: a body with `wait_ack_ms` fails alone (422)."""
+    async def push_one(self, body: PushIn) -> Pushed:
+        """POST /v1/push: `push` of a batch of one, its error raised."""
+        [answer] = await self.push([body])
+        if isinstance(answer, ImrouteError):
+            raise answer
+        return answer
+
+    async def push(
+        self, bodies: Sequence[PushIn], batch: bool = False
+    ) -> list[Pushed | ImrouteError]:
+        """Deliver each body's message now to its recipients' live connections and queue
+        it for the rest (stored), all at once (`P2PPusher.push`); record their receipts
+        in one write; with `wait_ack_ms`, wait for the acks. Each one's answer, or the
+        error that failed it alone. `batch`: the messages of POST /v1/push/batch (which
+        refuses `wait_ack_ms`: a batch waits for no acks), counted and traced as such."""
         answers: list[Pushed | ImrouteError | None] = [None] * len(bodies)
         items: list[Outgoing] = []
         where: list[int] = []
         now = self._clock.now_ms()
+        seed = id_seed()
         for i, body in enumerate(bodies):
             try:
-                if body.wait_ack_ms is not None:
-                    raise InvalidInput("wait_ack_ms", "not in a batch: use POST /v1/push")
-                message = new_message(body, now, id_seed(), i)
+                self.check(body)
+                message = new_message(body, now, seed, i)
             except ImrouteError as exc:
                 answers[i] = exc
                 continue
             expires_ms = message.ts_ms + body.ttl_s * 1000 if body.ttl_s else 0
             items.append(Outgoing(message, body.to, expires_ms, body.store))
             where.append(i)
-        self.batched += len(items)
-        if self._traced:
-            current_span().set_attributes({"imroute.mode": "p2p", "imroute.messages": len(items)})
+        span = current_span() if self._traced else None
+        if batch:
+            self.batched += len(items)
+            if span is not None:
+                span.set_attributes({"imroute.mode": "p2p", "imroute.messages": len(items)})
+            span = None
+        elif span is not None and not span.is_recording():
+            span = None  # this push not sampled
+        if not items:
+            return [a for a in answers if a is not None]
+        one = items[0].message if len(items) == 1 and not batch else None
+        # Every line logged while it is pushed (its retries included) names it.
+        bound = bind(push_id=one.push_id, msg_id=one.msg_id) if one is not None else None
         try:
-            outcomes = await self._pusher.push_many(items) if items else []
+            if span is not None and one is not None:
+                span.set_attributes(_span_ids(one, len(items[0].uids)))
+            await self._push(bodies, items, where, answers, batch)
+        finally:
+            if bound is not None:
+                unbind(bound)
+        if span is not None:
+            for answer in answers:
+                if isinstance(answer, Pushed):
+                    _annotate(span, answer)
+        return [a for a in answers if a is not None]
+
+    async def _push(
+        self,
+        bodies: Sequence[PushIn],
+        items: Sequence[Outgoing],
+        where: Sequence[int],
+        answers: list[Pushed | ImrouteError | None],
+        batch: bool,
+    ) -> None:
+        """`push` of the messages built: each one's answer into `answers`."""
+        try:
+            outcomes = await self._pusher.push(items)
         except ImrouteError as exc:
             outcomes = [exc] * len(items)
         r = self._receipts
         receipts: list[tuple[NewReceipt, bool, int]] = []
+        pushed: list[tuple[int, Pushed]] = []
         for i, item, outcome in zip(where, items, outcomes, strict=True):
-            answers[i] = (
-                outcome if isinstance(outcome, ImrouteError) else Pushed(item.message, outcome)
-            )
-            if not isinstance(outcome, ImrouteError):
-                self.queued += len(outcome.queued)
-                if r is not None:
-                    receipts.append(self._receipt(r, item, outcome))
-        if r is not None and receipts:
+            if isinstance(outcome, ImrouteError):
+                answers[i] = outcome
+                continue
+            answers[i] = done = Pushed(item.message, outcome)
+            pushed.append((i, done))
+            self.queued += len(outcome.queued)
+            if r is not None:
+                receipts.append(self._receipt(r, item, outcome))
+        if not batch:
+            self.pushed += len(pushed)
+        if r is None:
+            return
+        if receipts:
             try:
                 await r.log.record_many(receipts)
             except ImrouteError as exc:
+                # The pushes went out; only their receipts are missing (GET answers 404).
                 r.failed += len(receipts)
-                log.warning("could not record the receipts of %d pushes: %s", len(receipts), exc)
-        return [a for a in answers if a is not None]
+                if len(receipts) == 1:
+                    push_id = receipts[0][0].push_id
+                    log.warning("could not record the receipt of push %s: %s", push_id, exc)
+                else:
+                    n = len(receipts)
+                    log.warning("could not record the receipts of %d pushes: %s", n, exc)
+        waits = [(i, p) for i, p in pushed if bodies[i].wait_ack_ms is not None]
+        for i, p in waits:  # POST /v1/push alone has wait_ack_ms: one at most
+            answers[i] = await self._acked(r, p, bodies[i])
+
+    async def _acked(self, r: Receipts, pushed: Pushed, body: PushIn) -> Pushed:
+        """`pushed` with the recipients a device acked within `wait_ack_ms`, and the rest."""
+        message, outcome = pushed.message, pushed.outcome
+        online = [*outcome.delivered, *outcome.failed]
+        wait_s = (body.wait_ack_ms or 0) / 1000
+        try:
+            states = await wait_acks(r.reads, message.push_id, online, body.to, wait_s, self._clock)
+        except ImrouteError as exc:
+            log.warning("could not read the acks of push %s: %s", message.push_id, exc)
+            states = {}
+        acked, unacked = split_acked(body.to, states)
+        return Pushed(message, outcome, acked, unacked)
 
     def _receipt(
         self, r: Receipts, item: Outgoing, outcome: PushOutcome
@@ -145,55 +216,6 @@ class Pushes:
         ttl_passed = bool(item.expires_ms) and now_ms >= item.expires_ms
         receipt = p2p_receipt(item.message, item.uids, outcome, meta, item.store, ttl_passed)
         return receipt, listable, r.due_ms(now_ms, item.store)
-
-    async def push(self, body: PushIn) -> Pushed:
-        """Deliver now to every recipient's live connections; queue the rest (stored)."""
-        self.check(body)
-        message = new_message(body, self._clock.now_ms(), id_seed())
-        # Every line logged while it is pushed (its retries included) names it.
-        bound = bind(push_id=message.push_id, msg_id=message.msg_id)
-        try:
-            span = current_span() if self._traced else None
-            if span is None or not span.is_recording():  # off, or this push not sampled
-                return await self._push(body, message)
-            span.set_attributes(_span_ids(message, len(body.to)))
-            pushed = await self._push(body, message)
-            _annotate(span, pushed)
-            return pushed
-        finally:
-            unbind(bound)
-
-    async def _push(self, body: PushIn, message: Message) -> Pushed:
-        expires_ms = message.ts_ms + body.ttl_s * 1000 if body.ttl_s else 0
-        outcome = await self._pusher.push(message, body.to, expires_ms, store=body.store)
-        self.pushed += 1
-        self.queued += len(outcome.queued)
-        r = self._receipts
-        if r is None:
-            return Pushed(message, outcome)
-        receipt, listable, due = self._receipt(
-            r, Outgoing(message, body.to, expires_ms, body.store), outcome
-        )
-        try:
-            await r.log.record(receipt, listable, due)
-        except ImrouteError as exc:
-            # The push went out; only its receipt is missing (GET answers 404 for it).
-            r.failed += 1
-            log.warning("could not record the receipt of push %s: %s", message.push_id, exc)
-            if body.wait_ack_ms is None:
-                return Pushed(message, outcome)
-        if body.wait_ack_ms is None:
-            return Pushed(message, outcome)
-        online = [*outcome.delivered, *outcome.failed]
-        try:
-            states = await wait_acks(
-                r.reads, message.push_id, online, body.to, body.wait_ack_ms / 1000, self._clock
-            )
-        except ImrouteError as exc:
-            log.warning("could not read the acks of push %s: %s", message.push_id, exc)
-            states = {}
-        acked, unacked = split_acked(body.to, states)
-        return Pushed(message, outcome, acked, unacked)
 
 
 def _span_ids(message: Message, recipients: int) -> dict[str, AttributeValue]:

@@ -11,7 +11,7 @@ from shared.models import Message, Route
 
 @dataclass(slots=True)  # not frozen: one per message; frozen costs 5x to build
 class Outgoing:
-    """One message of a batch of P2P pushes (`P2PPusher.push_many`)."""
+    """One message of a batch of P2P pushes (`P2PPusher.push`; a push is a batch of one)."""
 
     message: Message
     uids: Sequence[str]

@@ -11,6 +11,7 @@ from collections.abc import Iterable, Sequence
 import pytest
 
 from router.gateway_rpc.resilient import CIRCUIT_OPEN
+from router.p2p.plan import Outgoing, PushOutcome
 from router.p2p.pusher import CLOCK_MARGIN_MS, P2PPusher, deliver_expiry_ms
 from router.testing import FakeGatewayClient
 from shared.models import GatewayInfo, Message, Route
@@ -43,6 +44,13 @@ class Fleet:
 MESSAGE = Message("m1", "p1", 0, "admin", b'"hi"', 0)
 
 
+async def push(pusher: P2PPusher, uids: list[str], store: bool = True) -> PushOutcome:
+    """MESSAGE pushed to `uids`: a batch of one."""
+    [outcome] = await pusher.push([Outgoing(MESSAGE, uids, store=store)])
+    assert isinstance(outcome, PushOutcome), outcome
+    return outcome
+
+
 @pytest.mark.parametrize(
     ("client", "rereads"),
     [
@@ -59,7 +67,7 @@ async def test_only_a_gateway_that_may_be_gone_makes_the_fleet_reread(
 ) -> None:
     fleet = Fleet()
     pusher = P2PPusher(Registry(), fleet, client, 1.0)  # type: ignore[arg-type]
-    outcome = await pusher.push(MESSAGE, ["amy"])
+    outcome = await push(pusher, ["amy"])
     assert outcome.failed == ["amy"] and outcome.delivered == []
     assert fleet.invalidated == rereads
 
@@ -81,6 +89,11 @@ class Log:
         self.queued.append({u: 7 for u in uids})
         return [7 for _ in uids], 0
 
+    async def append_queued_many(
+        self, items: Sequence[tuple[Message, Sequence[str], int]]
+    ) -> list[tuple[list[int], int]]:
+        return [await self.append_queued(*item) for item in items]
+
     async def queue(self, message: Message, expires_ms: int, seqs: dict[str, int]) -> int:
         self.queued.append(dict(seqs))
         return 0
@@ -97,7 +110,7 @@ async def test_a_failed_push_is_queued_then_retried_until_it_reaches_the_user(
     client = FakeGatewayClient("UNAVAILABLE", "UNAVAILABLE")  # two calls fail
     log = Log()
     pusher = P2PPusher(Registry(), Fleet(), client, 1.0, log)  # type: ignore[arg-type]
-    outcome = await pusher.push(MESSAGE, ["amy"])
+    outcome = await push(pusher, ["amy"])
     assert outcome.failed == ["amy"] and outcome.queued == ["amy"]
     assert log.queued == [{"amy": 7}]
     for _ in range(100):
@@ -113,7 +126,7 @@ async def test_a_failed_push_is_queued_then_retried_until_it_reaches_the_user(
 async def test_store_false_neither_logs_nor_queues() -> None:
     log = Log()
     pusher = P2PPusher(Registry(), Fleet(), FakeGatewayClient(fail="UNAVAILABLE"), 1.0, log)  # type: ignore[arg-type]
-    outcome = await pusher.push(MESSAGE, ["amy", "bob"], store=False)
+    outcome = await push(pusher, ["amy", "bob"], store=False)
     assert outcome.failed == ["amy"] and outcome.offline == ["bob"] and outcome.queued == []
     assert log.queued == []
 

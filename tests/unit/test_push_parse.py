@@ -1,4 +1,4 @@
-"""push_parse.quick_push: never accepts what PushIn refuses, never differs from it."""
+"""fast_push.quick_push: never accepts what PushIn refuses, never differs from it."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from push_service.push_parse import quick_push
+from push_service.fast_push import quick_push
 from push_service.schemas import PushIn
 
 
