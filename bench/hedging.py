@@ -55,8 +55,8 @@ from bench.hedging_report import (
 )
 from router.bus import BROADCAST, group_topic
 from router.bus.pubsub import PubSubBus
-from router.devtools.supervisor import Supervisor
 from router.hedging import AUTO, HedgingSettings, RetrySettings
+from router.processes.supervisor import Supervisor
 from router.testing.pubsub import Behaviour, Call, LatencyPublisher
 from shared.errors import BusUnavailable
 

@@ -19,9 +19,9 @@ from bench.harness.counting import directory_uid, stream_entries
 from bench.harness.report import MIB, machine_lines, mark, mib
 from bench.harness.stack import HOST, BenchError, Harness
 from bench.harness.stats import cpu_seconds, vm_kib
-from router.devtools.devstack import push_service_argv
-from router.devtools.ports import free_port
 from router.fanout.publisher import group_topic
+from router.processes.devstack import push_service_argv
+from router.processes.ports import free_port
 from router.routes.base import LOOKUP_CHUNK
 from shared.keys import KeySchema
 from shared.proto import gateway_pb2

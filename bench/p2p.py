@@ -41,7 +41,7 @@ from bench.harness.stack import BenchError, Harness, Service, run_async, run_mai
 from bench.harness.stats import cpu_snapshot, others_cpu
 from bench.harness.workers import add_worker_flag, serve_worker, spawn_worker
 from bench.p2p_report import Options, PushRecord, report, summarize
-from router.devtools.supervisor import Child
+from router.processes.supervisor import Child
 
 if TYPE_CHECKING:
     from websockets.asyncio.client import ClientConnection

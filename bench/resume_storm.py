@@ -38,7 +38,7 @@ from bench.harness.report import machine_lines, print_json
 from bench.harness.stack import BenchError, Harness, Service, run_async, run_main, start_service
 from bench.harness.stats import cpu_snapshot, spread
 from bench.harness.workers import add_worker_flag, serve_worker, spawn_worker
-from router.devtools.supervisor import Child
+from router.processes.supervisor import Child
 from router.recovery.base import RecoveryLimits
 from router.recovery.store import RedisRecoveryStore
 from router.redis.client import connect_redis

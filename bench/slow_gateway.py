@@ -81,7 +81,7 @@ from bench.slow_gateway_stack import (
     scrape_metrics,
     wait_push_service,
 )
-from router.devtools.ports import free_port
+from router.processes.ports import free_port
 
 CONNECT_TIMEOUT_S = 120.0
 READY_TIMEOUT_S = 30.0

@@ -42,7 +42,7 @@ from bench.harness.report import machine_lines, print_json
 from bench.harness.stack import HOST, BenchError, Harness, run_async, run_main, start_stack
 from bench.harness.stats import cpu_seconds
 from bench.harness.workers import add_worker_flag, serve_worker, spawn_worker
-from router.devtools.ports import free_port
+from router.processes.ports import free_port
 
 API_KEY = "bench-api-key-" + secrets.token_hex(8)
 HOOK_SECRET = "whsec-bench-" + secrets.token_hex(8)

@@ -44,7 +44,7 @@ from bench.harness.link import ChildLink, emit, stdin_commands
 from bench.harness.stack import HOST, bench_argv, raise_nofile, run_loop
 from bench.harness.stats import vm_kib
 from bench.ws_clients import SECRET, client_side, frame_of
-from router.devtools.supervisor import Supervisor
+from router.processes.supervisor import Supervisor
 
 STEP_TIMEOUT_S = 30.0
 CONNECT_TIMEOUT_S = 180.0

@@ -34,7 +34,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from types import FrameType
 
-from router.devtools.supervisor import Child, Supervisor
+from router.processes.supervisor import Child, Supervisor
 from shared.logs import configure, say
 from shared.settings import PushSettings
 

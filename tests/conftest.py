@@ -17,7 +17,7 @@ import httpx
 import pytest
 import redis.asyncio as aioredis
 
-from router.devtools.embedded_redis import EmbeddedRedis, redis_answers
+from router.processes.embedded_redis import EmbeddedRedis, redis_answers
 from shared.clock import ManualClock
 from tests.pubsub_emulator import PROJECT, find_emulator, running_emulator
 

@@ -17,8 +17,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from router.devtools.ports import free_port
-from router.devtools.supervisor import Supervisor
+from router.processes.ports import free_port
+from router.processes.supervisor import Supervisor
 
 __all__ = ["PROJECT", "find_emulator", "running_emulator"]
 

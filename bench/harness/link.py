@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from bench.harness.stack import BenchError
-from router.devtools.supervisor import Child
+from router.processes.supervisor import Child
 
 __all__ = ["ChildLink", "emit", "stdin_commands"]
 

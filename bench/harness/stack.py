@@ -1,5 +1,5 @@
 """One benchmark run: Redis (external or embedded), a key prefix of its own, and the
-stack of child processes (router.devtools.supervisor), stopped by PID whatever happens."""
+stack of child processes (router.processes.supervisor), stopped by PID whatever happens."""
 
 from __future__ import annotations
 
@@ -22,10 +22,10 @@ from typing import IO, Any, TypeVar
 import redis
 
 from bench.harness.report import conditions
-from router.devtools.devstack import gateway_argv, listed_gateways, push_service_argv
-from router.devtools.embedded_redis import EmbeddedRedis, redis_answers
-from router.devtools.ports import HOST, free_port
-from router.devtools.supervisor import Child, ChildExited, Supervisor
+from router.processes.devstack import gateway_argv, listed_gateways, push_service_argv
+from router.processes.embedded_redis import EmbeddedRedis, redis_answers
+from router.processes.ports import HOST, free_port
+from router.processes.supervisor import Child, ChildExited, Supervisor
 from router.routes.codec import decode_route
 from shared.keys import KeySchema
 

@@ -12,7 +12,7 @@ import threading
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
-from router.devtools.supervisor import descendants
+from router.processes.supervisor import descendants
 
 __all__ = [
     "CpuMeter",

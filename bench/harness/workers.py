@@ -11,7 +11,7 @@ from typing import Any
 
 from bench.harness.clients import indices_of
 from bench.harness.stack import Harness, bench_argv, raise_nofile, run_loop
-from router.devtools.supervisor import Child
+from router.processes.supervisor import Child
 
 __all__ = ["add_worker_flag", "serve_worker", "spawn_worker"]
 

@@ -6,7 +6,7 @@ import argparse
 import os
 from typing import Any
 
-from router.devtools.devstack import DevOptions, DevStack
+from router.processes.devstack import DevOptions, DevStack
 
 __all__ = ["register"]
 

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import redis
 
-from router.devtools.embedded_redis import find_redis_server, redis_answers
-from router.devtools.supervisor import Child, Supervisor
+from router.processes.embedded_redis import find_redis_server, redis_answers
+from router.processes.supervisor import Child, Supervisor
 from tests.fleet.netns import Host
 
 __all__ = ["FleetCluster"]

@@ -23,7 +23,7 @@ from typing import Any
 import httpx
 from imroute_client import ImrouteClient
 
-from router.devtools.devstack import listed_gateways
+from router.processes.devstack import listed_gateways
 from shared.auth import issue_token
 from shared.clock import SystemClock
 from tests.integration.fault_clients import SdkUser

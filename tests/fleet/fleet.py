@@ -16,10 +16,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from router.devtools.devstack import gateway_argv, push_service_argv
-from router.devtools.embedded_redis import find_redis_server, redis_answers
-from router.devtools.supervisor import Supervisor
 from router.directory.migrate import upgrade_sync
+from router.processes.devstack import gateway_argv, push_service_argv
+from router.processes.embedded_redis import find_redis_server, redis_answers
+from router.processes.supervisor import Supervisor
 from tests.fleet.cluster import FleetCluster
 from tests.fleet.netns import Host, Lan, lan
 from tests.integration.fault_clients import API_KEY, SECRET

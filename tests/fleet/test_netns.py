@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from router.devtools.supervisor import Supervisor
+from router.processes.supervisor import Supervisor
 from tests.fleet.netns import Lan, lan
 
 pytestmark = [pytest.mark.integration, pytest.mark.fleet]

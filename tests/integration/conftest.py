@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from router.devtools.supervisor import Supervisor, alive
+from router.processes.supervisor import Supervisor, alive
 from tests.integration.redis_cluster import LocalCluster, cluster_nodes
 
 

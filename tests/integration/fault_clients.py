@@ -24,7 +24,7 @@ from imroute_client import ImrouteClient
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, WebSocketException
 
-from router.devtools.ports import port_free
+from router.processes.ports import port_free
 from shared.auth import issue_token
 from shared.clock import SystemClock
 from tests.integration.procs import BIN, Proc, base_env, read_until, running

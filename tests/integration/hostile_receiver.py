@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any
 
-from router.devtools.ports import free_port
+from router.processes.ports import free_port
 from tests.integration.webhook_receiver import check_signature
 from tests.waiting import wait_for
 

@@ -15,7 +15,7 @@ from typing import Any
 import uvicorn
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from router.devtools.ports import free_port
+from router.processes.ports import free_port
 from tests.conftest import SECRET
 from tests.integration.procs import BIN, Proc, read_until, running, service_env
 from tests.waiting import wait_for

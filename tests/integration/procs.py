@@ -1,4 +1,4 @@
-"""Test-only helpers for running imroute as real subprocesses, on router.devtools.supervisor."""
+"""Test-only helpers for running imroute as real subprocesses, on router.processes.supervisor."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from pathlib import Path
 
 import httpx
 
-from router.devtools.ports import free_port
-from router.devtools.supervisor import Child, Supervisor
+from router.processes.ports import free_port
+from router.processes.supervisor import Child, Supervisor
 from tests.conftest import API_KEY, SECRET
 
 __all__ = [

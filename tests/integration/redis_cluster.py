@@ -20,9 +20,9 @@ from pathlib import Path
 
 import redis
 
-from router.devtools.embedded_redis import find_redis_server, redis_answers
-from router.devtools.ports import free_port_block
-from router.devtools.supervisor import Child, Supervisor
+from router.processes.embedded_redis import find_redis_server, redis_answers
+from router.processes.ports import free_port_block
+from router.processes.supervisor import Child, Supervisor
 
 SLOTS = 16384
 ATTEMPTS = 3

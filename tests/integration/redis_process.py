@@ -10,9 +10,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from router.devtools.embedded_redis import find_redis_server, redis_answers
-from router.devtools.ports import free_port_block
-from router.devtools.supervisor import Child, Supervisor
+from router.processes.embedded_redis import find_redis_server, redis_answers
+from router.processes.ports import free_port_block
+from router.processes.supervisor import Child, Supervisor
 
 __all__ = ["RedisProcess", "redis_process"]
 

@@ -12,7 +12,7 @@ import textwrap
 import time
 from pathlib import Path
 
-from router.devtools.supervisor import Child, Supervisor, alive
+from router.processes.supervisor import Child, Supervisor, alive
 
 REPO = Path(__file__).resolve().parents[2]
 GRACE_S = 0.5  # a short grace for the children that ignore SIGTERM
@@ -83,7 +83,7 @@ time.sleep(30)
 # waits until it is ready, prints its PID and sleeps (to be SIGKILLed by the test).
 MIDDLE_SUPERVISOR = """
 import sys, time
-from router.devtools.supervisor import Supervisor
+from router.processes.supervisor import Supervisor
 
 GRANDCHILD = '''
 import signal, sys, time

@@ -248,7 +248,7 @@ async def test_the_sdk_on_a_half_open_connection_gets_the_push_again_and_yields_
     the link dead and it reconnects, and the SDK hands it over once."""
     from imroute_client import ImrouteClient
 
-    from router.devtools.ports import free_port
+    from router.processes.ports import free_port
     from tests.integration.test_client_sdk import API, next_message
 
     ws_port = free_port()

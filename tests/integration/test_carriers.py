@@ -13,8 +13,8 @@ import time
 
 import pytest
 
-from router.devtools.ports import free_port_block
 from router.gateway_rpc.grpc_client import GrpcGatewayClients
+from router.processes.ports import free_port_block
 from shared.batches import to_batch
 from shared.errors import GatewayUnavailable
 from shared.proto import gateway_pb2

@@ -14,8 +14,8 @@ import pytest
 import redis.asyncio as aioredis
 from imroute_client import ImrouteClient, Message, Unauthorized
 
-from router.devtools.ports import free_port
 from router.gateway_rpc.grpc_client import GrpcGatewayClients
+from router.processes.ports import free_port
 from shared.batches import to_batch
 from shared.clock import SystemClock
 from shared.keys import KeySchema

@@ -15,7 +15,7 @@ import redis.asyncio as aioredis
 from imroute_client import ImrouteClient
 from websockets.asyncio.client import connect
 
-from router.devtools.ports import free_port
+from router.processes.ports import free_port
 from tests.integration.stack import api, gateway, recv_json, token
 from tests.integration.test_client_sdk import API, next_message, push, registered
 

@@ -24,8 +24,8 @@ import httpx
 import pytest
 from websockets.asyncio.client import ClientConnection, connect
 
-from router.devtools.ports import free_port, free_port_block
 from router.directory.migrate import upgrade
+from router.processes.ports import free_port, free_port_block
 from tests.conftest import API_KEY, SECRET
 from tests.integration.procs import BIN, Proc, base_env, read_until, running
 from tests.integration.recovery_helpers import ack

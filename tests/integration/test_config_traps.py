@@ -10,7 +10,7 @@ import subprocess
 
 import pytest
 
-from router.devtools.supervisor import Supervisor
+from router.processes.supervisor import Supervisor
 from tests.conftest import API_KEY, SECRET
 from tests.integration.procs import BIN, base_env, read_until, running
 

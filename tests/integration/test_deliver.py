@@ -10,8 +10,8 @@ import grpc
 import grpc.aio
 import pytest
 
-from router.devtools.ports import free_port
 from router.gateway_rpc.grpc_client import GrpcGatewayClients
+from router.processes.ports import free_port
 from shared.batches import to_batch
 from shared.clock import SystemClock
 from shared.errors import GatewayUnavailable

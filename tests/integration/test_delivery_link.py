@@ -16,9 +16,9 @@ import grpc.aio
 import pytest
 from websockets.asyncio.client import ClientConnection
 
-from router.devtools.ports import free_port
 from router.gateway_rpc import links as links_module
 from router.gateway_rpc.grpc_client import GrpcGatewayClients
+from router.processes.ports import free_port
 from shared.batches import to_batch
 from shared.errors import GatewayUnavailable
 from shared.proto import gateway_pb2

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 from websockets.asyncio.client import connect
 
-from router.devtools.ports import free_port_block
-from router.devtools.supervisor import alive, descendants
+from router.processes.ports import free_port_block
+from router.processes.supervisor import alive, descendants
 from tests.integration.procs import BIN, base_env, read_until, running
 from tests.integration.stack import ready
 

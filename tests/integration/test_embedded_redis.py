@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import redis
 
-from router.devtools.embedded_redis import EmbeddedRedis, find_redis_server, redis_answers
-from router.devtools.supervisor import alive
+from router.processes.embedded_redis import EmbeddedRedis, find_redis_server, redis_answers
+from router.processes.supervisor import alive
 
 pytestmark = pytest.mark.integration
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from router.devtools.ports import free_port_block
+from router.processes.ports import free_port_block
 from tests.integration.procs import BIN, Proc, base_env, dev_started, read_until, running
 
 pytestmark = pytest.mark.integration

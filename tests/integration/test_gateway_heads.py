@@ -19,7 +19,7 @@ import redis.asyncio as aioredis
 from websockets.asyncio.client import connect
 from websockets.typing import Subprotocol
 
-from router.devtools.ports import free_port
+from router.processes.ports import free_port
 from shared.positions import MAX_POS_CHARS
 from socket_gateway.ws.admission import REFUSALS
 from tests.conftest import SECRET

@@ -14,7 +14,7 @@ from starlette.types import Receive, Scope, Send
 
 from push_service.errors import ServerErrors
 from push_service.http_server import Parser, head_deadline_protocol
-from router.devtools.ports import free_port
+from router.processes.ports import free_port
 from shared.keys import KeySchema
 from tests.conftest import API_KEY
 from tests.integration.http_raw import (

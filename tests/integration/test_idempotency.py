@@ -15,7 +15,7 @@ import pytest
 
 from push_service.idempotency.base import Answer, Claimed, fingerprint, scope_hash
 from push_service.idempotency.store import RedisIdempotencyStore
-from router.devtools.ports import free_port
+from router.processes.ports import free_port
 from shared.keys import KeySchema
 from tests.conftest import API_KEY
 from tests.integration.procs import base_env, push_services

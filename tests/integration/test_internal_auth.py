@@ -18,8 +18,8 @@ import pytest
 
 from router.bus.base import BROADCAST
 from router.bus.factory import bus_from_settings
-from router.devtools.ports import free_port
 from router.gateway_rpc.grpc_client import GrpcGatewayClients
+from router.processes.ports import free_port
 from shared.batches import to_batch
 from shared.clock import SystemClock
 from shared.errors import ConfigError, GatewayUnavailable

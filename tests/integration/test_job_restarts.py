@@ -29,10 +29,10 @@ from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
 
 from router.bus.redis_streams import RedisStreamsBus
-from router.devtools.ports import free_port_block
 from router.directory.base import MAX_UPSERT, UserRecord
 from router.directory.migrate import upgrade
 from router.directory.sql import SqlUserDirectory
+from router.processes.ports import free_port_block
 from shared.clock import SystemClock
 from shared.keys import KeySchema
 from shared.proto import gateway_pb2

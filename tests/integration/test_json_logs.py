@@ -15,8 +15,8 @@ import pytest
 import redis.asyncio as aioredis
 from websockets.asyncio.client import connect
 
-from router.devtools.ports import free_port, free_port_block
 from router.fleet.store import RedisGatewayFleet
+from router.processes.ports import free_port, free_port_block
 from router.routes.registry import RedisRouteRegistry, Registration
 from shared.clock import SystemClock
 from shared.keys import KeySchema

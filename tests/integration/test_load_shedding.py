@@ -17,7 +17,7 @@ from typing import Any
 import httpx
 import pytest
 
-from router.devtools.ports import free_port
+from router.processes.ports import free_port
 from tests.integration.procs import BIN, Proc, read_until, running, service_env
 from tests.integration.stack import AUTH, api, client, gateway, nothing_more, recv_json
 

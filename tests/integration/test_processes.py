@@ -18,8 +18,8 @@ import pytest
 import redis.asyncio as aioredis
 from websockets.asyncio.client import connect
 
-from router.devtools.ports import free_port_block
-from router.devtools.supervisor import alive, descendants
+from router.processes.ports import free_port_block
+from router.processes.supervisor import alive, descendants
 from shared.keys import KeySchema
 from shared.proto import gateway_pb2
 from shared.proto.gateway_pb2_grpc import GatewayStub

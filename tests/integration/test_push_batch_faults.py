@@ -14,7 +14,7 @@ import pytest
 import redis.asyncio as aioredis
 from websockets.asyncio.client import ClientConnection, connect
 
-from router.devtools.ports import free_port_block
+from router.processes.ports import free_port_block
 from shared.keys import KeySchema
 from shared.positions import counter_of, decode_pos, epoch_of
 from tests.conftest import SECRET

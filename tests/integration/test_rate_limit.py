@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from push_service.ratelimit.base import RateLimit
-from router.devtools.ports import free_port
+from router.processes.ports import free_port
 from shared.errors import ConfigError
 from tests.conftest import API_KEY
 from tests.integration.procs import base_env, push_services

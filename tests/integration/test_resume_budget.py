@@ -26,7 +26,7 @@ import redis.asyncio as aioredis
 from websockets.asyncio.client import ClientConnection, connect
 
 from router.bus.base import group_topic
-from router.devtools.ports import free_port_block
+from router.processes.ports import free_port_block
 from router.recovery.base import OFFLINE_TOPIC, RecoveryLimits
 from router.recovery.store import RedisRecoveryStore
 from router.redis.client import connect_redis

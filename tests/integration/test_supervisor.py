@@ -1,4 +1,4 @@
-"""router.devtools.supervisor with real child processes (`python -c` scripts, no mocks):
+"""router.processes.supervisor with real child processes (`python -c` scripts, no mocks):
 reading output, stop, stop_all and the context manager (how they treat their
 processes: tests/integration/supervised.py).
 """
@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from router.devtools.supervisor import Child, Supervisor, alive
+from router.processes.supervisor import Child, Supervisor, alive
 from tests.integration.supervised import (
     BLOCKS_SIGTERM,
     EXITS_3_ON_SIGTERM,

@@ -1,4 +1,4 @@
-"""router.devtools.supervisor with real child processes (`python -c` scripts, no mocks):
+"""router.processes.supervisor with real child processes (`python -c` scripts, no mocks):
 process groups, dying with the parent, and wait_until (how they treat their
 processes: tests/integration/supervised.py).
 """
@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from router.devtools.ports import free_port, port_free
-from router.devtools.supervisor import Child, ChildExited, Supervisor, alive, descendants
+from router.processes.ports import free_port, port_free
+from router.processes.supervisor import Child, ChildExited, Supervisor, alive, descendants
 from tests.integration.supervised import (
     GRACE_S,
     LISTENS_LATER,

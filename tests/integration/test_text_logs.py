@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from router.devtools.ports import free_port, free_port_block
+from router.processes.ports import free_port, free_port_block
 from tests.conftest import API_KEY, SECRET
 from tests.integration.procs import BIN, base_env, gateway_env, read_until, running, service_env
 

@@ -27,7 +27,7 @@ import httpx
 import pytest
 from websockets.asyncio.client import ClientConnection, connect
 
-from router.devtools.ports import free_port
+from router.processes.ports import free_port
 from tests.conftest import SECRET
 from tests.integration.otlp_receiver import ReceivedSpan, Receiver, otlp_receiver
 from tests.integration.procs import BIN, read_until, running, service_env

@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from router.devtools.ports import free_port
+from router.processes.ports import free_port
 from tests.integration.procs import BIN, base_env, read_until, running
 from tests.integration.stack import AUTH, recv_json
 from tests.integration.test_traces import clients, processes

@@ -17,7 +17,7 @@ import pytest
 from websockets.asyncio.client import connect
 from websockets.exceptions import InvalidStatus
 
-from router.devtools.ports import free_port
+from router.processes.ports import free_port
 from shared.clock import SystemClock
 from tests.conftest import SECRET
 from tests.integration.procs import (

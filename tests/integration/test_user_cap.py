@@ -23,9 +23,9 @@ import redis.asyncio as aioredis
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 
-from router.devtools.embedded_redis import find_redis_server, redis_answers
-from router.devtools.ports import free_port
-from router.devtools.supervisor import Supervisor
+from router.processes.embedded_redis import find_redis_server, redis_answers
+from router.processes.ports import free_port
+from router.processes.supervisor import Supervisor
 from router.routes.registry import REAP_SAMPLE, RedisRouteRegistry, Registration
 from router.routes.writer import CoalescingRouteWriter
 from shared.clock import Clock, ManualClock, SystemClock

@@ -14,7 +14,7 @@ import httpx
 import pytest
 import redis.asyncio as aioredis
 
-from router.devtools.ports import free_port
+from router.processes.ports import free_port
 from router.redis.client import RedisClient, connect_redis
 from router.webhook.base import Event
 from router.webhook.outbox import RedisOutbox

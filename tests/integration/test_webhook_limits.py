@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from router.devtools.ports import free_port
+from router.processes.ports import free_port
 from router.redis.client import connect_redis
 from router.webhook.outbox import RedisOutbox
 from shared.keys import KeySchema

@@ -11,7 +11,7 @@ from typing import Any
 import httpx
 import pytest
 
-from router.devtools.ports import free_port
+from router.processes.ports import free_port
 from tests.integration.procs import push_services
 from tests.integration.recovery_helpers import ack, acked, fanout, open_ws, p2p, pushes, replay
 from tests.integration.stack import AUTH, api, gateway

@@ -13,7 +13,7 @@ import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
-from router.devtools.ports import free_port
+from router.processes.ports import free_port
 from router.webhook.signing import HEADER, SignatureError, sign, verify
 from tests.integration.http_raw import read_answer
 

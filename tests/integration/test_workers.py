@@ -15,8 +15,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from router.devtools.ports import free_port
-from router.devtools.supervisor import alive, descendants
+from router.processes.ports import free_port
+from router.processes.supervisor import alive, descendants
 from tests.conftest import API_KEY
 from tests.integration.procs import BIN, Proc, base_env, read_until, running, service_env
 from tests.integration.stack import AUTH, client, gateway, recv_json

@@ -25,7 +25,7 @@ from collections.abc import Callable
 from types import TracebackType
 from typing import Any
 
-from router.devtools.ports import free_port
+from router.processes.ports import free_port
 from tests.readme import webhook_verified
 from tests.waiting import wait_for
 

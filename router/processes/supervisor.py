@@ -26,7 +26,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import IO, Literal, TypeVar
 
-from router.devtools.procs import die_with_parent
+from router.processes.procs import die_with_parent
 
 __all__ = ["Child", "ChildExited", "Supervisor", "alive", "descendants"]
 

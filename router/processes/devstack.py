@@ -20,10 +20,10 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from types import FrameType
 
-from router.devtools.embedded_redis import EmbeddedRedis, keeps_nothing, redis_answers
-from router.devtools.ports import port_free
-from router.devtools.supervisor import ChildExited, Supervisor
 from router.directory.migrate import upgrade_sync
+from router.processes.embedded_redis import EmbeddedRedis, keeps_nothing, redis_answers
+from router.processes.ports import port_free
+from router.processes.supervisor import ChildExited, Supervisor
 from shared.backoff import backoff_s
 from shared.errors import ConfigError
 from shared.logs import say

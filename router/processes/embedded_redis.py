@@ -16,7 +16,7 @@ from types import TracebackType
 import redis
 import redis.exceptions
 
-from router.devtools.supervisor import Child, Supervisor
+from router.processes.supervisor import Child, Supervisor
 
 __all__ = ["EmbeddedRedis", "find_redis_server", "redis_answers"]
 
