@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 from urllib.parse import parse_qs, urlsplit
 
@@ -71,25 +72,17 @@ class WsSink:
             asyncio.get_running_loop().create_task(self._conn.close(code, reason))
 
 
+@dataclass(slots=True, eq=False)
 class WsEndpoint:
     """Authenticates clients, keeps them in the local map and in the route registry."""
 
-    def __init__(
-        self,
-        conns: LocalConnections,
-        secret: str,
-        clock: Clock,
-        conn_ids: ConnIdFactory,
-        register: Callable[[str, str], Awaitable[None]],
-        unregister: Callable[[str, str], Awaitable[None]],
-    ) -> None:
-        self._conns = conns
-        self._secret = secret
-        self._clock = clock
-        self._conn_ids = conn_ids
-        self._register = register
-        self._unregister = unregister
-        self.accepting = True
+    conns: LocalConnections
+    secret: str = field(repr=False)
+    clock: Clock
+    conn_ids: ConnIdFactory
+    register: Callable[[str, str], Awaitable[None]]
+    unregister: Callable[[str, str], Awaitable[None]]
+    accepting: bool = field(default=True, init=False)
 
     def serve(self, host: str, port: int) -> Awaitable[Server]:
         return serve(
@@ -116,26 +109,26 @@ class WsEndpoint:
         query = parse_qs(urlsplit(ws.request.path if ws.request else "").query)
         token = query["token"][0] if query.get("token") else None
         try:
-            uid = verify_token(self._secret, token, self._clock)
+            uid = verify_token(self.secret, token, self.clock)
         except AuthError as exc:
             await ws.close(CLOSE_UNAUTHORIZED, _reason(str(exc)))
             return
-        conn = ClientConn(uid, self._conn_ids(), WsSink(ws))
+        conn = ClientConn(uid, self.conn_ids(), WsSink(ws))
         # Local map first, then Redis: a route never points at a connection this
         # gateway would report missing.
-        self._conns.add(conn)
+        self.conns.add(conn)
         try:
             try:
-                await self._register(uid, conn.conn_id)
+                await self.register(uid, conn.conn_id)
             except RegistryUnavailable as exc:
                 log.warning("register %s failed: %s", conn.conn_id, exc)
                 await ws.close(CLOSE_TRY_AGAIN, "route registry unavailable, retry later")
                 return
             await self._serve_client(ws)
         finally:
-            self._conns.remove(conn)
+            self.conns.remove(conn)
             try:
-                await self._unregister(uid, conn.conn_id)
+                await self.unregister(uid, conn.conn_id)
             except RegistryUnavailable as exc:
                 # The route expires by its deadline; pushes to it meanwhile find it missing.
                 log.warning("unregister %s failed: %s", conn.conn_id, exc)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
 __all__ = ["ExpiringMap"]
@@ -22,61 +23,59 @@ K = TypeVar("K")
 V = TypeVar("V")
 
 
+@dataclass(slots=True, eq=False)
 class ExpiringMap(Generic[K, V]):
     """At most `max_entries` entries and about `max_bytes` (each entry costing
     `size(key, value)`), each until `keep_s` after it was put."""
 
-    def __init__(
-        self,
-        now: Callable[[], float],
-        size: Callable[[K, V], int],
-        max_entries: int,
-        max_bytes: int,
-    ) -> None:
-        self._now = now
-        self._size = size
-        self._max = max_entries
-        self._max_bytes = max_bytes
-        self._bytes = 0
-        self._entries: OrderedDict[K, tuple[float, V]] = OrderedDict()  # key -> (until, value)
-        self.evicted_early = 0  # entries dropped before their deadline, to respect the caps
+    now: Callable[[], float]
+    size: Callable[[K, V], int]
+    max_entries: int
+    max_bytes: int
+    _bytes: int = field(default=0, init=False, repr=False)
+    # key -> (until, value)
+    _entries: OrderedDict[K, tuple[float, V]] = field(
+        default_factory=OrderedDict, init=False, repr=False
+    )
+    # Entries dropped before their deadline, to respect the caps.
+    evicted_early: int = field(default=0, init=False)
 
     def get(self, key: K) -> V | None:
         """The value of `key` if it is kept and not expired, else None."""
         entry = self._entries.get(key)
-        if entry is None or self._now() >= entry[0]:
+        if entry is None or self.now() >= entry[0]:
             return None
         return entry[1]
 
     def __contains__(self, key: K) -> bool:
         entry = self._entries.get(key)
-        return entry is not None and self._now() < entry[0]
+        return entry is not None and self.now() < entry[0]
 
     def put(self, key: K, value: V, keep_s: float) -> None:
         """Keep `value` under `key` for `keep_s` from now (replacing what `key` held, and
         moving it to the young end), after making room for it."""
-        now = self._now()
-        size = self._size(key, value)
+        now = self.now()
+        size = self.size(key, value)
         self._make_room(now, size)
         old = self._entries.pop(key, None)
         if old is not None:
-            self._bytes -= self._size(key, old[1])
+            self._bytes -= self.size(key, old[1])
         self._entries[key] = (now + keep_s, value)
         self._bytes += size
 
     def add(self, key: K, value: V, keep_s: float) -> bool:
         """Whether `key` was kept already (and not expired); if not, keep `value` under
         it for `keep_s` from now. Room is made either way (a seen-set's check)."""
-        now = self._now()
-        self._make_room(now, self._size(key, value))
+        now = self.now()
+        self._make_room(now, self.size(key, value))
         entry = self._entries.get(key)
         if entry is not None and now < entry[0]:
             return True
         if entry is not None:
             del self._entries[key]
-            self._bytes -= self._size(key, entry[1])
+            self._bytes -= self.size(key, entry[1])
         self._entries[key] = (now + keep_s, value)
-        self._bytes += self._size(key, value)
+        self._bytes += self.size(key, value)
         return False
 
     def _make_room(self, now: float, size: int) -> None:
@@ -86,10 +85,10 @@ class ExpiringMap(Generic[K, V]):
         while entries:
             oldest, (until, value) = next(iter(entries.items()))
             young = now < until
-            if young and len(entries) < self._max and self._bytes + size <= self._max_bytes:
+            if young and len(entries) < self.max_entries and self._bytes + size <= self.max_bytes:
                 return
             del entries[oldest]
-            self._bytes -= self._size(oldest, value)
+            self._bytes -= self.size(oldest, value)
             self.evicted_early += young
 
     @property

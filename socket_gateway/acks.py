@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from router.receipts.base import ACKED, DELIVERED, EXPIRED, ReceiptUpdates
@@ -55,38 +56,32 @@ class AckCounts:
         self.dropped = 0  # updates dropped past MAX_PENDING
 
 
+@dataclass(slots=True, eq=False)
 class AckReporter:
     """Takes acks and delivery reports from connections, writes them in batches."""
 
-    def __init__(
-        self,
-        conns: LocalConnections,
-        inbox: InboxForget,
-        receipts: ReceiptUpdates | None,
-        clock: Clock,
-        flush_s: float = FLUSH_S,
-        tracing: GatewayTracing | None = None,
-    ) -> None:
-        """`tracing`: each flush's acks of traced pushes are spans (tracing on)."""
-        self._tracing = tracing
-        self._conns = conns
-        self._inbox = inbox
-        self._receipts = receipts
-        self._clock = clock
-        self._flush_s = flush_s
-        self._forget: dict[str, list[int]] = {}
-        self._marks: dict[str, dict[str, set[str]]] = {ACKED: {}, DELIVERED: {}, EXPIRED: {}}
-        self._pending = 0
-        self._timer: asyncio.TimerHandle | None = None
-        self._flushing: asyncio.Task[None] | None = None
-        self._line = Throttled()
-        self.counts = AckCounts()
+    conns: LocalConnections
+    inbox: InboxForget
+    receipts: ReceiptUpdates | None
+    clock: Clock
+    flush_s: float = FLUSH_S
+    # Each flush's acks of traced pushes are spans (tracing on).
+    tracing: GatewayTracing | None = None
+    _forget: dict[str, list[int]] = field(default_factory=dict, init=False, repr=False)
+    _marks: dict[str, dict[str, set[str]]] = field(
+        default_factory=lambda: {ACKED: {}, DELIVERED: {}, EXPIRED: {}}, init=False, repr=False
+    )
+    _pending: int = field(default=0, init=False, repr=False)
+    _timer: asyncio.TimerHandle | None = field(default=None, init=False, repr=False)
+    _flushing: asyncio.Task[None] | None = field(default=None, init=False, repr=False)
+    _line: Throttled = field(default_factory=Throttled, init=False, repr=False)
+    counts: AckCounts = field(default_factory=AckCounts, init=False)
 
     # ------------------------------------------------------------------ the connections' side
 
     def on_ack(self, conn: ClientConn | None, pos: str) -> None:
         """One ack frame (`pos` empty: malformed). Never closes the connection."""
-        acked = self._conns.ack(conn, pos) if conn is not None and pos else None
+        acked = self.conns.ack(conn, pos) if conn is not None and pos else None
         c = self.counts
         if not acked:
             c.bad += 1
@@ -106,7 +101,7 @@ class AckReporter:
     def report(self, state: str, push_id: str, uids: Sequence[str]) -> None:
         """Recipients of a push that were delivered (or expired) outside the P2P call's
         answer: by a replay, a gap fill, or a bus batch."""
-        if self._receipts is None or not push_id or not uids:
+        if self.receipts is None or not push_id or not uids:
             return
         for uid in uids:
             self._add(state, push_id, uid)
@@ -135,7 +130,7 @@ class AckReporter:
     def _schedule(self) -> None:
         if self._timer is None and (self._flushing is None or self._flushing.done()):
             loop = asyncio.get_running_loop()
-            self._timer = loop.call_later(self._flush_s, self._start_flush)
+            self._timer = loop.call_later(self.flush_s, self._start_flush)
 
     def _start_flush(self) -> None:
         self._timer = None
@@ -164,8 +159,8 @@ class AckReporter:
         try:
             writes: list[Awaitable[object]] = []
             if forget:
-                writes.append(self._inbox.forget_inboxes(list(forget.items())))
-            receipts = self._receipts
+                writes.append(self.inbox.forget_inboxes(list(forget.items())))
+            receipts = self.receipts
             if receipts is not None:
                 # Delivered before acked: a state only moves up, so the order is moot
                 # for the outcome; it keeps a receipt's counts plausible meanwhile.
@@ -175,15 +170,15 @@ class AckReporter:
                         writes.append(receipts.mark(state, by_push))
             await asyncio.gather(*writes)
         except ImrouteError as exc:
-            if self._tracing is not None:
-                self._tracing.acked(marks[ACKED], written=False)
+            if self.tracing is not None:
+                self.tracing.acked(marks[ACKED], written=False)
             self.counts.failed_flushes += 1
             self._put_back(forget, marks)
-            if self._line.note(self._clock.monotonic()):
+            if self._line.note(self.clock.monotonic()):
                 log.warning("could not write acks (kept for the next try): %s", exc)
             return
-        if self._tracing is not None:
-            self._tracing.acked(marks[ACKED], written=True)
+        if self.tracing is not None:
+            self.tracing.acked(marks[ACKED], written=True)
 
     def _put_back(
         self, forget: dict[str, list[int]], marks: dict[str, dict[str, set[str]]]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Coroutine
+from dataclasses import dataclass, field
 from typing import Any
 
 from router.receipts.base import DELIVERED
@@ -29,22 +30,16 @@ ReadUser = Callable[[tuple[str, int | None]], Coroutine[Any, Any, UserHistory]]
 Spawn = Callable[[Coroutine[Any, Any, None]], None]
 
 
+@dataclass(slots=True, eq=False)
 class GapFills:
-    def __init__(
-        self,
-        read_user: ReadUser,
-        conns: LocalConnections,
-        clock: Clock,
-        report: Report | None,
-        spawn: Spawn,
-    ) -> None:
-        self._read_user = read_user
-        self._conns = conns
-        self._clock = clock
-        self._report = report
-        self._spawn = spawn
-        self.gaps = 0  # holes in a live connection's P2P sequence, read from the log
-        self.filled = 0  # pushes those reads wrote
+    read_user: ReadUser
+    conns: LocalConnections
+    clock: Clock
+    report: Report | None
+    spawn: Spawn
+    # Holes in a live connection's P2P sequence, read from the log; pushes those reads wrote.
+    gaps: int = field(default=0, init=False)
+    filled: int = field(default=0, init=False)
 
     def fill(self, conn: ClientConn, after: int, upto: int | None) -> None:
         """A hole (after, upto] in a live connection's P2P sequence (None: to the log's
@@ -52,7 +47,7 @@ class GapFills:
         (`LocalConnections.gap_filler`). The connection's live pushes wait meanwhile."""
         if conn.held is None:
             conn.held = []
-        self._spawn(self._fill(conn, after, upto))
+        self.spawn(self._fill(conn, after, upto))
 
     def catch_up(self) -> int:
         """Every live connection reads what its user's log and inbox hold past what it
@@ -60,7 +55,7 @@ class GapFills:
         pushes to its users were queued, and a user who gets no later push would wait
         for a reconnect. How many connections were asked to."""
         started = 0
-        for conn in list(self._conns):
+        for conn in list(self.conns):
             if conn.held is None and conn.sink.is_open():  # replaying: it reads them anyway
                 self.fill(conn, conn.p, None)
                 started += 1
@@ -69,17 +64,17 @@ class GapFills:
     async def _fill(self, conn: ClientConn, after: int, upto: int | None) -> None:
         self.gaps += 1
         try:
-            user = await self._read_user((conn.uid, after))
+            user = await self.read_user((conn.uid, after))
         except RegistryUnavailable as exc:
             log.warning("could not read a hole in a connection's messages: %s", exc)
             user = None
         if upto is None:
             upto = user.head if user is not None else after
-        conns = self._conns
-        report = self._report
+        conns = self.conns
+        report = self.report
         wrote: list[int] = []
         if user is not None and conn.sink.is_open():
-            now = self._clock.now_ms()
+            now = self.clock.now_ms()
             skip = conn.skip
             # The inbox too: what no device acked may be older than the log's window.
             held = {e.seq: e for e in (*user.inbox, *user.log)}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Sequence
+from dataclasses import KW_ONLY, dataclass, field
 from typing import Protocol
 
 from push_service.content import new_message
@@ -36,39 +37,31 @@ class JobReader(Protocol):
     async def get(self, push_id: str) -> Job | None: ...
 
 
+@dataclass(slots=True, eq=False)
 class FanOut:
     """Starts broadcast and multicast jobs on the bus, and reads their status."""
 
-    def __init__(
-        self,
-        bus: Publisher,
-        directory: UserDirectory,
-        groups: GroupLookup,
-        runner: JobRunner,
-        jobs: JobReader,
-        clock: Clock,
-        *,
-        batch_size: int,
-        flush_timeout_s: float,
-        recovery: RecoveryLog | None = None,
-        receipts: Receipts | None = None,
-        tracer: Tracer | None = None,
-    ) -> None:
-        """`tracer`: tracing on; each chunk's look-up and each batch's publish a span."""
-        self._tracer = tracer
-        if tracer is not None:
-            groups = TracedGroupLookup(groups, tracer)
-        self._recovery = recovery
-        self._receipts = receipts
-        self._bus = bus
-        self._directory = directory
-        self._groups = groups
-        self._runner = runner
-        self._jobs = jobs
-        self._clock = clock
-        self._batch_size = batch_size
-        self._flush_timeout_s = flush_timeout_s
-        self.started = {"broadcast": 0, "multicast": 0}  # jobs (router.stats samples them)
+    bus: Publisher
+    directory: UserDirectory
+    groups: GroupLookup
+    runner: JobRunner
+    jobs: JobReader
+    clock: Clock
+    _: KW_ONLY
+    batch_size: int
+    flush_timeout_s: float
+    recovery: RecoveryLog | None = None
+    receipts: Receipts | None = None
+    # Tracing on: each chunk's look-up and each batch's publish a span.
+    tracer: Tracer | None = None
+    # Jobs started, by mode (router.stats samples them).
+    started: dict[str, int] = field(
+        default_factory=lambda: {"broadcast": 0, "multicast": 0}, init=False
+    )
+
+    def __post_init__(self) -> None:
+        if self.tracer is not None:
+            self.groups = TracedGroupLookup(self.groups, self.tracer)
 
     async def broadcast(self, body: BroadcastIn) -> str:
         """Start a broadcast job; its push id. It is resumable (router.jobs.specs)."""
@@ -80,10 +73,10 @@ class FanOut:
             body.store,
             tuple(audience.tags_any) if audience and audience.tags_any else None,
             bool(audience and audience.online),
-            self._batch_size,
+            self.batch_size,
         )
         self._named(message, "broadcast")
-        await self._runner.submit(
+        await self.runner.submit(
             message.push_id, "broadcast", self._broadcast(spec), spec.to_json()
         )
         self.started["broadcast"] += 1
@@ -106,7 +99,7 @@ class FanOut:
             pages = (
                 None
                 if spec.online_only
-                else pages_after(self._directory, after, spec.batch_size, spec.tags_any)
+                else pages_after(self.directory, after, spec.batch_size, spec.tags_any)
             )
             await run_broadcast(
                 pages,
@@ -133,27 +126,27 @@ class FanOut:
             if receipt is not None:
                 await ride_out(receipt.start, "a multicast's receipt")
             chunks: AsyncIterator[Sequence[str]] = (
-                chunked(to) if to is not None else self._directory.iter_pages(tags_any=tags_any)
+                chunked(to) if to is not None else self.directory.iter_pages(tags_any=tags_any)
             )
             await run_multicast(
                 chunks,
-                self._groups,
+                self.groups,
                 publisher,
-                self._clock,
-                batch_size=self._batch_size,
-                flush_timeout_s=self._flush_timeout_s,
+                self.clock,
+                batch_size=self.batch_size,
+                flush_timeout_s=self.flush_timeout_s,
                 high_priority=high_priority,
                 on_resolved=None if receipt is None else receipt.resolved,
             )
 
         self._named(message, "multicast")
-        await self._runner.submit(message.push_id, "multicast", work)
+        await self.runner.submit(message.push_id, "multicast", work)
         self.started["multicast"] += 1
         return message.push_id
 
     def _named(self, message: Message, mode: str) -> None:
         """The push's ids on its request's span (tracing on)."""
-        if self._tracer is not None:
+        if self.tracer is not None:
             current_span().set_attributes(
                 {
                     "imroute.push_id": message.push_id,
@@ -164,7 +157,7 @@ class FanOut:
 
     async def status(self, push_id: str) -> Job:
         """The job's record; NotFound if there is none (or it expired)."""
-        job = await self._jobs.get(push_id)
+        job = await self.jobs.get(push_id)
         if job is None:
             raise NotFound(f"no push job {push_id!r}")
         return job
@@ -172,11 +165,11 @@ class FanOut:
     def _publisher(
         self, message: Message, expires_ms: int, counters: PushCounters, store: bool
     ) -> BatchPublisher:
-        recovery = self._recovery if store else None
+        recovery = self.recovery if store else None
         # Content is stored once per push even when the batches are not logged.
-        content = self._recovery.content if self._recovery is not None else None
+        content = self.recovery.content if self.recovery is not None else None
         return BatchPublisher(
-            self._bus, message, expires_ms, counters, recovery, content=content, tracer=self._tracer
+            self.bus, message, expires_ms, counters, recovery, content=content, tracer=self.tracer
         )
 
     def _receipt(
@@ -185,16 +178,16 @@ class FanOut:
         """The job's receipt: listable for a `to` list within the bound (`count`); a
         stored multicast's message.unacked is due once the wait after each chunk ends.
         A broadcast has none: its recipients are the whole directory."""
-        r = self._receipts
+        r = self.receipts
         if r is None:
             return None
         listable = count is not None and count <= r.limits.max_recipients
         meta = message_meta(message, r.preview)
-        due = (lambda: r.due_ms(self._clock.now_ms(), True)) if r.unacked_ms and store else None
+        due = (lambda: r.due_ms(self.clock.now_ms(), True)) if r.unacked_ms and store else None
         return FanoutReceipt(r.log, message.push_id, mode, listable, meta, due)
 
     def _message(self, body: BroadcastIn | MulticastIn) -> tuple[Message, int]:
         """The message (content encoded once) and its expiry in epoch ms (0: none)."""
-        now = self._clock.now_ms()
+        now = self.clock.now_ms()
         message = new_message(body, now)
         return message, (now + body.ttl_s * 1000 if body.ttl_s else 0)

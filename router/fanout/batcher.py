@@ -10,7 +10,7 @@ input. Time comes from the injected clock, so all of this is testable without sl
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import KW_ONLY, dataclass, field
 from enum import StrEnum
 
 from shared.clock import Clock
@@ -38,24 +38,20 @@ class _Buffer:
     uids: list[str] = field(default_factory=list)
 
 
+@dataclass(slots=True, eq=False)
 class GroupBatcher:
-    def __init__(
-        self,
-        clock: Clock,
-        batch_size: int = 1000,
-        flush_timeout_s: float = 1.0,
-        *,
-        high_priority: bool = False,
-    ) -> None:
-        if batch_size < 1:
+    clock: Clock
+    batch_size: int = 1000
+    flush_timeout_s: float = 1.0
+    _: KW_ONLY
+    high_priority: bool = False
+    _buffers: dict[str, _Buffer] = field(default_factory=dict, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.batch_size < 1:
             raise ValueError("batch_size must be at least 1")
-        if flush_timeout_s <= 0:
+        if self.flush_timeout_s <= 0:
             raise ValueError("flush_timeout_s must be positive")
-        self._clock = clock
-        self._size = batch_size
-        self._timeout = flush_timeout_s
-        self._high = high_priority
-        self._buffers: dict[str, _Buffer] = {}
 
     def add(self, group_id: str, uid: str) -> ReadyBatch | None:
         """Buffer one recipient; returns the group's batch if that filled it.
@@ -65,9 +61,9 @@ class GroupBatcher:
         """
         buf = self._buffers.get(group_id)
         if buf is None:
-            buf = self._buffers[group_id] = _Buffer(self._clock.monotonic())
+            buf = self._buffers[group_id] = _Buffer(self.clock.monotonic())
         buf.uids.append(uid)
-        if len(buf.uids) >= self._size:
+        if len(buf.uids) >= self.batch_size:
             return self._take(group_id, FlushReason.FULL)
         return None
 
@@ -82,34 +78,34 @@ class GroupBatcher:
         while start < end:
             buf = self._buffers.get(group_id)
             if buf is None:
-                buf = self._buffers[group_id] = _Buffer(self._clock.monotonic())
-            stop = start + self._size - len(buf.uids)
+                buf = self._buffers[group_id] = _Buffer(self.clock.monotonic())
+            stop = start + self.batch_size - len(buf.uids)
             buf.uids.extend(uids[start:stop])
             start = stop
-            if len(buf.uids) >= self._size:
+            if len(buf.uids) >= self.batch_size:
                 ready.append(self._take(group_id, FlushReason.FULL))
         return ready
 
     def chunk_done(self) -> list[ReadyBatch]:
         """After a chunk of input: high priority flushes everything, else what is due."""
-        if self._high:
+        if self.high_priority:
             return [self._take(g, FlushReason.PRIORITY) for g in list(self._buffers)]
         return self.due()
 
     def due(self) -> list[ReadyBatch]:
         """Buffers whose oldest entry has waited the flush timeout."""
-        now = self._clock.monotonic()
+        now = self.clock.monotonic()
         return [
             self._take(g, FlushReason.TIMEOUT)
             for g, buf in list(self._buffers.items())
-            if now - buf.since >= self._timeout
+            if now - buf.since >= self.flush_timeout_s
         ]
 
     def next_deadline(self) -> float | None:
         """When the oldest buffered entry comes due (monotonic seconds), if any."""
         if not self._buffers:
             return None
-        return min(buf.since for buf in self._buffers.values()) + self._timeout
+        return min(buf.since for buf in self._buffers.values()) + self.flush_timeout_s
 
     def drain(self) -> list[ReadyBatch]:
         """End of input: everything left, one batch per group."""

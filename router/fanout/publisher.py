@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
+from dataclasses import KW_ONLY, dataclass, field, replace
 from typing import Protocol, runtime_checkable
 
 from router.bus.base import BROADCAST, group_topic
@@ -87,43 +87,41 @@ def stable_batch_id(batch: gateway_pb2.Batch) -> str:
     return h.hexdigest()
 
 
+@dataclass(slots=True, eq=False)
 class BatchPublisher:
-    """Builds one Batch per call, encodes it once and publishes it to its topic."""
+    """Builds one Batch per call, encodes it once and publishes it to its topic.
 
-    def __init__(
-        self,
-        publisher: Publisher,
-        message: Message,
-        expires_ms: int,
-        counters: PushCounters,
-        recovery: RecoveryLog | None = None,
-        *,
-        content: ContentWrites | None = None,
-        tracer: Tracer | None = None,
-    ) -> None:
-        """With `recovery`, each batch is logged in its topic's batch log (one entry per
-        batch) before it is published, and carries its seq there. With `content` (or
-        `recovery`'s), content it `stores` is written once and the batches name it.
-        With `tracer`, each batch's publish is a span its gateways' spans name as their
-        parent (the message attribute `traceparent`)."""
-        self._tracer = tracer
-        self._publisher = publisher
-        self._message = message
-        self._expires_ms = expires_ms
-        self.counters = counters
-        self._recovery = recovery
-        if content is None and recovery is not None:
-            content = recovery.content
-        self._content = content if content and content.stores(message.content_json) else None
-        self._bare = replace(message, content_json=b"")  # what batches carry when stored
-        self._losses = publisher.losses if isinstance(publisher, ReportsLosses) else None
+    With `recovery`, each batch is logged in its topic's batch log (one entry per
+    batch) before it is published, and carries its seq there. With `content` (or
+    `recovery`'s), content it `stores` is written once and the batches name it. With
+    `tracer`, each batch's publish is a span its gateways' spans name as their parent
+    (the message attribute `traceparent`)."""
+
+    publisher: Publisher
+    message: Message
+    expires_ms: int
+    counters: PushCounters
+    recovery: RecoveryLog | None = None
+    _: KW_ONLY
+    content: ContentWrites | None = None
+    tracer: Tracer | None = None
+    _bare: Message = field(init=False, repr=False)  # what batches carry when stored
+    _losses: BusLosses | None = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        content = self.content
+        if content is None and self.recovery is not None:
+            content = self.recovery.content
+        self.content = content if content and content.stores(self.message.content_json) else None
+        self._bare = replace(self.message, content_json=b"")
+        self._losses = self.publisher.losses if isinstance(self.publisher, ReportsLosses) else None
 
     async def record_offline(self, uids: Sequence[str]) -> None:
         """Log recipients who had no route (one entry for all of them), so that a client
         resuming within the window gets the message; nothing is published."""
-        if self._recovery is not None and uids:
+        if self.recovery is not None and uids:
             batch = await self._batch(uids, gateway_pb2.MODE_MULTICAST)
-            await self._recovery.append_batch(OFFLINE_TOPIC, batch)
+            await self.recovery.append_batch(OFFLINE_TOPIC, batch)
 
     async def publish(
         self,
@@ -134,7 +132,7 @@ class BatchPublisher:
         group_id: str = "",
         everyone: bool = False,
     ) -> None:
-        tracer = traced(self._tracer)
+        tracer = traced(self.tracer)
         if tracer is None:
             await self._publish(mode, topic, uids, group_id, everyone, None)
             return
@@ -162,12 +160,12 @@ class BatchPublisher:
         batch = await self._batch(uids, mode, group_id, everyone)
         attributes = {
             "batch_id": batch.batch_id,
-            "push_id": self._message.push_id,
+            "push_id": self.message.push_id,
             "mode": gateway_pb2.Mode.Name(mode),
             "group_id": group_id,
         }
-        if self._recovery is not None:
-            recovery = self._recovery
+        if self.recovery is not None:
+            recovery = self.recovery
             seq = await ride_out(
                 lambda: recovery.append_batch(topic, batch), f"logging a batch of {topic}"
             )
@@ -179,7 +177,7 @@ class BatchPublisher:
         if group_id:
             self.counters.per_group[group_id] = self.counters.per_group.get(group_id, 0) + 1
         try:
-            await self._publisher.publish(topic, batch.SerializeToString(), attributes)
+            await self.publisher.publish(topic, batch.SerializeToString(), attributes)
         except Exception:
             # Counted before the error ends the job, so its record says which batch failed.
             # A cancelled publish (shutdown) is not a failure of the bus: not counted.
@@ -193,7 +191,7 @@ class BatchPublisher:
         `failed_batches`; how many."""
         if self._losses is None:
             return 0
-        lost = self._losses.take(self._message.push_id)
+        lost = self._losses.take(self.message.push_id)
         self.counters.published -= lost
         self.counters.failed_batches += lost
         return lost
@@ -206,11 +204,11 @@ class BatchPublisher:
         everyone: bool = False,
     ) -> gateway_pb2.Batch:
         """The batch for `uids`, under its stable id."""
-        if self._content is None:
-            batch = to_batch(self._message, uids, "")
+        if self.content is None:
+            batch = to_batch(self.message, uids, "")
         else:
             # Stored (or its TTL pushed forward) before the batch that names it can exist.
-            content, m = self._content, self._message
+            content, m = self.content, self.message
             await ride_out(
                 lambda: content.hold(m.msg_id, m.content_json), "storing a push's content"
             )
@@ -219,6 +217,6 @@ class BatchPublisher:
         batch.mode = mode
         batch.group_id = group_id
         batch.everyone = everyone
-        batch.expires_ms = self._expires_ms
+        batch.expires_ms = self.expires_ms
         batch.batch_id = stable_batch_id(batch)
         return batch

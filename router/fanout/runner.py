@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable
+from dataclasses import KW_ONLY, dataclass, field
 
 from router.jobs.base import Checkpoint, Claim, JobStore, Lease, PushCounters
 from shared.errors import ImrouteError
@@ -89,28 +90,22 @@ Work = Callable[[JobRun], Awaitable[None]]
 Resume = Callable[[Claim], Work]
 
 
+@dataclass(slots=True, eq=False)
 class JobRunner:
-    def __init__(
-        self,
-        store: JobStore,
-        renew_s: float = 3.0,
-        *,
-        max_attempts: int = 3,
-        grace_s: float = 0.0,
-        tracer: Tracer | None = None,
-    ) -> None:
-        """`tracer`: each run a `push.job` span (shared.tracing), under the request's
-        span that submitted it (a resumed job's starts a trace of its own)."""
-        self._tracer = tracer
-        self._store = store
-        self._renew_s = renew_s
-        self._max_attempts = max_attempts
-        self._grace_s = grace_s
-        self._resume: Resume | None = None
-        self._tasks: dict[str, asyncio.Task[None]] = {}
-        self._runs: dict[str, tuple[JobRun, bool]] = {}
-        self._stopping = asyncio.Event()
-        self._closing = False
+    """`tracer`: each run a `push.job` span (shared.tracing), under the request's span
+    that submitted it (a resumed job's starts a trace of its own)."""
+
+    store: JobStore
+    renew_s: float = 3.0
+    _: KW_ONLY
+    max_attempts: int = 3
+    grace_s: float = 0.0
+    tracer: Tracer | None = None
+    _resume: Resume | None = field(default=None, init=False, repr=False)
+    _tasks: dict[str, asyncio.Task[None]] = field(default_factory=dict, init=False, repr=False)
+    _runs: dict[str, tuple[JobRun, bool]] = field(default_factory=dict, init=False, repr=False)
+    _stopping: asyncio.Event = field(default_factory=asyncio.Event, init=False, repr=False)
+    _closing: bool = field(default=False, init=False, repr=False)
 
     def resume_with(self, resume: Resume) -> None:
         """How claimed jobs are run; without it, `reap` only fails orphans that cannot be."""
@@ -118,8 +113,8 @@ class JobRunner:
 
     async def submit(self, push_id: str, mode: str, work: Work, spec: str | None = None) -> None:
         """Record the job as queued (resumable if it has a `spec`), then run `work`."""
-        lease = await self._store.create(push_id, mode, spec)
-        run = JobRun(lease, None, self._store, self._stopping)
+        lease = await self.store.create(push_id, mode, spec)
+        run = JobRun(lease, None, self.store, self._stopping)
         self._start(run, self._traced(work, mode), spec is not None)
 
     async def reap(self) -> int:
@@ -127,11 +122,11 @@ class JobRunner:
         can be, fail the rest. How many were resumed or failed."""
         if self._closing:
             return 0
-        claims, failed = await self._store.claim_lapsed(self._max_attempts)
+        claims, failed = await self.store.claim_lapsed(self.max_attempts)
         if failed:
             log.warning("marked %d orphaned push jobs failed", failed)
         for claim in claims:
-            run = JobRun(claim.lease, claim.checkpoint, self._store, self._stopping)
+            run = JobRun(claim.lease, claim.checkpoint, self.store, self._stopping)
             at = claim.checkpoint.pages if claim.checkpoint else 0
             try:
                 if self._resume is None:
@@ -139,7 +134,7 @@ class JobRunner:
                 work = self._resume(claim)
             except ImrouteError as exc:
                 log.warning("job %s (%s) cannot be resumed: %s", run.push_id, claim.mode, exc)
-                await self._store.finish(claim.lease, run.counters, f"cannot be resumed: {exc}")
+                await self.store.finish(claim.lease, run.counters, f"cannot be resumed: {exc}")
                 continue
             log.warning(
                 "resuming job %s (%s) after page %d, attempt %d",
@@ -153,7 +148,7 @@ class JobRunner:
 
     def _traced(self, work: Work, mode: str, resumed: bool = False) -> Work:
         """`work`, its run a span, when tracing is on."""
-        tracer = self._tracer
+        tracer = self.tracer
         if tracer is None:
             return work
 
@@ -258,12 +253,12 @@ class JobRunner:
                 error += f" (the first: {c.failed[0].error})"
         try:
             if handover:
-                written = await self._store.release(run.lease, run.last)
+                written = await self.store.release(run.lease, run.last)
                 if written:
                     at = run.last.pages if run.last else 0
                     log.warning("job %s handed over after page %d", run.push_id, at)
             else:
-                written = await self._store.finish(run.lease, c, error)
+                written = await self.store.finish(run.lease, c, error)
         except ImrouteError as exc:
             # The lease lapses and the reaper resumes or fails the job.
             log.warning("could not record the end of job %s: %s", run.push_id, exc)
@@ -282,7 +277,7 @@ class JobRunner:
     ) -> None:
         while not stop.is_set():
             try:
-                if not await self._store.progress(run.lease, run.counters):
+                if not await self.store.progress(run.lease, run.counters):
                     # Fenced: the job is someone else's now; nothing this run does counts.
                     run.lost = True
                     if job is not None:
@@ -291,7 +286,7 @@ class JobRunner:
             except ImrouteError as exc:
                 log.warning("job %s: could not renew its lease: %s", run.push_id, exc)
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), self._renew_s)
+                await asyncio.wait_for(stop.wait(), self.renew_s)
 
     async def wait(self, push_id: str) -> None:
         """Wait for a job started here to end (tests, graceful shutdown)."""
@@ -307,8 +302,8 @@ class JobRunner:
         tasks = list(self._tasks.values())
         if not tasks:
             return
-        log.info("waiting up to %.1f s for %d running push jobs", self._grace_s, len(tasks))
-        _, pending = await asyncio.wait(tasks, timeout=self._grace_s)
+        log.info("waiting up to %.1f s for %d running push jobs", self.grace_s, len(tasks))
+        _, pending = await asyncio.wait(tasks, timeout=self.grace_s)
         if pending:
             self._stopping.set()
             for run, resumable in list(self._runs.values()):

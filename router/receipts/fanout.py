@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 
 from router.receipts.base import QUEUED, NewReceipt, ReceiptLog
 from router.routes.base import RecipientGroups
@@ -20,28 +21,22 @@ __all__ = ["FanoutReceipt"]
 log = logging.getLogger(__name__)
 
 
+@dataclass(slots=True, eq=False)
 class FanoutReceipt:
     """One job's receipt; `resolved` is `run_multicast`'s `on_resolved`."""
 
-    def __init__(
-        self,
-        receipts: ReceiptLog,
-        push_id: str,
-        mode: str,
-        listable: bool,
-        meta: Mapping[str, str],
-        due: Callable[[], int] | None = None,
-    ) -> None:
-        """`due`: when, from now, its message.unacked is due (None: no event)."""
-        self._due = due
-        self._receipts = receipts
-        self._push_id = push_id
-        self._mode = mode
-        self._listable = listable
-        self._meta = meta
-        self.recipients = 0
-        self.online = 0
-        self.failed = 0  # writes that failed (the job goes on; its receipt is short)
+    """`due`: when, from now, its message.unacked is due (None: no event)."""
+
+    receipts: ReceiptLog
+    push_id: str
+    mode: str
+    listable: bool
+    meta: Mapping[str, str]
+    due: Callable[[], int] | None = None
+    recipients: int = field(default=0, init=False)
+    online: int = field(default=0, init=False)
+    # Writes that failed (the job goes on; its receipt is short).
+    failed: int = field(default=0, init=False)
 
     async def start(self) -> None:
         """Before the first batch: the receipt exists, so the gateways' marks land."""
@@ -50,16 +45,16 @@ class FanoutReceipt:
     async def resolved(self, chunk: Sequence[str], found: RecipientGroups) -> None:
         self.recipients += len(chunk)
         self.online += found.online
-        wanted = self._listable or self._due is not None
+        wanted = self.listable or self.due is not None
         await self._write({uid: QUEUED for uid in chunk} if wanted else {})
 
     async def _write(self, states: Mapping[str, str]) -> None:
         receipt = NewReceipt(
-            self._push_id, self._mode, self.recipients, self.online, states, self._meta
+            self.push_id, self.mode, self.recipients, self.online, states, self.meta
         )
         try:
-            due = self._due() if self._due is not None and states else 0
-            await self._receipts.record(receipt, self._listable, due)
+            due = self.due() if self.due is not None and states else 0
+            await self.receipts.record(receipt, self.listable, due)
         except ImrouteError as exc:
             self.failed += 1
-            log.warning("could not write the receipt of push %s: %s", self._push_id, exc)
+            log.warning("could not write the receipt of push %s: %s", self.push_id, exc)

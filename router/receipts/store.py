@@ -9,6 +9,7 @@ counters `cq`, `cx`, `cd`, `ca`, the message's fields for the webhook (`mi`, `mt
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from router.receipts.base import (
@@ -48,21 +49,19 @@ _COUNTS = ("m", "n", "on", "l", "cq", "cx", "cd", "ca")
 _META = ("mi", "mt", "fr", "pv")
 
 
+@dataclass(slots=True, eq=False)
 class RedisReceiptStore:
     """All three halves: the router's `ReceiptLog`, the gateways' `ReceiptUpdates`, and
     the push service's `ReceiptReads`."""
 
-    def __init__(
-        self,
-        redis: RedisClient,
-        keys: KeySchema,
-        limits: ReceiptLimits,
-        auto: AutoPipeline | None = None,
-    ) -> None:
-        self._redis = redis
-        self._keys = keys
-        self.limits = limits
-        self._scripts = ScriptRunner(redis, (_RECORD, _MARK, _ADD, _CLAIM), auto)
+    redis: RedisClient
+    keys: KeySchema
+    limits: ReceiptLimits
+    auto: AutoPipeline | None = field(default=None, repr=False)
+    _scripts: ScriptRunner = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self._scripts = ScriptRunner(self.redis, (_RECORD, _MARK, _ADD, _CLAIM), self.auto)
 
     # ------------------------------------------------------------------ ReceiptLog
 
@@ -83,7 +82,7 @@ class RedisReceiptStore:
     def _record_calls(
         self, receipt: NewReceipt, listable: bool, due_ms: int
     ) -> list[tuple[Any, ...]]:
-        keys = self._keys.receipt(receipt.push_id)
+        keys = self.keys.receipt(receipt.push_id)
         queued = 0 if listable else receipt.recipients - receipt.online
         meta = [v for kv in receipt.meta.items() for v in kv]
         pairs = [v for kv in receipt.states.items() for v in kv] if listable or due_ms else []
@@ -105,13 +104,13 @@ class RedisReceiptStore:
         if not due_ms:
             return [record]
         # Due no earlier than its last recipients' record plus the wait (GT).
-        return [record, ("ZADD", self._keys.unacked_due(), "GT", due_ms, receipt.push_id)]
+        return [record, ("ZADD", self.keys.unacked_due(), "GT", due_ms, receipt.push_id)]
 
     @translate_errors
     async def claim_due(self, now_ms: int, lease_ms: int, limit: int) -> list[str]:
         """Push ids whose message.unacked is due, leased to the caller for `lease_ms`."""
         due = await self._scripts.one(
-            _CLAIM.args((self._keys.unacked_due(),), now_ms, lease_ms, limit)
+            _CLAIM.args((self.keys.unacked_due(),), now_ms, lease_ms, limit)
         )
         return [str(d) for d in due]
 
@@ -119,11 +118,11 @@ class RedisReceiptStore:
     async def unacked(self, push_id: str) -> list[str]:
         """The recipients no device acked, in uid order (the pending set of a counts-only
         push, or the states of a listable one)."""
-        key, _, _, pending = self._keys.receipt(push_id)
-        if await self._redis.hget(key, "l") == "0":
-            members: set[Any] = await self._redis.smembers(pending)
+        key, _, _, pending = self.keys.receipt(push_id)
+        if await self.redis.hget(key, "l") == "0":
+            members: set[Any] = await self.redis.smembers(pending)
             return sorted(str(m) for m in members)
-        fields: dict[Any, Any] = await self._redis.hgetall(key)
+        fields: dict[Any, Any] = await self.redis.hgetall(key)
         return sorted(
             str(f)[2:] for f, v in fields.items() if str(f).startswith("u:") and v != ACKED
         )
@@ -131,14 +130,14 @@ class RedisReceiptStore:
     @translate_errors
     async def settle(self, push_id: str) -> None:
         """Its message.unacked went out (or had no one to name): not due again."""
-        pipe = self._redis.pipeline(transaction=False)
-        pipe.zrem(self._keys.unacked_due(), push_id)
-        pipe.delete(self._keys.receipt(push_id)[3])
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.zrem(self.keys.unacked_due(), push_id)
+        pipe.delete(self.keys.receipt(push_id)[3])
         await pipe.execute()
 
     @translate_errors
     async def add(self, push_id: str, recipients: int, online: int, queued: int) -> None:
-        key = self._keys.receipt(push_id)[0]
+        key = self.keys.receipt(push_id)[0]
         await self._scripts.one(
             _ADD.args((key,), self.limits.ttl_ms, "broadcast", recipients, online, queued)
         )
@@ -149,7 +148,7 @@ class RedisReceiptStore:
     async def mark(self, state: str, by_push: Mapping[str, Sequence[str]]) -> None:
         calls = []
         for push_id, uids in by_push.items():
-            keys = self._keys.receipt(push_id)
+            keys = self.keys.receipt(push_id)
             for start in range(0, len(uids), MARK_CHUNK):
                 chunk = uids[start : start + MARK_CHUNK]
                 calls.append(_MARK.args(keys, state, EARLY_TTL_MS, *chunk))
@@ -160,8 +159,8 @@ class RedisReceiptStore:
 
     @translate_errors
     async def counts(self, push_id: str) -> Counts | None:
-        key, acked_hll, delivered_hll, _ = self._keys.receipt(push_id)
-        pipe = self._redis.pipeline(transaction=False)
+        key, acked_hll, delivered_hll, _ = self.keys.receipt(push_id)
+        pipe = self.redis.pipeline(transaction=False)
         pipe.hmget(key, *_COUNTS)
         # redis-py's cluster pipeline refuses pfcount() (PFCOUNT may name keys of many
         # slots) but routes the command by its one key.
@@ -191,8 +190,8 @@ class RedisReceiptStore:
     async def states(self, push_id: str, uids: Sequence[str]) -> dict[str, str]:
         if not uids:
             return {}
-        key = self._keys.receipt(push_id)[0]
-        values = await self._redis.hmget(key, [f"u:{u}" for u in uids])
+        key = self.keys.receipt(push_id)[0]
+        values = await self.redis.hmget(key, [f"u:{u}" for u in uids])
         return {u: str(v) for u, v in zip(uids, values, strict=True) if v is not None}
 
     @translate_errors
@@ -200,10 +199,10 @@ class RedisReceiptStore:
         wanted = LISTS.get(state)
         if wanted is None:
             raise InvalidInput("state", "must be acked, unacked or queued")
-        key = self._keys.receipt(push_id)[0]
+        key = self.keys.receipt(push_id)[0]
         # A listable receipt holds at most IMROUTE_RECEIPTS_MAX_RECIPIENTS uids: read
         # whole (HSCAN's order is not stable across pages of a changing hash).
-        fields: dict[Any, Any] = await self._redis.hgetall(key)
+        fields: dict[Any, Any] = await self.redis.hgetall(key)
         uids = sorted(
             f[2:]
             for f, v in fields.items()
@@ -214,6 +213,6 @@ class RedisReceiptStore:
 
     @translate_errors
     async def meta(self, push_id: str) -> dict[str, str]:
-        key = self._keys.receipt(push_id)[0]
-        values = await self._redis.hmget(key, list(_META))
+        key = self.keys.receipt(push_id)[0]
+        values = await self.redis.hmget(key, list(_META))
         return {k: str(v) for k, v in zip(_META, values, strict=True) if v is not None}

@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Callable, Mapping
+from dataclasses import dataclass, field
 
 from router.stats.base import StatsWrites
 from router.stats.latency import LatencyHistogram
@@ -23,28 +24,26 @@ log = logging.getLogger(__name__)
 LOG_EVERY_S = 60.0
 
 
+@dataclass(slots=True, eq=False)
 class StatsSampler:
-    def __init__(
-        self,
-        store: StatsWrites,
-        clock: Clock,
-        counters: Callable[[], Mapping[str, int]],
-        latency: LatencyHistogram | None = None,
-        interval_s: float = 1.0,
-    ) -> None:
-        """`counters`: the process's cumulative counts by name (read once a second)."""
-        self._store = store
-        self._clock = clock
-        self._counters = counters
-        self._latency = latency
-        self._interval_s = interval_s
-        self._last: dict[str, int] = dict(counters())
-        self._pending: dict[str, int] = {}
-        self.failed = 0  # writes that failed (their counts went with a later one)
-        self._line = Throttled(LOG_EVERY_S)
+    """`counters`: the process's cumulative counts by name (read once a second)."""
+
+    store: StatsWrites
+    clock: Clock
+    counters: Callable[[], Mapping[str, int]]
+    latency: LatencyHistogram | None = None
+    interval_s: float = 1.0
+    _last: dict[str, int] = field(init=False, repr=False)
+    _pending: dict[str, int] = field(default_factory=dict, init=False, repr=False)
+    # Writes that failed (their counts went with a later one).
+    failed: int = field(default=0, init=False)
+    _line: Throttled = field(default_factory=lambda: Throttled(LOG_EVERY_S), init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self._last = dict(self.counters())
 
     def _take(self) -> dict[str, int]:
-        now = dict(self._counters())
+        now = dict(self.counters())
         counts = self._pending
         for name, value in now.items():
             moved = value - self._last.get(name, 0)
@@ -53,8 +52,8 @@ class StatsSampler:
             if moved:
                 counts[name] = counts.get(name, 0) + moved
         self._last = now
-        if self._latency is not None:
-            for name, n in self._latency.take().items():
+        if self.latency is not None:
+            for name, n in self.latency.take().items():
                 counts[name] = counts.get(name, 0) + n
         self._pending = {}
         return counts
@@ -64,17 +63,17 @@ class StatsSampler:
         if not counts:
             return
         try:
-            await self._store.add(self._clock.now_ms(), counts)
+            await self.store.add(self.clock.now_ms(), counts)
         except ImrouteError as exc:
             self.failed += 1
             for name, n in counts.items():  # with the next ones
                 self._pending[name] = self._pending.get(name, 0) + n
-            if self._line.note(self._clock.monotonic()):
+            if self._line.note(self.clock.monotonic()):
                 log.warning("could not write the live stats (kept for later): %s", exc)
 
     def periodic(self) -> Periodic:
         """Flushing every interval (the first after one)."""
-        return Periodic("live stats", self.flush, self._interval_s, log=log, at_once=False)
+        return Periodic("live stats", self.flush, self.interval_s, log=log, at_once=False)
 
     async def final(self) -> None:
         """The last flush, at shutdown."""

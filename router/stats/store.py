@@ -4,6 +4,7 @@ what it counted (HINCRBY), kept `KEEP_MS`; read back interval by interval."""
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from router.redis.client import RedisClient
@@ -16,18 +17,12 @@ BUCKET_MS = 2000
 KEEP_MS = 11 * 60 * 1000  # the dashboard shows ten minutes
 
 
+@dataclass(slots=True, eq=False)
 class RedisStatsStore:
-    def __init__(
-        self,
-        redis: RedisClient,
-        keys: KeySchema,
-        bucket_ms: int = BUCKET_MS,
-        keep_ms: int = KEEP_MS,
-    ) -> None:
-        self._redis = redis
-        self._keys = keys
-        self.bucket_ms = bucket_ms
-        self._keep_ms = keep_ms
+    redis: RedisClient
+    keys: KeySchema
+    bucket_ms: int = BUCKET_MS
+    keep_ms: int = KEEP_MS
 
     def start_of(self, at_ms: int) -> int:
         return at_ms - at_ms % self.bucket_ms
@@ -35,11 +30,11 @@ class RedisStatsStore:
     @translate_errors
     async def add(self, at_ms: int, counts: Mapping[str, int]) -> None:
         """Add `counts` to the interval holding `at_ms` (one round trip)."""
-        key = self._keys.stats(self.start_of(at_ms))
-        pipe = self._redis.pipeline(transaction=False)
+        key = self.keys.stats(self.start_of(at_ms))
+        pipe = self.redis.pipeline(transaction=False)
         for name, n in counts.items():
             pipe.hincrby(key, name, n)
-        pipe.pexpire(key, self._keep_ms)
+        pipe.pexpire(key, self.keep_ms)
         await pipe.execute()
 
     @translate_errors
@@ -47,9 +42,9 @@ class RedisStatsStore:
         """Each interval starting in [since_ms, until_ms], oldest first, with its counts
         (empty where nothing was counted)."""
         starts = list(range(self.start_of(since_ms), until_ms + 1, self.bucket_ms))
-        pipe = self._redis.pipeline(transaction=False)
+        pipe = self.redis.pipeline(transaction=False)
         for start in starts:
-            pipe.hgetall(self._keys.stats(start))
+            pipe.hgetall(self.keys.stats(start))
         replies: list[Any] = await pipe.execute()
         return [
             (start, {str(k): int(v) for k, v in (reply or {}).items()})
@@ -63,9 +58,9 @@ class RedisStatsStore:
         if not names:
             return {}
         starts = range(self.start_of(since_ms), until_ms + 1, self.bucket_ms)
-        pipe = self._redis.pipeline(transaction=False)
+        pipe = self.redis.pipeline(transaction=False)
         for start in starts:
-            pipe.hmget(self._keys.stats(start), list(names))
+            pipe.hmget(self.keys.stats(start), list(names))
         replies: list[Any] = await pipe.execute()
         out = dict.fromkeys(names, 0)
         for reply in replies:
