@@ -98,7 +98,13 @@ class CoalescingGatewayClient:
         self, gateway_id: str, address: str, batches: Batches, timeout_s: float
     ) -> EachReplies:
         """Every batch queued as a delivery of its own: they leave together, in calls of
-        up to max_batches (and max_bytes), within the lane's calls in flight."""
+        up to max_batches (and max_bytes), within the lane's calls in flight. A batch of
+        one is exactly `deliver`."""
+        if len(batches) == 1:  # the usual P2P push: no gather (nor gather_each's frame)
+            try:
+                return [await self.deliver(gateway_id, address, batches[0], timeout_s)]
+            except GatewayUnavailable as exc:
+                return [exc]
         return await gather_each(self._queue(self._lane(gateway_id, address), batches, timeout_s))
 
     def _queue(
