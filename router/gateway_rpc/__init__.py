@@ -8,8 +8,9 @@
    (`link`, opened here in the background) when it is open, else a unary DeliverMany on
    the one grpc.aio channel per gateway address; errors become GatewayUnavailable here.
 
-`metrics` counts every RPC the resilient layer makes (Prometheus series; that layer logs
-the failed ones). `P2PPusher` calls the top of the stack; each layer takes the one below.
+The resilient layer counts every RPC it makes (`resilient.CallMetrics`, Prometheus
+series) and logs the failed ones. `P2PPusher` calls the top of the stack; each layer
+takes the one below.
 """
 
 # No re-exports: importing one module of the package loads only what it needs.
