@@ -1,6 +1,7 @@
 """The gateway's delivery core: one batch to the local sockets it names, at most once.
 
-Both ways in call it: the gRPC servicer (P2P, `grpc_server`) and the bus consumer
+Every way in calls it: the delivery calls of P2P (`deliver_call`, on the delivery link,
+`link_server`, or in a gRPC DeliverMany, `grpc_server`) and the bus consumer
 (broadcast and multicast, `bus_consumer`).
 """
 
@@ -24,7 +25,7 @@ from socket_gateway.connections import LocalConnections
 from socket_gateway.dedup import RecentIds, RecentReplies
 from socket_gateway.tracing import GatewayTracing
 
-__all__ = ["DeliverService", "LinkCounts"]
+__all__ = ["BadCall", "DeliverService", "LinkCounts"]
 
 log = logging.getLogger(__name__)
 _log = log  # what `deliver` calls it: its parameter `log` (a recovery log) hides this one
@@ -33,6 +34,14 @@ _log = log  # what `deliver` calls it: its parameter `log` (a recovery log) hide
 LOG_EVERY_S = 10.0
 # A P2P batch expired on arrival though its call had this long left: a clock skew.
 SKEW_HINT_S = 0.5
+
+
+class BadCall(Exception):
+    """A delivery call refused whole: what is wrong with its first bad batch."""
+
+    def __init__(self, problem: str) -> None:
+        super().__init__(problem)
+        self.problem = problem
 
 
 class LinkCounts:
@@ -56,7 +65,7 @@ class DeliverService:
         self._clock = clock
         self._recent = recent
         self._replies = RecentReplies(clock)
-        self.calls = 0  # delivery calls (DeliverMany, StreamCall), counted by the servicer
+        self.calls = 0  # delivery calls (DeliverMany, StreamCall)
         self.links = LinkCounts()  # delivery links
         self.batches = 0
         self.duplicates = 0
@@ -88,6 +97,27 @@ class DeliverService:
                     problem,
                 )
         return problem
+
+    def deliver_call(
+        self,
+        batches: Sequence[gateway_pb2.Batch],
+        call_left_s: float | None,
+        traceparent: str = "",
+    ) -> list[gateway_pb2.DeliverReply]:
+        """One delivery call's batches (a DeliverMany, or a StreamCall on a link), each
+        one's reply in order. All are checked before any is written: a call with a bad
+        batch is refused whole (BadCall), never half-sent. `traceparent`: the call's,
+        for its batches that carry none of their own."""
+        self.calls += 1
+        for i, batch in enumerate(batches):
+            problem = self.problem(batch)
+            if problem is not None:
+                raise BadCall(f"batch {i}: {problem}")
+        if traceparent:
+            for batch in batches:
+                if not batch.traceparent:
+                    batch.traceparent = traceparent
+        return [self.deliver(b, checked=True, call_left_s=call_left_s) for b in batches]
 
     def deliver(
         self,

@@ -16,7 +16,7 @@ from shared.settings import GatewaySettings
 from shared.tls_context import server_context
 from socket_gateway.delivery import DeliverService
 from socket_gateway.grpc_server import MAX_RECEIVE_BYTES, GatewayServicer, start_grpc_server
-from socket_gateway.link_server import LinkServer, Tickets
+from socket_gateway.link_server import LinkServer, Tickets, call_answerer
 
 __all__ = ["DeliveryPorts", "open_delivery_ports"]
 
@@ -42,7 +42,7 @@ async def open_delivery_ports(
     link: LinkServer | None = None
     if offer_link and settings.delivery_link:
         tickets = Tickets(clock)
-        link = LinkServer(servicer.answer, tickets, clock, MAX_RECEIVE_BYTES, service.links)
+        link = LinkServer(call_answerer(service), tickets, clock, MAX_RECEIVE_BYTES, service.links)
         context = None if tls is None else server_context(tls)
         port = await link.start(settings.grpc_host, settings.link_port, context)
         stack.push_async_callback(link.close)

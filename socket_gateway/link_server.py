@@ -44,7 +44,7 @@ from shared.link_frames import FrameReader, frame
 from shared.proto import gateway_pb2
 from shared.throttled import Throttled
 from socket_gateway.acceptor import Acceptor
-from socket_gateway.delivery import LinkCounts
+from socket_gateway.delivery import BadCall, DeliverService, LinkCounts
 from socket_gateway.link_tickets import MAX_TICKETS, TICKET_S, Tickets
 from socket_gateway.preauth import PER_KEY_CAP, PreAuthPool, client_key
 
@@ -69,6 +69,7 @@ MAX_PRE_HELLO = 256
 # ... and from one address (IPv4, or IPv6 /64): a push-service host's processes (one
 # link each; as many as its cores by default) all reconnecting at once fit.
 MAX_PRE_HELLO_PER_PEER = 64
+LOG_EVERY_S = 10.0  # refused strangers: one line at most this often, with the count
 # Connections the kernel completes before the link accepts them. A flood of strangers
 # outruns the accept loop for a moment; past a full queue the kernel drops the
 # handshake's last ACK and a push service's link waits on SYN-ACK retries (1, 2, 4 s...).
@@ -77,8 +78,28 @@ BACKLOG = 1024
 Answer = Callable[[gateway_pb2.StreamCall], gateway_pb2.StreamReply]
 
 
+def call_answerer(service: DeliverService) -> Answer:
+    """The link's answer to a StreamCall: the delivery core's `deliver_call`, as gRPC
+    DeliverMany's, but a refused call leaves the link open."""
+    deliver_call = service.deliver_call
+
+    def answer(call: gateway_pb2.StreamCall) -> gateway_pb2.StreamReply:
+        # The deadline travels as a duration, like gRPC's: it starts when the call is read.
+        left = call.timeout_ms / 1000 if call.timeout_ms else None
+        try:
+            replies = deliver_call(call.batches, left)
+        except BadCall as exc:
+            return gateway_pb2.StreamReply(
+                call_id=call.call_id, error_code="INVALID_ARGUMENT", error=exc.problem
+            )
+        return gateway_pb2.StreamReply(call_id=call.call_id, replies=replies)
+
+    return answer
+
+
 class LinkServer:
-    """Accepts links on a port of its own and answers their calls with `answer`."""
+    """Accepts links on a port of its own and answers their calls with `answer`
+    (`call_answerer`'s, but for tests)."""
 
     def __init__(
         self, answer: Answer, tickets: Tickets, clock: Clock, frame_limit: int, counts: LinkCounts
@@ -93,7 +114,7 @@ class LinkServer:
         self._conns: set[_LinkConn] = set()
         # Those without their hello yet (their TLS handshake included), by peer address.
         self._pre_hello: PreAuthPool[_LinkConn] = PreAuthPool(MAX_PRE_HELLO, MAX_PRE_HELLO_PER_PEER)
-        self._refusal_line = Throttled()
+        self._refusal_line = Throttled(LOG_EVERY_S)
 
     async def start(self, host: str | None, port: int, tls: ssl.SSLContext | None = None) -> int:
         """Listen on every address of `host` ("" or None: every interface); returns the

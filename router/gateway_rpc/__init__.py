@@ -5,11 +5,12 @@
 2. `resilient.ResilientGatewayClient`: per-gateway call stats, the circuit breaker, and
    retries of a whole RPC on the same gateway (same batch ids, so never twice).
 3. `grpc_client.GrpcGatewayClients`: one carrier per call, the gateway's delivery link
-   (`links`, `link`) when it is open, else a unary DeliverMany on the one grpc.aio
-   channel per gateway address; errors become GatewayUnavailable here.
+   (`link`, opened here in the background) when it is open, else a unary DeliverMany on
+   the one grpc.aio channel per gateway address; errors become GatewayUnavailable here.
 
-`metrics` counts every RPC the resilient layer makes (Prometheus series; that layer logs
-the failed ones). `P2PPusher` calls the top of the stack; each layer takes the one below.
+The resilient layer counts every RPC it makes (`resilient.CallMetrics`, Prometheus
+series) and logs the failed ones. `P2PPusher` calls the top of the stack; each layer
+takes the one below.
 """
 
 # No re-exports: importing one module of the package loads only what it needs.

@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from router.gateway_rpc.base import Batches, EachReplies, ManyGatewayClient, gather_each
@@ -84,22 +84,42 @@ class CoalescingGatewayClient:
     async def deliver(
         self, gateway_id: str, address: str, batch: gateway_pb2.Batch, timeout_s: float
     ) -> gateway_pb2.DeliverReply:
-        lane = self._lane(gateway_id, address)
-        if not self._per_turn and lane.in_flight < self._max_in_flight and not lane.queue:
-            lane.in_flight += 1
-            try:
-                return (await self._inner.deliver_many(gateway_id, address, [batch], timeout_s))[0]
-            finally:
-                lane.in_flight -= 1
-                self._drain(lane)
-        return await self._queue(lane, [batch], timeout_s)[0]
+        return await self._one(self._lane(gateway_id, address), batch, timeout_s)
 
     async def deliver_each(
         self, gateway_id: str, address: str, batches: Batches, timeout_s: float
     ) -> EachReplies:
         """Every batch queued as a delivery of its own: they leave together, in calls of
-        up to max_batches (and max_bytes), within the lane's calls in flight."""
-        return await gather_each(self._queue(self._lane(gateway_id, address), batches, timeout_s))
+        up to max_batches (and max_bytes), within the lane's calls in flight. A batch of
+        one is exactly `deliver`."""
+        lane = self._lane(gateway_id, address)
+        if len(batches) != 1:
+            return await gather_each(self._queue(lane, batches, timeout_s))
+        try:  # the usual P2P push: no gather, no task, and (per turn) no coroutine
+            return [await self._one(lane, batches[0], timeout_s)]
+        except GatewayUnavailable as exc:
+            return [exc]
+
+    def _one(
+        self, lane: _Lane, batch: gateway_pb2.Batch, timeout_s: float
+    ) -> Awaitable[gateway_pb2.DeliverReply]:
+        """One delivery: a call of its own at once when a slot is free and nothing
+        queues (not per turn), else queued. Awaited at once by the caller."""
+        if not self._per_turn and lane.in_flight < self._max_in_flight and not lane.queue:
+            return self._alone(lane, batch, timeout_s)
+        return self._queue(lane, [batch], timeout_s)[0]
+
+    async def _alone(
+        self, lane: _Lane, batch: gateway_pb2.Batch, timeout_s: float
+    ) -> gateway_pb2.DeliverReply:
+        lane.in_flight += 1
+        try:
+            return (
+                await self._inner.deliver_many(lane.gateway_id, lane.address, [batch], timeout_s)
+            )[0]
+        finally:
+            lane.in_flight -= 1
+            self._drain(lane)
 
     def _queue(
         self, lane: _Lane, batches: Batches, timeout_s: float

@@ -20,7 +20,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from router.fleet.cache import CachedFleet
-from router.gateway_rpc.base import Batches, EachReplies, GatewayClient, deliver_each
+from router.gateway_rpc.base import GatewayClient, deliver_each_of
 from router.p2p.plan import (
     EXPIRED_ERROR,
     GatewayOutcome,
@@ -88,7 +88,8 @@ class P2PPusher:
         """`tracer`: tracing on (shared.tracing), each look-up and gateway call a span."""
         self._registry = registry
         self._fleet = fleet
-        self._clients = clients  # the stack every P2P call goes through
+        # The stack every P2P call goes through: each gateway's batches in one request.
+        self._deliver_each = deliver_each_of(clients)
         self._timeout = deliver_timeout_s
         self._recovery = recovery
         self._clock = clock or SystemClock()
@@ -233,26 +234,15 @@ class P2PPusher:
         batches = [self._batch(items[i], t, seqs[i]) for i, t in entries]
         tracer = traced(self._tracer)
         if tracer is None:
-            replies = await self._send(gateway_id, address, batches)
+            replies = await self._deliver_each(gateway_id, address, batches, self._timeout)
             return [_outcome(t, r) for (_, t), r in zip(entries, replies, strict=True)]
         # The call's span: its batches name it as their parent, so the gateway's spans
         # join each push's trace.
         with _call_span(tracer, gateway_id, batches) as span:
-            replies = await self._send(gateway_id, address, batches)
+            replies = await self._deliver_each(gateway_id, address, batches, self._timeout)
             outcomes = [_outcome(t, r) for (_, t), r in zip(entries, replies, strict=True)]
             _annotate(span, outcomes)
             return outcomes
-
-    async def _send(self, gateway_id: str, address: str, batches: Batches) -> EachReplies:
-        """Each batch's reply, or the GatewayUnavailable it failed with, in order."""
-        if len(batches) == 1:
-            # The usual P2P push: the client's own call for one batch, not deliver_each's
-            # protocol check and gather (the profile had them at 40% of a push's CPU).
-            try:
-                return [await self._clients.deliver(gateway_id, address, batches[0], self._timeout)]
-            except GatewayUnavailable as exc:
-                return [exc]
-        return await deliver_each(self._clients, gateway_id, address, batches, self._timeout)
 
     async def _settle(self, errors: Sequence[GatewayOutcome], gone: Sequence[Route]) -> None:
         """After the calls: a fresh look at the fleet if a gateway may have died, and the

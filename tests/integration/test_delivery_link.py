@@ -16,7 +16,7 @@ import grpc.aio
 import pytest
 from websockets.asyncio.client import ClientConnection
 
-from router.gateway_rpc import links as links_module
+from router.gateway_rpc import grpc_client
 from router.gateway_rpc.grpc_client import GrpcGatewayClients
 from router.processes.ports import free_port
 from shared.batches import to_batch
@@ -101,12 +101,12 @@ async def test_a_cut_link_fails_its_calls_at_once_and_another_opens(
     # fails UNAVAILABLE at once (a retry may follow: its batch may have arrived, and
     # the gateway would drop it as a duplicate), the next goes over gRPC, and a new link
     # opens RETRY_S later.
-    monkeypatch.setattr(links_module, "RETRY_S", 0.3)
+    monkeypatch.setattr(grpc_client, "RETRY_S", 0.3)
     clients = GrpcGatewayClients()
     async with gateway(redis_url, prefix, "gw1", "g1") as gw, client(gw, "a") as a:
         address = f"127.0.0.1:{gw.grpc_port}"
         await linked(clients, "gw1", address)
-        link = clients._links.get("gw1", address) if clients._links is not None else None
+        link = clients._link("gw1", address)
         assert link is not None and link._transport is not None
         waiting = asyncio.create_task(
             clients.deliver("gw1", address, to_batch(message(1), ["a"], "cut-1"), 10.0)
@@ -176,7 +176,7 @@ async def test_an_unreachable_link_leaves_calls_on_grpc_and_is_tried_again_later
     clients = GrpcGatewayClients()
     address = f"127.0.0.1:{port}"
     try:
-        with caplog.at_level(logging.WARNING, "router.gateway_rpc.links"):
+        with caplog.at_level(logging.WARNING, "router.gateway_rpc.grpc_client"):
             for n in range(10):
                 batch = to_batch(message(n), ["x"], f"u{n}")
                 reply = await clients.deliver("gwu", address, batch, 2.0)

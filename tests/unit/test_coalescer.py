@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from router.gateway_rpc.base import Batches, Replies, deliver_each
+from router.gateway_rpc.base import Batches, Replies, deliver_each_of
 from router.gateway_rpc.coalescer import CoalescingGatewayClient
 from router.testing import FakeGatewayClient
 from shared.errors import GatewayUnavailable
@@ -202,7 +202,7 @@ async def test_deliver_each_fails_only_the_batches_of_a_failed_call() -> None:
 
 async def test_deliver_each_on_a_plain_client_makes_one_call_per_batch() -> None:
     gw = FakeGatewayClient("OK", "UNAVAILABLE", "OK")
-    replies = await deliver_each(gw, "gw1", "a:1", [batch(f"u{i}") for i in range(3)], 1.0)
+    replies = await deliver_each_of(gw)("gw1", "a:1", [batch(f"u{i}") for i in range(3)], 1.0)
     assert [type(r).__name__ for r in replies] == [
         "DeliverReply",
         "GatewayUnavailable",
