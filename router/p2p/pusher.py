@@ -89,7 +89,8 @@ class P2PPusher:
         self._registry = registry
         self._fleet = fleet
         # The stack every P2P call goes through: each gateway's batches in one request.
-        self._deliver_each = deliver_each_of(clients)
+        self._clients = clients  # the client stack pushes go through
+        self._deliver_each = deliver_each_of(clients)  # its batch call, resolved once
         self._timeout = deliver_timeout_s
         self._recovery = recovery
         self._clock = clock or SystemClock()
