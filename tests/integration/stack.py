@@ -28,7 +28,7 @@ from router.directory.migrate import upgrade
 from router.redis.client import connect_redis
 from router.routes.registry import RedisRouteRegistry
 from shared.auth import TokenRules, issue_token
-from shared.clock import SystemClock
+from shared.clock import Clock, SystemClock
 from shared.ids import ConnIdFactory
 from shared.keys import KeySchema
 from shared.models import Message
@@ -57,6 +57,7 @@ __all__ = [
     "push_frame",
     "ready",
     "recv_json",
+    "route_registry",
     "routes",
     "settings",
     "token",
@@ -194,16 +195,7 @@ async def endpoint(
 ) -> AsyncIterator[Gw]:
     async with connect_redis(redis_url) as redis:
         keys = KeySchema(prefix)
-        registry = RedisRouteRegistry(
-            redis,
-            keys,
-            SystemClock(),
-            ttl_s=60,
-            gateway_id="gw1",
-            group_id="g1",
-            ip="127.0.0.1",
-            port=5000,
-        )
+        registry = route_registry(redis, prefix, "gw1", group_id="g1", port=5000)
         calls: list[tuple[str, str, str]] = []
 
         async def reg(uid: str, conn_id: str) -> None:
@@ -237,6 +229,23 @@ async def endpoint(
             ep.accepting = False
             server.close(close_connections=True)
             await asyncio.wait_for(server.wait_closed(), 10)
+
+
+def route_registry(
+    redis: Any, prefix: str, gw: str, clock: Clock | None = None, **options: Any
+) -> RedisRouteRegistry:
+    """The route registry of gateway `gw` (a name ending in a digit): in group
+    `group-of-<gw>`, at 127.0.0.1 port 9000 + that digit, routes kept 60 s, unless
+    `options` (RedisRouteRegistry's) say otherwise."""
+    defaults: dict[str, Any] = {
+        "ttl_s": 60,
+        "group_id": f"group-of-{gw}",
+        "ip": "127.0.0.1",
+        "port": 9000 + int(gw[-1]),
+    }
+    return RedisRouteRegistry(
+        redis, KeySchema(prefix), clock or SystemClock(), gateway_id=gw, **(defaults | options)
+    )
 
 
 async def routes(redis: Any, gw: Gw, uid: str) -> dict[str, str]:

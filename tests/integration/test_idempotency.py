@@ -17,8 +17,8 @@ from push_service.idempotency.base import Answer, Claimed, fingerprint, scope_ha
 from push_service.idempotency.store import RedisIdempotencyStore
 from router.processes.ports import free_port
 from shared.keys import KeySchema
-from tests.conftest import API_KEY
-from tests.integration.procs import base_env, push_services
+from tests.conftest import API_KEY, BAD_IDEMPOTENCY_KEYS
+from tests.integration.procs import push_services, service_env
 from tests.integration.stack import AUTH, api, client, gateway, nothing_more, recv_json
 
 pytestmark = pytest.mark.integration
@@ -170,15 +170,7 @@ async def _drain(ws: Any) -> list[str]:
         pushed.append(frame.get("push_id", frame["type"]))
 
 
-@pytest.mark.parametrize(
-    ("value", "problem"),
-    [
-        (b"", "empty"),
-        (b"k" * 256, "at most 255"),
-        (b"tab\there", "printable"),
-        ("caf\u00e9".encode("latin-1"), "printable"),
-    ],
-)
+@pytest.mark.parametrize(("value", "problem"), BAD_IDEMPOTENCY_KEYS)
 async def test_a_bad_header_is_refused_by_name(
     redis_url: str, prefix: str, redis: Any, value: bytes, problem: str
 ) -> None:
@@ -203,12 +195,7 @@ async def test_255_printable_characters_are_a_key(redis_url: str, prefix: str, r
 async def test_one_key_pushes_once_across_two_push_services(
     redis_url: str, prefix: str, redis: Any, tmp_path: Path
 ) -> None:
-    env = base_env(
-        IMROUTE_REDIS_URL=redis_url,
-        IMROUTE_REDIS_PREFIX=prefix,
-        IMROUTE_API_KEY=API_KEY,
-        IMROUTE_DB_URL=f"sqlite+aiosqlite:///{tmp_path}/users.db",
-    )
+    env = service_env(redis_url, prefix, tmp_path)
     ports = [free_port(), free_port()]
     async with push_services(env, ports):
         async with gateway(redis_url, prefix, "gw1", "g1") as gw:
