@@ -18,6 +18,7 @@ from typing import Any
 
 import httpx
 import pytest
+from fastapi import FastAPI
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.http11 import Response
@@ -47,6 +48,7 @@ __all__ = [
     "Gw",
     "RawClient",
     "api",
+    "api_app",
     "client",
     "closed_with",
     "endpoint",
@@ -101,6 +103,15 @@ async def gateway(
 async def api(
     redis_url: str, prefix: str, bus: Bus | None = None, **kw: Any
 ) -> AsyncIterator[httpx.AsyncClient]:
+    async with api_app(redis_url, prefix, bus, **kw) as (client, _):
+        yield client
+
+
+@asynccontextmanager
+async def api_app(
+    redis_url: str, prefix: str, bus: Bus | None = None, **kw: Any
+) -> AsyncIterator[tuple[httpx.AsyncClient, FastAPI]]:
+    """`api`'s client, and the app it calls."""
     with tempfile.TemporaryDirectory(prefix="imroute-test-db-") as folder:
         if "db_url" not in kw:
             # A migrated SQLite directory of its own.
@@ -110,7 +121,7 @@ async def api(
         async with app.router.lifespan_context(app):
             transport = httpx.ASGITransport(app=app)
             async with httpx.AsyncClient(transport=transport, base_url="http://push") as client:
-                yield client
+                yield client, app
 
 
 def token(uid: str, ttl: int = 3600) -> str:
