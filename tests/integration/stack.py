@@ -47,6 +47,7 @@ __all__ = [
     "AUTH",
     "Gw",
     "RawClient",
+    "alice_online",
     "api",
     "api_app",
     "client",
@@ -63,6 +64,7 @@ __all__ = [
     "routes",
     "settings",
     "token",
+    "two_groups",
 ]
 
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
@@ -122,6 +124,32 @@ async def api_app(
             transport = httpx.ASGITransport(app=app)
             async with httpx.AsyncClient(transport=transport, base_url="http://push") as client:
                 yield client, app
+
+
+@asynccontextmanager
+async def alice_online(
+    redis_url: str, prefix: str
+) -> AsyncIterator[tuple[Gateway, httpx.AsyncClient, ClientConnection]]:
+    """Gateway gw1 in group g1, the push API, and a client of gw1 connected as alice."""
+    async with (
+        gateway(redis_url, prefix, "gw1", "g1") as gw,
+        api(redis_url, prefix) as http,
+        client(gw, "alice") as ws,
+    ):
+        yield gw, http, ws
+
+
+@asynccontextmanager
+async def two_groups(
+    redis_url: str, prefix: str
+) -> AsyncIterator[tuple[Gateway, Gateway, httpx.AsyncClient]]:
+    """Gateways gw1 in group g1 and gw2 in group g2, and the push API."""
+    async with (
+        gateway(redis_url, prefix, "gw1", "g1") as gw1,
+        gateway(redis_url, prefix, "gw2", "g2") as gw2,
+        api(redis_url, prefix) as http,
+    ):
+        yield gw1, gw2, http
 
 
 def token(uid: str, ttl: int = 3600) -> str:

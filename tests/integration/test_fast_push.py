@@ -35,7 +35,7 @@ async def push_api(redis_url: str, prefix: str) -> AsyncIterator[tuple[httpx.Asy
 
 
 @asynccontextmanager
-async def alice_online(
+async def alice_and_app(
     redis_url: str, prefix: str
 ) -> AsyncIterator[tuple[httpx.AsyncClient, Any, ClientConnection]]:
     """`push_api`, and a client of a gateway connected as alice."""
@@ -50,7 +50,7 @@ async def alice_online(
 async def test_a_canonical_push_takes_the_hot_path_and_arrives(
     redis_url: str, prefix: str, redis: object
 ) -> None:
-    async with alice_online(redis_url, prefix) as (http, app, ws):
+    async with alice_and_app(redis_url, prefix) as (http, app, ws):
         fast = _fast_push(app)
         resp = await http.post(
             "/v1/push", json={"to": ["alice", "bob"], "content": {"t": "é"}}, headers=AUTH
@@ -88,7 +88,7 @@ async def test_a_canonical_push_takes_the_hot_path_and_arrives(
 async def test_other_bodies_reach_the_route_whole(
     redis_url: str, prefix: str, redis: object, body: Any, headers: Any, status: int
 ) -> None:
-    async with alice_online(redis_url, prefix) as (http, app, ws):
+    async with alice_and_app(redis_url, prefix) as (http, app, ws):
         resp = await http.post("/v1/push", json=body, headers={**AUTH, **headers})
         assert resp.status_code == status, resp.text
         assert _fast_push(app).taken == 0
@@ -105,7 +105,7 @@ async def test_bodies_json_loads_must_judge_reach_the_route(
 ) -> None:
     """orjson refuses NaN and integers past 64 bits, which json.loads reads: the route
     gives its own answers (a 422 naming content; a push)."""
-    async with alice_online(redis_url, prefix) as (http, app, ws):
+    async with alice_and_app(redis_url, prefix) as (http, app, ws):
         json_headers = {**AUTH, "Content-Type": "application/json"}
         nan = await http.post(
             "/v1/push", content=b'{"to":["alice"],"content":NaN}', headers=json_headers

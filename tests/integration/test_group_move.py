@@ -15,7 +15,7 @@ import redis.asyncio as aioredis
 
 from shared.keys import KeySchema
 from tests.integration.recovery_helpers import ack, fanout, gone, open_ws, pushes, replay
-from tests.integration.stack import api, gateway, nothing_more
+from tests.integration.stack import nothing_more, two_groups
 
 pytestmark = pytest.mark.integration
 
@@ -24,11 +24,7 @@ async def test_a_multicast_resolved_to_the_old_route_reaches_the_moved_client_on
     redis_url: str, prefix: str, redis: aioredis.Redis
 ) -> None:
     route = KeySchema(prefix).route("amy")
-    async with (
-        gateway(redis_url, prefix, "gw1", "g1") as gw1,
-        gateway(redis_url, prefix, "gw2", "g2") as gw2,
-        api(redis_url, prefix) as http,
-    ):
+    async with two_groups(redis_url, prefix) as (gw1, gw2, http):
         ws = await open_ws(gw2, "amy")
         await replay(ws)
         await fanout(http, "/v1/multicast", {"to": ["amy"], "content": "in g2"})
