@@ -93,6 +93,20 @@ async def fanout(http: httpx.AsyncClient, path: str, body: Frame) -> str:
     raise AssertionError(f"job {push_id} did not finish")
 
 
+async def multicast_acked_by_first(
+    gw: Gateway, http: httpx.AsyncClient, to: list[str], content: Any
+) -> tuple[str, ClientConnection]:
+    """Multicast `content` to `to`, of whom only the first is online on `gw`, and acks
+    it: the push id, and the first's client (still open)."""
+    ws = await open_ws(gw, to[0])
+    await replay(ws)
+    push_id = await fanout(http, "/v1/multicast", {"to": to, "content": content})
+    (frame,) = await pushes(ws, 1)
+    await ack(ws, frame)
+    await acked(gw, 1)
+    return push_id, ws
+
+
 def contents(frames: list[Frame]) -> list[Any]:
     return [f["content"] for f in frames]
 
