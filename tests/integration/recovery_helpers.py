@@ -10,9 +10,7 @@ import httpx
 from websockets.asyncio.client import ClientConnection, connect
 
 from socket_gateway.app import Gateway
-from tests.integration.stack import AUTH, recv_json, token
-
-Frame = dict[str, Any]
+from tests.integration.stack import Frame, fanout, recv_json, token
 
 
 async def open_ws(gw: Gateway, uid: str, since: str | None = None) -> ClientConnection:
@@ -72,27 +70,6 @@ async def reconnect(gw: Gateway, ws: ClientConnection, uid: str) -> list[Frame]:
     return got
 
 
-async def p2p(http: httpx.AsyncClient, uids: list[str], content: Any, **kw: Any) -> Frame:
-    resp = await http.post("/v1/push", json={"to": uids, "content": content, **kw}, headers=AUTH)
-    assert resp.status_code == 200, resp.text
-    body: Frame = resp.json()
-    return body
-
-
-async def fanout(http: httpx.AsyncClient, path: str, body: Frame) -> str:
-    """POST a broadcast or multicast and wait for its job to end; its push id."""
-    resp = await http.post(path, json=body, headers=AUTH)
-    assert resp.status_code == 202, resp.text
-    push_id: str = resp.json()["push_id"]
-    for _ in range(500):
-        job = (await http.get(f"/v1/pushes/{push_id}", headers=AUTH)).json()
-        if job["status"] in ("done", "failed"):
-            assert job["status"] == "done", job
-            return push_id
-        await asyncio.sleep(0.02)
-    raise AssertionError(f"job {push_id} did not finish")
-
-
 async def multicast_acked_by_first(
     gw: Gateway, http: httpx.AsyncClient, to: list[str], content: Any
 ) -> tuple[str, ClientConnection]:
@@ -105,10 +82,6 @@ async def multicast_acked_by_first(
     await ack(ws, frame)
     await acked(gw, 1)
     return push_id, ws
-
-
-def contents(frames: list[Frame]) -> list[Any]:
-    return [f["content"] for f in frames]
 
 
 def dumps(frame: Frame) -> str:

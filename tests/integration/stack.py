@@ -45,6 +45,7 @@ from tests.waiting import wait_for
 
 __all__ = [
     "AUTH",
+    "Frame",
     "Gw",
     "RawClient",
     "alice_online",
@@ -52,11 +53,14 @@ __all__ = [
     "api_app",
     "client",
     "closed_with",
+    "contents",
     "endpoint",
     "endpoint_client",
+    "fanout",
     "gateway",
     "handshake_refused",
     "nothing_more",
+    "p2p",
     "push_frame",
     "ready",
     "recv_json",
@@ -68,6 +72,8 @@ __all__ = [
 ]
 
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
+
+Frame = dict[str, Any]
 
 
 def settings(redis_url: str, prefix: str, **overrides: Any) -> Settings:
@@ -191,6 +197,31 @@ async def nothing_more(ws: ClientConnection, wait: float = 0.3) -> bool:
     except TimeoutError:
         return True
     return False
+
+
+async def p2p(http: httpx.AsyncClient, uids: list[str], content: Any, **kw: Any) -> Frame:
+    resp = await http.post("/v1/push", json={"to": uids, "content": content, **kw}, headers=AUTH)
+    assert resp.status_code == 200, resp.text
+    body: Frame = resp.json()
+    return body
+
+
+async def fanout(http: httpx.AsyncClient, path: str, body: Frame) -> str:
+    """POST a broadcast or multicast and wait for its job to end; its push id."""
+    resp = await http.post(path, json=body, headers=AUTH)
+    assert resp.status_code == 202, resp.text
+    push_id: str = resp.json()["push_id"]
+    for _ in range(500):
+        job = (await http.get(f"/v1/pushes/{push_id}", headers=AUTH)).json()
+        if job["status"] in ("done", "failed"):
+            assert job["status"] == "done", job
+            return push_id
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"job {push_id} did not finish")
+
+
+def contents(frames: list[Frame]) -> list[Any]:
+    return [f["content"] for f in frames]
 
 
 # ------------------------------------------------------------------ a bare endpoint

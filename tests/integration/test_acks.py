@@ -13,18 +13,8 @@ import pytest
 from websockets.asyncio.client import ClientConnection, connect
 
 from tests.integration.fault_clients import TcpProxy
-from tests.integration.recovery_helpers import (
-    Frame,
-    ack,
-    acked,
-    contents,
-    open_ws,
-    p2p,
-    pushes,
-    reconnect,
-    replay,
-)
-from tests.integration.stack import AUTH, api, gateway, recv_json, token
+from tests.integration.recovery_helpers import ack, acked, open_ws, pushes, reconnect, replay
+from tests.integration.stack import AUTH, Frame, api, contents, gateway, p2p, recv_json, token
 
 pytestmark = pytest.mark.integration
 

@@ -14,8 +14,8 @@ import pytest
 import redis.asyncio as aioredis
 
 from shared.keys import KeySchema
-from tests.integration.recovery_helpers import ack, fanout, gone, open_ws, pushes, replay
-from tests.integration.stack import nothing_more, two_groups
+from tests.integration.recovery_helpers import ack, gone, open_ws, pushes, replay
+from tests.integration.stack import fanout, nothing_more, two_groups
 
 pytestmark = pytest.mark.integration
 

@@ -22,8 +22,8 @@ from shared.clock import SystemClock
 from shared.keys import KeySchema
 from shared.models import Message
 from tests.integration.procs import base_env, imroute
-from tests.integration.recovery_helpers import contents, open_ws, p2p, replay
-from tests.integration.stack import api, gateway
+from tests.integration.recovery_helpers import open_ws, replay
+from tests.integration.stack import api, contents, gateway, p2p
 
 pytestmark = pytest.mark.integration
 

@@ -19,8 +19,8 @@ from router.redis.client import connect_redis
 from shared.clock import SystemClock
 from shared.keys import KeySchema
 from shared.positions import counter_of
-from tests.integration.recovery_helpers import contents, open_ws, p2p, replay
-from tests.integration.stack import api, gateway
+from tests.integration.recovery_helpers import open_ws, replay
+from tests.integration.stack import api, contents, gateway, p2p
 from tests.integration.test_key_migration import (
     BRACED,
     FAR,

@@ -11,16 +11,14 @@ import httpx
 import pytest
 
 from tests.integration.recovery_helpers import (
-    Frame,
     ack,
     acked,
-    fanout,
     multicast_acked_by_first,
     open_ws,
     pushes,
     replay,
 )
-from tests.integration.stack import AUTH, api, gateway
+from tests.integration.stack import AUTH, Frame, api, fanout, gateway
 
 pytestmark = pytest.mark.integration
 

@@ -10,19 +10,8 @@ import pytest
 
 from shared.positions import decode_pos
 from socket_gateway.metrics import render
-from tests.integration.recovery_helpers import (
-    ack,
-    acked,
-    contents,
-    fanout,
-    gone,
-    open_ws,
-    p2p,
-    pushes,
-    reconnect,
-    replay,
-)
-from tests.integration.stack import AUTH, api, gateway, nothing_more
+from tests.integration.recovery_helpers import ack, acked, gone, open_ws, pushes, reconnect, replay
+from tests.integration.stack import AUTH, api, contents, fanout, gateway, nothing_more, p2p
 
 pytestmark = pytest.mark.integration
 

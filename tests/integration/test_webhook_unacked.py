@@ -18,11 +18,10 @@ from tests.integration.recovery_helpers import (
     acked,
     multicast_acked_by_first,
     open_ws,
-    p2p,
     pushes,
     replay,
 )
-from tests.integration.stack import AUTH, api, gateway
+from tests.integration.stack import AUTH, api, gateway, p2p
 from tests.integration.test_webhook_delivery import env_for
 from tests.integration.webhook_receiver import WebhookReceiver
 
