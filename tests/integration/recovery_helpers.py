@@ -30,6 +30,13 @@ async def replay(ws: ClientConnection, timeout: float = 10.0) -> tuple[list[Fram
         pushes.append(frame)
 
 
+async def connected(gw: Gateway, uid: str) -> ClientConnection:
+    """A client of `gw` as `uid`, once it has read its replay (whatever that held)."""
+    ws = await open_ws(gw, uid)
+    await replay(ws)
+    return ws
+
+
 async def pushes(ws: ClientConnection, n: int, timeout: float = 10.0) -> list[Frame]:
     return [await recv_json(ws, timeout) for _ in range(n)]
 
@@ -70,13 +77,12 @@ async def reconnect(gw: Gateway, ws: ClientConnection, uid: str) -> list[Frame]:
     return got
 
 
-async def multicast_acked_by_first(
+async def multicast_acked(
     gw: Gateway, http: httpx.AsyncClient, to: list[str], content: Any
 ) -> tuple[str, ClientConnection]:
     """Multicast `content` to `to`, of whom only the first is online on `gw`, and acks
     it: the push id, and the first's client (still open)."""
-    ws = await open_ws(gw, to[0])
-    await replay(ws)
+    ws = await connected(gw, to[0])
     push_id = await fanout(http, "/v1/multicast", {"to": to, "content": content})
     (frame,) = await pushes(ws, 1)
     await ack(ws, frame)

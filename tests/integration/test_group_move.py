@@ -14,7 +14,7 @@ import pytest
 import redis.asyncio as aioredis
 
 from shared.keys import KeySchema
-from tests.integration.recovery_helpers import ack, gone, open_ws, pushes, replay
+from tests.integration.recovery_helpers import ack, connected, gone, open_ws, pushes, replay
 from tests.integration.stack import fanout, nothing_more, two_groups
 
 pytestmark = pytest.mark.integration
@@ -25,8 +25,7 @@ async def test_a_multicast_resolved_to_the_old_route_reaches_the_moved_client_on
 ) -> None:
     route = KeySchema(prefix).route("amy")
     async with two_groups(redis_url, prefix) as (gw1, gw2, http):
-        ws = await open_ws(gw2, "amy")
-        await replay(ws)
+        ws = await connected(gw2, "amy")
         await fanout(http, "/v1/multicast", {"to": ["amy"], "content": "in g2"})
         (first,) = await pushes(ws, 1)
         assert first["content"] == "in g2"

@@ -22,7 +22,7 @@ from shared.clock import SystemClock
 from shared.keys import KeySchema
 from shared.models import Message
 from tests.integration.procs import base_env, imroute
-from tests.integration.recovery_helpers import open_ws, replay
+from tests.integration.recovery_helpers import connected, open_ws, replay
 from tests.integration.stack import api, contents, gateway, p2p
 
 pytestmark = pytest.mark.integration
@@ -136,8 +136,7 @@ async def test_a_hex_with_a_live_route_is_a_user_too(
     await write_old(redis, prefix, BRACED, "mine?")
     await users(directory, BRACED)
     async with gateway(redis_url, prefix, "gw1", "g1") as gw:
-        other = await open_ws(gw, HEXED)
-        await replay(other)
+        other = await connected(gw, HEXED)
         out = migrate(redis_url, prefix, directory)
         assert "1 ambiguous" in out, out
         await other.close()

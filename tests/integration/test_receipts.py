@@ -10,14 +10,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.integration.recovery_helpers import (
-    ack,
-    acked,
-    multicast_acked_by_first,
-    open_ws,
-    pushes,
-    replay,
-)
+from tests.integration.recovery_helpers import ack, acked, multicast_acked, open_ws, pushes, replay
 from tests.integration.stack import AUTH, Frame, api, fanout, gateway
 
 pytestmark = pytest.mark.integration
@@ -91,7 +84,7 @@ async def test_past_the_bound_a_receipt_keeps_counts_only(redis_url: str, prefix
         api(redis_url, prefix, receipts_max_recipients=10) as http,
     ):
         to = [f"big{n}" for n in range(50)]
-        push_id, ws = await multicast_acked_by_first(gw, http, to, "all")
+        push_id, ws = await multicast_acked(gw, http, to, "all")
         for _ in range(100):
             s = await status(http, push_id)
             if s["acked"] == 1:

@@ -20,6 +20,7 @@ from router.processes.supervisor import alive, descendants
 from tests.conftest import API_KEY
 from tests.integration.procs import BIN, Proc, base_env, read_until, running, service_env
 from tests.integration.stack import AUTH, client, gateway, recv_json
+from tests.waiting import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -132,14 +133,13 @@ async def test_a_killed_worker_is_replaced_and_sigint_stops_them_all(
         victim = min(first)
         os.kill(victim, signal.SIGKILL)
         read_until(proc, "starting it again", timeout=10)
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            now = _workers(proc)
-            if len(now) == 2 and victim not in now:
-                break
-            await asyncio.sleep(0.1)
-        else:
-            raise AssertionError(f"no replacement worker: {_workers(proc)}")
+        await wait_for(
+            lambda: len(now := _workers(proc)) == 2 and victim not in now,
+            "a replacement worker",
+            30,
+            every=0.1,
+            detail=lambda: f"workers {_workers(proc)}",
+        )
         async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=10) as http:
             for _ in range(20):  # whichever worker takes each connection answers
                 async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as fresh:
@@ -161,10 +161,7 @@ async def test_a_killed_supervisor_leaves_no_worker(
         assert len(workers) == 2
         proc.send_signal(signal.SIGKILL)
         proc.wait(10)
-        deadline = time.monotonic() + 15
-        while any(alive(p) for p in workers) and time.monotonic() < deadline:
-            await asyncio.sleep(0.1)
-        assert not any(alive(p) for p in workers)
+        await wait_for(lambda: not any(alive(p) for p in workers), "no worker left", 15, every=0.1)
 
 
 def test_a_bad_setting_is_one_message_and_exit_2(tmp_path: Path) -> None:
