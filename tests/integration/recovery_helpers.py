@@ -66,13 +66,19 @@ async def gone(gw: Gateway, uid: str) -> None:
     raise AssertionError(f"{uid} still connected")
 
 
+async def replayed(gw: Gateway, uid: str) -> list[Frame]:
+    """Connect afresh as `uid` (no since), read the replay, close: its pushes."""
+    ws = await open_ws(gw, uid)
+    got, _ = await replay(ws)
+    await ws.close()
+    return got
+
+
 async def reconnect(gw: Gateway, ws: ClientConnection, uid: str) -> list[Frame]:
     """Close, wait until the gateway let go, connect afresh (no since): the replay."""
     await ws.close()
     await gone(gw, uid)
-    again = await open_ws(gw, uid)
-    got, _ = await replay(again)
-    await again.close()
+    got = await replayed(gw, uid)
     await gone(gw, uid)
     return got
 
