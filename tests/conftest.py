@@ -50,6 +50,14 @@ LONE_SURROGATES = [
     ("/v1/broadcast", b'{"content":"\\ud83d"}'),
 ]
 
+# Idempotency-Key header values that are refused, each with a word its 422 says.
+BAD_IDEMPOTENCY_KEYS = [
+    (b"", "empty"),
+    (b"k" * 256, "at most 255"),
+    (b"tab\there", "printable"),
+    ("caf\u00e9".encode("latin-1"), "printable"),
+]
+
 
 def invalid_details(resp: httpx.Response) -> list[dict[str, Any]]:
     """The details of a 422 `invalid_request` answer, once asserted that it is one."""

@@ -10,7 +10,13 @@ import pytest
 
 from shared.models import GatewayInfo
 from tests.api.conftest import Api, Fakes
-from tests.conftest import API_KEY, LONE_SURROGATES, MALFORMED_PUSHES, invalid_details
+from tests.conftest import (
+    API_KEY,
+    BAD_IDEMPOTENCY_KEYS,
+    LONE_SURROGATES,
+    MALFORMED_PUSHES,
+    invalid_details,
+)
 
 pytestmark = pytest.mark.api
 
@@ -241,15 +247,7 @@ async def test_a_push_is_read_back_by_its_id_and_an_unknown_one_is_404(api: Api)
         assert too_long.status_code == 422, too_long.text
 
 
-@pytest.mark.parametrize(
-    ("value", "problem"),
-    [
-        (b"", "empty"),
-        (b"k" * 256, "at most 255"),
-        (b"tab\there", "printable"),
-        ("caf\u00e9".encode("latin-1"), "printable"),
-    ],
-)
+@pytest.mark.parametrize(("value", "problem"), BAD_IDEMPOTENCY_KEYS)
 async def test_a_bad_idempotency_key_is_refused_by_name(
     api: Api, fakes: Fakes, value: bytes, problem: str
 ) -> None:

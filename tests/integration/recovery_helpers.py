@@ -10,9 +10,7 @@ import httpx
 from websockets.asyncio.client import ClientConnection, connect
 
 from socket_gateway.app import Gateway
-from tests.integration.stack import AUTH, recv_json, token
-
-Frame = dict[str, Any]
+from tests.integration.stack import Frame, fanout, recv_json, token
 
 
 async def open_ws(gw: Gateway, uid: str, since: str | None = None) -> ClientConnection:
@@ -30,6 +28,13 @@ async def replay(ws: ClientConnection, timeout: float = 10.0) -> tuple[list[Fram
         if frame["type"] == "recovered":
             return pushes, frame
         pushes.append(frame)
+
+
+async def connected(gw: Gateway, uid: str) -> ClientConnection:
+    """A client of `gw` as `uid`, once it has read its replay (whatever that held)."""
+    ws = await open_ws(gw, uid)
+    await replay(ws)
+    return ws
 
 
 async def pushes(ws: ClientConnection, n: int, timeout: float = 10.0) -> list[Frame]:
@@ -61,40 +66,34 @@ async def gone(gw: Gateway, uid: str) -> None:
     raise AssertionError(f"{uid} still connected")
 
 
+async def replayed(gw: Gateway, uid: str) -> list[Frame]:
+    """Connect afresh as `uid` (no since), read the replay, close: its pushes."""
+    ws = await open_ws(gw, uid)
+    got, _ = await replay(ws)
+    await ws.close()
+    return got
+
+
 async def reconnect(gw: Gateway, ws: ClientConnection, uid: str) -> list[Frame]:
     """Close, wait until the gateway let go, connect afresh (no since): the replay."""
     await ws.close()
     await gone(gw, uid)
-    again = await open_ws(gw, uid)
-    got, _ = await replay(again)
-    await again.close()
+    got = await replayed(gw, uid)
     await gone(gw, uid)
     return got
 
 
-async def p2p(http: httpx.AsyncClient, uids: list[str], content: Any, **kw: Any) -> Frame:
-    resp = await http.post("/v1/push", json={"to": uids, "content": content, **kw}, headers=AUTH)
-    assert resp.status_code == 200, resp.text
-    body: Frame = resp.json()
-    return body
-
-
-async def fanout(http: httpx.AsyncClient, path: str, body: Frame) -> str:
-    """POST a broadcast or multicast and wait for its job to end; its push id."""
-    resp = await http.post(path, json=body, headers=AUTH)
-    assert resp.status_code == 202, resp.text
-    push_id: str = resp.json()["push_id"]
-    for _ in range(500):
-        job = (await http.get(f"/v1/pushes/{push_id}", headers=AUTH)).json()
-        if job["status"] in ("done", "failed"):
-            assert job["status"] == "done", job
-            return push_id
-        await asyncio.sleep(0.02)
-    raise AssertionError(f"job {push_id} did not finish")
-
-
-def contents(frames: list[Frame]) -> list[Any]:
-    return [f["content"] for f in frames]
+async def multicast_acked(
+    gw: Gateway, http: httpx.AsyncClient, to: list[str], content: Any
+) -> tuple[str, ClientConnection]:
+    """Multicast `content` to `to`, of whom only the first is online on `gw`, and acks
+    it: the push id, and the first's client (still open)."""
+    ws = await connected(gw, to[0])
+    push_id = await fanout(http, "/v1/multicast", {"to": to, "content": content})
+    (frame,) = await pushes(ws, 1)
+    await ack(ws, frame)
+    await acked(gw, 1)
+    return push_id, ws
 
 
 def dumps(frame: Frame) -> str:

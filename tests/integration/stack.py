@@ -18,6 +18,7 @@ from typing import Any
 
 import httpx
 import pytest
+from fastapi import FastAPI
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.http11 import Response
@@ -28,7 +29,7 @@ from router.directory.migrate import upgrade
 from router.redis.client import connect_redis
 from router.routes.registry import RedisRouteRegistry
 from shared.auth import TokenRules, issue_token
-from shared.clock import SystemClock
+from shared.clock import Clock, SystemClock
 from shared.ids import ConnIdFactory
 from shared.keys import KeySchema
 from shared.models import Message
@@ -44,25 +45,35 @@ from tests.waiting import wait_for
 
 __all__ = [
     "AUTH",
+    "Frame",
     "Gw",
     "RawClient",
+    "alice_online",
     "api",
+    "api_app",
     "client",
     "closed_with",
+    "contents",
     "endpoint",
     "endpoint_client",
+    "fanout",
     "gateway",
     "handshake_refused",
     "nothing_more",
+    "p2p",
     "push_frame",
     "ready",
     "recv_json",
+    "route_registry",
     "routes",
     "settings",
     "token",
+    "two_groups",
 ]
 
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
+
+Frame = dict[str, Any]
 
 
 def settings(redis_url: str, prefix: str, **overrides: Any) -> Settings:
@@ -100,6 +111,15 @@ async def gateway(
 async def api(
     redis_url: str, prefix: str, bus: Bus | None = None, **kw: Any
 ) -> AsyncIterator[httpx.AsyncClient]:
+    async with api_app(redis_url, prefix, bus, **kw) as (client, _):
+        yield client
+
+
+@asynccontextmanager
+async def api_app(
+    redis_url: str, prefix: str, bus: Bus | None = None, **kw: Any
+) -> AsyncIterator[tuple[httpx.AsyncClient, FastAPI]]:
+    """`api`'s client, and the app it calls."""
     with tempfile.TemporaryDirectory(prefix="imroute-test-db-") as folder:
         if "db_url" not in kw:
             # A migrated SQLite directory of its own.
@@ -109,7 +129,33 @@ async def api(
         async with app.router.lifespan_context(app):
             transport = httpx.ASGITransport(app=app)
             async with httpx.AsyncClient(transport=transport, base_url="http://push") as client:
-                yield client
+                yield client, app
+
+
+@asynccontextmanager
+async def alice_online(
+    redis_url: str, prefix: str
+) -> AsyncIterator[tuple[Gateway, httpx.AsyncClient, ClientConnection]]:
+    """Gateway gw1 in group g1, the push API, and a client of gw1 connected as alice."""
+    async with (
+        gateway(redis_url, prefix, "gw1", "g1") as gw,
+        api(redis_url, prefix) as http,
+        client(gw, "alice") as ws,
+    ):
+        yield gw, http, ws
+
+
+@asynccontextmanager
+async def two_groups(
+    redis_url: str, prefix: str
+) -> AsyncIterator[tuple[Gateway, Gateway, httpx.AsyncClient]]:
+    """Gateways gw1 in group g1 and gw2 in group g2, and the push API."""
+    async with (
+        gateway(redis_url, prefix, "gw1", "g1") as gw1,
+        gateway(redis_url, prefix, "gw2", "g2") as gw2,
+        api(redis_url, prefix) as http,
+    ):
+        yield gw1, gw2, http
 
 
 def token(uid: str, ttl: int = 3600) -> str:
@@ -153,6 +199,31 @@ async def nothing_more(ws: ClientConnection, wait: float = 0.3) -> bool:
     return False
 
 
+async def p2p(http: httpx.AsyncClient, uids: list[str], content: Any, **kw: Any) -> Frame:
+    resp = await http.post("/v1/push", json={"to": uids, "content": content, **kw}, headers=AUTH)
+    assert resp.status_code == 200, resp.text
+    body: Frame = resp.json()
+    return body
+
+
+async def fanout(http: httpx.AsyncClient, path: str, body: Frame) -> str:
+    """POST a broadcast or multicast and wait for its job to end; its push id."""
+    resp = await http.post(path, json=body, headers=AUTH)
+    assert resp.status_code == 202, resp.text
+    push_id: str = resp.json()["push_id"]
+    for _ in range(500):
+        job = (await http.get(f"/v1/pushes/{push_id}", headers=AUTH)).json()
+        if job["status"] in ("done", "failed"):
+            assert job["status"] == "done", job
+            return push_id
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"job {push_id} did not finish")
+
+
+def contents(frames: list[Frame]) -> list[Any]:
+    return [f["content"] for f in frames]
+
+
 # ------------------------------------------------------------------ a bare endpoint
 
 Registrar = Callable[[str, str], Awaitable[None]]
@@ -194,16 +265,7 @@ async def endpoint(
 ) -> AsyncIterator[Gw]:
     async with connect_redis(redis_url) as redis:
         keys = KeySchema(prefix)
-        registry = RedisRouteRegistry(
-            redis,
-            keys,
-            SystemClock(),
-            ttl_s=60,
-            gateway_id="gw1",
-            group_id="g1",
-            ip="127.0.0.1",
-            port=5000,
-        )
+        registry = route_registry(redis, prefix, "gw1", group_id="g1", port=5000)
         calls: list[tuple[str, str, str]] = []
 
         async def reg(uid: str, conn_id: str) -> None:
@@ -237,6 +299,23 @@ async def endpoint(
             ep.accepting = False
             server.close(close_connections=True)
             await asyncio.wait_for(server.wait_closed(), 10)
+
+
+def route_registry(
+    redis: Any, prefix: str, gw: str, clock: Clock | None = None, **options: Any
+) -> RedisRouteRegistry:
+    """The route registry of gateway `gw` (a name ending in a digit): in group
+    `group-of-<gw>`, at 127.0.0.1 port 9000 + that digit, routes kept 60 s, unless
+    `options` (RedisRouteRegistry's) say otherwise."""
+    defaults: dict[str, Any] = {
+        "ttl_s": 60,
+        "group_id": f"group-of-{gw}",
+        "ip": "127.0.0.1",
+        "port": 9000 + int(gw[-1]),
+    }
+    return RedisRouteRegistry(
+        redis, KeySchema(prefix), clock or SystemClock(), gateway_id=gw, **(defaults | options)
+    )
 
 
 async def routes(redis: Any, gw: Gw, uid: str) -> dict[str, str]:

@@ -14,17 +14,15 @@ from websockets.asyncio.client import ClientConnection, connect
 
 from tests.integration.fault_clients import TcpProxy
 from tests.integration.recovery_helpers import (
-    Frame,
     ack,
     acked,
-    contents,
+    connected,
     open_ws,
-    p2p,
     pushes,
     reconnect,
     replay,
 )
-from tests.integration.stack import AUTH, api, gateway, recv_json, token
+from tests.integration.stack import AUTH, Frame, api, contents, gateway, p2p, recv_json, token
 
 pytestmark = pytest.mark.integration
 
@@ -40,8 +38,7 @@ async def test_an_acked_push_leaves_the_inbox_and_its_receipt_says_acked(
     redis_url: str, prefix: str
 ) -> None:
     async with gateway(redis_url, prefix, "gw1", "g1") as gw, api(redis_url, prefix) as http:
-        ws = await open_ws(gw, "ana")
-        await replay(ws)
+        ws = await connected(gw, "ana")
         body = await p2p(http, ["ana", "ben"], "hello")
         assert body["delivered"] == ["ana"] and body["offline"] == ["ben"]
         first = await status(http, body["push_id"])
@@ -75,8 +72,7 @@ async def test_a_push_never_acked_comes_again_and_a_cumulative_ack_covers_all_be
     redis_url: str, prefix: str
 ) -> None:
     async with gateway(redis_url, prefix, "gw1", "g1") as gw, api(redis_url, prefix) as http:
-        ws = await open_ws(gw, "cy")
-        await replay(ws)
+        ws = await connected(gw, "cy")
         ids = [(await p2p(http, ["cy"], n))["push_id"] for n in range(3)]
         frames = await pushes(ws, 3)
         # Received, never acked (auto-ack off): every one is in the inbox still.
@@ -96,8 +92,7 @@ async def test_bad_acks_are_ignored_counted_and_never_close(redis_url: str, pref
         gateway(redis_url, prefix, "gw1", "g1", metrics_port=0) as gw,
         api(redis_url, prefix) as http,
     ):
-        ws = await open_ws(gw, "dee")
-        await replay(ws)
+        ws = await connected(gw, "dee")
         await p2p(http, ["dee"], "x")
         (frame,) = await pushes(ws, 1)
         bad: list[Any] = [

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import LONE_SURROGATES, MALFORMED_PUSHES, invalid_details
-from tests.integration.stack import AUTH, api, client, gateway, nothing_more
+from tests.integration.stack import AUTH, alice_online, api, gateway, nothing_more
 
 pytestmark = pytest.mark.integration
 
@@ -21,33 +21,31 @@ pytestmark = pytest.mark.integration
 async def test_malformed_push_is_422_naming_the_field(
     redis_url: str, prefix: str, redis: object, body: dict[str, Any], field: str
 ) -> None:
-    async with gateway(redis_url, prefix, "gw1", "g1") as gw, api(redis_url, prefix) as http:
-        async with client(gw, "alice") as ws:
-            resp = await http.post("/v1/push", json=body, headers=AUTH)
-            assert field in [d["field"] for d in invalid_details(resp)], resp.text
-            assert gw.deliver_service.calls == 0
-            assert await nothing_more(ws, 0.1)
+    async with alice_online(redis_url, prefix) as (gw, http, ws):
+        resp = await http.post("/v1/push", json=body, headers=AUTH)
+        assert field in [d["field"] for d in invalid_details(resp)], resp.text
+        assert gw.deliver_service.calls == 0
+        assert await nothing_more(ws, 0.1)
 
 
 async def test_oversized_content_is_413_and_not_sent(
     redis_url: str, prefix: str, redis: object
 ) -> None:
-    async with gateway(redis_url, prefix, "gw1", "g1") as gw, api(redis_url, prefix) as http:
-        async with client(gw, "alice") as ws:
-            resp = await http.post(
-                "/v1/push", json={"to": ["alice"], "content": "x" * (64 * 1024)}, headers=AUTH
-            )
-            assert resp.status_code == 413
-            assert resp.json()["detail"][0]["field"] == "content"
-            # Just under the limit once encoded (two quotes) is fine.
-            ok = await http.post(
-                "/v1/push", json={"to": ["alice"], "content": "x" * (64 * 1024 - 2)}, headers=AUTH
-            )
-            assert ok.status_code == 200
-            assert gw.deliver_service.calls == 1
-            frame = await ws.recv()
-            assert len(frame) > 64 * 1024
-            assert await nothing_more(ws, 0.1)
+    async with alice_online(redis_url, prefix) as (gw, http, ws):
+        resp = await http.post(
+            "/v1/push", json={"to": ["alice"], "content": "x" * (64 * 1024)}, headers=AUTH
+        )
+        assert resp.status_code == 413
+        assert resp.json()["detail"][0]["field"] == "content"
+        # Just under the limit once encoded (two quotes) is fine.
+        ok = await http.post(
+            "/v1/push", json={"to": ["alice"], "content": "x" * (64 * 1024 - 2)}, headers=AUTH
+        )
+        assert ok.status_code == 200
+        assert gw.deliver_service.calls == 1
+        frame = await ws.recv()
+        assert len(frame) > 64 * 1024
+        assert await nothing_more(ws, 0.1)
 
 
 async def test_healthz_needs_no_key_and_tracks_redis(

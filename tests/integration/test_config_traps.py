@@ -12,7 +12,7 @@ import pytest
 
 from router.processes.supervisor import Supervisor
 from tests.conftest import API_KEY, SECRET
-from tests.integration.procs import BIN, base_env, read_until, running
+from tests.integration.procs import BIN, base_env, gateway_env, read_until, running
 
 TOKEN = "t" * 40
 CLUSTER = "redis+cluster://:pw-hunter2@127.0.0.1:7000"
@@ -81,12 +81,7 @@ def test_a_wildcard_bind_announces_the_hosts_one_address(prefix: str) -> None:
         f"until {BIN}/redis-cli -p {port} ping >/dev/null 2>&1; do sleep 0.05; done; "
         "exec " + " ".join(_gateway_argv("--ws-host", "0.0.0.0", "--grpc-host", "0.0.0.0"))
     )
-    env = base_env(
-        IMROUTE_SECRET=SECRET,
-        IMROUTE_INTERNAL_TOKEN=TOKEN,
-        IMROUTE_REDIS_URL=f"redis://127.0.0.1:{port}/0",
-        IMROUTE_REDIS_PREFIX=prefix,
-    )
+    env = gateway_env(f"redis://127.0.0.1:{port}/0", prefix, IMROUTE_INTERNAL_TOKEN=TOKEN)
     with Supervisor(env) as sup:
         # whole_group: the namespace's Redis goes with the gateway
         gw = sup.start("gw", ["unshare", "-n", "bash", "-c", script],
@@ -99,12 +94,7 @@ def test_a_wildcard_bind_announces_the_hosts_one_address(prefix: str) -> None:
 def test_a_loopback_advertise_host_for_an_open_port_is_a_warning(
     redis_url: str, prefix: str
 ) -> None:
-    env = base_env(
-        IMROUTE_SECRET=SECRET,
-        IMROUTE_INTERNAL_TOKEN=TOKEN,
-        IMROUTE_REDIS_URL=redis_url,
-        IMROUTE_REDIS_PREFIX=prefix,
-    )
+    env = gateway_env(redis_url, prefix, IMROUTE_INTERNAL_TOKEN=TOKEN)
     argv = _gateway_argv("--ws-host", "0.0.0.0", "--grpc-host", "0.0.0.0",
                          "--advertise-host", "127.0.0.1")  # fmt: skip
     with running(argv, env) as gw:

@@ -4,18 +4,16 @@ every other request reaches the FastAPI route with its body whole."""
 from __future__ import annotations
 
 import json
-import tempfile
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
 import httpx
 import pytest
+from websockets.asyncio.client import ClientConnection
 
-from push_service.app import create_app
 from push_service.fast_push import FastPush
-from router.directory.migrate import upgrade
-from tests.integration.stack import AUTH, client, gateway, nothing_more, settings
+from tests.integration.stack import AUTH, api_app, client, gateway, nothing_more
 
 pytestmark = pytest.mark.integration
 
@@ -31,47 +29,47 @@ def _fast_push(app: Any) -> FastPush:
 
 @asynccontextmanager
 async def push_api(redis_url: str, prefix: str) -> AsyncIterator[tuple[httpx.AsyncClient, Any]]:
-    with tempfile.TemporaryDirectory(prefix="imroute-test-db-") as folder:
-        db_url = f"sqlite+aiosqlite:///{folder}/users.db"
-        await upgrade(db_url)
-        app = create_app(settings(redis_url, prefix, db_url=db_url))
-        async with app.router.lifespan_context(app):
-            transport = httpx.ASGITransport(app=app)
-            async with httpx.AsyncClient(transport=transport, base_url="http://push") as http:
-                await http.get("/healthz")  # builds the middleware stack
-                yield http, app
+    async with api_app(redis_url, prefix) as (http, app):
+        await http.get("/healthz")  # builds the middleware stack
+        yield http, app
+
+
+@asynccontextmanager
+async def alice_and_app(
+    redis_url: str, prefix: str
+) -> AsyncIterator[tuple[httpx.AsyncClient, Any, ClientConnection]]:
+    """`push_api`, and a client of a gateway connected as alice."""
+    async with (
+        gateway(redis_url, prefix, "gw1", "g1") as gw,
+        push_api(redis_url, prefix) as (http, app),
+        client(gw, "alice") as ws,
+    ):
+        yield http, app, ws
 
 
 async def test_a_canonical_push_takes_the_hot_path_and_arrives(
     redis_url: str, prefix: str, redis: object
 ) -> None:
-    async with (
-        gateway(redis_url, prefix, "gw1", "g1") as gw,
-        push_api(redis_url, prefix) as (
-            http,
-            app,
-        ),
-    ):
+    async with alice_and_app(redis_url, prefix) as (http, app, ws):
         fast = _fast_push(app)
-        async with client(gw, "alice") as ws:
-            resp = await http.post(
-                "/v1/push", json={"to": ["alice", "bob"], "content": {"t": "é"}}, headers=AUTH
-            )
-            assert resp.status_code == 200, resp.text
-            assert resp.headers["content-type"] == "application/json"
-            answer = resp.json()
-            assert set(answer) == {
-                "push_id", "msg_id", "delivered", "offline", "failed", "queued", "errors"
-            }  # fmt: skip
-            assert answer["delivered"] == ["alice"]
-            assert answer["offline"] == answer["queued"] == ["bob"]
-            assert fast.taken == 1
-            frame = json.loads(await ws.recv())
-            assert frame["content"] == {"t": "é"}
-            assert frame["msg_id"] == answer["msg_id"]
-            # The receipt of a hot-path push is recorded as the route's is.
-            status = (await http.get(f"/v1/pushes/{answer['push_id']}", headers=AUTH)).json()
-            assert status["recipients"] == 2
+        resp = await http.post(
+            "/v1/push", json={"to": ["alice", "bob"], "content": {"t": "é"}}, headers=AUTH
+        )
+        assert resp.status_code == 200, resp.text
+        assert resp.headers["content-type"] == "application/json"
+        answer = resp.json()
+        assert set(answer) == {
+            "push_id", "msg_id", "delivered", "offline", "failed", "queued", "errors"
+        }  # fmt: skip
+        assert answer["delivered"] == ["alice"]
+        assert answer["offline"] == answer["queued"] == ["bob"]
+        assert fast.taken == 1
+        frame = json.loads(await ws.recv())
+        assert frame["content"] == {"t": "é"}
+        assert frame["msg_id"] == answer["msg_id"]
+        # The receipt of a hot-path push is recorded as the route's is.
+        status = (await http.get(f"/v1/pushes/{answer['push_id']}", headers=AUTH)).json()
+        assert status["recipients"] == 2
 
 
 @pytest.mark.parametrize(
@@ -90,23 +88,16 @@ async def test_a_canonical_push_takes_the_hot_path_and_arrives(
 async def test_other_bodies_reach_the_route_whole(
     redis_url: str, prefix: str, redis: object, body: Any, headers: Any, status: int
 ) -> None:
-    async with (
-        gateway(redis_url, prefix, "gw1", "g1") as gw,
-        push_api(redis_url, prefix) as (
-            http,
-            app,
-        ),
-    ):
-        async with client(gw, "alice") as ws:
-            resp = await http.post("/v1/push", json=body, headers={**AUTH, **headers})
-            assert resp.status_code == status, resp.text
-            assert _fast_push(app).taken == 0
-            if status == 200:
-                assert resp.json()["delivered"] == ["alice"]
-                assert json.loads(await ws.recv())["content"] == 1
-            else:
-                assert resp.json()["error"] == "invalid_request"
-                assert await nothing_more(ws, 0.1)
+    async with alice_and_app(redis_url, prefix) as (http, app, ws):
+        resp = await http.post("/v1/push", json=body, headers={**AUTH, **headers})
+        assert resp.status_code == status, resp.text
+        assert _fast_push(app).taken == 0
+        if status == 200:
+            assert resp.json()["delivered"] == ["alice"]
+            assert json.loads(await ws.recv())["content"] == 1
+        else:
+            assert resp.json()["error"] == "invalid_request"
+            assert await nothing_more(ws, 0.1)
 
 
 async def test_bodies_json_loads_must_judge_reach_the_route(
@@ -114,34 +105,25 @@ async def test_bodies_json_loads_must_judge_reach_the_route(
 ) -> None:
     """orjson refuses NaN and integers past 64 bits, which json.loads reads: the route
     gives its own answers (a 422 naming content; a push)."""
-    async with (
-        gateway(redis_url, prefix, "gw1", "g1") as gw,
-        push_api(redis_url, prefix) as (
-            http,
-            app,
-        ),
-    ):
-        async with client(gw, "alice") as ws:
-            json_headers = {**AUTH, "Content-Type": "application/json"}
-            nan = await http.post(
-                "/v1/push", content=b'{"to":["alice"],"content":NaN}', headers=json_headers
-            )
-            assert nan.status_code == 422
-            assert nan.json()["detail"][0]["field"] == "content"
-            big = await http.post(
-                "/v1/push", content=b'{"to":["alice"],"content":123456789012345678901234567890}',
-                headers=json_headers,
-            )  # fmt: skip
-            assert big.status_code == 200, big.text
-            # (pydantic's JsonValue makes it a float: the route's behaviour, unchanged)
-            assert json.loads(await ws.recv())["content"] == pytest.approx(1.2345678901e29)
-            # No content-type: the route's own answer (FastAPI reads no JSON from it).
-            bare = await http.post(
-                "/v1/push", content=b'{"to":["alice"],"content":2}', headers=AUTH
-            )
-            assert bare.status_code == 422, bare.text
-            assert bare.json()["detail"][0]["field"] == "body"
-            assert _fast_push(app).taken == 0
+    async with alice_and_app(redis_url, prefix) as (http, app, ws):
+        json_headers = {**AUTH, "Content-Type": "application/json"}
+        nan = await http.post(
+            "/v1/push", content=b'{"to":["alice"],"content":NaN}', headers=json_headers
+        )
+        assert nan.status_code == 422
+        assert nan.json()["detail"][0]["field"] == "content"
+        big = await http.post(
+            "/v1/push", content=b'{"to":["alice"],"content":123456789012345678901234567890}',
+            headers=json_headers,
+        )  # fmt: skip
+        assert big.status_code == 200, big.text
+        # (pydantic's JsonValue makes it a float: the route's behaviour, unchanged)
+        assert json.loads(await ws.recv())["content"] == pytest.approx(1.2345678901e29)
+        # No content-type: the route's own answer (FastAPI reads no JSON from it).
+        bare = await http.post("/v1/push", content=b'{"to":["alice"],"content":2}', headers=AUTH)
+        assert bare.status_code == 422, bare.text
+        assert bare.json()["detail"][0]["field"] == "body"
+        assert _fast_push(app).taken == 0
 
 
 async def test_refusals_on_the_hot_path_look_as_on_the_route(

@@ -14,8 +14,8 @@ import pytest
 import redis.asyncio as aioredis
 
 from shared.keys import KeySchema
-from tests.integration.recovery_helpers import ack, fanout, gone, open_ws, pushes, replay
-from tests.integration.stack import api, gateway, nothing_more
+from tests.integration.recovery_helpers import ack, connected, gone, open_ws, pushes, replay
+from tests.integration.stack import fanout, nothing_more, two_groups
 
 pytestmark = pytest.mark.integration
 
@@ -24,13 +24,8 @@ async def test_a_multicast_resolved_to_the_old_route_reaches_the_moved_client_on
     redis_url: str, prefix: str, redis: aioredis.Redis
 ) -> None:
     route = KeySchema(prefix).route("amy")
-    async with (
-        gateway(redis_url, prefix, "gw1", "g1") as gw1,
-        gateway(redis_url, prefix, "gw2", "g2") as gw2,
-        api(redis_url, prefix) as http,
-    ):
-        ws = await open_ws(gw2, "amy")
-        await replay(ws)
+    async with two_groups(redis_url, prefix) as (gw1, gw2, http):
+        ws = await connected(gw2, "amy")
         await fanout(http, "/v1/multicast", {"to": ["amy"], "content": "in g2"})
         (first,) = await pushes(ws, 1)
         assert first["content"] == "in g2"

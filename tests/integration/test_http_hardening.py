@@ -19,12 +19,7 @@ import pytest
 import redis.asyncio as aioredis
 
 from tests.conftest import API_KEY
-from tests.integration.http_raw import (
-    HOST,
-    push_service,
-    read_answer_blocking,
-    request_head,
-)
+from tests.integration.http_raw import HOST, push_service, read_answer_blocking, request_head
 from tests.integration.stack import AUTH, api, gateway
 from tests.waiting import wait_for
 

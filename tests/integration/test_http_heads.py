@@ -172,12 +172,18 @@ async def _echo(scope: Scope, receive: Receive, send: Send) -> None:
     await send({"type": "http.response.body", "body": body})
 
 
+@pytest.fixture(params=["h11", "httptools"])
+def parser(request: pytest.FixtureRequest) -> Parser:
+    """Each parser uvicorn reads heads with."""
+    name: Parser = request.param
+    return name
+
+
 def _uvicorn(parser: Parser, counts: HeadCounts) -> AbstractAsyncContextManager[int]:
     protocol = head_deadline_protocol(5.0, parser, LIMITS, counts)
     return uvicorn_on(_echo, protocol, headers=RESPONSE_HEADERS)
 
 
-@pytest.mark.parametrize("parser", ["h11", "httptools"])
 async def test_both_parsers_take_a_head_at_each_limit_and_refuse_one_past_it(
     parser: Parser,
 ) -> None:
@@ -217,7 +223,6 @@ async def test_both_parsers_take_a_head_at_each_limit_and_refuse_one_past_it(
         }
 
 
-@pytest.mark.parametrize("parser", ["h11", "httptools"])
 async def test_bodies_and_keep_alive_requests_do_not_eat_the_next_heads_room(
     parser: Parser,
 ) -> None:
@@ -261,7 +266,6 @@ BIG_HEAD = HEAD_START + b"X-Big: " + b"a" * (120 * KIB) + b"\r\n\r\n"
 POST_10 = b"POST /healthz HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\n"
 
 
-@pytest.mark.parametrize("parser", ["h11", "httptools"])
 @pytest.mark.parametrize("size", [60 * KIB, 120 * KIB])
 async def test_over_limit_head_after_a_body_in_one_read_is_refused(
     parser: Parser, size: int
@@ -278,7 +282,6 @@ async def test_over_limit_head_after_a_body_in_one_read_is_refused(
         assert counts.refusals.counts == {"headers_too_large": 1}
 
 
-@pytest.mark.parametrize("parser", ["h11", "httptools"])
 async def test_over_limit_pipelined_head_is_refused(parser: Parser) -> None:
     """The finding: under h11 a 120-KB head pipelined behind a GET waited whole in h11's
     buffer, where its limit does not look, and reached the app."""

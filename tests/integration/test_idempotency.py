@@ -17,9 +17,17 @@ from push_service.idempotency.base import Answer, Claimed, fingerprint, scope_ha
 from push_service.idempotency.store import RedisIdempotencyStore
 from router.processes.ports import free_port
 from shared.keys import KeySchema
-from tests.conftest import API_KEY
-from tests.integration.procs import base_env, push_services
-from tests.integration.stack import AUTH, api, client, gateway, nothing_more, recv_json
+from tests.conftest import API_KEY, BAD_IDEMPOTENCY_KEYS
+from tests.integration.procs import push_services, service_env
+from tests.integration.stack import (
+    AUTH,
+    alice_online,
+    api,
+    client,
+    gateway,
+    nothing_more,
+    recv_json,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -56,18 +64,17 @@ async def test_twenty_concurrent_requests_with_one_key_push_once(
 async def test_the_same_key_with_another_body_or_path_is_refused(
     redis_url: str, prefix: str, redis: object
 ) -> None:
-    async with gateway(redis_url, prefix, "gw1", "g1") as gw, api(redis_url, prefix) as http:
-        async with client(gw, "alice") as ws:
-            first = await http.post("/v1/push", json=PUSH, headers=_with_key("k1"))
-            assert first.status_code == 200, first.text
-            await recv_json(ws)
-            other = {**PUSH, "content": {"text": "twice"}}
-            for path, body in (("/v1/push", other), ("/v1/multicast", PUSH)):
-                refused = await http.post(path, json=body, headers=_with_key("k1"))
-                assert refused.status_code == 422, refused.text
-                assert refused.json()["error"] == "invalid_request"
-                assert refused.json()["detail"][0]["field"] == "Idempotency-Key"
-            assert await nothing_more(ws)
+    async with alice_online(redis_url, prefix) as (_, http, ws):
+        first = await http.post("/v1/push", json=PUSH, headers=_with_key("k1"))
+        assert first.status_code == 200, first.text
+        await recv_json(ws)
+        other = {**PUSH, "content": {"text": "twice"}}
+        for path, body in (("/v1/push", other), ("/v1/multicast", PUSH)):
+            refused = await http.post(path, json=body, headers=_with_key("k1"))
+            assert refused.status_code == 422, refused.text
+            assert refused.json()["error"] == "invalid_request"
+            assert refused.json()["detail"][0]["field"] == "Idempotency-Key"
+        assert await nothing_more(ws)
 
 
 async def test_a_replay_answers_again_and_keys_are_scoped_per_api_key(
@@ -108,19 +115,18 @@ async def test_a_replay_answers_again_and_keys_are_scoped_per_api_key(
 
 
 async def test_a_5xx_is_not_kept_so_the_retry_runs(redis_url: str, prefix: str, redis: Any) -> None:
-    async with gateway(redis_url, prefix, "gw1", "g1") as gw, api(redis_url, prefix) as http:
-        async with client(gw, "alice") as ws:
-            retried = await _fails_then_retried(http, redis, prefix, "r1")
-            assert retried.json()["delivered"] == ["alice"]
-            assert "Idempotent-Replayed" not in retried.headers
-            kept = await http.post("/v1/push", json=PUSH, headers=_with_key("r1"))
-            assert kept.content == retried.content
-            assert kept.headers["Idempotent-Replayed"] == "true"
-            pushed = await _drain(ws)
-            # The retry was delivered once. (The failed attempt's message comes too: it was
-            # written to alice's recovery log before the route look-up failed, and the
-            # retry's delivery replays the gap. That is the P2P path's doing, not the key's.)
-            assert pushed.count(retried.json()["push_id"]) == 1, pushed
+    async with alice_online(redis_url, prefix) as (_, http, ws):
+        retried = await _fails_then_retried(http, redis, prefix, "r1")
+        assert retried.json()["delivered"] == ["alice"]
+        assert "Idempotent-Replayed" not in retried.headers
+        kept = await http.post("/v1/push", json=PUSH, headers=_with_key("r1"))
+        assert kept.content == retried.content
+        assert kept.headers["Idempotent-Replayed"] == "true"
+        pushed = await _drain(ws)
+        # The retry was delivered once. (The failed attempt's message comes too: it was
+        # written to alice's recovery log before the route look-up failed, and the
+        # retry's delivery replays the gap. That is the P2P path's doing, not the key's.)
+        assert pushed.count(retried.json()["push_id"]) == 1, pushed
 
 
 async def test_a_retry_after_a_5xx_carries_the_first_attempts_msg_id(
@@ -129,15 +135,14 @@ async def test_a_retry_after_a_5xx_carries_the_first_attempts_msg_id(
     """The failed attempt's message was logged before the look-up failed and comes to
     alice too (above): under one Idempotency-Key both copies carry one msg_id, so her
     client drops the second; without a key they are two messages to the app."""
-    async with gateway(redis_url, prefix, "gw1", "g1") as gw, api(redis_url, prefix) as http:
-        async with client(gw, "alice") as ws:
-            retried = await _fails_then_retried(http, redis, prefix, "same-msg")
-            frames = []
-            with contextlib.suppress(TimeoutError):
-                while True:
-                    frames.append(await recv_json(ws, timeout=0.5))
-            msg_ids = [f["msg_id"] for f in frames if f["type"] == "push"]
-            assert msg_ids == [retried.json()["msg_id"]] * 2, frames
+    async with alice_online(redis_url, prefix) as (_, http, ws):
+        retried = await _fails_then_retried(http, redis, prefix, "same-msg")
+        frames = []
+        with contextlib.suppress(TimeoutError):
+            while True:
+                frames.append(await recv_json(ws, timeout=0.5))
+        msg_ids = [f["msg_id"] for f in frames if f["type"] == "push"]
+        assert msg_ids == [retried.json()["msg_id"]] * 2, frames
 
 
 async def _fails_then_retried(
@@ -170,15 +175,7 @@ async def _drain(ws: Any) -> list[str]:
         pushed.append(frame.get("push_id", frame["type"]))
 
 
-@pytest.mark.parametrize(
-    ("value", "problem"),
-    [
-        (b"", "empty"),
-        (b"k" * 256, "at most 255"),
-        (b"tab\there", "printable"),
-        ("caf\u00e9".encode("latin-1"), "printable"),
-    ],
-)
+@pytest.mark.parametrize(("value", "problem"), BAD_IDEMPOTENCY_KEYS)
 async def test_a_bad_header_is_refused_by_name(
     redis_url: str, prefix: str, redis: Any, value: bytes, problem: str
 ) -> None:
@@ -203,12 +200,7 @@ async def test_255_printable_characters_are_a_key(redis_url: str, prefix: str, r
 async def test_one_key_pushes_once_across_two_push_services(
     redis_url: str, prefix: str, redis: Any, tmp_path: Path
 ) -> None:
-    env = base_env(
-        IMROUTE_REDIS_URL=redis_url,
-        IMROUTE_REDIS_PREFIX=prefix,
-        IMROUTE_API_KEY=API_KEY,
-        IMROUTE_DB_URL=f"sqlite+aiosqlite:///{tmp_path}/users.db",
-    )
+    env = service_env(redis_url, prefix, tmp_path)
     ports = [free_port(), free_port()]
     async with push_services(env, ports):
         async with gateway(redis_url, prefix, "gw1", "g1") as gw:

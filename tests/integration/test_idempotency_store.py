@@ -9,7 +9,7 @@ import pytest
 
 from push_service.idempotency.base import Answer, Claimed, Mismatch, Running
 from push_service.idempotency.store import RedisIdempotencyStore
-from router.redis.client import create_redis
+from router.redis.client import connect_redis
 from shared.keys import KeySchema
 
 pytestmark = pytest.mark.integration
@@ -18,8 +18,7 @@ pytestmark = pytest.mark.integration
 async def test_a_claim_is_leased_then_kept_for_the_ttl(
     redis_url: str, prefix: str, redis: Any
 ) -> None:
-    client = create_redis(redis_url)
-    try:
+    async with connect_redis(redis_url) as client:
         store = RedisIdempotencyStore(client, KeySchema(prefix), ttl_s=60, lease_s=0.3)
         first = await store.claim("s", "k", "fp")
         assert isinstance(first, Claimed)
@@ -42,19 +41,14 @@ async def test_a_claim_is_leased_then_kept_for_the_ttl(
         ttls = [await redis.pttl(k) async for k in redis.scan_iter(match=f"{prefix}idem:*")]
         assert any(50_000 < t <= 60_000 for t in ttls), ttls
         assert entry.startswith(f"{prefix}idem:")
-    finally:
-        await client.aclose()
 
 
 async def test_a_released_claim_lets_the_next_request_run(
     redis_url: str, prefix: str, redis: Any
 ) -> None:
-    client = create_redis(redis_url)
-    try:
+    async with connect_redis(redis_url) as client:
         store = RedisIdempotencyStore(client, KeySchema(prefix), ttl_s=60, lease_s=30)
         first = await store.claim("s", "k", "fp")
         assert isinstance(first, Claimed)
         await store.release("s", "k", first.token)
         assert isinstance(await store.claim("s", "k", "fp"), Claimed)
-    finally:
-        await client.aclose()

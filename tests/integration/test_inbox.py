@@ -9,18 +9,8 @@ import pytest
 
 from shared.errors import ConfigError
 from shared.settings import Settings
-from tests.integration.recovery_helpers import (
-    ack,
-    acked,
-    contents,
-    gone,
-    open_ws,
-    p2p,
-    pushes,
-    reconnect,
-    replay,
-)
-from tests.integration.stack import AUTH, api, gateway, nothing_more
+from tests.integration.recovery_helpers import ack, acked, gone, open_ws, pushes, reconnect, replay
+from tests.integration.stack import AUTH, api, contents, gateway, nothing_more, p2p
 from tests.integration.test_retry import FailCalls
 
 pytestmark = pytest.mark.integration

@@ -22,8 +22,8 @@ from shared.clock import SystemClock
 from shared.keys import KeySchema
 from shared.models import Message
 from tests.integration.procs import base_env, imroute
-from tests.integration.recovery_helpers import contents, open_ws, p2p, replay
-from tests.integration.stack import api, gateway
+from tests.integration.recovery_helpers import connected, open_ws, replay, replayed
+from tests.integration.stack import api, contents, gateway, p2p
 
 pytestmark = pytest.mark.integration
 
@@ -103,9 +103,7 @@ async def test_old_keys_are_read_after_the_migration_positions_and_all(
         # Numbered in the log they were written in: the old epoch, still valid.
         assert {f["pos"].split("~")[1] for f in got} == {f"1.{before['e']}", f"2.{before['e']}"}
         await ws.close()
-        other = await open_ws(gw, HEXED)
-        assert (await replay(other))[0] == []
-        await other.close()
+        assert await replayed(gw, HEXED) == []
         # A second run finds nothing left to move.
         assert "0 renamed, 0 merged, 0 ambiguous, 1 with no old keys" in migrate(
             redis_url, prefix, directory
@@ -122,12 +120,8 @@ async def test_with_ambiguous_hex_a_braced_uid_whose_hex_is_a_user_too_is_left_t
     out = migrate(redis_url, prefix, directory, *flags)
     assert "0 renamed, 0 merged, 1 ambiguous" in out and repr(HEXED) in out
     async with gateway(redis_url, prefix, "gw1", "g1") as gw:
-        ws = await open_ws(gw, BRACED)
-        assert (await replay(ws))[0] == []
-        await ws.close()
-        other = await open_ws(gw, HEXED)
-        assert contents((await replay(other))[0]) == ["mixed"]
-        await other.close()
+        assert await replayed(gw, BRACED) == []
+        assert contents(await replayed(gw, HEXED)) == ["mixed"]
 
 
 async def test_a_hex_with_a_live_route_is_a_user_too(
@@ -136,8 +130,7 @@ async def test_a_hex_with_a_live_route_is_a_user_too(
     await write_old(redis, prefix, BRACED, "mine?")
     await users(directory, BRACED)
     async with gateway(redis_url, prefix, "gw1", "g1") as gw:
-        other = await open_ws(gw, HEXED)
-        await replay(other)
+        other = await connected(gw, HEXED)
         out = migrate(redis_url, prefix, directory)
         assert "1 ambiguous" in out, out
         await other.close()

@@ -19,8 +19,8 @@ from router.redis.client import connect_redis
 from shared.clock import SystemClock
 from shared.keys import KeySchema
 from shared.positions import counter_of
-from tests.integration.recovery_helpers import contents, open_ws, p2p, replay
-from tests.integration.stack import api, gateway
+from tests.integration.recovery_helpers import replayed
+from tests.integration.stack import api, contents, gateway, p2p
 from tests.integration.test_key_migration import (
     BRACED,
     FAR,
@@ -59,16 +59,12 @@ async def test_an_ambiguous_pairs_old_keys_are_set_aside_and_read_by_neither(
     assert await redis.pttl(aside[2]) > 0  # kept as long as the inbox would have been
     async with gateway(redis_url, prefix, "gw1", "g1") as gw, api(redis_url, prefix) as http:
         for uid in (BRACED, HEXED):
-            ws = await open_ws(gw, uid)
-            assert (await replay(ws))[0] == [], uid
-            await ws.close()
+            assert await replayed(gw, uid) == [], uid
         # The hex user's pushes since are under the old names: a later run leaves them.
         await p2p(http, [HEXED], "later")
         out = migrate(redis_url, prefix, directory)
         assert f"skipped {HEXED!r}: set aside by an earlier run" in out, out
-        ws = await open_ws(gw, HEXED)
-        assert contents((await replay(ws))[0]) == ["later"]
-        await ws.close()
+        assert contents(await replayed(gw, HEXED)) == ["later"]
     assert await redis.exists(*aside) == 3
 
 

@@ -8,18 +8,8 @@ import hashlib
 
 import pytest
 
-from tests.integration.recovery_helpers import (
-    ack,
-    acked,
-    contents,
-    gone,
-    open_ws,
-    p2p,
-    pushes,
-    reconnect,
-    replay,
-)
-from tests.integration.stack import api, gateway, nothing_more
+from tests.integration.recovery_helpers import ack, acked, gone, open_ws, pushes, reconnect, replay
+from tests.integration.stack import api, contents, gateway, nothing_more, p2p
 
 pytestmark = pytest.mark.integration
 

@@ -6,14 +6,7 @@ from __future__ import annotations
 import pytest
 
 from router.testing import MemoryBus
-from tests.integration.stack import (
-    AUTH,
-    api,
-    client,
-    gateway,
-    nothing_more,
-    recv_json,
-)
+from tests.integration.stack import AUTH, api, client, gateway, nothing_more, recv_json
 from tests.waiting import wait_for
 
 pytestmark = pytest.mark.integration

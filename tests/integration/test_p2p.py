@@ -14,7 +14,17 @@ from shared.clock import ManualClock, SystemClock
 from shared.keys import KeySchema
 from shared.positions import decode_pos
 from tests.conftest import SECRET
-from tests.integration.stack import AUTH, api, client, gateway, nothing_more, recv_json, token
+from tests.integration.stack import (
+    AUTH,
+    alice_online,
+    api,
+    client,
+    gateway,
+    nothing_more,
+    recv_json,
+    token,
+    two_groups,
+)
 from tests.waiting import wait_for
 
 pytestmark = pytest.mark.integration
@@ -23,41 +33,38 @@ pytestmark = pytest.mark.integration
 async def test_push_reaches_the_client_exactly_once(
     redis_url: str, prefix: str, redis: object
 ) -> None:
-    async with gateway(redis_url, prefix, "gw1", "g1") as gw, api(redis_url, prefix) as http:
-        async with client(gw, "alice") as ws:
-            resp = await http.post(
-                "/v1/push",
-                json={"to": ["alice"], "content": {"text": "hi", "n": [1, 2]}, "msg_type": 3},
-                headers=AUTH,
-            )
-            assert resp.status_code == 200, resp.text
-            body = resp.json()
-            assert body["delivered"] == ["alice"]
-            assert body["offline"] == [] and body["failed"] == []
-            frame = await recv_json(ws)
-            assert frame == {
-                "type": "push",
-                "msg_id": body["msg_id"],
-                "push_id": body["push_id"],
-                "msg_type": 3,
-                "from": "admin",
-                "content": {"text": "hi", "n": [1, 2]},
-                "ts": frame["ts"],
-                "pos": frame["pos"],
-            }
-            assert isinstance(frame["ts"], int) and frame["ts"] > 1_700_000_000_000
-            assert decode_pos(frame["pos"]) is not None
-            assert await nothing_more(ws)
-            assert gw.deliver_service.calls == 1
+    async with alice_online(redis_url, prefix) as (gw, http, ws):
+        resp = await http.post(
+            "/v1/push",
+            json={"to": ["alice"], "content": {"text": "hi", "n": [1, 2]}, "msg_type": 3},
+            headers=AUTH,
+        )
+        assert resp.status_code == 200, resp.text
+        body = resp.json()
+        assert body["delivered"] == ["alice"]
+        assert body["offline"] == [] and body["failed"] == []
+        frame = await recv_json(ws)
+        assert frame == {
+            "type": "push",
+            "msg_id": body["msg_id"],
+            "push_id": body["push_id"],
+            "msg_type": 3,
+            "from": "admin",
+            "content": {"text": "hi", "n": [1, 2]},
+            "ts": frame["ts"],
+            "pos": frame["pos"],
+        }
+        assert isinstance(frame["ts"], int) and frame["ts"] > 1_700_000_000_000
+        assert decode_pos(frame["pos"]) is not None
+        assert await nothing_more(ws)
+        assert gw.deliver_service.calls == 1
 
 
 async def test_two_devices_of_one_user_both_get_it(
     redis_url: str, prefix: str, redis: object
 ) -> None:
     async with (
-        gateway(redis_url, prefix, "gw1", "g1") as gw1,
-        gateway(redis_url, prefix, "gw2", "g2") as gw2,
-        api(redis_url, prefix) as http,
+        two_groups(redis_url, prefix) as (gw1, gw2, http),
         client(gw1, "alice") as phone,
         client(gw1, "alice") as tablet,
         client(gw2, "alice") as laptop,
@@ -74,11 +81,7 @@ async def test_two_devices_of_one_user_both_get_it(
 async def test_one_deliver_call_per_gateway_across_two_groups(
     redis_url: str, prefix: str, redis: object
 ) -> None:
-    async with (
-        gateway(redis_url, prefix, "gw1", "g1") as gw1,
-        gateway(redis_url, prefix, "gw2", "g2") as gw2,
-        api(redis_url, prefix) as http,
-    ):
+    async with two_groups(redis_url, prefix) as (gw1, gw2, http):
         names1 = [f"a{i}" for i in range(5)]
         names2 = [f"b{i}" for i in range(5)]
         async with AsyncExitStack() as stack:
@@ -122,11 +125,7 @@ async def test_disconnect_removes_the_route(redis_url: str, prefix: str, redis: 
 
 
 async def test_gateways_are_listed(redis_url: str, prefix: str, redis: object) -> None:
-    async with (
-        gateway(redis_url, prefix, "gw1", "g1") as gw1,
-        gateway(redis_url, prefix, "gw2", "g2"),
-        api(redis_url, prefix) as http,
-    ):
+    async with two_groups(redis_url, prefix) as (gw1, _, http):
         listed = (await http.get("/v1/gateways", headers=AUTH)).json()["gateways"]
         assert [(g["gateway_id"], g["group_id"]) for g in listed] == [("gw1", "g1"), ("gw2", "g2")]
         assert listed[0]["ws_url"] == f"ws://127.0.0.1:{gw1.ws_port}/ws"

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from tests.integration.stack import AUTH, api, client, gateway, nothing_more
+from tests.integration.stack import AUTH, alice_online, api, client, nothing_more, two_groups
 
 pytestmark = pytest.mark.integration
 
@@ -18,9 +18,7 @@ async def test_each_message_is_pushed_and_answered_in_order(
     redis_url: str, prefix: str, redis: object
 ) -> None:
     async with (
-        gateway(redis_url, prefix, "gw1", "g1") as gw1,
-        gateway(redis_url, prefix, "gw2", "g2") as gw2,
-        api(redis_url, prefix) as http,
+        two_groups(redis_url, prefix) as (gw1, gw2, http),
         client(gw1, "alice") as alice,
         client(gw2, "bob") as bob,
     ):
@@ -74,11 +72,7 @@ async def test_lone_surrogates_are_422_naming_the_field_not_500(
 async def test_a_bad_message_fails_only_itself_naming_index_and_field(
     redis_url: str, prefix: str, redis: object
 ) -> None:
-    async with (
-        gateway(redis_url, prefix, "gw1", "g1") as gw,
-        api(redis_url, prefix) as http,
-        client(gw, "alice") as ws,
-    ):
+    async with alice_online(redis_url, prefix) as (_, http, ws):
         messages: list[Any] = [
             {"to": ["alice"], "content": "ok-0"},
             {"to": ["alice", "alice"], "content": 1},  # duplicate uids
@@ -127,11 +121,7 @@ async def test_a_bad_envelope_is_one_422(
 async def test_a_batch_needs_the_push_key_and_is_idempotent(
     redis_url: str, prefix: str, redis: object
 ) -> None:
-    async with (
-        gateway(redis_url, prefix, "gw1", "g1") as gw,
-        api(redis_url, prefix) as http,
-        client(gw, "alice") as ws,
-    ):
+    async with alice_online(redis_url, prefix) as (_, http, ws):
         body = {"messages": [{"to": ["alice"], "content": "once"}]}
         assert (await http.post("/v1/push/batch", json=body)).status_code == 401
         headers = {**AUTH, "Idempotency-Key": "batch-1"}

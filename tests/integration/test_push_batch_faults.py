@@ -5,8 +5,6 @@ they come back. Real Redis, a real gateway process, real WebSocket clients."""
 
 from __future__ import annotations
 
-import asyncio
-import re
 import signal
 from typing import Any
 
@@ -17,25 +15,19 @@ from websockets.asyncio.client import ClientConnection, connect
 from router.processes.ports import free_port_block
 from shared.keys import KeySchema
 from shared.positions import counter_of, decode_pos, epoch_of
-from tests.conftest import SECRET
-from tests.integration.procs import BIN, Proc, base_env, read_until, running
+from tests.integration.procs import BIN, Proc, gateway_env, running, ws_url_of
 from tests.integration.stack import AUTH, api, client, gateway, ready, recv_json, token
+from tests.waiting import wait_for
 
 pytestmark = pytest.mark.integration
 
 
 async def _connect(proc: Proc, uid: str, redis: aioredis.Redis, keys: KeySchema) -> Any:
     """A client of the gateway process, once its route is in Redis."""
-    line = (await asyncio.to_thread(read_until, proc, "ready"))[-1]
-    ws_url = re.search(r"ws=(\S+)", line)
-    assert ws_url, line
-    ws = await connect(f"{ws_url.group(1)}?token={token(uid)}")
+    ws = await connect(f"{await ws_url_of(proc)}?token={token(uid)}")
     await ready(ws)
-    for _ in range(200):
-        if await redis.hlen(keys.route(uid)):
-            return ws
-        await asyncio.sleep(0.02)
-    raise AssertionError(f"{uid}'s route never appeared")
+    await wait_for(lambda: redis.hlen(keys.route(uid)), f"{uid}'s route", 4.0, every=0.02)
+    return ws
 
 
 async def _contents(ws: ClientConnection, n: int) -> list[Any]:
@@ -47,7 +39,7 @@ async def test_a_batch_over_a_killed_gateway_queues_its_part_and_delivers_the_re
 ) -> None:
     keys = KeySchema(prefix)
     port = free_port_block([0])
-    env = base_env(IMROUTE_REDIS_URL=redis_url, IMROUTE_REDIS_PREFIX=prefix, IMROUTE_SECRET=SECRET)
+    env = gateway_env(redis_url, prefix)
     # A heartbeat of 5 s keeps the killed gateway in the fleet while the batch is sent.
     argv = [str(BIN / "imroute"), "gateway", "--id", "gwk", "--group", "g1",
             "--ws-port", "0", "--grpc-port", str(port), "--heartbeat", "5"]  # fmt: skip

@@ -15,7 +15,7 @@ from push_service.ratelimit.base import RateLimit
 from router.processes.ports import free_port
 from shared.errors import ConfigError
 from tests.conftest import API_KEY
-from tests.integration.procs import base_env, push_services
+from tests.integration.procs import push_services, service_env
 from tests.integration.stack import AUTH, api
 
 pytestmark = pytest.mark.integration
@@ -26,13 +26,8 @@ BODY = {"to": ["nobody"], "content": 1, "store": False}
 async def test_the_limit_holds_across_two_push_services(
     redis_url: str, prefix: str, tmp_path: Path
 ) -> None:
-    env = base_env(
-        IMROUTE_REDIS_URL=redis_url,
-        IMROUTE_REDIS_PREFIX=prefix,
-        IMROUTE_API_KEY=API_KEY,
-        IMROUTE_DB_URL=f"sqlite+aiosqlite:///{tmp_path}/users.db",
-        IMROUTE_RATE_LIMIT="100/s",
-        IMROUTE_RATE_BURST="20",
+    env = service_env(
+        redis_url, prefix, tmp_path, IMROUTE_RATE_LIMIT="100/s", IMROUTE_RATE_BURST="20"
     )
     ports = [free_port(), free_port()]
     async with push_services(env, ports):

@@ -10,8 +10,8 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.integration.recovery_helpers import Frame, ack, acked, fanout, open_ws, pushes, replay
-from tests.integration.stack import AUTH, api, gateway
+from tests.integration.recovery_helpers import ack, acked, multicast_acked, open_ws, pushes, replay
+from tests.integration.stack import AUTH, Frame, api, fanout, gateway
 
 pytestmark = pytest.mark.integration
 
@@ -83,13 +83,8 @@ async def test_past_the_bound_a_receipt_keeps_counts_only(redis_url: str, prefix
         gateway(redis_url, prefix, "gw1", "g1") as gw,
         api(redis_url, prefix, receipts_max_recipients=10) as http,
     ):
-        ws = await open_ws(gw, "big0")
-        await replay(ws)
         to = [f"big{n}" for n in range(50)]
-        push_id = await fanout(http, "/v1/multicast", {"to": to, "content": "all"})
-        (frame,) = await pushes(ws, 1)
-        await ack(ws, frame)
-        await acked(gw, 1)
+        push_id, ws = await multicast_acked(gw, http, to, "all")
         for _ in range(100):
             s = await status(http, push_id)
             if s["acked"] == 1:

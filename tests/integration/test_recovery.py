@@ -10,18 +10,8 @@ import pytest
 
 from shared.positions import decode_pos
 from socket_gateway.metrics import render
-from tests.integration.recovery_helpers import (
-    ack,
-    acked,
-    contents,
-    fanout,
-    gone,
-    open_ws,
-    p2p,
-    pushes,
-    replay,
-)
-from tests.integration.stack import AUTH, api, gateway
+from tests.integration.recovery_helpers import ack, acked, gone, open_ws, pushes, reconnect, replay
+from tests.integration.stack import AUTH, api, contents, fanout, gateway, nothing_more, p2p
 
 pytestmark = pytest.mark.integration
 
@@ -88,12 +78,8 @@ async def test_a_client_that_missed_20_gets_exactly_those_in_order(
         # acks the inbox entries it covers (this client never sent an ack frame).
         ws = await open_ws(gw, "amy", last)
         assert (await replay(ws)) == ([], {"type": "recovered", "count": 0, "complete": True})
-        await ws.close()
-        await gone(gw, "amy")
         # So a new connection (no position) gets nothing from the inbox either.
-        ws = await open_ws(gw, "amy")
-        assert (await replay(ws))[0] == []
-        await ws.close()
+        assert await reconnect(gw, ws, "amy") == []
 
 
 async def test_live_pushes_during_a_1000_message_replay_are_neither_lost_nor_doubled(
@@ -128,7 +114,7 @@ async def test_live_pushes_during_a_1000_message_replay_are_neither_lost_nor_dou
         assert end["count"] == len(got) >= 1000 and end["complete"] is True
         assert all(f["recovered"] for f in got) and not any("recovered" in f for f in rest)
         await asyncio.sleep(0.3)
-        assert await _quiet(ws)
+        assert await nothing_more(ws)
         await ws.close()
 
 
@@ -177,11 +163,3 @@ async def test_out_of_the_window_and_junk_positions_are_incomplete(
         got, _ = await replay(ws)
         assert "a1" not in contents(got) and "a2" not in contents(got)
         await ws.close()
-
-
-async def _quiet(ws: Any, wait: float = 0.3) -> bool:
-    try:
-        await asyncio.wait_for(ws.recv(), wait)
-    except TimeoutError:
-        return True
-    return False

@@ -24,9 +24,9 @@ from websockets.asyncio.client import ClientConnection
 
 from shared.keys import KeySchema
 from shared.positions import decode_pos, epoch_of
-from tests.integration.recovery_helpers import fanout, open_ws, replay
+from tests.integration.recovery_helpers import open_ws, replay
 from tests.integration.redis_process import redis_process
-from tests.integration.stack import AUTH, api, gateway, recv_json
+from tests.integration.stack import AUTH, api, fanout, gateway, recv_json
 from tests.waiting import wait_for
 
 pytestmark = pytest.mark.integration

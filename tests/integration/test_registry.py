@@ -11,39 +11,18 @@ from redis.asyncio.cluster import RedisCluster
 
 from router.redis.client import POOL_SIZE, connect_redis
 from router.routes.reads import BulkHashReads, PipelineHashReads, hash_reads_for
-from router.routes.registry import LOOKUP_CHUNK, RecipientGroups, RedisRouteRegistry, Registration
+from router.routes.registry import LOOKUP_CHUNK, RecipientGroups, Registration
 from router.routes.writer import CoalescingRouteWriter
 from shared.clock import ManualClock, SystemClock
 from shared.errors import RegistryUnavailable
 from shared.keys import KeySchema
+from tests.integration.stack import route_registry
 
 pytestmark = pytest.mark.integration
 
 
-def reg(
-    redis: Any,
-    prefix: str,
-    gw: str,
-    clock: Any = None,
-    ttl_s: float = 60,
-    group: str = "",
-    pipeline: bool = False,
-) -> RedisRouteRegistry:
-    return RedisRouteRegistry(
-        redis,
-        KeySchema(prefix),
-        clock or SystemClock(),
-        ttl_s=ttl_s,
-        gateway_id=gw,
-        group_id=group or f"group-of-{gw}",
-        ip="127.0.0.1",
-        port=9000 + int(gw[-1]),
-        reads=PipelineHashReads(redis) if pipeline else None,
-    )
-
-
 async def test_register_lookup_unregister(redis: aioredis.Redis, prefix: str) -> None:
-    a = reg(redis, prefix, "gw1")
+    a = route_registry(redis, prefix, "gw1")
     await a.register("alice", "gw1.x.1")
     routes = await a.lookup(["alice", "bob"])
     assert list(routes) == ["alice"]
@@ -55,7 +34,7 @@ async def test_register_lookup_unregister(redis: aioredis.Redis, prefix: str) ->
 
 
 async def test_multi_device_on_two_gateways(redis: aioredis.Redis, prefix: str) -> None:
-    a, b = reg(redis, prefix, "gw1"), reg(redis, prefix, "gw2")
+    a, b = route_registry(redis, prefix, "gw1"), route_registry(redis, prefix, "gw2")
     await a.register("alice", "gw1.x.1")
     await a.register("alice", "gw1.x.2")
     await b.register("alice", "gw2.y.1")
@@ -66,7 +45,7 @@ async def test_multi_device_on_two_gateways(redis: aioredis.Redis, prefix: str) 
 async def test_a_stale_unregister_leaves_the_newer_route(
     redis: aioredis.Redis, prefix: str
 ) -> None:
-    a, b = reg(redis, prefix, "gw1"), reg(redis, prefix, "gw2")
+    a, b = route_registry(redis, prefix, "gw1"), route_registry(redis, prefix, "gw2")
     await a.register("alice", "gw1.x.1")
     # alice reconnects on gw2 before gw1 notices the old connection is gone...
     await b.register("alice", "gw2.y.1")
@@ -78,8 +57,8 @@ async def test_a_stale_unregister_leaves_the_newer_route(
 
 async def test_routes_expire_by_deadline_and_key_ttl(redis: aioredis.Redis, prefix: str) -> None:
     clock = ManualClock(wall_ms=SystemClock().now_ms())
-    dead = reg(redis, prefix, "gw1", clock, ttl_s=60)
-    live = reg(redis, prefix, "gw2", clock, ttl_s=60)
+    dead = route_registry(redis, prefix, "gw1", clock, ttl_s=60)
+    live = route_registry(redis, prefix, "gw2", clock, ttl_s=60)
     await dead.register("alice", "gw1.x.1")
     await live.register("alice", "gw2.y.1")
     key = KeySchema(prefix).route("alice")
@@ -97,7 +76,7 @@ async def test_routes_expire_by_deadline_and_key_ttl(redis: aioredis.Redis, pref
 
 
 async def test_key_vanishes_when_nobody_refreshes(redis: aioredis.Redis, prefix: str) -> None:
-    a = reg(redis, prefix, "gw1", ttl_s=1)
+    a = route_registry(redis, prefix, "gw1", ttl_s=1)
     await a.register("alice", "gw1.x.1")
     await asyncio.sleep(1.2)
     assert await redis.exists(KeySchema(prefix).route("alice")) == 0
@@ -107,7 +86,7 @@ async def test_key_vanishes_when_nobody_refreshes(redis: aioredis.Redis, prefix:
 async def test_refresh_restores_routes_after_redis_lost_them(
     redis: aioredis.Redis, prefix: str
 ) -> None:
-    a = reg(redis, prefix, "gw1")
+    a = route_registry(redis, prefix, "gw1")
     await a.register("alice", "gw1.x.1")
     await redis.delete(KeySchema(prefix).route("alice"))  # e.g. a Redis restart without persistence
     assert await a.refresh([Registration("alice", "gw1.x.1")]) == 1
@@ -137,11 +116,11 @@ class CountingPipelines:
 
 
 async def test_lookup_is_one_round_trip_per_1000_users(redis: aioredis.Redis, prefix: str) -> None:
-    writer = reg(redis, prefix, "gw1")
+    writer = route_registry(redis, prefix, "gw1")
     uids = [f"user{i}" for i in range(2 * LOOKUP_CHUNK + 500)]
     await writer.refresh(Registration(u, f"gw1.c.{u}") for u in uids[::7])
     counting = CountingPipelines(redis)
-    reader = reg(counting, prefix, "gw1")
+    reader = route_registry(counting, prefix, "gw1")
     found = await reader.lookup(uids)
     assert counting.executions == 3
     assert set(found) == set(uids[::7])
@@ -150,10 +129,10 @@ async def test_lookup_is_one_round_trip_per_1000_users(redis: aioredis.Redis, pr
 async def test_bulk_lookups_are_one_request_per_1000_users(
     redis: aioredis.Redis, prefix: str
 ) -> None:
-    writer = reg(redis, prefix, "gw1")
+    writer = route_registry(redis, prefix, "gw1")
     uids = [f"user{i}" for i in range(2 * LOOKUP_CHUNK + 500)]
     await writer.refresh(Registration(u, f"gw1.c.{u}") for u in uids[::7])
-    reader = reg(redis, prefix, "gw1")
+    reader = route_registry(redis, prefix, "gw1")
     assert isinstance(reader.reads, BulkHashReads)
     assert set(await reader.lookup(uids)) == set(uids[::7])
     assert reader.reads.reader.round_trips == 3
@@ -176,16 +155,18 @@ async def test_group_lookup_counts_live_devices_once_per_group(
     redis: aioredis.Redis, prefix: str, pipeline: bool
 ) -> None:
     clock = ManualClock(wall_ms=SystemClock().now_ms())
-    g1a = reg(redis, prefix, "gw1", clock, group="g1")
-    g1b = reg(redis, prefix, "gw2", clock, group="g1")
-    g2 = reg(redis, prefix, "gw3", clock, group="g2", ttl_s=10)
+    g1a = route_registry(redis, prefix, "gw1", clock, group_id="g1")
+    g1b = route_registry(redis, prefix, "gw2", clock, group_id="g1")
+    g2 = route_registry(redis, prefix, "gw3", clock, group_id="g2", ttl_s=10)
     await g1a.register("alice", "a1")
     await g1b.register("alice", "a2")  # a second device, same group
     await g2.register("alice", "a3")
     await g2.register("bob", "b1")
     await g1a.register("carol", "c1")
     await g2.register("carol", "c2")
-    reader = reg(redis, prefix, "gw1", clock, pipeline=pipeline)
+    reader = route_registry(
+        redis, prefix, "gw1", clock, reads=PipelineHashReads(redis) if pipeline else None
+    )
     uids = ["alice", "bob", "carol", "dave"]
     assert await reader.lookup_groups(uids) == RecipientGroups(
         3, {"g1": ["alice", "carol"], "g2": ["alice", "bob", "carol"]}
@@ -197,7 +178,7 @@ async def test_group_lookup_counts_live_devices_once_per_group(
 
 async def test_lookups_on_a_dead_redis_raise_registry_unavailable(prefix: str) -> None:
     async with connect_redis("redis://127.0.0.1:1/0") as dead:
-        registry = reg(dead, prefix, "gw1")
+        registry = route_registry(dead, prefix, "gw1")
         assert isinstance(registry.reads, BulkHashReads)
         with pytest.raises(RegistryUnavailable):
             await registry.lookup_groups(["a", "b"])
@@ -209,12 +190,12 @@ async def test_concurrent_writes_coalesce_into_few_round_trips(
     redis: aioredis.Redis, prefix: str
 ) -> None:
     counting = CountingPipelines(redis)
-    writer = CoalescingRouteWriter(reg(counting, prefix, "gw1"))
+    writer = CoalescingRouteWriter(route_registry(counting, prefix, "gw1"))
     uids = [f"u{i}" for i in range(2500)]
     await asyncio.gather(*(writer.register(u, f"gw1.c.{u}") for u in uids))
     # The first write goes alone; everything queued behind it shares pipelines of 1000.
     assert counting.executions <= 5
-    found = await reg(redis, prefix, "gw1").lookup(uids)
+    found = await route_registry(redis, prefix, "gw1").lookup(uids)
     assert set(found) == set(uids)
     # A register and an unregister of one connection, queued together, keep their order.
     await asyncio.gather(
@@ -222,12 +203,12 @@ async def test_concurrent_writes_coalesce_into_few_round_trips(
     )
     await asyncio.gather(*(writer.unregister(u, f"gw1.c.{u}") for u in uids))
     await writer.aclose()
-    assert await reg(redis, prefix, "gw1").lookup([*uids, "late"]) == {}
+    assert await route_registry(redis, prefix, "gw1").lookup([*uids, "late"]) == {}
 
 
 async def test_writer_reports_redis_failures_to_every_waiter(prefix: str) -> None:
     async with connect_redis("redis://127.0.0.1:1/0") as dead:
-        writer = CoalescingRouteWriter(reg(dead, prefix, "gw1"))
+        writer = CoalescingRouteWriter(route_registry(dead, prefix, "gw1"))
         results = await asyncio.gather(
             *(writer.register(f"u{i}", f"c{i}") for i in range(5)), return_exceptions=True
         )
@@ -237,7 +218,7 @@ async def test_writer_reports_redis_failures_to_every_waiter(prefix: str) -> Non
 
 async def test_a_burst_of_callers_waits_for_pool_connections(redis_url: str, prefix: str) -> None:
     async with connect_redis(redis_url) as client:
-        registry = reg(client, prefix, "gw1")
+        registry = route_registry(client, prefix, "gw1")
         # More concurrent callers than the pool has connections: they queue, none fail.
         results = await asyncio.gather(*(registry.lookup([f"u{i}"]) for i in range(POOL_SIZE * 4)))
         assert results == [{}] * (POOL_SIZE * 4)
@@ -246,7 +227,7 @@ async def test_a_burst_of_callers_waits_for_pool_connections(redis_url: str, pre
 async def test_writes_survive_redis_losing_its_script_cache(
     redis: aioredis.Redis, prefix: str
 ) -> None:
-    a = reg(redis, prefix, "gw1")
+    a = route_registry(redis, prefix, "gw1")
     await a.register("alice", "gw1.x.1")
     await redis.script_flush()  # what a Redis restart or failover does
     await a.register("bob", "gw1.x.2")
@@ -258,7 +239,7 @@ async def test_a_cancelled_loop_of_lookups_stops(
 ) -> None:
     # redis-py can swallow a cancellation that lands mid-command; ours must not.
     async with connect_redis(redis_url) as client:
-        registry = reg(client, prefix, "gw1")
+        registry = route_registry(client, prefix, "gw1")
 
         async def forever() -> None:
             while True:

@@ -35,9 +35,9 @@ from shared.keys import KeySchema
 from shared.positions import counter_of, decode_pos, epoch_of
 from shared.proto import gateway_pb2
 from tests.integration.procs import BIN, Proc, gateway_env, read_until, running
-from tests.integration.recovery_helpers import contents, fanout, p2p, pushes, replay
+from tests.integration.recovery_helpers import pushes, replay
 from tests.integration.redis_process import RedisProcess, redis_process
-from tests.integration.stack import api, token
+from tests.integration.stack import api, contents, fanout, p2p, token
 
 pytestmark = pytest.mark.integration
 

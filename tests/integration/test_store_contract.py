@@ -107,15 +107,10 @@ async def test_an_ack_before_the_record_counts_and_expired_is_unacked(
     assert (await receipts.page("p", "acked", None, 100)).uids == ["early"]
     assert (await receipts.page("p", "queued", None, 100)).uids == []
     assert await receipts.unacked("p") == ["u1", "u2", "u3"]
-    counts = await receipts.counts("p")
-    assert counts is not None
-    assert (counts.mode, counts.recipients, counts.online, counts.listable) == (
-        "multicast",
-        4,
-        1,
-        True,
-    )
-    assert (counts.delivered, counts.acked, counts.queued, counts.expired) == (3, 1, 0, 1)
+    c = await receipts.counts("p")
+    assert c is not None
+    assert (c.mode, c.recipients, c.online, c.listable) == ("multicast", 4, 1, True)
+    assert (c.delivered, c.acked, c.queued, c.expired) == (3, 1, 0, 1)
 
 
 async def test_pages_meta_and_an_unknown_push(receipts: ReceiptStore) -> None:
@@ -166,15 +161,10 @@ async def test_a_broadcasts_receipt_adds_up_page_by_page(receipts: ReceiptStore)
     await receipts.add("b", 1, 1, 0)
     await receipts.mark(DELIVERED, {"b": ["u1", "u2", "u3", "u4"]})  # more than recipients
     await receipts.mark(ACKED, {"b": ["u1"]})
-    counts = await receipts.counts("b")
-    assert counts is not None
-    assert (counts.mode, counts.recipients, counts.online, counts.listable) == (
-        "broadcast",
-        3,
-        2,
-        False,
-    )
-    assert (counts.delivered, counts.acked, counts.queued, counts.expired) == (3, 1, 1, 0)
+    c = await receipts.counts("b")
+    assert c is not None
+    assert (c.mode, c.recipients, c.online, c.listable) == ("broadcast", 3, 2, False)
+    assert (c.delivered, c.acked, c.queued, c.expired) == (3, 1, 1, 0)
 
 
 async def test_receipts_answer_alike_over_a_generated_log(

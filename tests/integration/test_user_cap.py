@@ -34,7 +34,7 @@ from shared.keys import KeySchema
 from socket_gateway.metrics import render
 from socket_gateway.ws.protocol import USER_CAP_REASON
 from tests.integration.procs import BIN, Proc, gateway_env, read_until, running
-from tests.integration.stack import client, gateway, ready, recv_json, token
+from tests.integration.stack import client, gateway, ready, recv_json, route_registry, token
 
 pytestmark = pytest.mark.integration
 
@@ -42,16 +42,8 @@ pytestmark = pytest.mark.integration
 def reg(
     redis: Any, prefix: str, gw: str, clock: Clock | None = None, cap: int = 10, ttl_s: float = 60
 ) -> RedisRouteRegistry:
-    return RedisRouteRegistry(
-        redis,
-        KeySchema(prefix),
-        clock or SystemClock(),
-        ttl_s=ttl_s,
-        gateway_id=gw,
-        group_id="g1",
-        ip="127.0.0.1",
-        port=9000,
-        max_per_user=cap,
+    return route_registry(
+        redis, prefix, gw, clock, ttl_s=ttl_s, group_id="g1", port=9000, max_per_user=cap
     )
 
 

@@ -13,8 +13,8 @@ import pytest
 
 from router.processes.ports import free_port
 from tests.integration.procs import push_services
-from tests.integration.recovery_helpers import ack, acked, fanout, open_ws, p2p, pushes, replay
-from tests.integration.stack import AUTH, api, gateway
+from tests.integration.recovery_helpers import ack, acked, multicast_acked, open_ws, pushes, replay
+from tests.integration.stack import AUTH, api, gateway, p2p
 from tests.integration.test_webhook_delivery import env_for
 from tests.integration.webhook_receiver import WebhookReceiver
 
@@ -84,13 +84,8 @@ async def test_a_large_multicast_names_whoever_did_not_ack_without_a_preview(
             gateway(redis_url, prefix, "gw1", "g1", **wh) as gw,
             api(redis_url, prefix, receipts_max_recipients=100, **wh) as http,
         ):
-            ws = await open_ws(gw, "m0000")
-            await replay(ws)
             to = [f"m{n:04d}" for n in range(2500)]
-            push_id = await fanout(http, "/v1/multicast", {"to": to, "content": "big"})
-            (frame,) = await pushes(ws, 1)
-            await ack(ws, frame)
-            await acked(gw, 1)
+            push_id, ws = await multicast_acked(gw, http, to, "big")
             await rx.wait_for(lambda: len(unacked_of(rx, push_id)) == 3, "3 events")
             events = sorted(unacked_of(rx, push_id), key=lambda e: e["event_id"])
             assert [len(e["uids"]) for e in events] == [1000, 1000, 499]

@@ -20,31 +20,35 @@ from router.processes.supervisor import alive, descendants
 from tests.conftest import API_KEY
 from tests.integration.procs import BIN, Proc, base_env, read_until, running, service_env
 from tests.integration.stack import AUTH, client, gateway, recv_json
+from tests.waiting import wait_for
 
 pytestmark = pytest.mark.integration
 
 
-def _env(redis_url: str, prefix: str, tmp_path: Path, workers: int) -> dict[str, str]:
-    return service_env(
+@asynccontextmanager
+async def two_workers(
+    redis_url: str, prefix: str, tmp_path: Path, **extra: str
+) -> AsyncIterator[tuple[Proc, int]]:
+    """A push service of two workers on a free port (its process and the port), with
+    `extra` settings, once the port takes connections (said before the workers start)
+    and every worker has started (it answers /healthz). Waited for in a thread: the loop
+    goes on serving the in-process gateway meanwhile (blocked for a start-up, its fleet
+    record lapsed)."""
+    port = free_port()
+    env = service_env(
         redis_url,
         prefix,
         tmp_path,
         IMROUTE_GATEWAY_CACHE_S="0",
-        IMROUTE_WORKERS=str(workers),
+        IMROUTE_WORKERS="2",
         IMROUTE_LOG_LEVEL="info",
+        **extra,
     )
-
-
-@asynccontextmanager
-async def push_service(env: dict[str, str], port: int) -> AsyncIterator[Proc]:
-    """Once the port takes connections (said before the workers start) and every worker
-    has started (it answers /healthz). Waited for in a thread: the loop goes on serving
-    the in-process gateway meanwhile (blocked for a start-up, its fleet record lapsed)."""
     argv = [str(BIN / "python"), "-m", "push_service", "--port", str(port)]
     with running(argv, env) as proc:
         for marker in ("Uvicorn running on", *["Application startup complete"] * 2):
             await asyncio.to_thread(read_until, proc, marker, 60)
-        yield proc
+        yield proc, port
 
 
 def _workers(proc: Proc) -> set[int]:
@@ -80,15 +84,13 @@ async def _own_scrapes(proc: Proc) -> dict[str, str]:
 async def test_two_workers_share_the_port_and_both_push(
     redis_url: str, prefix: str, redis: object, tmp_path: Path
 ) -> None:
-    port = free_port()
-    env = _env(redis_url, prefix, tmp_path, workers=2)
     # A 5-s heartbeat (a 15-s fleet record): under a whole suite's load, this test's
     # process can miss the default 6 s, and pushes then answer "offline" correctly.
     async with (
         gateway(redis_url, prefix, "gw1", "g1", heartbeat_s=5.0) as gw,
         client(gw, "alice") as ws,
     ):
-        async with push_service(env, port) as proc:
+        async with two_workers(redis_url, prefix, tmp_path) as (proc, port):
             assert len(_workers(proc)) == 2
             base = f"http://127.0.0.1:{port}"
             # Many connections, so that both workers take some (each accepts as it can).
@@ -125,21 +127,18 @@ async def test_two_workers_share_the_port_and_both_push(
 async def test_a_killed_worker_is_replaced_and_sigint_stops_them_all(
     redis_url: str, prefix: str, tmp_path: Path
 ) -> None:
-    port = free_port()
-    env = _env(redis_url, prefix, tmp_path, workers=2)
-    async with push_service(env, port) as proc:
+    async with two_workers(redis_url, prefix, tmp_path) as (proc, port):
         first = _workers(proc)
         victim = min(first)
         os.kill(victim, signal.SIGKILL)
         read_until(proc, "starting it again", timeout=10)
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            now = _workers(proc)
-            if len(now) == 2 and victim not in now:
-                break
-            await asyncio.sleep(0.1)
-        else:
-            raise AssertionError(f"no replacement worker: {_workers(proc)}")
+        await wait_for(
+            lambda: len(now := _workers(proc)) == 2 and victim not in now,
+            "a replacement worker",
+            30,
+            every=0.1,
+            detail=lambda: f"workers {_workers(proc)}",
+        )
         async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=10) as http:
             for _ in range(20):  # whichever worker takes each connection answers
                 async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as fresh:
@@ -154,17 +153,12 @@ async def test_a_killed_worker_is_replaced_and_sigint_stops_them_all(
 async def test_a_killed_supervisor_leaves_no_worker(
     redis_url: str, prefix: str, tmp_path: Path
 ) -> None:
-    port = free_port()
-    env = _env(redis_url, prefix, tmp_path, workers=2)
-    async with push_service(env, port) as proc:
+    async with two_workers(redis_url, prefix, tmp_path) as (proc, _):
         workers = _workers(proc)
         assert len(workers) == 2
         proc.send_signal(signal.SIGKILL)
         proc.wait(10)
-        deadline = time.monotonic() + 15
-        while any(alive(p) for p in workers) and time.monotonic() < deadline:
-            await asyncio.sleep(0.1)
-        assert not any(alive(p) for p in workers)
+        await wait_for(lambda: not any(alive(p) for p in workers), "no worker left", 15, every=0.1)
 
 
 def test_a_bad_setting_is_one_message_and_exit_2(tmp_path: Path) -> None:
@@ -180,13 +174,10 @@ async def test_jobs_keys_and_limits_hold_across_workers(
 ) -> None:
     """What workers share lives in Redis: an Idempotency-Key sent to both gives one push,
     a broadcast job runs to done, and the rate limit is one bucket, not one per worker."""
-    port = free_port()
-    env = _env(redis_url, prefix, tmp_path, workers=2) | {
-        "IMROUTE_RATE_LIMIT": "50/s",
-        "IMROUTE_RATE_BURST": "10",
-    }
     async with gateway(redis_url, prefix, "gw1", "g1") as gw, client(gw, "alice") as ws:
-        async with push_service(env, port):
+        async with two_workers(
+            redis_url, prefix, tmp_path, IMROUTE_RATE_LIMIT="50/s", IMROUTE_RATE_BURST="10"
+        ) as (_, port):
             base = f"http://127.0.0.1:{port}"
             clients = [httpx.AsyncClient(base_url=base, timeout=10) for _ in range(10)]
             try:

@@ -24,7 +24,8 @@ import struct
 import sys
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
 from shared.auth import issue_token
@@ -125,92 +126,96 @@ def end(writer: asyncio.StreamWriter, rng: random.Random) -> None:
         writer.close()
 
 
+@asynccontextmanager
+async def connection(fz: Fuzz) -> AsyncIterator[asyncio.StreamWriter]:
+    """An upgraded connection to write an attack on; then what comes back is read for
+    0.1 s, and the connection is left (`end`)."""
+    reader, writer = await opened(fz)
+    yield writer
+    await drain(reader, 0.1)
+    end(writer, fz.rng)
+
+
 # --------------------------------------------------------------------------- attacks
 
 
 async def random_frames(fz: Fuzz) -> None:
     rng = fz.rng
-    reader, writer = await opened(fz)
-    for _ in range(rng.randint(1, 20)):
-        payload = rng.randbytes(rng.choice([0, 1, 5, 125, 126, 300, 4000]))
-        writer.write(
-            frame(
-                rng.randrange(16),
-                payload,
-                fin=rng.random() < 0.8,
-                rsv=rng.randrange(8) if rng.random() < 0.2 else 0,
-                masked=rng.random() < 0.9,
-                length=rng.choice([None, None, None, 0, 2, 70_000, 1 << 40]),
+    async with connection(fz) as writer:
+        for _ in range(rng.randint(1, 20)):
+            payload = rng.randbytes(rng.choice([0, 1, 5, 125, 126, 300, 4000]))
+            writer.write(
+                frame(
+                    rng.randrange(16),
+                    payload,
+                    fin=rng.random() < 0.8,
+                    rsv=rng.randrange(8) if rng.random() < 0.2 else 0,
+                    masked=rng.random() < 0.9,
+                    length=rng.choice([None, None, None, 0, 2, 70_000, 1 << 40]),
+                )
             )
-        )
-        fz.done["frames"] += 1
-    if rng.random() < 0.2:
-        writer.write(rng.randbytes(rng.randint(1, 2000)))  # not even frames
-    await drain(reader, 0.1)
-    end(writer, rng)
+            fz.done["frames"] += 1
+        if rng.random() < 0.2:
+            writer.write(rng.randbytes(rng.randint(1, 2000)))  # not even frames
 
 
 async def fragments(fz: Fuzz) -> None:
     rng = fz.rng
-    reader, writer = await opened(fz)
-    kind = rng.randrange(4)
-    if kind == 0:  # a message in many pieces, pings between them, past 4096 bytes in all
-        writer.write(frame(0x1, b'{"type":', fin=False))
-        for _ in range(rng.randint(1, 300)):
-            writer.write(frame(0x0, rng.randbytes(rng.randint(0, 40)), fin=False))
-            if rng.random() < 0.3:
-                writer.write(frame(0x9, b"between"))
-        writer.write(frame(0x0, b'"ping"}'))
-    elif kind == 1:  # a continuation with no start
-        writer.write(frame(0x0, b"orphan"))
-    elif kind == 2:  # a new message before the last one ended
-        writer.write(frame(0x1, b"one", fin=False) + frame(0x1, b"two", fin=False))
-    else:  # a valid fragmented ping
-        writer.write(frame(0x1, b'{"type"', fin=False) + frame(0x0, b':"ping"}'))
-    fz.done["fragments"] += 1
-    await drain(reader, 0.1)
-    end(writer, rng)
+    async with connection(fz) as writer:
+        kind = rng.randrange(4)
+        if kind == 0:  # a message in many pieces, pings between them, past 4096 bytes in all
+            writer.write(frame(0x1, b'{"type":', fin=False))
+            for _ in range(rng.randint(1, 300)):
+                writer.write(frame(0x0, rng.randbytes(rng.randint(0, 40)), fin=False))
+                if rng.random() < 0.3:
+                    writer.write(frame(0x9, b"between"))
+            writer.write(frame(0x0, b'"ping"}'))
+        elif kind == 1:  # a continuation with no start
+            writer.write(frame(0x0, b"orphan"))
+        elif kind == 2:  # a new message before the last one ended
+            writer.write(frame(0x1, b"one", fin=False) + frame(0x1, b"two", fin=False))
+        else:  # a valid fragmented ping
+            writer.write(frame(0x1, b'{"type"', fin=False) + frame(0x0, b':"ping"}'))
+        fz.done["fragments"] += 1
 
 
 async def oversized(fz: Fuzz) -> None:
     rng = fz.rng
-    reader, writer = await opened(fz)
-    kind = rng.randrange(3)
-    if kind == 0:  # announce 1 MiB, send 256 KiB of it
-        writer.write(frame(0x1, b"", length=1 << 20))
-        writer.write(os.urandom(256 * 1024))
-    elif kind == 1:  # the largest length the header can say
-        writer.write(frame(0x2, b"", length=(1 << 63) - 1))
-    else:  # a whole 200 KiB message, unfragmented
-        writer.write(frame(0x1, b"x" * 200_000))
-    fz.done["oversized"] += 1
-    await drain(reader, 0.1)
-    end(writer, rng)
+    async with connection(fz) as writer:
+        kind = rng.randrange(3)
+        if kind == 0:  # announce 1 MiB, send 256 KiB of it
+            writer.write(frame(0x1, b"", length=1 << 20))
+            writer.write(os.urandom(256 * 1024))
+        elif kind == 1:  # the largest length the header can say
+            writer.write(frame(0x2, b"", length=(1 << 63) - 1))
+        else:  # a whole 200 KiB message, unfragmented
+            writer.write(frame(0x1, b"x" * 200_000))
+        fz.done["oversized"] += 1
 
 
 async def control_frames(fz: Fuzz) -> None:
     """Control frames, valid and not, and invalid UTF-8."""
     rng = fz.rng
-    reader, writer = await opened(fz)
-    choices = [
-        frame(0x9, rng.randbytes(125)),  # the largest ping
-        frame(0x9, rng.randbytes(126)),  # over the control-frame limit
-        frame(0x9, b"frag", fin=False),  # a fragmented control frame
-        frame(0xA, b"unasked"),  # a pong nobody asked for
-        frame(0x8, struct.pack("!H", 999)),  # an invalid close code
-        frame(0x8, struct.pack("!H", 1005)),  # a code that must not be sent
-        frame(0x8, struct.pack("!H", 1000) + b"\xff\xfe"),  # a reason that is not UTF-8
-        frame(0x8, b"\x03"),  # a one-byte close payload
-        frame(0x8, b""),
-        # text that is not UTF-8, whole or split inside a character
-        frame(0x1, rng.choice([b"\xff\xfe", b"\xed\xa0\x80", b'{"a":"\xe2\x82"}', b"\xc0\xaf"])),
-        frame(0x1, b'{"a":"\xe2', fin=False) + frame(0x0, b'\x28\xa1"}'),
-    ]
-    for _ in range(rng.randint(1, 5)):
-        writer.write(rng.choice(choices))
-    fz.done["control"] += 1
-    await drain(reader, 0.1)
-    end(writer, rng)
+    async with connection(fz) as writer:
+        choices = [
+            frame(0x9, rng.randbytes(125)),  # the largest ping
+            frame(0x9, rng.randbytes(126)),  # over the control-frame limit
+            frame(0x9, b"frag", fin=False),  # a fragmented control frame
+            frame(0xA, b"unasked"),  # a pong nobody asked for
+            frame(0x8, struct.pack("!H", 999)),  # an invalid close code
+            frame(0x8, struct.pack("!H", 1005)),  # a code that must not be sent
+            frame(0x8, struct.pack("!H", 1000) + b"\xff\xfe"),  # a reason that is not UTF-8
+            frame(0x8, b"\x03"),  # a one-byte close payload
+            frame(0x8, b""),
+            # text that is not UTF-8, whole or split inside a character
+            frame(
+                0x1, rng.choice([b"\xff\xfe", b"\xed\xa0\x80", b'{"a":"\xe2\x82"}', b"\xc0\xaf"])
+            ),
+            frame(0x1, b'{"a":"\xe2', fin=False) + frame(0x0, b'\x28\xa1"}'),
+        ]
+        for _ in range(rng.randint(1, 5)):
+            writer.write(rng.choice(choices))
+        fz.done["control"] += 1
 
 
 async def slowloris(fz: Fuzz) -> None:

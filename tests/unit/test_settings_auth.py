@@ -27,6 +27,23 @@ def test_env_then_flags() -> None:
         ({"IMROUTE_API_KEY": "short"}, "IMROUTE_API_KEY"),
         ({"IMROUTE_SECRET": "x" * 31}, "IMROUTE_SECRET"),
         ({"IMROUTE_HEARTBEAT_S": "40", "IMROUTE_ROUTE_TTL_S": "60"}, "heartbeat_s"),
+        # the HTTP edge's limits
+        ({"IMROUTE_HTTP_HEADER_TIMEOUT_S": "0"}, "IMROUTE_HTTP_HEADER_TIMEOUT_S"),
+        ({"IMROUTE_HTTP_HEADER_TIMEOUT_S": "301"}, "IMROUTE_HTTP_HEADER_TIMEOUT_S"),
+        ({"IMROUTE_HTTP_KEEPALIVE_TIMEOUT_S": "0"}, "IMROUTE_HTTP_KEEPALIVE_TIMEOUT_S"),
+        ({"IMROUTE_HTTP_KEEPALIVE_TIMEOUT_S": "1.5"}, "IMROUTE_HTTP_KEEPALIVE_TIMEOUT_S"),
+        ({"IMROUTE_HTTP_MAX_CONCURRENCY": "0"}, "IMROUTE_HTTP_MAX_CONCURRENCY"),
+        # the WebSocket client limits
+        ({"IMROUTE_MAX_CONNECTIONS_PER_USER": "-1"}, "IMROUTE_MAX_CONNECTIONS_PER_USER"),
+        ({"IMROUTE_WS_CLIENT_FRAME_RATE": "-5"}, "IMROUTE_WS_CLIENT_FRAME_RATE"),
+        ({"IMROUTE_WS_CLIENT_FRAME_BURST": "0"}, "IMROUTE_WS_CLIENT_FRAME_BURST"),
+        # the token rules and the handshake's limits
+        ({"IMROUTE_JWT_LEEWAY_S": "-1"}, "IMROUTE_JWT_LEEWAY_S"),
+        ({"IMROUTE_JWT_MAX_TTL_S": "soon"}, "IMROUTE_JWT_MAX_TTL_S"),
+        ({"IMROUTE_JWT_AUDIENCE": ""}, "IMROUTE_JWT_AUDIENCE"),
+        ({"IMROUTE_WS_MAX_PRE_AUTH": "0"}, "IMROUTE_WS_MAX_PRE_AUTH"),
+        ({"IMROUTE_WS_HANDSHAKE_TIMEOUT_S": "0"}, "IMROUTE_WS_HANDSHAKE_TIMEOUT_S"),
+        ({"IMROUTE_WS_CONNECT_RATE_PER_IP": "-3"}, "IMROUTE_WS_CONNECT_RATE_PER_IP"),
     ],
 )
 def test_bad_values_name_the_setting(env: dict[str, str], named: str) -> None:

@@ -53,12 +53,16 @@ def _named(spans: tuple[ReadableSpan, ...], name: str) -> list[ReadableSpan]:
 # ------------------------------------------------------------------ the request's span
 
 
-def _app(status: int) -> TracedRequests:
+def _app(status: int, tracing: Tracing | None = None) -> TracedRequests:
+    """An app answering `status`, behind TracedRequests with `tracing`'s tracer, if any."""
+
     async def app(scope: Scope, receive: Receive, send: Send) -> None:
         await send({"type": "http.response.start", "status": status, "headers": []})
         await send({"type": "http.response.body", "body": b"{}"})
 
     slot = TracerSlot()
+    if tracing is not None:
+        slot.tracer = tracing.tracer
     return TracedRequests(app, slot)
 
 
@@ -72,8 +76,7 @@ async def test_a_push_request_is_a_server_span_continuing_the_callers_trace(
     exported: tuple[Tracing, InMemorySpanExporter],
 ) -> None:
     tracing, exporter = exported
-    app = _app(200)
-    app.slot.tracer = tracing.tracer
+    app = _app(200, tracing)
     assert await _post(app, "/v1/push", {"traceparent": CALLER}) == 200
     (span,) = exporter.get_finished_spans()
     assert span.name == "POST /v1/push" and span.kind.name == "SERVER"
@@ -88,8 +91,7 @@ async def test_a_bad_traceparent_starts_a_trace_and_5xx_is_an_error(
     exported: tuple[Tracing, InMemorySpanExporter],
 ) -> None:
     tracing, exporter = exported
-    app = _app(503)
-    app.slot.tracer = tracing.tracer
+    app = _app(503, tracing)
     assert await _post(app, "/v1/multicast", {"traceparent": "00-zz-yy-01"}) == 503
     (span,) = exporter.get_finished_spans()
     assert span.parent is None  # its own trace
@@ -100,8 +102,7 @@ async def test_a_4xx_is_the_callers_error_and_other_paths_make_no_span(
     exported: tuple[Tracing, InMemorySpanExporter],
 ) -> None:
     tracing, exporter = exported
-    app = _app(422)
-    app.slot.tracer = tracing.tracer
+    app = _app(422, tracing)
     await _post(app, "/v1/push/batch")
     await _post(app, "/v1/users")  # not a push
     (span,) = exporter.get_finished_spans()
