@@ -77,10 +77,13 @@ class Pushes:
         self.batched = 0  # messages of POST /v1/push/batch
         self.queued = 0
 
-    def check(self, body: PushIn) -> None:
-        """What the push cannot have, before anything is sent (InvalidInput: 422)."""
+    def check(self, body: PushIn, batch: bool = False) -> None:
+        """What the push cannot have, before anything is sent (InvalidInput: 422); in a
+        batch (`batch`), no `wait_ack_ms`: a batch waits for no acks."""
         if body.wait_ack_ms is None:
             return
+        if batch:
+            raise InvalidInput("wait_ack_ms", "not in a batch: use POST /v1/push")
         r = self._receipts
         if r is None:
             raise InvalidInput("wait_ack_ms", "receipts are off (IMROUTE_RECEIPTS_TTL_S=0)")
@@ -113,7 +116,7 @@ class Pushes:
         seed = id_seed()
         for i, body in enumerate(bodies):
             try:
-                self.check(body)
+                self.check(body, batch)
                 message = new_message(body, now, seed, i)
             except ImrouteError as exc:
                 answers[i] = exc

@@ -254,6 +254,9 @@ class GrpcGatewayClients:
         task = self._opening.pop(address, None)
         if task is not None:
             task.cancel()
+            # Ending like a link does: `close()` waits for it.
+            self._closing.add(task)
+            task.add_done_callback(self._closing.discard)
         self._retry_at.pop(address, None)
         self._failures.pop(address, None)
         self._no_link.discard(address)

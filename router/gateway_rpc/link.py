@@ -97,6 +97,10 @@ async def open_link(
         raise GatewayUnavailable(
             gateway_id, f"UNAVAILABLE: link to {host}:{port}: {exc}", "UNAVAILABLE"
         ) from None
+    except BaseException:  # cancelled while it waited for the welcome: no socket left open
+        if transport is not None:
+            transport.close()
+        raise
     if welcome.error_code:
         link.close()
         raise GatewayUnavailable(

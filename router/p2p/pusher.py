@@ -88,9 +88,10 @@ class P2PPusher:
         """`tracer`: tracing on (shared.tracing), each look-up and gateway call a span."""
         self._registry = registry
         self._fleet = fleet
-        # The stack every P2P call goes through: each gateway's batches in one request.
-        self._clients = clients  # the client stack pushes go through
-        self._deliver_each = deliver_each_of(clients)  # its batch call, resolved once
+        # The stack every P2P call goes through, and its batch call (each gateway's
+        # batches in one request), resolved once.
+        self._clients = clients
+        self._deliver_each = deliver_each_of(clients)
         self._timeout = deliver_timeout_s
         self._recovery = recovery
         self._clock = clock or SystemClock()
