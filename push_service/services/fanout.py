@@ -58,10 +58,11 @@ class FanOut:
     started: dict[str, int] = field(
         default_factory=lambda: {"broadcast": 0, "multicast": 0}, init=False
     )
+    _lookup: GroupLookup = field(init=False, repr=False)  # `groups`, traced when on
 
     def __post_init__(self) -> None:
-        if self.tracer is not None:
-            self.groups = TracedGroupLookup(self.groups, self.tracer)
+        tracer = self.tracer
+        self._lookup = self.groups if tracer is None else TracedGroupLookup(self.groups, tracer)
 
     async def broadcast(self, body: BroadcastIn) -> str:
         """Start a broadcast job; its push id. It is resumable (router.jobs.specs)."""
@@ -130,7 +131,7 @@ class FanOut:
             )
             await run_multicast(
                 chunks,
-                self.groups,
+                self._lookup,
                 publisher,
                 self.clock,
                 batch_size=self.batch_size,

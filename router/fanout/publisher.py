@@ -105,6 +105,7 @@ class BatchPublisher:
     _: KW_ONLY
     content: ContentWrites | None = None
     tracer: Tracer | None = None
+    _store: ContentWrites | None = field(init=False, repr=False)  # where content goes once
     _bare: Message = field(init=False, repr=False)  # what batches carry when stored
     _losses: BusLosses | None = field(init=False, repr=False)
 
@@ -112,7 +113,7 @@ class BatchPublisher:
         content = self.content
         if content is None and self.recovery is not None:
             content = self.recovery.content
-        self.content = content if content and content.stores(self.message.content_json) else None
+        self._store = content if content and content.stores(self.message.content_json) else None
         self._bare = replace(self.message, content_json=b"")
         self._losses = self.publisher.losses if isinstance(self.publisher, ReportsLosses) else None
 
@@ -204,11 +205,11 @@ class BatchPublisher:
         everyone: bool = False,
     ) -> gateway_pb2.Batch:
         """The batch for `uids`, under its stable id."""
-        if self.content is None:
+        if self._store is None:
             batch = to_batch(self.message, uids, "")
         else:
             # Stored (or its TTL pushed forward) before the batch that names it can exist.
-            content, m = self.content, self.message
+            content, m = self._store, self.message
             await ride_out(
                 lambda: content.hold(m.msg_id, m.content_json), "storing a push's content"
             )

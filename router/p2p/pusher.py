@@ -141,14 +141,13 @@ class P2PPusher:
         if recovery is not None:
             missed = [i for i in stored if delivered[i].offline or delivered[i].failed]
             if missed:
-                queued = await self._queue_missed(recovery, items, delivered, seqs, missed)
+                queued = await self._queue_missed(items, delivered, seqs, missed)
                 for i, outcome in zip(missed, queued, strict=True):
                     outcomes[i] = outcome
         return outcomes
 
     async def _queue_missed(
         self,
-        recovery: RecoveryLog,
         items: Sequence[Outgoing],
         delivered: Sequence[PushOutcome],
         seqs: Sequence[Seqs],
@@ -157,9 +156,9 @@ class P2PPusher:
         """`_queued` for each stored message that missed a recipient (`missed`)."""
         if len(missed) == 1:  # no gather, no task
             i = missed[0]
-            return [await self._queued(recovery, items[i], delivered[i], seqs[i])]
+            return [await self._queued(items[i], delivered[i], seqs[i])]
         return await asyncio.gather(
-            *(self._queued(recovery, items[i], delivered[i], seqs[i]) for i in missed)
+            *(self._queued(items[i], delivered[i], seqs[i]) for i in missed)
         )
 
     async def _lookup(self, uids: Sequence[str]) -> dict[str, list[Route]]:
@@ -282,7 +281,7 @@ class P2PPusher:
     # ------------------------------------------------------------------ the inbox
 
     async def _queued(
-        self, recovery: RecoveryLog, item: Outgoing, outcome: PushOutcome, seqs: Seqs
+        self, item: Outgoing, outcome: PushOutcome, seqs: Seqs
     ) -> PushOutcome | ImrouteError:
         """For whoever it reached no connection of (it waits in their inbox): look once
         more, for a client that connected (and read its inbox, maybe before the message
