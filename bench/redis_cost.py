@@ -234,8 +234,8 @@ async def measure(h: Harness, svc: Service, opts: argparse.Namespace) -> dict[st
     sources = monitor_sources(lines)
     acked_mem = memory_delta(mem0, mem1, prefix)
     offline_mem = memory_delta(mem2, mem3, prefix)
-    offline_calls = net_calls(o1.minus(o0).calls, {})
-    idle_per_s = sum(idle.calls.values()) / wall
+    offline, scale = o1.minus(o0), wall2 / wall  # the idle run, scaled to this one's time
+    offline_calls = net_calls(offline.calls, {c: round(v * scale) for c, v in idle.calls.items()})
     return {
         "pushes": n,
         "rate": opts.rate,
@@ -247,7 +247,7 @@ async def measure(h: Harness, svc: Service, opts: argparse.Namespace) -> dict[st
             "script_calls": round(script_calls(calls) / n, 3),
             "round_trips": round((busy.reads - idle.reads) / n, 3),
             "calls": per(calls, n),
-            "idle_commands_per_s": round(idle_per_s, 2),
+            "idle_commands_per_s": round(sum(idle.calls.values()) / wall, 2),
         },
         "monitor_sample": {
             "pushes": opts.sample,
@@ -256,7 +256,9 @@ async def measure(h: Harness, svc: Service, opts: argparse.Namespace) -> dict[st
             "round_trips": round(sources["round_trips"] / opts.sample, 2),
         },
         "offline_push": {
-            "commands": round((sum(offline_calls.values()) - idle_per_s * wall2) / n, 3),
+            "commands": round(sum(offline_calls.values()) / n, 3),
+            "script_calls": round(script_calls(offline_calls) / n, 3),
+            "round_trips": round((offline.reads - idle.reads * scale) / n, 3),
             "calls": per(offline_calls, n),
         },
         "bytes_per_acked_message": round(message_bytes(acked_mem) / n, 1),

@@ -121,7 +121,12 @@ def report(r: dict[str, Any], cond: Mapping[str, str]) -> None:
     )
     for side in ("client", "script"):
         print(f"    {side:<8}" + "  ".join(f"{c} {v:g}" for c, v in m[side].items()))
-    print(f"  {'offline push: commands':<28}{r['offline_push']['commands']:>8.2f}")
+    o = r["offline_push"]
+    print(
+        f"  offline push: {o['commands']:.2f} commands, {o['script_calls']:.2f} script calls,"
+        f" {o['round_trips']:.2f} round trips"
+    )
+    print("    " + "  ".join(f"{c} {v:g}" for c, v in o["calls"].items() if abs(v) >= 0.01))
     print(f"  {'bytes per acked message':<28}{r['bytes_per_acked_message']:>8.1f}")
     print(
         f"  {'bytes per offline message':<28}{r['bytes_per_offline_message']:>8.1f}"
