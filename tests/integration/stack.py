@@ -60,6 +60,7 @@ __all__ = [
     "gateway",
     "handshake_refused",
     "nothing_more",
+    "one_group",
     "p2p",
     "push_frame",
     "ready",
@@ -133,15 +134,20 @@ async def api_app(
 
 
 @asynccontextmanager
+async def one_group(
+    redis_url: str, prefix: str
+) -> AsyncIterator[tuple[Gateway, httpx.AsyncClient]]:
+    """Gateway gw1 in group g1, and the push API."""
+    async with gateway(redis_url, prefix, "gw1", "g1") as gw, api(redis_url, prefix) as http:
+        yield gw, http
+
+
+@asynccontextmanager
 async def alice_online(
     redis_url: str, prefix: str
 ) -> AsyncIterator[tuple[Gateway, httpx.AsyncClient, ClientConnection]]:
     """Gateway gw1 in group g1, the push API, and a client of gw1 connected as alice."""
-    async with (
-        gateway(redis_url, prefix, "gw1", "g1") as gw,
-        api(redis_url, prefix) as http,
-        client(gw, "alice") as ws,
-    ):
+    async with one_group(redis_url, prefix) as (gw, http), client(gw, "alice") as ws:
         yield gw, http, ws
 
 

@@ -22,7 +22,17 @@ from tests.integration.recovery_helpers import (
     reconnect,
     replay,
 )
-from tests.integration.stack import AUTH, Frame, api, contents, gateway, p2p, recv_json, token
+from tests.integration.stack import (
+    AUTH,
+    Frame,
+    api,
+    contents,
+    gateway,
+    one_group,
+    p2p,
+    recv_json,
+    token,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -37,7 +47,7 @@ async def status(http: httpx.AsyncClient, push_id: str) -> Frame:
 async def test_an_acked_push_leaves_the_inbox_and_its_receipt_says_acked(
     redis_url: str, prefix: str
 ) -> None:
-    async with gateway(redis_url, prefix, "gw1", "g1") as gw, api(redis_url, prefix) as http:
+    async with one_group(redis_url, prefix) as (gw, http):
         ws = await connected(gw, "ana")
         body = await p2p(http, ["ana", "ben"], "hello")
         assert body["delivered"] == ["ana"] and body["offline"] == ["ben"]
@@ -71,7 +81,7 @@ async def test_an_acked_push_leaves_the_inbox_and_its_receipt_says_acked(
 async def test_a_push_never_acked_comes_again_and_a_cumulative_ack_covers_all_before(
     redis_url: str, prefix: str
 ) -> None:
-    async with gateway(redis_url, prefix, "gw1", "g1") as gw, api(redis_url, prefix) as http:
+    async with one_group(redis_url, prefix) as (gw, http):
         ws = await connected(gw, "cy")
         ids = [(await p2p(http, ["cy"], n))["push_id"] for n in range(3)]
         frames = await pushes(ws, 3)
@@ -128,7 +138,7 @@ async def _acking(ws: ClientConnection) -> None:
 async def test_wait_ack_ms_lists_who_acked_and_returns_early_when_all_did(
     redis_url: str, prefix: str
 ) -> None:
-    async with gateway(redis_url, prefix, "gw1", "g1") as gw, api(redis_url, prefix) as http:
+    async with one_group(redis_url, prefix) as (gw, http):
         users = ["w1", "w2", "w3", "quiet"]
         sockets = {u: await open_ws(gw, u) for u in users}
         for ws in sockets.values():
@@ -173,7 +183,7 @@ async def test_a_half_open_connection_gets_its_push_again_on_reconnect(
     """Written to a socket the network no longer carries (no close, no FIN): the push
     counts as delivered, but stays in the inbox until acked, so the next connection
     (even one that lost its position) gets it."""
-    async with gateway(redis_url, prefix, "gw1", "g1") as gw, api(redis_url, prefix) as http:
+    async with one_group(redis_url, prefix) as (gw, http):
         proxy = TcpProxy(gw.ws_port)
         await proxy.start()
         ws = await connect(
@@ -205,7 +215,7 @@ async def test_the_sdk_acks_and_with_auto_ack_off_the_app_does(redis_url: str, p
 
     from tests.integration.test_client_sdk import API, next_message, push
 
-    async with gateway(redis_url, prefix, "gw1", "g1") as gw, api(redis_url, prefix) as http:
+    async with one_group(redis_url, prefix) as (gw, http):
         async with ImrouteClient(API, token("sam"), http=http) as client:
             await client.connect()
             await asyncio.sleep(0.2)  # its route lands

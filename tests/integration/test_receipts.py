@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from tests.integration.recovery_helpers import ack, acked, multicast_acked, open_ws, pushes, replay
-from tests.integration.stack import AUTH, Frame, api, fanout, gateway
+from tests.integration.stack import AUTH, Frame, api, fanout, gateway, one_group
 
 pytestmark = pytest.mark.integration
 
@@ -45,7 +45,7 @@ async def test_paging_a_5000_recipient_multicast_by_state(redis_url: str, prefix
     everyone = [f"u{n:04d}" for n in range(5000)]
     online = everyone[::250]  # 20 connected, of whom 10 ack
     acking = online[::2]
-    async with gateway(redis_url, prefix, "gw1", "g1") as gw, api(redis_url, prefix) as http:
+    async with one_group(redis_url, prefix) as (gw, http):
         sockets = {u: await open_ws(gw, u) for u in online}
         for ws in sockets.values():
             await replay(ws)
@@ -102,7 +102,7 @@ async def test_a_broadcast_counts_its_deliveries_and_acks(redis_url: str, prefix
     """Counts only: to everyone online (no recipients counted up front: 0, as its job has
     always said; `online` is those it reached), and to the directory (its recipients are
     the directory's users)."""
-    async with gateway(redis_url, prefix, "gw1", "g1") as gw, api(redis_url, prefix) as http:
+    async with one_group(redis_url, prefix) as (gw, http):
         users = {"users": [{"uid": u} for u in ("bc1", "bc2", "bc3")]}
         assert (await http.put("/v1/users", json=users, headers=AUTH)).status_code == 200
         sockets = {u: await open_ws(gw, u) for u in ("bc1", "bc2")}
