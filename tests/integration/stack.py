@@ -63,6 +63,7 @@ __all__ = [
     "one_group",
     "p2p",
     "push_frame",
+    "push_status",
     "ready",
     "recv_json",
     "route_registry",
@@ -212,13 +213,21 @@ async def p2p(http: httpx.AsyncClient, uids: list[str], content: Any, **kw: Any)
     return body
 
 
+async def push_status(http: httpx.AsyncClient, push_id: str) -> Frame:
+    """GET /v1/pushes/{push_id}: the push's record and counts."""
+    resp = await http.get(f"/v1/pushes/{push_id}", headers=AUTH)
+    assert resp.status_code == 200, resp.text
+    body: Frame = resp.json()
+    return body
+
+
 async def fanout(http: httpx.AsyncClient, path: str, body: Frame) -> str:
     """POST a broadcast or multicast and wait for its job to end; its push id."""
     resp = await http.post(path, json=body, headers=AUTH)
     assert resp.status_code == 202, resp.text
     push_id: str = resp.json()["push_id"]
     for _ in range(500):
-        job = (await http.get(f"/v1/pushes/{push_id}", headers=AUTH)).json()
+        job = await push_status(http, push_id)
         if job["status"] in ("done", "failed"):
             assert job["status"] == "done", job
             return push_id
