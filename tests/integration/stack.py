@@ -28,7 +28,7 @@ from router.bus.base import Bus
 from router.directory.migrate import upgrade
 from router.redis.client import connect_redis
 from router.routes.registry import RedisRouteRegistry
-from shared.auth import TokenRules, issue_token
+from shared.auth import issue_token
 from shared.clock import Clock, SystemClock
 from shared.ids import ConnIdFactory
 from shared.keys import KeySchema
@@ -37,9 +37,7 @@ from shared.settings import Settings
 from shared.wire import encode_push_json, ws_text_frame
 from socket_gateway.app import Gateway
 from socket_gateway.connections import LocalConnections
-from socket_gateway.ws.admission import HandshakeLimits
 from socket_gateway.ws.endpoint import WsEndpoint
-from socket_gateway.ws.protocol import WsTimers
 from tests.conftest import API_KEY, SECRET
 from tests.waiting import wait_for
 
@@ -273,11 +271,10 @@ async def endpoint(
     *,
     register: Registrar | None = None,
     unregister: Registrar | None = None,
-    timers: WsTimers | None = None,
-    limits: HandshakeLimits | None = None,
-    token_rules: TokenRules | None = None,
-    max_connections: int | None = None,
+    **options: Any,
 ) -> AsyncIterator[Gw]:
+    """`register`, `unregister`: in place of the registry's own; `options`: the endpoint's
+    (`WsEndpoint`'s keywords: timers, limits, token_rules, max_connections, ...)."""
     async with connect_redis(redis_url) as redis:
         keys = KeySchema(prefix)
         registry = route_registry(redis, prefix, "gw1", group_id="g1", port=5000)
@@ -300,10 +297,7 @@ async def endpoint(
             ConnIdFactory("gw1"),
             reg,
             unreg,
-            timers,
-            max_connections=max_connections,
-            token_rules=token_rules,
-            limits=limits,
+            **options,
         )
         server = await ep.serve("127.0.0.1", 0)
         port = server.sockets[0].getsockname()[1]
