@@ -83,22 +83,26 @@ Uid = Annotated[
 ]
 
 
-class PushIn(BaseModel):
+class _PushFields(BaseModel):
+    """What the body of every push (P2P, broadcast, multicast) says besides whom it is for."""
+
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
 
-    to: list[Uid] = Field(min_length=1, max_length=MAX_RECIPIENTS)
     content: JsonValue
     msg_type: int = Field(0, ge=0, le=MAX_MSG_TYPE)
     sender: str = Field("admin", alias="from", min_length=1, max_length=MAX_SENDER_LEN)
-    # P2P never buffers, so "high" changes nothing here; accepted on every push alike.
+    # P2P never buffers, so "high" changes nothing there; accepted on every push alike.
     priority: Literal["normal", "high"] = "normal"
     ttl_s: int | None = Field(None, ge=1, le=MAX_TTL_S)
     # false: at-most-once (typing indicators and the like): not logged for recovery,
     # not kept in any inbox
     store: StrictBool = True
-    # wait up to this long for the recipients' devices to ack; the answer then lists
-    # `acked` and `unacked` (it returns early once every online recipient acked)
-    wait_ack_ms: int | None = Field(None, ge=0, le=MAX_WAIT_ACK_MS)
+
+
+class _P2PRecipients(BaseModel):
+    """A P2P push's `to`: a base of its own so that it comes first in PushIn's fields."""
+
+    to: list[Uid] = Field(min_length=1, max_length=MAX_RECIPIENTS)
 
     @field_validator("to")
     @classmethod
@@ -106,6 +110,14 @@ class PushIn(BaseModel):
         if len(set(to)) != len(to):
             raise ValueError("uids must be unique")
         return to
+
+
+# Pydantic orders a model's fields by its bases from the last: `to`, then the push's
+# fields, then its own (the order of its schema and of its 422s' details).
+class PushIn(_PushFields, _P2PRecipients):
+    # wait up to this long for the recipients' devices to ack; the answer then lists
+    # `acked` and `unacked` (it returns early once every online recipient acked)
+    wait_ack_ms: int | None = Field(None, ge=0, le=MAX_WAIT_ACK_MS)
 
 
 class GatewayError(BaseModel):
@@ -219,24 +231,11 @@ class Audience(BaseModel):
         return self
 
 
-class _GroupPushIn(BaseModel):
-    model_config = ConfigDict(extra="forbid", populate_by_name=True)
-
-    content: JsonValue
-    msg_type: int = Field(0, ge=0, le=MAX_MSG_TYPE)
-    sender: str = Field("admin", alias="from", min_length=1, max_length=MAX_SENDER_LEN)
-    priority: Literal["normal", "high"] = "normal"
-    ttl_s: int | None = Field(None, ge=1, le=MAX_TTL_S)
-    # false: at-most-once (typing indicators and the like): not logged for recovery,
-    # not kept in any inbox
-    store: StrictBool = True
-
-
-class BroadcastIn(_GroupPushIn):
+class BroadcastIn(_PushFields):
     audience: Audience | None = None
 
 
-class MulticastIn(_GroupPushIn):
+class MulticastIn(_PushFields):
     to: list[Uid] | None = Field(None, min_length=1, max_length=MAX_MULTICAST)
     audience: Audience | None = None
 

@@ -393,27 +393,7 @@ class Gateway(ClosedOnExit):
             counts["replayed_pushes"] = ("Push frames written by replays", r.replayed)
             counts.update(resume_budget_counts(self.resumer))
         if self.follower is not None:
-            seqs = self.follower.sequencers.values()
-            counts["batches_filled"] = (
-                "Batches read from the recovery log because the bus had not brought them",
-                sum(q.filled for q in seqs),
-            )
-            counts["batches_lost"] = (
-                "Batches neither on the bus nor still in the recovery log: skipped",
-                sum(q.lost for q in seqs),
-            )
-            counts["batches_late"] = (
-                "Batches the bus brought after their turn (already delivered): dropped",
-                sum(q.late for q in seqs),
-            )
-            counts["log_epochs"] = (
-                "Topic recovery logs found started again under a new epoch (Redis lost them)",
-                sum(q.epochs for q in seqs),
-            )
-            counts["batches_without_content"] = (
-                "Bus batches whose content, stored once per push, was gone: dropped",
-                self.follower.without_content,
-            )
+            counts.update(self.follower.metrics())
         if self.acks is not None:
             a = self.acks.counts
             counts["acks"] = ("Client ack frames that acked pushes", a.acks)

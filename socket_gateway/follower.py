@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from router.bus.base import BROADCAST
 from router.recovery.base import OFFLINE_TOPIC, LoggedBatch, RecoveryReads, TopicHistory
@@ -31,6 +31,27 @@ __all__ = ["RECENT", "TopicFollower"]
 log = logging.getLogger(__name__)
 
 RECENT = 64  # batches kept per topic for replays (up to ~165 KB each with 1000 uids)
+
+# The sequencers' counters, each summed over the topics for /metrics: name -> (help, the
+# counter of one sequencer).
+SEQUENCER_COUNTS: dict[str, tuple[str, Callable[[TopicSequencer], int]]] = {
+    "batches_filled": (
+        "Batches read from the recovery log because the bus had not brought them",
+        lambda q: q.filled,
+    ),
+    "batches_lost": (
+        "Batches neither on the bus nor still in the recovery log: skipped",
+        lambda q: q.lost,
+    ),
+    "batches_late": (
+        "Batches the bus brought after their turn (already delivered): dropped",
+        lambda q: q.late,
+    ),
+    "log_epochs": (
+        "Topic recovery logs found started again under a new epoch (Redis lost them)",
+        lambda q: q.epochs,
+    ),
+}
 
 
 class TopicFollower:
@@ -68,6 +89,19 @@ class TopicFollower:
             self.sequencers[topic] = TopicSequencer(topic, head + 1, hold)
             self._recent[topic] = deque(maxlen=RECENT)
             setattr(self._marks, self._letters[topic], head)
+
+    def metrics(self) -> dict[str, tuple[str, float]]:
+        """The follower's counters for /metrics: name -> (help, value)."""
+        seqs = self.sequencers.values()
+        counts: dict[str, tuple[str, float]] = {
+            name: (text, sum(counter(q) for q in seqs))
+            for name, (text, counter) in SEQUENCER_COUNTS.items()
+        }
+        counts["batches_without_content"] = (
+            "Bus batches whose content, stored once per push, was gone: dropped",
+            self.without_content,
+        )
+        return counts
 
     async def offer(self, topic: str, batch: gateway_pb2.Batch) -> None:
         """A batch from the bus: delivered now if it is next, else when its turn comes."""

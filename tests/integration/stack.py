@@ -28,7 +28,7 @@ from router.bus.base import Bus
 from router.directory.migrate import upgrade
 from router.redis.client import connect_redis
 from router.routes.registry import RedisRouteRegistry
-from shared.auth import TokenRules, issue_token
+from shared.auth import issue_token
 from shared.clock import Clock, SystemClock
 from shared.ids import ConnIdFactory
 from shared.keys import KeySchema
@@ -37,9 +37,7 @@ from shared.settings import Settings
 from shared.wire import encode_push_json, ws_text_frame
 from socket_gateway.app import Gateway
 from socket_gateway.connections import LocalConnections
-from socket_gateway.ws.admission import HandshakeLimits
 from socket_gateway.ws.endpoint import WsEndpoint
-from socket_gateway.ws.protocol import WsTimers
 from tests.conftest import API_KEY, SECRET
 from tests.waiting import wait_for
 
@@ -60,8 +58,10 @@ __all__ = [
     "gateway",
     "handshake_refused",
     "nothing_more",
+    "one_group",
     "p2p",
     "push_frame",
+    "push_status",
     "ready",
     "recv_json",
     "route_registry",
@@ -133,15 +133,20 @@ async def api_app(
 
 
 @asynccontextmanager
+async def one_group(
+    redis_url: str, prefix: str
+) -> AsyncIterator[tuple[Gateway, httpx.AsyncClient]]:
+    """Gateway gw1 in group g1, and the push API."""
+    async with gateway(redis_url, prefix, "gw1", "g1") as gw, api(redis_url, prefix) as http:
+        yield gw, http
+
+
+@asynccontextmanager
 async def alice_online(
     redis_url: str, prefix: str
 ) -> AsyncIterator[tuple[Gateway, httpx.AsyncClient, ClientConnection]]:
     """Gateway gw1 in group g1, the push API, and a client of gw1 connected as alice."""
-    async with (
-        gateway(redis_url, prefix, "gw1", "g1") as gw,
-        api(redis_url, prefix) as http,
-        client(gw, "alice") as ws,
-    ):
+    async with one_group(redis_url, prefix) as (gw, http), client(gw, "alice") as ws:
         yield gw, http, ws
 
 
@@ -206,13 +211,21 @@ async def p2p(http: httpx.AsyncClient, uids: list[str], content: Any, **kw: Any)
     return body
 
 
+async def push_status(http: httpx.AsyncClient, push_id: str) -> Frame:
+    """GET /v1/pushes/{push_id}: the push's record and counts."""
+    resp = await http.get(f"/v1/pushes/{push_id}", headers=AUTH)
+    assert resp.status_code == 200, resp.text
+    body: Frame = resp.json()
+    return body
+
+
 async def fanout(http: httpx.AsyncClient, path: str, body: Frame) -> str:
     """POST a broadcast or multicast and wait for its job to end; its push id."""
     resp = await http.post(path, json=body, headers=AUTH)
     assert resp.status_code == 202, resp.text
     push_id: str = resp.json()["push_id"]
     for _ in range(500):
-        job = (await http.get(f"/v1/pushes/{push_id}", headers=AUTH)).json()
+        job = await push_status(http, push_id)
         if job["status"] in ("done", "failed"):
             assert job["status"] == "done", job
             return push_id
@@ -258,11 +271,10 @@ async def endpoint(
     *,
     register: Registrar | None = None,
     unregister: Registrar | None = None,
-    timers: WsTimers | None = None,
-    limits: HandshakeLimits | None = None,
-    token_rules: TokenRules | None = None,
-    max_connections: int | None = None,
+    **options: Any,
 ) -> AsyncIterator[Gw]:
+    """`register`, `unregister`: in place of the registry's own; `options`: the endpoint's
+    (`WsEndpoint`'s keywords: timers, limits, token_rules, max_connections, ...)."""
     async with connect_redis(redis_url) as redis:
         keys = KeySchema(prefix)
         registry = route_registry(redis, prefix, "gw1", group_id="g1", port=5000)
@@ -285,10 +297,7 @@ async def endpoint(
             ConnIdFactory("gw1"),
             reg,
             unreg,
-            timers,
-            max_connections=max_connections,
-            token_rules=token_rules,
-            limits=limits,
+            **options,
         )
         server = await ep.serve("127.0.0.1", 0)
         port = server.sockets[0].getsockname()[1]

@@ -22,33 +22,36 @@ from tests.integration.recovery_helpers import (
     reconnect,
     replay,
 )
-from tests.integration.stack import AUTH, Frame, api, contents, gateway, p2p, recv_json, token
+from tests.integration.stack import (
+    AUTH,
+    api,
+    contents,
+    gateway,
+    one_group,
+    p2p,
+    push_status,
+    recv_json,
+    token,
+)
 
 pytestmark = pytest.mark.integration
-
-
-async def status(http: httpx.AsyncClient, push_id: str) -> Frame:
-    resp = await http.get(f"/v1/pushes/{push_id}", headers=AUTH)
-    assert resp.status_code == 200, resp.text
-    body: Frame = resp.json()
-    return body
 
 
 async def test_an_acked_push_leaves_the_inbox_and_its_receipt_says_acked(
     redis_url: str, prefix: str
 ) -> None:
-    async with gateway(redis_url, prefix, "gw1", "g1") as gw, api(redis_url, prefix) as http:
+    async with one_group(redis_url, prefix) as (gw, http):
         ws = await connected(gw, "ana")
         body = await p2p(http, ["ana", "ben"], "hello")
         assert body["delivered"] == ["ana"] and body["offline"] == ["ben"]
-        first = await status(http, body["push_id"])
+        first = await push_status(http, body["push_id"])
         assert first["mode"] == "p2p" and first["listable"] is True
         assert (first["recipients"], first["online"], first["offline"]) == (2, 1, 1)
         assert (first["delivered"], first["acked"], first["queued"]) == (1, 0, 1)
         (frame,) = await pushes(ws, 1)
         await ack(ws, frame)
         await acked(gw, 1)
-        after = await status(http, body["push_id"])
+        after = await push_status(http, body["push_id"])
         assert (after["delivered"], after["acked"], after["queued"]) == (1, 1, 1)
         assert await reconnect(gw, ws, "ana") == []  # acked: out of the inbox
         # Ben connects: the replay delivers it (his receipt state moves to delivered).
@@ -56,22 +59,22 @@ async def test_an_acked_push_leaves_the_inbox_and_its_receipt_says_acked(
         got, _ = await replay(ws)
         assert contents(got) == ["hello"]
         for _ in range(100):
-            if (await status(http, body["push_id"]))["queued"] == 0:
+            if (await push_status(http, body["push_id"]))["queued"] == 0:
                 break
             await asyncio.sleep(0.05)
-        last = await status(http, body["push_id"])
+        last = await push_status(http, body["push_id"])
         assert (last["delivered"], last["acked"], last["queued"]) == (2, 1, 0)
         await ws.close()
         # store:false to someone offline: kept nowhere, so expired for them, not queued.
         gone_push = await p2p(http, ["nobody"], "typing", store=False)
-        s = await status(http, gone_push["push_id"])
+        s = await push_status(http, gone_push["push_id"])
         assert (s["delivered"], s["queued"], s["expired"]) == (0, 0, 1)
 
 
 async def test_a_push_never_acked_comes_again_and_a_cumulative_ack_covers_all_before(
     redis_url: str, prefix: str
 ) -> None:
-    async with gateway(redis_url, prefix, "gw1", "g1") as gw, api(redis_url, prefix) as http:
+    async with one_group(redis_url, prefix) as (gw, http):
         ws = await connected(gw, "cy")
         ids = [(await p2p(http, ["cy"], n))["push_id"] for n in range(3)]
         frames = await pushes(ws, 3)
@@ -83,7 +86,7 @@ async def test_a_push_never_acked_comes_again_and_a_cumulative_ack_covers_all_be
         await ack(ws, frames[2])  # the last one's pos: all three
         await acked(gw, 3)
         for push_id in ids:
-            assert (await status(http, push_id))["acked"] == 1
+            assert (await push_status(http, push_id))["acked"] == 1
         assert await reconnect(gw, ws, "cy") == []
 
 
@@ -128,7 +131,7 @@ async def _acking(ws: ClientConnection) -> None:
 async def test_wait_ack_ms_lists_who_acked_and_returns_early_when_all_did(
     redis_url: str, prefix: str
 ) -> None:
-    async with gateway(redis_url, prefix, "gw1", "g1") as gw, api(redis_url, prefix) as http:
+    async with one_group(redis_url, prefix) as (gw, http):
         users = ["w1", "w2", "w3", "quiet"]
         sockets = {u: await open_ws(gw, u) for u in users}
         for ws in sockets.values():
@@ -173,7 +176,7 @@ async def test_a_half_open_connection_gets_its_push_again_on_reconnect(
     """Written to a socket the network no longer carries (no close, no FIN): the push
     counts as delivered, but stays in the inbox until acked, so the next connection
     (even one that lost its position) gets it."""
-    async with gateway(redis_url, prefix, "gw1", "g1") as gw, api(redis_url, prefix) as http:
+    async with one_group(redis_url, prefix) as (gw, http):
         proxy = TcpProxy(gw.ws_port)
         await proxy.start()
         ws = await connect(
@@ -192,7 +195,7 @@ async def test_a_half_open_connection_gets_its_push_again_on_reconnect(
         fresh = await open_ws(gw, "hal")
         got, _ = await replay(fresh)
         assert contents(got) == ["lost on the wire"]
-        assert (await status(http, body["push_id"]))["acked"] == 0
+        assert (await push_status(http, body["push_id"]))["acked"] == 0
         await fresh.close()
         await proxy.aclose()
 
@@ -205,7 +208,7 @@ async def test_the_sdk_acks_and_with_auto_ack_off_the_app_does(redis_url: str, p
 
     from tests.integration.test_client_sdk import API, next_message, push
 
-    async with gateway(redis_url, prefix, "gw1", "g1") as gw, api(redis_url, prefix) as http:
+    async with one_group(redis_url, prefix) as (gw, http):
         async with ImrouteClient(API, token("sam"), http=http) as client:
             await client.connect()
             await asyncio.sleep(0.2)  # its route lands
@@ -215,7 +218,7 @@ async def test_the_sdk_acks_and_with_auto_ack_off_the_app_does(redis_url: str, p
             # Done with it: asking for the next one acks it.
             waiting = asyncio.ensure_future(anext(client))
             await acked(gw, 1)
-            assert (await status(http, push_id))["acked"] == 1
+            assert (await push_status(http, push_id))["acked"] == 1
             waiting.cancel()
         async with ImrouteClient(API, token("tom"), http=http, auto_ack=False) as manual:
             await manual.connect()

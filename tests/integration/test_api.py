@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import LONE_SURROGATES, MALFORMED_PUSHES, invalid_details
-from tests.integration.stack import AUTH, alice_online, api, gateway, nothing_more
+from tests.integration.stack import AUTH, alice_online, api, nothing_more, one_group
 
 pytestmark = pytest.mark.integration
 
@@ -73,7 +73,7 @@ async def test_a_lone_surrogate_in_content_is_422_naming_content(
 ) -> None:
     """Half an emoji ("\\ud83d", as a JS client cuts a string) is valid JSON, but not
     Unicode: a clear 422, not a 500, and nothing is sent."""
-    async with gateway(redis_url, prefix, "gw1", "g1") as gw, api(redis_url, prefix) as http:
+    async with one_group(redis_url, prefix) as (gw, http):
         resp = await http.post(
             path, content=raw, headers={**AUTH, "Content-Type": "application/json"}
         )

@@ -13,7 +13,7 @@ from imroute_client import ImrouteClient, Message, Recovered
 
 from socket_gateway.app import Gateway
 from tests.integration.recovery_helpers import acked
-from tests.integration.stack import api, gateway, token
+from tests.integration.stack import api, gateway, one_group, token
 from tests.integration.test_client_sdk import API, drain, next_message, pumping, push, registered
 from tests.waiting import wait_for
 
@@ -44,8 +44,7 @@ async def test_a_burst_of_200_is_acked_at_most_once_per_100_ms_and_leaves_the_in
     redis_url: str, prefix: str, redis: aioredis.Redis
 ) -> None:
     async with (
-        gateway(redis_url, prefix, "gw1", "g1") as gw,
-        api(redis_url, prefix) as http,
+        one_group(redis_url, prefix) as (gw, http),
     ):
         async with ImrouteClient(API, token("alice"), http=http) as client:
             await client.connect()
@@ -76,8 +75,7 @@ async def test_without_auto_ack_nothing_is_acked_until_the_app_acks(
     redis_url: str, prefix: str, redis: aioredis.Redis
 ) -> None:
     async with (
-        gateway(redis_url, prefix, "gw1", "g1") as gw,
-        api(redis_url, prefix) as http,
+        one_group(redis_url, prefix) as (gw, http),
         ImrouteClient(API, token("bob"), http=http, auto_ack=False) as client,
     ):
         await client.connect()

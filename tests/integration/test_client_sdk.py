@@ -21,7 +21,7 @@ from shared.clock import SystemClock
 from shared.keys import KeySchema
 from shared.models import Message as ServerMessage
 from tests.integration.procs import BIN, gateway_env, read_until, running
-from tests.integration.stack import AUTH, api, gateway, token
+from tests.integration.stack import AUTH, api, gateway, one_group, token
 from tests.waiting import wait_for
 
 pytestmark = pytest.mark.integration
@@ -82,8 +82,7 @@ async def test_a_p2p_push_arrives_and_a_duplicate_msg_id_is_dropped(
 ) -> None:
     rpc = GrpcGatewayClients()
     async with (
-        gateway(redis_url, prefix, "gw1", "g1") as gw,
-        api(redis_url, prefix) as http,
+        one_group(redis_url, prefix) as (gw, http),
         ImrouteClient(API, token("alice"), http=http) as client,
     ):
         await client.connect()

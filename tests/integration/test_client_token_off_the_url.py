@@ -16,7 +16,7 @@ from imroute_client import ImrouteClient
 from websockets.asyncio.client import connect
 
 from router.processes.ports import free_port
-from tests.integration.stack import api, gateway, recv_json, token
+from tests.integration.stack import api, gateway, one_group, recv_json, token
 from tests.integration.test_client_sdk import API, next_message, push, registered
 
 pytestmark = pytest.mark.integration
@@ -88,8 +88,7 @@ async def test_the_sdk_logs_no_token_at_debug(
     caplog.set_level(logging.DEBUG)
     tok = token("alice")
     async with (
-        gateway(redis_url, prefix, "gw1", "g1") as gw,
-        api(redis_url, prefix) as http,
+        one_group(redis_url, prefix) as (gw, http),
         ImrouteClient(API, tok, http=http) as client,
     ):
         await client.connect()

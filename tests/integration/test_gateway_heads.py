@@ -26,7 +26,7 @@ from tests.conftest import SECRET
 from tests.integration.head_bombs import FIELDS, KIB, MIB, ask, send_head, send_heads, watching
 from tests.integration.http_raw import Answer, request_head
 from tests.integration.procs import BIN, Proc, gateway_env, read_until, running
-from tests.integration.stack import api, gateway, handshake_refused, ready
+from tests.integration.stack import handshake_refused, one_group, ready
 
 pytestmark = pytest.mark.integration
 
@@ -139,7 +139,7 @@ async def test_dispatch_refuses_a_token_the_gateways_url_could_not_carry(
 ) -> None:
     """The finding: /v1/dispatch accepted a 15-KB token that the gateway then refused
     with a plain-text 414. Both now read one setting, IMROUTE_HTTP_MAX_URL_BYTES."""
-    async with gateway(redis_url, prefix, "gw1", "g1") as gw, api(redis_url, prefix) as http:
+    async with one_group(redis_url, prefix) as (gw, http):
         huge = _padded_token("alice", 15 * KIB)
         resp = await http.get("/v1/dispatch", headers={"Authorization": f"Bearer {huge}"})
         assert resp.status_code == 422, resp.text

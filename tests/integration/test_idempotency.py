@@ -26,6 +26,7 @@ from tests.integration.stack import (
     client,
     gateway,
     nothing_more,
+    one_group,
     recv_json,
 )
 
@@ -41,7 +42,7 @@ def _with_key(key: str | bytes, auth: dict[str, str] = AUTH) -> dict[str, Any]:
 async def test_twenty_concurrent_requests_with_one_key_push_once(
     redis_url: str, prefix: str, redis: object
 ) -> None:
-    async with gateway(redis_url, prefix, "gw1", "g1") as gw, api(redis_url, prefix) as http:
+    async with one_group(redis_url, prefix) as (gw, http):
         async with client(gw, "alice") as phone, client(gw, "alice") as laptop:
             answers = await asyncio.gather(
                 *(http.post("/v1/push", json=PUSH, headers=_with_key("k-20")) for _ in range(20))
@@ -82,8 +83,7 @@ async def test_a_replay_answers_again_and_keys_are_scoped_per_api_key(
 ) -> None:
     other_key = "another-api-key-9876543210"
     async with (
-        gateway(redis_url, prefix, "gw1", "g1") as gw,
-        api(redis_url, prefix) as http,
+        one_group(redis_url, prefix) as (gw, http),
         api(redis_url, prefix, api_key=other_key) as other,
     ):
         async with client(gw, "alice") as ws:

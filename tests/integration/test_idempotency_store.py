@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 import pytest
@@ -15,13 +17,23 @@ from shared.keys import KeySchema
 pytestmark = pytest.mark.integration
 
 
+@asynccontextmanager
+async def claimed(
+    redis_url: str, prefix: str, lease_s: float
+) -> AsyncIterator[tuple[RedisIdempotencyStore, Claimed]]:
+    """A store keeping answers 60 s and leasing claims `lease_s`, and the first claim of
+    key "k" in scope "s" (fingerprint "fp")."""
+    async with connect_redis(redis_url) as client:
+        store = RedisIdempotencyStore(client, KeySchema(prefix), ttl_s=60, lease_s=lease_s)
+        first = await store.claim("s", "k", "fp")
+        assert isinstance(first, Claimed)
+        yield store, first
+
+
 async def test_a_claim_is_leased_then_kept_for_the_ttl(
     redis_url: str, prefix: str, redis: Any
 ) -> None:
-    async with connect_redis(redis_url) as client:
-        store = RedisIdempotencyStore(client, KeySchema(prefix), ttl_s=60, lease_s=0.3)
-        first = await store.claim("s", "k", "fp")
-        assert isinstance(first, Claimed)
+    async with claimed(redis_url, prefix, lease_s=0.3) as (store, first):
         assert await store.claim("s", "k", "fp") == Running()
         assert await store.claim("s", "k", "other") == Mismatch()
         assert isinstance(await store.claim("other-scope", "k", "fp"), Claimed)
@@ -46,9 +58,6 @@ async def test_a_claim_is_leased_then_kept_for_the_ttl(
 async def test_a_released_claim_lets_the_next_request_run(
     redis_url: str, prefix: str, redis: Any
 ) -> None:
-    async with connect_redis(redis_url) as client:
-        store = RedisIdempotencyStore(client, KeySchema(prefix), ttl_s=60, lease_s=30)
-        first = await store.claim("s", "k", "fp")
-        assert isinstance(first, Claimed)
+    async with claimed(redis_url, prefix, lease_s=30) as (store, first):
         await store.release("s", "k", first.token)
         assert isinstance(await store.claim("s", "k", "fp"), Claimed)

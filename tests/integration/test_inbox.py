@@ -10,7 +10,7 @@ import pytest
 from shared.errors import ConfigError
 from shared.settings import Settings
 from tests.integration.recovery_helpers import ack, acked, gone, open_ws, pushes, reconnect, replay
-from tests.integration.stack import AUTH, api, contents, gateway, nothing_more, p2p
+from tests.integration.stack import AUTH, api, contents, gateway, nothing_more, one_group, p2p
 from tests.integration.test_retry import FailCalls
 
 pytestmark = pytest.mark.integration
@@ -19,7 +19,7 @@ pytestmark = pytest.mark.integration
 async def test_a_push_to_an_offline_user_is_queued_and_delivered_on_connect(
     redis_url: str, prefix: str
 ) -> None:
-    async with gateway(redis_url, prefix, "gw1", "g1") as gw, api(redis_url, prefix) as http:
+    async with one_group(redis_url, prefix) as (gw, http):
         body = await p2p(http, ["olive", "otto"], {"text": "while you were out"})
         assert body["offline"] == ["olive", "otto"] and body["queued"] == ["olive", "otto"]
         assert body["delivered"] == [] and body["failed"] == []
@@ -46,7 +46,7 @@ async def test_a_push_to_an_offline_user_is_queued_and_delivered_on_connect(
 async def test_store_false_is_not_kept_and_an_expired_ttl_is_never_delivered(
     redis_url: str, prefix: str
 ) -> None:
-    async with gateway(redis_url, prefix, "gw1", "g1") as gw, api(redis_url, prefix) as http:
+    async with one_group(redis_url, prefix) as (gw, http):
         body = await p2p(http, ["tia"], "typing...", store=False)
         assert body["offline"] == ["tia"] and body["queued"] == []
         body = await p2p(http, ["tia"], "short-lived", ttl_s=1)
@@ -79,7 +79,7 @@ async def test_the_inbox_bound_drops_the_oldest(redis_url: str, prefix: str) -> 
 
 
 async def test_two_devices_each_resume_from_their_own_position(redis_url: str, prefix: str) -> None:
-    async with gateway(redis_url, prefix, "gw1", "g1") as gw, api(redis_url, prefix) as http:
+    async with one_group(redis_url, prefix) as (gw, http):
         phone, laptop = await open_ws(gw, "duo"), await open_ws(gw, "duo")
         await replay(phone)
         await replay(laptop)

@@ -14,7 +14,7 @@ from websockets.exceptions import InvalidStatus
 
 from shared.clock import SystemClock
 from tests.conftest import SECRET
-from tests.integration.stack import api, gateway, ready
+from tests.integration.stack import api, gateway, one_group, ready
 
 pytestmark = pytest.mark.integration
 
@@ -70,7 +70,7 @@ async def test_the_defaults_take_tokens_without_aud_or_iss_and_refuse_year_long_
     redis_url: str, prefix: str, redis: Any
 ) -> None:
     now = SystemClock().now_ms() // 1000
-    async with gateway(redis_url, prefix, "gw1", "g1") as gw, api(redis_url, prefix) as http:
+    async with one_group(redis_url, prefix) as (gw, http):
         assert await answers(gw.ws_port, http, signed(iss="whoever")) == (101, 200)
         # A day (IMROUTE_JWT_MAX_TTL_S) at most.
         assert await answers(gw.ws_port, http, signed(exp=now + 86_400)) == (101, 200)

@@ -23,7 +23,7 @@ from shared.keys import KeySchema
 from shared.models import Message
 from tests.integration.procs import base_env, imroute
 from tests.integration.recovery_helpers import connected, open_ws, replay, replayed
-from tests.integration.stack import api, contents, gateway, p2p
+from tests.integration.stack import contents, gateway, one_group, p2p
 
 pytestmark = pytest.mark.integration
 
@@ -141,7 +141,7 @@ async def test_new_keys_written_before_the_migration_get_the_old_inbox_appended(
 ) -> None:
     await write_old(redis, prefix, BRACED, "old")
     await users(directory, BRACED)
-    async with gateway(redis_url, prefix, "gw1", "g1") as gw, api(redis_url, prefix) as http:
+    async with one_group(redis_url, prefix) as (gw, http):
         await p2p(http, [BRACED], "new")  # the upgraded push service: new keys
         out = migrate(redis_url, prefix, directory)
         assert f"moved {BRACED!r}: 1 inbox entries appended" in out, out

@@ -20,7 +20,7 @@ from shared.clock import SystemClock
 from shared.keys import KeySchema
 from shared.positions import counter_of
 from tests.integration.recovery_helpers import replayed
-from tests.integration.stack import api, contents, gateway, p2p
+from tests.integration.stack import contents, one_group, p2p
 from tests.integration.test_key_migration import (
     BRACED,
     FAR,
@@ -57,7 +57,7 @@ async def test_an_ambiguous_pairs_old_keys_are_set_aside_and_read_by_neither(
     assert "0 renamed, 0 merged, 1 ambiguous" in out and " ".join(aside) in out, out
     assert await redis.exists(*old) == 0 and await redis.exists(*aside) == 3
     assert await redis.pttl(aside[2]) > 0  # kept as long as the inbox would have been
-    async with gateway(redis_url, prefix, "gw1", "g1") as gw, api(redis_url, prefix) as http:
+    async with one_group(redis_url, prefix) as (gw, http):
         for uid in (BRACED, HEXED):
             assert await replayed(gw, uid) == [], uid
         # The hex user's pushes since are under the old names: a later run leaves them.

@@ -9,7 +9,7 @@ import hashlib
 import pytest
 
 from tests.integration.recovery_helpers import ack, acked, gone, open_ws, pushes, reconnect, replay
-from tests.integration.stack import api, contents, gateway, nothing_more, p2p
+from tests.integration.stack import contents, nothing_more, one_group, p2p
 
 pytestmark = pytest.mark.integration
 
@@ -26,7 +26,7 @@ def test_the_two_uids_are_the_ones_of_the_report() -> None:
 async def test_a_braced_uids_offline_push_is_not_read_nor_acked_by_its_sha1_hex(
     redis_url: str, prefix: str
 ) -> None:
-    async with gateway(redis_url, prefix, "gw1", "g1") as gw, api(redis_url, prefix) as http:
+    async with one_group(redis_url, prefix) as (gw, http):
         body = await p2p(http, [BRACED], {"text": "for bob only"})
         assert body["queued"] == [BRACED]
         other = await open_ws(gw, HEXED)
@@ -46,7 +46,7 @@ async def test_a_braced_uids_offline_push_is_not_read_nor_acked_by_its_sha1_hex(
 async def test_the_sha1_hex_uids_pushes_never_reach_the_braced_uid(
     redis_url: str, prefix: str
 ) -> None:
-    async with gateway(redis_url, prefix, "gw1", "g1") as gw, api(redis_url, prefix) as http:
+    async with one_group(redis_url, prefix) as (gw, http):
         await p2p(http, [HEXED], "for the hex user")
         await p2p(http, [BRACED], "for bob")
         ws = await open_ws(gw, BRACED)

@@ -21,6 +21,7 @@ from tests.integration.stack import (
     client,
     gateway,
     nothing_more,
+    one_group,
     recv_json,
     token,
     two_groups,
@@ -103,7 +104,7 @@ async def test_one_deliver_call_per_gateway_across_two_groups(
 
 
 async def test_offline_user_is_reported(redis_url: str, prefix: str, redis: object) -> None:
-    async with gateway(redis_url, prefix, "gw1", "g1") as gw, api(redis_url, prefix) as http:
+    async with one_group(redis_url, prefix) as (gw, http):
         resp = await http.post("/v1/push", json={"to": ["ghost"], "content": 1}, headers=AUTH)
         assert resp.status_code == 200
         assert resp.json()["offline"] == ["ghost"] and resp.json()["delivered"] == []
@@ -111,7 +112,7 @@ async def test_offline_user_is_reported(redis_url: str, prefix: str, redis: obje
 
 
 async def test_disconnect_removes_the_route(redis_url: str, prefix: str, redis: object) -> None:
-    async with gateway(redis_url, prefix, "gw1", "g1") as gw, api(redis_url, prefix) as http:
+    async with one_group(redis_url, prefix) as (gw, http):
         async with client(gw, "alice"):
             route = (await http.get("/v1/users/alice/route", headers=AUTH)).json()
             assert route["online"] is True
@@ -160,7 +161,7 @@ async def test_bad_tokens_get_401_before_registering(
 
 
 async def test_ping_pong_and_junk_frames(redis_url: str, prefix: str, redis: object) -> None:
-    async with gateway(redis_url, prefix, "gw1", "g1") as gw, api(redis_url, prefix) as http:
+    async with one_group(redis_url, prefix) as (gw, http):
         async with client(gw, "bystander") as bystander:
             for junk, code in [("not json", 1008), ('{"type":"push"}', 1008), (b"\x00\x01", 1003)]:
                 async with client(gw, "junky") as ws:
@@ -254,7 +255,7 @@ async def test_routes_of_a_gateway_missing_from_the_fleet_are_called_not_skipped
 async def test_push_body_is_json_encoded_once_and_unicode_survives(
     redis_url: str, prefix: str, redis: object
 ) -> None:
-    async with gateway(redis_url, prefix, "gw1", "g1") as gw, api(redis_url, prefix) as http:
+    async with one_group(redis_url, prefix) as (gw, http):
         async with client(gw, "ünï") as ws:
             content = {"text": "héllo 👋", "nested": {"a": [None, True, 1.5]}}
             resp = await http.post(
@@ -269,7 +270,7 @@ async def test_push_body_is_json_encoded_once_and_unicode_survives(
 async def test_concurrent_pushes_to_one_gateway_share_rpcs(
     redis_url: str, prefix: str, redis: object
 ) -> None:
-    async with gateway(redis_url, prefix, "gw1", "g1") as gw, api(redis_url, prefix) as http:
+    async with one_group(redis_url, prefix) as (gw, http):
         async with AsyncExitStack() as stack:
             names = [f"c{i}" for i in range(20)]
             sockets = [await stack.enter_async_context(client(gw, n)) for n in names]

@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from tests.integration.recovery_helpers import ack, acked, multicast_acked, open_ws, pushes, replay
-from tests.integration.stack import AUTH, Frame, api, fanout, gateway
+from tests.integration.stack import AUTH, api, fanout, gateway, one_group, push_status
 
 pytestmark = pytest.mark.integration
 
@@ -34,18 +34,11 @@ async def listing(http: httpx.AsyncClient, push_id: str, state: str, limit: int)
             return uids
 
 
-async def status(http: httpx.AsyncClient, push_id: str) -> Frame:
-    resp = await http.get(f"/v1/pushes/{push_id}", headers=AUTH)
-    assert resp.status_code == 200, resp.text
-    body: Frame = resp.json()
-    return body
-
-
 async def test_paging_a_5000_recipient_multicast_by_state(redis_url: str, prefix: str) -> None:
     everyone = [f"u{n:04d}" for n in range(5000)]
     online = everyone[::250]  # 20 connected, of whom 10 ack
     acking = online[::2]
-    async with gateway(redis_url, prefix, "gw1", "g1") as gw, api(redis_url, prefix) as http:
+    async with one_group(redis_url, prefix) as (gw, http):
         sockets = {u: await open_ws(gw, u) for u in online}
         for ws in sockets.values():
             await replay(ws)
@@ -55,7 +48,7 @@ async def test_paging_a_5000_recipient_multicast_by_state(redis_url: str, prefix
             await ack(sockets[u], frames[u])
         await acked(gw, len(acking))
         for _ in range(100):  # the gateway's delivery reports land with its acks
-            s = await status(http, push_id)
+            s = await push_status(http, push_id)
             if s["delivered"] == len(online):
                 break
             await asyncio.sleep(0.05)
@@ -86,7 +79,7 @@ async def test_past_the_bound_a_receipt_keeps_counts_only(redis_url: str, prefix
         to = [f"big{n}" for n in range(50)]
         push_id, ws = await multicast_acked(gw, http, to, "all")
         for _ in range(100):
-            s = await status(http, push_id)
+            s = await push_status(http, push_id)
             if s["acked"] == 1:
                 break
             await asyncio.sleep(0.05)
@@ -102,7 +95,7 @@ async def test_a_broadcast_counts_its_deliveries_and_acks(redis_url: str, prefix
     """Counts only: to everyone online (no recipients counted up front: 0, as its job has
     always said; `online` is those it reached), and to the directory (its recipients are
     the directory's users)."""
-    async with gateway(redis_url, prefix, "gw1", "g1") as gw, api(redis_url, prefix) as http:
+    async with one_group(redis_url, prefix) as (gw, http):
         users = {"users": [{"uid": u} for u in ("bc1", "bc2", "bc3")]}
         assert (await http.put("/v1/users", json=users, headers=AUTH)).status_code == 200
         sockets = {u: await open_ws(gw, u) for u in ("bc1", "bc2")}
@@ -120,7 +113,7 @@ async def test_a_broadcast_counts_its_deliveries_and_acks(redis_url: str, prefix
             acks += 2
             await acked(gw, acks)
             for _ in range(100):
-                s = await status(http, push_id)
+                s = await push_status(http, push_id)
                 if s["acked"] == 2:
                     break
                 await asyncio.sleep(0.05)

@@ -11,7 +11,7 @@ import redis.asyncio as aioredis
 
 from router.bus import BROADCAST, RedisStreamsBus
 from router.bus.redis_streams import stream_key
-from tests.bus_reads import assert_quiet, take
+from tests.bus_reads import assert_quiet, streams_subscribed, take
 
 pytestmark = pytest.mark.integration
 
@@ -77,18 +77,16 @@ async def test_a_subscriber_recovers_when_its_stream_vanishes(
     # Redis losing its data (a restart without persistence) looks like this: the key and
     # its groups are gone, XREADGROUP fails, and the loop must re-create them and go on.
     key = stream_key(prefix, BROADCAST)
-    async with RedisStreamsBus(redis_url, prefix, block_s=0.2) as bus:
-        await bus.prepare([BROADCAST], "gw1")
-        async with aclosing(bus.subscribe([BROADCAST], "gw1")) as messages:
-            first = asyncio.create_task(anext(messages))
-            await asyncio.sleep(0.1)
-            await redis.delete(key)
-            for _ in range(100):  # the loop re-creates the key with its group
-                if await redis.exists(key):
-                    break
-                await asyncio.sleep(0.02)
-            else:
-                pytest.fail("the subscriber did not re-create its group")
-            await bus.publish(BROADCAST, b"after the loss")
-            got = await asyncio.wait_for(first, 2)
-            assert got.data == b"after the loss"
+    async with streams_subscribed(redis_url, prefix, block_s=0.2) as (bus, messages):
+        first = asyncio.create_task(anext(messages))
+        await asyncio.sleep(0.1)
+        await redis.delete(key)
+        for _ in range(100):  # the loop re-creates the key with its group
+            if await redis.exists(key):
+                break
+            await asyncio.sleep(0.02)
+        else:
+            pytest.fail("the subscriber did not re-create its group")
+        await bus.publish(BROADCAST, b"after the loss")
+        got = await asyncio.wait_for(first, 2)
+        assert got.data == b"after the loss"

@@ -13,7 +13,7 @@ import redis.asyncio as aioredis
 from router.bus import BROADCAST, RedisStreamsBus
 from router.bus.redis_streams import stream_key
 from shared.keys import KeySchema
-from tests.bus_reads import take
+from tests.bus_reads import streams_subscribed, take
 
 pytestmark = pytest.mark.integration
 
@@ -37,14 +37,12 @@ async def test_a_group_that_keeps_up_lets_the_stream_shrink(
     redis_url: str, prefix: str, redis: aioredis.Redis
 ) -> None:
     key = stream_key(prefix, BROADCAST)
-    async with RedisStreamsBus(redis_url, prefix, maxlen=10_000) as bus:
-        await bus.prepare([BROADCAST], "gw1")
-        async with aclosing(bus.subscribe([BROADCAST], "gw1")) as messages:
-            for round_ in range(3):
-                await publish(bus, 300, start=300 * round_)
-                for got in await take(messages, 300):
-                    await got.ack()
-                await asyncio.sleep(1.05)  # the trim looks at the groups once a second
+    async with streams_subscribed(redis_url, prefix, maxlen=10_000) as (bus, messages):
+        for round_ in range(3):
+            await publish(bus, 300, start=300 * round_)
+            for got in await take(messages, 300):
+                await got.ack()
+            await asyncio.sleep(1.05)  # the trim looks at the groups once a second
         await publish(bus, 1, start=900)
     # Not the last 10,000 entries (MAXLEN ~ kept those whoever had read them): only
     # what gw1 still needs, and what fell in a partly read stream node.
@@ -57,21 +55,19 @@ async def test_unread_entries_are_kept_to_the_bound_and_counted_past_it(
 ) -> None:
     key = stream_key(prefix, BROADCAST)
     lost_key = KeySchema(prefix).bus_lost(BROADCAST)
-    async with RedisStreamsBus(redis_url, prefix, maxlen=100) as bus:
-        await bus.prepare([BROADCAST], "reader")
+    async with streams_subscribed(redis_url, prefix, "reader", maxlen=100) as (bus, messages):
         await bus.prepare([BROADCAST], "stalled")  # subscribed, then never reads
-        async with aclosing(bus.subscribe([BROADCAST], "reader")) as messages:
-            await publish(bus, 100)
-            for got in await take(messages, 100):
-                await got.ack()
-            # Within the bound: everything stalled has not read is still there.
-            assert await redis.xlen(key) == 100
-            assert bus.losses.take("p1") == 0
+        await publish(bus, 100)
+        for got in await take(messages, 100):
+            await got.ack()
+        # Within the bound: everything stalled has not read is still there.
+        assert await redis.xlen(key) == 100
+        assert bus.losses.take("p1") == 0
 
-            for start in range(100, 250, 10):  # reader keeps up; stalled falls behind
-                await publish(bus, 10, start=start)
-                for got in await take(messages, 10):
-                    await got.ack()
+        for start in range(100, 250, 10):  # reader keeps up; stalled falls behind
+            await publish(bus, 10, start=start)
+            for got in await take(messages, 10):
+                await got.ack()
     assert await redis.xlen(key) == 100
     # The 150 oldest were trimmed before `stalled` read them: counted, exactly, in the
     # bus's losses, in Redis, and per push (each batch once).

@@ -4,25 +4,41 @@ before the gateway delivered or after it (the answer was lost on the way back)."
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import httpx
 import pytest
+from websockets.asyncio.client import ClientConnection
 
 from router.routes.registry import Registration
+from socket_gateway.app import Gateway
 from socket_gateway.faults import FailCalls
 from tests.integration.stack import AUTH, api, client, gateway, nothing_more, recv_json
 
 pytestmark = pytest.mark.integration
 
 
+@asynccontextmanager
+async def amy_behind_faults(
+    redis_url: str, prefix: str, retries: int
+) -> AsyncIterator[tuple[FailCalls, Gateway, httpx.AsyncClient, ClientConnection]]:
+    """Gateway gw1 whose calls fail when `faults` is armed, the push API retrying a call
+    `retries` times, and amy connected to gw1."""
+    faults = FailCalls()
+    async with (
+        gateway(redis_url, prefix, "gw1", "g1", interceptors=[faults]) as gw,
+        api(redis_url, prefix, deliver_retries=retries) as http,
+        client(gw, "amy") as ws,
+    ):
+        yield faults, gw, http, ws
+
+
 @pytest.mark.parametrize("after", [True, False], ids=["answer-lost", "never-arrived"])
 async def test_a_retry_on_the_same_gateway_delivers_exactly_once(
     redis_url: str, prefix: str, after: bool
 ) -> None:
-    faults = FailCalls()
-    async with (
-        gateway(redis_url, prefix, "gw1", "g1", interceptors=[faults]) as gw,
-        api(redis_url, prefix, deliver_retries=1) as http,
-        client(gw, "amy") as ws,
-    ):
+    async with amy_behind_faults(redis_url, prefix, retries=1) as (faults, gw, http, ws):
         # bob has a route to gw1 but no connection there: the gateway answers him missing,
         # and the retry must say so too, not claim him delivered.
         assert gw.registry is not None
@@ -47,12 +63,7 @@ async def test_a_retry_on_the_same_gateway_delivers_exactly_once(
 async def test_without_retries_a_transient_failure_is_reported_not_hidden(
     redis_url: str, prefix: str
 ) -> None:
-    faults = FailCalls()
-    async with (
-        gateway(redis_url, prefix, "gw1", "g1", interceptors=[faults]) as gw,
-        api(redis_url, prefix, deliver_retries=0) as http,
-        client(gw, "amy") as ws,
-    ):
+    async with amy_behind_faults(redis_url, prefix, retries=0) as (faults, _, http, ws):
         faults.arm(1, after=False)
         body = (
             await http.post("/v1/push", json={"to": ["amy"], "content": 1}, headers=AUTH)

@@ -28,7 +28,7 @@ from tests.integration.procs import (
     scrape,
     service_env,
 )
-from tests.integration.stack import AUTH, api, client, gateway, nothing_more
+from tests.integration.stack import AUTH, client, nothing_more, one_group
 
 pytestmark = pytest.mark.integration
 
@@ -59,7 +59,7 @@ async def test_the_api_refuses_a_bad_uid_with_422_naming_the_field(
     redis_url: str, prefix: str, redis: object, kind: str
 ) -> None:
     bad = BAD[kind]
-    async with gateway(redis_url, prefix, "gw1", "g1") as gw, api(redis_url, prefix) as http:
+    async with one_group(redis_url, prefix) as (gw, http):
         before = await refused(http)
         async with client(gw, "alice") as ws:
             calls = [
@@ -100,7 +100,7 @@ async def test_a_token_whose_sub_breaks_the_rule_gets_401_at_the_gateway_and_dis
     redis_url: str, prefix: str, redis: object, kind: str
 ) -> None:
     tok = sub_token(BAD[kind])
-    async with gateway(redis_url, prefix, "gw1", "g1") as gw, api(redis_url, prefix) as http:
+    async with one_group(redis_url, prefix) as (gw, http):
         with pytest.raises(InvalidStatus) as info:
             async with connect(f"ws://127.0.0.1:{gw.ws_port}/ws?token={tok}"):
                 pass

@@ -72,13 +72,24 @@ async def _post(app: TracedRequests, path: str, headers: dict[str, str] | None =
         return (await http.post(path, json={}, headers=headers)).status_code
 
 
+async def _spans(
+    exported: tuple[Tracing, InMemorySpanExporter],
+    status: int,
+    *requests: tuple[str, dict[str, str] | None],
+) -> tuple[ReadableSpan, ...]:
+    """The spans that POSTs of `requests` (path, headers) made through an app answering
+    `status` behind TracedRequests with `exported`'s tracer."""
+    tracing, exporter = exported
+    app = _app(status, tracing)
+    for path, headers in requests:
+        assert await _post(app, path, headers) == status
+    return exporter.get_finished_spans()
+
+
 async def test_a_push_request_is_a_server_span_continuing_the_callers_trace(
     exported: tuple[Tracing, InMemorySpanExporter],
 ) -> None:
-    tracing, exporter = exported
-    app = _app(200, tracing)
-    assert await _post(app, "/v1/push", {"traceparent": CALLER}) == 200
-    (span,) = exporter.get_finished_spans()
+    (span,) = await _spans(exported, 200, ("/v1/push", {"traceparent": CALLER}))
     assert span.name == "POST /v1/push" and span.kind.name == "SERVER"
     assert span.context is not None and span.parent is not None
     assert f"{span.context.trace_id:032x}" == CALLER.split("-")[1]
@@ -90,10 +101,7 @@ async def test_a_push_request_is_a_server_span_continuing_the_callers_trace(
 async def test_a_bad_traceparent_starts_a_trace_and_5xx_is_an_error(
     exported: tuple[Tracing, InMemorySpanExporter],
 ) -> None:
-    tracing, exporter = exported
-    app = _app(503, tracing)
-    assert await _post(app, "/v1/multicast", {"traceparent": "00-zz-yy-01"}) == 503
-    (span,) = exporter.get_finished_spans()
+    (span,) = await _spans(exported, 503, ("/v1/multicast", {"traceparent": "00-zz-yy-01"}))
     assert span.parent is None  # its own trace
     assert span.status.status_code.name == "ERROR"
 
@@ -101,11 +109,8 @@ async def test_a_bad_traceparent_starts_a_trace_and_5xx_is_an_error(
 async def test_a_4xx_is_the_callers_error_and_other_paths_make_no_span(
     exported: tuple[Tracing, InMemorySpanExporter],
 ) -> None:
-    tracing, exporter = exported
-    app = _app(422, tracing)
-    await _post(app, "/v1/push/batch")
-    await _post(app, "/v1/users")  # not a push
-    (span,) = exporter.get_finished_spans()
+    # /v1/users is not a push
+    (span,) = await _spans(exported, 422, ("/v1/push/batch", None), ("/v1/users", None))
     assert span.name == "POST /v1/push/batch" and span.status.status_code.name == "UNSET"
 
 
