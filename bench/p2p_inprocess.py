@@ -11,37 +11,15 @@ from __future__ import annotations
 import asyncio
 import sys
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 
 from push_service.schemas import PushIn
 from push_service.services.pushes import Pushes
 from router.p2p.pusher import P2PPusher
 from router.testing import FakeGatewayClient
+from router.testing.routes import OneRoute, OneRouteFleet
 from shared.clock import SystemClock
-from shared.models import GatewayInfo, Message, Route
-
-ROUTE = Route("amy", "c1", "gw1", "g1", "10.0.0.1", 7000, 0)
-
-
-class Registry:
-    async def lookup(self, uids: Sequence[str]) -> dict[str, list[Route]]:
-        return {"amy": [ROUTE]} if "amy" in uids else {}
-
-    async def remove(self, routes: Iterable[Route]) -> None:
-        pass
-
-
-class Fleet:
-    LIVE = [GatewayInfo("gw1", "g1", "ws://x", ROUTE.grpc_address, 1, 0)]
-
-    async def live(self) -> list[GatewayInfo]:
-        return self.LIVE
-
-    def age(self) -> float:
-        return 0.0
-
-    def invalidate(self) -> None:
-        pass
+from shared.models import Message
 
 
 class Log:
@@ -57,7 +35,7 @@ async def main() -> None:
 
     # The push service's top of stack (per loop turn) over the in-memory client.
     clients = CoalescingGatewayClient(FakeGatewayClient(), per_turn=True)
-    pusher = P2PPusher(Registry(), Fleet(), clients, 1.0, Log())  # type: ignore[arg-type]
+    pusher = P2PPusher(OneRoute(), OneRouteFleet(), clients, 1.0, Log())  # type: ignore[arg-type]
     pushes = Pushes(pusher, SystemClock())
     body = PushIn.model_validate({"to": ["amy"], "content": {"text": "hi"}})
     one = pushes.push_one

@@ -9,7 +9,14 @@ from router.routes.base import RecipientGroups, RouteOp
 from shared.clock import Clock
 from shared.models import GatewayInfo, Registration, Route
 
-__all__ = ["MemoryDrainRequests", "MemoryGatewayFleet", "MemoryRouteRegistry"]
+__all__ = [
+    "AMY_ROUTE",
+    "MemoryDrainRequests",
+    "MemoryGatewayFleet",
+    "MemoryRouteRegistry",
+    "OneRoute",
+    "OneRouteFleet",
+]
 
 
 class MemoryRouteRegistry:
@@ -86,6 +93,40 @@ class MemoryGatewayFleet:
 
     async def live(self) -> list[GatewayInfo]:
         return list(self.gateways.values())
+
+
+# The P2P path's smallest world: amy, connected once, on gateway gw1 (`OneRoute`,
+# `OneRouteFleet`): what P2PPusher's unit tests and bench.p2p_inprocess push through.
+AMY_ROUTE = Route("amy", "c1", "gw1", "g1", "10.0.0.1", 7000, 0)
+
+
+class OneRoute:
+    """A route registry that knows one route, `AMY_ROUTE`, and forgets nothing."""
+
+    async def lookup(self, uids: Sequence[str]) -> dict[str, list[Route]]:
+        return {"amy": [AMY_ROUTE]} if "amy" in uids else {}
+
+    async def remove(self, routes: Iterable[Route]) -> None:
+        pass
+
+
+class OneRouteFleet:
+    """A cached fleet (`router.fleet.cache.CachedFleet`'s calls) of one gateway, gw1, as
+    old as `age_s`; it counts the times it was told to read the fleet again."""
+
+    def __init__(self, age_s: float = 0.0) -> None:
+        self._age_s = age_s
+        self._live = [GatewayInfo("gw1", "g1", "ws://x", AMY_ROUTE.grpc_address, 1, 0)]
+        self.invalidated = 0
+
+    async def live(self) -> list[GatewayInfo]:
+        return self._live
+
+    def age(self) -> float:
+        return self._age_s
+
+    def invalidate(self) -> None:
+        self.invalidated += 1
 
 
 class MemoryDrainRequests:

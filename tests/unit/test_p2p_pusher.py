@@ -6,7 +6,7 @@ fleet; a refusal by an open circuit, an expired push or an answered error do not
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 
 import pytest
 
@@ -14,31 +14,11 @@ from router.gateway_rpc.resilient import CIRCUIT_OPEN
 from router.p2p.plan import Outgoing, PushOutcome
 from router.p2p.pusher import CLOCK_MARGIN_MS, P2PPusher, deliver_expiry_ms
 from router.testing import FakeGatewayClient
-from shared.models import GatewayInfo, Message, Route
+from router.testing.routes import OneRoute, OneRouteFleet
+from shared.models import Message
 
-ROUTE = Route("amy", "c1", "gw1", "g1", "10.0.0.1", 7000, 0)
-
-
-class Registry:
-    async def lookup(self, uids: Sequence[str]) -> dict[str, list[Route]]:
-        return {"amy": [ROUTE]} if "amy" in uids else {}
-
-    async def remove(self, routes: Iterable[Route]) -> None:
-        pass
-
-
-class Fleet:
-    def __init__(self) -> None:
-        self.invalidated = 0
-
-    async def live(self) -> list[GatewayInfo]:
-        return [GatewayInfo("gw1", "g1", "ws://x", ROUTE.grpc_address, 1, 0)]
-
-    def age(self) -> float:
-        return 10.0  # old enough for a re-read to be allowed
-
-    def invalidate(self) -> None:
-        self.invalidated += 1
+# Old enough for a re-read of the fleet to be allowed.
+OLD_S = 10.0
 
 
 MESSAGE = Message("m1", "p1", 0, "admin", b'"hi"', 0)
@@ -65,8 +45,8 @@ async def push(pusher: P2PPusher, uids: list[str], store: bool = True) -> PushOu
 async def test_only_a_gateway_that_may_be_gone_makes_the_fleet_reread(
     client: FakeGatewayClient, rereads: int
 ) -> None:
-    fleet = Fleet()
-    pusher = P2PPusher(Registry(), fleet, client, 1.0)  # type: ignore[arg-type]
+    fleet = OneRouteFleet(OLD_S)
+    pusher = P2PPusher(OneRoute(), fleet, client, 1.0)  # type: ignore[arg-type]
     outcome = await push(pusher, ["amy"])
     assert outcome.failed == ["amy"] and outcome.delivered == []
     assert fleet.invalidated == rereads
@@ -109,7 +89,7 @@ async def test_a_failed_push_is_queued_then_retried_until_it_reaches_the_user(
     monkeypatch.setattr("router.p2p.pusher.RETRY_AFTER_S", (0.01, 0.01, 0.01))
     client = FakeGatewayClient("UNAVAILABLE", "UNAVAILABLE")  # two calls fail
     log = Log()
-    pusher = P2PPusher(Registry(), Fleet(), client, 1.0, log)  # type: ignore[arg-type]
+    pusher = P2PPusher(OneRoute(), OneRouteFleet(OLD_S), client, 1.0, log)  # type: ignore[arg-type]
     outcome = await push(pusher, ["amy"])
     assert outcome.failed == ["amy"] and outcome.queued == ["amy"]
     assert log.queued == [{"amy": 7}]
@@ -125,7 +105,9 @@ async def test_a_failed_push_is_queued_then_retried_until_it_reaches_the_user(
 
 async def test_store_false_neither_logs_nor_queues() -> None:
     log = Log()
-    pusher = P2PPusher(Registry(), Fleet(), FakeGatewayClient(fail="UNAVAILABLE"), 1.0, log)  # type: ignore[arg-type]
+    pusher = P2PPusher(
+        OneRoute(), OneRouteFleet(OLD_S), FakeGatewayClient(fail="UNAVAILABLE"), 1.0, log
+    )  # type: ignore[arg-type]
     outcome = await push(pusher, ["amy", "bob"], store=False)
     assert outcome.failed == ["amy"] and outcome.offline == ["bob"] and outcome.queued == []
     assert log.queued == []
