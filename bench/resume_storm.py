@@ -169,8 +169,7 @@ async def bench(opts: argparse.Namespace, h: Harness, worker: Child, svc: Servic
                 message = Message(*ids, 0, "bench", content, int(time.time() * 1000))
                 for start in range(0, n, 1000):
                     chunk = uids[start : start + 1000]
-                    seqs = await store.append_p2p(message, chunk, 0)
-                    await store.queue(message, 0, dict(zip(chunk, seqs, strict=True)))
+                    await store.append_queued(message, chunk, 0)
         for i in range(fan):
             if i % 2:
                 await _fanout(http, "/v1/multicast", {"to": uids, "content": f"f{i}"})

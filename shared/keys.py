@@ -16,11 +16,14 @@ values' formats live with their stores: `router.routes.codec` for a route,
   stream were trimmed (past ``IMROUTE_BUS_MAXLEN``) before that gateway had read them.
 - ``{prefix}content:{msg_id}`` is a broadcast or multicast push's content, stored once
   for all its batches (which name it by msg_id), with a TTL.
-- ``{prefix}useq:{<uid>}``, ``{prefix}ulog:{<uid>}`` and ``{prefix}uinbox:{<uid>}`` are a
-  user's recovery sequence (a hash: ``n`` the counter, ``e`` its epoch, the Redis clock
-  in ms when the counter was created; `shared.positions`), recovery log (a list of
-  ``<n> <ts> <entry>``, in order) and offline inbox (a sorted set scored by ``n``). The
-  braces are a Redis Cluster hash tag, so the three meet in one slot and one script; a
+- ``{prefix}useq:{<uid>}`` and ``{prefix}ulog:{<uid>}`` are a user's sequence (a hash:
+  ``n`` the counter, ``e`` its epoch, the Redis clock in ms when the counter was created,
+  `shared.positions`; ``a`` the last ``n`` one of the user's devices acked) and log (a
+  list of ``<n> <ts> <entry>``, in order): the recovery log, and the inbox, which is the
+  log after ``a``. ``{prefix}uinbox:{<uid>}`` is the inbox as the version before kept
+  it (a sorted set scored by ``n``, the message again): read and acked until it lapses,
+  no longer written. The braces are a Redis Cluster hash tag, so the three meet in one
+  slot and one script; a
   uid holding a brace is tagged by its SHA-1 and named in full after it:
   ``{prefix}useq:{<sha1 hex of uid>}:<uid>`` (`_tag`: one name per uid, whatever it is).
   ``{prefix}useq:{<sha1 hex>}#quarantine`` (and ``ulog:``, ``uinbox:``) are the keys a

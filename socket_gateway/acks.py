@@ -3,10 +3,11 @@ its user's inbox, and counts in the receipts of the pushes it names.
 
 Acks arrive by the thousand a second; none of them is a Redis round trip of its own.
 Each is taken apart on arrival (`LocalConnections.ack`, no I/O) and its effects wait
-here: the inbox entries to forget, per user, and the receipt updates, per push. One
-flush a FLUSH_S at most writes them all, in one pipeline each for the inboxes and the
-receipts. A flush that fails is logged and counted; its entries go back for the next
-flush (up to MAX_PENDING), because an inbox entry that is never forgotten is sent again
+here: how far each user's devices acked (the user's inbox is the log after that
+position, so one position per user says it all), and the receipt updates, per push.
+One flush a FLUSH_S at most writes them all, in one pipeline each for the positions and
+the receipts. A flush that fails is logged and counted; what it held goes back for the
+next flush (up to MAX_PENDING), because an inbox entry that is never acked is sent again
 on every connect.
 """
 
@@ -25,7 +26,7 @@ from shared.throttled import Throttled
 from socket_gateway.connections import ClientConn, LocalConnections
 from socket_gateway.tracing import GatewayTracing
 
-__all__ = ["FLUSH_S", "AckCounts", "AckReporter", "InboxForget", "Report"]
+__all__ = ["FLUSH_S", "AckCounts", "AckReporter", "InboxAcks", "Report"]
 
 # (state, push_id, uids): `AckReporter.report`, as the replay, gap fills and move tails
 # are given it.
@@ -40,8 +41,8 @@ FLUSH_S = 0.05
 MAX_PENDING = 200_000
 
 
-class InboxForget(Protocol):
-    async def forget_inboxes(self, wanted: Sequence[tuple[str, Sequence[int]]]) -> list[None]: ...
+class InboxAcks(Protocol):
+    async def ack(self, wanted: Sequence[tuple[str, int]]) -> list[None]: ...
 
 
 class AckCounts:
@@ -61,13 +62,14 @@ class AckReporter:
     """Takes acks and delivery reports from connections, writes them in batches."""
 
     conns: LocalConnections
-    inbox: InboxForget
+    inbox: InboxAcks
     receipts: ReceiptUpdates | None
     clock: Clock
     flush_s: float = FLUSH_S
     # Each flush's acks of traced pushes are spans (tracing on).
     tracing: GatewayTracing | None = None
-    _forget: dict[str, list[int]] = field(default_factory=dict, init=False, repr=False)
+    # Per user, the furthest P2P seq its devices acked (a later epoch's is further).
+    _acked: dict[str, int] = field(default_factory=dict, init=False, repr=False)
     _marks: dict[str, dict[str, set[str]]] = field(
         default_factory=lambda: {ACKED: {}, DELIVERED: {}, EXPIRED: {}}, init=False, repr=False
     )
@@ -89,14 +91,21 @@ class AckReporter:
         c.acks += 1
         c.acked += len(acked)
         uid = conn.uid if conn is not None else ""
-        seqs = [seq for _, log_, seq, _ in acked if log_ == "p" and seq]
-        if seqs:
-            self._forget.setdefault(uid, []).extend(seqs)
+        furthest = max((seq for _, log_, seq, _ in acked if log_ == "p" and seq), default=0)
+        if furthest:
+            self._ack(uid, furthest)
         for _, _, _, push_id in acked:
             if push_id:
                 self._add(ACKED, push_id, uid)
-        self._pending += len(seqs) + len(acked)
+        self._pending += len(acked)
         self._schedule()
+
+    def _ack(self, uid: str, seq: int) -> None:
+        """`uid`'s devices acked its log up to `seq`: kept if it is the furthest yet."""
+        if seq > self._acked.get(uid, 0):
+            if uid not in self._acked:
+                self._pending += 1
+            self._acked[uid] = seq
 
     def report(self, state: str, push_id: str, uids: Sequence[str]) -> None:
         """Recipients of a push that were delivered (or expired) outside the P2P call's
@@ -149,17 +158,17 @@ class AckReporter:
 
     async def flush(self) -> None:
         """Write what waits; what arrives meanwhile goes in the next flush."""
-        forget, self._forget = self._forget, {}
+        acked, self._acked = self._acked, {}
         marks = self._marks
         self._marks = {ACKED: {}, DELIVERED: {}, EXPIRED: {}}
         self._pending = 0
-        if not forget and not any(marks.values()):
+        if not acked and not any(marks.values()):
             return
         self.counts.flushes += 1
         try:
             writes: list[Awaitable[object]] = []
-            if forget:
-                writes.append(self.inbox.forget_inboxes(list(forget.items())))
+            if acked:
+                writes.append(self.inbox.ack(list(acked.items())))
             receipts = self.receipts
             if receipts is not None:
                 # Delivered before acked: a state only moves up, so the order is moot
@@ -173,19 +182,16 @@ class AckReporter:
             if self.tracing is not None:
                 self.tracing.acked(marks[ACKED], written=False)
             self.counts.failed_flushes += 1
-            self._put_back(forget, marks)
+            self._put_back(acked, marks)
             if self._line.note(self.clock.monotonic()):
                 log.warning("could not write acks (kept for the next try): %s", exc)
             return
         if self.tracing is not None:
             self.tracing.acked(marks[ACKED], written=True)
 
-    def _put_back(
-        self, forget: dict[str, list[int]], marks: dict[str, dict[str, set[str]]]
-    ) -> None:
-        for uid, seqs in forget.items():
-            self._forget.setdefault(uid, []).extend(seqs)
-            self._pending += len(seqs)
+    def _put_back(self, acked: dict[str, int], marks: dict[str, dict[str, set[str]]]) -> None:
+        for uid, seq in acked.items():
+            self._ack(uid, seq)
         for state, by_push in marks.items():
             for push_id, uids in by_push.items():
                 for uid in uids:

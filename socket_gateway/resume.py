@@ -88,10 +88,10 @@ class Resumer:
         self.tails = MoveTails(self.spans, reads, conns, clock, report, move_tail_s)
         rate = budget.rate_per_uid
         self._rate = ConnectRate(rate, budget.burst_per_uid) if rate else None
-        # A storm of resumes asks Redis together: per-user reads and inbox clean-ups in
-        # pipelines, and one heads read for every resume that began before it did.
+        # A storm of resumes asks Redis together: per-user reads and the acks of their
+        # positions in pipelines, and one heads read for every resume that began before.
         self._read_users = Coalescer(reads.read_users)
-        self._forget = Coalescer(reads.forget_inboxes)
+        self._ack = Coalescer(reads.ack)
         self._heads: tuple[float, tuple[str, ...], asyncio.Future[list[int]]] | None = None
         self.stats = ResumeStats()
         self._gaps: set[asyncio.Future[None]] = set()
@@ -158,9 +158,8 @@ class Resumer:
                 report(ACKED, e.message.push_id, (conn.uid,))
         if conn.moved is not None:
             self._spawn(self.tails.follow(conn, moved_from, head_g))
-        gone = [*replay.inbox_gone, *(e.seq for e in covered)]
-        if gone:
-            await self._forget_gone(conn.uid, gone)
+        if covered:
+            await self._ack_covered(conn.uid, max(e.seq for e in covered))
 
     def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
         """Run `work` in the background, kept until it ends (gap fills, move tails)."""
@@ -180,14 +179,14 @@ class Resumer:
     def gap_filled(self) -> int:
         return self.gap_fills.filled
 
-    async def _forget_gone(self, uid: str, seqs: list[int]) -> None:
-        """Take inbox entries past their ttl_s or the inbox TTL, or that the position
-        acked, out (coalesced)."""
+    async def _ack_covered(self, uid: str, seq: int) -> None:
+        """The user's inbox acked up to `seq`, the furthest entry the position covered
+        (coalesced)."""
         try:
-            await self._forget((uid, seqs))
+            await self._ack((uid, seq))
         except RegistryUnavailable as exc:
-            # They stay in the inbox, and every replay leaves them out again.
-            log.warning("could not take expired entries out of an inbox: %s", exc)
+            # They stay in the inbox: the next connection with its position covers them.
+            log.warning("could not ack the inbox entries a position covered: %s", exc)
 
     def _may_resume(self, uid: str) -> bool:
         """Whether `uid` is within its rate of resumes on this gateway (counted if not)."""

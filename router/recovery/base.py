@@ -6,7 +6,9 @@ Three kinds of record, each bounded in count and in time (`RecoveryLimits`):
   by a dense per-user sequence; kept for the recovery window;
 - a user's **inbox**: every stored P2P message of the user until one of the user's
   devices acks it (a client ack, `socket_gateway.acks`), for the inbox TTL at most;
-  a connection is written the whole inbox when it starts;
+  a connection is written the whole inbox when it starts. It is not a record of its
+  own: it is the P2P log after the user's acked position, which an ack moves (the log
+  keeps what is in the inbox past the window);
 - a topic's **batch log**: every broadcast or multicast batch, one entry per batch (never
   one per recipient), numbered by a dense per-topic sequence; the gateways deliver a
   topic's batches in that order, and replay from it.
@@ -18,7 +20,7 @@ data) makes it `complete: false`.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
@@ -191,16 +193,13 @@ class RecoveryLog(Protocol):
         """Where pushes' content is stored once for all their batches."""
         ...
 
-    async def append_p2p(self, message: Message, uids: Sequence[str], expires_ms: int) -> list[int]:
-        """Log `message` for each uid; their seqs, in order. One small write per uid."""
-        ...
-
     async def append_queued(
         self, message: Message, uids: Sequence[str], expires_ms: int
     ) -> tuple[list[int], int]:
-        """`append_p2p`, and the message into each uid's inbox, where it stays until a
-        device acks it (one script per uid); (the seqs, how many older entries the
-        inbox bound dropped to make room)."""
+        """Log `message` for each uid (one small script per uid): into the user's log,
+        whose entries after the user's acked position are the user's inbox, where it
+        stays until a device acks it. (The seqs, in order; how many older entries the
+        inbox bound pushed out of the inboxes to make room.)"""
         ...
 
     async def append_queued_many(
@@ -210,37 +209,27 @@ class RecoveryLog(Protocol):
         one's answer, in order."""
         ...
 
-    async def queue(self, message: Message, expires_ms: int, seqs: Mapping[str, int]) -> int:
-        """Put the logged message into each uid's inbox; how many older entries the
-        inbox bound dropped to make room."""
-        ...
-
     async def append_batch(self, topic: str, batch: gateway_pb2.Batch) -> int:
         """Log one bus batch of `topic`; its seq."""
         ...
 
-    async def forget_inboxes(self, wanted: Sequence[tuple[str, Sequence[int]]]) -> list[None]:
-        """Take entries that a connection was written out of these users' inboxes."""
-        ...
-
 
 class RecoveryReads(Protocol):
-    """The gateway's reads (and its one write: the inbox entries it delivered)."""
+    """The gateway's reads (and its one write: how far each user's devices acked)."""
 
     async def read_user(self, uid: str, after: int | None) -> UserHistory:
-        """The P2P log after `after` (nothing when None) and the inbox."""
+        """The P2P log after `after` (nothing when None) and the inbox: the log's entries
+        after the user's acked position (the last `inbox_max`)."""
         ...
 
     async def read_users(self, wanted: Sequence[tuple[str, int | None]]) -> list[UserHistory]:
         """`read_user` for many (uid, after) at once."""
         ...
 
-    async def forget_inbox(self, uid: str, seqs: Sequence[int]) -> None:
-        """Take entries that a connection was written out of the inbox."""
-        ...
-
-    async def forget_inboxes(self, wanted: Sequence[tuple[str, Sequence[int]]]) -> list[None]:
-        """`forget_inbox` for many (uid, seqs) at once."""
+    async def ack(self, wanted: Sequence[tuple[str, int]]) -> list[None]:
+        """Move each (uid, seq) user's acked position up to `seq`, never back: what a
+        device acked leaves the user's inbox. A seq of another epoch than the user's
+        log (one Redis lost) moves nothing."""
         ...
 
     async def read_topic(self, topic: str, after: int, upto: int | None = None) -> TopicHistory:

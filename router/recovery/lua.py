@@ -9,19 +9,18 @@ from __future__ import annotations
 
 from router.redis.scripts import Script, as_function, lua
 
-__all__ = ["APPEND", "APPEND_QUEUED", "FORGET", "HEAD", "QUEUE", "READ_TOPIC", "READ_USER", "RETAG"]
+__all__ = ["ACK", "APPEND", "APPEND_USER", "HEAD", "READ_TOPIC", "READ_USER", "RETAG"]
 
 # Every sequence is a hash: `n` its counter, `e` its epoch (`next.lua`, the prelude of
 # every append), so a Redis that lost a log starts it again under a later epoch.
-_APPEND = lua(__package__, "next") + lua(__package__, "append")
-# The append, then the entry into the inbox (`append_queued.lua` calls `append()`).
-_APPEND_QUEUED = "local function append()\n" + _APPEND + "end\n" + lua(__package__, "append_queued")
+_NEXT = lua(__package__, "next")
+# A topic's batch log, and a user's log (which is the user's inbox too).
+_APPEND_USER = _NEXT + lua(__package__, "append_user")
 
-APPEND = Script(_APPEND)
-APPEND_QUEUED = Script(_APPEND_QUEUED)
-QUEUE = Script.load(__package__, "queue")
+APPEND = Script(_NEXT + lua(__package__, "append"))
+APPEND_USER = Script(_APPEND_USER)
 READ_USER = Script.load(__package__, "read_user")
-FORGET = Script.load(__package__, "forget")
+ACK = Script.load(__package__, "ack")
 READ_TOPIC = Script.load(__package__, "read_topic")
 HEAD = Script.load(__package__, "head")
-RETAG = Script.load(__package__, "retag", prelude=as_function("append_queued", _APPEND_QUEUED))
+RETAG = Script.load(__package__, "retag", prelude=as_function("append_user", _APPEND_USER))

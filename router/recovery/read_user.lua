@@ -1,10 +1,19 @@
--- KEYS: seq, log, inbox. ARGV: after's epoch and n ('' for no log). A position of another
--- epoch reads the log from its start. Returns {head n, epoch, log, inbox}.
-local head = tonumber(redis.call('HGET', KEYS[1], 'n') or '0')
-local e = redis.call('HGET', KEYS[1], 'e') or '0'
-local log = {}
+-- KEYS: seq, log, legacy inbox. ARGV: after's epoch and n ('' for no log: a new
+-- connection, which reads the inbox only), log max. A position of another epoch reads
+-- the log from its start. Returns {head n, epoch, the n the inbox starts after, the log's
+-- entries from the first either part needs, the legacy inbox}: the log part is the
+-- entries after `after` among the last `log max`; the inbox the entries after the acked
+-- position and after the floor the inbox bound set (append_user.lua). The legacy inbox
+-- is a sorted set by n, written before the inbox was the log's, read until it lapses.
+local h = redis.call('HMGET', KEYS[1], 'n', 'e', 'a', 'f')
+local head = tonumber(h[1] or '0')
+local e = h[2] or '0'
+local from = math.max(tonumber(h[3] or '0'), tonumber(h[4] or '0'))
+local start = from
 if ARGV[2] ~= '' then
   local after = e == ARGV[1] and tonumber(ARGV[2]) or 0
-  if head > after then log = redis.call('LRANGE', KEYS[2], after - head, -1) end
+  from = math.min(from, math.max(after, head - tonumber(ARGV[3])))
 end
-return {head, e, log, redis.call('ZRANGE', KEYS[3], 0, -1)}
+local log = {}
+if head > from then log = redis.call('LRANGE', KEYS[2], from - head, -1) end
+return {head, e, start, log, redis.call('ZRANGE', KEYS[3], 0, -1)}

@@ -37,11 +37,10 @@ class ReplayItem:
 class Replay:
     items: list[ReplayItem] = field(default_factory=list)
     complete: bool = True
-    # Inbox entries gone for good (past their ttl_s or the inbox TTL): taken out now.
-    # Those it sends stay in the inbox until a device acks them.
-    inbox_gone: list[int] = field(default_factory=list)
     # Inbox entries the position covers: the client had them (it saves its position once
     # it is done with a push, as it acks), so the position acks them: out of the inbox.
+    # Those it sends stay in the inbox until a device acks them; those past their ttl_s
+    # or the inbox TTL are left out, and leave when a later ack or the log's trim passes.
     inbox_covered: list[Entry] = field(default_factory=list)
     # Messages left out because their ttl_s had passed (never sent late).
     expired: int = 0
@@ -108,8 +107,8 @@ def _inbox_items(
     """What no device acked, but what this client's position says it had (`covered`)."""
     for e in user.inbox:
         if e.message.ts_ms < now_ms - inbox_ttl_ms or _expired(e, now_ms, replay):
-            replay.inbox_gone.append(e.seq)
-        elif e.seq <= covered:
+            continue
+        if e.seq <= covered:
             replay.inbox_covered.append(e)
         elif e.seq not in seen:
             seen.add(e.seq)

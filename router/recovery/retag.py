@@ -79,7 +79,7 @@ async def retag(
     says whether the uid that is a braced uid's SHA-1 hex is a user as well."""
     runner = ScriptRunner(redis, (RETAG,))
     now = (clock or SystemClock()).now_ms()
-    # append_queued.lua's ARGV after its data, as the store passes them
+    # append_user.lua's ARGV after its data, as the store passes them
     tail = (
         now,
         now - limits.window_ms,

@@ -8,7 +8,7 @@ old entries per append), and expires as a whole one window after its last append
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from router.recovery.base import (
@@ -21,15 +21,7 @@ from router.recovery.base import (
 )
 from router.recovery.codec import decode_batch, decode_message, encode_batch, encode_message
 from router.recovery.content import ContentCache, RedisContentStore
-from router.recovery.lua import (
-    APPEND,
-    APPEND_QUEUED,
-    FORGET,
-    HEAD,
-    QUEUE,
-    READ_TOPIC,
-    READ_USER,
-)
+from router.recovery.lua import ACK, APPEND, APPEND_USER, HEAD, READ_TOPIC, READ_USER
 from router.redis.autopipe import AutoPipeline
 from router.redis.client import RedisClient
 from router.redis.errors import translate_errors
@@ -62,15 +54,7 @@ class RedisRecoveryStore:
         # Loaded again, all of them, by the runner when Redis lost its script cache.
         self._scripts = ScriptRunner(
             redis,
-            (
-                APPEND,
-                QUEUE,
-                READ_USER,
-                FORGET,
-                READ_TOPIC,
-                APPEND_QUEUED,
-                HEAD,
-            ),
+            (APPEND, APPEND_USER, READ_USER, ACK, READ_TOPIC, HEAD),
             auto,
         )
         self._seq_ttl_ms = limits.user_seq_ttl_ms  # read once: every append passes it
@@ -86,18 +70,6 @@ class RedisRecoveryStore:
         return await self._scripts.one(args)
 
     # ------------------------------------------------------------------ RecoveryLog
-
-    @translate_errors
-    async def append_p2p(self, message: Message, uids: Sequence[str], expires_ms: int) -> list[int]:
-        data = encode_message(message, expires_ms)
-        now = self._clock.now_ms()
-        lim = self.limits
-        k = self._keys
-        tail = (data, now, now - lim.window_ms, lim.user_max, lim.window_ms, self._seq_ttl_ms)
-        calls = [APPEND.args((k.user_seq(u), k.user_log(u)), *tail) for u in uids]
-        if len(calls) == 1:
-            return [_seq(await self._one(calls[0]))]
-        return [_seq(r) for r in await self._pipelined(calls)]
 
     @translate_errors
     async def append_queued(
@@ -138,28 +110,7 @@ class RedisRecoveryStore:
             lim.inbox_max,
             lim.inbox_ttl_ms,
         )
-        return [
-            APPEND_QUEUED.args((k.user_seq(u), k.user_log(u), k.user_inbox(u)), *tail) for u in uids
-        ]
-
-    @translate_errors
-    async def queue(self, message: Message, expires_ms: int, seqs: Mapping[str, int]) -> int:
-        if not seqs:
-            return 0
-        lim = self.limits
-        k = self._keys
-        calls = [
-            QUEUE.args(
-                (k.user_seq(uid), k.user_inbox(uid)),
-                epoch_of(seq),
-                counter_of(seq),
-                encode_message(message, expires_ms, counter_of(seq)),
-                lim.inbox_max,
-                lim.inbox_ttl_ms,
-            )
-            for uid, seq in seqs.items()
-        ]
-        return sum(int(n) for n in await self._pipelined(calls))
+        return [APPEND_USER.args((k.user_seq(u), k.user_log(u)), *tail) for u in uids]
 
     @translate_errors
     async def append_batch(self, topic: str, batch: gateway_pb2.Batch) -> int:
@@ -181,27 +132,36 @@ class RedisRecoveryStore:
     async def read_users(self, wanted: Sequence[tuple[str, int | None]]) -> list[UserHistory]:
         """`read_user` for many users, in one pipelined round trip."""
         k = self._keys
+        lim = self.limits
         calls = [
             READ_USER.args(
                 (k.user_seq(uid), k.user_log(uid), k.user_inbox(uid)),
                 *(("", "") if after is None else (epoch_of(after), counter_of(after))),
+                lim.user_max,
             )
             for uid, after in wanted
         ]
         replies = [await self._one(calls[0])] if len(calls) == 1 else await self._pipelined(calls)
-        return [_user_history(reply) for reply in replies]
-
-    async def forget_inbox(self, uid: str, seqs: Sequence[int]) -> None:
-        await self.forget_inboxes([(uid, seqs)])
+        cutoff = self._clock.now_ms() - lim.window_ms
+        return [
+            _user_history(reply, after, cutoff, lim)
+            for reply, (_, after) in zip(replies, wanted, strict=True)
+        ]
 
     @translate_errors
-    async def forget_inboxes(self, wanted: Sequence[tuple[str, Sequence[int]]]) -> list[None]:
-        """`forget_inbox` for many users, in one pipelined round trip."""
+    async def ack(self, wanted: Sequence[tuple[str, int]]) -> list[None]:
+        """Move each (uid, seq) user's acked position up to seq, in one pipelined round
+        trip: what a device acked leaves the user's inbox (the log after it)."""
         k = self._keys
+        window = self.limits.window_ms
         calls = [
-            FORGET.args((k.user_seq(uid), k.user_inbox(uid)), epoch, *ns)
-            for uid, seqs in wanted
-            for epoch, ns in _by_epoch(seqs).items()
+            ACK.args(
+                (k.user_seq(uid), k.user_log(uid), k.user_inbox(uid)),
+                epoch_of(seq),
+                counter_of(seq),
+                window,
+            )
+            for uid, seq in wanted
         ]
         if calls:
             await self._pipelined(calls)
@@ -266,32 +226,36 @@ def _head(n: Any, epoch: int) -> int:
     return seq_of(epoch, n) if n else 0
 
 
-def _by_epoch(seqs: Sequence[int]) -> dict[int, list[int]]:
-    by: dict[int, list[int]] = {}
-    for seq in seqs:
-        by.setdefault(epoch_of(seq), []).append(counter_of(seq))
-    return by
-
-
-def _user_history(reply: Sequence[Any]) -> UserHistory:
-    n, epoch_text, log, inbox = reply
-    epoch = int(epoch_text)
+def _user_history(
+    reply: Sequence[Any], after: int | None, cutoff: int, limits: RecoveryLimits
+) -> UserHistory:
+    """The log part (the entries after `after` among the last `user_max`, inside the
+    window; none when `after` is None) and the inbox (the entries after `start`: the
+    acked position, or the last entry the inbox bound pushed out; and what a legacy
+    inbox still holds of them)."""
+    n, epoch_text, start_text, texts, legacy = reply
+    head, epoch, start = int(n), int(epoch_text), int(start_text)
     entries = []
-    for text in log:
-        c, _, data = _split(text)
+    for text in texts:
+        c, ts, data = _split(text)
         _, message, expires_ms = decode_message(data)
-        entries.append(Entry(seq_of(epoch, c), message, expires_ms))
-    logged = {e.seq: e for e in entries}
-    queued = []
-    for text in inbox:
-        # An inbox entry is usually in the log too (a recent miss): decoded once.
-        seq = seq_of(epoch, int(text[1 : text.index(",")]))
-        seen = logged.get(seq)
-        if seen is None:
-            _, message, expires_ms = decode_message(text)
-            seen = Entry(seq, message, expires_ms)
-        queued.append(seen)
-    return UserHistory(_head(n, epoch), entries, queued)
+        entries.append((c, ts, Entry(seq_of(epoch, c), message, expires_ms)))
+    log: list[Entry] = []
+    if after is not None:
+        first = counter_of(after) if epoch_of(after) == epoch else 0
+        first = max(first, head - limits.user_max)
+        log = [e for c, ts, e in entries if c > first and ts >= cutoff]
+    inbox = [e for c, _, e in entries if c > start]
+    if legacy:
+        held = {e.seq for e in inbox}
+        for text in legacy:
+            c = int(text[1 : text.index(",")])
+            seq = seq_of(epoch, c)
+            if c > start and seq not in held:
+                _, message, expires_ms = decode_message(text)
+                inbox.append(Entry(seq, message, expires_ms))
+        inbox.sort(key=lambda e: e.seq)
+    return UserHistory(_head(head, epoch), log, inbox)
 
 
 def _split(text: str) -> tuple[int, int, str]:

@@ -59,11 +59,15 @@ class _NoContentStore:
 
 @dataclass
 class MemoryRecoveryLog:
-    """The recovery log's writes: per-user seqs and inboxes, per-topic seqs."""
+    """The recovery log's writes: per-user logs (each user's inbox is the log after the
+    position its devices acked, the last `inbox_max` of it), per-topic seqs."""
 
     seqs: dict[str, int] = field(default_factory=dict)  # uid or topic -> last seq
-    inboxes: dict[str, dict[int, Message]] = field(default_factory=dict)  # uid -> seq -> msg
+    logs: dict[str, dict[int, Message]] = field(default_factory=dict)  # uid -> seq -> msg
+    acked: dict[str, int] = field(default_factory=dict)  # uid -> acked up to this seq
+    floors: dict[str, int] = field(default_factory=dict)  # uid -> the bound pushed out to
     batches: dict[str, list[gateway_pb2.Batch]] = field(default_factory=dict)
+    inbox_max: int = 100  # IMROUTE_INBOX_MAX
 
     @property
     def content(self) -> ContentWrites:
@@ -73,14 +77,24 @@ class MemoryRecoveryLog:
         self.seqs[name] = self.seqs.get(name, 0) + 1
         return self.seqs[name]
 
-    async def append_p2p(self, message: Message, uids: Sequence[str], expires_ms: int) -> list[int]:
-        return [self._next(f"user:{u}") for u in uids]
+    def inbox(self, uid: str) -> dict[int, Message]:
+        """What waits for `uid`'s ack: its log after the acked position and after what
+        the inbox bound pushed out."""
+        start = max(self.acked.get(uid, 0), self.floors.get(uid, 0))
+        return {seq: m for seq, m in self.logs.get(uid, {}).items() if seq > start}
 
     async def append_queued(
         self, message: Message, uids: Sequence[str], expires_ms: int
     ) -> tuple[list[int], int]:
-        seqs = await self.append_p2p(message, uids, expires_ms)
-        dropped = await self.queue(message, expires_ms, dict(zip(uids, seqs, strict=True)))
+        seqs = []
+        dropped = 0
+        for uid in uids:
+            seq = self._next(f"user:{uid}")
+            self.logs.setdefault(uid, {})[seq] = message
+            if seq - max(self.acked.get(uid, 0), self.floors.get(uid, 0)) > self.inbox_max:
+                self.floors[uid] = seq - self.inbox_max
+                dropped += 1
+            seqs.append(seq)
         return seqs, dropped
 
     async def append_queued_many(
@@ -88,19 +102,14 @@ class MemoryRecoveryLog:
     ) -> list[tuple[list[int], int]]:
         return [await self.append_queued(m, uids, exp) for m, uids, exp in items]
 
-    async def queue(self, message: Message, expires_ms: int, seqs: Mapping[str, int]) -> int:
-        for uid, seq in seqs.items():
-            self.inboxes.setdefault(uid, {})[seq] = message
-        return 0
-
     async def append_batch(self, topic: str, batch: gateway_pb2.Batch) -> int:
         self.batches.setdefault(topic, []).append(batch)
         return self._next(f"topic:{topic}")
 
-    async def forget_inboxes(self, wanted: Sequence[tuple[str, Sequence[int]]]) -> list[None]:
-        for uid, seqs in wanted:
-            for seq in seqs:
-                self.inboxes.get(uid, {}).pop(seq, None)
+    async def ack(self, wanted: Sequence[tuple[str, int]]) -> list[None]:
+        for uid, seq in wanted:
+            head = self.seqs.get(f"user:{uid}", 0)
+            self.acked[uid] = max(self.acked.get(uid, 0), min(seq, head))
         return [None] * len(wanted)
 
 

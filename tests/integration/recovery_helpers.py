@@ -9,6 +9,10 @@ from typing import Any
 import httpx
 from websockets.asyncio.client import ClientConnection, connect
 
+from router.recovery.base import RecoveryLimits
+from router.recovery.codec import encode_message
+from shared.clock import SystemClock
+from shared.models import Message
 from socket_gateway.app import Gateway
 from tests.integration.stack import Frame, fanout, recv_json, token
 
@@ -98,3 +102,32 @@ async def multicast_acked(
 
 def dumps(frame: Frame) -> str:
     return json.dumps(frame, sort_keys=True)
+
+
+# What the version before wrote for an offline user's message, in one script: the log
+# entry, then the same message again in the user's inbox (a sorted set by n, its text
+# starting "[n,"): the layout that `read_user.lua` reads and `ack.lua` acks as the
+# legacy inbox. KEYS: seq, log, inbox. ARGV: the entry's text (n 0), now, ttl.
+_LEGACY_APPEND = """
+local n = redis.call('HINCRBY', KEYS[1], 'n', 1)
+if not redis.call('HGET', KEYS[1], 'e') then
+  local t = redis.call('TIME')
+  local e = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  redis.call('HSET', KEYS[1], 'e', tostring(e))
+end
+redis.call('RPUSH', KEYS[2], n .. ' ' .. ARGV[2] .. ' ' .. ARGV[1])
+redis.call('ZADD', KEYS[3], n, '[' .. n .. ',' .. string.sub(ARGV[1], 4))
+for i = 1, 3 do redis.call('PEXPIRE', KEYS[i], ARGV[3]) end
+return n
+"""
+
+
+async def write_legacy(
+    redis: Any, seq: str, log: str, inbox: str, message: Message, expires_ms: int
+) -> int:
+    """Append `message` to a user's keys (`seq`, `log`, `inbox`: the names the version
+    before used for them) in the layout it wrote: logged, and queued in the inbox. Its n."""
+    entry = encode_message(message, expires_ms)
+    now = SystemClock().now_ms()
+    ttl = RecoveryLimits().user_seq_ttl_ms
+    return int(await redis.eval(_LEGACY_APPEND, 3, seq, log, inbox, entry, now, ttl))

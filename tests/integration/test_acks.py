@@ -90,6 +90,31 @@ async def test_a_push_never_acked_comes_again_and_a_cumulative_ack_covers_all_be
         assert await reconnect(gw, ws, "cy") == []
 
 
+async def test_two_devices_acking_out_of_step_leave_the_inbox_at_the_furthest_ack(
+    redis_url: str, prefix: str
+) -> None:
+    """A message is acked once any device acked it: a device whose ack comes after
+    another's, and covers less, takes nothing back into the inbox; what neither acked
+    stays, for both, and a third device gets it."""
+    async with one_group(redis_url, prefix) as (gw, http):
+        phone, laptop = await connected(gw, "dee"), await connected(gw, "dee")
+        for n in range(4):
+            await p2p(http, ["dee"], n)
+        on_phone, on_laptop = await pushes(phone, 4), await pushes(laptop, 4)
+        await ack(phone, on_phone[2])  # 0, 1, 2
+        await acked(gw, 3)
+        await ack(laptop, on_laptop[0])  # later, and behind: 0 only
+        await acked(gw, 4)
+        tablet = await open_ws(gw, "dee")
+        got, end = await replay(tablet)
+        assert contents(got) == [3] and end["complete"] is True
+        await ack(laptop, on_laptop[3])
+        await acked(gw, 7)
+        await phone.close()
+        await laptop.close()
+        assert await reconnect(gw, tablet, "dee") == []
+
+
 async def test_bad_acks_are_ignored_counted_and_never_close(redis_url: str, prefix: str) -> None:
     async with (
         gateway(redis_url, prefix, "gw1", "g1", metrics_port=0) as gw,

@@ -22,7 +22,7 @@ from shared.clock import SystemClock
 from shared.keys import KeySchema
 from shared.models import Message
 from tests.integration.procs import base_env, imroute
-from tests.integration.recovery_helpers import connected, open_ws, replay, replayed
+from tests.integration.recovery_helpers import connected, open_ws, replay, replayed, write_legacy
 from tests.integration.stack import contents, gateway, one_group, p2p
 
 pytestmark = pytest.mark.integration
@@ -54,10 +54,12 @@ def message(text: str) -> Message:
 
 
 async def write_old(redis: RedisClient, prefix: str, uid: str, *texts: str) -> None:
-    """Queue messages for an offline `uid` as the version before wrote them."""
-    store = RedisRecoveryStore(redis, LegacyKeys(prefix), SystemClock(), RecoveryLimits())
+    """Queue messages for an offline `uid` as the version before wrote them: under the
+    old names, and into an inbox of its own (`recovery_helpers.write_legacy`)."""
+    keys = LegacyKeys(prefix)
+    names = (keys.user_seq(uid), keys.user_log(uid), keys.user_inbox(uid))
     for text in texts:
-        await store.append_queued(message(text), [uid], FAR)
+        await write_legacy(redis, *names, message(text), FAR)
 
 
 @pytest.fixture
@@ -187,7 +189,7 @@ async def test_on_redis_cluster_the_braced_uid_and_its_hex_keep_apart(
         store = RedisRecoveryStore(cluster, keys, SystemClock(), RecoveryLimits())
         (seq,), _ = await store.append_queued(message("for bob"), [BRACED], FAR)
         assert (await store.read_user(HEXED, None)).inbox == []
-        await store.forget_inbox(HEXED, [seq])  # the other user's ack, of bob's number
+        await store.ack([(HEXED, seq)])  # the other user's ack, of bob's number
         (entry,) = (await store.read_user(BRACED, None)).inbox
         assert entry.seq == seq and entry.message.content_json == b'"for bob"'
         for uid in (BRACED, HEXED):

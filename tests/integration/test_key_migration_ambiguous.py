@@ -94,10 +94,12 @@ async def test_a_merge_appends_as_the_store_does_and_leaves_no_sequence_without_
         yield uid
 
     async with connect_redis(redis_url) as client:
-        old_store = RedisRecoveryStore(client, LegacyKeys(prefix), SystemClock(), limits)
+        old = LegacyKeys(prefix).legacy_user_keys(BRACED)
+        assert old is not None
         store = RedisRecoveryStore(client, keys, SystemClock(), limits)
         # Old keys whose inbox is empty (a log only); a new inbox whose sequence is gone.
-        await old_store.append_p2p(message("logged"), [BRACED], FAR)
+        await write_old(client, prefix, BRACED, "logged")
+        await client.delete(old[2])
         await store.append_queued(message("new"), [BRACED], FAR)
         await client.delete(new_seq)
         report = await retag(client, keys, limits, only(BRACED), nobody)
@@ -105,8 +107,7 @@ async def test_a_merge_appends_as_the_store_does_and_leaves_no_sequence_without_
         assert await redis.pttl(new_seq) == -2  # no sequence made, none without a TTL
         # Old inbox entries appended after the new ones: numbered on, all with TTLs.
         await client.delete(*keys.user_keys(BRACED))
-        await old_store.append_queued(message("one"), [BRACED], FAR)
-        await old_store.append_queued(message("two"), [BRACED], FAR)
+        await write_old(client, prefix, BRACED, "one", "two")
         await store.append_queued(message("three"), [BRACED], FAR)
         report = await retag(client, keys, limits, only(BRACED), nobody)
         assert report.merged == [(BRACED, 2)]
@@ -114,5 +115,7 @@ async def test_a_merge_appends_as_the_store_does_and_leaves_no_sequence_without_
         assert [e.message.content_json for e in history.inbox] == [b'"three"', b'"one"', b'"two"']
         assert [counter_of(e.seq) for e in history.inbox] == [1, 2, 3]
         assert await redis.llen(keys.user_log(BRACED)) == 3
-        for key in keys.user_keys(BRACED):
+        seq, log, inbox = keys.user_keys(BRACED)
+        for key in (seq, log):
             assert 0 < await redis.pttl(key) <= limits.user_seq_ttl_ms, key
+        assert await redis.exists(inbox) == 0  # the inbox is the log's now

@@ -19,6 +19,7 @@ from shared.keys import KeySchema
 from shared.models import Message
 from shared.positions import counter_of, epoch_of, seq_of
 from shared.proto import gateway_pb2
+from tests.integration.recovery_helpers import write_legacy
 
 pytestmark = pytest.mark.integration
 
@@ -51,6 +52,14 @@ def store(
     return RedisRecoveryStore(client, KeySchema(prefix), clock, RecoveryLimits(**limits))  # type: ignore[arg-type]
 
 
+async def append(
+    s: RedisRecoveryStore, message: Message, uids: list[str], expires_ms: int
+) -> list[int]:
+    """`message` logged for each of `uids` (into their inboxes too); their seqs."""
+    seqs, _ = await s.append_queued(message, uids, expires_ms)
+    return seqs
+
+
 async def test_p2p_logs_are_dense_per_user_and_read_after_a_position(
     client: RedisClient, prefix: str
 ) -> None:
@@ -58,11 +67,11 @@ async def test_p2p_logs_are_dense_per_user_and_read_after_a_position(
     s = store(client, prefix, clock)
     # Uids that land in many slots, and ones with braces (tagged by their hash).
     uids = ["a", "b", "{x}", "}y{", "ünï"]
-    first = await s.append_p2p(msg(1), uids, 0)
+    first = await append(s, msg(1), uids, 0)
     assert counters(first) == [1] * 5 and all(epoch_of(seq) > 0 for seq in first)
     a1 = first[0]
-    assert counters(await s.append_p2p(msg(2), uids[:2], T0 + 5)) == [2, 2]
-    assert await s.append_p2p(msg(3), ["a"], 0) == [at(a1, 3)]
+    assert counters(await append(s, msg(2), uids[:2], T0 + 5)) == [2, 2]
+    assert await append(s, msg(3), ["a"], 0) == [at(a1, 3)]
     h = await s.read_user("a", a1)
     assert h.head == at(a1, 3)
     assert [(e.seq, e.message.msg_id) for e in h.log] == [(at(a1, 2), "m2"), (at(a1, 3), "m3")]
@@ -77,29 +86,69 @@ async def test_a_log_keeps_its_bounds_in_count_and_in_time(
     client: RedisClient, prefix: str
 ) -> None:
     clock = ManualClock(T0)
-    s = store(client, prefix, clock, user_max=3, window_s=10)
+    s = store(client, prefix, clock, user_max=3, window_s=10, inbox_max=2, inbox_ttl_s=60)
     for n in range(1, 6):
-        await s.append_p2p(msg(n), ["u"], 0)
+        await append(s, msg(n), ["u"], 0)
     assert counters([e.seq for e in (await s.read_user("u", 0)).log]) == [3, 4, 5]  # count
     clock.advance(11)
-    await s.append_p2p(msg(6), ["u"], 0)
+    (six,) = await append(s, msg(6), ["u"], 0)
     assert counters([e.seq for e in (await s.read_user("u", 0)).log]) == [6]  # time
-    ttl = await client.pttl(KeySchema(prefix).user_log("u"))
-    assert 0 < ttl <= 10_000  # the whole log lapses one window after its last append
+    # What no device acked stays, as the inbox, for the inbox TTL. Past the window, what
+    # is out of the inbox leaves: 1-3 by the count, 4 behind the inbox's bound of 2.
+    log_key = KeySchema(prefix).user_log("u")
+    assert [counter_of(e.seq) for e in (await s.read_user("u", None)).inbox] == [5, 6]
+    assert 10_000 < await client.pttl(log_key) <= 60_000
+    await s.ack([("u", six)])  # everything acked: the log serves resumes only
+    ttl = await client.pttl(log_key)
+    assert 0 < ttl <= 10_000  # the whole log lapses one window after its last ack
 
 
-async def test_the_inbox_holds_its_bound_and_forgets_what_was_written(
+async def test_the_inbox_holds_its_bound_and_forgets_what_was_acked(
     client: RedisClient, prefix: str
 ) -> None:
     s = store(client, prefix, ManualClock(T0), inbox_max=3)
     for n in range(1, 6):
-        (seq,) = await s.append_p2p(msg(n), ["i"], 0)
-        dropped = await s.queue(msg(n), 0, {"i": seq})
+        (seq,), dropped = await s.append_queued(msg(n), ["i"], 0)
         assert dropped == (1 if n > 3 else 0)
     h = await s.read_user("i", None)
     assert counters([e.seq for e in h.inbox]) == [3, 4, 5] and h.inbox[0].message == msg(3)
-    await s.forget_inbox("i", [at(seq, 3), at(seq, 5)])
-    assert counters([e.seq for e in (await s.read_user("i", None)).inbox]) == [4]
+    await s.ack([("i", at(seq, 3))])
+    assert counters([e.seq for e in (await s.read_user("i", None)).inbox]) == [4, 5]
+    # Two devices acking out of step: the furthest ack holds; one behind it moves
+    # nothing back, nor does one past the head move it further than the head.
+    await s.ack([("i", at(seq, 5)), ("i", at(seq, 4))])
+    assert (await s.read_user("i", None)).inbox == []
+    await s.ack([("i", at(seq, 2))])
+    assert (await s.read_user("i", None)).inbox == []
+    await s.ack([("i", at(seq, 99))])
+    (six,), dropped = await s.append_queued(msg(6), ["i"], 0)
+    assert counter_of(six) == 6 and dropped == 0
+    assert [e.message for e in (await s.read_user("i", None)).inbox] == [msg(6)]
+
+
+async def test_an_inbox_written_before_it_was_the_logs_is_read_and_acked(
+    client: RedisClient, prefix: str
+) -> None:
+    """An upgrade: an offline user's messages queued by the version before (the log and
+    an inbox of its own) reach the next connection, with what came after, once each, and
+    an ack takes them out of the old inbox too."""
+    s = store(client, prefix, ManualClock(T0))
+    k = KeySchema(prefix)
+    names = (k.user_seq("u"), k.user_log("u"), k.user_inbox("u"))
+    for n in (1, 2):
+        assert await write_legacy(client, *names, msg(n), 0) == n
+    (three,), _ = await s.append_queued(msg(3), ["u"], 0)
+    h = await s.read_user("u", None)
+    assert [(counter_of(e.seq), e.message) for e in h.inbox] == [
+        (1, msg(1)),
+        (2, msg(2)),
+        (3, msg(3)),
+    ]
+    await client.ltrim(k.user_log("u"), -1, -1)  # the log without 1 and 2: the old inbox
+    assert [e.message for e in (await s.read_user("u", None)).inbox] == [msg(1), msg(2), msg(3)]
+    await s.ack([("u", at(three, 2))])
+    assert await client.zcard(k.user_inbox("u")) == 0
+    assert [e.message for e in (await s.read_user("u", None)).inbox] == [msg(3)]
 
 
 async def test_topic_logs_read_by_range_and_their_sequence_never_lapses(
@@ -164,7 +213,7 @@ async def test_a_log_redis_lost_starts_again_under_a_later_epoch(
     """What a Redis restarted empty does to a log (its keys deleted here, on a live
     server): the counter starts at 1 again, under an epoch after the lost one, so every
     new seq is above every old one; a position in the lost log reads the new one whole,
-    and inbox writes or acks numbered in the lost log touch nothing of the new one."""
+    and acks numbered in the lost log touch nothing of the new one."""
     s = store(client, prefix, ManualClock(T0))
     k = KeySchema(prefix)
     old = [(await s.append_queued(msg(n), ["u"], 0))[0][0] for n in (1, 2, 3)]
@@ -177,8 +226,7 @@ async def test_a_log_redis_lost_starts_again_under_a_later_epoch(
     assert counter_of(new) == 1 and epoch_of(new) > epoch_of(old[0]) and new > old[-1]
     h = await s.read_user("u", old[-1])  # from the lost epoch: the new log, whole
     assert h.head == new and [e.message.msg_id for e in h.log] == ["m4"]
-    assert await s.queue(msg(9), 0, {"u": old[1]}) == 0  # numbered in the lost log
-    await s.forget_inbox("u", [seq_of(epoch_of(old[0]), 1)])  # n 1 of the lost epoch
+    await s.ack([("u", old[1]), ("u", seq_of(epoch_of(old[0]), 1))])  # the lost log's
     assert [e.message.msg_id for e in (await s.read_user("u", None)).inbox] == ["m4"]
     t3 = await s.append_batch("broadcast", to_batch(msg(3), ["u"], "b3"))
     assert counter_of(t3) == 1 and t3 > t[-1] and await s.heads(["broadcast"]) == [t3]

@@ -24,17 +24,17 @@ def pos_of(frame: bytes) -> str:
 
 
 class Writes:
-    """The inbox and receipt writes, recorded; each can be held until released."""
+    """The inbox acks and receipt writes, recorded; each can be held until released."""
 
     def __init__(self) -> None:
-        self.forgot: list[tuple[str, list[int]]] = []
+        self.acked: list[tuple[str, int]] = []
         self.marked: list[tuple[str, dict[str, list[str]]]] = []
         self.gate = asyncio.Event()
         self.gate.set()
 
-    async def forget_inboxes(self, wanted: Sequence[tuple[str, Sequence[int]]]) -> list[None]:
+    async def ack(self, wanted: Sequence[tuple[str, int]]) -> list[None]:
         await self.gate.wait()
-        self.forgot += [(u, list(s)) for u, s in wanted]
+        self.acked += wanted
         return [None] * len(wanted)
 
     async def mark(self, state: str, by_push: Mapping[str, Sequence[str]]) -> None:
@@ -84,7 +84,7 @@ async def test_acks_are_written_in_batches_and_none_waits_after_a_flush() -> Non
     writes.gate.clear()  # the first flush hangs in Redis ...
     reporter.on_ack(conn, frames[0])
     await asyncio.sleep(0.05)
-    assert reporter.counts.flushes == 1 and writes.forgot == []
+    assert reporter.counts.flushes == 1 and writes.acked == []
     reporter.on_ack(conn, frames[2])  # ... while the last ack of the burst arrives
     reporter.on_ack(conn, "")  # malformed: counted, never a close
     writes.gate.set()
@@ -93,7 +93,9 @@ async def test_acks_are_written_in_batches_and_none_waits_after_a_flush() -> Non
             break
         await asyncio.sleep(0.01)
     assert not reporter.pending and reporter.counts.flushes == 2
-    assert writes.forgot == [("amy", [1]), ("amy", [2, 3])]
+    # One position per user and flush: the furthest its devices acked (the inbox is the
+    # log after it).
+    assert writes.acked == [("amy", 1), ("amy", 3)]
     assert [m[1] for m in writes.marked] == [{"p1": ["amy"]}, {"p2": ["amy"], "p3": ["amy"]}]
     assert (reporter.counts.acks, reporter.counts.acked, reporter.counts.bad) == (2, 3, 1)
     await reporter.aclose()

@@ -57,10 +57,7 @@ class Log:
 
     def __init__(self) -> None:
         self.queued: list[dict[str, int]] = []
-        self.forgotten: list[tuple[str, list[int]]] = []
-
-    async def append_p2p(self, message: Message, uids: Sequence[str], expires_ms: int) -> list[int]:
-        return [7 for _ in uids]
+        self.acked: list[tuple[str, int]] = []
 
     async def append_queued(
         self, message: Message, uids: Sequence[str], expires_ms: int
@@ -74,12 +71,8 @@ class Log:
     ) -> list[tuple[list[int], int]]:
         return [await self.append_queued(*item) for item in items]
 
-    async def queue(self, message: Message, expires_ms: int, seqs: dict[str, int]) -> int:
-        self.queued.append(dict(seqs))
-        return 0
-
-    async def forget_inboxes(self, wanted: Sequence[tuple[str, Sequence[int]]]) -> list[None]:
-        self.forgotten.extend((uid, list(seqs)) for uid, seqs in wanted)
+    async def ack(self, wanted: Sequence[tuple[str, int]]) -> list[None]:
+        self.acked.extend(wanted)
         return [None] * len(wanted)
 
 
@@ -98,7 +91,7 @@ async def test_a_failed_push_is_queued_then_retried_until_it_reaches_the_user(
             break
         await asyncio.sleep(0.01)
     # Reached, it stays in the inbox until amy's device acks it (the gateway's part).
-    assert pusher.retried == 1 and log.forgotten == []
+    assert pusher.retried == 1 and log.acked == []
     assert len(client.calls) == 3  # the push, a failed retry, the one that reached it
     await pusher.aclose()
 

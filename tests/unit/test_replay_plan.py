@@ -76,7 +76,7 @@ def test_the_inbox_joins_without_duplicates_and_stays_until_acked() -> None:
     user = UserHistory(4, [entry(3), entry(4)], inbox=[entry(3), entry(4)])
     r = plan(Pos(p=2), user)
     assert [i.seq for i in r.items] == [3, 4]
-    assert r.inbox_gone == [] and r.inbox_covered == []  # sent, not acked: they stay
+    assert r.inbox_covered == []  # sent, not acked: they stay
     r = plan(None, user)
     assert [i.seq for i in r.items] == [3, 4]  # a new connection: the whole inbox
 
@@ -86,8 +86,8 @@ def test_without_since_only_the_inbox_and_stale_inbox_entries_are_dropped() -> N
         4, [], inbox=[entry(1, ts=NOW - INBOX_TTL - 1), entry(2), entry(3, expires=NOW - 5)]
     )
     r = plan(None, user)
-    assert [i.seq for i in r.items] == [2] and r.complete
-    assert sorted(r.inbox_gone) == [1, 3]  # gone for good; 2 waits for its ack
+    assert [i.seq for i in r.items] == [2] and r.complete  # 2 waits for its ack
+    assert r.expired == 1 and r.inbox_covered == []  # 1 and 3 are never sent
 
 
 def test_a_malformed_since_is_incomplete_but_still_gets_the_inbox() -> None:
