@@ -18,7 +18,8 @@ values' formats live with their stores: `router.routes.codec` for a route,
   for all its batches (which name it by msg_id), with a TTL.
 - ``{prefix}useq:{<uid>}`` and ``{prefix}ulog:{<uid>}`` are a user's sequence (a hash:
   ``n`` the counter, ``e`` its epoch, the Redis clock in ms when the counter was created,
-  `shared.positions`; ``a`` the last ``n`` one of the user's devices acked) and log (a
+  `shared.positions`; ``a`` the last ``n`` one of the user's devices acked; ``f`` the
+  last ``n`` the inbox bound pushed out of the inbox) and log (a
   list of ``<n> <ts> <entry>``, in order): the recovery log, and the inbox, which is the
   log after ``a``. ``{prefix}uinbox:{<uid>}`` is the inbox as the version before kept
   it (a sorted set scored by ``n``, the message again): read and acked until it lapses,

@@ -304,6 +304,13 @@ class RecoverySettings(Section):
         le=100_000,
         description="inbox entries per user; the oldest is dropped first, counted and logged",
     )
+    inbox_legacy_writes: bool = Field(
+        False,
+        description="push service: also write each stored P2P message into the user's inbox "
+        "as the version before kept it (`uinbox:{uid}`), while push services of that version "
+        'still run; off once none does (README, "Upgrading from a version that kept the '
+        'inbox apart")',
+    )
 
 
 class ReceiptSettings(Section):

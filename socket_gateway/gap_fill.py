@@ -20,6 +20,7 @@ from shared.errors import RegistryUnavailable
 from shared.wire import push_prefix
 from socket_gateway.acks import Report
 from socket_gateway.connections import ClientConn, LocalConnections
+from socket_gateway.ws.protocol import CLOSE_TRY_AGAIN
 
 __all__ = ["GapFills"]
 
@@ -66,14 +67,19 @@ class GapFills:
         try:
             user = await self.read_user((conn.uid, after))
         except RegistryUnavailable as exc:
+            # The hole cannot be passed over: the connection's next ack would cover it
+            # (an ack moves its user's inbox past everything before it) though it was
+            # never written here. Closed to be resumed from what it was written.
             log.warning("could not read a hole in a connection's messages: %s", exc)
-            user = None
+            conn.sink.close(CLOSE_TRY_AGAIN, "message store unavailable, resume later")
+            self.conns.release(conn)
+            return
         if upto is None:
-            upto = user.head if user is not None else after
+            upto = user.head
         conns = self.conns
         report = self.report
         wrote: list[int] = []
-        if user is not None and conn.sink.is_open():
+        if conn.sink.is_open():
             now = self.clock.now_ms()
             skip = conn.skip
             # The inbox too: what no device acked may be older than the log's window.

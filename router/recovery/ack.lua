@@ -2,19 +2,16 @@
 -- (ms). Moves the user's acked position `a` (the inbox is the log after it) up to n,
 -- never back, and never past the head; a position of another epoch (Redis lost the log
 -- it was in) moves nothing. Once everything is acked, the log only serves resumes: it
--- lapses one window after the ack, and the sequence one window after the log. The
--- legacy inbox (a sorted set by n, written before the inbox was the log's) loses what
--- the position covers. Returns 1 if `a` moved, else 0.
+-- lapses one window after the ack (the sequence keeps its own TTL, so positions stay
+-- valid). The legacy inbox (a sorted set by n, written before the inbox was the log's)
+-- loses what the position covers; a sequence without `a` (written only by the version
+-- before) has no other inbox. Returns 1 if `a` moved, else 0.
 local h = redis.call('HMGET', KEYS[1], 'e', 'a', 'n')
 if h[1] ~= ARGV[1] then return 0 end
 local head = tonumber(h[3] or '0')
 local n = math.min(tonumber(ARGV[2]), head)
 redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', n)
-if n <= tonumber(h[2] or '0') then return 0 end
+if not h[2] or n <= tonumber(h[2]) then return 0 end
 redis.call('HSET', KEYS[1], 'a', n)
-if n == head then
-  local window = tonumber(ARGV[3])
-  redis.call('PEXPIRE', KEYS[2], window)
-  redis.call('PEXPIRE', KEYS[1], 2 * window)
-end
+if n == head then redis.call('PEXPIRE', KEYS[2], ARGV[3]) end
 return 1

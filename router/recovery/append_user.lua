@@ -1,5 +1,6 @@
--- After next.lua. KEYS: seq, log. ARGV: data, now, cutoff (now - window), log max, window
--- (ms), seq ttl, inbox max, inbox ttl (ms).
+-- After next.lua. KEYS: seq, log, legacy inbox. ARGV: data, now, cutoff (now - window),
+-- log max, window (ms), seq ttl, inbox max, inbox ttl (ms), '1' to write the legacy inbox
+-- too (IMROUTE_INBOX_LEGACY_WRITES, while push services of the version before run).
 -- A user's log is a list of "<n> <ts> <data>", appended under the user's sequence in one
 -- script, so the last element is always the head and entry n sits at index
 -- -(head - n + 1). It is the user's recovery log and inbox at once: the inbox is the
@@ -9,9 +10,16 @@
 -- An entry leaves the front when it is out of the recovery window (or past the log max)
 -- and out of the inbox too. The log lives one inbox ttl after its last append (ack.lua
 -- shortens that to one window once everything is acked).
+-- A sequence without `a` was written only by the version before, whose inbox was a
+-- sorted set of its own (the legacy inbox): what it holds waits there, so the log's
+-- inbox starts with this entry.
 -- Returns {n, epoch, entries the inbox bound pushed out (0 or 1)}.
 local h = redis.call('HMGET', KEYS[1], 'a', 'f')
-local floor = math.max(tonumber(h[1] or '0'), tonumber(h[2] or '0'))
+if not h[1] then
+  h[1] = n - 1
+  redis.call('HSET', KEYS[1], 'a', n - 1)
+end
+local floor = math.max(tonumber(h[1]), tonumber(h[2] or '0'))
 if tonumber(ARGV[6]) > 0 then redis.call('PEXPIRE', KEYS[1], ARGV[6]) end
 local len = redis.call('RPUSH', KEYS[2], n .. ' ' .. ARGV[2] .. ' ' .. ARGV[1])
 local inbox_max = tonumber(ARGV[7])
@@ -34,4 +42,11 @@ for _ = 1, 4 do
   redis.call('LPOP', KEYS[2])
 end
 redis.call('PEXPIRE', KEYS[2], math.max(tonumber(ARGV[5]), tonumber(ARGV[8])))
+if ARGV[9] == '1' then
+  -- As the version before kept it (its text starts "[n,"), bounded and expiring alike.
+  redis.call('ZADD', KEYS[3], n, '[' .. n .. ',' .. string.sub(ARGV[1], 4))
+  local old = redis.call('ZCARD', KEYS[3]) - inbox_max
+  if old > 0 then redis.call('ZREMRANGEBYRANK', KEYS[3], 0, old - 1) end
+  redis.call('PEXPIRE', KEYS[3], ARGV[8])
+end
 return {n, e, over}

@@ -60,6 +60,7 @@ class RecoveryLimits:
     inbox_max: int = 100  # IMROUTE_INBOX_MAX: per user, oldest dropped first
     content_ttl_s: float = 3900.0  # IMROUTE_BUS_CONTENT_TTL_S: past a push's last batch
     content_inline_max: int = 1024  # IMROUTE_BUS_CONTENT_INLINE_MAX: bytes, else stored once
+    legacy_writes: bool = False  # IMROUTE_INBOX_LEGACY_WRITES: the old inbox written too
 
     @classmethod
     def from_settings(cls, s: FleetSettings) -> RecoveryLimits:
@@ -71,6 +72,7 @@ class RecoveryLimits:
             s.inbox_max,
             s.bus_content_ttl_s,
             s.bus_content_inline_max,
+            s.inbox_legacy_writes,
         )
 
     @property

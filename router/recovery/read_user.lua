@@ -4,11 +4,14 @@
 -- entries from the first either part needs, the legacy inbox}: the log part is the
 -- entries after `after` among the last `log max`; the inbox the entries after the acked
 -- position and after the floor the inbox bound set (append_user.lua). The legacy inbox
--- is a sorted set by n, written before the inbox was the log's, read until it lapses.
+-- is a sorted set by n, written before the inbox was the log's, read until it lapses; a
+-- sequence without `a` was written only by the version before, so its log has no inbox
+-- part: the legacy inbox is the whole inbox.
 local h = redis.call('HMGET', KEYS[1], 'n', 'e', 'a', 'f')
 local head = tonumber(h[1] or '0')
 local e = h[2] or '0'
-local from = math.max(tonumber(h[3] or '0'), tonumber(h[4] or '0'))
+local from = head
+if h[3] then from = math.max(tonumber(h[3]), tonumber(h[4] or '0')) end
 local start = from
 if ARGV[2] ~= '' then
   local after = e == ARGV[1] and tonumber(ARGV[2]) or 0

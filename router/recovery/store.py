@@ -1,9 +1,12 @@
-"""The recovery store in Redis: per-user P2P logs and inboxes, per-topic batch logs.
+"""The recovery store in Redis: per-user P2P logs (each user's inbox is the log after
+the position the user's devices acked), per-topic batch logs.
 
 Key layout: `shared.keys`. Every write is one Lua script on keys that share a hash
 tag, so it works on Redis Cluster; a push to many users pipelines one call per user.
-Each log is trimmed by count on every append (LTRIM), by time from its head (a few
-old entries per append), and expires as a whole one window after its last append.
+Each log is trimmed by count on every append (LTRIM) and by time from its head (a few
+old entries per append). A topic log expires as a whole one window after its last
+append; a user's log keeps what is in the inbox past the window and expires one inbox
+TTL after its last append, or one window after everything was acked (`ack.lua`).
 """
 
 from __future__ import annotations
@@ -109,8 +112,9 @@ class RedisRecoveryStore:
             self._seq_ttl_ms,
             lim.inbox_max,
             lim.inbox_ttl_ms,
+            "1" if lim.legacy_writes else "0",
         )
-        return [APPEND_USER.args((k.user_seq(u), k.user_log(u)), *tail) for u in uids]
+        return [APPEND_USER.args(k.user_keys(u), *tail) for u in uids]
 
     @translate_errors
     async def append_batch(self, topic: str, batch: gateway_pb2.Batch) -> int:
@@ -251,7 +255,7 @@ def _user_history(
         for text in legacy:
             c = int(text[1 : text.index(",")])
             seq = seq_of(epoch, c)
-            if c > start and seq not in held:
+            if seq not in held:
                 _, message, expires_ms = decode_message(text)
                 inbox.append(Entry(seq, message, expires_ms))
         inbox.sort(key=lambda e: e.seq)

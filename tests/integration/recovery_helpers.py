@@ -107,7 +107,8 @@ def dumps(frame: Frame) -> str:
 # What the version before wrote for an offline user's message, in one script: the log
 # entry, then the same message again in the user's inbox (a sorted set by n, its text
 # starting "[n,"): the layout that `read_user.lua` reads and `ack.lua` acks as the
-# legacy inbox. KEYS: seq, log, inbox. ARGV: the entry's text (n 0), now, ttl.
+# legacy inbox. KEYS: seq, log, inbox. ARGV: the entry's text (n 0), now, and the three
+# keys' TTLs as that version set them (seq, log: one window, inbox).
 _LEGACY_APPEND = """
 local n = redis.call('HINCRBY', KEYS[1], 'n', 1)
 if not redis.call('HGET', KEYS[1], 'e') then
@@ -117,7 +118,7 @@ if not redis.call('HGET', KEYS[1], 'e') then
 end
 redis.call('RPUSH', KEYS[2], n .. ' ' .. ARGV[2] .. ' ' .. ARGV[1])
 redis.call('ZADD', KEYS[3], n, '[' .. n .. ',' .. string.sub(ARGV[1], 4))
-for i = 1, 3 do redis.call('PEXPIRE', KEYS[i], ARGV[3]) end
+for i = 1, 3 do redis.call('PEXPIRE', KEYS[i], ARGV[2 + i]) end
 return n
 """
 
@@ -129,5 +130,6 @@ async def write_legacy(
     before used for them) in the layout it wrote: logged, and queued in the inbox. Its n."""
     entry = encode_message(message, expires_ms)
     now = SystemClock().now_ms()
-    ttl = RecoveryLimits().user_seq_ttl_ms
-    return int(await redis.eval(_LEGACY_APPEND, 3, seq, log, inbox, entry, now, ttl))
+    lim = RecoveryLimits()
+    ttls = (lim.user_seq_ttl_ms, lim.window_ms, lim.inbox_ttl_ms)
+    return int(await redis.eval(_LEGACY_APPEND, 3, seq, log, inbox, entry, now, *ttls))

@@ -118,7 +118,9 @@ async def test_the_details(redis_url: str, prefix: str) -> None:
 
 
 async def test_no_limit_unless_set(redis_url: str, prefix: str) -> None:
-    async with api(redis_url, prefix) as http:
+    # Load shedding off: 300 requests at once on a busy machine may lag the loop past
+    # IMROUTE_HTTP_MAX_LAG_MS, and a 503 `overloaded` is not what this test is about.
+    async with api(redis_url, prefix, http_max_lag_ms=0) as http:
         got = await asyncio.gather(
             *(http.post("/v1/push", json=BODY, headers=AUTH) for _ in range(300))
         )

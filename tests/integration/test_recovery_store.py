@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator
 import pytest
 
 from router.recovery.base import RecoveryLimits
+from router.recovery.codec import encode_message
 from router.recovery.store import RedisRecoveryStore
 from router.redis.client import RedisClient, connect_redis
 from shared.batches import to_batch
@@ -101,6 +102,8 @@ async def test_a_log_keeps_its_bounds_in_count_and_in_time(
     await s.ack([("u", six)])  # everything acked: the log serves resumes only
     ttl = await client.pttl(log_key)
     assert 0 < ttl <= 10_000  # the whole log lapses one window after its last ack
+    # The sequence keeps its own TTL: a position stays valid past the log.
+    assert await client.pttl(KeySchema(prefix).user_seq("u")) > 60_000
 
 
 async def test_the_inbox_holds_its_bound_and_forgets_what_was_acked(
@@ -130,25 +133,39 @@ async def test_an_inbox_written_before_it_was_the_logs_is_read_and_acked(
     client: RedisClient, prefix: str
 ) -> None:
     """An upgrade: an offline user's messages queued by the version before (the log and
-    an inbox of its own) reach the next connection, with what came after, once each, and
-    an ack takes them out of the old inbox too."""
+    an inbox of its own) reach the next connection, with what came after, once each;
+    what a gateway of the version before acked (out of the old inbox only) does not come
+    back; an ack takes them out of the old inbox; and while push services of the
+    version before run, the new ones write the old inbox too."""
     s = store(client, prefix, ManualClock(T0))
     k = KeySchema(prefix)
-    names = (k.user_seq("u"), k.user_log("u"), k.user_inbox("u"))
-    for n in (1, 2):
+    names = k.user_keys("u")
+    for n in (1, 2, 3):
         assert await write_legacy(client, *names, msg(n), 0) == n
-    (three,), _ = await s.append_queued(msg(3), ["u"], 0)
-    h = await s.read_user("u", None)
-    assert [(counter_of(e.seq), e.message) for e in h.inbox] == [
-        (1, msg(1)),
-        (2, msg(2)),
-        (3, msg(3)),
-    ]
-    await client.ltrim(k.user_log("u"), -1, -1)  # the log without 1 and 2: the old inbox
+    # The version before's log holds all three: its inbox alone says what waits.
     assert [e.message for e in (await s.read_user("u", None)).inbox] == [msg(1), msg(2), msg(3)]
-    await s.ack([("u", at(three, 2))])
-    assert await client.zcard(k.user_inbox("u")) == 0
-    assert [e.message for e in (await s.read_user("u", None)).inbox] == [msg(3)]
+    await client.zremrangebyscore(names[2], 1, 1)  # an old gateway's ack of 1
+    assert [e.message for e in (await s.read_user("u", None)).inbox] == [msg(2), msg(3)]
+    (four,), _ = await s.append_queued(msg(4), ["u"], 0)
+    got = [(counter_of(e.seq), e.message) for e in (await s.read_user("u", None)).inbox]
+    assert got == [(2, msg(2)), (3, msg(3)), (4, msg(4))]
+    await client.ltrim(names[1], -1, -1)  # the log without 1-3: the old inbox keeps them
+    assert [e.message for e in (await s.read_user("u", None)).inbox] == [msg(2), msg(3), msg(4)]
+    await s.ack([("u", at(four, 2))])
+    assert await client.zrangebyscore(names[2], "-inf", "+inf") == [
+        "[3," + encode_message(msg(3), 0)[3:]
+    ]
+    assert [e.message for e in (await s.read_user("u", None)).inbox] == [msg(3), msg(4)]
+    await s.ack([("u", four)])
+    assert await client.zcard(names[2]) == 0
+    assert (await s.read_user("u", None)).inbox == []
+    # IMROUTE_INBOX_LEGACY_WRITES: the old inbox written too, for the version before.
+    both = store(client, prefix, ManualClock(T0), legacy_writes=True)
+    (five,), _ = await both.append_queued(msg(5), ["u"], 0)
+    assert await client.zrangebyscore(names[2], "-inf", "+inf") == [
+        f"[{counter_of(five)}," + encode_message(msg(5), 0)[3:]
+    ]
+    assert [e.message for e in (await s.read_user("u", None)).inbox] == [msg(5)]
 
 
 async def test_topic_logs_read_by_range_and_their_sequence_never_lapses(
