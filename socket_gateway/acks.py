@@ -92,6 +92,8 @@ class AckReporter:
         c.acked += len(acked)
         uid = conn.uid if conn is not None else ""
         furthest = max((seq for _, log_, seq, _ in acked if log_ == "p" and seq), default=0)
+        if conn is not None and conn.ack_cap is not None:
+            furthest = min(furthest, conn.ack_cap)  # a hole it was never written
         if furthest:
             self._ack(uid, furthest)
         for _, _, _, push_id in acked:

@@ -66,6 +66,10 @@ class ClientConn:
     # `socket_gateway.resume`): the push ids it was written, so a multicast that reached
     # it through both groups is written once.
     moved: set[str] | None = None
+    # The furthest P2P seq its acks may cover (None: no bound): set before a hole that
+    # could not be read (`socket_gateway.gap_fill`), which it was never written, so that
+    # its later acks leave the hole in the user's inbox (an ack covers all before it).
+    ack_cap: int | None = None
 
 
 @dataclass(slots=True)

@@ -20,7 +20,6 @@ from shared.errors import RegistryUnavailable
 from shared.wire import push_prefix
 from socket_gateway.acks import Report
 from socket_gateway.connections import ClientConn, LocalConnections
-from socket_gateway.ws.protocol import CLOSE_TRY_AGAIN
 
 __all__ = ["GapFills"]
 
@@ -67,19 +66,19 @@ class GapFills:
         try:
             user = await self.read_user((conn.uid, after))
         except RegistryUnavailable as exc:
-            # The hole cannot be passed over: the connection's next ack would cover it
-            # (an ack moves its user's inbox past everything before it) though it was
-            # never written here. Closed to be resumed from what it was written.
+            # Passed over (what waits behind it was answered delivered: it is written),
+            # but never acked by this connection: its acks stop before the hole, which
+            # stays in the user's inbox for the next connection (an ack covers all before
+            # it).
             log.warning("could not read a hole in a connection's messages: %s", exc)
-            conn.sink.close(CLOSE_TRY_AGAIN, "message store unavailable, resume later")
-            self.conns.release(conn)
-            return
+            user = None
+            conn.ack_cap = after if conn.ack_cap is None else min(conn.ack_cap, after)
         if upto is None:
-            upto = user.head
+            upto = user.head if user is not None else after
         conns = self.conns
         report = self.report
         wrote: list[int] = []
-        if conn.sink.is_open():
+        if user is not None and conn.sink.is_open():
             now = self.clock.now_ms()
             skip = conn.skip
             # The inbox too: what no device acked may be older than the log's window.

@@ -1,7 +1,9 @@
 -- KEYS: receipt, acked HLL, delivered HLL, pending. ARGV: state, early ttl ms, uids...
 -- After move_fn.lua.
 local k, state = KEYS[1], ARGV[1]
-local l = redis.call('HGET', k, 'l')
+-- Whether it is listable, and the first uid's state, in one read (most marks name one).
+local first = redis.call('HMGET', k, 'l', 'u:' .. ARGV[3])
+local l = first[1]
 if l == '0' then
   local uids = {unpack(ARGV, 3)}
   if state == 'x' then
@@ -25,6 +27,6 @@ if not l then
   redis.call('HSET', k, 'l', '1')
   redis.call('PEXPIRE', k, ARGV[2])
 end
-local moved = 0
-for i = 3, #ARGV do moved = moved + move(k, ARGV[i], state) end
+local moved = move(k, ARGV[3], state, first[2])
+for i = 4, #ARGV do moved = moved + move(k, ARGV[i], state) end
 return moved

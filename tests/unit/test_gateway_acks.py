@@ -7,11 +7,14 @@ import asyncio
 import json
 from collections.abc import Mapping, Sequence
 
+from router.recovery.base import UserHistory
 from shared.clock import SystemClock
+from shared.errors import RegistryUnavailable
 from shared.models import Message
 from shared.wire import push_prefix
 from socket_gateway.acks import AckReporter
 from socket_gateway.connections import MAX_UNACKED, ClientConn, LocalConnections
+from socket_gateway.gap_fill import GapFills
 from tests.unit.test_connections import ListSink
 
 
@@ -99,3 +102,30 @@ async def test_acks_are_written_in_batches_and_none_waits_after_a_flush() -> Non
     assert [m[1] for m in writes.marked] == [{"p1": ["amy"]}, {"p2": ["amy"], "p3": ["amy"]}]
     assert (reporter.counts.acks, reporter.counts.acked, reporter.counts.bad) == (2, 3, 1)
     await reporter.aclose()
+
+
+async def test_a_hole_that_could_not_be_read_is_never_acked_by_the_connection() -> None:
+    """A gap fill whose read failed passes the hole over (what waited behind it is
+    written), and the connection's acks stop before it: an ack covers everything before
+    it, and the hole, never written here, must stay in the user's inbox."""
+    conns, conn, sink = setup()
+    writes = Writes()
+    reporter = AckReporter(conns, writes, writes, SystemClock(), flush_s=0.01)
+
+    async def unreadable(_: tuple[str, int | None]) -> UserHistory:
+        raise RegistryUnavailable("redis down")
+
+    work: list[asyncio.Future[None]] = []
+    fills = GapFills(
+        unreadable, conns, SystemClock(), None, lambda job: work.append(asyncio.ensure_future(job))
+    )
+    for n in (1, 2):
+        conns.deliver_p2p(["amy"], [n], push_prefix(msg(n)), f"p{n}")
+    fills.fill(conn, 2, 4)  # 3 and 4 missing; 5 waits behind them
+    conns.deliver_p2p(["amy"], [5], push_prefix(msg(5)), "p5")
+    await asyncio.gather(*work)
+    assert [pos_of(f).split("~")[1] for f in sink.frames][-1] == "5"  # written after all
+    reporter.on_ack(conn, pos_of(sink.frames[-1]))
+    await reporter.aclose()
+    assert writes.acked == [("amy", 2)]  # not 5: the inbox keeps 3, 4 and 5
+    assert [m[1] for m in writes.marked] == [{"p1": ["amy"], "p2": ["amy"], "p5": ["amy"]}]
