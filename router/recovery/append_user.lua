@@ -14,12 +14,12 @@
 -- sorted set of its own (the legacy inbox): what it holds waits there, so the log's
 -- inbox starts with this entry.
 -- Returns {n, epoch, entries the inbox bound pushed out (0 or 1)}.
-local h = redis.call('HMGET', KEYS[1], 'a', 'f')
-if not h[1] then
-  h[1] = n - 1
-  redis.call('HSET', KEYS[1], 'a', n - 1)
+local a = h[2]
+if not a then
+  a = n - 1
+  redis.call('HSET', KEYS[1], 'a', a)
 end
-local floor = math.max(tonumber(h[1]), tonumber(h[2] or '0'))
+local floor = math.max(tonumber(a), tonumber(h[3] or '0'))
 if tonumber(ARGV[6]) > 0 then redis.call('PEXPIRE', KEYS[1], ARGV[6]) end
 local len = redis.call('RPUSH', KEYS[2], n .. ' ' .. ARGV[2] .. ' ' .. ARGV[1])
 local inbox_max = tonumber(ARGV[7])

@@ -1,9 +1,12 @@
 -- Every sequence is a hash: `n` its counter, `e` its epoch (the Redis clock in ms when
 -- the counter was created: `shared.positions`). A Redis that lost the hash (a restart
 -- without persistence, a shard that lost data) starts it again at n = 1 under a new,
--- later epoch, which readers see as a jump, not as old numbers coming back.
+-- later epoch, which readers see as a jump, not as old numbers coming back. `h` holds
+-- the hash's `e`, `a` and `f` (a user's acked position and inbox floor: append_user.lua;
+-- a topic's sequence has neither), read with the epoch in one command.
 local n = redis.call('HINCRBY', KEYS[1], 'n', 1)
-local e = redis.call('HGET', KEYS[1], 'e')
+local h = redis.call('HMGET', KEYS[1], 'e', 'a', 'f')
+local e = h[1]
 if not e then
   local t = redis.call('TIME')
   e = tostring(tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000))
