@@ -23,7 +23,6 @@ from router.fleet.cache import CachedFleet
 from router.gateway_rpc.base import GatewayClient, deliver_each_of
 from router.p2p.plan import (
     EXPIRED_ERROR,
-    DeliveryPlan,
     GatewayOutcome,
     Outgoing,
     PushOutcome,
@@ -195,7 +194,7 @@ class P2PPusher:
         gateway, each gateway's batches sent together (in message order)."""
         live = await self._live()
         plans = [plan_p2p(item.uids, routes, live) for item in items]
-        if _doubtful(plans) and self._fleet.age() > STALE_RECHECK_S:
+        if any(p.stale or p.unknown for p in plans) and self._fleet.age() > STALE_RECHECK_S:
             # The cache may predate a gateway that just started: ask Redis once more (but
             # not on every push while a dead gateway's routes are still expiring).
             self._fleet.invalidate()
@@ -367,13 +366,6 @@ class P2PPusher:
         for task in list(self._retrying):
             task.cancel()
         await asyncio.gather(*self._retrying, return_exceptions=True)
-
-
-def _doubtful(plans: Sequence[DeliveryPlan]) -> bool:
-    """Whether a plan met a route of a gateway the cached fleet has elsewhere or not at all."""
-    if len(plans) == 1:  # no generator for the usual push
-        return bool(plans[0].stale or plans[0].unknown)
-    return any(p.stale or p.unknown for p in plans)
 
 
 def _consume(task: asyncio.Future[Any]) -> None:

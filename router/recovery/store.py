@@ -139,7 +139,7 @@ class RedisRecoveryStore:
         lim = self.limits
         calls = [
             READ_USER.args(
-                (k.user_seq(uid), k.user_log(uid), k.user_inbox(uid)),
+                k.user_keys(uid),
                 *(("", "") if after is None else (epoch_of(after), counter_of(after))),
                 lim.user_max,
             )
@@ -160,7 +160,7 @@ class RedisRecoveryStore:
         window = self.limits.window_ms
         calls = [
             ACK.args(
-                (k.user_seq(uid), k.user_log(uid), k.user_inbox(uid)),
+                k.user_keys(uid),
                 epoch_of(seq),
                 counter_of(seq),
                 window,

@@ -80,8 +80,12 @@ class MemoryRecoveryLog:
     def inbox(self, uid: str) -> dict[int, Message]:
         """What waits for `uid`'s ack: its log after the acked position and after what
         the inbox bound pushed out."""
-        start = max(self.acked.get(uid, 0), self.floors.get(uid, 0))
+        start = self._start(uid)
         return {seq: m for seq, m in self.logs.get(uid, {}).items() if seq > start}
+
+    def _start(self, uid: str) -> int:
+        """The seq `uid`'s inbox starts after: acked, or pushed out by the bound."""
+        return max(self.acked.get(uid, 0), self.floors.get(uid, 0))
 
     async def append_queued(
         self, message: Message, uids: Sequence[str], expires_ms: int
@@ -91,7 +95,7 @@ class MemoryRecoveryLog:
         for uid in uids:
             seq = self._next(f"user:{uid}")
             self.logs.setdefault(uid, {})[seq] = message
-            if seq - max(self.acked.get(uid, 0), self.floors.get(uid, 0)) > self.inbox_max:
+            if seq - self._start(uid) > self.inbox_max:
                 self.floors[uid] = seq - self.inbox_max
                 dropped += 1
             seqs.append(seq)
