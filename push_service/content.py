@@ -21,15 +21,17 @@ class _MessageFields(Protocol):
     sender: str
 
 
-def new_message(body: _MessageFields, now_ms: int, seed: str | None = None, n: int = 0) -> Message:
+def new_message(
+    body: _MessageFields, now_ms: int, seed: str | None = None, n: int = 0, tag: str = ""
+) -> Message:
     """A push's message with fresh ids; sent under an Idempotency-Key (`seed`, the `n`th
     message of its request), its msg_id is derived from it: a retry after a 5xx (which is
     not kept: the push may have gone out in part) carries the same msg_id, which clients
-    drop as a duplicate. Each attempt keeps a push_id (and receipt) of its own. The
-    content is encoded once."""
+    drop as a duplicate. Each attempt keeps a push_id (and receipt) of its own, slot-tagged
+    with `tag` when one is given (`shared.keys.slot_tagged`). The content is encoded once."""
     return Message(
         msg_id=new_id() if seed is None else derived_id(seed, "msg", n),
-        push_id=new_id(),
+        push_id=f"{new_id()}.{tag}" if tag else new_id(),
         msg_type=body.msg_type,
         sender=body.sender,
         content_json=encode_content(body.content),

@@ -331,7 +331,8 @@ class Wiring:
             return None, None
         # message.unacked needs both the receipts and a webhook to send it to.
         unacked_ms = int(settings.webhook_unacked_s * 1000) if self.webhooks else 0
-        view = Receipts(receipts, receipts, rlimits, settings.webhook_preview, unacked_ms)
+        slot_tag = self._keys.user_slot_tag
+        view = Receipts(receipts, receipts, rlimits, settings.webhook_preview, unacked_ms, slot_tag)
         if self.webhooks is not None:
             self.unacked = UnackedSweeper(receipts, self.webhooks, self._clock)
             await stack.enter_async_context(self.unacked.running())

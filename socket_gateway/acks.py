@@ -5,6 +5,8 @@ Acks arrive by the thousand a second; none of them is a Redis round trip of its 
 Each is taken apart on arrival (`LocalConnections.ack`, no I/O) and its effects wait
 here: how far each user's devices acked (the user's inbox is the log after that
 position, so one position per user says it all), and the receipt updates, per push.
+A stored P2P push's receipt derives its acks from that position (`derives_ack`): it
+gets no mark of its own, so a flush of acks of P2P pushes writes one position per user.
 One flush a FLUSH_S at most writes them all, in one pipeline each for the positions and
 the receipts. A flush that fails is logged and counted; what it held goes back for the
 next flush (up to MAX_PENDING), because an inbox entry that is never acked is sent again
@@ -19,7 +21,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from router.receipts.base import ACKED, DELIVERED, EXPIRED, ReceiptUpdates
+from router.receipts.base import ACKED, DELIVERED, EXPIRED, ReceiptUpdates, derives_ack
 from shared.clock import Clock
 from shared.errors import ImrouteError
 from shared.throttled import Throttled
@@ -68,11 +70,14 @@ class AckReporter:
     flush_s: float = FLUSH_S
     # Each flush's acks of traced pushes are spans (tracing on).
     tracing: GatewayTracing | None = None
+    inbox_max: int = 100  # IMROUTE_INBOX_MAX (`derives_ack`)
     # Per user, the furthest P2P seq its devices acked (a later epoch's is further).
     _acked: dict[str, int] = field(default_factory=dict, init=False, repr=False)
     _marks: dict[str, dict[str, set[str]]] = field(
         default_factory=lambda: {ACKED: {}, DELIVERED: {}, EXPIRED: {}}, init=False, repr=False
     )
+    # Tracing on: acks the receipts derive, by push (their spans, with the marks').
+    _derived: dict[str, set[str]] = field(default_factory=dict, init=False, repr=False)
     _pending: int = field(default=0, init=False, repr=False)
     _timer: asyncio.TimerHandle | None = field(default=None, init=False, repr=False)
     _flushing: asyncio.Task[None] | None = field(default=None, init=False, repr=False)
@@ -96,9 +101,16 @@ class AckReporter:
             furthest = min(furthest, conn.ack_cap)  # a hole it was never written
         if furthest:
             self._ack(uid, furthest)
-        for _, _, _, push_id in acked:
-            if push_id:
-                self._add(ACKED, push_id, uid)
+        traced = self.tracing is not None
+        inbox_max = self.inbox_max
+        for _, log_, seq, push_id in acked:
+            if not push_id:
+                continue
+            if log_ == "p" and derives_ack(push_id, seq, furthest, inbox_max):
+                if traced:  # the receipt needs no mark; the trace has its span
+                    self._derived.setdefault(push_id, set()).add(uid)
+                continue
+            self._add(ACKED, push_id, uid)
         self._pending += len(acked)
         self._schedule()
 
@@ -163,6 +175,7 @@ class AckReporter:
         acked, self._acked = self._acked, {}
         marks = self._marks
         self._marks = {ACKED: {}, DELIVERED: {}, EXPIRED: {}}
+        derived, self._derived = self._derived, {}
         self._pending = 0
         if not acked and not any(marks.values()):
             return
@@ -182,14 +195,14 @@ class AckReporter:
             await asyncio.gather(*writes)
         except ImrouteError as exc:
             if self.tracing is not None:
-                self.tracing.acked(marks[ACKED], written=False)
+                self.tracing.acked({**derived, **marks[ACKED]}, written=False)
             self.counts.failed_flushes += 1
             self._put_back(acked, marks)
             if self._line.note(self.clock.monotonic()):
                 log.warning("could not write acks (kept for the next try): %s", exc)
             return
         if self.tracing is not None:
-            self.tracing.acked(marks[ACKED], written=True)
+            self.tracing.acked({**derived, **marks[ACKED]}, written=True)
 
     def _put_back(self, acked: dict[str, int], marks: dict[str, dict[str, set[str]]]) -> None:
         for uid, seq in acked.items():

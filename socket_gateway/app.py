@@ -217,7 +217,9 @@ class Gateway(ClosedOnExit):
         )
         rlimits = ReceiptLimits.from_settings(s)
         receipts = RedisReceiptStore(redis, keys, rlimits, auto) if rlimits.enabled else None
-        self.acks = AckReporter(self.conns, recovery, receipts, self.clock, tracing=tracing)
+        self.acks = AckReporter(
+            self.conns, recovery, receipts, self.clock, tracing=tracing, inbox_max=s.inbox_max
+        )
         self.deliver_service.report = self.acks.report
         await self._stack.enter_async_context(gateway_sampling(redis, keys, self))  # dashboard
         self.resumer = Resumer(

@@ -15,7 +15,7 @@ from dataclasses import replace
 from typing import Any
 
 from router.bus.base import BROADCAST, group_topic
-from router.receipts.base import ACKED, DELIVERED
+from router.receipts.base import ACKED, DELIVERED, derives_ack
 from router.recovery.base import OFFLINE_TOPIC, RecoveryLimits, RecoveryReads, TopicHistory
 from router.recovery.replay import Replay, plan_replay
 from shared.clock import Clock
@@ -153,13 +153,17 @@ class Resumer:
         self._count(replay, since_text is not None)
         self._conns.release(conn)
         covered = replay.inbox_covered
+        furthest = max((e.seq for e in covered), default=0)
         if covered and report is not None:
+            inbox_max = self._limits.inbox_max
             for e in covered:
-                report(ACKED, e.message.push_id, (conn.uid,))
+                # A receipt that derives its acks from the position acked below needs none.
+                if not derives_ack(e.message.push_id, e.seq, furthest, inbox_max):
+                    report(ACKED, e.message.push_id, (conn.uid,))
         if conn.moved is not None:
             self._spawn(self.tails.follow(conn, moved_from, head_g))
         if covered:
-            await self._ack_covered(conn.uid, max(e.seq for e in covered))
+            await self._ack_covered(conn.uid, furthest)
 
     def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
         """Run `work` in the background, kept until it ends (gap fills, move tails)."""

@@ -183,8 +183,9 @@ class FanOut:
         if r is None:
             return None
         listable = count is not None and count <= r.limits.max_recipients
-        meta = message_meta(message, r.preview)
         due = (lambda: r.due_ms(self.clock.now_ms(), True)) if r.unacked_ms and store else None
+        # Only the message.unacked event reads the message's fields back.
+        meta = message_meta(message, r.preview) if due is not None else {}
         return FanoutReceipt(r.log, message.push_id, mode, listable, meta, due)
 
     def _message(self, body: BroadcastIn | MulticastIn) -> tuple[Message, int]:

@@ -5,7 +5,7 @@ number of messages (`Pushes.push`): POST /v1/push is a batch of one."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from push_service.content import new_message
@@ -48,7 +48,18 @@ class Receipts:
     preview: bool = True  # IMROUTE_WEBHOOK_PREVIEW
     # IMROUTE_WEBHOOK_UNACKED_S in ms, when webhooks are on (0: no message.unacked)
     unacked_ms: int = 0
+    # A uid's slot tag (`KeySchema.user_slot_tag`): a stored push whose receipt lists its
+    # recipients takes its first recipient's in its push id (`shared.keys.slot_tagged`),
+    # and its receipt derives their acks from their acked positions. None: never.
+    slot_tag: Callable[[str], str] | None = None
     failed: int = 0
+
+    def tag(self, body: PushIn) -> str:
+        """The slot tag of `body`'s push id ("": none)."""
+        slot_tag = self.slot_tag
+        if slot_tag is None or not body.store or len(body.to) > self.limits.max_recipients:
+            return ""
+        return slot_tag(body.to[0])
 
     def due_ms(self, now_ms: int, store: bool) -> int:
         """When a push's message.unacked is due (0: none; only stored messages)."""
@@ -94,6 +105,10 @@ class Pushes:
                 "(IMROUTE_RECEIPTS_MAX_RECIPIENTS) keep per-recipient states",
             )
 
+    def _tag(self, body: PushIn) -> str:
+        r = self._receipts
+        return "" if r is None else r.tag(body)
+
     async def push_one(self, body: PushIn) -> Pushed:
         """POST /v1/push: `push` of a batch of one (its fast path), its error raised."""
         answer = await self._push_single(body)
@@ -121,7 +136,7 @@ class Pushes:
         for i, body in enumerate(bodies):
             try:
                 self.check(body, batch)
-                message = new_message(body, now, seed, i)
+                message = new_message(body, now, seed, i, self._tag(body))
             except ImrouteError as exc:
                 answers[i] = exc
                 continue
@@ -147,7 +162,7 @@ class Pushes:
         """`push` of one body, not in a batch."""
         try:
             self.check(body)
-            message = new_message(body, self._clock.now_ms(), id_seed(), 0)
+            message = new_message(body, self._clock.now_ms(), id_seed(), 0, self._tag(body))
         except ImrouteError as exc:
             return exc
         # Every line logged while it is pushed (its retries included) names it.
@@ -247,11 +262,13 @@ class Pushes:
         """The push's receipt, whether it lists its recipients, when its message.unacked
         is due (0: none)."""
         listable = len(item.uids) <= r.limits.max_recipients
-        meta = message_meta(item.message, r.preview)
         now_ms = self._clock.now_ms()
+        due_ms = r.due_ms(now_ms, item.store)
+        # Only the message.unacked event reads the message's fields back.
+        meta = message_meta(item.message, r.preview) if due_ms else {}
         ttl_passed = bool(item.expires_ms) and now_ms >= item.expires_ms
         receipt = p2p_receipt(item.message, item.uids, outcome, meta, item.store, ttl_passed)
-        return receipt, listable, r.due_ms(now_ms, item.store)
+        return receipt, listable, due_ms
 
 
 def _expires_ms(message: Message, body: PushIn) -> int:

@@ -164,6 +164,9 @@ class PushOutcome:
     queued: list[str] = field(default_factory=list)
     # Failed recipients whose gateway answered that the push had expired (not written).
     expired: list[str] = field(default_factory=list)
+    # A stored push: each recipient's place in its log (`shared.positions`), from which
+    # its receipt tells when a device acked it. Empty: not stored.
+    positions: Mapping[str, int] = field(default_factory=dict)
 
 
 def merge(

@@ -121,7 +121,10 @@ class P2PPusher:
         routes, logged = await self._log_and_look_up(item.uids, wanted)
         seqs = logged[0] if stored else _NO_SEQS
         [outcome] = await self._deliver(items, routes, [seqs])
-        if stored and (outcome.offline or outcome.failed):
+        if not stored:
+            return [outcome]
+        outcome.positions = seqs
+        if outcome.offline or outcome.failed:
             return [await self._queued(item, outcome, seqs)]
         return [outcome]
 
@@ -134,6 +137,8 @@ class P2PPusher:
         for i, seq in zip(stored, logged, strict=True):
             seqs[i] = seq
         delivered = await self._deliver(items, routes, seqs)
+        for i in stored:
+            delivered[i].positions = seqs[i]
         outcomes: list[PushOutcome | ImrouteError] = list(delivered)
         missed = [i for i in stored if delivered[i].offline or delivered[i].failed]
         if missed:

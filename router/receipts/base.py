@@ -13,6 +13,16 @@ only: acked and delivered are counted as distinct uids by a HyperLogLog (about 1
 
 A recipient's state only ever moves up: queued -> expired, queued -> delivered ->
 acked (an ack may arrive before the router's record of the delivery: it still counts).
+
+**Derived acks.** A stored, listable P2P push has a slot-tagged push id
+(`shared.keys.slot_tagged`), and its receipt keeps each recipient's position in the
+recipient's log beside its state. Its acks are not written to it: a recipient is acked
+once its user's acked position (the one cursor a gateway moves per user and ack flush,
+`router.recovery`) has reached that position, read when the receipt is read (`derive`).
+Every connection's view of its user's log is contiguous from where it started, so a
+device that acked past a position was written it, unless the entry had left the inbox
+by its bound before (`IMROUTE_INBOX_MAX`): those stay unacked unless a gateway marks
+them (`derives_ack`). So the gateways write one cursor per user, not one mark per push.
 """
 
 from __future__ import annotations
@@ -20,6 +30,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
+
+from shared.keys import slot_tagged
+from shared.positions import counter_of, epoch_of
 
 if TYPE_CHECKING:
     from shared.settings import ReceiptSettings
@@ -32,14 +45,18 @@ __all__ = [
     "QUEUED",
     "STATES",
     "Counts",
+    "Cursor",
     "NewReceipt",
     "ReceiptLimits",
     "ReceiptLog",
     "ReceiptReads",
     "ReceiptUpdates",
     "RecipientPage",
+    "derive",
+    "derives_ack",
     "estimated",
     "moves_up",
+    "stored_value",
 ]
 
 # A recipient's state, as one character in Redis.
@@ -57,6 +74,42 @@ def moves_up(old: str | None, new: str) -> bool:
     (expired -> delivered too: a gateway's late answer still counts). The Redis store's
     scripts say the same in `move_fn.lua`."""
     return old is None or STATES.index(new) > STATES.index(old)
+
+
+# A user's cursor as a derived receipt reads it: its log's epoch, the position its
+# devices acked up to, and the floor up to which the inbox bound pushed entries out.
+Cursor = tuple[int, int, int]
+
+
+def stored_value(state: str, seq: int) -> str:
+    """A derived receipt's value for a recipient: its state, then its position."""
+    return f"{state}{seq}"
+
+
+def derive(value: str, cursor: Cursor | None) -> str:
+    """A recipient's state from its receipt's value (`stored_value`, or a bare state) and
+    its user's cursor (None: none read): acked if the cursor, in the same epoch, has
+    reached the position and the entry was not pushed out of the inbox before."""
+    state = value[0]
+    if len(value) == 1 or cursor is None or state not in (QUEUED, DELIVERED):
+        return state
+    seq = int(value[1:])
+    epoch, acked, floor = cursor
+    n = counter_of(seq)
+    return ACKED if epoch_of(seq) == epoch and floor < n <= acked else state
+
+
+def derives_ack(push_id: str, seq: int, furthest: int, inbox_max: int) -> bool:
+    """Whether a gateway's ack of `push_id` at `seq` in its user's log needs no mark of
+    its own: the push's receipt derives it (`derive`) from the acked position, moved to
+    `furthest` in the same flush. Not when the entry may have been pushed out of the
+    inbox by its bound before (more than `inbox_max` entries behind `furthest`)."""
+    return (
+        0 < seq <= furthest
+        and epoch_of(seq) == epoch_of(furthest)
+        and counter_of(furthest) - counter_of(seq) < inbox_max
+        and slot_tagged(push_id)
+    )
 
 
 def estimated(recipients: int, acked: int, delivered: int) -> tuple[int, int]:
@@ -112,6 +165,9 @@ class NewReceipt:
     states: Mapping[str, str] = field(default_factory=dict)  # uid -> state (listable only)
     # For the message.unacked webhook: the message's own fields, kept with the receipt.
     meta: Mapping[str, str] = field(default_factory=dict)
+    # A stored push: each uid's position in its log (a slot-tagged push's receipt keeps
+    # them, and derives acks from them).
+    positions: Mapping[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,13 +1,18 @@
 -- Moves one uid to a state if that is up from where it is, keeping the counters. `cur`:
--- its state if the caller read it already (false: none yet); nil: read here.
+-- its value if the caller read it already (false: none yet); nil: read here. A value is
+-- the state, then (a slot-tagged push's receipt, `router.receipts.store`) the
+-- recipient's position, kept while the state can still be derived from it.
 local rank = {q = 1, x = 2, d = 3, a = 4}
 local function move(k, uid, new, cur)
   local f = 'u:' .. uid
   if cur == nil then cur = redis.call('HGET', k, f) end
-  if cur and rank[new] <= rank[cur] then return 0 end
-  redis.call('HSET', k, f, new)
+  local was = cur and string.sub(cur, 1, 1)
+  if was and rank[new] <= rank[was] then return 0 end
+  local v = new
+  if cur and #cur > 1 and new ~= 'a' then v = new .. string.sub(cur, 2) end
+  redis.call('HSET', k, f, v)
   redis.call('HINCRBY', k, 'c' .. new, 1)
-  if cur then redis.call('HINCRBY', k, 'c' .. cur, -1) end
+  if was then redis.call('HINCRBY', k, 'c' .. was, -1) end
   return 1
 end
 -- `move` of a uid that most likely has no state yet (a receipt being recorded): set if

@@ -47,7 +47,7 @@ def p2p_receipt(
         for uid in uids
     }
     online = len(outcome.delivered) + len(outcome.failed)
-    return NewReceipt(message.push_id, "p2p", len(uids), online, states, meta)
+    return NewReceipt(message.push_id, "p2p", len(uids), online, states, meta, outcome.positions)
 
 
 def split_acked(uids: Sequence[str], states: Mapping[str, str]) -> tuple[list[str], list[str]]:

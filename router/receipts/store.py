@@ -3,7 +3,14 @@ single-key scripts (the HyperLogLogs share its hash tag), so it works on Redis C
 
 Hash fields: `m` mode, `n` recipients, `on` online, `l` listable (1/0), the per-state
 counters `cq`, `cx`, `cd`, `ca`, the message's fields for the webhook (`mi`, `mt`,
-`fr`, `pv`), and for a listable push `u:<uid> -> q|x|d|a`.
+`fr`, `pv`, only while a message.unacked is due), and for a listable push
+`u:<uid> -> q|x|d|a`.
+
+A slot-tagged push (`shared.keys.slot_tagged`: a stored, listable P2P push) is written
+in one `HSET` (no script: nothing is in its hash before it, as no gateway starts it with
+an early ack), its values `<state><position>` (`stored_value`); its counts are those of
+its recipients' states as `derive` reads them with their users' cursors (the user's
+sequence hash: `e` epoch, `a` acked, `f` floor; `router.recovery`), not its counters.
 """
 
 from __future__ import annotations
@@ -14,19 +21,25 @@ from typing import Any
 
 from router.receipts.base import (
     ACKED,
+    DELIVERED,
+    EXPIRED,
     LISTS,
+    QUEUED,
     Counts,
+    Cursor,
     NewReceipt,
     ReceiptLimits,
     RecipientPage,
+    derive,
     estimated,
+    stored_value,
 )
 from router.redis.autopipe import AutoPipeline
 from router.redis.client import RedisClient
 from router.redis.errors import translate_errors
 from router.redis.scripts import Script, ScriptRunner
 from shared.errors import InvalidInput
-from shared.keys import KeySchema
+from shared.keys import KeySchema, slot_tagged
 
 __all__ = ["EARLY_TTL_MS", "MARK_CHUNK", "PENDING_TTL_MS", "RedisReceiptStore"]
 
@@ -83,6 +96,20 @@ class RedisReceiptStore:
         self, receipt: NewReceipt, listable: bool, due_ms: int
     ) -> list[tuple[Any, ...]]:
         keys = self.keys.receipt(receipt.push_id)
+        positions = receipt.positions
+        if listable and positions and slot_tagged(receipt.push_id):
+            fields: list[Any] = ["m", receipt.mode, "n", receipt.recipients]
+            fields += ["on", receipt.online, "l", 1]
+            fields += [v for kv in receipt.meta.items() for v in kv]
+            for uid, state in receipt.states.items():
+                fields += (f"u:{uid}", stored_value(state, positions[uid]))
+            calls: list[tuple[Any, ...]] = [
+                ("HSET", keys[0], *fields),
+                ("PEXPIRE", keys[0], self.limits.ttl_ms),
+            ]
+            if due_ms:
+                calls.append(("ZADD", self.keys.unacked_due(), "GT", due_ms, receipt.push_id))
+            return calls
         queued = 0 if listable else receipt.recipients - receipt.online
         meta = [v for kv in receipt.meta.items() for v in kv]
         pairs = [v for kv in receipt.states.items() for v in kv] if listable or due_ms else []
@@ -122,10 +149,8 @@ class RedisReceiptStore:
         if await self.redis.hget(key, "l") == "0":
             members: set[Any] = await self.redis.smembers(pending)
             return sorted(str(m) for m in members)
-        fields: dict[Any, Any] = await self.redis.hgetall(key)
-        return sorted(
-            str(f)[2:] for f, v in fields.items() if str(f).startswith("u:") and v != ACKED
-        )
+        states = await self._states(push_id, await self.redis.hgetall(key))
+        return sorted(uid for uid, state in states.items() if state != ACKED)
 
     @translate_errors
     async def settle(self, push_id: str) -> None:
@@ -160,6 +185,8 @@ class RedisReceiptStore:
     @translate_errors
     async def counts(self, push_id: str) -> Counts | None:
         key, acked_hll, delivered_hll, _ = self.keys.receipt(push_id)
+        if slot_tagged(push_id):
+            return await self._derived_counts(push_id, key)
         pipe = self.redis.pipeline(transaction=False)
         pipe.hmget(key, *_COUNTS)
         # redis-py's cluster pipeline refuses pfcount() (PFCOUNT may name keys of many
@@ -186,13 +213,63 @@ class RedisReceiptStore:
             listable=listable == "1",
         )
 
+    async def _derived_counts(self, push_id: str, key: str) -> Counts | None:
+        """A slot-tagged push's counts: its recipients' states, derived, counted."""
+        fields: dict[Any, Any] = await self.redis.hgetall(key)
+        if "m" not in fields:
+            return None
+        by_state = dict.fromkeys((QUEUED, EXPIRED, DELIVERED, ACKED), 0)
+        for state in (await self._states(push_id, fields)).values():
+            by_state[state] += 1
+        acked = by_state[ACKED]
+        return Counts(
+            mode=str(fields["m"]),
+            recipients=int(fields.get("n") or 0),
+            online=int(fields.get("on") or 0),
+            delivered=by_state[DELIVERED] + acked,
+            acked=acked,
+            queued=by_state[QUEUED],
+            expired=by_state[EXPIRED],
+            listable=True,
+        )
+
     @translate_errors
     async def states(self, push_id: str, uids: Sequence[str]) -> dict[str, str]:
         if not uids:
             return {}
         key = self.keys.receipt(push_id)[0]
-        values = await self.redis.hmget(key, [f"u:{u}" for u in uids])
-        return {u: str(v) for u, v in zip(uids, values, strict=True) if v is not None}
+        if not slot_tagged(push_id):
+            values = await self.redis.hmget(key, [f"u:{u}" for u in uids])
+            return {u: str(v) for u, v in zip(uids, values, strict=True) if v is not None}
+        # Its values and the users' cursors in one round trip (wait_ack_ms polls this).
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.hmget(key, [f"u:{u}" for u in uids])
+        for uid in uids:
+            pipe.hmget(self.keys.user_seq(uid), "e", "a", "f")
+        values, *cursors = await pipe.execute()
+        return {
+            u: derive(str(v), _cursor(c))
+            for u, v, c in zip(uids, values, cursors, strict=True)
+            if v is not None
+        }
+
+    async def _states(self, push_id: str, fields: dict[Any, Any]) -> dict[str, str]:
+        """Each recipient's state in a listable receipt's `fields`: a slot-tagged push's
+        derived with its users' cursors (read here, for the recipients they may move)."""
+        values = {str(f)[2:]: str(v) for f, v in fields.items() if str(f).startswith("u:")}
+        if not slot_tagged(push_id):
+            return values
+        moving = [u for u, v in values.items() if len(v) > 1 and v[0] in (QUEUED, DELIVERED)]
+        cursors: list[Any] = []
+        if moving:
+            pipe = self.redis.pipeline(transaction=False)
+            for uid in moving:
+                pipe.hmget(self.keys.user_seq(uid), "e", "a", "f")
+            cursors = await pipe.execute()
+        states = {u: v[0] for u, v in values.items()}
+        for uid, cursor in zip(moving, cursors, strict=True):
+            states[uid] = derive(values[uid], _cursor(cursor))
+        return states
 
     @translate_errors
     async def page(self, push_id: str, state: str, cursor: str | None, limit: int) -> RecipientPage:
@@ -202,11 +279,9 @@ class RedisReceiptStore:
         key = self.keys.receipt(push_id)[0]
         # A listable receipt holds at most IMROUTE_RECEIPTS_MAX_RECIPIENTS uids: read
         # whole (HSCAN's order is not stable across pages of a changing hash).
-        fields: dict[Any, Any] = await self.redis.hgetall(key)
+        states = await self._states(push_id, await self.redis.hgetall(key))
         uids = sorted(
-            f[2:]
-            for f, v in fields.items()
-            if f.startswith("u:") and v in wanted and (cursor is None or f[2:] > cursor)
+            u for u, s in states.items() if s in wanted and (cursor is None or u > cursor)
         )
         page = uids[:limit]
         return RecipientPage(page, page[-1] if len(uids) > limit else None)
@@ -216,3 +291,12 @@ class RedisReceiptStore:
         key = self.keys.receipt(push_id)[0]
         values = await self.redis.hmget(key, list(_META))
         return {k: str(v) for k, v in zip(_META, values, strict=True) if v is not None}
+
+
+def _cursor(fields: list[Any]) -> Cursor | None:
+    """A user's cursor from its sequence's `e`, `a`, `f` (None: no sequence, or one
+    written before the acked position was kept)."""
+    epoch, acked, floor = fields
+    if epoch is None or acked is None:
+        return None
+    return int(epoch), int(acked), int(floor or 0)

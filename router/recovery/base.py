@@ -61,6 +61,9 @@ class RecoveryLimits:
     content_ttl_s: float = 3900.0  # IMROUTE_BUS_CONTENT_TTL_S: past a push's last batch
     content_inline_max: int = 1024  # IMROUTE_BUS_CONTENT_INLINE_MAX: bytes, else stored once
     legacy_writes: bool = False  # IMROUTE_INBOX_LEGACY_WRITES: the old inbox written too
+    # IMROUTE_RECEIPTS_TTL_S: a P2P receipt reads its recipients' acked positions, which
+    # live in their sequences, so a sequence outlives the receipts of what it numbered.
+    receipts_ttl_s: float = 86_400.0
 
     @classmethod
     def from_settings(cls, s: FleetSettings) -> RecoveryLimits:
@@ -73,6 +76,7 @@ class RecoveryLimits:
             s.bus_content_ttl_s,
             s.bus_content_inline_max,
             s.inbox_legacy_writes,
+            s.receipts_ttl_s,
         )
 
     @property
@@ -87,8 +91,10 @@ class RecoveryLimits:
     def user_seq_ttl_ms(self) -> int:
         """How long a user's sequence lives past its last append: a window past the log
         and the inbox it numbers, so a position never meets a restarted count while the
-        entries it names could still be read."""
-        return max(self.window_ms, self.inbox_ttl_ms) + self.window_ms
+        entries it names could still be read; and past the receipts of its pushes, which
+        read the acked position it holds."""
+        receipts_ms = int(self.receipts_ttl_s * 1000)
+        return max(self.window_ms, self.inbox_ttl_ms, receipts_ms) + self.window_ms
 
 
 @dataclass(frozen=True, slots=True)

@@ -30,12 +30,15 @@ from router.receipts.base import (
     Counts,
     NewReceipt,
     RecipientPage,
+    derive,
     estimated,
     moves_up,
+    stored_value,
 )
 from router.recovery.base import ContentWrites
 from shared.clock import Clock
 from shared.errors import InvalidInput
+from shared.keys import slot_tagged
 from shared.models import Message
 from shared.proto import gateway_pb2
 
@@ -82,6 +85,13 @@ class MemoryRecoveryLog:
         the inbox bound pushed out."""
         start = self._start(uid)
         return {seq: m for seq, m in self.logs.get(uid, {}).items() if seq > start}
+
+    def cursor(self, uid: str) -> tuple[int, int, int] | None:
+        """`uid`'s cursor as a derived receipt reads it (`router.receipts.base.Cursor`:
+        epoch 0, acked, floor); None: no log."""
+        if f"user:{uid}" not in self.seqs:
+            return None
+        return 0, self.acked.get(uid, 0), self.floors.get(uid, 0)
 
     def _start(self, uid: str) -> int:
         """The seq `uid`'s inbox starts after: acked, or pushed out by the bound."""
@@ -132,6 +142,8 @@ class _Receipt:
     delivered: set[str] = field(default_factory=set)  # counts-only
     pending: set[str] = field(default_factory=set)  # counts-only: a message.unacked due
     meta: dict[str, str] = field(default_factory=dict)
+    # A slot-tagged push's: each recipient's position, from which its ack is derived.
+    positions: dict[str, int] = field(default_factory=dict)
 
     def move(self, uid: str, new: str) -> None:
         old = self.states.get(uid)
@@ -148,10 +160,33 @@ class MemoryReceiptStore:
     comes before the record starts the receipt, and a counts-only receipt counts distinct
     uids exactly (Redis: about 1 % off)."""
 
-    def __init__(self) -> None:
+    def __init__(self, recovery: MemoryRecoveryLog | None = None) -> None:
+        """`recovery`: the users' logs whose cursors a slot-tagged push's acks follow."""
         self.receipts: dict[str, _Receipt] = {}
+        self._recovery = recovery
+
+    def _states(self, r: _Receipt) -> dict[str, str]:
+        """Its recipients' states, a slot-tagged push's derived from its users' cursors."""
+        log = self._recovery
+        if not r.positions or log is None:
+            return r.states
+        return {
+            uid: derive(stored_value(state, r.positions[uid]), log.cursor(uid))
+            if uid in r.positions
+            else state
+            for uid, state in r.states.items()
+        }
 
     async def record(self, receipt: NewReceipt, listable: bool, due_ms: int = 0) -> None:
+        if listable and receipt.positions and slot_tagged(receipt.push_id):
+            # One HSET in Redis: what it names is overwritten, counters unused.
+            r = self.receipts[receipt.push_id] = _Receipt(
+                "p2p", receipt.recipients, receipt.online, True
+            )
+            r.meta.update(receipt.meta)
+            r.states = dict(receipt.states)
+            r.positions = dict(receipt.positions)
+            return
         r = self.receipts.setdefault(receipt.push_id, _Receipt())
         r.mode, r.recipients, r.online = receipt.mode, receipt.recipients, receipt.online
         r.listable = listable
@@ -198,6 +233,10 @@ class MemoryReceiptStore:
         if r is None or r.mode is None:
             return None
         c = r.counters
+        if r.positions:  # counted from its states, derived
+            c = dict.fromkeys(STATES, 0)
+            for state in self._states(r).values():
+                c[state] += 1
         if r.listable:
             acked, delivered = c[ACKED], c[DELIVERED] + c[ACKED]
         else:
@@ -208,7 +247,7 @@ class MemoryReceiptStore:
 
     async def states(self, push_id: str, uids: Sequence[str]) -> dict[str, str]:
         r = self.receipts.get(push_id)
-        held = {} if r is None else r.states
+        held = {} if r is None else self._states(r)
         return {u: held[u] for u in uids if u in held}
 
     async def page(self, push_id: str, state: str, cursor: str | None, limit: int) -> RecipientPage:
@@ -216,7 +255,7 @@ class MemoryReceiptStore:
         if wanted is None:
             raise InvalidInput("state", "must be acked, unacked or queued")
         r = self.receipts.get(push_id)
-        held = {} if r is None else r.states
+        held = {} if r is None else self._states(r)
         uids = sorted(u for u, s in held.items() if s in wanted and (cursor is None or u > cursor))
         page = uids[:limit]
         return RecipientPage(page, page[-1] if len(uids) > limit else None)
@@ -234,7 +273,7 @@ class MemoryReceiptStore:
             return []
         if not r.listable:
             return sorted(r.pending)
-        return sorted(u for u, s in r.states.items() if s != ACKED)
+        return sorted(u for u, s in self._states(r).items() if s != ACKED)
 
     async def settle(self, push_id: str) -> None:
         r = self.receipts.get(push_id)

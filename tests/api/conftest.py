@@ -50,7 +50,7 @@ class Fakes:
     fleet: MemoryGatewayFleet = field(default_factory=MemoryGatewayFleet)
     drains: MemoryDrainRequests = field(default_factory=MemoryDrainRequests)
     jobs: MemoryJobStore = field(init=False)
-    receipts: MemoryReceiptStore = field(default_factory=MemoryReceiptStore)
+    receipts: MemoryReceiptStore = field(init=False)
     stats: MemoryStatsStore = field(default_factory=MemoryStatsStore)
     idempotency: MemoryIdempotencyStore = field(default_factory=MemoryIdempotencyStore)
     bus: MemoryBus = field(default_factory=MemoryBus)
@@ -59,6 +59,7 @@ class Fakes:
     def __post_init__(self) -> None:
         self.registry = MemoryRouteRegistry(self.clock)
         self.jobs = MemoryJobStore(self.clock)
+        self.receipts = MemoryReceiptStore(self.recovery)
 
     async def ping(self) -> bool:
         return self.redis_answers

@@ -10,8 +10,10 @@ from typing import Any
 
 import httpx
 import pytest
+import redis.asyncio as aioredis
 from websockets.asyncio.client import ClientConnection, connect
 
+from shared.keys import KeySchema, slot_tagged
 from tests.integration.fault_clients import TcpProxy
 from tests.integration.recovery_helpers import (
     ack,
@@ -113,6 +115,31 @@ async def test_two_devices_acking_out_of_step_leave_the_inbox_at_the_furthest_ac
         await phone.close()
         await laptop.close()
         assert await reconnect(gw, tablet, "dee") == []
+
+
+async def test_a_p2p_receipt_follows_the_acked_position_and_outlives_the_log(
+    redis_url: str, prefix: str, redis: aioredis.Redis
+) -> None:
+    """A stored P2P push's receipt reads its acks from the user's acked position: no
+    mark is written for them, two devices acking out of step count once, at the
+    furthest, and the receipt still says acked once the log lapsed."""
+    async with one_group(redis_url, prefix) as (gw, http):
+        phone, laptop = await connected(gw, "eve"), await connected(gw, "eve")
+        ids = [(await p2p(http, ["eve"], n))["push_id"] for n in range(3)]
+        assert all(slot_tagged(i) for i in ids)
+        on_phone, on_laptop = await pushes(phone, 3), await pushes(laptop, 3)
+        await ack(laptop, on_laptop[1])  # 0 and 1
+        await acked(gw, 2)
+        await ack(phone, on_phone[0])  # later, and behind: takes nothing back
+        await acked(gw, 3)
+        assert [(await push_status(http, i))["acked"] for i in ids] == [1, 1, 0]
+        keys = KeySchema(prefix)
+        value = str(await redis.hget(keys.receipt(ids[0])[0], "u:eve"))
+        assert value[0] == "d" and value[1:].isdigit()  # as recorded: no mark came
+        await redis.delete(keys.user_log("eve"))  # lapsed (one window after the acks)
+        assert [(await push_status(http, i))["acked"] for i in ids] == [1, 1, 0]
+        # The position lives in the user's sequence, which outlives the receipts.
+        assert await redis.pttl(keys.user_seq("eve")) > 86_400_000
 
 
 async def test_bad_acks_are_ignored_counted_and_never_close(redis_url: str, prefix: str) -> None:

@@ -35,10 +35,13 @@ from router.receipts.base import (
     ReceiptLimits,
 )
 from router.receipts.store import RedisReceiptStore
-from router.testing import MemoryJobStore, MemoryReceiptStore
+from router.recovery.base import RecoveryLimits
+from router.recovery.store import RedisRecoveryStore
+from router.testing import MemoryJobStore, MemoryReceiptStore, MemoryRecoveryLog
 from shared.clock import ManualClock, SystemClock
 from shared.errors import InvalidInput
 from shared.keys import KeySchema
+from shared.models import Message
 
 pytestmark = pytest.mark.integration
 
@@ -350,3 +353,85 @@ async def test_jobs_answer_alike_over_a_generated_log(
                 leases[claim.lease.push_id].append(claim.lease)
         for push_id in ids:
             assert await fake.get(push_id) == await real.get(push_id), (step, call, push_id)
+
+
+# ------------------------------------------------------- receipts derived from cursors
+
+
+def recovery_and_receipts(
+    kind: str, redis: aioredis.Redis, prefix: str, inbox_max: int = 100
+) -> tuple[Any, ReceiptStore]:
+    """A recovery log and receipts that read its cursors, memory or Redis."""
+    if kind == "memory":
+        log = MemoryRecoveryLog(inbox_max=inbox_max)
+        return log, MemoryReceiptStore(log)
+    keys, limits = KeySchema(prefix), RecoveryLimits(inbox_max=inbox_max)
+    log = RedisRecoveryStore(redis, keys, SystemClock(), limits)
+    return log, RedisReceiptStore(redis, keys, ReceiptLimits())
+
+
+def message(n: int, first: str) -> Message:
+    """Message n, its push id slot-tagged for `first` (a stored, listable P2P push's)."""
+    push_id = f"{n:032x}.{KeySchema().user_slot_tag(first)}"
+    return Message(f"m{n}", push_id, 0, "svc", b'{"n":1}', SystemClock().now_ms())
+
+
+async def sent(
+    log: Any, receipts: ReceiptStore, n: int, states: dict[str, str]
+) -> tuple[str, dict[str, int]]:
+    """Message n logged for `states`' uids and its receipt recorded: its push id, and
+    each uid's position."""
+    m = message(n, next(iter(states)))
+    [(seqs, _)] = await log.append_queued_many([(m, list(states), 0)])
+    positions = dict(zip(states, seqs, strict=True))
+    await receipts.record(NewReceipt(m.push_id, "p2p", len(states), 1, states, {}, positions), True)
+    return m.push_id, positions
+
+
+async def test_a_tagged_p2p_receipt_derives_acks_from_each_users_acked_position(
+    kind: str, redis: aioredis.Redis, prefix: str
+) -> None:
+    log, receipts = recovery_and_receipts(kind, redis, prefix)
+    p1, at1 = await sent(log, receipts, 1, {"amy": DELIVERED, "bob": QUEUED, "cyd": DELIVERED})
+    p2, at2 = await sent(log, receipts, 2, {"amy": DELIVERED})
+    assert await receipts.states(p1, ["amy", "bob"]) == {"amy": DELIVERED, "bob": QUEUED}
+    # Two devices of amy acking out of step: the furthest counts, an earlier never undoes it.
+    await log.ack([("amy", at2["amy"]), ("bob", at1["bob"])])
+    await log.ack([("amy", at1["amy"])])
+    assert await receipts.states(p1, ["amy", "bob", "cyd"]) == {
+        "amy": ACKED,
+        "bob": ACKED,  # queued, then written on connect and acked (the mark may lag)
+        "cyd": DELIVERED,
+    }
+    assert await receipts.states(p2, ["amy"]) == {"amy": ACKED}
+    c = await receipts.counts(p1)
+    assert c is not None
+    assert (c.mode, c.recipients, c.online, c.listable) == ("p2p", 3, 1, True)
+    assert (c.delivered, c.acked, c.queued, c.expired) == (3, 2, 0, 0)
+    assert (await receipts.page(p1, "acked", None, 1)).uids == ["amy"]
+    assert (await receipts.page(p1, "acked", "amy", 10)).uids == ["bob"]
+    assert (await receipts.page(p1, "unacked", None, 10)).uids == ["cyd"]
+    assert await receipts.unacked(p1) == ["cyd"]
+    # A mark still moves a derived receipt's states (delivered by a replay) and keeps
+    # the position it derives from.
+    await receipts.mark(DELIVERED, {p1: ["cyd"]})
+    await receipts.mark(EXPIRED, {p1: ["cyd"]})  # never down
+    await log.ack([("cyd", at1["cyd"])])
+    assert await receipts.states(p1, ["cyd"]) == {"cyd": ACKED}
+
+
+async def test_an_entry_the_inbox_bound_pushed_out_stays_unacked(
+    kind: str, redis: aioredis.Redis, prefix: str
+) -> None:
+    """Acks past an entry that left the inbox unacked (the bound pushed it out) say
+    nothing of it: the devices that acked never had it, so its receipt keeps it queued;
+    and an expired recipient never becomes acked."""
+    log, receipts = recovery_and_receipts(kind, redis, prefix, inbox_max=2)
+    p1, _ = await sent(log, receipts, 1, {"amy": QUEUED, "bob": EXPIRED})
+    for n in (2, 3, 4):
+        push_id, at = await sent(log, receipts, n, {"amy": QUEUED, "bob": QUEUED})
+    await log.ack([("amy", at["amy"]), ("bob", at["bob"])])
+    assert await receipts.states(p1, ["amy", "bob"]) == {"amy": QUEUED, "bob": EXPIRED}
+    assert await receipts.states(push_id, ["amy", "bob"]) == {"amy": ACKED, "bob": ACKED}
+    c = await receipts.counts(p1)
+    assert c is not None and (c.delivered, c.acked, c.queued, c.expired) == (0, 0, 1, 1)

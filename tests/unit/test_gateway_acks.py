@@ -7,10 +7,13 @@ import asyncio
 import json
 from collections.abc import Mapping, Sequence
 
+from router.receipts.base import ACKED, derives_ack
 from router.recovery.base import UserHistory
 from shared.clock import SystemClock
 from shared.errors import RegistryUnavailable
+from shared.keys import slot_tag
 from shared.models import Message
+from shared.positions import seq_of
 from shared.wire import push_prefix
 from socket_gateway.acks import AckReporter
 from socket_gateway.connections import MAX_UNACKED, ClientConn, LocalConnections
@@ -129,3 +132,40 @@ async def test_a_hole_that_could_not_be_read_is_never_acked_by_the_connection() 
     await reporter.aclose()
     assert writes.acked == [("amy", 2)]  # not 5: the inbox keeps 3, 4 and 5
     assert [m[1] for m in writes.marked] == [{"p1": ["amy"], "p2": ["amy"], "p5": ["amy"]}]
+
+
+def tagged(n: int) -> str:
+    """A slot-tagged push id (a stored, listable P2P push's: its receipt derives acks)."""
+    return f"{n:032x}.{slot_tag(n)}"
+
+
+async def test_a_receipt_that_derives_its_acks_gets_no_mark_of_its_own() -> None:
+    """Acks of slot-tagged pushes move the user's position only; an untagged push (or a
+    store:false one: no position) is marked as before, and so is an entry that may have
+    left the inbox by its bound (more than inbox_max behind the position acked)."""
+    conns, conn, sink = setup()
+    writes = Writes()
+    reporter = AckReporter(conns, writes, writes, SystemClock(), flush_s=0.01, inbox_max=3)
+    ids = {n: tagged(n) for n in (1, 2, 5, 6)}
+    ids[3] = "untagged3"
+    for n in (1, 2, 3, 5, 6):
+        conns.deliver_p2p(["amy"], [n], push_prefix(msg(n)), ids[n])
+    conns.deliver_p2p(["amy"], [], push_prefix(msg(7)), tagged(7))  # store:false
+    reporter.on_ack(conn, pos_of(sink.frames[-1]))
+    await reporter.aclose()
+    assert writes.acked == [("amy", 6)]
+    # 1 and 2 are 5 and 4 behind 6 (inbox_max 3): maybe pushed out, so marked.
+    assert writes.marked == [
+        (ACKED, {p: ["amy"] for p in (ids[1], ids[2], "untagged3", tagged(7))})
+    ]
+
+
+def test_derives_ack_needs_a_tag_a_position_covered_in_its_epoch_and_the_inbox() -> None:
+    push = tagged(1)
+    assert derives_ack(push, 5, 5, 100)
+    assert derives_ack(push, seq_of(7, 5), seq_of(7, 9), 100)
+    assert not derives_ack("f" * 32, 5, 5, 100)  # untagged
+    assert not derives_ack(push, 0, 5, 100)  # not stored
+    assert not derives_ack(push, 6, 5, 100)  # past the position acked (a hole before it)
+    assert not derives_ack(push, seq_of(6, 5), seq_of(7, 9), 100)  # another epoch
+    assert not derives_ack(push, 5, 105, 100)  # may have left the inbox by its bound

@@ -5,12 +5,21 @@ import hashlib
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from redis.crc import key_slot
+from redis.crc import key_slot as redis_key_slot
 
 from router.fleet.codec import decode_gateway, encode_gateway
 from router.routes.codec import decode_route, encode_route
 from shared.errors import InvalidInput
-from shared.keys import KeySchema, braced, name_hash, validate_id
+from shared.keys import (
+    SLOTS,
+    KeySchema,
+    braced,
+    key_slot,
+    name_hash,
+    slot_tag,
+    slot_tagged,
+    validate_id,
+)
 from shared.models import GatewayInfo
 
 
@@ -63,7 +72,7 @@ def test_keys_used_together_share_a_cluster_slot() -> None:
     k = KeySchema("imroute:")
 
     def one_slot(*keys: str) -> bool:
-        return len({key_slot(key.encode()) for key in keys}) == 1
+        return len({redis_key_slot(key.encode()) for key in keys}) == 1
 
     # A job's MULTI and scripts: its hash, the running set, the recent list.
     assert one_slot(k.job("p1"), k.job("p2"), k.jobs_running(), k.jobs_recent())
@@ -105,7 +114,9 @@ def test_a_braced_uid_is_named_in_full_after_its_sha1_tag() -> None:
     # in the old slot (the migration moves keys within one slot).
     assert k.legacy_user_keys("bob{corp}")[2] == k.user_inbox(hexed)  # type: ignore[index]
     assert k.user_inbox("bob{corp}") != k.user_inbox(hexed)
-    assert key_slot(k.user_inbox("bob{corp}").encode()) == key_slot(k.user_inbox(hexed).encode())
+    assert redis_key_slot(k.user_inbox("bob{corp}").encode()) == redis_key_slot(
+        k.user_inbox(hexed).encode()
+    )
 
 
 def _sha1(text: str) -> str:
@@ -208,13 +219,51 @@ def test_the_brace_test_and_the_hash_are_the_tags() -> None:
     # In the slot of the keys it was: the migration renames within one slot.
     old = k.legacy_user_keys("bob{corp}")
     assert old is not None
-    assert len({key_slot(key.encode()) for key in (*aside, *old)}) == 1
+    assert len({redis_key_slot(key.encode()) for key in (*aside, *old)}) == 1
 
 
 @pytest.mark.parametrize("uid", ["{", "}", "a{b", "a}b", "{x}", "}{", "bob{corp}", "{{}}"])
 def test_a_braced_uids_keys_share_one_slot(uid: str) -> None:
     k = KeySchema("imroute:")
     slots = {
-        key_slot(key.encode()) for key in (k.user_seq(uid), k.user_log(uid), k.user_inbox(uid))
+        redis_key_slot(key.encode())
+        for key in (k.user_seq(uid), k.user_log(uid), k.user_inbox(uid))
     }
     assert len(slots) == 1
+
+
+@given(st.text(max_size=40))
+def test_key_slot_is_redis_clusters(key: str) -> None:
+    assert key_slot(key) == redis_key_slot(key.encode())
+
+
+def test_every_slot_has_a_tag_of_three_letters_or_digits() -> None:
+    tags = [slot_tag(slot) for slot in range(SLOTS)]
+    assert len(set(tags)) == SLOTS
+    assert all(len(t) == 3 and t.isalnum() and t.isascii() for t in tags)
+    assert all(redis_key_slot(("{" + t + "}x").encode()) == s for s, t in enumerate(tags))
+
+
+@given(st.text(min_size=1, max_size=30))
+def test_a_slot_tagged_receipt_is_in_its_first_recipients_slot(uid: str) -> None:
+    keys = KeySchema("t:")
+    push_id = "0123456789abcdef" * 2 + "." + keys.user_slot_tag(uid)
+    assert slot_tagged(push_id)
+    slot = redis_key_slot(keys.user_seq(uid).encode())
+    assert {redis_key_slot(k.encode()) for k in keys.receipt(push_id)} == {slot}
+
+
+@pytest.mark.parametrize(
+    "push_id",
+    [
+        "0123456789abcdef" * 2,
+        "0123456789abcdef" * 2 + ".",
+        "0123456789ABCDEF" * 2 + ".abc",
+        "0123456789abcdef" * 2 + ".ab-",
+        "0123456789abcdef" * 2 + ".abcd",
+        "x.abc",
+    ],
+)
+def test_other_push_ids_are_not_slot_tagged(push_id: str) -> None:
+    assert not slot_tagged(push_id)
+    assert KeySchema().receipt(push_id)[0] == "imroute:rcpt:{" + push_id + "}"
