@@ -93,13 +93,18 @@ class AutoPipeline:
         self.round_trips = 0
 
     async def execute(self, *args: Any) -> Any:
+        return await self.submit(*args)
+
+    def submit(self, *args: Any) -> asyncio.Future[Any]:
+        """`execute` without the coroutine: the command is queued now, and the future
+        has its reply. Many submitted at once share a round trip, with no task each."""
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Any] = loop.create_future()
         self._pending.append((pack_command(args), future))
         if not self._scheduled:
             self._scheduled = True
             loop.call_soon(self._flush)
-        return await future
+        return future
 
     def _flush(self) -> None:
         self._scheduled = False

@@ -15,7 +15,6 @@ leave as redis-py raised them: each store maps them into ours.
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 from collections.abc import Awaitable, Callable, Sequence
 from importlib import resources
@@ -98,9 +97,7 @@ class ScriptRunner:
         if auto is not None:
             if len(calls) <= AUTO_MANY:
                 # Issued together, they share one round trip (with other tasks' commands).
-                return list(
-                    await self._run(lambda: asyncio.gather(*(auto.execute(*a) for a in calls)))
-                )
+                return await self._run(lambda: _each(auto, calls))
             # Many: packed and parsed at once, in a round trip of their own.
             return await self._run(lambda: auto.execute_many(calls))
 
@@ -111,3 +108,20 @@ class ScriptRunner:
             return list(await pipe.execute())
 
         return await self._run(go)
+
+
+async def _each(auto: AutoPipeline, calls: Sequence[tuple[Any, ...]]) -> list[Any]:
+    """Each call's reply, all submitted at once (no task each, as gather would make), or
+    the first error, once every reply is in."""
+    futures = [auto.submit(*args) for args in calls]
+    replies: list[Any] = []
+    first: BaseException | None = None
+    for future in futures:
+        try:
+            replies.append(await future)
+        except Exception as exc:  # each one's error retrieved; the first raised
+            if first is None:
+                first = exc
+    if first is not None:
+        raise first
+    return replies

@@ -97,6 +97,12 @@ async def test_a_script_runner_loads_its_script_after_noscript(
         runner = ScriptRunner(client, [script], auto)
         assert await runner.one(script.args([f"{prefix}s"])) == 1
         assert await runner.many([script.args([f"{prefix}s"])] * 3) == [2, 3, 4]
+        # A few calls, submitted together: an error reply is raised once all are in.
+        await redis.hset(f"{prefix}h", "f", "v")
+        incr, wrong = ("INCR", f"{prefix}y"), ("INCR", f"{prefix}h")
+        with pytest.raises(ResponseError, match="WRONGTYPE"):
+            await runner.many([incr, wrong, incr])
+        assert await redis.get(f"{prefix}y") == "2"
 
 
 async def test_many_calls_of_one_caller_are_packed_and_parsed_at_once(
