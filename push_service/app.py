@@ -94,6 +94,9 @@ def create_app(
         # Served by push_service.pages, from the package (FastAPI's load a CDN's script).
         docs_url=None,
         redoc_url=None,
+        # Traced by push_service.tracing_http when on; FastAPI's own telemetry, off, still
+        # read three settings from the environment per request (2 % of a push's CPU).
+        telemetry={"tracing": False, "metrics": False, "logs": False},
     )
     keys = ApiKeys.from_settings(settings)
     app.state.keys = keys
