@@ -8,8 +8,9 @@
 -- after the floor `f` (the last entry the inbox bound pushed out, set here, so that the
 -- bound is the writer's, whatever the readers' settings), younger than the inbox ttl.
 -- An entry leaves the front when it is out of the recovery window (or past the log max)
--- and out of the inbox too. The log lives one inbox ttl after its last append (ack.lua
--- shortens that to one window once everything is acked).
+-- and out of the inbox too (by time, on every 8th append, below). The log lives one
+-- inbox ttl after its last append (ack.lua shortens that to one window once everything
+-- is acked).
 -- A sequence without `a` was written only by the version before, whose inbox was a
 -- sorted set of its own (the legacy inbox): what it holds waits there, so the log's
 -- inbox starts with this entry.
@@ -31,15 +32,20 @@ if n - floor > inbox_max then
   floor = n - inbox_max
   redis.call('HSET', KEYS[1], 'f', floor)
 end
-local cutoff = tonumber(ARGV[3])
-local inbox_cutoff = tonumber(ARGV[2]) - tonumber(ARGV[8])
-for _ = 1, 4 do
-  local first = redis.call('LINDEX', KEYS[2], 0)
-  if not first then break end
-  local fn, fts = string.match(first, '^(%d+) (%d+) ')
-  fn, fts = tonumber(fn), tonumber(fts)
-  if fts >= cutoff or (fn > floor and fts >= inbox_cutoff) then break end
-  redis.call('LPOP', KEYS[2])
+-- The trim by time runs on every 8th append (up to 32 entries), not on each: readers
+-- filter by time themselves (the window, the inbox ttl), so what it leaves for a few
+-- appends more is memory only, and most appends save its LINDEX.
+if n % 8 == 0 then
+  local cutoff = tonumber(ARGV[3])
+  local inbox_cutoff = tonumber(ARGV[2]) - tonumber(ARGV[8])
+  for _ = 1, 32 do
+    local first = redis.call('LINDEX', KEYS[2], 0)
+    if not first then break end
+    local fn, fts = string.match(first, '^(%d+) (%d+) ')
+    fn, fts = tonumber(fn), tonumber(fts)
+    if fts >= cutoff or (fn > floor and fts >= inbox_cutoff) then break end
+    redis.call('LPOP', KEYS[2])
+  end
 end
 redis.call('PEXPIRE', KEYS[2], math.max(tonumber(ARGV[5]), tonumber(ARGV[8])))
 if ARGV[9] == '1' then

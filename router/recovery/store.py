@@ -4,7 +4,8 @@ the position the user's devices acked), per-topic batch logs.
 Key layout: `shared.keys`. Every write is one Lua script on keys that share a hash
 tag, so it works on Redis Cluster; a push to many users pipelines one call per user.
 Each log is trimmed by count on every append (LTRIM) and by time from its head (a few
-old entries per append). A topic log expires as a whole one window after its last
+old entries per append; a user's log on every 8th append, its readers filtering by time
+themselves). A topic log expires as a whole one window after its last
 append; a user's log keeps what is in the inbox past the window and expires one inbox
 TTL after its last append, or one window after everything was acked (`ack.lua`).
 """
