@@ -64,6 +64,7 @@ from socket_gateway.connections import ClientConn, LocalConnections
 from socket_gateway.pacing import spread
 from socket_gateway.preauth import PreAuthPool, client_key
 from socket_gateway.ws.admission import ConnectRate, HandshakeLimits, Refusals, request_line_ok
+from socket_gateway.ws.frames import FrameEnds, small_texts
 from socket_gateway.ws.protocol import (
     CLOSE_FULL,
     CLOSE_GOING_AWAY,
@@ -225,6 +226,7 @@ class WsConn(asyncio.Protocol):
     __slots__ = (
         "_alive",
         "_conn",
+        "_ends",
         "_ep",
         "_frag",
         "_head",
@@ -254,6 +256,9 @@ class WsConn(asyncio.Protocol):
         self._timer: asyncio.TimerHandle | None = None
         # A fragmented text message being reassembled (bounded by MAX_CLIENT_FRAME).
         self._frag: bytearray | None = None
+        # Where the client's frames end, through every read the library parses
+        # (socket_gateway.ws.frames): a read of whole small text frames skips it.
+        self._ends = FrameEnds()
         # The frame-rate bucket's state (ratelimit.FrameRate.admit); 0.0 is full, and
         # READING_STOPPED once the connection was closed for going over its rate.
         self._tat = 0.0
@@ -597,7 +602,16 @@ class WsConn(asyncio.Protocol):
 
     def _receive_some(self, ws: ServerProtocol, data: bytes, limit: FrameRate | None) -> bool:
         """Parse `data` and act on its frames; False once the connection reads no more."""
+        ends = self._ends
+        if (
+            ends.at_boundary
+            and self._frag is None
+            and ws.state is OPEN
+            and (texts := small_texts(data)) is not None
+        ):
+            return self._receive_texts(ws, texts, limit)
         ws.receive_data(data)
+        ends.feed(data)
         # In the frame phase the library only produces frames.
         events = cast("list[Frame]", ws.events_received())
         self._alive = True
@@ -619,6 +633,27 @@ class WsConn(asyncio.Protocol):
         t = self._transport
         if t is not None and t.get_write_buffer_size() > self._ep._conns.max_buffer:
             # A client that sends but does not read: same rule as for slow push consumers.
+            self.abort()
+            return False
+        return True
+
+    def _receive_texts(
+        self, ws: ServerProtocol, texts: list[bytes], limit: FrameRate | None
+    ) -> bool:
+        """`_receive_some` of a read that held only small text frames, read without the
+        library (socket_gateway.ws.frames): the same rate limit, acts and buffer rule."""
+        self._alive = True
+        if limit is not None:
+            tat = limit.admit(self._tat, self._ep._clock.monotonic(), len(texts))
+            if tat is None:
+                self._too_many_frames(ws, limit)
+                return False
+            self._tat = tat
+        if self._open:
+            for text in texts:
+                self._on_text(text)
+        t = self._transport
+        if t is not None and t.get_write_buffer_size() > self._ep._conns.max_buffer:
             self.abort()
             return False
         return True
