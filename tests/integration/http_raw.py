@@ -123,15 +123,27 @@ def request_head(method: str, path: str, **headers: str) -> bytes:
     return ("\r\n".join(lines) + "\r\n\r\n").encode()
 
 
+BIND_TRIES = 3
+
+
 @contextmanager
 def push_service(
     redis_url: str, prefix: str, tmp_path: Path, **env: str
 ) -> Iterator[tuple[Proc, int]]:
-    """`python -m push_service` as a real process on a free port, with its own directory."""
-    port = free_port()
-    environ = service_env(
-        redis_url, prefix, tmp_path, IMROUTE_SECRET=SECRET, IMROUTE_PORT=str(port), **env
-    )
-    with running([str(BIN / "python"), "-m", "push_service"], environ) as proc:
-        read_until(proc, "Uvicorn running on")
-        yield proc, port
+    """`python -m push_service` as a real process on a free port, with its own directory.
+    A port taken by another socket between `free_port` and the service's bind (the
+    suite's other workers open sockets all the time) is tried again with another."""
+    for attempt in range(1, BIND_TRIES + 1):
+        port = free_port()
+        environ = service_env(
+            redis_url, prefix, tmp_path, IMROUTE_SECRET=SECRET, IMROUTE_PORT=str(port), **env
+        )
+        with running([str(BIN / "python"), "-m", "push_service"], environ) as proc:
+            try:
+                read_until(proc, "Uvicorn running on")
+            except AssertionError as exc:
+                if "address already in use" in str(exc) and attempt < BIND_TRIES:
+                    continue
+                raise
+            yield proc, port
+            return

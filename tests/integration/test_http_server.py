@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import socket
 from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 
@@ -15,6 +16,8 @@ import redis.asyncio as aioredis
 from starlette.types import Receive, Scope, Send
 
 from push_service.http_server import Parser, head_deadline_protocol
+from router.processes.ports import free_port
+from tests.integration import http_raw
 from tests.integration.http_raw import (
     HOST,
     closed_by_server,
@@ -150,3 +153,18 @@ async def test_past_the_concurrency_limit_uvicorn_answers_503(
         assert answer is not None and answer.status == 200
         assert json.loads(answer.body) == {"status": "ok"}
         writer.close()
+
+
+def test_a_port_taken_before_the_bind_is_tried_again_with_another(
+    redis_url: str, prefix: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The test helper's answer to a race of the suite's own: another socket took the
+    free port before the push service bound it."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        busy = taken.getsockname()[1]
+        ports = iter([busy, free_port()])
+        monkeypatch.setattr(http_raw, "free_port", lambda: next(ports))
+        with http_raw.push_service(redis_url, prefix, tmp_path) as (_, port):
+            assert port != busy
