@@ -52,6 +52,7 @@ __all__ = [
     "ReceiptReads",
     "ReceiptUpdates",
     "RecipientPage",
+    "derivable",
     "derive",
     "derives_ack",
     "estimated",
@@ -86,12 +87,18 @@ def stored_value(state: str, seq: int) -> str:
     return f"{state}{seq}"
 
 
+def derivable(value: str) -> bool:
+    """Whether a receipt's value (`stored_value`) may read as acked with its user's cursor:
+    it carries a position, and its state is queued or delivered (never expired)."""
+    return len(value) > 1 and value[0] in (QUEUED, DELIVERED)
+
+
 def derive(value: str, cursor: Cursor | None) -> str:
     """A recipient's state from its receipt's value (`stored_value`, or a bare state) and
     its user's cursor (None: none read): acked if the cursor, in the same epoch, has
     reached the position and the entry was not pushed out of the inbox before."""
     state = value[0]
-    if len(value) == 1 or cursor is None or state not in (QUEUED, DELIVERED):
+    if cursor is None or not derivable(value):
         return state
     seq = int(value[1:])
     epoch, acked, floor = cursor

@@ -25,11 +25,13 @@ from router.receipts.base import (
     EXPIRED,
     LISTS,
     QUEUED,
+    STATES,
     Counts,
     Cursor,
     NewReceipt,
     ReceiptLimits,
     RecipientPage,
+    derivable,
     derive,
     estimated,
     stored_value,
@@ -59,6 +61,7 @@ _ADD = Script.load(__package__, "add")
 _CLAIM = Script.load(__package__, "claim")
 
 _COUNTS = ("m", "n", "on", "l", "cq", "cx", "cd", "ca")
+_CURSOR = ("e", "a", "f")  # a user's sequence: epoch, acked position, inbox floor
 _META = ("mi", "mt", "fr", "pv")
 
 
@@ -96,11 +99,11 @@ class RedisReceiptStore:
         self, receipt: NewReceipt, listable: bool, due_ms: int
     ) -> list[tuple[Any, ...]]:
         keys = self.keys.receipt(receipt.push_id)
+        meta = [v for kv in receipt.meta.items() for v in kv]
         positions = receipt.positions
         if listable and positions and slot_tagged(receipt.push_id):
             fields: list[Any] = ["m", receipt.mode, "n", receipt.recipients]
-            fields += ["on", receipt.online, "l", 1]
-            fields += [v for kv in receipt.meta.items() for v in kv]
+            fields += ["on", receipt.online, "l", 1, *meta]
             for uid, state in receipt.states.items():
                 fields += (f"u:{uid}", stored_value(state, positions[uid]))
             calls: list[tuple[Any, ...]] = [
@@ -111,7 +114,6 @@ class RedisReceiptStore:
                 calls.append(("ZADD", self.keys.unacked_due(), "GT", due_ms, receipt.push_id))
             return calls
         queued = 0 if listable else receipt.recipients - receipt.online
-        meta = [v for kv in receipt.meta.items() for v in kv]
         pairs = [v for kv in receipt.states.items() for v in kv] if listable or due_ms else []
         # A counts-only push's pending set lives until its event is sent, or a day.
         pending_ms = PENDING_TTL_MS if due_ms and not listable else 0
@@ -146,7 +148,8 @@ class RedisReceiptStore:
         """The recipients no device acked, in uid order (the pending set of a counts-only
         push, or the states of a listable one)."""
         key, _, _, pending = self.keys.receipt(push_id)
-        if await self.redis.hget(key, "l") == "0":
+        # A slot-tagged push's receipt is always listable: no look first.
+        if not slot_tagged(push_id) and await self.redis.hget(key, "l") == "0":
             members: set[Any] = await self.redis.smembers(pending)
             return sorted(str(m) for m in members)
         states = await self._states(push_id, await self.redis.hgetall(key))
@@ -218,7 +221,7 @@ class RedisReceiptStore:
         fields: dict[Any, Any] = await self.redis.hgetall(key)
         if "m" not in fields:
             return None
-        by_state = dict.fromkeys((QUEUED, EXPIRED, DELIVERED, ACKED), 0)
+        by_state = dict.fromkeys(STATES, 0)
         for state in (await self._states(push_id, fields)).values():
             by_state[state] += 1
         acked = by_state[ACKED]
@@ -244,8 +247,7 @@ class RedisReceiptStore:
         # Its values and the users' cursors in one round trip (wait_ack_ms polls this).
         pipe = self.redis.pipeline(transaction=False)
         pipe.hmget(key, [f"u:{u}" for u in uids])
-        for uid in uids:
-            pipe.hmget(self.keys.user_seq(uid), "e", "a", "f")
+        self._read_cursors(pipe, uids)
         values, *cursors = await pipe.execute()
         return {
             u: derive(str(v), _cursor(c))
@@ -259,17 +261,21 @@ class RedisReceiptStore:
         values = {str(f)[2:]: str(v) for f, v in fields.items() if str(f).startswith("u:")}
         if not slot_tagged(push_id):
             return values
-        moving = [u for u, v in values.items() if len(v) > 1 and v[0] in (QUEUED, DELIVERED)]
+        moving = [u for u, v in values.items() if derivable(v)]
         cursors: list[Any] = []
         if moving:
             pipe = self.redis.pipeline(transaction=False)
-            for uid in moving:
-                pipe.hmget(self.keys.user_seq(uid), "e", "a", "f")
+            self._read_cursors(pipe, moving)
             cursors = await pipe.execute()
         states = {u: v[0] for u, v in values.items()}
         for uid, cursor in zip(moving, cursors, strict=True):
             states[uid] = derive(values[uid], _cursor(cursor))
         return states
+
+    def _read_cursors(self, pipe: Any, uids: Sequence[str]) -> None:
+        """Each uid's cursor (`_cursor`) read in `pipe`, in order."""
+        for uid in uids:
+            pipe.hmget(self.keys.user_seq(uid), *_CURSOR)
 
     @translate_errors
     async def page(self, push_id: str, state: str, cursor: str | None, limit: int) -> RecipientPage:

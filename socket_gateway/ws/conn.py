@@ -601,59 +601,44 @@ class WsConn(asyncio.Protocol):
                 return
 
     def _receive_some(self, ws: ServerProtocol, data: bytes, limit: FrameRate | None) -> bool:
-        """Parse `data` and act on its frames; False once the connection reads no more."""
+        """Parse `data` and act on its frames; False once the connection reads no more.
+        A read of whole small text frames (acks) is parsed without the library
+        (socket_gateway.ws.frames); any other goes to it."""
         ends = self._ends
-        if (
-            ends.at_boundary
-            and self._frag is None
-            and ws.state is OPEN
-            and (texts := small_texts(data)) is not None
-        ):
-            return self._receive_texts(ws, texts, limit)
-        ws.receive_data(data)
-        ends.feed(data)
-        # In the frame phase the library only produces frames.
-        events = cast("list[Frame]", ws.events_received())
+        texts = None
+        if ends.at_boundary and self._frag is None and ws.state is OPEN:
+            texts = small_texts(data)
+        events: list[Frame] = []
+        if texts is None:
+            ws.receive_data(data)
+            ends.feed(data)
+            # In the frame phase the library only produces frames.
+            events = cast("list[Frame]", ws.events_received())
         self._alive = True
-        if limit is not None and events:
+        count = len(events) if texts is None else len(texts)
+        if limit is not None and count:
             # Counted in every state: frames sent after a close are parsed too.
-            tat = limit.admit(self._tat, self._ep._clock.monotonic(), len(events))
+            tat = limit.admit(self._tat, self._ep._clock.monotonic(), count)
             if tat is None:
                 self._too_many_frames(ws, limit)
                 return False
             self._tat = tat
         was_open = self._open
-        # Pongs to pings, close echoes, 1009 on oversized messages: the library's own.
-        self._flush(ws)
-        if was_open:
-            for frame in events:
-                if frame.opcode is _CLOSE:
-                    break  # what follows a close is moot; what came before it counts
-                self._on_frame(frame)  # an ack just before its close included
+        if texts is not None:
+            if was_open:
+                for text in texts:
+                    self._on_text(text)
+        else:
+            # Pongs to pings, close echoes, 1009 on oversized messages: the library's own.
+            self._flush(ws)
+            if was_open:
+                for frame in events:
+                    if frame.opcode is _CLOSE:
+                        break  # what follows a close is moot; what came before it counts
+                    self._on_frame(frame)  # an ack just before its close included
         t = self._transport
         if t is not None and t.get_write_buffer_size() > self._ep._conns.max_buffer:
             # A client that sends but does not read: same rule as for slow push consumers.
-            self.abort()
-            return False
-        return True
-
-    def _receive_texts(
-        self, ws: ServerProtocol, texts: list[bytes], limit: FrameRate | None
-    ) -> bool:
-        """`_receive_some` of a read that held only small text frames, read without the
-        library (socket_gateway.ws.frames): the same rate limit, acts and buffer rule."""
-        self._alive = True
-        if limit is not None:
-            tat = limit.admit(self._tat, self._ep._clock.monotonic(), len(texts))
-            if tat is None:
-                self._too_many_frames(ws, limit)
-                return False
-            self._tat = tat
-        if self._open:
-            for text in texts:
-                self._on_text(text)
-        t = self._transport
-        if t is not None and t.get_write_buffer_size() > self._ep._conns.max_buffer:
             self.abort()
             return False
         return True
