@@ -195,14 +195,14 @@ class AckReporter:
             await asyncio.gather(*writes)
         except ImrouteError as exc:
             if self.tracing is not None:
-                self.tracing.acked({**derived, **marks[ACKED]}, written=False)
+                self.tracing.acked(_union(derived, marks[ACKED]), written=False)
             self.counts.failed_flushes += 1
             self._put_back(acked, marks)
             if self._line.note(self.clock.monotonic()):
                 log.warning("could not write acks (kept for the next try): %s", exc)
             return
         if self.tracing is not None:
-            self.tracing.acked({**derived, **marks[ACKED]}, written=True)
+            self.tracing.acked(_union(derived, marks[ACKED]), written=True)
 
     def _put_back(self, acked: dict[str, int], marks: dict[str, dict[str, set[str]]]) -> None:
         for uid, seq in acked.items():
@@ -221,3 +221,8 @@ class AckReporter:
         if self._flushing is not None:
             await asyncio.gather(self._flushing, return_exceptions=True)
         await self.flush()
+
+
+def _union(a: dict[str, set[str]], b: dict[str, set[str]]) -> dict[str, set[str]]:
+    """Each push's uids in either (a push can have acks both derived and marked)."""
+    return {p: a.get(p, set()) | b.get(p, set()) for p in a.keys() | b.keys()}

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping, Sequence, Set
+from types import SimpleNamespace
+from typing import cast
 
 from router.receipts.base import ACKED, derives_ack
 from router.recovery.base import UserHistory
@@ -18,6 +20,7 @@ from shared.wire import push_prefix
 from socket_gateway.acks import AckReporter
 from socket_gateway.connections import MAX_UNACKED, ClientConn, LocalConnections
 from socket_gateway.gap_fill import GapFills
+from socket_gateway.tracing import GatewayTracing
 from tests.unit.test_connections import ListSink
 
 
@@ -169,3 +172,33 @@ def test_derives_ack_needs_a_tag_a_position_covered_in_its_epoch_and_the_inbox()
     assert not derives_ack(push, 6, 5, 100)  # past the position acked (a hole before it)
     assert not derives_ack(push, seq_of(6, 5), seq_of(7, 9), 100)  # another epoch
     assert not derives_ack(push, 5, 105, 100)  # may have left the inbox by its bound
+
+
+class Spans:
+    """The tracing side of a flush: each push's acked uids, as GatewayTracing gets them."""
+
+    def __init__(self) -> None:
+        self.acked: list[dict[str, set[str]]] = []
+
+    def acked_spans(self, by_push: Mapping[str, Set[str]], written: bool) -> None:
+        self.acked.append({p: set(u) for p, u in by_push.items()})
+
+
+async def test_a_pushs_derived_and_marked_acks_make_one_span_with_both() -> None:
+    conns = LocalConnections()
+    amy, bob = ClientConn("amy", "c1", ListSink()), ClientConn("bob", "c2", ListSink())
+    conns.add(amy)
+    conns.add(bob)
+    push = tagged(1)
+    conns.deliver_p2p(["amy", "bob"], [1, 1], push_prefix(msg(1)), push)
+    bob.ack_cap = 0  # a hole before: its ack is marked, amy's derived
+    spans = Spans()
+    writes = Writes()
+    tracing = cast(GatewayTracing, SimpleNamespace(acked=spans.acked_spans))
+    reporter = AckReporter(conns, writes, writes, SystemClock(), flush_s=0.01, tracing=tracing)
+    for conn in (amy, bob):
+        sink = cast(ListSink, conn.sink)
+        reporter.on_ack(conn, pos_of(sink.frames[-1]))
+    await reporter.aclose()
+    assert writes.marked == [(ACKED, {push: ["bob"]})]
+    assert spans.acked == [{push: {"amy", "bob"}}]
