@@ -26,6 +26,7 @@ from websockets.asyncio.client import ClientConnection, connect
 
 from router.directory.migrate import upgrade
 from router.processes.ports import free_port, free_port_block
+from shared.keys import slot_tagged
 from tests.conftest import API_KEY, SECRET
 from tests.integration.procs import BIN, Proc, base_env, read_until, running
 from tests.integration.recovery_helpers import ack
@@ -148,6 +149,7 @@ async def test_a_p2p_push_and_its_receipts(stack: Stack, http: httpx.AsyncClient
         (frame,) = await pushes(alice, 1)
         await ack(alice, frame)
         listed = resp.json()["push_id"]
+        assert slot_tagged(listed)  # its receipt in alice's slot; its ack derived
         # Counts only (two recipients, over IMROUTE_RECEIPTS_MAX_RECIPIENTS): the
         # HyperLogLogs, which the receipt's script writes and a pipelined PFCOUNT reads.
         resp = await http.post(
