@@ -159,13 +159,14 @@ class P2PPusher:
         if recovery is None or not wanted:
             return await self._lookup(uids), []
         # Logged before any gateway can write it: a replay never misses a live push.
-        # Both at once (one task, not gather's two: this is the hottest path).
-        appending = asyncio.ensure_future(recovery.append_queued_many(wanted))
+        # Both at once, with no task: the store sends the append now (on the
+        # auto-pipeline; else a task of its own), the look-up joins its round trip.
+        appending = recovery.append_queued_many(wanted)
         try:
             routes = await self._lookup(uids)
         except BaseException:
             # As gather would: the append goes on; its outcome is not ours to wait for.
-            appending.add_done_callback(_consume)
+            asyncio.ensure_future(appending).add_done_callback(_consume)
             raise
         seqs: list[Seqs] = []
         dropped = 0

@@ -20,7 +20,7 @@ data) makes it `complete: false`.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
@@ -210,11 +210,12 @@ class RecoveryLog(Protocol):
         inbox bound pushed out of the inboxes to make room.)"""
         ...
 
-    async def append_queued_many(
+    def append_queued_many(
         self, items: Sequence[tuple[Message, Sequence[str], int]]
-    ) -> list[tuple[list[int], int]]:
+    ) -> Awaitable[list[tuple[list[int], int]]]:
         """`append_queued` for many (message, uids, expires_ms) in one round trip; each
-        one's answer, in order."""
+        one's answer, in order. A store may send the writes when called, before they are
+        awaited (the P2P path awaits its route look-up of the same loop turn first)."""
         ...
 
     async def append_batch(self, topic: str, batch: gateway_pb2.Batch) -> int:

@@ -12,7 +12,7 @@ TTL after its last append, or one window after everything was acked (`ack.lua`).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 from typing import Any
 
 from router.recovery.base import (
@@ -86,13 +86,22 @@ class RedisRecoveryStore:
             replies = await self._pipelined(calls)
         return [_seq(r) for r in replies], sum(int(r[2]) for r in replies)
 
-    @translate_errors
-    async def append_queued_many(
+    def append_queued_many(
         self, items: Sequence[tuple[Message, Sequence[str], int]]
-    ) -> list[tuple[list[int], int]]:
+    ) -> Awaitable[list[tuple[list[int], int]]]:
+        """Sent now (`ScriptRunner.soon`): the P2P path's look-up of the same loop turn
+        shares the round trip, and no task runs the append beside it."""
         now = self._clock.now_ms()
         calls = [c for m, uids, exp in items for c in self._queued_calls(m, uids, exp, now)]
-        replies = iter(await self._pipelined(calls) if calls else ())
+        return self._appended(items, self._scripts.soon(calls) if calls else None)
+
+    @translate_errors
+    async def _appended(
+        self,
+        items: Sequence[tuple[Message, Sequence[str], int]],
+        sent: Awaitable[list[Any]] | None,
+    ) -> list[tuple[list[int], int]]:
+        replies = iter(await sent if sent is not None else ())
         answers: list[tuple[list[int], int]] = []
         for _, uids, _ in items:
             mine = [next(replies) for _ in uids]

@@ -15,6 +15,7 @@ leave as redis-py raised them: each store maps them into ours.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 from collections.abc import Awaitable, Callable, Sequence
 from importlib import resources
@@ -79,9 +80,12 @@ class ScriptRunner:
             return await call()
         except NoScriptError:
             # Nothing ran (every call of a pipeline fails alike): load them, run again.
-            for script in self._scripts:
-                await self._redis.script_load(script.text)
+            await self._load()
             return await call()
+
+    async def _load(self) -> None:
+        for script in self._scripts:
+            await self._redis.script_load(script.text)
 
     async def run(self, script: Script, keys: Sequence[str], *argv: Any) -> Any:
         """One call of `script`: its reply."""
@@ -109,11 +113,36 @@ class ScriptRunner:
 
         return await self._run(go)
 
+    def soon(self, calls: Sequence[tuple[Any, ...]]) -> Awaitable[list[Any]]:
+        """`many`, sent now: through the auto-pipeline the calls join this loop turn's
+        round trip before anything is awaited, so the caller can await another command
+        of the same turn first, with no task to run this one beside it; otherwise a task
+        runs `many`. The replies (or the error) when awaited."""
+        auto = self._auto
+        if auto is None or len(calls) > AUTO_MANY:
+            return asyncio.ensure_future(self.many(calls))
+        return self._replies(auto, calls, [auto.submit(*args) for args in calls])
+
+    async def _replies(
+        self,
+        auto: AutoPipeline,
+        calls: Sequence[tuple[Any, ...]],
+        futures: Sequence[asyncio.Future[Any]],
+    ) -> list[Any]:
+        try:
+            return await _replies(futures)
+        except NoScriptError:
+            await self._load()
+            return await _each(auto, calls)
+
 
 async def _each(auto: AutoPipeline, calls: Sequence[tuple[Any, ...]]) -> list[Any]:
     """Each call's reply, all submitted at once (no task each, as gather would make), or
     the first error, once every reply is in."""
-    futures = [auto.submit(*args) for args in calls]
+    return await _replies([auto.submit(*args) for args in calls])
+
+
+async def _replies(futures: Sequence[asyncio.Future[Any]]) -> list[Any]:
     replies: list[Any] = []
     first: BaseException | None = None
     for future in futures:

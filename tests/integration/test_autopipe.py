@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 import redis.asyncio as aioredis
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import DataError, NoScriptError, ResponseError
+from redis.exceptions import NoScriptError, ResponseError
 
-from router.redis.autopipe import AutoPipeline, pack_command
+from router.redis.autopipe import AutoPipeline
 from router.redis.client import create_redis
 from router.redis.scripts import Script, ScriptRunner
 
@@ -41,13 +41,6 @@ def running_sums(n: int, keys: int) -> list[int]:
         sums[i % keys] = sums.get(i % keys, 0) + i
         expected.append(sums[i % keys])
     return expected
-
-
-def test_values_are_packed_as_redis_py_encodes_them() -> None:
-    assert pack_command(("SET", "k", "é")) == b"*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$2\r\n\xc3\xa9\r\n"
-    assert pack_command((b"x", 7, 0.5)) == b"*3\r\n$1\r\nx\r\n$1\r\n7\r\n$3\r\n0.5\r\n"
-    with pytest.raises(DataError):
-        pack_command(("SET", "k", True))
 
 
 async def test_concurrent_commands_share_round_trips(
@@ -103,6 +96,29 @@ async def test_a_script_runner_loads_its_script_after_noscript(
         with pytest.raises(ResponseError, match="WRONGTYPE"):
             await runner.many([incr, wrong, incr])
         assert await redis.get(f"{prefix}y") == "2"
+
+
+async def test_calls_sent_soon_share_the_round_trip_of_a_command_awaited_first(
+    redis_url: str, prefix: str, redis: aioredis.Redis
+) -> None:
+    async with pipelined(redis_url) as (client, auto):
+        script = Script(f"return redis.call('INCR', KEYS[1]) -- soon {prefix}")
+        runner = ScriptRunner(client, [script], auto)
+        await redis.set(f"{prefix}other", "x")
+        for _ in range(2):  # never loaded (NOSCRIPT, loaded, run again), then loaded
+            trips = auto.round_trips
+            sent = runner.soon([script.args([f"{prefix}s"])] * 2)
+            # Sent before it is awaited: a command awaited first goes in the same trip.
+            assert await auto.execute("GET", f"{prefix}other") == "x"
+            assert auto.round_trips == trips + 1
+            assert len(await sent) == 2
+        assert await redis.get(f"{prefix}s") == "4"
+        # Without an auto-pipeline, a task runs them: sent before it is awaited too.
+        plain = ScriptRunner(client, [script])
+        sent = plain.soon([script.args([f"{prefix}t"])])
+        await asyncio.sleep(0.2)
+        assert await redis.get(f"{prefix}t") == "1"
+        assert await sent == [1]
 
 
 async def test_many_calls_of_one_caller_are_packed_and_parsed_at_once(
