@@ -8,21 +8,47 @@
 -- after the floor `f` (the last entry the inbox bound pushed out, set here, so that the
 -- bound is the writer's, whatever the readers' settings), younger than the inbox ttl.
 -- An entry leaves the front when it is out of the recovery window (or past the log max)
--- and out of the inbox too (by time, on every 8th append, below). The log lives one
--- inbox ttl after its last append (ack.lua shortens that to one window once everything
--- is acked).
+-- and out of the inbox too (by time, on every 8th append, below). The log lives at least
+-- one inbox ttl (and one window) after its last append (ack.lua shortens that to one
+-- window once everything is acked), the sequence at least its seq ttl. Each TTL is set a
+-- quarter longer than needed, and its deadline kept in the sequence (`x`: the sequence's,
+-- `y`: the log's); an append sets it again only once it ends sooner than needed, so most
+-- appends send no PEXPIRE (a quarter of a day apart, at the defaults). A log that is
+-- new (a first append, or Redis lost it) always gets its TTL.
 -- A sequence without `a` was written only by the version before, whose inbox was a
 -- sorted set of its own (the legacy inbox): what it holds waits there, so the log's
 -- inbox starts with this entry.
 -- Returns {n, epoch, entries the inbox bound pushed out (0 or 1)}.
+local now = tonumber(ARGV[2])
+local fields = {}  -- the sequence's fields to set, in one HSET at the end
 local a = h[2]
 if not a then
   a = n - 1
-  redis.call('HSET', KEYS[1], 'a', a)
+  table.insert(fields, 'a')
+  table.insert(fields, a)
+end
+if ((not h[2] and n > 1) or ARGV[9] == '1') and not h[6] then
+  -- `l`: the version before's inbox may hold entries (ack.lua removes acked ones there):
+  -- it wrote this sequence (without `a`; a new one starts at 1), or writes it still.
+  table.insert(fields, 'l')
+  table.insert(fields, 1)
 end
 local floor = math.max(tonumber(a), tonumber(h[3] or '0'))
-if tonumber(ARGV[6]) > 0 then redis.call('PEXPIRE', KEYS[1], ARGV[6]) end
+local seq_ttl = tonumber(ARGV[6])
+if seq_ttl > 0 and tonumber(h[4] or '0') < now + seq_ttl then
+  local ttl = seq_ttl + math.floor(seq_ttl / 4)
+  redis.call('PEXPIRE', KEYS[1], ttl)
+  table.insert(fields, 'x')
+  table.insert(fields, now + ttl)
+end
 local len = redis.call('RPUSH', KEYS[2], n .. ' ' .. ARGV[2] .. ' ' .. ARGV[1])
+local log_ttl = math.max(tonumber(ARGV[5]), tonumber(ARGV[8]))
+if len == 1 or tonumber(h[5] or '0') < now + log_ttl then
+  local ttl = log_ttl + math.floor(log_ttl / 4)
+  redis.call('PEXPIRE', KEYS[2], ttl)
+  table.insert(fields, 'y')
+  table.insert(fields, now + ttl)
+end
 local inbox_max = tonumber(ARGV[7])
 local keep = math.max(tonumber(ARGV[4]), inbox_max)
 if len > keep then redis.call('LTRIM', KEYS[2], -keep, -1) end
@@ -30,8 +56,10 @@ local over = 0
 if n - floor > inbox_max then
   over = 1
   floor = n - inbox_max
-  redis.call('HSET', KEYS[1], 'f', floor)
+  table.insert(fields, 'f')
+  table.insert(fields, floor)
 end
+if #fields > 0 then redis.call('HSET', KEYS[1], unpack(fields)) end
 -- The trim by time runs on every 8th append (up to 32 entries), not on each: readers
 -- filter by time themselves (the window, the inbox ttl), so what it leaves for a few
 -- appends more is memory only, and most appends save its LINDEX.
@@ -47,7 +75,6 @@ if n % 8 == 0 then
     redis.call('LPOP', KEYS[2])
   end
 end
-redis.call('PEXPIRE', KEYS[2], math.max(tonumber(ARGV[5]), tonumber(ARGV[8])))
 if ARGV[9] == '1' then
   -- As the version before kept it (its text starts "[n,"), bounded and expiring alike.
   redis.call('ZADD', KEYS[3], n, '[' .. n .. ',' .. string.sub(ARGV[1], 4))

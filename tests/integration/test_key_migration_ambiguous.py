@@ -116,6 +116,6 @@ async def test_a_merge_appends_as_the_store_does_and_leaves_no_sequence_without_
         assert [counter_of(e.seq) for e in history.inbox] == [1, 2, 3]
         assert await redis.llen(keys.user_log(BRACED)) == 3
         seq, log, inbox = keys.user_keys(BRACED)
-        for key in (seq, log):
-            assert 0 < await redis.pttl(key) <= limits.user_seq_ttl_ms, key
+        for key in (seq, log):  # a TTL a quarter longer than needed (append_user.lua)
+            assert 0 < await redis.pttl(key) <= limits.user_seq_ttl_ms * 5 // 4, key
         assert await redis.exists(inbox) == 0  # the inbox is the log's now

@@ -98,12 +98,45 @@ async def test_a_log_keeps_its_bounds_in_count_and_in_time(
     # is out of the inbox leaves: 1-3 by the count, 4 behind the inbox's bound of 2.
     log_key = KeySchema(prefix).user_log("u")
     assert [counter_of(e.seq) for e in (await s.read_user("u", None)).inbox] == [5, 6]
-    assert 10_000 < await client.pttl(log_key) <= 60_000
+    assert 10_000 < await client.pttl(log_key) <= 75_000  # the inbox TTL, a quarter more
     await s.ack([("u", six)])  # everything acked: the log serves resumes only
     ttl = await client.pttl(log_key)
     assert 0 < ttl <= 10_000  # the whole log lapses one window after its last ack
     # The sequence keeps its own TTL: a position stays valid past the log.
     assert await client.pttl(KeySchema(prefix).user_seq("u")) > 60_000
+
+
+async def test_an_append_sets_the_ttls_again_only_once_a_quarter_is_used_up(
+    client: RedisClient, prefix: str
+) -> None:
+    clock = ManualClock(T0)
+    s = store(client, prefix, clock, window_s=10, inbox_ttl_s=100, receipts_ttl_s=100)
+    seq_key, log_key = KeySchema(prefix).user_seq("u"), KeySchema(prefix).user_log("u")
+    await append(s, msg(1), ["u"], 0)
+    assert 100_000 < await client.pttl(log_key) <= 125_000
+    seq_ttl = await client.pttl(seq_key)
+    assert s.limits.user_seq_ttl_ms < seq_ttl <= s.limits.user_seq_ttl_ms * 5 // 4
+    # Marked short: an append inside the first quarter sets neither again...
+    await client.pexpire(log_key, 50_000)
+    await client.pexpire(seq_key, 50_000)
+    clock.advance(20)
+    await append(s, msg(2), ["u"], 0)
+    assert await client.pttl(log_key) <= 50_000
+    assert await client.pttl(seq_key) <= 50_000
+    # ... one past it sets both (each deadline then ends sooner than needed).
+    clock.advance(10)
+    (three,) = await append(s, msg(3), ["u"], 0)
+    assert 100_000 < await client.pttl(log_key) <= 125_000
+    assert s.limits.user_seq_ttl_ms < await client.pttl(seq_key)
+    # Everything acked: the log lapses one window after; the next append keeps it again.
+    await s.ack([("u", three)])
+    assert await client.pttl(log_key) <= 10_000
+    await append(s, msg(4), ["u"], 0)
+    assert 100_000 < await client.pttl(log_key) <= 125_000
+    # A log Redis lost (the sequence kept) gets its TTL with its first entry.
+    await client.delete(log_key)
+    await append(s, msg(5), ["u"], 0)
+    assert 100_000 < await client.pttl(log_key) <= 125_000
 
 
 async def test_the_inbox_holds_its_bound_and_forgets_what_was_acked(
@@ -156,9 +189,13 @@ async def test_an_inbox_written_before_it_was_the_logs_is_read_and_acked(
         "[3," + encode_message(msg(3), 0)[3:]
     ]
     assert [e.message for e in (await s.read_user("u", None)).inbox] == [msg(3), msg(4)]
+    assert await client.hget(names[0], "l") == "1"  # its acks clear the old inbox too
     await s.ack([("u", four)])
     assert await client.zcard(names[2]) == 0
+    assert await client.hget(names[0], "l") is None  # empty: later acks leave it be
     assert (await s.read_user("u", None)).inbox == []
+    await s.append_queued(msg(9), ["new"], 0)  # a user the version before never had
+    assert await client.hget(k.user_seq("new"), "l") is None
     # IMROUTE_INBOX_LEGACY_WRITES: the old inbox written too, for the version before.
     both = store(client, prefix, ManualClock(T0), legacy_writes=True)
     (five,), _ = await both.append_queued(msg(5), ["u"], 0)
@@ -166,6 +203,9 @@ async def test_an_inbox_written_before_it_was_the_logs_is_read_and_acked(
         f"[{counter_of(five)}," + encode_message(msg(5), 0)[3:]
     ]
     assert [e.message for e in (await s.read_user("u", None)).inbox] == [msg(5)]
+    assert await client.hget(names[0], "l") == "1"
+    await s.ack([("u", five)])
+    assert await client.zcard(names[2]) == 0
 
 
 async def test_topic_logs_read_by_range_and_their_sequence_never_lapses(
