@@ -136,20 +136,21 @@ class _Corked:
 
     def write(self, data: bytes) -> None:
         if not self._held:
-            self._loop.call_soon(self._flush)
+            self._loop.call_soon(self.flush)
         self._held.append(data)
 
     def writelines(self, lines: Iterable[bytes]) -> None:
         for data in lines:
             self.write(data)
 
-    def _flush(self) -> None:
+    def flush(self) -> None:
+        """Send what is held now (also done at the end of the turn, and by `close`)."""
         held, self._held = self._held, []
         if held and not self._transport.is_closing():
             self._transport.write(held[0] if len(held) == 1 else b"".join(held))
 
     def close(self) -> None:
-        self._flush()
+        self.flush()
         self._transport.close()
 
     def abort(self) -> None:
@@ -182,6 +183,14 @@ class _HeadDeadline(HeadBudget):
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm_head()
         super().connection_lost(exc)
+
+    def eof_received(self) -> None:
+        # The loop closes the transport once this returns (uvicorn keeps nothing open):
+        # an answer written in this turn goes out first, as it did before the cork.
+        corked = self.transport
+        if isinstance(corked, _Corked):
+            corked.flush()
+        super().eof_received()
 
     def _arm_head(self) -> None:
         if self._head_timer is None:

@@ -20,34 +20,50 @@
 -- inbox starts with this entry.
 -- Returns {n, epoch, entries the inbox bound pushed out (0 or 1)}.
 local now = tonumber(ARGV[2])
+local legacy = ARGV[9] == '1'
 local fields = {}  -- the sequence's fields to set, in one HSET at the end
 local a = h[2]
 if not a then
   a = n - 1
   table.insert(fields, 'a')
   table.insert(fields, a)
+  if n > 1 then  -- `m`: the version before's inbox was the whole inbox up to here
+    table.insert(fields, 'm')
+    table.insert(fields, a)
+  end
 end
-if ((not h[2] and n > 1) or ARGV[9] == '1') and not h[6] then
+if ((not h[2] and n > 1) or legacy) and not h[6] then
   -- `l`: the version before's inbox may hold entries (ack.lua removes acked ones there):
   -- it wrote this sequence (without `a`; a new one starts at 1), or writes it still.
   table.insert(fields, 'l')
   table.insert(fields, 1)
 end
 local floor = math.max(tonumber(a), tonumber(h[3] or '0'))
+-- Whether a key's TTL must be set again: its deadline ends sooner than needed, or lies
+-- further than this append would set it (a writer whose clock is ahead), or push services
+-- of the version before may run (legacy writes): they shorten TTLs and know nothing of
+-- the deadlines, so each append sets them, and records none (0), so that the first
+-- append after the legacy writes stop sets them again too.
+local function due(deadline, needed, ttl)
+  local at = tonumber(deadline or '0')
+  return legacy or at < now + needed or at > now + ttl
+end
 local seq_ttl = tonumber(ARGV[6])
-if seq_ttl > 0 and tonumber(h[4] or '0') < now + seq_ttl then
+if seq_ttl > 0 then
   local ttl = seq_ttl + math.floor(seq_ttl / 4)
-  redis.call('PEXPIRE', KEYS[1], ttl)
-  table.insert(fields, 'x')
-  table.insert(fields, now + ttl)
+  if due(h[4], seq_ttl, ttl) then
+    redis.call('PEXPIRE', KEYS[1], ttl)
+    table.insert(fields, 'x')
+    table.insert(fields, legacy and 0 or now + ttl)
+  end
 end
 local len = redis.call('RPUSH', KEYS[2], n .. ' ' .. ARGV[2] .. ' ' .. ARGV[1])
 local log_ttl = math.max(tonumber(ARGV[5]), tonumber(ARGV[8]))
-if len == 1 or tonumber(h[5] or '0') < now + log_ttl then
-  local ttl = log_ttl + math.floor(log_ttl / 4)
+local ttl = log_ttl + math.floor(log_ttl / 4)
+if len == 1 or due(h[5], log_ttl, ttl) then
   redis.call('PEXPIRE', KEYS[2], ttl)
   table.insert(fields, 'y')
-  table.insert(fields, now + ttl)
+  table.insert(fields, legacy and 0 or now + ttl)
 end
 local inbox_max = tonumber(ARGV[7])
 local keep = math.max(tonumber(ARGV[4]), inbox_max)
@@ -75,7 +91,7 @@ if n % 8 == 0 then
     redis.call('LPOP', KEYS[2])
   end
 end
-if ARGV[9] == '1' then
+if legacy then
   -- As the version before kept it (its text starts "[n,"), bounded and expiring alike.
   redis.call('ZADD', KEYS[3], n, '[' .. n .. ',' .. string.sub(ARGV[1], 4))
   local old = redis.call('ZCARD', KEYS[3]) - inbox_max

@@ -246,9 +246,9 @@ def _user_history(
     """The log part (the entries after `after` among the last `user_max`, inside the
     window; none when `after` is None) and the inbox (the entries after `start`: the
     acked position, or the last entry the inbox bound pushed out; and what a legacy
-    inbox still holds of them)."""
-    n, epoch_text, start_text, texts, legacy = reply
-    head, epoch, start = int(n), int(epoch_text), int(start_text)
+    inbox still holds of them, up to `whole` and past `start`)."""
+    n, epoch_text, start_text, texts, legacy, whole_text = reply
+    head, epoch, start, whole = int(n), int(epoch_text), int(start_text), int(whole_text)
     entries = []
     for text in texts:
         c, ts, data = _split(text)
@@ -265,7 +265,9 @@ def _user_history(
         for text in legacy:
             c = int(text[1 : text.index(",")])
             seq = seq_of(epoch, c)
-            if seq not in held:
+            # Past `whole`, a push service of the version before wrote it: the acked
+            # position covers it, or it is the inbox's (read_user.lua).
+            if seq not in held and (c <= whole or c > start):
                 _, message, expires_ms = decode_message(text)
                 inbox.append(Entry(seq, message, expires_ms))
         inbox.sort(key=lambda e: e.seq)

@@ -124,6 +124,43 @@ async def test_both_parsers_cut_slow_heads_and_answer_bad_ones_in_json(parser: P
         writer.close()
 
 
+async def _sized(scope: Scope, receive: Receive, send: Send) -> None:
+    """Answers with its path as the body, with a Content-Length."""
+    if await lifespan_done(scope, receive, send):
+        return
+    body = scope["path"].encode()
+    length = (b"content-length", str(len(body)).encode())
+    await send({"type": "http.response.start", "status": 200, "headers": [length]})
+    await send({"type": "http.response.body", "body": body})
+
+
+@pytest.mark.parametrize("parser", ["h11", "httptools"])
+async def test_answers_held_for_one_send_arrive_whole_and_in_order(parser: Parser) -> None:
+    """An answer's head and body leave in one send at the end of the loop turn: pipelined
+    requests get their answers in order, a client that half-closes after its request
+    still gets its answer, and `Connection: close` gets the answer before the close."""
+    async with uvicorn_on(_sized, head_deadline_protocol(5, parser)) as port:
+        reader, writer = await asyncio.open_connection(HOST, port)
+        writer.write(b"".join(request_head("GET", f"/{p}") for p in "abc"))
+        for path in (b"/a", b"/b", b"/c"):
+            answer = await read_answer(reader, timeout=3)
+            assert answer is not None and answer.body == path
+        writer.close()
+        reader, writer = await asyncio.open_connection(HOST, port)
+        writer.write(request_head("GET", "/half"))
+        writer.write_eof()
+        answer = await read_answer(reader, timeout=3)
+        assert answer is not None and answer.body == b"/half"
+        assert await closed_by_server(reader, 3)
+        writer.close()
+        reader, writer = await asyncio.open_connection(HOST, port)
+        writer.write(request_head("GET", "/last", Connection="close"))
+        answer = await read_answer(reader, timeout=3)
+        assert answer is not None and answer.body == b"/last"
+        assert await closed_by_server(reader, 3)
+        writer.close()
+
+
 async def test_past_the_concurrency_limit_uvicorn_answers_503(
     redis_url: str, prefix: str, redis: aioredis.Redis, tmp_path: Path
 ) -> None:

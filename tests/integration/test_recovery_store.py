@@ -139,6 +139,60 @@ async def test_an_append_sets_the_ttls_again_only_once_a_quarter_is_used_up(
     assert 100_000 < await client.pttl(log_key) <= 125_000
 
 
+async def test_while_legacy_writes_run_every_append_sets_the_ttls_and_no_deadline(
+    client: RedisClient, prefix: str
+) -> None:
+    """A push service of the version before shortens the TTLs behind the deadlines'
+    back: while legacy writes say one may run, each append sets both TTLs and records no
+    deadline (0), so the first append after them sets the TTLs again too."""
+    clock = ManualClock(T0)
+    limits = {"window_s": 10, "inbox_ttl_s": 100, "receipts_ttl_s": 100}
+    both = store(client, prefix, clock, legacy_writes=True, **limits)
+    seq_key, log_key = KeySchema(prefix).user_seq("u"), KeySchema(prefix).user_log("u")
+    for n in (1, 2):
+        await append(both, msg(n), ["u"], 0)
+        assert await client.hmget(seq_key, ["x", "y"]) == ["0", "0"]
+        await client.pexpire(log_key, 5_000)  # what the version before's append does
+        await client.pexpire(seq_key, 5_000)
+    await append(store(client, prefix, clock, **limits), msg(3), ["u"], 0)
+    assert 100_000 < await client.pttl(log_key) <= 125_000
+    assert both.limits.user_seq_ttl_ms < await client.pttl(seq_key)
+
+
+async def test_a_deadline_no_writer_could_set_is_set_again(
+    client: RedisClient, prefix: str
+) -> None:
+    """A push service whose clock runs ahead writes deadlines past what the others would
+    set; theirs set the TTLs again rather than trust them."""
+    limits = {"window_s": 10, "inbox_ttl_s": 100, "receipts_ttl_s": 100}
+    ahead = store(client, prefix, ManualClock(T0 + 3_600_000), **limits)
+    seq_key, log_key = KeySchema(prefix).user_seq("u"), KeySchema(prefix).user_log("u")
+    await append(ahead, msg(1), ["u"], 0)
+    await client.pexpire(log_key, 5_000)
+    await client.pexpire(seq_key, 5_000)
+    await append(store(client, prefix, ManualClock(T0), **limits), msg(2), ["u"], 0)
+    assert 100_000 < await client.pttl(log_key) <= 125_000
+    assert await client.pttl(seq_key) > 100_000
+
+
+async def test_an_old_inbox_entry_the_acked_position_covers_is_not_read(
+    client: RedisClient, prefix: str
+) -> None:
+    """A push service of the version before may add to a legacy inbox an ack no longer
+    clears (`l` gone): what the acked position covers is not read from it."""
+    s = store(client, prefix, ManualClock(T0))
+    names = KeySchema(prefix).user_keys("u")
+    (one,), _ = await s.append_queued(msg(1), ["u"], 0)
+    (two,), _ = await s.append_queued(msg(2), ["u"], 0)
+    await s.ack([("u", one)])
+    await client.zadd(names[2], {"[1," + encode_message(msg(1), 0)[3:]: 1})
+    await client.zadd(names[2], {"[2," + encode_message(msg(2), 0)[3:]: 2})
+    inbox = (await s.read_user("u", None)).inbox
+    assert [(counter_of(e.seq), e.message) for e in inbox] == [(2, msg(2))]
+    await s.ack([("u", two)])
+    assert (await s.read_user("u", None)).inbox == []
+
+
 async def test_the_inbox_holds_its_bound_and_forgets_what_was_acked(
     client: RedisClient, prefix: str
 ) -> None:
@@ -206,6 +260,14 @@ async def test_an_inbox_written_before_it_was_the_logs_is_read_and_acked(
     assert await client.hget(names[0], "l") == "1"
     await s.ack([("u", five)])
     assert await client.zcard(names[2]) == 0
+    assert await client.hget(names[0], "l") is None
+    # A push service of the version before, still running, adds one: an ack no longer
+    # takes it out of the old inbox, but the acked position covers it.
+    six = await write_legacy(client, *names, msg(6), 0)
+    assert [e.message for e in (await s.read_user("u", None)).inbox] == [msg(6)]
+    await s.ack([("u", at(five, six))])
+    assert await client.zcard(names[2]) == 1
+    assert (await s.read_user("u", None)).inbox == []
 
 
 async def test_topic_logs_read_by_range_and_their_sequence_never_lapses(
