@@ -173,6 +173,7 @@ class _HeadDeadline(HeadBudget):
     _timeout_response: ClassVar[bytes] = b""
 
     loop: asyncio.AbstractEventLoop
+    cycle: Any  # uvicorn's request cycle in progress (None between requests)
     _head_timer: asyncio.TimerHandle | None = None
     _head_begun = False  # a byte of the pending head has arrived
 
@@ -184,13 +185,27 @@ class _HeadDeadline(HeadBudget):
         self._disarm_head()
         super().connection_lost(exc)
 
-    def eof_received(self) -> None:
-        # The loop closes the transport once this returns (uvicorn keeps nothing open):
-        # an answer written in this turn goes out first, as it did before the cork.
+    def eof_received(self) -> bool | None:
+        """The client sent all it will (a half-close). uvicorn closes the connection at
+        once, so a request it had whole but not yet answered lost its answer though it
+        took effect (a push sent, its caller none the wiser). Such a request is answered
+        first, and the connection closed after it, as on a graceful shutdown. Anything
+        else closes it as before: no request, or one whose body stops short (its app
+        reads a disconnect), or more pipelined behind it."""
         corked = self.transport
         if isinstance(corked, _Corked):
-            corked.flush()
-        super().eof_received()
+            corked.flush()  # an answer written in this turn goes out before any close
+        cycle = self.cycle
+        if (
+            cycle is None
+            or cycle.response_complete
+            or cycle.more_body
+            or getattr(self, "pipeline", None)
+        ):
+            super().eof_received()
+            return None  # the loop closes the transport
+        cycle.keep_alive = False  # closed once this one is answered
+        return True
 
     def _arm_head(self) -> None:
         if self._head_timer is None:
@@ -226,7 +241,8 @@ def _httptools_class() -> type[asyncio.Protocol]:
 
     uvicorn_on_header = HttpToolsProtocol.on_header
 
-    class HttpToolsHeadDeadline(_HeadDeadline, HttpToolsProtocol):
+    # uvicorn types its eof_received as returning None; asyncio's may return True.
+    class HttpToolsHeadDeadline(_HeadDeadline, HttpToolsProtocol):  # type: ignore[misc]
         """httptools calls back at a head's first byte, with the target, with each
         field and at its end; and at the end of the request."""
 
@@ -285,7 +301,7 @@ def _httptools_class() -> type[asyncio.Protocol]:
     return HttpToolsHeadDeadline
 
 
-class H11HeadDeadline(_HeadDeadline, H11Protocol):
+class H11HeadDeadline(_HeadDeadline, H11Protocol):  # type: ignore[misc]  # eof_received
     """h11 has no per-head callbacks: its state says whether a head is pending (IDLE).
     Its connection refuses the fields and targets over the limits."""
 
