@@ -75,16 +75,11 @@ class RedisRecoveryStore:
 
     # ------------------------------------------------------------------ RecoveryLog
 
-    @translate_errors
     async def append_queued(
         self, message: Message, uids: Sequence[str], expires_ms: int
     ) -> tuple[list[int], int]:
-        calls = self._queued_calls(message, uids, expires_ms, self._clock.now_ms())
-        if len(calls) == 1:
-            replies = [await self._one(calls[0])]
-        else:
-            replies = await self._pipelined(calls)
-        return [_seq(r) for r in replies], sum(int(r[2]) for r in replies)
+        [answer] = await self.append_queued_many([(message, uids, expires_ms)])
+        return answer
 
     def append_queued_many(
         self, items: Sequence[tuple[Message, Sequence[str], int]]

@@ -101,7 +101,7 @@ class ScriptRunner:
         if auto is not None:
             if len(calls) <= AUTO_MANY:
                 # Issued together, they share one round trip (with other tasks' commands).
-                return await self._run(lambda: _each(auto, calls))
+                return await self.soon(calls)
             # Many: packed and parsed at once, in a round trip of their own.
             return await self._run(lambda: auto.execute_many(calls))
 
@@ -132,17 +132,14 @@ class ScriptRunner:
         try:
             return await _replies(futures)
         except NoScriptError:
+            # Nothing ran (every call fails alike): load them, submit them again.
             await self._load()
-            return await _each(auto, calls)
-
-
-async def _each(auto: AutoPipeline, calls: Sequence[tuple[Any, ...]]) -> list[Any]:
-    """Each call's reply, all submitted at once (no task each, as gather would make), or
-    the first error, once every reply is in."""
-    return await _replies([auto.submit(*args) for args in calls])
+            return await _replies([auto.submit(*args) for args in calls])
 
 
 async def _replies(futures: Sequence[asyncio.Future[Any]]) -> list[Any]:
+    """Each submitted call's reply (no task each, as gather would make), or the first
+    error, once every reply is in."""
     replies: list[Any] = []
     first: BaseException | None = None
     for future in futures:
