@@ -35,6 +35,8 @@ class DrainRequests(Protocol):
         ...
 
     async def take(self, gateway_id: str, boot_ms: int) -> bool:
-        """Whether this boot of the gateway was asked to drain; the request is consumed
-        (one for another boot is dropped), so a restarted gateway never drains again."""
+        """Whether this boot of the gateway was asked to drain, once: the request is
+        marked taken, and still counts for `request_unless_last` until it lapses (the
+        gateway's record says draining by then); one for another boot is dropped, so a
+        restarted gateway never drains again."""
         ...

@@ -134,17 +134,26 @@ class MemoryDrainRequests:
 
     def __init__(self) -> None:
         self.asked: dict[str, int] = {}
+        self.taken: set[str] = set()  # asked, and seen by their gateway
 
     async def request(self, gateway_id: str, boot_ms: int) -> None:
         self.asked[gateway_id] = boot_ms
+        self.taken.discard(gateway_id)
 
     async def request_unless_last(
         self, gateway_id: str, boot_ms: int, others: Mapping[str, int]
     ) -> bool:
         if all(self.asked.get(g) == boot for g, boot in others.items()):
             return False
-        self.asked[gateway_id] = boot_ms
+        await self.request(gateway_id, boot_ms)
         return True
 
     async def take(self, gateway_id: str, boot_ms: int) -> bool:
-        return self.asked.pop(gateway_id, None) == boot_ms
+        if self.asked.get(gateway_id) != boot_ms:
+            self.asked.pop(gateway_id, None)
+            self.taken.discard(gateway_id)
+            return False
+        if gateway_id in self.taken:
+            return False
+        self.taken.add(gateway_id)
+        return True
