@@ -78,7 +78,12 @@ def redis_stores(
     return Stores(
         registry=RedisRouteRegistry(redis, keys, clock, reads=hash_reads_for(redis, auto)),
         recovery=RedisRecoveryStore(
-            redis, keys, clock, RecoveryLimits.from_settings(settings), auto
+            redis,
+            keys,
+            clock,
+            RecoveryLimits.from_settings(settings),
+            auto,
+            topics_on_bus=settings.topic_log_on_bus,
         ),
         # The fleet's TTL is the gateways' to set; readers only read.
         fleet=RedisGatewayFleet(redis, keys, clock, ttl_s=1),

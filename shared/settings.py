@@ -1159,6 +1159,14 @@ class FleetSettings(
     def effective_bus_url(self) -> str:
         return self.bus_url or self.redis_url
 
+    @property
+    def topic_log_on_bus(self) -> bool:
+        """Whether each bus topic's stream is its recovery log too: the Redis Streams bus
+        on the Redis the recovery store uses (IMROUTE_BUS_URL unset, or that URL)."""
+        return self.effective_bus_url == self.redis_url and not self.redis_url.startswith(
+            "redis+cluster://"
+        )
+
     @model_validator(mode="after")
     def _content_outlives_its_readers(self) -> Self:
         needed = max(self.recovery_window_s, self.bus_group_idle_s)

@@ -210,7 +210,12 @@ class Gateway(ClosedOnExit):
         self._writer = CoalescingRouteWriter(self.registry)
         auto = auto_pipeline_for(redis)  # the acks' writes: packed and parsed at once
         recovery = RedisRecoveryStore(
-            redis, keys, self.clock, RecoveryLimits.from_settings(s), auto
+            redis,
+            keys,
+            self.clock,
+            RecoveryLimits.from_settings(s),
+            auto,
+            topics_on_bus=s.topic_log_on_bus,
         )
         self.follower = TopicFollower(
             recovery, self.deliver_service, self.conns.marks, gateway_topics(s.group_id), self.clock

@@ -9,7 +9,7 @@ from contextlib import aclosing
 
 from google.protobuf.message import DecodeError
 
-from router.bus.base import BROADCAST, Bus, group_topic
+from router.bus.base import BROADCAST, EPOCH, SEQ, Bus, group_topic
 from shared.errors import BusUnavailable, ImrouteError
 from shared.proto import gateway_pb2
 from shared.tracing import TRACEPARENT
@@ -52,8 +52,13 @@ async def consume(bus: Bus, gateway_id: str, group_id: str, offer: Offer) -> Non
                             received.topic,
                         )
                     else:
+                        attributes = received.attributes
                         if not batch.traceparent:  # the publish's span, when traced
-                            batch.traceparent = received.attributes.get(TRACEPARENT, "")
+                            batch.traceparent = attributes.get(TRACEPARENT, "")
+                        if not batch.seq and SEQ in attributes:
+                            # Given where the stream is the topic's log: the entry's place.
+                            batch.seq = int(attributes[SEQ])
+                            batch.epoch = int(attributes.get(EPOCH, "0"))
                         try:
                             # Written now, or once its turn comes; its content read
                             # first when it was stored once for the push.

@@ -30,6 +30,11 @@ class CountingPublisher:
         self.last_done = 0.0
         self.per_topic: dict[str, int] = {}
 
+    @property
+    def logs_topics(self) -> bool:
+        """As the bus: whether its publish logs the batch (`LogsTopics`)."""
+        return self._bus.logs_topics
+
     async def publish(
         self, topic: str, data: bytes, attributes: Mapping[str, str] | None = None
     ) -> str:

@@ -37,8 +37,10 @@ from shared.keys import ID_PATTERN, validate_id
 
 __all__ = [
     "BROADCAST",
+    "EPOCH",
     "GROUP_PREFIX",
     "MAX_MESSAGE_BYTES",
+    "SEQ",
     "Bus",
     "BusLifecycle",
     "BusUnavailable",
@@ -56,6 +58,11 @@ T = TypeVar("T")
 
 BROADCAST = "broadcast"
 GROUP_PREFIX = "group."
+
+# The attributes of an entry that the publish logged in its topic's recovery log: its
+# counter and epoch there (`shared.positions`), given by the publish itself.
+SEQ = "seq"
+EPOCH = "epoch"
 
 # Every transport takes what Pub/Sub takes (cloud.google.com/pubsub/quotas), so a stack
 # can move from one to the other: data and attributes together at most 10 MB, at most
@@ -197,6 +204,10 @@ class BusLifecycle(ClosedOnExit):
     """What every transport shares: `async with`, a close that ends every wait, the
     refusal of calls once closed, and `subscribe` checking its arguments at the call.
     A transport calls `_begin_close()` first in `close()`, and reads in `_consume`."""
+
+    # Whether a publish logs the batch in its topic's recovery log too (the stream is
+    # that log: `RedisStreamsTransport` with `topic_log`), so nobody else appends it.
+    logs_topics = False
 
     def __init__(self) -> None:
         self._closed = False

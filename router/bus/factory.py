@@ -4,7 +4,12 @@ from __future__ import annotations
 
 from router.bus.hedged import HedgedBus
 from router.bus.memory import MemoryBus
-from router.bus.redis_streams import DEFAULT_GROUP_IDLE_S, DEFAULT_MAXLEN, RedisStreamsBus
+from router.bus.redis_streams import (
+    DEFAULT_GROUP_IDLE_S,
+    DEFAULT_MAXLEN,
+    RedisStreamsBus,
+    TopicLog,
+)
 from router.bus.transport import BusTransport
 from router.hedging import AUTO, HedgeObserver, HedgingSettings, RetrySettings, check_compatible
 from shared.errors import ConfigError
@@ -19,6 +24,7 @@ __all__ = [
     "check_bus_settings",
     "hedging_from_settings",
     "open_bus",
+    "topic_log_from_settings",
 ]
 
 REDIS_SCHEMES = ("redis", "rediss", "unix")
@@ -36,12 +42,14 @@ def open_bus(
     hedging: HedgingSettings | None = None,
     observer: HedgeObserver | None = None,
     tracer: Tracer | None = None,
+    topic_log: TopicLog | None = None,
 ) -> HedgedBus[BusTransport]:
     """The bus `url` names, hedged with `hedging`: Redis Streams for redis://, rediss://
     and unix://, keeping what a live gateway (one that read within `group_idle_s`) has
     not read, up to `maxlen` entries per topic; Google Cloud Pub/Sub for
     pubsub://PROJECT, holding at most `max_outstanding` unacked messages per
-    subscription; an in-process bus of its own for memory:// (tests and examples)."""
+    subscription; an in-process bus of its own for memory:// (tests and examples).
+    `topic_log`: a Redis Streams bus's streams are their topics' recovery logs too."""
     # Only the scheme is ever echoed back: the rest of the URL may hold a password.
     scheme, sep, _ = url.partition("://")
     scheme = scheme.lower() if sep else ""
@@ -54,6 +62,7 @@ def open_bus(
             hedging=hedging,
             observer=observer,
             tracer=tracer,
+            topic_log=topic_log,
         )
     if scheme == MEMORY_SCHEME:
         return MemoryBus(hedging=hedging, observer=observer, tracer=tracer)
@@ -108,7 +117,16 @@ def bus_from_settings(
         hedging=hedging_from_settings(settings),
         observer=observer,
         tracer=tracer,
+        topic_log=topic_log_from_settings(settings),
     )
+
+
+def topic_log_from_settings(settings: FleetSettings) -> TopicLog | None:
+    """The streams as their topics' recovery logs, when the bus is Redis Streams on the
+    recovery store's Redis (`FleetSettings.topic_log_on_bus`)."""
+    if not settings.topic_log_on_bus:
+        return None
+    return TopicLog(int(settings.recovery_window_s * 1000), settings.recovery_topic_max)
 
 
 HEDGE_VARS = "IMROUTE_HEDGE_DELAY_MS, IMROUTE_HEDGE_MAX_TOKENS, IMROUTE_HEDGE_REFILL_RATIO"

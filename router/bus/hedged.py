@@ -77,6 +77,11 @@ class HedgedBus(ClosedOnExit, Generic[T_co]):
         return self._transport.losses
 
     @property
+    def logs_topics(self) -> bool:
+        """Whether a publish logs its batch in the topic's recovery log too."""
+        return self._transport.logs_topics
+
+    @property
     def hedger(self) -> Hedger:
         """The publishes' hedger: its settings, and per topic its bucket and delay."""
         return self._hedger

@@ -1,12 +1,43 @@
 -- The publish of one entry to a Redis Streams topic, and its trim (`redis_trim.py`).
--- KEYS: stream, lost counts. ARGV: maxlen, idle_ms, check ('1': look at the groups even
--- within the bound), max excess, lost ttl, then the entry's field/value pairs.
--- Returns {entry id, {dropped groups}, {group, unread trimmed, ...}, {push, batch, ...}}.
+-- KEYS: stream, lost counts, and the topic's sequence when the stream is the topic's
+-- recovery log too. ARGV: maxlen, idle_ms, check ('1': look at the groups even within
+-- the bound), max excess, lost ttl, the log's window in ms and its bound in entries
+-- (both unused without the sequence), then the entry's field/value pairs.
+-- Returns {entry id, {dropped groups}, {group, unread trimmed, ...}, {push, batch, ...},
+-- n, epoch} (n and epoch 0 without the sequence).
 local fields = {}
-for i = 6, #ARGV do fields[#fields + 1] = ARGV[i] end
+local batch_id = nil
+for i = 8, #ARGV, 2 do
+  fields[#fields + 1] = ARGV[i]
+  fields[#fields + 1] = ARGV[i + 1]
+  if ARGV[i] == 'attr:batch_id' then batch_id = ARGV[i + 1] end
+end
+-- As the topic's log: the entry carries its place (`attr:seq`, `attr:epoch`: next.lua's
+-- counter and epoch), given under the sequence in this script, so the stream's order is
+-- the log's. A batch published again at once (a hedge, a retry whose first attempt got
+-- through) is the entry it already is.
+local n, e = 0, '0'
+if KEYS[3] then
+  local last = redis.call('HMGET', KEYS[3], 'b', 'i', 'n', 'e')
+  if batch_id and last[1] == batch_id and last[2] then
+    return {last[2], {}, {}, {}, tonumber(last[3]), last[4]}
+  end
+  n = redis.call('HINCRBY', KEYS[3], 'n', 1)
+  e = last[4]
+  if not e then
+    local t = redis.call('TIME')
+    e = tostring(tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000))
+    redis.call('HSET', KEYS[3], 'e', e)
+  end
+  fields[#fields + 1] = 'attr:seq'
+  fields[#fields + 1] = n
+  fields[#fields + 1] = 'attr:epoch'
+  fields[#fields + 1] = e
+end
 local id = redis.call('XADD', KEYS[1], '*', unpack(fields))
+if KEYS[3] and batch_id then redis.call('HSET', KEYS[3], 'b', batch_id, 'i', id) end
 local maxlen = tonumber(ARGV[1])
-if ARGV[3] ~= '1' and redis.call('XLEN', KEYS[1]) <= maxlen then return {id, {}, {}, {}} end
+if ARGV[3] ~= '1' and redis.call('XLEN', KEYS[1]) <= maxlen then return {id, {}, {}, {}, n, e} end
 
 local function parse(s)
   local ms, seq = string.match(s, '^(%d+)-(%d+)$')
@@ -47,10 +78,24 @@ for _, g in ipairs(redis.call('XINFO', 'GROUPS', KEYS[1])) do
     live[#live + 1] = {info['name'], ms, seq, 0}
   end
 end
+-- As the topic's log, the stream keeps what a resume may read too: the entries of the
+-- last window, at most the log's bound of them (the oldest past it go, MAX_EXCESS at a
+-- time), whether or not every live group has read them.
+if KEYS[3] then
+  local keep_ms, keep_seq = parse(id)
+  keep_ms, keep_seq = math.max(0, keep_ms - tonumber(ARGV[6])), 0
+  local over = redis.call('XLEN', KEYS[1]) - tonumber(ARGV[7])
+  if over > 0 then
+    local old = redis.call('XRANGE', KEYS[1], '-', '+', 'COUNT', math.min(over, tonumber(ARGV[4])))
+    local oms, oseq = parse(old[#old][1])
+    if before(keep_ms, keep_seq, oms, oseq + 1) then keep_ms, keep_seq = oms, oseq + 1 end
+  end
+  if before(keep_ms, keep_seq, floor_ms, floor_seq) then floor_ms, floor_seq = keep_ms, keep_seq end
+end
 redis.call('XTRIM', KEYS[1], 'MINID', '~', fmt(floor_ms, floor_seq))
 
 local excess = redis.call('XLEN', KEYS[1]) - maxlen
-if excess <= 0 then return {id, dropped, {}, {}} end
+if excess <= 0 then return {id, dropped, {}, {}, n, e} end
 if excess > tonumber(ARGV[4]) then excess = tonumber(ARGV[4]) end
 local old = redis.call('XRANGE', KEYS[1], '-', '+', 'COUNT', excess)
 local first, last = old[1][1], old[#old][1]
@@ -89,4 +134,4 @@ for _, g in ipairs(live) do
   end
 end
 if #lost > 0 then redis.call('PEXPIRE', KEYS[2], ARGV[5]) end
-return {id, dropped, lost, batches}
+return {id, dropped, lost, batches, n, e}

@@ -19,7 +19,7 @@ import functools
 import logging
 from collections.abc import AsyncGenerator, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
-from typing import Any, Unpack
+from typing import Any, NamedTuple, Unpack
 
 import redis.asyncio as aioredis
 import redis.exceptions
@@ -43,6 +43,7 @@ __all__ = [
     "RedisStreamsBus",
     "RedisStreamsBusOptions",
     "RedisStreamsTransport",
+    "TopicLog",
     "stream_key",
 ]
 
@@ -70,6 +71,14 @@ def stream_key(prefix: str, topic: str) -> str:
     return KeySchema(prefix).bus_stream(topic)
 
 
+class TopicLog(NamedTuple):
+    """The stream as its topic's recovery log: what it keeps for resumes beyond what the
+    live groups need (IMROUTE_RECOVERY_WINDOW_S, IMROUTE_RECOVERY_TOPIC_MAX)."""
+
+    window_ms: int
+    max_entries: int
+
+
 class RedisStreamsBusOptions(Publishing, total=False):
     """RedisStreamsBus's keyword arguments: Publishing's, then RedisStreamsTransport's."""
 
@@ -80,6 +89,7 @@ class RedisStreamsBusOptions(Publishing, total=False):
     claim_idle_s: float
     consumer: str | None
     pool_size: int
+    topic_log: TopicLog | None
 
 
 class RedisStreamsTransport(BusLifecycle):
@@ -99,7 +109,11 @@ class RedisStreamsTransport(BusLifecycle):
         claim_idle_s: float = 30.0,
         consumer: str | None = None,
         pool_size: int = POOL_SIZE,
+        topic_log: TopicLog | None = None,
     ) -> None:
+        """`topic_log`: each topic's stream is its recovery log too (on the Redis the
+        recovery store uses): a publish gives the entry its seq under the topic's
+        sequence, in the same script, and the trim keeps the log's window."""
         try:
             # Binary payloads, so no decoding; a blocking pool makes a burst of
             # publishers wait for a connection instead of failing at once.
@@ -117,7 +131,10 @@ class RedisStreamsTransport(BusLifecycle):
             raise ConfigError(f"IMROUTE_BUS_URL: {exc}") from None
         self._redis: aioredis.Redis = aioredis.Redis.from_pool(pool)
         self._prefix = prefix
+        self._keys = KeySchema(prefix)
         self._maxlen = maxlen
+        self._topic_log = topic_log
+        self.logs_topics = topic_log is not None
         self._group_idle_ms = int(group_idle_s * 1000)
         self._scripts = ScriptRunner(self._redis, (PUBLISH,))
         self._checked: dict[str, float] = {}  # topic -> when its groups were last looked at
@@ -139,16 +156,29 @@ class RedisStreamsTransport(BusLifecycle):
         fields: list[bytes] = [_DATA, data]
         for name, value in attributes.items():
             fields += (_ATTR + name.encode(), value.encode())
-        keys = [stream_key(self._prefix, topic), KeySchema(self._prefix).bus_lost(topic)]
+        keys = [self._keys.bus_stream(topic), self._keys.bus_lost(topic)]
+        log_bounds = (0, 0)
+        if self._topic_log is not None:
+            keys.append(self._keys.topic_seq(topic))
+            log_bounds = self._topic_log
 
         async def xadd(ctx: AttemptContext) -> str:
             # A hedge is one more XADD of the same batch: a duplicate entry that the
-            # gateways drop by batch id. A loser is cancelled mid-command.
+            # gateways drop by batch id (as the topic's log, the script answers with
+            # the entry it already is while it is the topic's last). A loser is
+            # cancelled mid-command.
             now = asyncio.get_running_loop().time()
             check = now - self._checked.get(topic, -TRIM_EVERY_S) >= TRIM_EVERY_S
             if check:
                 self._checked[topic] = now
-            args = [self._maxlen, self._group_idle_ms, int(check), MAX_EXCESS, LOST_TTL_MS]
+            args = [
+                self._maxlen,
+                self._group_idle_ms,
+                int(check),
+                MAX_EXCESS,
+                LOST_TTL_MS,
+                *log_bounds,
+            ]
             async with asyncio.timeout(ctx.timeout_s):
                 reply = await self._scripts.run(PUBLISH, keys, *args, *fields)
             reraise_swallowed_cancel()

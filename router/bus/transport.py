@@ -31,6 +31,12 @@ class BusTransport(Subscriptions, Protocol):
         ...
 
     @property
+    def logs_topics(self) -> bool:
+        """Whether a publish also logs the batch in its topic's recovery log, and gives
+        it its seq there (the entry's `seq` and `epoch` attributes)."""
+        ...
+
+    @property
     def message_ordering(self) -> bool:
         """Whether publishes keep their order (ordering keys): hedging is refused then."""
         ...

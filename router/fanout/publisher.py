@@ -48,6 +48,7 @@ from shared.tracing import (
 __all__ = [
     "BROADCAST_TOPIC",
     "BatchPublisher",
+    "LogsTopics",
     "Publisher",
     "PushCounters",
     "ReportsLosses",
@@ -64,6 +65,15 @@ class Publisher(Protocol):
     async def publish(
         self, topic: str, data: bytes, attributes: Mapping[str, str] | None = None
     ) -> str: ...
+
+
+@runtime_checkable
+class LogsTopics(Protocol):
+    """A bus whose publish logs the batch in its topic's recovery log too (every
+    HedgedBus says whether it does; test doubles that only publish do not)."""
+
+    @property
+    def logs_topics(self) -> bool: ...
 
 
 @runtime_checkable
@@ -92,7 +102,9 @@ class BatchPublisher:
     """Builds one Batch per call, encodes it once and publishes it to its topic.
 
     With `recovery`, each batch is logged in its topic's batch log (one entry per
-    batch) before it is published, and carries its seq there. With `content` (or
+    batch) before it is published, and carries its seq there; unless the bus logs it
+    itself (`LogsTopics`: the Redis Streams bus on the recovery store's Redis, whose
+    stream is the topic's log), where the publish is the one write. With `content` (or
     `recovery`'s), content it `stores` is written once and the batches name it. With
     `tracer`, each batch's publish is a span its gateways' spans name as their parent
     (the message attribute `traceparent`)."""
@@ -108,6 +120,7 @@ class BatchPublisher:
     _store: ContentWrites | None = field(init=False, repr=False)  # where content goes once
     _bare: Message = field(init=False, repr=False)  # what batches carry when stored
     _losses: BusLosses | None = field(init=False, repr=False)
+    _log_apart: RecoveryLog | None = field(init=False, repr=False)  # the bus does not log
 
     def __post_init__(self) -> None:
         content = self.content
@@ -116,6 +129,8 @@ class BatchPublisher:
         self._store = content if content and content.stores(self.message.content_json) else None
         self._bare = replace(self.message, content_json=b"")
         self._losses = self.publisher.losses if isinstance(self.publisher, ReportsLosses) else None
+        on_bus = isinstance(self.publisher, LogsTopics) and self.publisher.logs_topics
+        self._log_apart = None if on_bus else self.recovery
 
     async def record_offline(self, uids: Sequence[str]) -> None:
         """Log recipients who had no route (one entry for all of them), so that a client
@@ -165,8 +180,8 @@ class BatchPublisher:
             "mode": gateway_pb2.Mode.Name(mode),
             "group_id": group_id,
         }
-        if self.recovery is not None:
-            recovery = self.recovery
+        if self._log_apart is not None:
+            recovery = self._log_apart
             seq = await ride_out(
                 lambda: recovery.append_batch(topic, batch), f"logging a batch of {topic}"
             )

@@ -1,3 +1,4 @@
+-- After range.lua (head, e, after, upto and the budget, from KEYS[1] and ARGV).
 -- KEYS: seq, log. ARGV: after's epoch and n, upto's epoch and n ('' for the head), then
 -- a budget: at most ARGV[6] entries and ARGV[5] bytes of them (0: no bound). From
 -- another epoch than the log's, `after` reads from its start; an `upto` of an earlier
@@ -8,14 +9,6 @@
 -- the log. Over the budget the newest entries that fit are returned, and `from`: the n
 -- after which they are all there (any position below it is over too).
 -- Returns {head n, epoch, entries in order, 1 when over the budget else 0, from}.
-local head = tonumber(redis.call('HGET', KEYS[1], 'n') or '0')
-local e = redis.call('HGET', KEYS[1], 'e') or '0'
-local after = e == ARGV[1] and tonumber(ARGV[2]) or 0
-local upto = head
-if ARGV[4] ~= '' and ARGV[3] == e then upto = math.min(tonumber(ARGV[4]), head) end
-if ARGV[4] ~= '' and ARGV[3] ~= e and tonumber(ARGV[3]) < tonumber(e) then upto = 0 end
-if upto <= after then return {head, e, {}, 0, after} end
-local max_bytes, max_entries = tonumber(ARGV[5] or '0'), tonumber(ARGV[6] or '0')
 local first, last = after - head, upto - head - 1
 if max_bytes == 0 and max_entries == 0 then
   return {head, e, redis.call('LRANGE', KEYS[2], first, last), 0, after}

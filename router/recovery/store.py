@@ -16,6 +16,7 @@ from collections.abc import Awaitable, Sequence
 from typing import Any
 
 from router.recovery.base import (
+    OFFLINE_TOPIC,
     Entry,
     LoggedBatch,
     RecoveryLimits,
@@ -25,7 +26,7 @@ from router.recovery.base import (
 )
 from router.recovery.codec import decode_batch, decode_message, encode_batch, encode_message
 from router.recovery.content import ContentCache, RedisContentStore
-from router.recovery.lua import ACK, APPEND, APPEND_USER, HEAD, READ_TOPIC, READ_USER
+from router.recovery.lua import ACK, APPEND, APPEND_USER, HEAD, READ_STREAM, READ_TOPIC, READ_USER
 from router.redis.autopipe import AutoPipeline
 from router.redis.client import RedisClient
 from router.redis.errors import translate_errors
@@ -49,8 +50,13 @@ class RedisRecoveryStore:
         clock: Clock,
         limits: RecoveryLimits,
         auto: AutoPipeline | None = None,
+        *,
+        topics_on_bus: bool = False,
     ) -> None:
-        """`auto`: calls share its round trips (standalone Redis only)."""
+        """`auto`: calls share its round trips (standalone Redis only). `topics_on_bus`:
+        the bus's topics are logged in their streams (the Redis Streams bus on this
+        Redis, `router.bus.redis_streams.TopicLog`), which the reads read; the list is
+        read too for one release, while one logged apart lasts."""
         self._redis = redis
         self._keys = keys
         self._clock = clock
@@ -58,7 +64,7 @@ class RedisRecoveryStore:
         # Loaded again, all of them, by the runner when Redis lost its script cache.
         self._scripts = ScriptRunner(
             redis,
-            (APPEND, APPEND_USER, READ_USER, ACK, READ_TOPIC, HEAD),
+            (APPEND, APPEND_USER, READ_USER, ACK, READ_TOPIC, READ_STREAM, HEAD),
             auto,
         )
         self._seq_ttl_ms = limits.user_seq_ttl_ms  # read once: every append passes it
@@ -66,6 +72,7 @@ class RedisRecoveryStore:
             redis, keys, clock, limits.content_ttl_s, limits.content_inline_max
         )
         self._contents = ContentCache(self.content)
+        self._topics_on_bus = topics_on_bus
 
     async def _pipelined(self, calls: Sequence[tuple[Any, ...]]) -> list[Any]:
         return await self._scripts.many(calls)
@@ -178,36 +185,50 @@ class RedisRecoveryStore:
 
     @translate_errors
     async def read_topic(self, topic: str, after: int, upto: int | None = None) -> TopicHistory:
-        keys = (self._keys.topic_seq(topic), self._keys.topic_log(topic))
-        bound = ("", "") if upto is None else (epoch_of(upto), counter_of(upto))
-        head, epoch, log, _, _ = await self._one(
-            READ_TOPIC.args(keys, epoch_of(after), counter_of(after), *bound, 0, 0)
-        )
-        e = int(epoch)
-        decoded = [decode_batch(seq, data, e) for seq, _, data in map(_split, log)]
+        head, entries, _, _ = await self._read(topic, after, upto, 0, 0)
+        decoded = [batch for batch, _ in entries]
         filled = await self._contents.fill(decoded)
         # A batch whose content is gone is left out: a hole, which readers count as lost.
         batches = [LoggedBatch(b) for b, ok in zip(decoded, filled, strict=True) if ok]
-        return TopicHistory(_head(head, e), batches)
+        return TopicHistory(head, batches)
 
     @translate_errors
     async def read_span(
         self, topic: str, after: int, upto: int | None, max_entries: int, max_bytes: int
     ) -> TopicSpan:
-        keys = (self._keys.topic_seq(topic), self._keys.topic_log(topic))
+        head, entries, over, over_at = await self._read(topic, after, upto, max_bytes, max_entries)
+        batches = [LoggedBatch(batch) for batch, _ in entries]
+        return TopicSpan(head, batches, [size for _, size in entries], over, over_at)
+
+    async def _read(
+        self, topic: str, after: int, upto: int | None, max_bytes: int, max_entries: int
+    ) -> tuple[int, list[tuple[gateway_pb2.Batch, int]], bool, int]:
+        """One read of a topic's log: its head, the batches after `after` through `upto`
+        within the budget with the bytes each took there (as Lua counts them), whether
+        it was over the budget and the seq from which the batches are all there."""
+        k = self._keys
         bound = ("", "") if upto is None else (epoch_of(upto), counter_of(upto))
-        budget = (max_bytes, max_entries)
-        head, epoch, log, over, start = await self._one(
-            READ_TOPIC.args(keys, epoch_of(after), counter_of(after), *bound, *budget)
-        )
-        e = int(epoch)
-        batches, sizes = [], []
-        for text in log:
-            seq, _, data = _split(text)
-            batches.append(LoggedBatch(decode_batch(seq, data, e)))
-            sizes.append(len(text) if text.isascii() else len(text.encode()))  # as Lua counts
+        args = (epoch_of(after), counter_of(after), *bound, max_bytes, max_entries)
+        seq_key = k.topic_seq(topic)
+        entries: list[tuple[gateway_pb2.Batch, int]] = []
+        if self._topics_on_bus and topic != OFFLINE_TOPIC:
+            on_bus = (seq_key, k.bus_stream(topic), k.topic_log(topic))
+            head, epoch, flat, over, start = await self._scripts.raw(
+                READ_STREAM.args(on_bus, *args)
+            )
+            e = int(epoch)
+            for i in range(0, len(flat), 3):
+                n, kind, value = int(flat[i]), int(flat[i + 1]), flat[i + 2]
+                entries.append((_stream_entry(n, e, value, kind), _size(value)))
+        else:
+            keys = (seq_key, k.topic_log(topic))
+            head, epoch, log, over, start = await self._one(READ_TOPIC.args(keys, *args))
+            e = int(epoch)
+            for text in log:
+                seq, _, data = _split(text)
+                entries.append((decode_batch(seq, data, e), _size(text)))
         over_at = seq_of(e, int(start)) if int(over) else 0
-        return TopicSpan(_head(head, e), batches, sizes, bool(int(over)), over_at)
+        return _head(head, e), entries, bool(int(over)), over_at
 
     @translate_errors
     async def fill_content(self, batches: Sequence[gateway_pb2.Batch]) -> list[bool]:
@@ -222,6 +243,22 @@ class RedisRecoveryStore:
     async def heads(self, topics: Sequence[str]) -> list[int]:
         calls = [HEAD.args((self._keys.topic_seq(t),)) for t in topics]
         return [_head(n, int(e)) for n, e in await self._pipelined(calls)]
+
+
+def _size(value: str | bytes) -> int:
+    """An entry's bytes, as Lua counts them."""
+    if isinstance(value, bytes):
+        return len(value)
+    return len(value) if value.isascii() else len(value.encode())
+
+
+def _stream_entry(n: int, epoch: int, value: bytes, kind: int) -> gateway_pb2.Batch:
+    """A read_stream.lua entry: a stream entry's batch (kind 0), or a list entry (1)."""
+    if kind:
+        return decode_batch(n, _split(value.decode())[2], epoch)
+    batch = gateway_pb2.Batch.FromString(value)
+    batch.seq, batch.epoch = n, epoch
+    return batch
 
 
 def _seq(reply: Sequence[Any]) -> int:

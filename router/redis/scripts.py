@@ -21,6 +21,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from importlib import resources
 from typing import Any, TypeVar
 
+from redis.client import NEVER_DECODE
 from redis.exceptions import NoScriptError
 
 from router.redis.autopipe import AutoPipeline
@@ -30,6 +31,7 @@ __all__ = ["Script", "ScriptRunner", "as_function", "lua"]
 
 T = TypeVar("T")
 
+_NEVER_DECODE = {NEVER_DECODE: True}  # redis-py's option: leave this reply in bytes
 AUTO_MANY = 16  # more calls than this go in a pipeline of their own
 
 
@@ -93,6 +95,11 @@ class ScriptRunner:
 
     async def one(self, args: tuple[Any, ...]) -> Any:
         return await self._run(lambda: self._execute(*args))
+
+    async def raw(self, args: tuple[Any, ...]) -> Any:
+        """`one`, its reply as Redis sent it (bytes, not decoded): binary values, such as
+        a stream's batches, which are not text."""
+        return await self._run(lambda: self._redis.execute_command(*args, **_NEVER_DECODE))
 
     async def many(self, calls: Sequence[tuple[Any, ...]]) -> list[Any]:
         if len(calls) == 1:

@@ -26,6 +26,8 @@ import redis.asyncio as aioredis
 from websockets.asyncio.client import ClientConnection, connect
 
 from router.bus.base import group_topic
+from router.bus.factory import open_bus
+from router.bus.redis_streams import TopicLog
 from router.processes.ports import free_port_block
 from router.recovery.base import OFFLINE_TOPIC, RecoveryLimits
 from router.recovery.store import RedisRecoveryStore
@@ -104,11 +106,13 @@ def since(group: str, g: int, o: int = 0) -> str:
 
 
 async def _fill(url: str, prefix: str, group: str) -> int:
-    """BATCHES sizeable multicast batches into `group`'s log; the last one's seq."""
+    """BATCHES sizeable multicast batches into `group`'s log, as a push service logs
+    them (published on the bus, whose stream is the log); the last one's seq."""
     now = int(time.time() * 1000)
-    seq = 0
-    async with connect_redis(url) as client:
-        store = RedisRecoveryStore(client, KeySchema(prefix), SystemClock(), RecoveryLimits())
+    limits = RecoveryLimits()
+    topic_log = TopicLog(limits.window_ms, limits.topic_max)
+    async with connect_redis(url) as client, open_bus(url, prefix, topic_log=topic_log) as bus:
+        store = RedisRecoveryStore(client, KeySchema(prefix), SystemClock(), limits)
         for n in range(BATCHES):
             batch = gateway_pb2.Batch(
                 batch_id=f"{group}-{n}",
@@ -122,7 +126,9 @@ async def _fill(url: str, prefix: str, group: str) -> int:
                 mode=gateway_pb2.MODE_MULTICAST,
                 group_id=group,
             )
-            seq = await store.append_batch(group_topic(group), batch)
+            attributes = {"batch_id": batch.batch_id, "push_id": batch.message.push_id}
+            await bus.publish(group_topic(group), batch.SerializeToString(), attributes)
+        [seq] = await store.heads([group_topic(group)])
     return seq
 
 
@@ -229,8 +235,13 @@ async def test_resumes_from_nearby_places_share_one_read_per_range(prefix: str) 
         read = await s.sent() - before
         assert all(end["complete"] is True for _, end, _ in results)
         assert all(got == [] for got, _, _ in results)  # none of them was named
-        log = KeySchema(prefix).topic_log(group_topic("g1"))
-        ten = sum(len(entry) for entry in await s.client.lrange(log, -10, -1))
+        stream = KeySchema(prefix).bus_stream(group_topic("g1"))
+        raw = aioredis.from_url(s.redis.url)  # the batches are bytes, not text
+        try:
+            newest: Any = await raw.xrevrange(stream, count=10)
+            ten = sum(len(fields[b"data"]) for _, fields in newest)
+        finally:
+            await raw.aclose()
         # Each client's own handshake costs Redis about 1 KB (route, user, heads).
         assert read < 1.5 * ten + 50 * 2_000, f"{read} bytes for {ten} bytes of batches"
         assert await s.metric("resume_topic_reads") <= 2  # the first, then all that waited

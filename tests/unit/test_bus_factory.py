@@ -76,3 +76,38 @@ def test_settings_refuse_the_in_process_bus_naming_the_way_to_share_it() -> None
         Settings.load({"IMROUTE_BUS_URL": "memory://"})
     for url in ("redis://127.0.0.1:6379/0", "pubsub://my-project"):
         assert Settings.load({"IMROUTE_BUS_URL": url}).bus_url == url
+
+
+@pytest.mark.parametrize(
+    ("env", "on_bus"),
+    [
+        ({}, True),  # the default: Redis Streams on IMROUTE_REDIS_URL
+        ({"IMROUTE_BUS_URL": "redis://127.0.0.1:6379/0"}, True),  # that URL, named
+        ({"IMROUTE_BUS_URL": "redis://127.0.0.1:6380/0"}, False),  # another Redis
+        ({"IMROUTE_BUS_URL": "pubsub://my-project"}, False),
+        (
+            {
+                "IMROUTE_REDIS_URL": "redis+cluster://127.0.0.1:7000",
+                "IMROUTE_BUS_URL": "redis://127.0.0.1:6379/0",
+            },
+            False,
+        ),
+    ],
+)
+async def test_the_stream_is_the_topic_log_only_on_the_recovery_stores_redis(
+    env: dict[str, str], on_bus: bool
+) -> None:
+    """Where a publish can give the batch its place in the topic's sequence in one
+    script: the stream and the sequence on one Redis."""
+    from router.bus.factory import bus_from_settings, topic_log_from_settings
+    from shared.settings import Settings
+
+    settings = Settings.load({"IMROUTE_REDIS_URL": "redis://127.0.0.1:6379/0", **env})
+    assert settings.topic_log_on_bus is on_bus
+    log = topic_log_from_settings(settings)
+    assert (log is not None) is on_bus
+    if log is not None:
+        assert (log.window_ms, log.max_entries) == (300_000, 2000)
+    bus = bus_from_settings(settings)  # nothing is connected yet
+    assert bus.logs_topics is on_bus
+    await bus.close()

@@ -226,3 +226,25 @@ async def test_a_batch_is_retried_by_the_bus_alone() -> None:
             await publisher.publish(gateway_pb2.MODE_BROADCAST, BROADCAST_TOPIC, ["a"])
     assert handed.calls == 1 and transport.attempts > 1
     assert (counters.batches, counters.published, counters.failed_batches) == (1, 0, 1)
+
+
+class LoggingBus(FlakyBus):
+    """A bus whose publish logs the batch in its topic's log (the stream as the log)."""
+
+    logs_topics = True
+
+
+@pytest.mark.parametrize("logs_topics", [True, False])
+async def test_a_batch_is_logged_apart_only_where_the_bus_does_not_log_it(
+    logs_topics: bool,
+) -> None:
+    from router.testing.stores import MemoryRecoveryLog
+
+    recovery = MemoryRecoveryLog()
+    bus = LoggingBus(fail_from=10) if logs_topics else FlakyBus(fail_from=10)
+    publisher = BatchPublisher(bus, message(), 0, PushCounters(), recovery)
+    await run_broadcast(pages(3, 2), publisher)
+    await publisher.record_offline(["u9"])  # on no bus: always logged apart
+    assert bus.published == [BROADCAST_TOPIC, BROADCAST_TOPIC]
+    logged = {topic: len(batches) for topic, batches in recovery.batches.items()}
+    assert logged == ({OFFLINE_TOPIC: 1} if logs_topics else {BROADCAST_TOPIC: 2, OFFLINE_TOPIC: 1})
