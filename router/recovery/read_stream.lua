@@ -15,11 +15,14 @@ if max_entries > 0 and upto - after > max_entries then
 end
 if max_bytes == 0 then max_bytes = math.huge end
 -- How many entries a chunk asks for: those above `upto` first, then what is left of the
--- budget over the widest entry seen (one at first when there is a byte budget).
-local widest, used = 1, 0
+-- budget over the widest entry seen (one at first when there is a byte budget), and one
+-- more, which may say where the read ends.
+local widest, used, seen = 1, 0, false
 local function chunk(skip)
   local want = upto - from
-  if max_bytes ~= math.huge then want = math.max(1, math.floor((max_bytes - used) / widest)) end
+  if max_bytes ~= math.huge then
+    want = seen and math.max(1, math.floor((max_bytes - used) / widest)) or 1
+  end
   return math.max(0, skip) + math.min(want, upto - from) + 1
 end
 
@@ -90,7 +93,7 @@ while true do
   if n <= upto and (#rev == 0 or rev[#rev][1] > n) then
     local size = #pick[3]
     if used + size > max_bytes then over, from = 1, n break end
-    used = used + size
+    used, seen = used + size, true
     if size > widest then widest = size end
     rev[#rev + 1] = pick
   end

@@ -1,6 +1,7 @@
 """What a budgeted read of a topic log costs Redis itself, on a Redis of the test's own
 (so `INFO` counts only it): a log of 100 entries of about 210 KB (3000 64-character
-uids a batch), read from a place 99 behind the head within a 1 MiB budget, 20 times.
+uids a batch), read from a place 99 behind the head within a 1 MiB budget, 20 times;
+the log as a list (logged apart from the bus) and as the bus stream.
 
 The read goes backward from the head in chunks sized by what is left of the budget, so
 Lua holds about the budget and one entry (it held 64 entries, 13 MB, before: 48 ms of
@@ -11,6 +12,8 @@ from __future__ import annotations
 import pytest
 import redis.asyncio as aioredis
 
+from router.bus.factory import open_bus
+from router.bus.redis_streams import TopicLog
 from router.recovery.base import RecoveryLimits
 from router.recovery.store import RedisRecoveryStore
 from router.redis.client import connect_redis
@@ -25,10 +28,16 @@ pytestmark = pytest.mark.integration
 BUDGET = 1 << 20
 
 
-async def test_a_read_far_behind_the_head_holds_about_the_budget_in_lua() -> None:
+@pytest.mark.parametrize("on_bus", [False, True], ids=["list", "stream"])
+async def test_a_read_far_behind_the_head_holds_about_the_budget_in_lua(on_bus: bool) -> None:
     with redis_process() as server:
-        async with connect_redis(server.url) as client:
-            store = RedisRecoveryStore(client, KeySchema("cost:"), SystemClock(), RecoveryLimits())
+        async with (
+            connect_redis(server.url) as client,
+            open_bus(server.url, "cost:", topic_log=TopicLog(300_000, 2000)) as bus,
+        ):
+            store = RedisRecoveryStore(
+                client, KeySchema("cost:"), SystemClock(), RecoveryLimits(), topics_on_bus=on_bus
+            )
             for n in range(100):
                 batch = gateway_pb2.Batch(
                     batch_id=f"b{n}",
@@ -37,7 +46,11 @@ async def test_a_read_far_behind_the_head_holds_about_the_budget_in_lua() -> Non
                     mode=gateway_pb2.MODE_MULTICAST,
                     group_id="g",
                 )
-                seq = await store.append_batch("group.g", batch)
+                if on_bus:
+                    await bus.publish("group.g", batch.SerializeToString(), {"batch_id": f"b{n}"})
+                else:
+                    await store.append_batch("group.g", batch)
+            [seq] = await store.heads(["group.g"])
             info = aioredis.from_url(server.url, decode_responses=True)
             try:
                 await info.config_resetstat()
