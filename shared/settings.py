@@ -311,6 +311,14 @@ class RecoverySettings(Section):
         'still run; off once none does (README, "Upgrading from a version that kept the '
         'inbox apart")',
     )
+    topic_log_legacy_writes: bool = Field(
+        False,
+        description="push service, on the Redis Streams bus on `IMROUTE_REDIS_URL`: log each "
+        "broadcast and multicast batch in the list `topiclog:{topic}`, as the version before "
+        "did, rather than as its place in the bus stream, while push services of that version "
+        "still run (they trim the stream down to what the gateways read); off once none does "
+        '(README, "Upgrading from a version that logged topics apart")',
+    )
 
 
 class ReceiptSettings(Section):

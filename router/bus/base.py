@@ -40,6 +40,7 @@ __all__ = [
     "EPOCH",
     "GROUP_PREFIX",
     "MAX_MESSAGE_BYTES",
+    "NEXT_SEQ",
     "SEQ",
     "Bus",
     "BusLifecycle",
@@ -60,9 +61,11 @@ BROADCAST = "broadcast"
 GROUP_PREFIX = "group."
 
 # The attributes of an entry that the publish logged in its topic's recovery log: its
-# counter and epoch there (`shared.positions`), given by the publish itself.
+# counter and epoch there (`shared.positions`), given by the publish itself. A publisher
+# asks for it with SEQ set to NEXT_SEQ, on a bus that `logs_topics` only.
 SEQ = "seq"
 EPOCH = "epoch"
+NEXT_SEQ = "next"
 
 # Every transport takes what Pub/Sub takes (cloud.google.com/pubsub/quotas), so a stack
 # can move from one to the other: data and attributes together at most 10 MB, at most

@@ -123,8 +123,10 @@ def bus_from_settings(
 
 def topic_log_from_settings(settings: FleetSettings) -> TopicLog | None:
     """The streams as their topics' recovery logs, when the bus is Redis Streams on the
-    recovery store's Redis (`FleetSettings.topic_log_on_bus`)."""
-    if not settings.topic_log_on_bus:
+    recovery store's Redis (`FleetSettings.topic_log_on_bus`), unless the batches are
+    logged apart while push services of the version before run
+    (IMROUTE_TOPIC_LOG_LEGACY_WRITES). Readers read both layouts either way."""
+    if not settings.topic_log_on_bus or settings.topic_log_legacy_writes:
         return None
     return TopicLog(int(settings.recovery_window_s * 1000), settings.recovery_topic_max)
 

@@ -3,41 +3,54 @@
 -- recovery log too. ARGV: maxlen, idle_ms, check ('1': look at the groups even within
 -- the bound), max excess, lost ttl, the log's window in ms and its bound in entries
 -- (both unused without the sequence), then the entry's field/value pairs.
--- Returns {entry id, {dropped groups}, {group, unread trimmed, ...}, {push, batch, ...},
--- n, epoch} (n and epoch 0 without the sequence).
+-- Returns {entry id, {dropped groups}, {group, unread trimmed, ...}, {push, batch, ...}}.
 local fields = {}
-local batch_id = nil
+local batch_id, ask = nil, nil
 for i = 8, #ARGV, 2 do
-  fields[#fields + 1] = ARGV[i]
-  fields[#fields + 1] = ARGV[i + 1]
-  if ARGV[i] == 'attr:batch_id' then batch_id = ARGV[i + 1] end
-end
--- As the topic's log: the entry carries its place (`attr:seq`, `attr:epoch`: next.lua's
--- counter and epoch), given under the sequence in this script, so the stream's order is
--- the log's. A batch published again at once (a hedge, a retry whose first attempt got
--- through) is the entry it already is.
-local n, e = 0, '0'
-if KEYS[3] then
-  local last = redis.call('HMGET', KEYS[3], 'b', 'i', 'n', 'e')
-  if batch_id and last[1] == batch_id and last[2] then
-    return {last[2], {}, {}, {}, tonumber(last[3]), last[4]}
+  local name, value = ARGV[i], ARGV[i + 1]
+  if name == 'attr:seq' and value == 'next' then
+    ask = #fields + 2
+  elseif name == 'attr:batch_id' then
+    batch_id = value
   end
-  n = redis.call('HINCRBY', KEYS[3], 'n', 1)
-  e = last[4]
+  fields[#fields + 1] = name
+  fields[#fields + 1] = value
+end
+-- As the topic's log: an entry that asks for its place (`attr:seq` 'next', from a
+-- publisher that logs the batch) gets it under the topic's sequence, in this script
+-- (next.lua's counter and epoch: `attr:seq`, `attr:epoch`), so the stream's order is
+-- the log's. An entry that does not ask (at most once) has no place and is no part of
+-- the log. A placed batch published again at once (a hedge, a retry whose first attempt
+-- got through) is the entry it already is, while it is the topic's last.
+if ask and not KEYS[3] then
+  table.remove(fields, ask)
+  table.remove(fields, ask - 1)
+  ask = nil
+end
+local e = nil
+if ask then
+  local last = redis.call('HMGET', KEYS[3], 'b', 'i', 'e')
+  if batch_id and last[1] == batch_id and last[2] then return {last[2], {}, {}, {}} end
+  fields[ask] = redis.call('HINCRBY', KEYS[3], 'n', 1)
+  e = last[3]
   if not e then
     local t = redis.call('TIME')
     e = tostring(tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000))
     redis.call('HSET', KEYS[3], 'e', e)
   end
-  fields[#fields + 1] = 'attr:seq'
-  fields[#fields + 1] = n
   fields[#fields + 1] = 'attr:epoch'
   fields[#fields + 1] = e
 end
 local id = redis.call('XADD', KEYS[1], '*', unpack(fields))
-if KEYS[3] and batch_id then redis.call('HSET', KEYS[3], 'b', batch_id, 'i', id) end
+if KEYS[3] then
+  if ask and batch_id then
+    redis.call('HSET', KEYS[3], 'b', batch_id, 'i', id)
+  else
+    redis.call('HDEL', KEYS[3], 'b', 'i')  -- another batch is the topic's last now
+  end
+end
 local maxlen = tonumber(ARGV[1])
-if ARGV[3] ~= '1' and redis.call('XLEN', KEYS[1]) <= maxlen then return {id, {}, {}, {}, n, e} end
+if ARGV[3] ~= '1' and redis.call('XLEN', KEYS[1]) <= maxlen then return {id, {}, {}, {}} end
 
 local function parse(s)
   local ms, seq = string.match(s, '^(%d+)-(%d+)$')
@@ -95,7 +108,7 @@ end
 redis.call('XTRIM', KEYS[1], 'MINID', '~', fmt(floor_ms, floor_seq))
 
 local excess = redis.call('XLEN', KEYS[1]) - maxlen
-if excess <= 0 then return {id, dropped, {}, {}, n, e} end
+if excess <= 0 then return {id, dropped, {}, {}} end
 if excess > tonumber(ARGV[4]) then excess = tonumber(ARGV[4]) end
 local old = redis.call('XRANGE', KEYS[1], '-', '+', 'COUNT', excess)
 local first, last = old[1][1], old[#old][1]
@@ -134,4 +147,4 @@ for _, g in ipairs(live) do
   end
 end
 if #lost > 0 then redis.call('PEXPIRE', KEYS[2], ARGV[5]) end
-return {id, dropped, lost, batches, n, e}
+return {id, dropped, lost, batches}

@@ -30,7 +30,6 @@ from typing import Any
 
 from router.bus.losses import BusLosses
 from router.redis.scripts import Script
-from shared.positions import seq_of
 from shared.throttled import Throttled
 
 __all__ = [
@@ -65,19 +64,17 @@ class TrimReport:
     dropped: tuple[str, ...] = ()
     lost: dict[str, int] = field(default_factory=dict)
     batches: tuple[tuple[str, str], ...] = ()
-    seq: int = 0  # its place in the topic's log, when the stream is that log (0: not)
 
 
 def parse_reply(reply: Sequence[Any]) -> TrimReport:
     """The script's reply (bytes from redis-py) as a TrimReport."""
-    entry_id, dropped, lost, batches, n, epoch = reply
+    entry_id, dropped, lost, batches = reply
     flat_batches = [text(b) for b in batches]
     return TrimReport(
         text(entry_id),
         tuple(text(name) for name in dropped),
         {text(lost[i]): int(lost[i + 1]) for i in range(0, len(lost), 2)},
         tuple(zip(flat_batches[::2], flat_batches[1::2], strict=True)),
-        seq_of(int(epoch), int(n)),
     )
 
 

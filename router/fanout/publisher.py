@@ -26,7 +26,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import KW_ONLY, dataclass, field, replace
 from typing import Protocol, runtime_checkable
 
-from router.bus.base import BROADCAST, group_topic
+from router.bus.base import BROADCAST, NEXT_SEQ, SEQ, group_topic
 from router.bus.losses import BusLosses
 from router.fanout.outages import ride_out
 from router.jobs.base import PushCounters
@@ -104,10 +104,11 @@ class BatchPublisher:
     With `recovery`, each batch is logged in its topic's batch log (one entry per
     batch) before it is published, and carries its seq there; unless the bus logs it
     itself (`LogsTopics`: the Redis Streams bus on the recovery store's Redis, whose
-    stream is the topic's log), where the publish is the one write. With `content` (or
-    `recovery`'s), content it `stores` is written once and the batches name it. With
-    `tracer`, each batch's publish is a span its gateways' spans name as their parent
-    (the message attribute `traceparent`)."""
+    stream is the topic's log): then the publish asks for the entry's place (SEQ) and is
+    the one write. Without `recovery` (`store: false`) nothing is logged either way.
+    With `content` (or `recovery`'s), content it `stores` is written once and the
+    batches name it. With `tracer`, each batch's publish is a span its gateways' spans
+    name as their parent (the message attribute `traceparent`)."""
 
     publisher: Publisher
     message: Message
@@ -121,6 +122,7 @@ class BatchPublisher:
     _bare: Message = field(init=False, repr=False)  # what batches carry when stored
     _losses: BusLosses | None = field(init=False, repr=False)
     _log_apart: RecoveryLog | None = field(init=False, repr=False)  # the bus does not log
+    _log_on_bus: bool = field(init=False, repr=False)  # each publish asks for its place
 
     def __post_init__(self) -> None:
         content = self.content
@@ -131,6 +133,7 @@ class BatchPublisher:
         self._losses = self.publisher.losses if isinstance(self.publisher, ReportsLosses) else None
         on_bus = isinstance(self.publisher, LogsTopics) and self.publisher.logs_topics
         self._log_apart = None if on_bus else self.recovery
+        self._log_on_bus = on_bus and self.recovery is not None
 
     async def record_offline(self, uids: Sequence[str]) -> None:
         """Log recipients who had no route (one entry for all of them), so that a client
@@ -186,6 +189,8 @@ class BatchPublisher:
                 lambda: recovery.append_batch(topic, batch), f"logging a batch of {topic}"
             )
             batch.seq, batch.epoch = counter_of(seq), epoch_of(seq)
+        elif self._log_on_bus:
+            attributes[SEQ] = NEXT_SEQ  # the publish gives the entry its place in the log
         if span is not None:
             span.set_attribute("imroute.batch_id", batch.batch_id)
             attributes[TRACEPARENT] = traceparent(span)

@@ -14,6 +14,7 @@ import pytest
 import redis.asyncio as aioredis
 
 from router.bus import BROADCAST
+from router.bus.base import NEXT_SEQ, SEQ
 from router.bus.pubsub import PubSubBus
 from router.hedging import HedgingSettings, RetrySettings
 from router.hedging.metrics import PublishMetrics
@@ -254,7 +255,9 @@ async def test_a_hedged_publish_reaches_a_client_once(
         for n in range(5):  # five successes: one token
             await bus.publish(BROADCAST, batch(n, ["nobody"]))
         await redis.execute_command("CLIENT", "PAUSE", "400", "WRITE")
-        await bus.publish(BROADCAST, batch(99, ["alice"]), {"batch_id": "batch-99"})
+        # Asking for its place in the log, as the push service's publisher does.
+        logged = {"batch_id": "batch-99", SEQ: NEXT_SEQ}
+        await bus.publish(BROADCAST, batch(99, ["alice"]), logged)
         assert await redis.xlen(stream_key(prefix, BROADCAST)) == 5 + 1  # one entry
         got = await frames(sockets)
         assert [f["msg_id"] for f in got["alice"]] == ["m99"]
@@ -292,7 +295,7 @@ async def test_redis_streams_publishes_are_hedged_too(
             await bus.publish(BROADCAST, b"warm-up")
         await redis.execute_command("CLIENT", "PAUSE", "400", "WRITE")
         started = time.monotonic()
-        await bus.publish(BROADCAST, b"paused", {"batch_id": "b-paused"})
+        await bus.publish(BROADCAST, b"paused", {"batch_id": "b-paused", SEQ: NEXT_SEQ})
         assert time.monotonic() - started >= 0.3
     entries = await redis.xrange(stream_key(prefix, BROADCAST))
     paused = [fields for _, fields in entries if fields.get("data") == "paused"]

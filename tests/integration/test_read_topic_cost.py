@@ -12,6 +12,7 @@ from __future__ import annotations
 import pytest
 import redis.asyncio as aioredis
 
+from router.bus.base import NEXT_SEQ, SEQ
 from router.bus.factory import open_bus
 from router.bus.redis_streams import TopicLog
 from router.recovery.base import RecoveryLimits
@@ -28,8 +29,14 @@ pytestmark = pytest.mark.integration
 BUDGET = 1 << 20
 
 
-@pytest.mark.parametrize("on_bus", [False, True], ids=["list", "stream"])
-async def test_a_read_far_behind_the_head_holds_about_the_budget_in_lua(on_bus: bool) -> None:
+@pytest.mark.parametrize(
+    ("on_bus", "below_head"),
+    [(False, False), (True, False), (True, True)],
+    ids=["list", "stream", "stream-below-the-head"],
+)
+async def test_a_read_far_behind_the_head_holds_about_the_budget_in_lua(
+    on_bus: bool, below_head: bool
+) -> None:
     with redis_process() as server:
         async with (
             connect_redis(server.url) as client,
@@ -47,7 +54,8 @@ async def test_a_read_far_behind_the_head_holds_about_the_budget_in_lua(on_bus: 
                     group_id="g",
                 )
                 if on_bus:
-                    await bus.publish("group.g", batch.SerializeToString(), {"batch_id": f"b{n}"})
+                    placed = {"batch_id": f"b{n}", SEQ: NEXT_SEQ}
+                    await bus.publish("group.g", batch.SerializeToString(), placed)
                 else:
                     await store.append_batch("group.g", batch)
             [seq] = await store.heads(["group.g"])
@@ -56,10 +64,14 @@ async def test_a_read_far_behind_the_head_holds_about_the_budget_in_lua(on_bus: 
                 await info.config_resetstat()
                 used = int((await info.info("memory"))["used_memory"])
                 far = seq_of(epoch_of(seq), counter_of(seq) - 99)
+                # Up to 8 below the head (a gateway's mark trails the head by what is in
+                # flight), on the stream: the 8 above are passed over, read but not held
+                # (the list reads its range by index). Each costs Redis about 0.3 ms.
+                upto = seq_of(epoch_of(seq), counter_of(seq) - 8) if below_head else seq
                 for _ in range(20):
-                    got = await store.read_span("group.g", far, seq, 1000, BUDGET)
+                    got = await store.read_span("group.g", far, upto, 1000, BUDGET)
                     assert got.over and 0 < sum(got.sizes) <= BUDGET
-                    assert got.start == seq_of(epoch_of(seq), counter_of(seq) - len(got.batches))
+                    assert got.start == seq_of(epoch_of(upto), counter_of(upto) - len(got.batches))
                 stats = await info.info("commandstats")
                 peak = int((await info.info("memory"))["used_memory_peak"])
             finally:

@@ -25,7 +25,7 @@ import pytest
 import redis.asyncio as aioredis
 from websockets.asyncio.client import ClientConnection, connect
 
-from router.bus.base import group_topic
+from router.bus.base import NEXT_SEQ, SEQ, group_topic
 from router.bus.factory import open_bus
 from router.bus.redis_streams import TopicLog
 from router.processes.ports import free_port_block
@@ -126,7 +126,7 @@ async def _fill(url: str, prefix: str, group: str) -> int:
                 mode=gateway_pb2.MODE_MULTICAST,
                 group_id=group,
             )
-            attributes = {"batch_id": batch.batch_id, "push_id": batch.message.push_id}
+            attributes = {"batch_id": batch.batch_id, SEQ: NEXT_SEQ}  # logged: placed
             await bus.publish(group_topic(group), batch.SerializeToString(), attributes)
         [seq] = await store.heads([group_topic(group)])
     return seq

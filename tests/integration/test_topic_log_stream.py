@@ -12,6 +12,7 @@ import pytest
 import redis.asyncio as aioredis
 
 from router.bus import BROADCAST, group_topic
+from router.bus.base import NEXT_SEQ, SEQ
 from router.bus.factory import open_bus
 from router.bus.hedged import HedgedBus
 from router.bus.redis_streams import TopicLog
@@ -95,10 +96,10 @@ async def test_a_batch_published_again_at_once_is_the_entry_it_already_is(
 ) -> None:
     """A retry whose first attempt got through, or a hedge: one entry, one place."""
     data = b"batch"
-    attributes = {"batch_id": "b1", "push_id": "p1"}
+    attributes = {"batch_id": "b1", "push_id": "p1", SEQ: NEXT_SEQ}
     first = await bus.publish(BROADCAST, data, attributes)
     again = await bus.publish(BROADCAST, data, attributes)
-    other = await bus.publish(BROADCAST, data, {"batch_id": "b2", "push_id": "p1"})
+    other = await bus.publish(BROADCAST, data, {"batch_id": "b2", "push_id": "p1", SEQ: NEXT_SEQ})
     assert first == again != other
     stream = KeySchema(prefix).bus_stream(BROADCAST)
     assert await redis.xlen(stream) == 2
@@ -118,12 +119,12 @@ async def test_entries_every_gateway_read_stay_for_the_window(
         async with open_bus(redis_url, prefix, topic_log=topic_log) as bus:
             await bus.prepare([BROADCAST], "gw1")
             for i in range(N_TRIM):
-                await bus.publish(BROADCAST, b"x", {"batch_id": f"b{i}", "push_id": "p"})
+                await bus.publish(BROADCAST, b"x", {"batch_id": f"b{i}", SEQ: NEXT_SEQ})
             async with aclosing(bus.subscribe([BROADCAST], "gw1")) as received:
                 for r in await take(received, N_TRIM):
                     await r.ack()
             bus.transport._checked.clear()  # type: ignore[attr-defined]  # look at the groups now
-            await bus.publish(BROADCAST, b"x", {"batch_id": "last", "push_id": "p"})
+            await bus.publish(BROADCAST, b"x", {"batch_id": "last", SEQ: NEXT_SEQ})
         left = await redis.xlen(stream)
         if topic_log is None:
             assert left <= 100, left  # all that gw1 acked, but the newest node
@@ -225,3 +226,82 @@ async def test_a_sequence_redis_lost_starts_the_log_again_under_a_new_epoch(
     history = await store.read_topic(BROADCAST, old)
     assert [lb.batch.message.push_id for lb in history.batches] == ["p4", "p5"]
     assert [lb.seq for lb in history.batches] == [seq_of(epoch_of(new), 1), new]
+
+
+async def test_a_push_not_stored_is_no_part_of_the_log(
+    bus: HedgedBus[BusTransport], redis: aioredis.Redis, prefix: str
+) -> None:
+    """`store: false` (no recovery log for the push): its batch is on the bus for the
+    gateways, without a place; the log's sequence does not move."""
+    store = store_of(redis, prefix)
+    await bus.prepare([BROADCAST], "gw1")
+    await publish(bus, store, 1)
+    unstored = BatchPublisher(bus, message(2), 0, PushCounters(), None)  # type: ignore[arg-type]
+    await unstored.publish(gateway_pb2.MODE_BROADCAST, BROADCAST, ["u2"])
+    await publish(bus, store, 3)
+    async with aclosing(bus.subscribe([BROADCAST], "gw1")) as received:
+        got = await take(received, 3)
+    assert [r.attributes.get("seq") for r in got] == ["1", None, "2"]
+    history = await store.read_topic(BROADCAST, 0)
+    assert [lb.batch.message.push_id for lb in history.batches] == ["p1", "p3"]
+    assert counters([lb.seq for lb in history.batches]) == [1, 2]
+    span = await store.read_span(BROADCAST, 0, None, 1, 0)  # past the unplaced one
+    assert ([lb.batch.message.push_id for lb in span.batches], span.over) == (["p3"], True)
+
+
+async def test_a_repeat_after_another_batch_is_an_entry_of_its_own(
+    bus: HedgedBus[BusTransport], redis: aioredis.Redis, prefix: str
+) -> None:
+    placed = {SEQ: NEXT_SEQ, "push_id": "p"}
+    first = await bus.publish(BROADCAST, b"a", {**placed, "batch_id": "A"})
+    await bus.publish(BROADCAST, b"x", {SEQ: NEXT_SEQ, "push_id": "p"})  # no batch id
+    again = await bus.publish(BROADCAST, b"a", {**placed, "batch_id": "A"})
+    await bus.publish(BROADCAST, b"y", {"batch_id": "Y", "push_id": "p"})  # not placed
+    last = await bus.publish(BROADCAST, b"a", {**placed, "batch_id": "A"})
+    assert len({first, again, last}) == 3
+    assert await redis.xlen(KeySchema(prefix).bus_stream(BROADCAST)) == 5
+    assert counter_of((await store_of(redis, prefix).heads([BROADCAST]))[0]) == 4
+
+
+@pytest.mark.parametrize("legacy_writes", [False, True])
+async def test_while_older_push_services_trim_the_stream_legacy_writes_keep_the_log(
+    legacy_writes: bool, redis_url: str, redis: aioredis.Redis, prefix: str
+) -> None:
+    """Step 2 of the upgrade: a push service of the version before (a bus without the
+    log's window) trims the stream down to what the gateways read; an upgraded one's
+    batches survive it only where it logs them in the list too."""
+    store = store_of(redis, prefix)
+    async with (
+        open_bus(redis_url, prefix) as old_bus,
+        open_bus(redis_url, prefix, topic_log=None if legacy_writes else WINDOW) as new_bus,
+    ):
+        await old_bus.prepare([BROADCAST], "gw1")
+        for i in range(1, N_TRIM + 1):
+            await publish(new_bus, store, i)
+        async with aclosing(old_bus.subscribe([BROADCAST], "gw1")) as received:
+            for r in await take(received, N_TRIM):
+                await r.ack()
+        old_bus.transport._checked.clear()  # type: ignore[attr-defined]
+        await old_bus.publish(BROADCAST, b"x", {"batch_id": "old", "push_id": "p-old"})
+    kept = counters([lb.seq for lb in (await store.read_topic(BROADCAST, 0)).batches])
+    if legacy_writes:
+        assert kept == list(range(1, N_TRIM + 1))
+    else:
+        assert len(kept) < N_TRIM - 100  # what the gateway had read went with the trim
+
+
+async def test_over_the_budget_on_a_log_shorter_than_it_says_where_it_starts(
+    redis_url: str, redis: aioredis.Redis, prefix: str
+) -> None:
+    store = store_of(redis, prefix)
+    async with open_bus(redis_url, prefix, topic_log=TopicLog(300_000, 100)) as bus:
+        for i in range(1, N_TRIM + 1):
+            bus.transport._checked.clear()  # type: ignore[attr-defined]
+            await publish(bus, store, i)
+    head = (await store.heads([BROADCAST]))[0]
+    e = epoch_of(head)
+    kept = counters([lb.seq for lb in (await store.read_topic(BROADCAST, 0)).batches])
+    assert kept[0] > 1
+    span = await store.read_span(BROADCAST, seq_of(e, 1), None, N_TRIM - 10, 0)
+    assert span.over and counters([b.seq for b in span.batches]) == kept
+    assert span.start == seq_of(e, kept[0] - 1)  # all that is there comes after it
