@@ -1,2 +1,2 @@
 """Benchmarks of imroute on one machine; run each from the repository root as
-`.venv/bin/python -m bench.<name>` (see docs/benchmarks.md)."""
+`.venv/bin/python -m bench.<name>` (see docs/benchmarks/index.md)."""

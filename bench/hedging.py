@@ -19,7 +19,7 @@ its own; the server, the bus and every task are stopped on exit, Ctrl-C, SIGTERM
 errors. From the repository root:
 
     .venv/bin/python -m bench.hedging --quick
-    .venv/bin/python -m bench.hedging --png docs/hedging_cdf.png
+    .venv/bin/python -m bench.hedging --png docs/assets/hedging_cdf.png
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Open-loop overload of a running push service (load shedding, issue 24):
+"""Open-loop overload of a running push service (to measure its load shedding):
 
     IMROUTE_API_KEY=... .venv/bin/python -m bench.overload PORT RATE SECS CONNS
 

@@ -1,5 +1,5 @@
 """What one traced P2P push's spans cost in-process, through imroute's own tracing code
-and the official SDK (docs/benchmarks.md, "Tracing"): the floor under tracing's CPU
+and the official SDK (docs/benchmarks/index.md, "Tracing"): the floor under tracing's CPU
 per push, whatever the rest of the push costs.
 
 A traced P2P push makes five spans: the request's root (push_service.tracing_http, with

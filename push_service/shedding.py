@@ -17,8 +17,8 @@ outside every other, before a request's body is read:
 
 The operator's requests are never shed nor counted: health, metrics, the dashboard and
 the reads behind it, the fleet list, drains and the docs. So /healthz and the dashboard
-answer while the API sheds (the issue: "the operator's own views timed out with the
-API"). A shed request did nothing, so a retry (with its `Idempotency-Key`) is safe.
+answer while the API sheds (before shedding, the operator's own views timed out with
+the API). A shed request did nothing, so a retry (with its `Idempotency-Key`) is safe.
 """
 
 from __future__ import annotations

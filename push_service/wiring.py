@@ -144,7 +144,7 @@ class Wiring:
         # when IMROUTE_WEBHOOK_URL is set (None: webhooks off, nothing to emit)
         self.webhooks: EventSink | None = None
         self.unacked: UnackedSweeper | None = None  # sends message.unacked, while open
-        self.auto: AutoPipeline | None = None  # issue 14: shared round trips, while open
+        self.auto: AutoPipeline | None = None  # shares Redis round trips, while open
         self._tls = load_tls(settings)  # read now: a bad file stops the start, by name
         check_tracing(settings)  # a bad OTEL_EXPORTER_OTLP_ENDPOINT stops it too
         self.tracer: Tracer | None = None  # set while open, when tracing is on

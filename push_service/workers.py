@@ -1,7 +1,8 @@
 """IMROUTE_WORKERS: several push-service processes behind one listening port.
 
 One Python process tops out at one core, and the push service is what saturates first
-(README, "Workers"). This process binds the port once and starts `workers` children,
+(docs/operations/deployment.md, "Workers"). This process binds the port once and starts
+`workers` children,
 each a whole push service (`python -m push_service` with the socket inherited), which
 all accept on the one socket, as uvicorn's and gunicorn's workers do: the kernel hands
 each connection to whichever worker accepts it first, so a busy one takes fewer.

@@ -1,4 +1,4 @@
-"""Routing logic, one package per stage of the data path (see the README's architecture):
+"""Routing logic, one package per stage of the data path (see docs/architecture/code-map.md):
 
 `p2p` (plan and pusher), `routes` (the Userinfo store), `gateway_rpc` (the client stack to
 the gateways: the delivery link, else gRPC DeliverMany), `fanout` (broadcast and multicast

@@ -5,7 +5,7 @@ CPython's full collection walks every tracked object in the oldest generation wh
 holding the GIL. A gateway's connections (about 18 tracked containers each: transport,
 protocol, parser generator, buffers) end up there, so with 5000 connections each full
 collection stalled the gateway for about 100 ms, and one came every 20-30 s under P2P
-load: that was the p99 of a push at 500/s (docs/benchmarks.md). `gc.freeze` moves what
+load: that was the p99 of a push at 500/s (docs/benchmarks/index.md). `gc.freeze` moves what
 exists out of the collector's sight; objects frozen are still freed by reference
 counting, but a frozen object caught in a reference cycle stays until it is unfrozen.
 

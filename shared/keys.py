@@ -64,8 +64,8 @@ values' formats live with their stores: `router.routes.codec` for a route,
   keys (`KeySchema.user_slot_tag`).
 - ``{prefix}unacked-due`` is a sorted set of push ids scored by when their
   ``message.unacked`` webhook event is due (a claimed one: when its lease ends).
-- ``{prefix}{wh}:...`` are the webhooks' (README, "Webhooks"), all in one hash slot (the
-  literal tag ``{wh}``), so each of their scripts is atomic on Redis Cluster too:
+- ``{prefix}{wh}:...`` are the webhooks' (docs/guides/webhooks.md), all in one hash slot
+  (the literal tag ``{wh}``), so each of their scripts is atomic on Redis Cluster too:
   ``{wh}:events`` the outbox stream (field ``e``: one event's JSON; read by the consumer
   group ``senders``, deleted once delivered), ``{wh}:overflow`` a counter of events
   refused by a full outbox, ``{wh}:p:{uid}`` a user's presence hash (``e`` the epoch of

@@ -11,7 +11,7 @@ process reads the sections it uses, composed into its own class:
     Settings          all of them, for code that runs both (the dev stack, tests)
 
 A process never reads, nor checks, a variable it has no field for. The configuration
-reference (docs/configuration.md) is generated from these classes by
+reference (docs/reference/configuration.md) is generated from these classes by
 scripts/config_reference.
 """
 
@@ -192,7 +192,7 @@ class BusSettings(Section):
         le=10_000_000,
         description="Redis Streams: the bound of a topic's stream, in entries (a 1000-uid "
         "batch is about 13 KB). Entries a live gateway has not read are kept up to it; past "
-        "it the oldest go, and each gateway's unread ones are counted as lost (README, "
+        "it the oldest go, and each gateway's unread ones are counted as lost (docs, "
         '"The bus: retention and loss")',
     )
     bus_group_idle_s: float = Field(
@@ -278,7 +278,7 @@ class BusSettings(Section):
 
 
 class RecoverySettings(Section):
-    """What is kept for resumes (README, "Recovery"): the window and each store's bound."""
+    """What is kept for resumes (docs, "Recovery"): the window and each store's bound."""
 
     recovery_window_s: float = Field(
         300.0, ge=1, le=86_400, description="how long a client can resume from its `pos`"
@@ -308,7 +308,7 @@ class RecoverySettings(Section):
         False,
         description="push service: also write each stored P2P message into the user's inbox "
         "as the version before kept it (`uinbox:{uid}`), while push services of that version "
-        'still run; off once none does (README, "Upgrading from a version that kept the '
+        'still run; off once none does (docs, "Upgrading from a version that kept the '
         'inbox apart")',
     )
     topic_log_legacy_writes: bool = Field(
@@ -317,12 +317,12 @@ class RecoverySettings(Section):
         "broadcast and multicast batch in the list `topiclog:{topic}`, as the version before "
         "did, rather than as its place in the bus stream, while push services of that version "
         "still run (they trim the stream down to what the gateways read); off once none does "
-        '(README, "Upgrading from a version that logged topics apart")',
+        '(docs, "Upgrading from a version that logged topics apart")',
     )
 
 
 class ReceiptSettings(Section):
-    """Receipts (README, "Acks and receipts")."""
+    """Receipts (docs, "Acks and receipts")."""
 
     receipts_ttl_s: float = Field(
         86_400.0,
@@ -380,7 +380,7 @@ class ClientTokenSettings(Section):
 
 
 class InternalCallSettings(Section):
-    """Calls from the push service to the gateways (README, "Internal calls", "The
+    """Calls from the push service to the gateways (docs, "Internal calls", "The
     delivery link"): the carrier, and the credentials (shared/internal_auth.py)."""
 
     delivery_link: bool = Field(
@@ -443,7 +443,7 @@ class InternalCallSettings(Section):
 
 class HttpHeadSettings(Section):
     """How large a request head every HTTP listener takes (shared.http_heads): the push
-    service, a gateway's WebSocket and metrics ports. docs/security.md."""
+    service, a gateway's WebSocket and metrics ports. docs/operations/security-review.md."""
 
     http_max_head_bytes: int = Field(
         16 * 1024,
@@ -452,7 +452,7 @@ class HttpHeadSettings(Section):
         description="every HTTP listener (the push service, a gateway's WebSocket and metrics "
         "ports): a request head (request line, header fields, blank line) over this many "
         "bytes is answered 431 `headers_too_large` and its connection closed (above "
-        "`IMROUTE_HTTP_MAX_URL_BYTES`; docs/security.md)",
+        "`IMROUTE_HTTP_MAX_URL_BYTES`; docs/operations/security-review.md)",
     )
     http_max_headers: int = Field(
         100,
@@ -490,7 +490,7 @@ class PresenceSettings(Section):
         min_length=8,
         max_length=2048,
         description="the app's own server, `http://` or `https://`: every push service POSTs "
-        'the fleet\'s events here (README, "Webhooks"). Set it on gateways too: they track '
+        'the fleet\'s events here (docs, "Webhooks"). Set it on gateways too: they track '
         "presence for `user.offline`/`user.online` only while it is set (they never call it). "
         "Unset: no webhooks, and nothing is tracked or queued",
     )
@@ -528,7 +528,7 @@ class LogSettings(Section):
         "text",
         description="`text`: one human line per record; `json`: every line a process writes "
         "is one JSON object, with push_id, msg_id, batch_id and gateway_id wherever they "
-        'apply (README, "Logs")',
+        'apply (docs, "Logs")',
     )
 
     @field_validator("log_level")
@@ -553,7 +553,7 @@ class TraceSettings(Section):
         validation_alias=AliasChoices("otel_exporter_otlp_endpoint", "OTEL_EXPORTER_OTLP_ENDPOINT"),
         min_length=1,
         description="tracing on: the OTLP collector's base URL (`http://host:4318`; spans go "
-        'to `/v1/traces`), or `host:4317` with grpc (README, "Traces"); unset: no tracing',
+        'to `/v1/traces`), or `host:4317` with grpc (docs, "Traces"); unset: no tracing',
     )
     otel_exporter_otlp_protocol: Literal["http/protobuf", "grpc"] = Field(
         "http/protobuf",
@@ -681,7 +681,7 @@ class GatewayFleetSettings(Section):
 
 
 class ConnectionLimitSettings(Section):
-    """What a gateway allows its connected clients (README, "Client limits")."""
+    """What a gateway allows its connected clients (docs, "Client limits")."""
 
     max_write_buffer: int = Field(
         1 << 20, ge=1024, description="unsent bytes after which a slow client is aborted"
@@ -717,8 +717,8 @@ class ConnectionLimitSettings(Section):
 
 
 class HandshakeSettings(Section):
-    """What a socket must do before its 101 (README, "Connecting: the handshake";
-    docs/security.md, "Sockets before a 101")."""
+    """What a socket must do before its 101 (docs, "Connecting: the handshake";
+    docs/operations/security-review.md, "Sockets before a 101")."""
 
     ws_handshake_timeout_s: float = Field(
         3.0,
@@ -746,7 +746,7 @@ class HandshakeSettings(Section):
     # A handshake takes a round trip or two, so this many at once is an office's clients
     # behind one NAT address all reconnecting in the same instant, or a load test's
     # handshakes in flight; a quarter of the pool, which the eviction of the biggest
-    # holder's oldest keeps fair when it is full (docs/security.md).
+    # holder's oldest keeps fair when it is full (docs/operations/security-review.md).
     ws_max_pre_auth_per_ip: int = Field(
         256,
         ge=1,
@@ -761,7 +761,7 @@ class HandshakeSettings(Section):
         le=1_000_000,
         description="connects per second per client address (IPv4 address, IPv6 /64), a token "
         "bucket; over it HTTP 429 with `Retry-After`; unset: off. Behind a load balancer every "
-        'client has the balancer\'s address: see README, "Connecting"',
+        'client has the balancer\'s address: see docs, "Connecting"',
     )
     ws_connect_burst_per_ip: int = Field(
         10,
@@ -773,8 +773,8 @@ class HandshakeSettings(Section):
 
 
 class ResumeSettings(Section):
-    """What one resume may read (README, "Recovery: positions, `since`, the inbox"; why:
-    docs/security.md, "What one resume may read")."""
+    """What one resume may read (docs, "Recovery: positions, `since`, the inbox"; why:
+    docs/operations/security-review.md, "What one resume may read")."""
 
     # The bytes are about what a gateway keeps of a topic in memory (64 batches of 1000
     # uids), the batches half of IMROUTE_RECOVERY_TOPIC_MAX's default.
@@ -814,7 +814,7 @@ class ResumeSettings(Section):
 
 class GcSettings(Section):
     """How the gateway keeps the cycle collector off its connections (shared.gc_policy;
-    README, "Garbage collection")."""
+    docs, "Garbage collection")."""
 
     gc_freeze_s: float = Field(
         5.0,
@@ -822,7 +822,7 @@ class GcSettings(Section):
         le=86_400,
         description="a gateway hides what has lived this long (its connections) from the cycle "
         "collector (`gc.freeze`), so collections do not stall it in proportion to its "
-        'connections; `0`: only at start-up (README, "Garbage collection")',
+        'connections; `0`: only at start-up (docs, "Garbage collection")',
     )
     gc_full_s: float = Field(
         900.0,
@@ -871,7 +871,7 @@ class HttpServerSettings(Section):
         le=1_000_000,
         description="requests a push-service process handles at once; the next is answered 503 "
         "`overloaded` with `Retry-After` (the operator's views and health are not counted nor "
-        'shed; README, "Load shedding")',
+        'shed; docs, "Load shedding")',
     )
     http_max_lag_ms: int = Field(
         1000,
@@ -887,13 +887,14 @@ class HttpServerSettings(Section):
         description="where the dashboard's test client may open WebSockets (its "
         "Content-Security-Policy `connect-src`, besides `'self'`): the default takes any "
         "gateway; name the gateways' origins to hold it to them, e.g. "
-        "`wss://*.push.example.com` (`ws:`/`wss:` sources only; docs/security.md)",
+        "`wss://*.push.example.com` (`ws:`/`wss:` sources only; "
+        "docs/operations/security-review.md)",
     )
     workers: int = Field(
         default_factory=default_workers,
         ge=1,
         le=256,
-        description='push-service processes sharing its one port (README, "Running at scale": '
+        description='push-service processes sharing its one port (docs, "Deployment": '
         "workers); unset: the cores the process may use (`sched_getaffinity`)",
     )
 
@@ -910,7 +911,7 @@ class HttpServerSettings(Section):
 
 
 class EdgeSettings(Section):
-    """Who may call the push service and how often, and replays (README, "Keys and
+    """Who may call the push service and how often, and replays (docs, "Keys and
     limits at the HTTP edge", "Idempotent pushes")."""
 
     api_key: SecretStr | None = Field(
@@ -973,7 +974,7 @@ class EdgeSettings(Section):
 
 
 class GatewayCallSettings(Section):
-    """The push service's calls to gateways (README, "Calls to gateways")."""
+    """The push service's calls to gateways (docs, "Calls to gateways")."""
 
     deliver_timeout_s: float = Field(
         2.0,
@@ -1007,7 +1008,7 @@ class GatewayCallSettings(Section):
 
 
 class DispatchSettings(Section):
-    """How `GET /v1/dispatch` places clients (README, "Placing clients")."""
+    """How `GET /v1/dispatch` places clients (docs, "Placing clients")."""
 
     # the rule names are checked by router.balancing
     dispatch_rule: str = Field(
@@ -1040,7 +1041,7 @@ class DispatchSettings(Section):
 
 
 class FanoutSettings(Section):
-    """Broadcast and multicast: pages and batches, and the jobs that run them (README,
+    """Broadcast and multicast: pages and batches, and the jobs that run them (docs,
     "Push jobs")."""
 
     batch_size: int = Field(
@@ -1086,7 +1087,7 @@ class FanoutSettings(Section):
 
 
 class WebhookSettings(Section):
-    """How the push service delivers the webhook's events (README, "Webhooks"); the URL
+    """How the push service delivers the webhook's events (docs, "Webhooks"); the URL
     and the queue are in PresenceSettings, which the gateways read too."""
 
     webhook_secret: SecretStr | None = Field(
@@ -1113,7 +1114,7 @@ class WebhookSettings(Section):
         ge=1,
         le=86_400,
         description="a stored P2P or multicast message no device of a recipient acked within "
-        'this long is a `message.unacked` event (needs receipts on; README, "Acks and '
+        'this long is a `message.unacked` event (needs receipts on; docs, "Acks and '
         'receipts")',
     )
     webhook_preview: bool = Field(

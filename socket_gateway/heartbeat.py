@@ -9,7 +9,7 @@ The periodic route refresh is paced: the routes go in slices of `REFRESH_SLICE`,
 over half the refresh interval, at the same cadence round after round. All at once, a
 5000-connection gateway's refresh was 5000 scripts in a burst every 20 s: tens of ms of
 its own loop, and of Redis, while both cores were busy, which stalled pushes on every
-process of a small machine (docs/benchmarks.md). A re-register after Redis lost the
+process of a small machine (docs/benchmarks/index.md). A re-register after Redis lost the
 routes is not paced: those routes are missing, not about to lapse.
 """
 

@@ -1,4 +1,4 @@
-"""The gateway's side of the delivery link (README, "The delivery link").
+"""The gateway's side of the delivery link (docs/architecture/gateway-calls.md).
 
 gRPC's asyncio stack costs about 0.1 ms of CPU on each side per message, even on an
 open stream: the message goes through its completion queue and the poller thread that

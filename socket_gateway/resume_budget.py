@@ -9,7 +9,7 @@ before anything is read; bytes: while reading, `RecoveryReads.read_span`), a pos
 in another group is read as a move only where a gateway of that group could have given
 it out, and a user's resumes on a gateway are rate-limited. Whatever is not read makes
 the resume `complete: false`, which every client already handles (it resyncs from its
-own store). docs/security.md, "What one resume may read", says why these rules.
+own store). docs/operations/security-review.md, "What one resume may read", says why these rules.
 """
 
 from __future__ import annotations

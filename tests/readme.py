@@ -1,4 +1,4 @@
-"""Code the README gives its readers to copy, taken from it, so tests run what they read."""
+"""Code the docs give their readers to copy, taken from the page, so tests run what they read."""
 
 from __future__ import annotations
 
@@ -12,13 +12,13 @@ from typing import Any
 
 __all__ = ["python_block", "webhook_verified"]
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+WEBHOOKS = Path(__file__).resolve().parent.parent / "docs" / "guides" / "webhooks.md"
 
 
 @functools.cache
-def python_block(after: str) -> str:
-    """The first ```python block after the first line holding `after`, dedented."""
-    lines = README.read_text(encoding="utf-8").splitlines()
+def python_block(after: str, page: Path = WEBHOOKS) -> str:
+    """The first ```python block of `page` after its first line holding `after`, dedented."""
+    lines = page.read_text(encoding="utf-8").splitlines()
     start = next(i for i, line in enumerate(lines) if after in line)
     opening = next(i for i in range(start, len(lines)) if lines[i].strip() == "```python")
     closing = next(i for i in range(opening + 1, len(lines)) if lines[i].strip() == "```")
@@ -28,9 +28,9 @@ def python_block(after: str) -> str:
 def webhook_verified(
     clock: Callable[[], float] = time.time,
 ) -> Callable[..., bool]:
-    """The README's webhook receiver check (its `verified`), reading time from `clock`."""
+    """The webhooks page's receiver check (its `verified`), reading time from `clock`."""
     space: dict[str, Any] = {}
-    exec(compile(python_block("**The signature**"), "README.md", "exec"), space)
+    exec(compile(python_block("**The signature**"), str(WEBHOOKS), "exec"), space)
     space["time"] = SimpleNamespace(time=clock)
     verified: Callable[..., bool] = space["verified"]  # (secret, body, header[, tolerance_s])
     return verified

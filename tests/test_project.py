@@ -1,8 +1,11 @@
-"""Project-level checks: package boundaries and the committed generated code."""
+"""Project-level checks: package boundaries, the committed generated code and pages, the
+docs site."""
 
 from __future__ import annotations
 
 import filecmp
+import os
+import re
 import subprocess
 import sys
 import tomllib
@@ -45,8 +48,8 @@ def test_generated_protobuf_code_is_up_to_date(tmp_path: Path) -> None:
 
 
 def test_the_configuration_reference_is_up_to_date(tmp_path: Path) -> None:
-    """docs/configuration.md is what ./scripts/config_reference writes from the settings
-    classes (which also refuses a setting without a description)."""
+    """docs/reference/configuration.md is what ./scripts/config_reference writes from the
+    settings classes (which also refuses a setting without a description)."""
     result = subprocess.run(
         [sys.executable, str(ROOT / "scripts" / "config_reference"), str(tmp_path / "c.md")],
         cwd=ROOT,
@@ -56,9 +59,9 @@ def test_the_configuration_reference_is_up_to_date(tmp_path: Path) -> None:
     )
     assert result.returncode == 0, result.stderr
     assert (tmp_path / "c.md").read_text(encoding="utf-8") == (
-        ROOT / "docs" / "configuration.md"
+        ROOT / "docs" / "reference" / "configuration.md"
     ).read_text(encoding="utf-8"), (
-        "docs/configuration.md is stale: run .venv/bin/python scripts/config_reference"
+        "docs/reference/configuration.md is stale: run .venv/bin/python scripts/config_reference"
     )
 
 
@@ -71,3 +74,62 @@ def test_every_lua_script_is_shipped_in_the_wheel() -> None:
         for path in (ROOT / package).rglob("*.lua"):
             assert path in shipped, f"{path.relative_to(ROOT)}: not in package-data"
     assert list((ROOT / "router").rglob("*.lua"))
+
+
+def test_the_http_api_reference_is_up_to_date(tmp_path: Path) -> None:
+    """docs/reference/http-api.md is what ./scripts/http_reference writes from the push
+    service's OpenAPI document."""
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "http_reference"), str(tmp_path / "h.md")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "h.md").read_text(encoding="utf-8") == (
+        ROOT / "docs" / "reference" / "http-api.md"
+    ).read_text(encoding="utf-8"), (
+        "docs/reference/http-api.md is stale: run .venv/bin/python scripts/http_reference"
+    )
+
+
+def test_the_docs_site_builds_without_a_warning(tmp_path: Path) -> None:
+    """mkdocs build --strict: no broken link or anchor, no page left out of the
+    navigation (but the dated benchmark history), no snippet that is not there."""
+    result = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "-d", str(tmp_path / "site")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
+        env={**os.environ, "NO_MKDOCS_2_WARNING": "1"},
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert (tmp_path / "site" / "index.html").is_file()
+    assert (tmp_path / "site" / "reference" / "configuration" / "index.html").is_file()
+
+
+def test_the_readme_fits_on_two_screens() -> None:
+    """The README says what imroute is and where to read on; the rest is in docs/."""
+    lines = (ROOT / "README.md").read_text(encoding="utf-8").splitlines()
+    assert len(lines) <= 150, f"README.md has {len(lines)} lines"
+
+
+def test_no_doc_or_comment_cites_a_tracker_issue() -> None:
+    """Say what and why: a reader cannot look up "issue 12"."""
+    cited = re.compile(r"\bissues? ?#?[0-9]+|\bissue-[0-9]+", re.IGNORECASE)
+    tracked = subprocess.run(
+        ["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout.split()
+    found = []
+    for name in tracked:
+        path = ROOT / name
+        if path.suffix not in {".md", ".py", ".lua", ".js", ".sh", ".toml", ".yml", ".proto"}:
+            continue
+        if not path.is_file() or name.startswith("tests/test_project.py"):
+            continue
+        for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            if cited.search(line):
+                found.append(f"{name}:{n}: {line.strip()[:80]}")
+    assert not found, "\n".join(found[:40])

@@ -1,7 +1,7 @@
 """What Redis did during a measurement: INFO deltas of its CPU, commands and reads.
 
 Every figure counts the whole server, so it is this run's alone only when nothing else
-uses that Redis (a private redis-server; see docs/benchmarks.md). `reads` is INFO's
+uses that Redis (a private redis-server; see docs/benchmarks/index.md). `reads` is INFO's
 `total_reads_processed`: socket reads, about one per round trip (a pipeline is one),
 where `commands` counts each command, those a script runs included.
 """

@@ -26,7 +26,7 @@ __all__ = ["SENDING_PATHS", "LimiterSlot", "RateGate", "bucket_of"]
 
 log = logging.getLogger(__name__)
 
-# A batch (issue 14) is one request too: at most 1000 messages, bounded like a multicast.
+# A batch (POST /v1/push/batch) is one request too: at most 1000 messages, bounded like a multicast.
 SENDING_PATHS = frozenset({"/v1/push", "/v1/push/batch", "/v1/broadcast", "/v1/multicast"})
 
 

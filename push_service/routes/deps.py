@@ -113,7 +113,7 @@ HealthSvc = Annotated[Health, Depends(_service(lambda s: s.health))]
 ReceiptsSvc = Annotated[ReceiptsView, Depends(_service(lambda s: s.receipts))]
 
 
-# --- issue 13, idempotency: the Idempotency-Key of the three push endpoints ---
+# --- idempotency: the Idempotency-Key of the three push endpoints ---
 async def _once(
     request: Request,
     key: Annotated[

@@ -44,8 +44,8 @@ class Services:
     fanout: FanOut
     users: Users
     health: Health
-    idempotency: Idempotency  # issue 13: the Idempotency-Key of the push endpoints
-    receipts: ReceiptsView  # issue 13: GET /v1/pushes/{push_id} (any mode), /recipients
-    overview: Overview  # issue 15: GET /v1/admin/overview, what /dashboard shows
-    # issue 13: where webhook events are emitted (message.unacked); None: webhooks off
+    idempotency: Idempotency  # the Idempotency-Key of the push endpoints
+    receipts: ReceiptsView  # GET /v1/pushes/{push_id} (any mode), /recipients
+    overview: Overview  # GET /v1/admin/overview, what /dashboard shows
+    # where webhook events are emitted (message.unacked); None: webhooks off
     webhooks: EventSink | None = None

@@ -113,7 +113,7 @@ class PubSubTransport(BusLifecycle):
         self._connecting = asyncio.Lock()
         self._streams: set[StreamingPull] = set()
         # Pub/Sub drops what outlived its retention without telling the publisher: this
-        # stays empty, and the gateways' sequencers count such batches (README, the bus).
+        # stays empty, and the gateways' sequencers count such batches (docs/operations/bus.md).
         self.losses = BusLosses()
         super().__init__()
 

@@ -28,7 +28,7 @@ __all__ = ["LOOKAHEAD", "OnResolved", "chunked", "run_multicast"]
 OnResolved = Callable[[Sequence[str], RecipientGroups], Awaitable[None]]
 
 # Look-ups in flight at once: while Redis answers one chunk, this process parses and
-# batches the one before (see docs/benchmarks.md, multicast, for the measurements).
+# batches the one before (see docs/benchmarks/index.md, multicast, for the measurements).
 LOOKAHEAD = 3
 
 

@@ -1,5 +1,5 @@
-"""The router's side of one delivery link to a gateway (README, "The delivery link";
-the gateway's side is socket_gateway.link_server).
+"""The router's side of one delivery link to a gateway (docs/architecture/gateway-calls.md,
+"The delivery link"; the gateway's side is socket_gateway.link_server).
 
 The same calls as a gRPC DeliverMany, with the same outcomes, at a fraction of the CPU:
 a call is one frame (a StreamCall with its own id and deadline) written straight to the

@@ -3,7 +3,7 @@
 Only broadcasts are resumable: their pages come from the directory in uid order, so a
 checkpoint (the last uid done) says exactly what is left. A multicast's batches mix
 recipients of several input chunks per group, and its `to` list (up to 1M uids) is not
-kept; it ends failed if its process stops (README, "Push jobs").
+kept; it ends failed if its process stops (docs/guides/jobs.md, "Push jobs").
 """
 
 from __future__ import annotations

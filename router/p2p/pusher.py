@@ -410,7 +410,7 @@ def _call_span(
     tracer: Tracer, gateway_id: str, batches: Sequence[gateway_pb2.Batch]
 ) -> Iterator[Span]:
     # Few attributes, and not made the current span (nothing under it in this process):
-    # each costs CPU on every traced push (docs/benchmarks.md, "Tracing").
+    # each costs CPU on every traced push (docs/benchmarks/index.md, "Tracing").
     attributes: dict[str, AttributeValue] = {"imroute.gateway_id": gateway_id}
     if len(batches) > 1:
         attributes["imroute.batches"] = len(batches)

@@ -111,8 +111,8 @@ class DevStack:
                     f"warning: the Redis at {redact_url(redis_url)} keeps nothing on disk "
                     "(appendonly no): a restart of it loses offline users' inboxes and the "
                     "recovery window (connected clients lose nothing; resumes say complete: "
-                    "false). Run it with --appendonly yes --appendfsync everysec (README, "
-                    '"What Redis must keep")',
+                    "false). Run it with --appendonly yes --appendfsync everysec "
+                    "(docs/operations/guarantees.md)",
                     err=True,
                 )
             env["IMROUTE_REDIS_URL"] = redis_url

@@ -36,9 +36,9 @@ def redis_answers(url: str, timeout_s: float = 1.0) -> bool:
 
 
 def keeps_nothing(url: str, timeout_s: float = 1.0) -> bool:
-    """True if the Redis at `url` says it runs without an append-only file (README, "What
-    Redis must keep"); False when it has one, or will not say (a managed Redis may refuse
-    CONFIG)."""
+    """True if the Redis at `url` says it runs without an append-only file
+    (docs/operations/guarantees.md, "What holds where"); False when it has one, or will
+    not say (a managed Redis may refuse CONFIG)."""
     try:
         client = redis.Redis.from_url(
             url, socket_connect_timeout=timeout_s, socket_timeout=timeout_s, decode_responses=True
@@ -94,8 +94,8 @@ class EmbeddedRedis:
                 "700",
                 "--save",
                 "",
-                # README, "What Redis must keep": the append-only file, fsynced every
-                # second, as imroute asks of any Redis (here it lives as long as dev).
+                # docs/operations/guarantees.md, "What holds where": the append-only file,
+                # fsynced every second, as imroute asks of any Redis (here it lives as long as dev).
                 "--appendonly",
                 "yes",
                 "--appendfsync",

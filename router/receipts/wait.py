@@ -6,7 +6,7 @@ frame, then the gateway's next flush, at most 50 ms later), every 25 ms to 500 m
 then every 100 ms. A read of a few fields of one hash is cheap, where a notification
 channel would cost a subscription per waiting request, or one per process, and a
 notice lost on a reconnect. (Doubling from 10 ms saw half the acks only at 70 ms:
-`docs/benchmarks.md`, wait_ack_ms.)
+`docs/benchmarks/index.md`, wait_ack_ms.)
 """
 
 from __future__ import annotations

@@ -66,7 +66,7 @@ class GentleRedisCluster(RedisCluster):
     tasks are writing to or reading from included: they fail with an AttributeError
     (`'NoneType' object has no attribute 'writelines'`) or a ConnectionError, and each
     such failure resets the client again. In a master failover of a few seconds that
-    made about half a minute of errors (issue 24). Here a reset from redis-py's own code
+    made about half a minute of errors. Here a reset from redis-py's own code
     marks every connection to be reconnected by the next command that takes it (redis-py's
     lazy reconnect, race-free: no task closes a connection another one holds) and re-reads
     the topology before the next command. `aclose()` called by its owner closes as before.
@@ -85,7 +85,7 @@ class GentleRedisCluster(RedisCluster):
             # redis-py's asyncio cluster MULTI queues each command through asyncio.run()
             # in a thread of its own (its sync API), blocking this loop meanwhile; once
             # the topology must be re-read, that other loop takes the client's lock:
-            # "Lock ... is bound to a different event loop" (issue 24).
+            # "Lock ... is bound to a different event loop".
             raise NotImplementedError(
                 "no MULTI on Redis Cluster: run a Lua script over keys of one hash slot"
             )
@@ -164,7 +164,7 @@ def connection_identity() -> dict[str, Any]:
     Left to itself, redis-py 7+ looks its own version up in the installed packages'
     metadata for every new connection (`importlib.metadata.version`, a walk of
     sys.path): 48 ms of a push service's loop on a busy machine when its pool grew under
-    load (docs/benchmarks.md)."""
+    load (docs/benchmarks/index.md)."""
     return dict(_IDENTITY)
 
 

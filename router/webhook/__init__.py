@@ -1,4 +1,4 @@
-"""Webhooks for offline fallback (issue 13): events to the app's own server.
+"""Webhooks for offline fallback: events to the app's own server.
 
 `base` is the seam (`Event`, `EventSink`); `outbox` the fleet's bounded Redis Stream
 producers emit into; `sender` the task in every push service that delivers it, signed

@@ -31,7 +31,7 @@ module's sections:
   so each connection is pinged once per interval at its own moment. All at once, 5000
   connections' pings came back as 5000 pongs in the same instant (and clients on one
   machine answered them all at once): a burst on both sides every 30 s, which stalled
-  pushes on a small machine (docs/benchmarks.md).
+  pushes on a small machine (docs/benchmarks/index.md).
 - **the closing handshake**, and the opening/closing deadlines (`loop.call_later`
   handles that live only while a connection is opening or closing).
 """

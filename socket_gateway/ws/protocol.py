@@ -2,7 +2,7 @@
 bytes, deadlines, and what a client's text message calls for.
 
 Nothing here touches a transport, a socket or the event loop: these are decisions on
-bytes, used by the connection layers (`framing`, `handshake`, `keepalive`).
+bytes, used by the connection (`socket_gateway.ws.conn`) and its endpoint.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
-"""/dashboard in headless Chromium (issue 15), against a real push service process and
-real gateway processes with a real WebSocket client: the login, the fleet, counters
-that move when pushes go out, a drain refused by the last-of-its-group guard and one
-that takes a gateway out of the fleet, and a wrong key refused. With
-IMROUTE_SCREENSHOT=1 it keeps its screenshot in docs/dashboard.png."""
+"""/dashboard in headless Chromium, against a real push service process and real gateway
+processes with a real WebSocket client: the login, the fleet, counters that move when
+pushes go out, a drain refused by the last-of-its-group guard and one that takes a
+gateway out of the fleet, and a wrong key refused. With IMROUTE_SCREENSHOT=1 it keeps
+its screenshot in docs/assets/dashboard.png."""
 
 from __future__ import annotations
 
@@ -138,7 +138,7 @@ async def test_the_dashboard_logs_in_shows_the_fleet_and_drains(
         assert "connected to gw" in await page.inner_text("#tc-state")
 
         if os.environ.get("IMROUTE_SCREENSHOT") == "1":
-            await page.screenshot(path=str(DOCS / "dashboard.png"), full_page=True)
+            await page.screenshot(path=str(DOCS / "assets" / "dashboard.png"), full_page=True)
         else:
             await page.screenshot(path=str(tmp_path / "dashboard.png"), full_page=True)
 

@@ -1,4 +1,4 @@
-"""clients/js/imroute.js in headless Chromium (issue 15), loaded from the push service
+"""clients/js/imroute.js in headless Chromium, loaded from the push service
 (/client/imroute.js) into a page, against a real push service process and two real
 gateway processes: it receives pushes once each, follows a drain to the other gateway,
 and resumes there without losing what was pushed meanwhile; a bad token stops it."""

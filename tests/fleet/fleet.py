@@ -112,7 +112,7 @@ def fleet(workdir: Path, cluster: bool = False, **env: str) -> Iterator[Fleet]:
     """The whole fleet, started and ready (gateways announced); `env` adds IMROUTE_*
     settings for the push service and gateways. With `cluster`, imroute's Redis is a
     Redis Cluster on the Redis host, and the standalone Redis there carries the bus
-    (as the README says to do)."""
+    (as docs/operations/deployment.md says to do)."""
     with lan() as net, Supervisor() as sup:
         for name in ("redis", "push", *GATEWAYS, "clients"):
             net.add(name)

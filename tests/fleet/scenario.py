@@ -98,8 +98,8 @@ def run(
     print(f"\n[fleet {name}] {fig.line()}; fault {healed_at - fault_at:.1f}s; SDK: {rec.sdk}")
     where = f"\nlogs: {logs}; notable:\n{notable(tmp_path)}"
     assert not rec.client_errors, f"clients that stopped: {rec.client_errors}{where}"
-    # The README: a retry with the same key waits for the first try, then gets its answer;
-    # one whose first try failed (a 5xx) runs again once the key is released.
+    # docs/guides/idempotency.md: a retry with the same key waits for the first try, then
+    # gets its answer; one whose first try failed (a 5xx) runs again once the key is released.
     assert not rec.ledger.errors, f"[{name}] unanswered: {rec.ledger.errors[:10]}{where}"
     if fig.lost or fig.duplicated or fig.unexpected:
         wrong = stories(rec, tmp_path / "stories.txt")

@@ -1,9 +1,9 @@
-"""The fleet tier (issue 24): imroute on hosts in network namespaces (Redis, the push
-service, gw1 and gw2 in g1, gw3 in g2, and a clients host running SDK clients and a
-REST caller), one fault per test while pushes go on. Each asserts, from the clients'
-own records, that every push the API promised reached its user, none twice, and that
-the pushes the fault touched arrived within the bound after the heal
-(tests/fleet/scenario.py). The figures are printed, and recorded in docs/benchmarks.md.
+"""The fleet tier: imroute on hosts in network namespaces (Redis, the push service, gw1
+and gw2 in g1, gw3 in g2, and a clients host running SDK clients and a REST caller), one
+fault per test while pushes go on. Each asserts, from the clients' own records, that
+every push the API promised reached its user, none twice, and that the pushes the fault
+touched arrived within the bound after the heal (tests/fleet/scenario.py). The figures
+are printed, and recorded in docs/benchmarks/index.md.
 """
 
 from __future__ import annotations

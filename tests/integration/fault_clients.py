@@ -1,7 +1,8 @@
-"""Helpers of the recovery fault tests (issue 11, tests 3 and 4): `imroute dev` as real
-processes, hundreds of SDK clients that keep everything they are handed, a load that
-writes down who each push was addressed to, a loopback TCP proxy that can cut a
-connection silently, and a raw WebSocket client that resumes by itself with `since`."""
+"""Helpers of the recovery fault tests (a gateway killed, a gateway drained):
+`imroute dev` as real processes, hundreds of SDK clients that keep everything they are
+handed, a load that writes down who each push was addressed to, a loopback TCP proxy
+that can cut a connection silently, and a raw WebSocket client that resumes by itself
+with `since`."""
 
 from __future__ import annotations
 

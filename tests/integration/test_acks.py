@@ -1,5 +1,5 @@
-"""Client acks, the inbox and receipts (issue 13, tests 1-3): a real gateway (gRPC and
-WebSocket), the API, real Redis and raw WebSocket clients."""
+"""Client acks, the inbox and receipts: a real gateway (gRPC and WebSocket), the API,
+real Redis and raw WebSocket clients."""
 
 from __future__ import annotations
 

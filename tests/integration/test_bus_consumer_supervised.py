@@ -1,8 +1,8 @@
-"""The gateway's bus consumer is supervised (issue 12, small findings): it used to die on
-any unexpected exception while the heartbeat kept the gateway in the fleet, deaf to
-every broadcast. Now it is restarted; if it keeps dying, the gateway drains (leaves the
-fleet, moves its clients) and its process exits non-zero. Real Redis Streams; the
-failure is injected where the consumer meets the bus."""
+"""The gateway's bus consumer is supervised: it used to die on any unexpected exception
+while the heartbeat kept the gateway in the fleet, deaf to every broadcast. Now it is
+restarted; if it keeps dying, the gateway drains (leaves the fleet, moves its clients)
+and its process exits non-zero. Real Redis Streams; the failure is injected where the
+consumer meets the bus."""
 
 from __future__ import annotations
 

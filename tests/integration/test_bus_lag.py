@@ -1,4 +1,4 @@
-"""Loss under a lagging gateway (issue 12, the bus): `imroute dev` as real processes on
+"""Loss under a lagging gateway on the bus: `imroute dev` as real processes on
 Redis Streams, one gateway SIGSTOPped while a broadcast of more than IMROUTE_BUS_MAXLEN
 batches is published, then SIGCONTed.
 
@@ -12,7 +12,7 @@ The bounds are scaled down by settings so that the test takes seconds: a bus bou
 50 entries, a topic log of 10 batches (so the log cannot fill what the bus lost), and
 the gateway stopped for 8 s (past its fleet record's 6 s: liveness on the bus is its
 consumer group's idle time, IMROUTE_BUS_GROUP_IDLE_S, not the fleet); the four-gateway
-test stops one for the issue's 30 s.
+test stops one for 30 s, the stall of the full scenario.
 """
 
 from __future__ import annotations
@@ -219,7 +219,7 @@ async def test_loss_under_a_lagging_gateway(
         async with AsyncExitStack() as stack, httpx.AsyncClient(timeout=30) as http:
             await put_users(http, dev, uids)
             sockets = await connect_clients(stack, dev, placed)
-            # As the issue has it: stopped for 30 s (its group counts as live for 60).
+            # The full scenario: stopped for 30 s (its group counts as live for 60).
             job, got = await lagging_broadcast(
                 http, redis_url, prefix, dev, sockets, "gw3", 1, stopped_s=30.0
             )

@@ -1,5 +1,5 @@
 """The router's two carriers to a gateway, the same scenarios on each: the delivery link
-(README, "The delivery link") and the unary gRPC DeliverMany it falls back to. Many
+(docs/architecture/gateway-calls.md) and the unary gRPC DeliverMany it falls back to. Many
 concurrent calls each get their own reply; a refused call fails alone; a stopped
 gateway fails a call at its deadline and the carrier survives; a killed one fails every
 waiting call at once; back at the same address, it is reached again. Real gateway

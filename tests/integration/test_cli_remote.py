@@ -1,4 +1,4 @@
-"""The operator's commands (issue 15): `imroute push`, `multicast`, `broadcast`, `status`
+"""The operator's commands: `imroute push`, `multicast`, `broadcast`, `status`
 and `drain`, run as real processes against a real push service process, real gateways,
 Redis and WebSocket clients; their output, `--json`, their exit codes and their errors."""
 

@@ -1,7 +1,7 @@
-"""Retries that are safe (issue 24): `imroute push` whose first answer is lost on the
-way (a proxy reads the push service's answer and drops the connection) tries again with
-the same Idempotency-Key, and the push is delivered once. A real push service process,
-a real gateway and WebSocket client, the CLI as a process."""
+"""Retries that are safe: `imroute push` whose first answer is lost on the way (a proxy
+reads the push service's answer and drops the connection) tries again with the same
+Idempotency-Key, and the push is delivered once. A real push service process, a real
+gateway and WebSocket client, the CLI as a process."""
 
 from __future__ import annotations
 

@@ -47,7 +47,8 @@ AFTER_S = 4.0  # load kept on after the recovery
 # The bound: a push that starts after the cluster says ok is answered 200 within this
 # long of it. Its first command may still go to the stopped primary (the client reads
 # the new topology only once a command fails) and give up after IMROUTE_REDIS_TIMEOUT_S.
-# (A push begun before the failover may take a few timeouts: README, "When Redis fails".)
+# (A push begun before the failover may take a few timeouts: docs/operations/failure-modes.md,
+# "When Redis fails".)
 REDIS_TIMEOUT_S = 5.0
 RECOVERY_S = 2 * REDIS_TIMEOUT_S + 3
 PROBE_EVERY_S = 0.25

@@ -1,8 +1,8 @@
-"""Everything the README offers Redis Cluster for, on a real cluster with replicas.
+"""Everything the docs offer Redis Cluster for, on a real cluster with replicas.
 
 Real processes: a gateway (`imroute gateway`) and the push service (`python -m
 push_service`) with IMROUTE_REDIS_URL=redis+cluster://... (the session's three
-primaries, each with a replica) and the bus on the plain Redis, as the README tells a
+primaries, each with a replica) and the bus on the plain Redis, as the deployment page tells a
 cluster deployment to. Real WebSocket clients. Each call below names keys of several
 slots or runs a script over several keys: jobs (a MULTI and scripts over a job and the
 running set), receipts (a script over a receipt and its HyperLogLogs, PFCOUNT read in a

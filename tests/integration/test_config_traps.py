@@ -1,5 +1,5 @@
-"""Configuration traps, each met by a real process: a Redis Cluster without a bus, and
-a gateway bound to a wildcard address with nothing to announce (issue 24)."""
+"""Configuration traps, each met by a real process: a Redis Cluster without a bus, and a
+gateway bound to a wildcard address with nothing to announce."""
 
 from __future__ import annotations
 

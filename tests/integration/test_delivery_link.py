@@ -1,4 +1,4 @@
-"""The delivery link (README, "The delivery link"), over real sockets: calls switch to
+"""The delivery link (docs/architecture/gateway-calls.md), over real sockets: calls switch to
 it from gRPC as it opens, losing nothing; a cut link fails its calls at once, after
 which calls go over gRPC until a new link is open; a gateway with the link off, or one
 whose link cannot be reached, gets gRPC DeliverMany calls (the scenarios both carriers

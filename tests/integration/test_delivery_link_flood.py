@@ -1,4 +1,4 @@
-"""Strangers' silent sockets on a gateway's delivery link (docs/security.md, "The
+"""Strangers' silent sockets on a gateway's delivery link (docs/operations/security-review.md, "The
 delivery link before its hello"): counted and timed from the TCP accept, before TLS,
 capped per address, and with every place taken the address holding the most loses its
 oldest to a newcomer, so a push service's link still gets in and delivers."""

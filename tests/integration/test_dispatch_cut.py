@@ -1,5 +1,5 @@
-"""Issue 24, item 5: clients cut off from their gateway move to another gateway of the
-group, and dispatch stops sending anyone there until it is reachable again.
+"""Clients cut off from their gateway move to another gateway of the group, and dispatch
+stops sending anyone there until it is reachable again.
 
 Real processes: a push service, two gateways of one group, and SDK clients (in this
 process). The clients reach gw1 only through a TCP link (gw1 advertises the link's

@@ -94,7 +94,7 @@ async def test_a_drained_gateway_moves_its_clients_without_losing_pushes(
 async def test_200_clients_under_a_push_stream_all_move_and_lose_nothing_delivered(
     redis_url: str, prefix: str, redis: aioredis.Redis
 ) -> None:
-    """The issue's scale: 200 clients on gw1, a push to all of them every 50 ms, and gw1
+    """At a realistic scale: 200 clients on gw1, a push to all of them every 50 ms, and gw1
     drained. Each client behaves as a real one would: on its 4503 it asks dispatch where
     to go, and reconnects there."""
     uids = [f"c{i:03}" for i in range(200)]

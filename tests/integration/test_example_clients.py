@@ -1,4 +1,4 @@
-"""The issue's walk-through, as a user runs it: `imroute dev --gateways 4 --groups 2`,
+"""The quick-start walk-through, as a user runs it: `imroute dev --gateways 4 --groups 2`,
 `examples/clients.py` dispatching clients, a drain of one gateway, and the clients
 moving to the others. Real processes throughout."""
 

@@ -1,6 +1,5 @@
-"""Two gateways with one id (issue 12, small findings): the second refuses to start,
-naming the first, while a gateway restarted under its own id starts as before. Real
-gateways on real Redis."""
+"""Two gateways with one id: the second refuses to start, naming the first, while a
+gateway restarted under its own id starts as before. Real gateways on real Redis."""
 
 from __future__ import annotations
 

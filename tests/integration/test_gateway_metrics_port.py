@@ -1,5 +1,5 @@
-"""`/metrics` is on the gateway's internal port (issue 12, small findings), not on the
-public WebSocket port. Real gateway, real sockets."""
+"""`/metrics` is on the gateway's internal port, not on the public WebSocket port. Real
+gateway, real sockets."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""The seam of a move between groups (issue 24, item 7): a multicast resolved to a
-user's old route, on a gateway of the group the client just left, reaches it once.
+"""The seam of a move between groups: a multicast resolved to a user's old route, on a
+gateway of the group the client just left, reaches it once.
 
 On a fleet, killing the only gateway of a group left its routes live until they or the
 gateway's fleet record lapsed; a multicast resolved meanwhile went to that group's log

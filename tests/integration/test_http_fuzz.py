@@ -1,4 +1,4 @@
-"""HTTP fuzzing (issue 12): schemathesis against the push service's OpenAPI schema.
+"""HTTP fuzzing: schemathesis against the push service's OpenAPI schema.
 
 A real `python -m push_service` with real Redis, a migrated directory and one real
 gateway process, so generated requests reach the handlers (with the API key, which with

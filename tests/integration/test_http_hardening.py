@@ -67,7 +67,7 @@ def _refused_before_the_body(
 async def test_an_unauthenticated_50_mib_multicast_is_refused_unread_and_costs_no_memory(
     redis_url: str, prefix: str, redis: aioredis.Redis, tmp_path: Path
 ) -> None:
-    """Finding 2: the body was parsed before the key was checked (160 MiB grew the process
+    """The body used to be parsed before the key was checked (160 MiB grew the process
     by about 4.2 GB). Now the answer comes from the headers; the process does not grow."""
     body = _empty_objects(50 * MIB)
     env = {"IMROUTE_ADMIN_API_KEY": ADMIN_KEY}
@@ -121,7 +121,7 @@ def _peak_rss(process: psutil.Process) -> Iterator[Callable[[], int]]:
 async def test_draining_a_groups_last_gateway_is_409_unless_forced(
     redis_url: str, prefix: str, redis: aioredis.Redis
 ) -> None:
-    """Finding 8b: one call could drain every gateway. g1 keeps one gateway that takes
+    """One call used to be able to drain every gateway. g1 keeps one gateway that takes
     clients, whatever the order or the timing of the requests."""
     # gw1 and gw2 see drain requests only every 5 s: a request stays pending meanwhile,
     # and a pending request counts as a drain.

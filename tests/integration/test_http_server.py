@@ -59,7 +59,7 @@ async def _slowloris_is_cut(port: int, timeout_s: float) -> None:
 async def test_slowloris_heads_are_cut_by_the_header_timeout(
     redis_url: str, prefix: str, redis: aioredis.Redis, tmp_path: Path
 ) -> None:
-    """Finding 9b: uvicorn holds a head that never ends for ever. The real process, with
+    """Left alone, uvicorn holds a head that never ends for ever. The real process, with
     IMROUTE_HTTP_HEADER_TIMEOUT_S=1."""
     env = {"IMROUTE_HTTP_HEADER_TIMEOUT_S": "1", "IMROUTE_HTTP_KEEPALIVE_TIMEOUT_S": "3"}
     with push_service(redis_url, prefix, tmp_path, **env) as (proc, port):

@@ -1,5 +1,5 @@
 """Idempotency-Key on the push endpoints: real Redis, in-process apps, real gateways and
-WebSocket clients (README, "Idempotent pushes")."""
+WebSocket clients (docs/guides/idempotency.md, "Idempotent pushes")."""
 
 from __future__ import annotations
 

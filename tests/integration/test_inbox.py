@@ -1,5 +1,5 @@
-"""The offline inbox (issue 11, test 5) and the new input checks: real gateway, API,
-Redis and WebSocket clients."""
+"""The offline inbox and the new input checks: real gateway, API, Redis and WebSocket
+clients."""
 
 from __future__ import annotations
 

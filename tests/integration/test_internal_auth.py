@@ -1,6 +1,6 @@
-"""Internal calls are authenticated (issue 12, finding 1): the gateway's gRPC port takes
-no call without the internal token (or an mTLS cert), and no batch that could forge a
-frame, from anyone. Real gateways, real gRPC, real WebSocket clients."""
+"""Internal calls are authenticated: the gateway's gRPC port takes no call without the
+internal token (or an mTLS cert), and no batch that could forge a frame, from anyone.
+Real gateways, real gRPC, real WebSocket clients."""
 
 from __future__ import annotations
 
@@ -196,7 +196,7 @@ async def test_a_forged_batch_on_the_bus_is_dropped_counted_and_the_next_deliver
 
 @pytest.fixture(scope="module")
 def certs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    """Two CAs, each with a node cert, made by the README's script."""
+    """Two CAs, each with a node cert, made by scripts/grpc-certs, as the security page says."""
     ours, theirs = tmp_path_factory.mktemp("ours"), tmp_path_factory.mktemp("theirs")
     for folder in (ours, theirs):
         subprocess.run([str(ROOT / "scripts/grpc-certs"), str(folder)], check=True)

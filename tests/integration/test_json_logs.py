@@ -1,7 +1,7 @@
-"""IMROUTE_LOG_FORMAT=json (issue 15): every line a real push service (two workers and
-their supervisor) and a real gateway process write is one JSON object, and the lines
-about a push name its push_id and msg_id, a batch's its batch_id, a gateway's its
-gateway_id. Real Redis, real processes, a real WebSocket client."""
+"""IMROUTE_LOG_FORMAT=json: every line a real push service (two workers and their
+supervisor) and a real gateway process write is one JSON object, and the lines about a
+push name its push_id and msg_id, a batch's its batch_id, a gateway's its gateway_id.
+Real Redis, real processes, a real WebSocket client."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
-"""GET /v1/admin/overview (issue 15, what /dashboard shows): the fleet by group and
-gateway, the fleet's rates and delivery latency as every process samples them into
-Redis, and the latest jobs. Real Redis, real gateways, real WebSocket clients that ack."""
+"""GET /v1/admin/overview (what /dashboard shows): the fleet by group and gateway, the
+fleet's rates and delivery latency as every process samples them into Redis, and the
+latest jobs. Real Redis, real gateways, real WebSocket clients that ack."""
 
 from __future__ import annotations
 

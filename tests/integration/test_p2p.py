@@ -224,11 +224,11 @@ async def test_unreachable_gateway_is_reported_not_dropped(
 async def test_routes_of_a_gateway_missing_from_the_fleet_are_called_not_skipped(
     redis_url: str, prefix: str, redis: object
 ) -> None:
-    """Issue 24, item 6. Its fleet record gone while its routes are live, a gateway's
-    state is unknown: cut off from Redis, it still serves its clients. Before, its users
-    were answered `offline` (and queued) with no error, like users who are gone; now the
-    gateway is called at the route's address, and when that fails too the error says
-    its state is unknown."""
+    """Its fleet record gone while its routes are live, a gateway's state is unknown:
+    cut off from Redis, it still serves its clients. Before, its users were answered
+    `offline` (and queued) with no error, like users who are gone; now the gateway is
+    called at the route's address, and when that fails too the error says its state is
+    unknown."""
     # A heartbeat far off: nothing announces gw1 again during the test.
     async with (
         gateway(redis_url, prefix, "gw1", "g1", heartbeat_s=20) as gw1,

@@ -1,5 +1,5 @@
-"""`failed` never means delivered later (issue 12, finding 6): every P2P batch expires by
-the end of the router's call, and a gateway that gets to it later drops it."""
+"""`failed` never means delivered later: every P2P batch expires by the end of the
+router's call, and a gateway that gets to it later drops it."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
 """One address's silent sockets do not lock a gateway's other clients out
-(docs/security.md, "Sockets before a 101"): a real gateway process, 1000 silent sockets
+(docs/operations/security-review.md, "Sockets before a 101"): a real gateway process, 1000
+silent sockets
 from 127.0.0.2 kept open (each one the gateway closes is opened again) while real
 WebSocket clients connect from 127.0.0.1, with the defaults, with the per-IP connect
 rate on, and with the per-address cap lifted (and the request line given 3 s) so that

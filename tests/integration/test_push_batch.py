@@ -1,4 +1,4 @@
-"""POST /v1/push/batch (issue 14): up to 1000 messages, one answer each, in order; a bad
+"""POST /v1/push/batch: up to 1000 messages, one answer each, in order; a bad
 message fails only itself. Real gateways, Redis and WebSocket clients."""
 
 from __future__ import annotations

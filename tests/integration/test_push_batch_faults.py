@@ -1,7 +1,7 @@
-"""POST /v1/push/batch when part of the fleet is gone (issue 14's batch path): the
-messages to a SIGKILLed gateway process fail and wait in their recipients' inboxes,
-the rest are delivered in the batch's order, and the recipients get what waited when
-they come back. Real Redis, a real gateway process, real WebSocket clients."""
+"""POST /v1/push/batch when part of the fleet is gone: the messages to a SIGKILLed
+gateway process fail and wait in their recipients' inboxes, the rest are delivered in
+the batch's order, and the recipients get what waited when they come back. Real Redis, a
+real gateway process, real WebSocket clients."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
-"""Rate limits per API key (issue 13): a GCRA in one Redis script, so the limit holds
-across push-service processes. Two real `python -m push_service` processes on one
-Redis, and the in-process app for the details."""
+"""Rate limits per API key: a GCRA in one Redis script, so the limit holds across
+push-service processes. Two real `python -m push_service` processes on one Redis, and
+the in-process app for the details."""
 
 from __future__ import annotations
 

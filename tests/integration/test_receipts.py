@@ -1,6 +1,6 @@
-"""Receipts of a multicast (issue 13, test 4): paging a 5,000-recipient multicast's
-recipients by state, and the counts-only answer past the bound. A real gateway, the
-API, real Redis and raw WebSocket clients."""
+"""Receipts of a multicast: paging a 5,000-recipient multicast's recipients by state,
+and the counts-only answer past the bound. A real gateway, the API, real Redis and raw
+WebSocket clients."""
 
 from __future__ import annotations
 

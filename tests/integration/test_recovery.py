@@ -1,5 +1,5 @@
-"""Recovery end to end (issue 11, tests 1, 2 and 6): real gateways, the real push API,
-real Redis, real WebSocket clients, on both bus transports."""
+"""Recovery end to end: real gateways, the real push API, real Redis, real WebSocket
+clients, on both bus transports."""
 
 from __future__ import annotations
 
@@ -27,8 +27,8 @@ def bus(request: pytest.FixtureRequest) -> dict[str, Any]:
 async def test_a_client_that_missed_20_gets_exactly_those_in_order(
     redis_url: str, prefix: str, bus: dict[str, Any]
 ) -> None:
-    """Test 1: 10 read, 20 missed (P2P, multicast, directory and online broadcast
-    mixed), then a resume with `since`: those 20, in order, then complete."""
+    """10 read, 20 missed (P2P, multicast, directory and online broadcast mixed), then a
+    resume with `since`: those 20, in order, then complete."""
     async with (
         gateway(redis_url, prefix, "gw1", "g1", **bus) as gw,
         api(redis_url, prefix, **bus) as http,
@@ -85,7 +85,7 @@ async def test_a_client_that_missed_20_gets_exactly_those_in_order(
 async def test_live_pushes_during_a_1000_message_replay_are_neither_lost_nor_doubled(
     redis_url: str, prefix: str
 ) -> None:
-    """Test 2, the seam: pushes that arrive while 1000 are replayed come after them."""
+    """The seam: pushes that arrive while 1000 are replayed come after them."""
     async with (
         gateway(redis_url, prefix, "gw1", "g1", recovery_user_max=5000) as gw,
         api(redis_url, prefix, recovery_user_max=5000) as http,
@@ -121,7 +121,7 @@ async def test_live_pushes_during_a_1000_message_replay_are_neither_lost_nor_dou
 async def test_out_of_the_window_and_junk_positions_are_incomplete(
     redis_url: str, prefix: str
 ) -> None:
-    """Test 6: a `since` older than the window, or junk, gives complete:false (never a
+    """A `since` older than the window, or junk, gives complete:false (never a
     close); another user's position gives nothing of theirs."""
     async with (
         gateway(redis_url, prefix, "gw1", "g1", recovery_window_s=1) as gw,

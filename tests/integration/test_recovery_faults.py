@@ -1,9 +1,9 @@
-"""Recovery under faults (issue 11, tests 3 and 4): `imroute dev` as real processes,
-400 SDK clients on real sockets, 20 s of steady P2P, multicast and online-broadcast
-pushes, and one fault in the middle:
+"""Recovery under faults: `imroute dev` as real processes, 400 SDK clients on real
+sockets, 20 s of steady P2P, multicast and online-broadcast pushes, and one fault in the
+middle:
 
-- test 3: gw1 is SIGKILLed (no close frames, no goodbye); `imroute dev` restarts it;
-- test 4: gw1 is drained, and one more client's TCP connection is cut silently (a
+- a kill: gw1 is SIGKILLed (no close frames, no goodbye); `imroute dev` restarts it;
+- a drain: gw1 is drained, and one more client's TCP connection is cut silently (a
   proxy stops forwarding and closes nothing); it gives up on it later and resumes.
 
 Afterwards every client must hold every push addressed to it exactly once, P2P in the
@@ -52,13 +52,13 @@ GATEWAYS, GROUPS = 4, 2
 CLIENTS = 400
 UIDS = [f"c{i:03d}" for i in range(CLIENTS)]
 DURATION_S = 20.0  # of steady pushes
-FAULT_AT_S = 10.0  # gw1 SIGKILLed (test 3) or drained (test 4)
+FAULT_AT_S = 10.0  # gw1 SIGKILLed (the kill test) or drained (the drain test)
 P2P_PER_S = 20.0  # each to one random user
 MULTICAST_EVERY_S = 1.0
 MULTICAST_SIZE = 100  # random users of the 400
 BROADCAST_EVERY_S = 2.0  # {"audience": {"online": true}}
-DRAIN_WINDOW_S = 4.0  # IMROUTE_DRAIN_WINDOW_S of test 4
-CUT_AT_S = 7.0  # test 4: the extra client's connection goes silent
+DRAIN_WINDOW_S = 4.0  # IMROUTE_DRAIN_WINDOW_S of the drain test
+CUT_AT_S = 7.0  # drain test: the extra client's connection goes silent
 CUT_FOR_S = 5.0  # then it aborts its socket and resumes with since
 CUT_UID = "x000"
 CUT_P2P_EVERY = 5  # every 5th P2P push goes to the cut client
@@ -185,7 +185,7 @@ async def test_a_sigkilled_gateway_s_clients_resume_with_every_push_once_in_orde
     redis_url: str, prefix: str, redis: aioredis.Redis, tmp_path: Path,
     bus_env: dict[str, str],
 ) -> None:  # fmt: skip
-    """Test 3: gw1 SIGKILLed at FAULT_AT_S of DURATION_S of steady pushes."""
+    """The kill: gw1 SIGKILLed at FAULT_AT_S of DURATION_S of steady pushes."""
     began = time.monotonic()
     ledger = Ledger()
     with dev_stack(redis_url, prefix, tmp_path, GATEWAYS, GROUPS, **bus_env) as dev:
@@ -215,7 +215,7 @@ async def test_a_sigkilled_gateway_s_clients_resume_with_every_push_once_in_orde
 async def test_a_drain_and_a_silent_cut_lose_and_double_nothing(
     redis_url: str, prefix: str, redis: aioredis.Redis, tmp_path: Path
 ) -> None:
-    """Test 4 (Redis Streams): gw1 drained at FAULT_AT_S; one more client, a raw
+    """The drain (Redis Streams): gw1 drained at FAULT_AT_S; one more client, a raw
     WebSocket through a proxy, cut silently at CUT_AT_S, gives up on that socket
     CUT_FOR_S later and resumes directly with `since`."""
     began = time.monotonic()

@@ -1,5 +1,5 @@
-"""Redis restarts empty under a running stack (issue 24, items 1 and 2): a real
-redis-server SIGKILLed and started again at the same address without persistence.
+"""Redis restarts empty under a running stack: a real redis-server SIGKILLed and started
+again at the same address without persistence.
 
 Before epochs, every multicast and broadcast after the restart was dropped as "late" by
 the running gateway (the topic logs started again at 1, below what it had delivered),

@@ -1,7 +1,7 @@
-"""The route refresh goes on past a chunk that fails (issue 12, small findings): on a
-flaky Redis it used to stop at the first failing 1000-route chunk, so the same users,
-those after it, kept losing their routes while connected. Real Redis; one pipeline's
-round trip fails as a dropped connection would."""
+"""The route refresh goes on past a chunk that fails: on a flaky Redis it used to stop
+at the first failing 1000-route chunk, so the same users, those after it, kept losing
+their routes while connected. Real Redis; one pipeline's round trip fails as a dropped
+connection would."""
 
 from __future__ import annotations
 

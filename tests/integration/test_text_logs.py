@@ -1,7 +1,7 @@
-"""IMROUTE_LOG_FORMAT=text (the default): every line a real push service (two workers and
-their supervisor), a real gateway and `imroute dev` write starts with its time (UTC,
-ISO 8601, ms), uvicorn's lines and the "ready" lines included (issue 24: the push
-service's text lines had none)."""
+"""IMROUTE_LOG_FORMAT=text (the default): every line a real push service (two workers
+and their supervisor), a real gateway and `imroute dev` write starts with its time (UTC,
+ISO 8601, ms), uvicorn's lines and the "ready" lines included (the push service's text
+lines used to have none)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""OpenTelemetry traces (issue 15) across real processes: a push service and two gateway
+"""OpenTelemetry traces across real processes: a push service and two gateway
 processes, each exporting over OTLP/HTTP (OTEL_EXPORTER_OTLP_ENDPOINT) to a real
 receiver in this test, with real WebSocket clients that ack.
 

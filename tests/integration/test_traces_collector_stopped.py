@@ -1,7 +1,7 @@
-"""Traces (issue 15) with a collector that stops answering: a real collector process
+"""Traces with a collector that stops answering: a real collector process
 (bench/otlp_sink.py) SIGSTOPped while pushes go on. Exporting happens in each process's
-own thread, so a push must not wait for it: every push still answers and is delivered
-at once, and once the collector is continued the processes export again."""
+own thread, so a push must not wait for it: every push still answers and is delivered at
+once, and once the collector is continued the processes export again."""
 
 from __future__ import annotations
 

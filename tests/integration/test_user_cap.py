@@ -1,5 +1,5 @@
 """The per-user connection cap (IMROUTE_MAX_CONNECTIONS_PER_USER) and the cost of a
-route upsert (issue 12, finding 3: one client token could take Redis down).
+route upsert (one client token with many connections could take Redis down).
 
 The registry against real Redis servers, and the attack as it was made: many sockets
 of one uid against real gateway processes.

@@ -1,6 +1,6 @@
-"""Webhook delivery (issue 13): real `python -m push_service` processes send what the
-outbox holds to a real HTTP receiver that checks every signature. Events are emitted
-through the real sink (`RedisOutbox`), as the push service's producers do."""
+"""Webhook delivery: real `python -m push_service` processes send what the outbox holds
+to a real HTTP receiver that checks every signature. Events are emitted through the real
+sink (`RedisOutbox`), as the push service's producers do."""
 
 from __future__ import annotations
 

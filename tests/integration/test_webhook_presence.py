@@ -1,6 +1,6 @@
-"""user.offline and user.online (issue 13): real gateways, a real push service (its
-offline sweeper and webhook sender), real WebSocket clients, real Redis, and a real
-HTTP receiver that checks every request's signature.
+"""user.offline and user.online: real gateways, a real push service (its offline sweeper
+and webhook sender), real WebSocket clients, real Redis, and a real HTTP receiver that
+checks every request's signature.
 
 A quick reconnect must give no event; the check waits for a later user's user.offline
 instead of sleeping: entries are swept in due order, so by the time the later one

@@ -1,5 +1,5 @@
-"""message.unacked (issue 13, test 5): a real gateway and push API, real Redis, real
-WebSocket clients and a real HTTP receiver that checks every request's signature."""
+"""message.unacked: a real gateway and push API, real Redis, real WebSocket clients and
+a real HTTP receiver that checks every request's signature."""
 
 from __future__ import annotations
 

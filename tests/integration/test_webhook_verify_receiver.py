@@ -1,4 +1,4 @@
-"""A receiver built as the README says (FastAPI under uvicorn, on loopback: `verify`
+"""A receiver built as docs/guides/webhooks.md says (FastAPI under uvicorn, on loopback: `verify`
 over the raw body, SignatureError answered 400) answers every malformed signature
 header sent to it over a real socket with a 400 naming the problem, never a 500."""
 

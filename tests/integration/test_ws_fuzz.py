@@ -1,4 +1,4 @@
-"""A bounded fuzz of a real gateway process (issue 12, "WebSocket fuzzing").
+"""A bounded WebSocket fuzz of a real gateway process.
 
 `ws_fuzz_attacks` throws random frames, fragments, oversized and control frames,
 invalid UTF-8, slowloris heads, half-closed sockets and floods of connects and frames

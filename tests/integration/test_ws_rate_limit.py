@@ -1,5 +1,5 @@
-"""Client frames are rate-limited per connection (issue 12: "clients can send frames
-without limit"): a gateway with IMROUTE_WS_CLIENT_FRAME_RATE / _BURST, real clients."""
+"""Client frames are rate-limited per connection (clients used to be able to send
+frames without limit): a gateway with IMROUTE_WS_CLIENT_FRAME_RATE / _BURST, real clients."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """A real webhook receiver for tests: an HTTP/1.1 server on 127.0.0.1 (stdlib asyncio)
-that checks each request's signature with the README's own receiver code (hmac +
+that checks each request's signature with the webhooks page's own receiver code (hmac +
 hashlib, not `router.webhook.signing`; `tests.readme`), and collects the events.
 
     async with WebhookReceiver(SECRET, statuses=[500, 500, 500]) as rx:
@@ -33,8 +33,8 @@ __all__ = ["WebhookReceiver"]
 
 
 def check_signature(secret: str, body: bytes, header: str, now_s: float) -> str | None:
-    """None if `header` signs `body` freshly under `secret` (the README's `verified`,
-    run as the README prints it); else what is wrong."""
+    """None if `header` signs `body` freshly under `secret` (the webhooks page's `verified`,
+    run as the page prints it); else what is wrong."""
     verified = webhook_verified(lambda: now_s)
     if verified(secret, body, header):
         return None

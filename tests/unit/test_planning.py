@@ -26,10 +26,10 @@ def test_recipients_are_grouped_one_target_per_gateway() -> None:
 
 
 def test_routes_of_gateways_missing_from_the_fleet_are_tried_as_unknown() -> None:
-    """Issue 24, item 6: a route whose gateway is missing from the live fleet is live (its
-    gateway wrote it within the route TTL), so the gateway is called at its address and
-    its state reported unknown if that fails; a route of a gateway live at another
-    address (its previous life's) is still never called."""
+    """A route whose gateway is missing from the live fleet is live (its gateway wrote
+    it within the route TTL), so the gateway is called at its address and its state
+    reported unknown if that fails; a route of a gateway live at another address (its
+    previous life's) is still never called."""
     moved = Route("c", "gw2.c", "gw2", "g", "127.0.0.1", 9999, 10**13)
     routes = {"a": [route("a", "gw1")], "b": [route("b", "gw9"), route("b", "gw2")], "c": [moved]}
     plan = plan_p2p(["a", "b", "c"], routes, {"gw2": LIVE["gw2"]})

@@ -1,6 +1,6 @@
 """The receiver's `verify` refuses every malformed X-Imroute-Signature with a
 SignatureError, never another exception: a receiver that catches SignatureError (as the
-README says) answers 400, not 500, whatever a client sends."""
+webhooks page says) answers 400, not 500, whatever a client sends."""
 
 from __future__ import annotations
 
@@ -152,7 +152,7 @@ def test_mutated_headers_verify_or_raise_signature_error_only() -> None:
 
 
 def test_the_readmes_receiver_refuses_what_verify_refuses() -> None:
-    """The README's copy-paste receiver, run as the README prints it: it accepts a header
+    """The webhooks page's copy-paste receiver, run as the page prints it: it accepts a header
     exactly when `verify` does, on every header above and 20,000 mutations."""
     verified = webhook_verified(clock=lambda: T)
     stale = sign(SECRET, BODY, T - 301)

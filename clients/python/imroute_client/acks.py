@@ -52,7 +52,7 @@ __all__ = [
 log = logging.getLogger("imroute_client")
 
 # Pushes remembered at most (the oldest are forgotten past it). A gateway remembers
-# 128 unacked pushes per connection: an app that holds more gets them again anyway.
+# 512 unacked pushes per connection: an app that holds more gets them again anyway.
 MAX_HELD = 1000
 # How long a close waits to write the last ack before it closes anyway.
 FLUSH_TIMEOUT_S = 2.0

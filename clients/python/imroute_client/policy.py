@@ -29,8 +29,8 @@ __all__ = [
     "refuses_acks",
 ]
 
-# Gateways before issue 12 answered the token and a full gateway after the 101, with
-# these closes; newer ones refuse before it, with HTTP 401, 429 and 503.
+# Older gateways answered a bad token and a full gateway after the 101, with these
+# closes; newer ones refuse before it, with HTTP 401, 429 and 503.
 CLOSE_UNAUTHORIZED = 4401
 CLOSE_FULL = 4429
 CLOSE_DRAIN = 4503
