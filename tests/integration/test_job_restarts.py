@@ -43,8 +43,11 @@ from tests.integration.stack import AUTH, ready, token
 pytestmark = pytest.mark.integration
 
 USERS = 100_000
-PAGES = USERS // 1000
-CLIENTS = 200  # two per page, split over the two gateways
+# Pages of 250 (IMROUTE_BATCH_SIZE): 400 of them, so that a broadcast is still publishing
+# well after its third page, however fast a publish is (one round trip each).
+PAGE = 250
+PAGES = USERS // PAGE
+CLIENTS = 200  # one per two pages, split over the two gateways
 
 
 def uid(i: int) -> str:
@@ -131,6 +134,7 @@ async def test_a_restart_during_a_broadcast_loses_no_batch(
         IMROUTE_JOB_LEASE_S="1",
         IMROUTE_JOB_SHUTDOWN_GRACE_S="0",  # hand every job over at once
         IMROUTE_GATEWAY_CACHE_S="0",
+        IMROUTE_BATCH_SIZE=str(PAGE),
     )
     gateway_argv = [str(BIN / "imroute"), "gateway", "--ws-port", "0", "--grpc-port", "0"]
     with (
