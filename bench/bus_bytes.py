@@ -42,6 +42,7 @@ from typing import Any
 
 import redis.asyncio as aioredis
 
+from bench.harness.counting import CountingPublisher
 from router.bus.redis_streams import RedisStreamsBus, TopicLog, stream_key
 from router.fanout.broadcast import run_broadcast
 from router.fanout.publisher import BatchPublisher
@@ -55,25 +56,15 @@ from shared.models import Message
 PAGE = 1000
 
 
-class MeteredBus:
-    """The bus as BatchPublisher sees it, counting the bytes of every publish."""
-
-    def __init__(self, bus: RedisStreamsBus) -> None:
-        self._bus = bus
-        self.messages = 0
-        self.bytes = 0
-
-    @property
-    def logs_topics(self) -> bool:
-        """As the bus: whether its publish logs the batch (`LogsTopics`)."""
-        return self._bus.logs_topics
+class MeteredBus(CountingPublisher):
+    """The bus as BatchPublisher sees it, counting the bytes of every publish with its
+    attributes (as Pub/Sub bills them)."""
 
     async def publish(
         self, topic: str, data: bytes, attributes: Mapping[str, str] | None = None
     ) -> str:
-        self.messages += 1
-        self.bytes += len(data) + sum(len(k) + len(v) for k, v in (attributes or {}).items())
-        return await self._bus.publish(topic, data, attributes)
+        self.bytes += sum(len(k) + len(v) for k, v in (attributes or {}).items())
+        return await super().publish(topic, data, attributes)
 
 
 async def pages(users: int) -> AsyncIterator[Sequence[str]]:
@@ -122,15 +113,15 @@ async def run(url: str, users: int, content_bytes: int, on_bus: bool) -> dict[st
         return {
             "users": users,
             "content_bytes": len(text),
-            "batches": metered.messages,
+            "batches": metered.count,
             "failed_batches": counters.failed_batches,
             "bus_bytes": metered.bytes,
             "stream_memory": stream,
             "tlog_memory": tlog,
             "content_memory": content,
             "redis_total": stream + tlog + content,
-            "commands_per_batch": round((commands_after - commands) / metered.messages, 2),
-            "scripts_per_batch": round((scripts_after - scripts) / metered.messages, 2),
+            "commands_per_batch": round((commands_after - commands) / metered.count, 2),
+            "scripts_per_batch": round((scripts_after - scripts) / metered.count, 2),
             "publish_s": round(seconds, 2),
         }
     finally:

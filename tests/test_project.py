@@ -11,6 +11,8 @@ import sys
 import tomllib
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
 
@@ -47,21 +49,28 @@ def test_generated_protobuf_code_is_up_to_date(tmp_path: Path) -> None:
         )
 
 
-def test_the_configuration_reference_is_up_to_date(tmp_path: Path) -> None:
-    """docs/reference/configuration.md is what ./scripts/config_reference writes from the
-    settings classes (which also refuses a setting without a description)."""
+@pytest.mark.parametrize(
+    ("script", "page"),
+    [
+        ("config_reference", "configuration.md"),  # from the settings classes
+        ("http_reference", "http-api.md"),  # from the push service's OpenAPI document
+    ],
+)
+def test_a_generated_reference_page_is_up_to_date(script: str, page: str, tmp_path: Path) -> None:
+    """docs/reference/<page> is what ./scripts/<script> writes from the code (the
+    configuration's script also refuses a setting without a description)."""
     result = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "config_reference"), str(tmp_path / "c.md")],
+        [sys.executable, str(ROOT / "scripts" / script), str(tmp_path / page)],
         cwd=ROOT,
         capture_output=True,
         text=True,
         check=False,
     )
     assert result.returncode == 0, result.stderr
-    assert (tmp_path / "c.md").read_text(encoding="utf-8") == (
-        ROOT / "docs" / "reference" / "configuration.md"
+    assert (tmp_path / page).read_text(encoding="utf-8") == (
+        ROOT / "docs" / "reference" / page
     ).read_text(encoding="utf-8"), (
-        "docs/reference/configuration.md is stale: run .venv/bin/python scripts/config_reference"
+        f"docs/reference/{page} is stale: run .venv/bin/python scripts/{script}"
     )
 
 
@@ -74,24 +83,6 @@ def test_every_lua_script_is_shipped_in_the_wheel() -> None:
         for path in (ROOT / package).rglob("*.lua"):
             assert path in shipped, f"{path.relative_to(ROOT)}: not in package-data"
     assert list((ROOT / "router").rglob("*.lua"))
-
-
-def test_the_http_api_reference_is_up_to_date(tmp_path: Path) -> None:
-    """docs/reference/http-api.md is what ./scripts/http_reference writes from the push
-    service's OpenAPI document."""
-    result = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "http_reference"), str(tmp_path / "h.md")],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    assert result.returncode == 0, result.stderr
-    assert (tmp_path / "h.md").read_text(encoding="utf-8") == (
-        ROOT / "docs" / "reference" / "http-api.md"
-    ).read_text(encoding="utf-8"), (
-        "docs/reference/http-api.md is stale: run .venv/bin/python scripts/http_reference"
-    )
 
 
 def test_the_docs_site_builds_without_a_warning(tmp_path: Path) -> None:

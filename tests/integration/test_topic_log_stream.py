@@ -132,14 +132,20 @@ async def test_entries_every_gateway_read_stay_for_the_window(
             assert left == N_TRIM + 1
 
 
-async def test_past_its_bound_the_log_keeps_its_newest_entries(
-    redis_url: str, redis: aioredis.Redis, prefix: str
-) -> None:
+async def past_its_bound(redis_url: str, redis: aioredis.Redis, prefix: str) -> RedisRecoveryStore:
+    """N_TRIM batches logged in a stream bounded at 100, its groups looked at every time."""
     store = store_of(redis, prefix)
     async with open_bus(redis_url, prefix, topic_log=TopicLog(300_000, 100)) as bus:
         for i in range(1, N_TRIM + 1):
             bus.transport._checked.clear()  # type: ignore[attr-defined]
             await publish(bus, store, i)
+    return store
+
+
+async def test_past_its_bound_the_log_keeps_its_newest_entries(
+    redis_url: str, redis: aioredis.Redis, prefix: str
+) -> None:
+    store = await past_its_bound(redis_url, redis, prefix)
     history = await store.read_topic(BROADCAST, 0)
     kept = counters([lb.seq for lb in history.batches])
     assert kept == list(range(kept[0], N_TRIM + 1))
@@ -236,7 +242,7 @@ async def test_a_push_not_stored_is_no_part_of_the_log(
     store = store_of(redis, prefix)
     await bus.prepare([BROADCAST], "gw1")
     await publish(bus, store, 1)
-    unstored = BatchPublisher(bus, message(2), 0, PushCounters(), None)  # type: ignore[arg-type]
+    unstored = BatchPublisher(bus, message(2), 0, PushCounters(), None)
     await unstored.publish(gateway_pb2.MODE_BROADCAST, BROADCAST, ["u2"])
     await publish(bus, store, 3)
     async with aclosing(bus.subscribe([BROADCAST], "gw1")) as received:
@@ -293,11 +299,7 @@ async def test_while_older_push_services_trim_the_stream_legacy_writes_keep_the_
 async def test_over_the_budget_on_a_log_shorter_than_it_says_where_it_starts(
     redis_url: str, redis: aioredis.Redis, prefix: str
 ) -> None:
-    store = store_of(redis, prefix)
-    async with open_bus(redis_url, prefix, topic_log=TopicLog(300_000, 100)) as bus:
-        for i in range(1, N_TRIM + 1):
-            bus.transport._checked.clear()  # type: ignore[attr-defined]
-            await publish(bus, store, i)
+    store = await past_its_bound(redis_url, redis, prefix)
     head = (await store.heads([BROADCAST]))[0]
     e = epoch_of(head)
     kept = counters([lb.seq for lb in (await store.read_topic(BROADCAST, 0)).batches])
