@@ -2,10 +2,10 @@
 
 One Python process tops out at one core, and the push service is what saturates first
 (docs/operations/deployment.md, "Workers"). This process binds the port once and starts
-`workers` children,
-each a whole push service (`python -m push_service` with the socket inherited), which
-all accept on the one socket, as uvicorn's and gunicorn's workers do: the kernel hands
-each connection to whichever worker accepts it first, so a busy one takes fewer.
+`workers` children, each a whole push service (`python -m push_service` with the socket
+inherited), which all accept on the one socket, as uvicorn's and gunicorn's workers do:
+the kernel hands each connection to whichever worker accepts it first, so a busy one
+takes fewer.
 
 Everything a worker shares with the others lives in Redis already (jobs and their
 leases, rate limits, idempotency keys, receipts, webhook outboxes, the fleet), as it

@@ -2,7 +2,7 @@
 
 A request's body is ``{"events":[...]}``; each event is one JSON object with
 ``event_id``, ``type`` and ``ts`` (unix milliseconds) and its type's own fields
-(docs/guides/webhooks.md, "Webhooks"). Delivery is at least once: receivers dedupe by ``event_id``.
+(docs/guides/webhooks.md). Delivery is at least once: receivers dedupe by ``event_id``.
 """
 
 from __future__ import annotations

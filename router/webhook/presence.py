@@ -1,5 +1,5 @@
-"""Presence for user.offline and user.online, fenced by per-user epochs (docs/guides/webhooks.md,
-"user.offline and user.online").
+"""Presence for user.offline and user.online, fenced by per-user epochs
+(docs/guides/webhooks.md, "user.offline and user.online").
 
 - A new connection (only a new one: never a heartbeat refresh) gets a new epoch, and the
   gateway adds its user to its own set of users; a user reported offline gets

@@ -1,5 +1,5 @@
 """The push service's webhook machinery, running: the outbox producers emit into, the
-sender that delivers it and the offline sweeper (docs/guides/webhooks.md, "Webhooks"), plus their
+sender that delivers it and the offline sweeper (docs/guides/webhooks.md), plus their
 counters on the service's /metrics. Entered by `push_service.wiring` while
 IMROUTE_WEBHOOK_URL is set.
 """
