@@ -124,3 +124,13 @@ def test_no_doc_or_comment_cites_a_tracker_issue() -> None:
             if cited.search(line):
                 found.append(f"{name}:{n}: {line.strip()[:80]}")
     assert not found, "\n".join(found[:40])
+
+
+@pytest.mark.parametrize("page", ["README.md", "CONTRIBUTING.md"])
+def test_every_link_of_a_root_page_leads_somewhere(page: str) -> None:
+    """The README and CONTRIBUTING link into docs/ and the tree: each relative link is a
+    file or folder that exists (mkdocs checks the links inside docs/)."""
+    text = (ROOT / page).read_text(encoding="utf-8")
+    targets = [m.group(1) for m in re.finditer(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", text)]
+    broken = [t for t in targets if "://" not in t and not (ROOT / t).exists()]
+    assert targets and not broken, f"{page} links to what is not there: {broken}"
