@@ -17,6 +17,11 @@ from tests.integration.fault_clients import Got
 
 RETRY_FOR_S = 30.0  # a caller with an Idempotency-Key retries an unanswered push this long
 RETRY_EVERY_S = 0.5
+# A fan-out job must end (done, no failed batch) within this long of being accepted: as
+# long as a caller retries a push. A job accepted as a fault begins waits the fault out
+# (a Cluster failover, 6 to 9 s in the fleet) and the outage back-off after it (2 s at
+# most); how soon its pushes arrive after the heal is bounded by each scenario's p99.
+JOB_FOR_S = RETRY_FOR_S
 
 
 class Api(Protocol):
@@ -131,7 +136,7 @@ async def fanout_push(
     push_id = resp.json()["push_id"]
     ledger.times[key] = asyncio.get_running_loop().time()
     ledger.add("fanout", key, addressed)
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + JOB_FOR_S
     while time.monotonic() < deadline:
         try:
             got = await http.get(f"{stack.api_url}/v1/pushes/{push_id}", headers=stack.auth)
@@ -144,7 +149,7 @@ async def fanout_push(
                 ledger.errors.append(f"{key}: job {job}")
             return
         await asyncio.sleep(0.02)
-    ledger.errors.append(f"{key}: job {push_id} did not finish within 10 s")
+    ledger.errors.append(f"{key}: job {push_id} did not finish within {JOB_FOR_S:.0f} s")
 
 
 async def p2p_load(
