@@ -65,6 +65,7 @@ class DevRun:
     api_key: str
     ws_urls: dict[str, str]
     output: list[str] = field(default_factory=list)
+    groups: dict[str, str] = field(default_factory=dict)  # gateway id -> its group
 
     @property
     def auth(self) -> dict[str, str]:
@@ -111,9 +112,11 @@ def dev_stack(
     with running(argv, environ) as proc:
         lines = read_until(proc, "Ctrl-C stops everything", timeout=60)
         banner = "\n".join(lines)
-        ws_urls = dict(re.findall(r"(gw\d+) group=g\d+ ws=(\S+)", banner))
-        assert len(ws_urls) == gateways, banner
-        stack = DevRun(proc, f"http://127.0.0.1:{port}", SECRET, API_KEY, ws_urls, lines)
+        found = re.findall(r"(gw\d+) group=(g\d+) ws=(\S+)", banner)
+        assert len(found) == gateways, banner
+        ws_urls = {gw: url for gw, _, url in found}
+        of_group = {gw: group for gw, group, _ in found}
+        stack = DevRun(proc, f"http://127.0.0.1:{port}", SECRET, API_KEY, ws_urls, lines, of_group)
         try:
             yield stack
         finally:

@@ -121,7 +121,9 @@ def verify(
     errors = {uid: repr(u.error) for uid, u in users.items() if u.error is not None}
     assert not ledger.errors, report(dev, tmp_path, f"push errors: {ledger.errors[:20]}")
     assert not errors, report(dev, tmp_path, f"clients that stopped: {errors}")
-    problems = {uid: p for uid, got in holders.items() if (p := check(uid, got, ledger))}
+    problems = {
+        uid: p for uid, got in holders.items() if (p := check(uid, got, ledger, dev.groups))
+    }
     if problems:
         stories = tmp_path / "problems.txt"
         stories.write_text(
