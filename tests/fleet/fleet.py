@@ -89,6 +89,11 @@ class Fleet:
         self.output(name)
         del self.procs[name]
 
+    def start_push(self) -> None:
+        """The push service on its host, once it serves."""
+        argv = push_service_argv(self.host("push").ip, API_PORT)
+        self.start("push", "push", argv, "Uvicorn running on")
+
     def restart_redis_empty(self) -> None:
         """Stop redis-server, start a new one with no data on the same address."""
         self.stop("redis", signal.SIGKILL)
@@ -145,11 +150,10 @@ def fleet(workdir: Path, cluster: bool = False, **env: str) -> Iterator[Fleet]:
                 f.cluster.start()
                 environ["IMROUTE_BUS_URL"] = environ["IMROUTE_REDIS_URL"]
                 environ["IMROUTE_REDIS_URL"] = f.cluster.url
-            f.start("push", "push", push_service_argv(net.hosts["push"].ip, API_PORT), "")
             for gid, group in GATEWAYS.items():
                 argv = gateway_argv(gid, group, net.hosts[gid].ip, WS_PORT, GRPC_PORT)
                 f.start(gid, gid, argv, "")
-            f.read_until("push", "Uvicorn running on")
+            f.start_push()
             for gid in GATEWAYS:
                 f.read_until(gid, f"gateway {gid} group=")
             yield f
