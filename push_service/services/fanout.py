@@ -8,6 +8,7 @@ from typing import Protocol
 
 from push_service.content import new_message
 from push_service.errors import NotFound
+from push_service.idempotency.http import id_seed
 from push_service.schemas import BroadcastIn, MulticastIn
 from push_service.services.pushes import Receipts
 from router.directory.base import UserDirectory
@@ -189,7 +190,11 @@ class FanOut:
         return FanoutReceipt(r.log, message.push_id, mode, listable, meta, due)
 
     def _message(self, body: BroadcastIn | MulticastIn) -> tuple[Message, int]:
-        """The message (content encoded once) and its expiry in epoch ms (0: none)."""
+        """The message (content encoded once) and its expiry in epoch ms (0: none).
+        Under an Idempotency-Key its msg_id comes from the key, as a P2P message's: a
+        request run again once its key's lease lapsed (its push service died after the
+        job started, before the answer was kept) starts a second job whose copies
+        clients drop."""
         now = self.clock.now_ms()
-        message = new_message(body, now)
+        message = new_message(body, now, id_seed())
         return message, (now + body.ttl_s * 1000 if body.ttl_s else 0)

@@ -145,6 +145,37 @@ async def test_a_retry_after_a_5xx_carries_the_first_attempts_msg_id(
         assert msg_ids == [retried.json()["msg_id"]] * 2, frames
 
 
+@pytest.mark.parametrize("path", ["/v1/broadcast", "/v1/multicast"])
+async def test_a_fan_out_run_again_under_its_key_carries_the_same_msg_id(
+    path: str, redis_url: str, prefix: str, redis: Any
+) -> None:
+    """A push service that dies after starting a job, before its answer is kept, leaves
+    a marker whose lease lapses, and the caller's retry starts a second job: both
+    copies carry one msg_id, so alice's client drops the second. (The kept answer is
+    deleted here, as the lapsed marker would be gone.) Without a key: two messages."""
+    body: dict[str, Any] = {"content": {"text": "all"}}
+    body |= {"audience": {"online": True}} if path == "/v1/broadcast" else {"to": ["alice"]}
+    async with alice_online(redis_url, prefix) as (_, http, ws):
+        first = await http.post(path, json=body, headers=_with_key("fan-out"))
+        assert first.status_code == 202, first.text
+        [entry] = [k async for k in redis.scan_iter(match=f"{prefix}idem:*")]
+        assert (await redis.hget(entry, "state")) in ("done", b"done")  # the 202 kept
+        await redis.delete(entry)
+        again = await http.post(path, json=body, headers=_with_key("fan-out"))
+        assert again.status_code == 202, again.text
+        unkeyed = [(await http.post(path, json=body, headers=AUTH)).json() for _ in range(2)]
+        ids = {first.json()["push_id"], again.json()["push_id"], *(u["push_id"] for u in unkeyed)}
+        assert len(ids) == 4  # each attempt is a job of its own
+        frames = []
+        with contextlib.suppress(TimeoutError):
+            while True:
+                frames.append(await recv_json(ws, timeout=1.0))
+        msg_of = {f["push_id"]: f["msg_id"] for f in frames if f["type"] == "push"}
+        assert msg_of.keys() == ids, frames
+        assert msg_of[first.json()["push_id"]] == msg_of[again.json()["push_id"]]
+        assert len({msg_of[u["push_id"]] for u in unkeyed}) == 2
+
+
 async def _fails_then_retried(
     http: httpx.AsyncClient, redis: Any, prefix: str, key: str
 ) -> httpx.Response:

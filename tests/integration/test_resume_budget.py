@@ -244,10 +244,11 @@ async def test_resumes_from_nearby_places_share_one_read_per_range(prefix: str) 
             await raw.aclose()
         # Each client's own handshake costs Redis about 1 KB (route, user, heads).
         assert read < 1.5 * ten + 50 * 2_000, f"{read} bytes for {ten} bytes of batches"
-        # One read of a place at most, however the 50 handshakes interleave (each read
-        # adds to the span what it lacked; none reads what one before it brought): 2
-        # when they all arrive during the first read (tests/unit/test_topic_spans.py),
-        # more when a loaded machine spreads them out; 50 if nothing were shared.
+        # One read of a place at most, however the 50 handshakes interleave, while the
+        # span is used within SPAN_TTL_S (each read adds to it what it lacked, below its
+        # bottom; none reads what one before it brought): 2 when they all arrive during
+        # the first read (tests/unit/test_topic_spans.py), more when a loaded machine
+        # spreads them out; 50 if nothing were shared. The bytes above are the budget.
         assert await s.metric("resume_topic_reads") <= 10
         for _, _, ws in results:
             await ws.close()
