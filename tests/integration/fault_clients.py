@@ -10,10 +10,9 @@ import asyncio
 import contextlib
 import json
 import queue
-import random
 import re
 import signal
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,7 +24,7 @@ from imroute_client import ImrouteClient
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, WebSocketException
 
-from router.processes.ports import port_free
+from router.processes.ports import free_port_block
 from shared.auth import issue_token
 from shared.clock import SystemClock
 from tests.integration.procs import BIN, Proc, base_env, read_until, running
@@ -75,30 +74,13 @@ class DevRun:
         return issue_token(self.secret, uid, ttl, SystemClock())
 
 
-def port_block(offsets: Sequence[int]) -> int:
-    """A base port such that base+offset is free for every offset, all below the
-    kernel's ephemeral range (32768 and up by default), where the outgoing
-    connections of this test's hundreds of clients, or of anything else on the
-    machine, could take one between this check and the server's bind."""
-    low = 32768
-    with contextlib.suppress(OSError, ValueError):
-        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    top = max(offsets)
-    rng = random.Random()
-    for _ in range(200):
-        base = rng.randint(10000, max(10001, low - 1 - top))
-        if all(port_free(base + o) for o in offsets):
-            return base
-    raise RuntimeError("no free port block below the ephemeral range")
-
-
 @contextmanager
 def dev_stack(
     redis_url: str, prefix: str, tmp_path: Path, gateways: int, groups: int, **env: str
 ) -> Iterator[DevRun]:
     """`imroute dev --gateways N --groups G` on free loopback ports, with its own key
     prefix and directory; stopped with SIGINT (every child by PID) at the end."""
-    port = port_block([0, *range(1, gateways + 1), *range(1001, 1001 + gateways)])
+    port = free_port_block([0, *range(1, gateways + 1), *range(1001, 1001 + gateways)])
     environ = base_env(
         IMROUTE_REDIS_URL=redis_url,
         IMROUTE_REDIS_PREFIX=prefix,

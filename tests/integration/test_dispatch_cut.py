@@ -20,7 +20,8 @@ import pytest
 from imroute_client import ImrouteClient
 from websockets.asyncio.client import ClientConnection, connect
 
-from tests.integration.fault_clients import SdkUser, port_block
+from router.processes.ports import free_port_block
+from tests.integration.fault_clients import SdkUser
 from tests.integration.http_raw import push_service
 from tests.integration.procs import BIN, gateway_env, running, ws_url_of
 from tests.integration.stack import AUTH, token
@@ -92,7 +93,7 @@ def gateway_argv(gid: str, ws_port: int) -> list[str]:
 async def test_clients_cut_off_from_a_gateway_move_and_dispatch_skips_it_until_it_heals(
     redis_url: str, prefix: str, redis: object, tmp_path: Path
 ) -> None:
-    base = port_block([0, 1])
+    base = free_port_block([0, 1])
     gw1_port, link_port = base, base + 1
     env = gateway_env(redis_url, prefix)
     gw1_env = {**env, "IMROUTE_WS_PUBLIC_URL": f"ws://127.0.0.1:{link_port}/ws"}
