@@ -14,15 +14,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
-import socket
 import statistics
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 from starlette.types import Receive, Scope, Send
+
+from bench.harness.stats import cpu_seconds
+from router.processes.ports import free_port, port_free
 
 BODY = b'{"to":["4242"],"content":{"ts":1733000000000,"tsend":1733000000000,"seq":12345}}'
 ANSWER = (
@@ -59,8 +59,10 @@ def serve(port: int) -> None:
 
 
 def cpu_s(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    spent = cpu_seconds(pid)
+    if spent is None:
+        raise SystemExit(f"the server (pid {pid}) is gone")
+    return spent
 
 
 async def drive(port: int, requests: int, conns: int) -> float:
@@ -83,12 +85,6 @@ async def drive(port: int, requests: int, conns: int) -> float:
     return time.perf_counter() - start
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--requests", type=int, default=64_000)
@@ -105,11 +101,9 @@ def main() -> None:
     server = subprocess.Popen([sys.executable, "-m", "bench.http_floor", "--serve", str(port)])
     try:
         for _ in range(100):
-            try:
-                socket.create_connection(("127.0.0.1", port), 0.1).close()
+            if not port_free(port):  # the server holds it: listening
                 break
-            except OSError:
-                time.sleep(0.1)
+            time.sleep(0.1)
         uvloop.run(drive(port, args.conns * 10, args.conns))  # warm up
         per_request: list[float] = []
         for _ in range(args.rounds):
