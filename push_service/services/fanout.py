@@ -18,11 +18,11 @@ from router.fanout.outages import ride_out
 from router.fanout.publisher import BatchPublisher, Publisher
 from router.fanout.runner import JobRun, JobRunner, Work
 from router.jobs.base import Claim, Job, PushCounters
-from router.jobs.specs import BroadcastSpec
+from router.jobs.specs import BroadcastSpec, MulticastSpec
 from router.receipts.fanout import FanoutReceipt
 from router.receipts.record import message_meta
 from router.recovery.base import RecoveryLog
-from router.routes.base import GroupLookup
+from router.routes.base import LOOKUP_CHUNK, GroupLookup
 from router.routes.traced import TracedGroupLookup
 from shared.clock import Clock
 from shared.errors import InvalidInput
@@ -77,18 +77,15 @@ class FanOut:
             bool(audience and audience.online),
             self.batch_size,
         )
-        self._named(message, "broadcast")
-        await self.runner.submit(
-            message.push_id, "broadcast", self._broadcast(spec), spec.to_json()
-        )
-        self.started["broadcast"] += 1
-        return message.push_id
+        return await self._submit("broadcast", spec, self._broadcast(spec))
 
     def resume(self, claim: Claim) -> Work:
         """The work of a job another process started (JobRunner.reap)."""
-        if claim.mode != "broadcast":
-            raise InvalidInput("mode", f"{claim.mode} jobs are not resumable")
-        return self._broadcast(BroadcastSpec.from_json(claim.spec))
+        if claim.mode == "broadcast":
+            return self._broadcast(BroadcastSpec.from_json(claim.spec))
+        if claim.mode == "multicast":
+            return self._multicast(MulticastSpec.from_json(claim.spec))
+        raise InvalidInput("mode", f"{claim.mode} jobs are not resumable")
 
     def _broadcast(self, spec: BroadcastSpec) -> Work:
         async def work(run: JobRun) -> None:
@@ -114,37 +111,63 @@ class FanOut:
         return work
 
     async def multicast(self, body: MulticastIn) -> str:
-        """Start a multicast job; its push id."""
+        """Start a multicast job; its push id. It is resumable (router.jobs.specs)."""
         message, expires_ms = self._message(body)
-        to = body.to
-        tags_any = body.audience.tags_any if body.audience else None
-        high_priority = body.priority == "high"
+        spec = MulticastSpec(
+            message,
+            expires_ms,
+            body.store,
+            body.priority == "high",
+            tuple(body.to) if body.to is not None else None,
+            tuple(body.audience.tags_any or ()) if body.audience else None,
+            LOOKUP_CHUNK,
+            self.batch_size,
+        )
+        return await self._submit("multicast", spec, self._multicast(spec))
 
+    async def _submit(self, mode: str, spec: BroadcastSpec | MulticastSpec, work: Work) -> str:
+        """Start the job, resumable from its spec; its push id."""
+        push_id = spec.message.push_id
+        self._named(spec.message, mode)
+        await self.runner.submit(push_id, mode, work, spec.to_json())
+        self.started[mode] += 1
+        return push_id
+
+    def _multicast(self, spec: MulticastSpec) -> Work:
         async def work(run: JobRun) -> None:
-            publisher = self._publisher(message, expires_ms, run.counters, body.store)
+            publisher = self._publisher(spec.message, spec.expires_ms, run.counters, spec.store)
+            to = spec.to
             receipt = self._receipt(
-                message, "multicast", None if to is None else len(to), body.store
+                spec.message, "multicast", None if to is None else len(to), spec.store
             )
+            start = run.start
+            done = start.pages if start else 0
             if receipt is not None:
+                if start is not None:  # its counts go on from the checkpoint's
+                    receipt.recipients = start.counters.recipients
+                    receipt.online = start.counters.online
                 await ride_out(receipt.start, "a multicast's receipt")
             chunks: AsyncIterator[Sequence[str]] = (
-                chunked(to) if to is not None else self.directory.iter_pages(tags_any=tags_any)
+                chunked(to[done * spec.chunk :], spec.chunk)
+                if to is not None
+                else pages_after(
+                    self.directory, start.after if start else None, spec.chunk, spec.tags_any
+                )
             )
             await run_multicast(
                 chunks,
                 self._lookup,
                 publisher,
                 self.clock,
-                batch_size=self.batch_size,
+                batch_size=spec.batch_size,
                 flush_timeout_s=self.flush_timeout_s,
-                high_priority=high_priority,
+                high_priority=spec.high_priority,
                 on_resolved=None if receipt is None else receipt.resolved,
+                run=run,
+                done_chunks=done,
             )
 
-        self._named(message, "multicast")
-        await self.runner.submit(message.push_id, "multicast", work)
-        self.started["multicast"] += 1
-        return message.push_id
+        return work
 
     def _named(self, message: Message, mode: str) -> None:
         """The push's ids on its request's span (tracing on)."""

@@ -4,6 +4,13 @@ The plan streams: recipients arrive in chunks (at most 1000 per Redis round trip
 resolved to the group ids of their live routes (a few chunks ahead, so round trips
 overlap), buffered per group by a GroupBatcher and leave as batches of at most
 `batch_size`, so a million recipients are never expanded into per-user objects at once.
+
+A resumable run (`run`) checkpoints between chunks, every CHECKPOINT_S or
+CHECKPOINT_CHUNKS, and at once when its runner stops. It first publishes every buffer,
+so that all recipients of the chunks done are published or counted; the chunks done
+(with the last uid of the last one) say where a resumed run starts. The chunks after
+the last checkpoint are sent again by the run that resumes: a recipient of them may get
+the push twice, under one msg_id.
 """
 
 from __future__ import annotations
@@ -12,6 +19,7 @@ import asyncio
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from functools import partial
+from typing import Protocol
 
 from router.fanout.batcher import GroupBatcher, ReadyBatch
 from router.fanout.failures import publish_or_count
@@ -21,7 +29,15 @@ from router.routes.base import LOOKUP_CHUNK, GroupLookup, RecipientGroups, chunk
 from shared.clock import Clock
 from shared.proto import gateway_pb2
 
-__all__ = ["LOOKAHEAD", "OnResolved", "chunked", "run_multicast"]
+__all__ = [
+    "CHECKPOINT_CHUNKS",
+    "CHECKPOINT_S",
+    "LOOKAHEAD",
+    "OnResolved",
+    "Resumable",
+    "chunked",
+    "run_multicast",
+]
 
 # Told of each chunk once it is resolved, before any of its batches is published: its
 # uids and who of them is online (the push's receipt).
@@ -30,6 +46,21 @@ OnResolved = Callable[[Sequence[str], RecipientGroups], Awaitable[None]]
 # Look-ups in flight at once: while Redis answers one chunk, this process parses and
 # batches the one before (see docs/benchmarks/index.md, multicast, for the measurements).
 LOOKAHEAD = 3
+# How often a resumable multicast checkpoints: every CHECKPOINT_S or CHECKPOINT_CHUNKS
+# chunks (100,000 recipients), whichever comes first, so a resumed run sends again at
+# most that much. Each checkpoint flushes every group's buffer early: one short batch per
+# group at most, as its flush timeout (1 s) would soon.
+CHECKPOINT_S = 2.0
+CHECKPOINT_CHUNKS = 100
+
+
+class Resumable(Protocol):
+    """The run a multicast checkpoints through (`router.fanout.runner.JobRun`)."""
+
+    @property
+    def stopping(self) -> bool: ...
+
+    async def checkpoint(self, after: str | None, pages: int) -> None: ...
 
 
 async def chunked(uids: Iterable[str], size: int = LOOKUP_CHUNK) -> AsyncIterator[list[str]]:
@@ -50,11 +81,16 @@ async def run_multicast(
     high_priority: bool = False,
     lookahead: int = LOOKAHEAD,
     on_resolved: OnResolved | None = None,
+    run: Resumable | None = None,
+    done_chunks: int = 0,
 ) -> None:
-    """Publish every online recipient to its group's topic; count the offline ones."""
+    """Publish every online recipient to its group's topic; count the offline ones.
+    `run`: checkpoint through it (`done_chunks`: how many a resumed run's input skips)."""
     if lookahead < 1:
         raise ValueError("lookahead must be at least 1")
     batcher = GroupBatcher(clock, batch_size, flush_timeout_s, high_priority=high_priority)
+    done, last = done_chunks, None
+    checkpointed = clock.monotonic()
     counters = publisher.counters
     lookups = _Lookups(chunks, registry)
     ahead: deque[asyncio.Task[tuple[Sequence[str], RecipientGroups]]] = deque()
@@ -64,8 +100,8 @@ async def run_multicast(
                 ahead.append(asyncio.ensure_future(lookups.next()))
             deadline = batcher.next_deadline()
             timeout = None if deadline is None else max(0.0, deadline - clock.monotonic())
-            done, _ = await asyncio.wait({ahead[0]}, timeout=timeout)
-            if not done:
+            ready, _ = await asyncio.wait({ahead[0]}, timeout=timeout)
+            if not ready:
                 # The input is slow: a buffer came due while we waited for it.
                 await _publish_all(publisher, batcher.due())
                 continue
@@ -87,6 +123,16 @@ async def run_multicast(
             for group_id, uids in found.by_group.items():
                 await _publish_all(publisher, batcher.add_many(group_id, uids))
             await _publish_all(publisher, batcher.chunk_done())
+            done += 1
+            last = chunk[-1] if chunk else last
+            if run is not None and (
+                run.stopping
+                or (done - done_chunks) % CHECKPOINT_CHUNKS == 0
+                or clock.monotonic() - checkpointed >= CHECKPOINT_S
+            ):
+                await _publish_all(publisher, batcher.drain())
+                await run.checkpoint(last, done)
+                checkpointed = clock.monotonic()
         await _publish_all(publisher, batcher.drain())
     finally:
         for task in ahead:

@@ -64,6 +64,11 @@ class JobRun:
     def push_id(self) -> str:
         return self.lease.push_id
 
+    @property
+    def stopping(self) -> bool:
+        """The runner is stopping: a job that checkpoints by time checkpoints now."""
+        return self._stopping.is_set()
+
     async def checkpoint(self, after: str | None, pages: int) -> None:
         """Record that everything up to `after` (`pages` pages) is published or counted.
 

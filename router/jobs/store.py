@@ -51,6 +51,18 @@ _CLAIM = Script.load(__package__, "claim")
 
 
 RECENT_KEPT = 100  # jobs:recent holds the latest this many
+# What a job's status is read from.
+_READ = (
+    "push_id",
+    "mode",
+    "status",
+    "error",
+    "created_at",
+    "finished_at",
+    "attempts",
+    "failed",
+    *COUNTERS,
+)
 
 
 class RedisJobStore:
@@ -186,7 +198,9 @@ class RedisJobStore:
 
     @translate_errors
     async def get(self, push_id: str) -> Job | None:
-        raw: dict[Any, Any] = await self._redis.hgetall(self._keys.job(push_id))
+        # Named fields, not HGETALL: a running multicast's spec holds its `to` list.
+        values = await self._redis.hmget(self._keys.job(push_id), _READ)
+        raw: dict[str, Any] = {k: v for k, v in zip(_READ, values, strict=True) if v is not None}
         if not raw:
             return None
         return Job(

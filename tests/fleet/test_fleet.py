@@ -57,12 +57,11 @@ def test_the_only_gateway_of_a_group_sigkilled_during_multicasts(tmp_path: Path)
 
 
 def test_the_push_service_sigkilled_and_restarted(tmp_path: Path) -> None:
-    """SIGKILLed under P2P and broadcast load, restarted 6 s later: the caller retries
-    what got no answer with its Idempotency-Key until the restarted service answers (a
-    key the dead process held waits out its lease, 5 s here, and runs again with the
-    same msg_id), a broadcast it was running is taken over, and every push accepted
-    reaches its user once. No multicasts: one running at the kill ends `failed`, as
-    docs/guides/jobs.md says. The kill usually falls between requests and jobs
+    """SIGKILLed under P2P, multicast and broadcast load, restarted 6 s later: the
+    caller retries what got no answer with its Idempotency-Key until the restarted
+    service answers (a key the dead process held waits out its lease, 5 s here, and runs
+    again with the same msg_id), a job it was running is taken over, and every push
+    accepted reaches its user once. The kill usually falls between requests and jobs
     (tests/integration/test_job_restarts.py kills mid-job, test_idempotency.py runs a
     job again under its key)."""
 
@@ -70,7 +69,7 @@ def test_the_push_service_sigkilled_and_restarted(tmp_path: Path) -> None:
         f.stop("push", signal.SIGKILL)
         return f.start_push
 
-    load = Load(p2p_per_s=30, broadcast_every_s=0.5)
+    load = Load(p2p_per_s=30, multicast_every_s=0.5, broadcast_every_s=0.5)
     run("kill-push", tmp_path, kill, load, IMROUTE_IDEMPOTENCY_LEASE_S="5")
 
 

@@ -17,7 +17,7 @@ import json
 import re
 import shutil
 import signal
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import AsyncExitStack, asynccontextmanager, contextmanager
 from pathlib import Path
 from typing import Any
@@ -33,6 +33,7 @@ from router.directory.base import MAX_UPSERT, UserRecord
 from router.directory.migrate import upgrade
 from router.directory.sql import SqlUserDirectory
 from router.processes.ports import free_port_block
+from router.routes.base import LOOKUP_CHUNK
 from shared.clock import SystemClock
 from shared.keys import KeySchema
 from shared.proto import gateway_pb2
@@ -48,6 +49,7 @@ USERS = 100_000
 PAGE = 250
 PAGES = USERS // PAGE
 CLIENTS = 200  # one per two pages, split over the two gateways
+MULTICAST_TO = 300_000  # uids a multicast is sent to (CLIENTS of them online)
 
 
 def uid(i: int) -> str:
@@ -119,23 +121,10 @@ async def job_of(http: httpx.AsyncClient, push_id: str) -> dict[str, Any]:
     return answer
 
 
-@pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGKILL], ids=["sigterm", "sigkill"])
-async def test_a_restart_during_a_broadcast_loses_no_batch(
-    redis_url: str, prefix: str, tmp_path: Path, filled: Path, stop: signal.Signals
-) -> None:
-    shutil.copy(filled, tmp_path / "users.db")
-    db_url = f"sqlite+aiosqlite:///{tmp_path}/users.db"
-    env = base_env(
-        IMROUTE_REDIS_URL=redis_url,
-        IMROUTE_REDIS_PREFIX=prefix,
-        IMROUTE_SECRET=SECRET,
-        IMROUTE_API_KEY=API_KEY,
-        IMROUTE_DB_URL=db_url,
-        IMROUTE_JOB_LEASE_S="1",
-        IMROUTE_JOB_SHUTDOWN_GRACE_S="0",  # hand every job over at once
-        IMROUTE_GATEWAY_CACHE_S="0",
-        IMROUTE_BATCH_SIZE=str(PAGE),
-    )
+@asynccontextmanager
+async def clients(env: dict[str, str]) -> AsyncIterator[dict[str, list[dict[str, Any]]]]:
+    """Two gateways of one group and CLIENTS clients spread over the directory's uids,
+    split between them: the pushes each client gets, by uid."""
     gateway_argv = [str(BIN / "imroute"), "gateway", "--ws-port", "0", "--grpc-port", "0"]
     with (
         running([*gateway_argv, "--id", "gw1", "--group", "g1"], env) as gw1,
@@ -157,45 +146,100 @@ async def test_a_restart_during_a_broadcast_loses_no_batch(
                 await ready(ws)
                 pushes[who] = []
                 listeners.append(asyncio.create_task(listen(ws, pushes[who])))
-            batches = await stack.enter_async_context(watching(redis_url, prefix))
-            port = free_port_block([0])
-            base = f"http://127.0.0.1:{port}"
-            async with httpx.AsyncClient(base_url=base, timeout=10) as http:
-                with push_service(env, port) as first:
-                    resp = await http.post(
-                        "/v1/broadcast", json={"content": {"n": 1}}, headers=AUTH
-                    )
-                    assert resp.status_code == 202, resp.text
-                    push_id = resp.json()["push_id"]
-                    # A few pages in, freeze it, then stop it.
-                    for _ in range(2000):
-                        on = await job_of_redis(redis_url, prefix, push_id)
-                        if int(on.get("published", 0)) >= 3:
-                            break
-                        await asyncio.sleep(0.005)
-                    first.send_signal(signal.SIGSTOP)
-                    first.send_signal(stop)
-                    first.send_signal(signal.SIGCONT)
-                    first.wait(15)
-                # It stopped before the end: SIGTERM handed the job over, SIGKILL left it
-                # running under a lease that lapses.
-                left = await job_of_redis(redis_url, prefix, push_id)
-                assert left["status"] == ("queued" if stop == signal.SIGTERM else "running")
-                assert 3 <= int(left["published"]) < PAGES, left
-                with push_service(env, port) as second:
-                    for _ in range(1500):
-                        job = await job_of(http, push_id)
-                        if job["status"] in ("done", "failed"):
-                            break
-                        await asyncio.sleep(0.02)
-                    resumed = "\n".join(read_until(second, "resuming job", timeout=1))
-            for _ in range(250):
-                if all(pushes.values()) and len({b.batch_id for b in batches}) >= PAGES:
-                    break
-                await asyncio.sleep(0.02)
-            await asyncio.sleep(0.5)  # time for a duplicate to show, if any came
-            for task in listeners:
-                task.cancel()
+            try:
+                yield pushes
+            finally:
+                for task in listeners:
+                    task.cancel()
+
+
+def job_env(redis_url: str, prefix: str, db_url: str) -> dict[str, str]:
+    return base_env(
+        IMROUTE_REDIS_URL=redis_url,
+        IMROUTE_REDIS_PREFIX=prefix,
+        IMROUTE_SECRET=SECRET,
+        IMROUTE_API_KEY=API_KEY,
+        IMROUTE_DB_URL=db_url,
+        IMROUTE_JOB_LEASE_S="1",
+        IMROUTE_JOB_SHUTDOWN_GRACE_S="0",  # hand every job over at once
+        IMROUTE_GATEWAY_CACHE_S="0",
+        IMROUTE_BATCH_SIZE=str(PAGE),
+    )
+
+
+async def stop_and_resume(
+    env: dict[str, str],
+    stop: signal.Signals,
+    post: tuple[str, dict[str, Any]],
+    stop_when: Callable[[dict[str, str]], bool],
+) -> tuple[str, dict[str, str], dict[str, Any], str]:
+    """POST the job (path, body) to a push service, stop it with `stop` once its record
+    says `stop_when`, start a second one on its port: (push id, the record the first
+    left, the job's end, the second's log)."""
+    port = free_port_block([0])
+    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=30) as http:
+        return await _stop_and_resume(env, http, port, stop, post, stop_when)
+
+
+async def _stop_and_resume(
+    env: dict[str, str],
+    http: httpx.AsyncClient,
+    port: int,
+    stop: signal.Signals,
+    post: tuple[str, dict[str, Any]],
+    stop_when: Callable[[dict[str, str]], bool],
+) -> tuple[str, dict[str, str], dict[str, Any], str]:
+    with push_service(env, port) as first:
+        resp = await http.post(post[0], json=post[1], headers=AUTH)
+        assert resp.status_code == 202, resp.text
+        push_id = resp.json()["push_id"]
+        redis_url, prefix = env["IMROUTE_REDIS_URL"], env["IMROUTE_REDIS_PREFIX"]
+        for _ in range(4000):
+            if stop_when(await job_of_redis(redis_url, prefix, push_id)):
+                break
+            await asyncio.sleep(0.005)
+        first.send_signal(signal.SIGSTOP)
+        first.send_signal(stop)
+        first.send_signal(signal.SIGCONT)
+        first.wait(15)
+    # It stopped before the end: SIGTERM handed the job over, SIGKILL left it running
+    # under a lease that lapses.
+    left = await job_of_redis(redis_url, prefix, push_id)
+    assert left["status"] == ("queued" if stop == signal.SIGTERM else "running"), left
+    with push_service(env, port) as second:
+        for _ in range(1500):
+            job = await job_of(http, push_id)
+            if job["status"] in ("done", "failed"):
+                break
+            await asyncio.sleep(0.02)
+        resumed = "\n".join(read_until(second, "resuming job", timeout=1))
+    return push_id, left, job, resumed
+
+
+STOPS = pytest.mark.parametrize(
+    "stop", [signal.SIGTERM, signal.SIGKILL], ids=["sigterm", "sigkill"]
+)
+
+
+@STOPS
+async def test_a_restart_during_a_broadcast_loses_no_batch(
+    redis_url: str, prefix: str, tmp_path: Path, filled: Path, stop: signal.Signals
+) -> None:
+    shutil.copy(filled, tmp_path / "users.db")
+    env = job_env(redis_url, prefix, f"sqlite+aiosqlite:///{tmp_path}/users.db")
+    async with clients(env) as pushes, watching(redis_url, prefix) as batches:
+        push_id, left, job, resumed = await stop_and_resume(
+            env,
+            stop,
+            ("/v1/broadcast", {"content": {"n": 1}}),
+            lambda on: int(on.get("published", 0)) >= 3,  # a few pages in
+        )
+        for _ in range(250):
+            if all(pushes.values()) and len({b.batch_id for b in batches}) >= PAGES:
+                break
+            await asyncio.sleep(0.02)
+        await asyncio.sleep(0.5)  # time for a duplicate to show, if any came
+    assert 3 <= int(left["published"]) < PAGES, left
     assert f"resuming job {push_id} (broadcast)" in resumed
     assert job["status"] == "done", job
     assert (job["recipients"], job["batches"], job["published"]) == (USERS, PAGES, PAGES)
@@ -210,3 +254,40 @@ async def test_a_restart_during_a_broadcast_loses_no_batch(
     # Each client got the push exactly once (the gateways dropped any repeated batch).
     assert {who: len(got) for who, got in pushes.items()} == dict.fromkeys(pushes, 1)
     assert {got[0]["push_id"] for got in pushes.values()} == {push_id}
+
+
+@STOPS
+async def test_a_restart_during_a_multicast_resumes_it_from_its_checkpoint(
+    redis_url: str, prefix: str, tmp_path: Path, stop: signal.Signals
+) -> None:
+    """A multicast to MULTICAST_TO uids, stopped after its first checkpoint: the second
+    push service runs it on from there. After SIGTERM (a hand-over at a checkpoint)
+    nothing is sent twice; after SIGKILL, the chunks after the last checkpoint are sent
+    again under the same msg_id, which a client may get twice (the SDKs drop it)."""
+    env = job_env(redis_url, prefix, f"sqlite+aiosqlite:///{tmp_path}/users.db")
+    to = [uid(i) for i in range(MULTICAST_TO)]
+    async with clients(env) as pushes:
+        push_id, left, job, resumed = await stop_and_resume(
+            env,
+            stop,
+            ("/v1/multicast", {"to": to, "content": {"n": 2}}),
+            lambda on: "checkpoint" in on,
+        )
+        for _ in range(250):
+            if all(pushes.values()):
+                break
+            await asyncio.sleep(0.02)
+        await asyncio.sleep(0.5)  # time for a duplicate to show, if any came
+    at = json.loads(left["checkpoint"])
+    assert 0 < at["pages"] < len(to) // LOOKUP_CHUNK, at
+    assert f"resuming job {push_id} (multicast)" in resumed
+    assert job["status"] == "done", job
+    assert (job["recipients"], job["online"]) == (len(to), CLIENTS), job
+    assert job["offline"] == len(to) - CLIENTS
+    assert (job["failed_batches"], job["failed"]) == (0, [])
+    copies = {who: len(got) for who, got in pushes.items()}
+    if stop == signal.SIGTERM:
+        assert copies == dict.fromkeys(pushes, 1)
+    else:
+        assert set(copies.values()) <= {1, 2}, copies
+    assert len({(g["msg_id"], g["push_id"]) for got in pushes.values() for g in got}) == 1

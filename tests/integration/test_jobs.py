@@ -92,7 +92,7 @@ async def test_a_job_orphaned_by_a_dead_push_service_is_failed_by_the_reaper(
     await store.finish(done, PushCounters(published=1), None)
     assert await store.claim_lapsed(3) == ([], 0)  # lease still valid
     clock.advance(11)
-    assert await store.claim_lapsed(3) == ([], 1)  # a multicast is not resumable: failed
+    assert await store.claim_lapsed(3) == ([], 1)  # no spec: not resumable, failed
     orphan = await store.get("orphan")
     assert orphan is not None and orphan.status is JobStatus.FAILED
     assert "stopped before it finished" in (orphan.error or "")

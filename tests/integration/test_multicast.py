@@ -190,3 +190,90 @@ async def test_lookahead_must_be_positive(redis: aioredis.Redis, prefix: str) ->
     publisher = BatchPublisher(RecordingBus(), message(), 0, PushCounters())
     with pytest.raises(ValueError, match="lookahead"):
         await run_multicast(chunked(["a"]), registry, publisher, SystemClock(), lookahead=0)
+
+
+class Stopped(Exception):
+    pass
+
+
+class Run:
+    """A job run that stops at its `stop_at`-th checkpoint; records each checkpoint and
+    what the bus had by then."""
+
+    def __init__(self, bus: RecordingBus, stop_at: int = 0, stopping: bool = True) -> None:
+        self.bus = bus
+        self.stop_at = stop_at
+        self.checkpoints: list[tuple[str | None, int, set[str]]] = []
+        self._stopping = stopping
+
+    @property
+    def stopping(self) -> bool:
+        return self._stopping
+
+    async def checkpoint(self, after: str | None, pages: int) -> None:
+        published = {u for _, b, _ in self.bus.published for u in b.uids}
+        self.checkpoints.append((after, pages, published))
+        if len(self.checkpoints) == self.stop_at:
+            raise Stopped
+
+
+async def test_a_multicast_checkpoints_between_chunks_with_every_buffer_published(
+    redis: aioredis.Redis, prefix: str
+) -> None:
+    uids = [f"u{i:05d}" for i in range(3500)]
+    online_uids = set(uids[::2])
+    await online(redis, prefix, sorted(online_uids))
+    registry = RedisRouteRegistry(redis, KeySchema(prefix), SystemClock())
+    bus = RecordingBus()
+    run = Run(bus)  # its runner stopping: a checkpoint after every chunk
+    publisher = BatchPublisher(bus, message(), 0, PushCounters())
+    await run_multicast(chunked(uids), registry, publisher, SystemClock(), run=run)
+    assert [(after, pages) for after, pages, _ in run.checkpoints] == [
+        ("u00999", 1),
+        ("u01999", 2),
+        ("u02999", 3),
+        ("u03499", 4),
+    ]
+    for after, _, published in run.checkpoints:
+        assert published == {u for u in online_uids if u <= str(after)}  # nothing buffered
+    # Not stopping, and done well within CHECKPOINT_S: no checkpoint, full batches.
+    quiet = Run(RecordingBus(), stopping=False)
+    publisher = BatchPublisher(quiet.bus, message(), 0, PushCounters())
+    await run_multicast(chunked(uids), registry, publisher, SystemClock(), run=quiet)
+    assert quiet.checkpoints == []
+    assert len(quiet.bus.published) == 4  # 1750 online in 4 groups: one batch each
+
+
+async def test_a_multicast_resumed_at_its_checkpoint_sends_the_rest_once(
+    redis: aioredis.Redis, prefix: str
+) -> None:
+    uids = [f"u{i:05d}" for i in range(3500)]
+    online_uids = uids[::2]
+    await online(redis, prefix, online_uids)
+    registry = RedisRouteRegistry(redis, KeySchema(prefix), SystemClock())
+    bus = RecordingBus()
+    first = Run(bus, stop_at=2)
+    counters = PushCounters()
+    with pytest.raises(Stopped):
+        await run_multicast(
+            chunked(uids),
+            registry,
+            BatchPublisher(bus, message(), 0, counters),
+            SystemClock(),
+            run=first,
+        )
+    after, done, _ = first.checkpoints[-1]
+    assert (after, done) == ("u01999", 2)
+    resumed = counters.copy()  # what the checkpoint kept
+    second = Run(bus, stopping=False)
+    await run_multicast(
+        chunked(uids[done * 1000 :]),
+        registry,
+        BatchPublisher(bus, message(), 0, resumed),
+        SystemClock(),
+        run=second,
+        done_chunks=done,
+    )
+    got = sorted(u for _, b, _ in bus.published for u in b.uids)
+    assert got == sorted(online_uids)  # each once: the stop fell at the checkpoint
+    assert (resumed.recipients, resumed.online, resumed.offline) == (3500, 1750, 1750)
