@@ -83,6 +83,7 @@ async def run_multicast(
     on_resolved: OnResolved | None = None,
     run: Resumable | None = None,
     done_chunks: int = 0,
+    checkpoint_chunks: int = CHECKPOINT_CHUNKS,
 ) -> None:
     """Publish every online recipient to its group's topic; count the offline ones.
     `run`: checkpoint through it (`done_chunks`: how many a resumed run's input skips)."""
@@ -127,7 +128,7 @@ async def run_multicast(
             last = chunk[-1] if chunk else last
             if run is not None and (
                 run.stopping
-                or (done - done_chunks) % CHECKPOINT_CHUNKS == 0
+                or (done - done_chunks) % checkpoint_chunks == 0
                 or clock.monotonic() - checkpointed >= CHECKPOINT_S
             ):
                 await _publish_all(publisher, batcher.drain())

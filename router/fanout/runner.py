@@ -116,7 +116,7 @@ class JobRunner:
         """How claimed jobs are run; without it, `reap` only fails orphans that cannot be."""
         self._resume = resume
 
-    async def submit(self, push_id: str, mode: str, work: Work, spec: str | None = None) -> None:
+    async def submit(self, push_id: str, mode: str, work: Work, spec: bytes | None = None) -> None:
         """Record the job as queued (resumable if it has a `spec`), then run `work`."""
         lease = await self.store.create(push_id, mode, spec)
         run = JobRun(lease, None, self.store, self._stopping)

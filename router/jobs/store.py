@@ -77,7 +77,7 @@ class RedisJobStore:
         return [self._keys.job(push_id), self._keys.jobs_running()]
 
     @translate_errors
-    async def create(self, push_id: str, mode: str, spec: str | None = None) -> Lease:
+    async def create(self, push_id: str, mode: str, spec: bytes | None = None) -> Lease:
         """Record a queued job, leased to the caller (epoch 1); `spec` makes it resumable."""
         fields_: dict[Any, Any] = {
             "push_id": push_id,
@@ -199,10 +199,11 @@ class RedisJobStore:
     @translate_errors
     async def get(self, push_id: str) -> Job | None:
         # Named fields, not HGETALL: a running multicast's spec holds its `to` list.
-        values = await self._redis.hmget(self._keys.job(push_id), _READ)
+        key = self._keys.job(push_id)
+        values = await self._redis.hmget(key, _READ)
         raw: dict[str, Any] = {k: v for k, v in zip(_READ, values, strict=True) if v is not None}
-        if not raw:
-            return None
+        if not raw and not await self._redis.exists(key):
+            return None  # a record without our fields is not one: reading it raises below
         return Job(
             push_id=raw["push_id"],
             mode=raw["mode"],

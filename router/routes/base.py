@@ -70,9 +70,9 @@ class GroupLookup(Protocol):
 
 def chunks(items: Iterable[T], size: int = LOOKUP_CHUNK) -> Iterator[list[T]]:
     """`items` as lists of at most `size`."""
-    if isinstance(items, list):  # a million-uid `to` list: slices, not item by item
+    if isinstance(items, list | tuple):  # a million-uid `to` list: slices, not item by item
         for start in range(0, len(items), size):
-            yield items[start : start + size]
+            yield list(items[start : start + size])
         return
     chunk: list[T] = []
     for item in items:

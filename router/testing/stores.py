@@ -296,12 +296,12 @@ class MemoryJobStore:
         self._released: set[str] = set()
         self._leases: dict[str, int] = {}  # running jobs: push id -> lease end (ms)
 
-    async def create(self, push_id: str, mode: str, spec: str | None = None) -> Lease:
+    async def create(self, push_id: str, mode: str, spec: bytes | None = None) -> Lease:
         now = self._clock.now_ms()
         self.jobs[push_id] = Job(push_id, mode, JobStatus.QUEUED, 0, 0, 0, 0, 0, 0, None, now, None)
         self._epochs[push_id] = 1
         if spec is not None:
-            self._specs[push_id] = spec
+            self._specs[push_id] = spec.decode()  # as a Redis client decodes it
         self._leases[push_id] = now + self._lease_ms
         return Lease(push_id, 1)
 

@@ -114,7 +114,7 @@ def run(
 def keep_logs(f: Fleet, tmp_path: Path) -> Path:
     folder = tmp_path / "logs"
     folder.mkdir(exist_ok=True)
-    for name in [*f.procs, *f.logs]:
+    for name in dict.fromkeys([*f.procs, *f.logs]):  # each once, in start order
         (folder / f"{name}.log").write_text("\n".join(f.output(name)))
     return folder
 

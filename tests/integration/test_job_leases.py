@@ -59,7 +59,7 @@ async def test_the_reaper_leaves_a_job_renewed_after_its_scan_alone(
 async def test_a_stale_holders_writes_are_refused(redis: aioredis.Redis, prefix: str) -> None:
     clock = ManualClock(wall_ms=SystemClock().now_ms())
     store = RedisJobStore(redis, KeySchema(prefix), clock, lease_s=10)
-    stale = await store.create("p1", "broadcast", spec="{}")
+    stale = await store.create("p1", "broadcast", spec=b"{}")
     assert await store.progress(
         stale, PushCounters(recipients=1), Checkpoint("a", 1, PushCounters())
     )
@@ -95,7 +95,7 @@ async def test_a_runner_whose_job_was_taken_over_stops_and_writes_nothing(
         await release.wait()
         published.append("late")  # never reached: the run is cancelled when fenced
 
-    await paused.submit("p1", "broadcast", slow, spec="{}")
+    await paused.submit("p1", "broadcast", slow, spec=b"{}")
     clock.advance(11)  # this process stalls past its lease; another one claims the job
     other = JobRunner(store)
     resumed = asyncio.Event()
@@ -130,7 +130,7 @@ async def test_a_stopping_runner_lets_its_jobs_finish_within_the_grace_period(
         await run.checkpoint("u1", 1)
         run.counters.published = 1
 
-    await runner.submit("p1", "broadcast", short, spec="{}")
+    await runner.submit("p1", "broadcast", short, spec=b"{}")
     await runner.aclose()
     job = await store.get("p1")
     assert job is not None and (job.status, job.published) == (JobStatus.DONE, 1)
@@ -152,7 +152,7 @@ async def test_a_stopped_job_is_handed_over_at_its_checkpoint_and_resumed_elsewh
             done.append(n)
             await run.checkpoint(f"u{n}", n)
 
-    await first.submit("p1", "broadcast", pages, spec="{}")
+    await first.submit("p1", "broadcast", pages, spec=b"{}")
     with caplog.at_level(logging.WARNING, logger="router.fanout.runner"):
         await first.aclose()  # after 0.1 s: stops at the next checkpoint
         handed = await store.get("p1")
@@ -176,7 +176,7 @@ async def test_a_job_whose_processes_keep_dying_fails_after_its_attempts(
 ) -> None:
     clock = ManualClock(wall_ms=SystemClock().now_ms())
     store = RedisJobStore(redis, KeySchema(prefix), clock, lease_s=10)
-    await store.create("p1", "broadcast", spec="{}")
+    await store.create("p1", "broadcast", spec=b"{}")
     for attempt in (2, 3):
         clock.advance(11)
         [claim], _ = await store.claim_lapsed(3)

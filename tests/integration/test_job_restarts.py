@@ -107,11 +107,16 @@ async def listen(ws: ClientConnection, pushes: list[dict[str, Any]]) -> None:
                 pushes.append(frame)
 
 
+RECORD = ("status", "published", "checkpoint")
+
+
 async def job_of_redis(redis_url: str, prefix: str, push_id: str) -> dict[str, str]:
-    """The job's record, read while no push service runs."""
+    """What the job's record says of its progress, read from Redis (not the spec, which
+    holds a multicast's whole `to` list)."""
     client = aioredis.from_url(redis_url, decode_responses=True)
     try:
-        return await client.hgetall(KeySchema(prefix).job(push_id))  # type: ignore[no-any-return]
+        values = await client.hmget(KeySchema(prefix).job(push_id), RECORD)
+        return {k: str(v) for k, v in zip(RECORD, values, strict=True) if v is not None}
     finally:
         await client.aclose()
 

@@ -18,7 +18,7 @@ from router.fanout.multicast import chunked, run_multicast
 from router.fanout.publisher import BatchPublisher, PushCounters
 from router.routes.reads import BulkHashReads
 from router.routes.registry import RedisRouteRegistry, Registration
-from shared.clock import SystemClock
+from shared.clock import ManualClock, SystemClock
 from shared.errors import RegistryUnavailable
 from shared.keys import KeySchema
 from shared.models import Message
@@ -236,12 +236,21 @@ async def test_a_multicast_checkpoints_between_chunks_with_every_buffer_publishe
     ]
     for after, _, published in run.checkpoints:
         assert published == {u for u in online_uids if u <= str(after)}  # nothing buffered
-    # Not stopping, and done well within CHECKPOINT_S: no checkpoint, full batches.
+    # Not stopping, and no time passing: a checkpoint every `checkpoint_chunks` only.
     quiet = Run(RecordingBus(), stopping=False)
     publisher = BatchPublisher(quiet.bus, message(), 0, PushCounters())
-    await run_multicast(chunked(uids), registry, publisher, SystemClock(), run=quiet)
-    assert quiet.checkpoints == []
-    assert len(quiet.bus.published) == 4  # 1750 online in 4 groups: one batch each
+    clock = ManualClock()
+    await run_multicast(chunked(uids), registry, publisher, clock, run=quiet, checkpoint_chunks=2)
+    assert [(after, pages) for after, pages, _ in quiet.checkpoints] == [
+        ("u01999", 2),
+        ("u03499", 4),
+    ]
+    assert len(quiet.bus.published) == 8  # 1750 online in 4 groups: flushed at 2 chunks
+    none = Run(RecordingBus(), stopping=False)
+    publisher = BatchPublisher(none.bus, message(), 0, PushCounters())
+    await run_multicast(chunked(uids), registry, publisher, clock, run=none)
+    assert none.checkpoints == []
+    assert len(none.bus.published) == 4  # one full batch per group, none cut early
 
 
 async def test_a_multicast_resumed_at_its_checkpoint_sends_the_rest_once(

@@ -212,7 +212,7 @@ def job(created: int, **fields: Any) -> Job:
 async def test_a_hand_over_moves_the_epoch_on_and_is_no_attempt(
     jobs: JobStore, clock: ManualClock
 ) -> None:
-    lease = await jobs.create("j", "broadcast", spec='{"x":1}')
+    lease = await jobs.create("j", "broadcast", spec=b'{"x":1}')
     for _ in range(3):  # more hand-overs than max attempts
         old = lease
         assert await jobs.release(old, None)
@@ -242,7 +242,7 @@ async def test_a_lapsed_lease_is_claimed_from_its_checkpoint_until_out_of_attemp
     jobs: JobStore, clock: ManualClock
 ) -> None:
     created = clock.now_ms()
-    lease = await jobs.create("j", "broadcast", spec="spec")
+    lease = await jobs.create("j", "broadcast", spec=b"spec")
     assert (await jobs.get("j")) == job(created)
     failed_batch = FailedBatch("t", 3, None, "down")
     counters = PushCounters(recipients=5, batches=2, published=1, failed_batches=1)
@@ -326,7 +326,7 @@ async def test_jobs_answer_alike_over_a_generated_log(
         push_id, op = rnd.choice(ids), rnd.random()
         counters = PushCounters(recipients=step, published=rnd.randint(0, 3))
         if push_id not in leases:  # push ids are never reused
-            spec = rnd.choice([None, "spec"])
+            spec = rnd.choice([None, b"spec"])
             call: tuple[str, tuple[Any, ...]] = ("create", (push_id, "broadcast", spec))
         elif op < 0.15:
             call = ("claim_lapsed", (rnd.randint(1, 3),))

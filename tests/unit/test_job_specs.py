@@ -40,7 +40,7 @@ def test_an_unreadable_spec_is_invalid_input(raw: str) -> None:
 
 def test_a_multicast_spec_names_its_recipients_one_way() -> None:
     spec = MulticastSpec(Message("m", "p", 0, "a", b"1", 1), 0, True, False, ("a",), None, 1, 1)
-    raw = spec.to_json()
+    raw = spec.to_json().decode()
     with pytest.raises(InvalidInput, match="not a multicast"):
         MulticastSpec.from_json(raw.replace('"multicast"', '"broadcast"'))
     both = raw.replace('"tags_any":null', '"tags_any":["x"]')
