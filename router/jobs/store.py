@@ -31,7 +31,7 @@ from router.jobs.base import (
     out_of_attempts,
     read_failed,
 )
-from router.redis.client import RedisClient
+from router.redis.client import LARGE_WRITE_BYTES, RedisClient, own_connection
 from router.redis.errors import translate_errors
 from router.redis.scripts import Script, ScriptRunner
 from shared.clock import Clock
@@ -97,7 +97,11 @@ class RedisJobStore:
         pairs = [v for kv in fields_.items() for v in kv]
         args = [self._clock.now_ms() + self._lease_ms, push_id, fields_["created_at"]]
         keys = [*self._job_keys(push_id), self._keys.jobs_recent()]
-        await self._scripts.run(_CREATE, keys, *args, RECENT_KEPT, *pairs)
+        if spec is None or len(spec) <= LARGE_WRITE_BYTES:
+            await self._scripts.run(_CREATE, keys, *args, RECENT_KEPT, *pairs)
+        else:  # a multicast's `to` list of megabytes
+            async with own_connection(self._redis) as one:
+                await ScriptRunner(one, (_CREATE,)).run(_CREATE, keys, *args, RECENT_KEPT, *pairs)
         return Lease(push_id, 1)
 
     @translate_errors
@@ -167,33 +171,31 @@ class RedisJobStore:
         )
         claims: list[Claim] = []
         failed = 0
-        for push_id in lapsed:
-            got = await self._scripts.run(
-                _CLAIM,
-                self._job_keys(push_id),
-                now,
-                now + self._lease_ms,
-                max_attempts,
-                push_id,
-                FINISHED_TTL_S,
-                ORPHANED,
-                out_of_attempts(max_attempts),
-            )
-            if not got:
-                continue
-            if got[0] == 0:
-                failed += 1
-                continue
-            epoch, spec, checkpoint, mode, attempts = got
-            claims.append(
-                Claim(
-                    Lease(push_id, int(epoch)),
-                    mode,
-                    spec,
-                    Checkpoint.from_json(checkpoint) if checkpoint else None,
-                    int(attempts),
+        if not lapsed:
+            return claims, failed
+        # A claim reads the job's spec back: a multicast's `to` list may be megabytes.
+        async with own_connection(self._redis) as one:
+            scripts = ScriptRunner(one, (_CLAIM,))
+            for push_id in lapsed:
+                got = await scripts.run(
+                    _CLAIM,
+                    self._job_keys(push_id),
+                    now,
+                    now + self._lease_ms,
+                    max_attempts,
+                    push_id,
+                    FINISHED_TTL_S,
+                    ORPHANED,
+                    out_of_attempts(max_attempts),
                 )
-            )
+                if not got:
+                    continue
+                if got[0] == 0:
+                    failed += 1
+                    continue
+                epoch, spec, checkpoint, mode, attempts = got
+                at = Checkpoint.from_json(checkpoint) if checkpoint else None
+                claims.append(Claim(Lease(push_id, int(epoch)), mode, spec, at, int(attempts)))
         return claims, failed
 
     @translate_errors

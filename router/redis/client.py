@@ -21,11 +21,13 @@ from redis.backoff import ExponentialWithJitterBackoff
 from shared.errors import ConfigError
 
 __all__ = [
+    "LARGE_WRITE_BYTES",
     "GentleRedisCluster",
     "RedisClient",
     "connect_redis",
     "connection_identity",
     "create_redis",
+    "own_connection",
     "ping",
 ]
 
@@ -214,6 +216,33 @@ async def connect_redis(url: str, timeout_s: float = REDIS_TIMEOUT_S) -> AsyncIt
         yield client
     finally:
         await client.aclose()
+
+
+# A write of more bytes than this goes on a connection of its own (`own_connection`).
+LARGE_WRITE_BYTES = 1 << 20
+
+
+@asynccontextmanager
+async def own_connection(client: RedisClient) -> AsyncIterator[RedisClient]:
+    """A client over one connection of `client`'s pool, disconnected when the block ends
+    (the pool opens a new one when it next needs one): for a write or read of megabytes.
+
+    Measured: after the pooled connection that carried a multicast's 11-MB `to` list
+    went back to the pool, the route look-ups that took it next (redis-py pools are
+    last in, first out) ran slower, and a 1M-uid multicast took 2.25 s instead of 1.84
+    s; on a connection of its own, 1.84-1.89 s
+    (docs/benchmarks/history/2026-12-05-resumable-multicast.md). A cluster client is
+    given as it is: redis-py's has no single-connection mode."""
+    if isinstance(client, RedisCluster):
+        yield client
+        return
+    one = aioredis.Redis(connection_pool=client.connection_pool, single_connection_client=True)
+    try:
+        yield one
+    finally:
+        if one.connection is not None:
+            await one.connection.disconnect()
+        await one.aclose()
 
 
 async def ping(client: RedisClient) -> bool:
