@@ -231,8 +231,9 @@ async def own_connection(client: RedisClient) -> AsyncIterator[RedisClient]:
     went back to the pool, the route look-ups that took it next (redis-py pools are
     last in, first out) ran slower, and a 1M-uid multicast took 2.25 s instead of 1.84
     s; on a connection of its own, 1.84-1.89 s
-    (docs/benchmarks/history/2026-12-05-resumable-multicast.md). A cluster client is
-    given as it is: redis-py's has no single-connection mode."""
+    (docs/benchmarks/history/2026-12-05-resumable-multicast.md). The next command to
+    take it from the pool reconnects first. A cluster client is given as it is:
+    redis-py's has no single-connection mode."""
     if isinstance(client, RedisCluster):
         yield client
         return
@@ -240,9 +241,14 @@ async def own_connection(client: RedisClient) -> AsyncIterator[RedisClient]:
     try:
         yield one
     finally:
-        if one.connection is not None:
-            await one.connection.disconnect()
-        await one.aclose()
+        used = one.connection  # None if the block sent nothing
+        try:
+            if used is not None:
+                # Not waited for: nothing here for a timeout or a second cancel to
+                # interrupt, so the release below always runs (no pool slot lost).
+                await used.disconnect(nowait=True)
+        finally:
+            await one.aclose()
 
 
 async def ping(client: RedisClient) -> bool:

@@ -3,16 +3,23 @@
 from __future__ import annotations
 
 import pytest
+import redis.asyncio as aioredis
 
 from router.redis.client import GentleRedisCluster, connect_redis, own_connection
 
 pytestmark = pytest.mark.integration
 
 
-async def test_the_block_has_one_connection_that_the_pool_never_hands_out_again(
+def idle(client: aioredis.Redis) -> list[object]:
+    """The pool's connections not handed out (redis-py's pool internals)."""
+    return list(client.connection_pool._available_connections)
+
+
+async def test_the_block_has_one_connection_which_goes_back_to_the_pool_closed(
     redis_url: str, prefix: str
 ) -> None:
     async with connect_redis(redis_url) as client:
+        assert isinstance(client, aioredis.Redis)
         await client.ping()  # one pooled connection, idle
         async with own_connection(client) as one:
             assert one is not client
@@ -21,10 +28,22 @@ async def test_the_block_has_one_connection_that_the_pool_never_hands_out_again(
             assert used is not None and used.is_connected
             assert await one.strlen(f"{prefix}big") == 2 << 20  # the same connection
             assert one.connection is used
-        assert not used.is_connected  # back in the pool closed: the next user reconnects
-        assert await client.get(f"{prefix}missing") is None  # the pool goes on
-        assert await client.strlen(f"{prefix}big") == 2 << 20
+        assert not used.is_connected  # closed: whoever takes it next reconnects
+        assert used in idle(client)  # released, not lost to the pool
+        assert client.connection_pool._in_use_connections == set()
+        assert await client.strlen(f"{prefix}big") == 2 << 20  # the pool goes on
         await client.delete(f"{prefix}big")
+
+
+async def test_a_block_that_sends_nothing_takes_no_connection(redis_url: str) -> None:
+    async with connect_redis(redis_url) as client:
+        assert isinstance(client, aioredis.Redis)
+        with pytest.raises(RuntimeError, match="before any command"):
+            async with own_connection(client) as one:
+                raise RuntimeError("before any command")
+        assert one.connection is None
+        assert client.connection_pool._in_use_connections == set()
+        assert await client.ping()
 
 
 async def test_a_cluster_client_is_given_as_it_is() -> None:
