@@ -118,7 +118,7 @@ class FanOut:
             expires_ms,
             body.store,
             body.priority == "high",
-            tuple(body.to) if body.to is not None else None,
+            body.to,
             tuple(body.audience.tags_any or ()) if body.audience else None,
             LOOKUP_CHUNK,
             self.batch_size,
@@ -148,7 +148,7 @@ class FanOut:
                     receipt.online = start.counters.online
                 await ride_out(receipt.start, "a multicast's receipt")
             chunks: AsyncIterator[Sequence[str]] = (
-                chunked(to[done * spec.chunk :], spec.chunk)
+                chunked(to[done * spec.chunk :] if done else to, spec.chunk)
                 if to is not None
                 else pages_after(
                     self.directory, start.after if start else None, spec.chunk, spec.tags_any

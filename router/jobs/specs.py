@@ -15,7 +15,7 @@ one push. The spec leaves the record with the job's end (`finish.lua`).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields
 from typing import Any, TypeVar
 
@@ -55,7 +55,7 @@ class MulticastSpec:
     expires_ms: int
     store: bool
     high_priority: bool
-    to: tuple[str, ...] | None
+    to: Sequence[str] | None  # the request's own list, not copied (a tuple when read back)
     tags_any: tuple[str, ...] | None
     chunk: int
     batch_size: int

@@ -229,8 +229,8 @@ async def own_connection(client: RedisClient) -> AsyncIterator[RedisClient]:
 
     Measured: after the pooled connection that carried a multicast's 11-MB `to` list
     went back to the pool, the route look-ups that took it next (redis-py pools are
-    last in, first out) ran slower, and a 1M-uid multicast took 2.25 s instead of 1.84
-    s; on a connection of its own, 1.84-1.89 s
+    last in, first out) ran slower: a 1M-uid multicast took a median 2.27 s instead of
+    1.84 s, and as before on a connection of its own
     (docs/benchmarks/history/2026-12-05-resumable-multicast.md). The next command to
     take it from the pool reconnects first. A cluster client is given as it is:
     redis-py's has no single-connection mode."""

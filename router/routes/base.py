@@ -72,7 +72,8 @@ def chunks(items: Iterable[T], size: int = LOOKUP_CHUNK) -> Iterator[list[T]]:
     """`items` as lists of at most `size`."""
     if isinstance(items, list | tuple):  # a million-uid `to` list: slices, not item by item
         for start in range(0, len(items), size):
-            yield list(items[start : start + size])
+            part = items[start : start + size]
+            yield part if isinstance(part, list) else list(part)
         return
     chunk: list[T] = []
     for item in items:
