@@ -7,6 +7,7 @@
     │   └── PayloadTooLarge        ... because it is over its limit
     ├── AuthError                  an API key or client token is missing, invalid or expired
     ├── RegistryUnavailable        Redis (routes, fleet, jobs, drains) did not answer
+    │   └── RegistryRefused        ... or answered an error that another try gets again
     ├── TooManyConnections         a user is at IMROUTE_MAX_CONNECTIONS_PER_USER live routes
     ├── GatewayUnavailable         a gateway could not be reached or failed a call
     │   └── NoEligibleGateway      no gateway can take a client or a call now
@@ -32,6 +33,7 @@ __all__ = [
     "InvalidUid",
     "NoEligibleGateway",
     "PayloadTooLarge",
+    "RegistryRefused",
     "RegistryUnavailable",
     "TooManyConnections",
 ]
@@ -68,6 +70,11 @@ class AuthError(ImrouteError):
 
 class RegistryUnavailable(ImrouteError):
     """Redis, holding the routes and the fleet, did not answer."""
+
+
+class RegistryRefused(RegistryUnavailable):
+    """Redis answered with an error reply that another try would get again (a key of the
+    wrong type, a script's error, OOM): not an outage to wait out."""
 
 
 class TooManyConnections(ImrouteError):

@@ -7,6 +7,9 @@ steps (a multicast's look-ups and receipt, a batch's log entry and stored conten
 tried again for a while; so are an Idempotency-Key's release or answer written after
 the request was answered (`push_service.idempotency`). Requests a caller waits on never
 do this: they answer 503 at once, and the caller retries with its Idempotency-Key.
+
+An error reply that another try would get again (RegistryRefused: a key of the wrong
+type, a script's error, OOM) is not an outage: it is raised at once.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 from shared.backoff import backoff_s
-from shared.errors import RegistryUnavailable
+from shared.errors import RegistryRefused, RegistryUnavailable
 
 __all__ = ["RIDE_OUT_S", "ride_out"]
 
@@ -37,12 +40,15 @@ async def ride_out(
     clock: Callable[[], float] = time.monotonic,
 ) -> T:
     """`step`, tried again while Redis cannot answer (RegistryUnavailable), waiting 0.25 s
-    doubling to 2 s, for `budget_s` at most; then its last error."""
+    doubling to 2 s, for `budget_s` at most; then its last error. RegistryRefused is
+    raised at once."""
     deadline = clock() + budget_s
     failures = 0
     while True:
         try:
             return await step()
+        except RegistryRefused:
+            raise
         except RegistryUnavailable as exc:
             failures += 1
             delay = backoff_s(failures, 0.25, 2.0, rand=None)

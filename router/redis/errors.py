@@ -25,7 +25,7 @@ from typing import Any, ParamSpec, TypeVar
 
 import redis.exceptions
 
-from shared.errors import ImrouteError, RegistryUnavailable
+from shared.errors import ImrouteError, RegistryRefused, RegistryUnavailable
 
 __all__ = [
     "is_transient",
@@ -50,11 +50,14 @@ def is_unreachable(exc: BaseException) -> bool:
 
 # Error replies that say "not now" rather than "never": a replica promoted behind the
 # address (READONLY), a cluster mid-failover (CLUSTERDOWN, MASTERDOWN) or mid-resharding
-# (TRYAGAIN). LOADING is a ConnectionError to redis-py already.
+# (TRYAGAIN, and MOVED or ASK that the cluster client's own redirects did not settle).
+# LOADING is a ConnectionError to redis-py already.
 _TRANSIENT_REPLIES = (
     redis.exceptions.ReadOnlyError,
     redis.exceptions.ClusterDownError,
     redis.exceptions.TryAgainError,
+    redis.exceptions.MovedError,
+    redis.exceptions.AskError,
 )
 
 
@@ -67,10 +70,12 @@ class _RedisErrors:
     """The mapping as a context manager: stateless, so one instance per target class is
     reused on every call (it runs around every Redis command of the hot P2P path)."""
 
-    __slots__ = ("_to",)
+    __slots__ = ("_refused", "_to")
 
     def __init__(self, to: type[ImrouteError]) -> None:
         self._to = to
+        # An error reply that another try would get again, where the tree says so.
+        self._refused = RegistryRefused if to is RegistryUnavailable else to
 
     def __enter__(self) -> None:
         return None
@@ -90,6 +95,9 @@ class _RedisErrors:
         if isinstance(exc, TimeoutError):  # an asyncio.timeout around the command
             reraise_swallowed_cancel()
             raise self._to("redis did not answer in time") from exc
+        if isinstance(exc, redis.exceptions.ResponseError) and not is_transient(exc):
+            reraise_swallowed_cancel()
+            raise self._refused(f"redis error: {exc}") from exc
         if isinstance(exc, redis.exceptions.RedisError):
             reraise_swallowed_cancel()
             raise self._to(f"redis error: {exc}") from exc

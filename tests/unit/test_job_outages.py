@@ -6,9 +6,11 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 
 import pytest
+import redis.exceptions
 
 from router.fanout.outages import ride_out
-from shared.errors import RegistryUnavailable
+from router.redis.errors import redis_errors
+from shared.errors import RegistryRefused, RegistryUnavailable
 
 
 class Clock:
@@ -24,13 +26,20 @@ class Clock:
         self.now += s
 
 
-def failing(times: int) -> tuple[list[int], Callable[[], Awaitable[str]]]:
+def failing(
+    times: int, reply: Exception | None = None
+) -> tuple[list[int], Callable[[], Awaitable[str]]]:
+    """A step failing `times` times: Redis silent, or answering `reply` (mapped as every
+    Redis call's errors are)."""
     calls: list[int] = []
 
     async def step() -> str:
         calls.append(1)
         if len(calls) <= times:
-            raise RegistryUnavailable("redis did not answer: connection refused")
+            if reply is None:
+                raise RegistryUnavailable("redis did not answer: connection refused")
+            with redis_errors():
+                raise reply
         return "done"
 
     return calls, step
@@ -49,3 +58,27 @@ async def test_past_its_budget_the_last_error_is_raised() -> None:
     with pytest.raises(RegistryUnavailable):
         await ride_out(step, "a look-up", 20.0, clock.sleep, clock)
     assert clock.now <= 20.0 and len(calls) == len(clock.slept) + 1 >= 10
+
+
+async def test_a_not_now_reply_is_ridden_out_like_silence() -> None:
+    clock = Clock()
+    calls, step = failing(2, redis.exceptions.ReadOnlyError("READONLY a replica"))
+    assert await ride_out(step, "a look-up", 20.0, clock.sleep, clock) == "done"
+    assert len(calls) == 3
+
+
+@pytest.mark.parametrize(
+    "reply",
+    [
+        redis.exceptions.ResponseError("WRONGTYPE Operation against a key holding the wrong kind"),
+        redis.exceptions.ResponseError("ERR user_script:1: Script attempted to access a key"),
+        redis.exceptions.OutOfMemoryError("command not allowed when used memory > 'maxmemory'"),
+    ],
+)
+async def test_a_reply_that_would_come_again_is_raised_at_once(reply: Exception) -> None:
+    clock = Clock()
+    calls, step = failing(1000, reply)
+    with pytest.raises(RegistryRefused) as raised:
+        await ride_out(step, "a look-up", 20.0, clock.sleep, clock)
+    assert raised.value.__cause__ is reply
+    assert len(calls) == 1 and clock.slept == []

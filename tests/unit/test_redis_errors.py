@@ -7,7 +7,7 @@ import redis.exceptions
 from redis.asyncio.connection import Connection
 
 from router.redis.errors import redis_errors
-from shared.errors import BusUnavailable, RegistryUnavailable
+from shared.errors import BusUnavailable, RegistryRefused, RegistryUnavailable
 
 
 async def test_cluster_exceptions_outside_redis_error_are_mapped() -> None:
@@ -49,6 +49,8 @@ def test_not_now_replies_are_transient_and_other_replies_final() -> None:
         redis.exceptions.ClusterDownError("CLUSTERDOWN The cluster is down"),
         redis.exceptions.MasterDownError("MASTERDOWN Link with MASTER is down"),
         redis.exceptions.TryAgainError("TRYAGAIN Multiple keys request during rehashing"),
+        redis.exceptions.MovedError("3999 127.0.0.1:6381"),
+        redis.exceptions.AskError("3999 127.0.0.1:6381"),
     ):
         assert is_transient(exc), exc
     for exc in (
@@ -57,6 +59,28 @@ def test_not_now_replies_are_transient_and_other_replies_final() -> None:
         redis.exceptions.NoScriptError("NOSCRIPT"),
     ):
         assert not is_transient(exc), exc
+
+
+async def test_a_final_reply_is_a_refusal_and_silence_or_not_now_is_not() -> None:
+    for reply in (
+        redis.exceptions.ResponseError("WRONGTYPE Operation against a key"),
+        redis.exceptions.OutOfMemoryError("OOM command not allowed"),
+    ):
+        with pytest.raises(RegistryRefused, match="redis error: "):
+            with redis_errors():
+                raise reply
+    for exc in (
+        redis.exceptions.ReadOnlyError("READONLY a replica"),
+        redis.exceptions.ConnectionError("refused"),
+    ):
+        with pytest.raises(RegistryUnavailable) as raised:
+            with redis_errors():
+                raise exc
+        assert type(raised.value) is RegistryUnavailable
+    with pytest.raises(BusUnavailable) as bus:  # only the registry's tree says refused
+        with redis_errors(BusUnavailable):
+            raise redis.exceptions.ResponseError("WRONGTYPE Operation against a key")
+    assert type(bus.value) is BusUnavailable
 
 
 def test_the_redis_streams_bus_retries_a_failover_reply() -> None:
