@@ -3,13 +3,13 @@
 Each P2P push makes a few single commands (its recipients' routes, the log-and-inbox
 script, the receipt script), and at hundreds of pushes a second redis-py spends more CPU
 on each command's round trip (a pooled connection taken and given back, a retry wrapper,
-a timeout, a write and a read) than on the command. Here every command issued during
-one turn of the event loop is packed into one RESP buffer and sent on one pooled
-connection (`RespBulkReader.run`, hiredis parsing every reply in one go), and each
-caller gets its own reply, or its own error: an error reply (NOSCRIPT included, as
-redis-py's NoScriptError, so script runners load and retry as before) fails only its
-own command. Commands keep their order within a round trip, and each round trip runs
-as soon as its tick ends, so no command waits for another's reply.
+a timeout, a write and a read) than on the command. Here every command issued during one
+turn of the event loop is packed into one RESP buffer and sent on one pooled connection
+(`RespBulkReader.run`, hiredis parsing every reply in one go), and each caller gets its
+own reply, or its own error: an error reply (raised as redis-py's class for it: NOSCRIPT
+as NoScriptError, so script runners load and retry as before, READONLY as ReadOnlyError)
+fails only its own command. Commands keep their order within a round trip, and each
+round trip runs as soon as its tick ends, so no command waits for another's reply.
 
 Standalone Redis only, like the bulk reads: a Redis Cluster client routes each command
 by its key (`auto_pipeline_for` gives None for it, and callers use the client).
@@ -27,7 +27,7 @@ import redis.asyncio as aioredis
 import redis.exceptions
 
 from router.redis.client import RedisClient
-from router.routes.bulk_read import RespBulkReader
+from router.routes.bulk_read import RespBulkReader, reply_error
 
 __all__ = ["AutoPipeline", "auto_pipeline_for", "pack_command"]
 
@@ -85,13 +85,6 @@ def _pack(args: Sequence[Any]) -> bytes:
     return b"".join(parts)
 
 
-def _error(reply: hiredis.ReplyError) -> redis.exceptions.ResponseError:
-    text = str(reply)
-    if text.startswith("NOSCRIPT"):
-        return redis.exceptions.NoScriptError(text)
-    return redis.exceptions.ResponseError(text)
-
-
 class AutoPipeline:
     """`execute(*args)`: as `Redis.execute_command`, for commands without response
     callbacks (scripts, hash reads: their raw replies are what redis-py returns)."""
@@ -145,7 +138,7 @@ class AutoPipeline:
             if future.done():  # its caller was cancelled
                 continue
             if isinstance(reply, hiredis.ReplyError):
-                future.set_exception(_error(reply))
+                future.set_exception(reply_error(reply))
             else:
                 future.set_result(reply)
 
@@ -162,7 +155,7 @@ class AutoPipeline:
             replies += await self._raw.run(payload, len(chunk))
         for reply in replies:
             if isinstance(reply, hiredis.ReplyError):
-                raise _error(reply)
+                raise reply_error(reply)
         return replies
 
     async def aclose(self) -> None:

@@ -7,12 +7,13 @@ on a connection borrowed from the client's own pool, so connecting, AUTH, TLS, S
 HELLO, health checks and retries stay redis-py's job, and the replies are read from the
 socket's stream and parsed by one `hiredis.Reader` under a single timeout.
 
-The one redis-py internal used is the connection's `_reader` (the socket's
-`asyncio.StreamReader`, which redis-py's own parsers read from); `_stream()` is the only
-place that touches it, and tests/integration/test_bulk_read.py fails loudly if redis-py
-changes it. A connection is only given back to the pool when every reply was read;
-after an error or a cancellation it is disconnected first, so the pool never hands out
-a socket with unread replies.
+The redis-py internals used are the connection's `_reader` (the socket's
+`asyncio.StreamReader`, which redis-py's own parsers read from), which `_stream()` alone
+touches, and its parsers' table of error replies (`reply_error`);
+tests/integration/test_bulk_read.py fails loudly if redis-py changes either. A
+connection is only given back to the pool when every reply was read; after an error or a
+cancellation it is disconnected first, so the pool never hands out a socket with unread
+replies.
 
 Standalone Redis only: a Redis Cluster client routes each key to its node, so callers
 keep redis-py's pipeline for it (see `router.routes.reads`).
@@ -27,9 +28,10 @@ from typing import Any
 import hiredis
 import redis.asyncio as aioredis
 import redis.exceptions
+from redis._parsers import BaseParser
 from redis.asyncio.connection import AbstractConnection
 
-__all__ = ["ReplyCollector", "RespBulkReader", "pack_commands"]
+__all__ = ["ReplyCollector", "RespBulkReader", "pack_commands", "reply_error"]
 
 READ_SIZE = 1 << 16
 
@@ -49,11 +51,21 @@ def pack_commands(command: str, keys: Sequence[str], prefix: str = "") -> bytes:
     return b"".join([b"%s$%d\r\n%s\r\n" % (bhead, len(key), key) for key in encoded])
 
 
+def reply_error(reply: hiredis.ReplyError) -> redis.exceptions.RedisError:
+    """An error reply as redis-py raises it, its whole text kept: READONLY as
+    ReadOnlyError, NOSCRIPT as NoScriptError, LOADING as BusyLoadingError and so on
+    (redis-py's own table), any other as ResponseError. Which of them are worth another
+    try is `router.redis.errors`' call, and needs the class."""
+    text = str(reply)
+    parsed: redis.exceptions.RedisError = BaseParser.parse_error(text)  # type: ignore[no-untyped-call]
+    return type(parsed)(text)
+
+
 class RespBulkReader:
     """Runs `command key` for many keys over one pooled connection of a standalone client.
 
     Replies are decoded as UTF-8 whatever the client's `decode_responses`, and come back
-    in the keys' order; an error reply raises `redis.exceptions.ResponseError` once every
+    in the keys' order; an error reply raises as redis-py would (`reply_error`) once every
     reply has been read. `round_trips` counts the requests sent, for tests and benchmarks.
     """
 
@@ -68,7 +80,7 @@ class RespBulkReader:
         replies = await self.run(pack_commands(command, keys, prefix), len(keys))
         for reply in replies:
             if isinstance(reply, hiredis.ReplyError):
-                raise redis.exceptions.ResponseError(str(reply))
+                raise reply_error(reply)
         return replies
 
     async def run(self, payload: bytes, count: int) -> list[Any]:

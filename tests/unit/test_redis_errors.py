@@ -89,3 +89,27 @@ def test_the_redis_streams_bus_retries_a_failover_reply() -> None:
     readonly = redis.exceptions.ReadOnlyError("READONLY You can't write against a replica.")
     assert RedisStreamsTransport.is_retryable(readonly)
     assert not RedisStreamsTransport.is_retryable(redis.exceptions.ResponseError("ERR syntax"))
+
+
+def test_an_error_reply_read_by_hiredis_raises_as_redis_py_would() -> None:
+    """The bulk reads and the auto-pipeline parse replies themselves: an error reply keeps
+    redis-py's class for it, so a failover's READONLY stays worth another try."""
+    import hiredis
+
+    from router.redis.errors import is_transient
+    from router.routes.bulk_read import reply_error
+
+    reader = hiredis.Reader()
+    reader.feed(
+        b"-READONLY You can't write against a read only replica.\r\n"
+        b"-NOSCRIPT No matching script. Please use EVAL.\r\n"
+        b"-LOADING Redis is loading the dataset in memory\r\n"
+        b"-WRONGTYPE Operation against a key holding the wrong kind of value\r\n"
+    )
+    readonly, noscript, loading, wrongtype = (reply_error(reader.gets()) for _ in range(4))
+    assert type(readonly) is redis.exceptions.ReadOnlyError and is_transient(readonly)
+    assert str(readonly) == "READONLY You can't write against a read only replica."
+    assert type(noscript) is redis.exceptions.NoScriptError
+    assert type(loading) is redis.exceptions.BusyLoadingError and is_transient(loading)
+    assert type(wrongtype) is redis.exceptions.ResponseError and not is_transient(wrongtype)
+    assert str(wrongtype).startswith("WRONGTYPE ")
