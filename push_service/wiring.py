@@ -410,3 +410,9 @@ class _PusherCounts(Collector):
             "Recipients of a failed, queued P2P push that a background retry reached",
             self._pusher.retried,
         )
+        yield CounterMetricFamily(
+            "imroute_push_not_retried_recipients",
+            "Recipients of a failed, queued P2P push left to their inbox without a "
+            "background retry: 10,000 pushes were being retried already",
+            self._pusher.not_retried.total,
+        )

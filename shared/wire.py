@@ -96,6 +96,8 @@ def parse_client_frame(text: str) -> str | None:
             frame = json.loads(text)
         except ValueError:
             raise InvalidInput("frame", "not JSON") from None
+        except RecursionError:  # deeper than orjson's 1024 levels, and json's stack
+            raise InvalidInput("frame", "not JSON: nested too deeply") from None
     kind = frame.get("type") if isinstance(frame, dict) else None
     if kind == "ping":
         return None

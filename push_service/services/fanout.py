@@ -14,7 +14,6 @@ from push_service.services.pushes import Receipts
 from router.directory.base import UserDirectory
 from router.fanout.broadcast import pages_after, run_broadcast
 from router.fanout.multicast import chunked, run_multicast
-from router.fanout.outages import ride_out
 from router.fanout.publisher import BatchPublisher, Publisher
 from router.fanout.runner import JobRun, JobRunner, Work
 from router.jobs.base import Claim, Job, PushCounters
@@ -92,7 +91,7 @@ class FanOut:
             publisher = self._publisher(spec.message, spec.expires_ms, run.counters, spec.store)
             receipt = self._receipt(spec.message, "broadcast", None, store=False)
             if receipt is not None:
-                await ride_out(receipt.start, "a broadcast's receipt")
+                await receipt.start()
             start = run.start
             after = start.after if start else None
             pages = (
@@ -146,7 +145,7 @@ class FanOut:
                 if start is not None:  # its counts go on from the checkpoint's
                     receipt.recipients = start.counters.recipients
                     receipt.online = start.counters.online
-                await ride_out(receipt.start, "a multicast's receipt")
+                await receipt.start()
             chunks: AsyncIterator[Sequence[str]] = (
                 chunked(to[done * spec.chunk :] if done else to, spec.chunk)
                 if to is not None

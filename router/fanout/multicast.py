@@ -118,7 +118,7 @@ async def run_multicast(
             counters.online += found.online
             counters.offline += count - found.online
             if on_resolved is not None:
-                await ride_out(partial(on_resolved, chunk, found), "a multicast's receipt")
+                await on_resolved(chunk, found)
             if found.online < count:
                 await publisher.record_offline(_offline(chunk, found))
             for group_id, uids in found.by_group.items():

@@ -138,9 +138,12 @@ class BatchPublisher:
     async def record_offline(self, uids: Sequence[str]) -> None:
         """Log recipients who had no route (one entry for all of them), so that a client
         resuming within the window gets the message; nothing is published."""
-        if self.recovery is not None and uids:
+        recovery = self.recovery
+        if recovery is not None and uids:
             batch = await self._batch(uids, gateway_pb2.MODE_MULTICAST)
-            await self.recovery.append_batch(OFFLINE_TOPIC, batch)
+            await ride_out(
+                lambda: recovery.append_batch(OFFLINE_TOPIC, batch), "logging the offline"
+            )
 
     async def publish(
         self,

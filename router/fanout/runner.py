@@ -139,7 +139,10 @@ class JobRunner:
                 work = self._resume(claim)
             except ImrouteError as exc:
                 log.warning("job %s (%s) cannot be resumed: %s", run.push_id, claim.mode, exc)
-                await self.store.finish(claim.lease, run.counters, f"cannot be resumed: {exc}")
+                try:
+                    await self.store.finish(claim.lease, run.counters, f"cannot be resumed: {exc}")
+                except ImrouteError as again:  # its lease lapses: a later pass takes it again
+                    log.warning("could not mark job %s failed: %s", run.push_id, again)
                 continue
             log.warning(
                 "resuming job %s (%s) after page %d, attempt %d",

@@ -15,6 +15,7 @@ released at a shutdown is claimable at once and its hand-over is not an attempt.
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import asdict
 from typing import Any
 
@@ -32,12 +33,15 @@ from router.jobs.base import (
     read_failed,
 )
 from router.redis.client import LARGE_WRITE_BYTES, RedisClient, own_connection
-from router.redis.errors import translate_errors
+from router.redis.errors import redis_errors, translate_errors
 from router.redis.scripts import Script, ScriptRunner
 from shared.clock import Clock
+from shared.errors import RegistryUnavailable
 from shared.keys import KeySchema
 
 __all__ = ["Job", "JobStatus", "RedisJobStore"]
+
+log = logging.getLogger(__name__)
 
 FINISHED_TTL_S = 7 * 24 * 3600
 
@@ -177,17 +181,31 @@ class RedisJobStore:
         async with own_connection(self._redis) as one:
             scripts = ScriptRunner(one, (_CLAIM,))
             for push_id in lapsed:
-                got = await scripts.run(
-                    _CLAIM,
-                    self._job_keys(push_id),
-                    now,
-                    now + self._lease_ms,
-                    max_attempts,
-                    push_id,
-                    FINISHED_TTL_S,
-                    ORPHANED,
-                    out_of_attempts(max_attempts),
-                )
+                try:
+                    with redis_errors():
+                        got = await scripts.run(
+                            _CLAIM,
+                            self._job_keys(push_id),
+                            now,
+                            now + self._lease_ms,
+                            max_attempts,
+                            push_id,
+                            FINISHED_TTL_S,
+                            ORPHANED,
+                            out_of_attempts(max_attempts),
+                        )
+                except RegistryUnavailable as exc:
+                    if not claims:
+                        raise
+                    # The jobs claimed so far are this process's now: run them, or
+                    # their leases lapse and each retake costs them an attempt.
+                    log.warning(
+                        "claimed %d of %d lapsed jobs, then: %s; the rest at the next pass",
+                        len(claims),
+                        len(lapsed),
+                        exc,
+                    )
+                    break
                 if not got:
                     continue
                 if got[0] == 0:

@@ -40,6 +40,7 @@ from shared.ids import new_id
 from shared.models import Message, Route
 from shared.positions import counter_of, epoch_of
 from shared.proto import gateway_pb2
+from shared.throttled import Throttled
 from shared.tracing import (
     AttributeValue,
     Span,
@@ -60,6 +61,7 @@ log = logging.getLogger(__name__)
 # previous try): past a circuit breaker's cool-off (IMROUTE_CIRCUIT_COOL_OFF_S, 10 s).
 RETRY_AFTER_S = (1.0, 1.0, 2.0, 2.0, 4.0, 4.0, 8.0, 8.0, 16.0)  # 46 s in all
 MAX_RETRYING = 10_000  # pushes being retried at once; beyond, the inbox alone keeps them
+NOT_RETRIED_LOG_EVERY_S = 10.0
 # A route of an unknown gateway makes the push re-read the fleet if the cached copy is
 # older than this.
 STALE_RECHECK_S = 0.25
@@ -102,6 +104,8 @@ class P2PPusher:
         # read only when a connection starts. So the push is tried again, in the background.
         self._retrying: set[asyncio.Task[None]] = set()
         self.retried = 0  # recipients a later try reached
+        # Recipients of failed pushes not retried: MAX_RETRYING were being retried already.
+        self.not_retried = Throttled(NOT_RETRIED_LOG_EVERY_S)
         # Told of the recipients a background retry reached (their push's receipt).
         self.on_retried: Callable[[str, Sequence[str]], Awaitable[None]] | None = None
 
@@ -318,6 +322,16 @@ class P2PPusher:
             task = asyncio.create_task(self._retry(failed, dict(seqs)))
             self._retrying.add(task)
             task.add_done_callback(self._retrying.discard)
+        elif outcome.failed:
+            since = self.not_retried.note(self._clock.monotonic(), len(outcome.failed))
+            if since:
+                log.warning(
+                    "%d recipient(s) of failed P2P pushes not retried in the background: "
+                    "%d pushes are being retried already; their inboxes keep the pushes "
+                    "for their next connection",
+                    since,
+                    MAX_RETRYING,
+                )
         if not late:
             return dataclasses.replace(outcome, queued=waiting)
         return dataclasses.replace(

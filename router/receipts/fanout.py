@@ -12,6 +12,7 @@ import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from router.fanout.outages import ride_out
 from router.receipts.base import QUEUED, NewReceipt, ReceiptLog
 from router.routes.base import RecipientGroups
 from shared.errors import ImrouteError
@@ -35,7 +36,8 @@ class FanoutReceipt:
     due: Callable[[], int] | None = None
     recipients: int = field(default=0, init=False)
     online: int = field(default=0, init=False)
-    # Writes that failed (the job goes on; its receipt is short).
+    # Writes that failed after riding out an outage (the job goes on; its receipt is
+    # short, and each is logged).
     failed: int = field(default=0, init=False)
 
     async def start(self) -> None:
@@ -52,9 +54,12 @@ class FanoutReceipt:
         receipt = NewReceipt(
             self.push_id, self.mode, self.recipients, self.online, states, self.meta
         )
+        due = self.due() if self.due is not None and states else 0
         try:
-            due = self.due() if self.due is not None and states else 0
-            await self.receipts.record(receipt, self.listable, due)
+            await ride_out(
+                lambda: self.receipts.record(receipt, self.listable, due),
+                f"the receipt of push {self.push_id}",
+            )
         except ImrouteError as exc:
             self.failed += 1
             log.warning("could not write the receipt of push %s: %s", self.push_id, exc)

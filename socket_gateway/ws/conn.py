@@ -475,7 +475,15 @@ class WsConn(asyncio.Protocol):
             ep.refusals.note("bad_request", ep._clock.monotonic(), "not an HTTP request")
             self._send_handshake(hs)
             return
-        url = urlsplit(request.path)
+        try:
+            url = urlsplit(request.path)
+        except ValueError as exc:  # "//[": a target urlsplit cannot read (a bad IPv6 host)
+            ep.refusals.note("bad_request", ep._clock.monotonic(), f"a target of {exc}")
+            hs.send_response(
+                json_refusal(400, "bad_handshake", f"the request target cannot be read: {exc}")
+            )
+            self._send_handshake(hs)
+            return
         query = parse_qs(url.query)
         admitted: str | None = None
         if url.path != "/ws":  # /metrics is on the internal port (metrics_http)

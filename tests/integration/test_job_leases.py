@@ -189,3 +189,25 @@ async def test_a_job_whose_processes_keep_dying_fails_after_its_attempts(
         "the push service running this job stopped before it finished, 3 times "
         "(IMROUTE_JOB_MAX_ATTEMPTS)"
     )
+
+
+async def test_a_failed_claim_keeps_the_claims_made_before_it(
+    redis: aioredis.Redis, prefix: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Claims already written in Redis are returned when a later one in the pass fails:
+    dropped, their new leases would lapse and each retake would cost them an attempt."""
+    keys = KeySchema(prefix)
+    clock = ManualClock(wall_ms=SystemClock().now_ms())
+    store = RedisJobStore(redis, keys, clock, lease_s=10)
+    await store.create("first", "broadcast", spec=b"{}")
+    clock.advance(1)
+    await store.create("broken", "broadcast", spec=b"{}")
+    await redis.delete(keys.job("broken"))
+    await redis.set(keys.job("broken"), "not a hash")  # its claim fails: WRONGTYPE
+    clock.advance(11)
+    with caplog.at_level(logging.WARNING, "router.jobs.store"):
+        [claim], failed = await store.claim_lapsed(3)
+    assert (claim.lease, failed) == (Lease("first", 2), 0)
+    assert "claimed 1 of 2 lapsed jobs, then: redis error: WRONGTYPE" in caplog.text
+    job = await store.get("first")
+    assert job is not None and job.status is JobStatus.RUNNING and job.attempts == 2

@@ -200,10 +200,13 @@ async def _stop_and_resume(
         push_id = resp.json()["push_id"]
         redis_url, prefix = env["IMROUTE_REDIS_URL"], env["IMROUTE_REDIS_PREFIX"]
         for _ in range(4000):
+            # Paused while its record is read, so that the job cannot run on to its end
+            # between the read and the stop (a whole job takes well under a second).
+            first.send_signal(signal.SIGSTOP)
             if stop_when(await job_of_redis(redis_url, prefix, push_id)):
                 break
+            first.send_signal(signal.SIGCONT)
             await asyncio.sleep(0.005)
-        first.send_signal(signal.SIGSTOP)
         first.send_signal(stop)
         first.send_signal(signal.SIGCONT)
         first.wait(15)

@@ -39,6 +39,7 @@ async def test_ping_pong_and_junk_frames_spare_the_bystander(
                 ("not json", 1008),
                 ('{"type":"push"}', 1008),
                 ("[1,2]", 1008),
+                ("[" * 2000, 1008),  # deeper than any JSON parser's stack
                 (b"\x00\x01", 1003),
                 ("x" * 10_000, 1009),  # over the 4096-byte client frame limit
             ]

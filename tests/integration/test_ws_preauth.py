@@ -117,6 +117,25 @@ async def test_a_first_line_that_is_no_request_line_is_answered_400_at_once(
         await wait_for(lambda: not gw.endpoint._pending, "gone")
 
 
+async def test_a_target_that_cannot_be_read_is_answered_400(
+    redis_url: str, prefix: str, redis: Any
+) -> None:
+    """A request target urlsplit refuses (a bad IPv6 host after `//`) is a bad handshake,
+    answered and counted like one, not an error in the protocol callback."""
+    async with endpoint(redis_url, prefix) as gw:
+        raw = await RawClient.open(gw)
+        raw.writer.write(b"GET //[/ws?token=x HTTP/1.1\r\nHost: a\r\n\r\n")
+        head, body = await raw.response(2)
+        assert head.startswith(b"HTTP/1.1 400 "), head
+        assert json.loads(body) == {
+            "error": "bad_handshake",
+            "detail": "the request target cannot be read: Invalid IPv6 URL",
+        }
+        assert await raw.at_eof(2)
+        assert gw.endpoint.refusals.counts["bad_request"] == 1
+        await wait_for(lambda: not gw.endpoint._pending, "gone")
+
+
 async def test_a_head_in_one_read_arms_its_deadline_once(
     redis_url: str, prefix: str, redis: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:

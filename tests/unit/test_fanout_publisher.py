@@ -248,3 +248,24 @@ async def test_a_batch_is_logged_apart_only_where_the_bus_does_not_log_it(
     assert bus.published == [BROADCAST_TOPIC, BROADCAST_TOPIC]
     logged = {topic: len(batches) for topic, batches in recovery.batches.items()}
     assert logged == ({OFFLINE_TOPIC: 1} if logs_topics else {BROADCAST_TOPIC: 2, OFFLINE_TOPIC: 1})
+
+
+async def test_the_offline_entry_rides_out_a_redis_blip() -> None:
+    """A multicast's offline recipients are logged through a Redis that did not answer
+    once: the job goes on, not failed (router.fanout.outages)."""
+    from router.testing.stores import MemoryRecoveryLog
+    from shared.errors import RegistryUnavailable
+
+    class Blip(MemoryRecoveryLog):
+        failures = 1
+
+        async def append_batch(self, topic: str, batch: gateway_pb2.Batch) -> int:
+            if self.failures:
+                self.failures -= 1
+                raise RegistryUnavailable("redis did not answer: connection reset")
+            return await super().append_batch(topic, batch)
+
+    recovery = Blip()
+    publisher = BatchPublisher(FlakyBus(fail_from=10), message(), 0, PushCounters(), recovery)
+    await publisher.record_offline(["u9"])
+    assert [list(b.uids) for b in recovery.batches[OFFLINE_TOPIC]] == [["u9"]]

@@ -96,6 +96,24 @@ async def test_a_failed_push_is_queued_then_retried_until_it_reaches_the_user(
     await pusher.aclose()
 
 
+async def test_past_the_cap_on_retries_a_failed_push_is_counted_and_logged(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr("router.p2p.pusher.MAX_RETRYING", 1)
+    monkeypatch.setattr("router.p2p.pusher.RETRY_AFTER_S", (60.0,))
+    client = FakeGatewayClient("UNAVAILABLE", "UNAVAILABLE", "UNAVAILABLE")
+    pusher = P2PPusher(OneRoute(), OneRouteFleet(OLD_S), client, 1.0, Log())  # type: ignore[arg-type]
+    assert (await push(pusher, ["amy"])).queued == ["amy"]  # retried in the background
+    assert pusher.not_retried.total == 0
+    with caplog.at_level("WARNING", "router.p2p.pusher"):
+        for _ in range(2):
+            assert (await push(pusher, ["amy"])).queued == ["amy"]
+    assert pusher.not_retried.total == 2
+    [line] = [r.getMessage() for r in caplog.records if "not retried" in r.getMessage()]
+    assert line.startswith("1 recipient(s) of failed P2P pushes not retried")
+    await pusher.aclose()
+
+
 async def test_store_false_neither_logs_nor_queues() -> None:
     log = Log()
     pusher = P2PPusher(

@@ -26,7 +26,7 @@ def test_a_ping_is_answered_an_ack_is_read_and_anything_else_closes() -> None:
     assert client_text(b'{"type":"ack","pos":"1~1~0~0~~0"}') == "1~1~0~0~~0"
     assert client_text(b'{"type":"ack","pos":7}') == ""
     assert client_text(b'{"type":"\xff"}') == (CLOSE_INVALID_DATA, "text frames must be UTF-8")
-    for junk in (b"not json", b'{"type":"push"}', b"[1,2]"):
+    for junk in (b"not json", b'{"type":"push"}', b"[1,2]", b"[" * 2000, b"[" * 999 + b"]" * 999):
         refused = client_text(junk)
         assert isinstance(refused, tuple) and refused[0] == CLOSE_POLICY
         assert "ping" in refused[1] or "JSON" in refused[1]
