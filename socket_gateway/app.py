@@ -39,7 +39,7 @@ from shared.uids import REFUSED
 from socket_gateway.acks import AckReporter
 from socket_gateway.advertise import advertised
 from socket_gateway.bus_consumer import consume, gateway_topics
-from socket_gateway.connections import LocalConnections
+from socket_gateway.connections import MAX_UNACKED, LocalConnections
 from socket_gateway.dedup import RecentIds
 from socket_gateway.delivery import DeliverService
 from socket_gateway.delivery_ports import DeliveryPorts, open_delivery_ports
@@ -112,6 +112,8 @@ class Gateway(ClosedOnExit):
         self._offer_link = not grpc_interceptors
         self._given_bus = bus
         self.conns = LocalConnections(max_buffer=settings.max_write_buffer)
+        self._slow = Throttled()  # the log line of slow consumers aborted
+        self.conns.on_slow = self._slow_aborted
         self.conns.marks.group = settings.group_id
         self.deliver_service = DeliverService(self.conns, self.clock, RecentIds(self.clock))
         self.follower: TopicFollower | None = None
@@ -343,6 +345,8 @@ class Gateway(ClosedOnExit):
             await self.fleet.withdraw(self.settings.gateway_id)
         self._ws_server.close(close_connections=True)
         await self._ws_server.wait_closed()
+        if self.resumer is not None:
+            await self.resumer.aclose()
         # Every connection and its unregister are done; the writer and acks flush the rest.
         await self._writer.aclose()
         if self.acks is not None:
@@ -419,11 +423,29 @@ class Gateway(ClosedOnExit):
                 a.dropped,
             )
         counts["unacked_forgotten"] = (
-            "Pushes a connection was sent and never acked, past the 128 it is remembered "
-            "for: still in the inbox, sent again on the next connect",
+            f"Pushes a connection was sent and never acked, past the {MAX_UNACKED} it is "
+            "remembered for: still in the inbox, sent again on the next connect",
             self.conns.unacked_forgotten,
         )
+        counts["slow_consumers_aborted"] = (
+            "Connections aborted with more than IMROUTE_MAX_WRITE_BUFFER bytes unsent: "
+            "what was unsent is lost to them (a stored push comes back on their next "
+            "connect)",
+            self.conns.slow_aborted,
+        )
         return counts
+
+    def _slow_aborted(self, unsent: int) -> None:
+        since = self._slow.note(self.clock.monotonic())
+        if since:
+            log.warning(
+                "aborted %d slow consumer(s) since the last line: more than %d bytes unsent "
+                "(IMROUTE_MAX_WRITE_BUFFER; the last had %d); stored pushes come back on "
+                "their next connect",
+                since,
+                self.conns.max_buffer,
+                unsent,
+            )
 
 
 def resume_budget_counts(resumer: Resumer) -> dict[str, tuple[str, float]]:

@@ -101,7 +101,11 @@ class LocalConnections:
     _frames: list[Any] = field(default_factory=lambda: [None, {}])
     _by_uid: dict[str, list[ClientConn]] = field(default_factory=dict)
     _count: int = 0
+    # Slow consumers aborted (over `max_buffer` unsent): what was unsent is lost to them
+    # (a stored push comes back on their next connect). `on_slow` is told each one's
+    # unsent bytes, for the shell's log.
     slow_aborted: int = 0
+    on_slow: Callable[[int], None] | None = None
     unacked_forgotten: int = 0  # entries past MAX_UNACKED: not acked here, still queued
     added: int = 0  # connections ever added: clients' successful connects (dispatch's)
 
@@ -310,8 +314,15 @@ class LocalConnections:
         if not sink.is_open():
             return False
         if sink.buffered() > self.max_buffer:
-            self.slow_aborted += 1
-            sink.abort()
+            self.abort_slow(sink)
             return False
         sink.write(frame)
         return True
+
+    def abort_slow(self, sink: Sink) -> None:
+        """Abort a slow consumer (over `max_buffer` unsent): counted, and told."""
+        unsent = sink.buffered()
+        self.slow_aborted += 1
+        sink.abort()
+        if self.on_slow is not None:
+            self.on_slow(unsent)

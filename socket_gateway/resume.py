@@ -169,7 +169,21 @@ class Resumer:
         """Run `work` in the background, kept until it ends (gap fills, move tails)."""
         task = asyncio.ensure_future(work)
         self._gaps.add(task)
-        task.add_done_callback(self._gaps.discard)
+        task.add_done_callback(self._ended)
+
+    def _ended(self, task: asyncio.Future[None]) -> None:
+        self._gaps.discard(task)
+        if not task.cancelled() and (exc := task.exception()) is not None:
+            # Each handles the store's errors itself: this is a bug, said where it happened.
+            log.error("a gap fill or move tail failed", exc_info=exc)
+
+    async def aclose(self) -> None:
+        """Stop the gap fills and move tails still running (at shutdown, once every
+        connection is closed: what they would write has nobody to go to)."""
+        tasks = list(self._gaps)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
     def fill_gap(self, conn: ClientConn, after: int, upto: int | None) -> None:
         """`GapFills.fill` (`LocalConnections.gap_filler`)."""

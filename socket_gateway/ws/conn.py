@@ -644,10 +644,10 @@ class WsConn(asyncio.Protocol):
                     if frame.opcode is _CLOSE:
                         break  # what follows a close is moot; what came before it counts
                     self._on_frame(frame)  # an ack just before its close included
-        t = self._transport
-        if t is not None and t.get_write_buffer_size() > self._ep._conns.max_buffer:
+        conns = self._ep._conns
+        if self.buffered() > conns.max_buffer:
             # A client that sends but does not read: same rule as for slow push consumers.
-            self.abort()
+            conns.abort_slow(self)
             return False
         return True
 

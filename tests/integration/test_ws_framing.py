@@ -4,7 +4,9 @@ written as pre-built frames, and write-side limits."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import struct
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -20,6 +22,7 @@ from tests.integration.stack import (
     recv_json,
     routes,
 )
+from tests.integration.stack import gateway as stack_gateway
 from tests.waiting import wait_for
 
 pytestmark = pytest.mark.integration
@@ -166,4 +169,27 @@ async def test_client_that_stops_reading_is_aborted_not_buffered(
             await asyncio.sleep(0)
         await wait_for(lambda: len(gw.conns) == 0, "slow consumer aborted")
         assert gw.conns.slow_aborted >= 1
+        raw.close()
+
+
+async def test_a_slow_consumer_aborted_is_in_the_gateways_metrics_and_log(
+    redis_url: str, prefix: str, redis: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """What a slow consumer had unsent is lost to it: never without a count and a line."""
+    async with stack_gateway(redis_url, prefix, "g1", "grp", max_write_buffer=64 * 1024) as gw:
+        raw = await RawClient.open(SimpleNamespace(port=gw.ws_port))  # type: ignore[arg-type]
+        raw.writer.transport.pause_reading()  # type: ignore[attr-defined]
+        raw.writer.write(RawClient.request("hog"))
+        await wait_for(lambda: len(gw.conns) == 1, "in the map")
+        big = ws_text_frame(b"x" * 60_000)
+        with caplog.at_level(logging.WARNING, "socket_gateway.app"):
+            for _ in range(400):  # ~24 MB: far past any socket buffer
+                gw.conns.write_to(["hog"], big)
+                if len(gw.conns) == 0 or gw.conns.slow_aborted:
+                    break
+                await asyncio.sleep(0)
+            await wait_for(lambda: len(gw.conns) == 0, "slow consumer aborted")
+        assert gw.counts()["slow_consumers_aborted"][1] == 1
+        [line] = [r.getMessage() for r in caplog.records if "slow consumer" in r.getMessage()]
+        assert line.startswith("aborted 1 slow consumer(s) since the last line: more than 65536")
         raw.close()

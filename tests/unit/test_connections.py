@@ -51,6 +51,14 @@ def test_closing_and_slow_connections_are_skipped() -> None:
     assert closing.frames == [] and slow.frames == []
 
 
+def test_a_slow_consumer_aborted_is_told_with_its_unsent_bytes() -> None:
+    told: list[int] = []
+    conns = LocalConnections(max_buffer=100, on_slow=told.append)
+    conns.add(ClientConn("b", "c2", ListSink(backlog=101)))
+    conns.write_to(["b"], b"x")
+    assert told == [101] and conns.slow_aborted == 1
+
+
 def test_remove_and_registrations() -> None:
     conns = LocalConnections()
     c1, c2 = ClientConn("a", "c1", ListSink()), ClientConn("a", "c2", ListSink())

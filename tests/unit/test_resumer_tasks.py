@@ -1,0 +1,59 @@
+"""The resumer's background work (gap fills, move tails): a failure is logged where it
+happens, and the gateway's shutdown stops what still runs."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from router.recovery.base import RecoveryLimits
+from shared.clock import SystemClock
+from socket_gateway.connections import LocalConnections
+from socket_gateway.resume import Resumer
+
+
+class NoReads:
+    """Reads nothing: these tests run no resume."""
+
+    async def read_users(self, wanted: object) -> list[object]:
+        raise AssertionError("not read")
+
+    async def ack(self, wanted: object) -> list[None]:
+        raise AssertionError("not acked")
+
+
+def resumer() -> Resumer:
+    return Resumer(NoReads(), LocalConnections(), RecoveryLimits(), SystemClock())  # type: ignore[arg-type]
+
+
+async def test_a_failed_task_is_logged_and_forgotten(caplog: pytest.LogCaptureFixture) -> None:
+    r = resumer()
+
+    async def broken() -> None:
+        raise KeyError("a bug")
+
+    with caplog.at_level("ERROR", "socket_gateway.resume"):
+        r._spawn(broken())
+        for _ in range(3):
+            await asyncio.sleep(0)
+    assert not r._gaps
+    [record] = [x for x in caplog.records if x.name == "socket_gateway.resume"]
+    assert record.getMessage() == "a gap fill or move tail failed"
+    assert record.exc_info is not None and record.exc_info[0] is KeyError
+
+
+async def test_aclose_stops_what_still_runs() -> None:
+    r = resumer()
+    stopped = asyncio.Event()
+
+    async def tail() -> None:
+        try:
+            await asyncio.sleep(60)
+        finally:
+            stopped.set()
+
+    r._spawn(tail())
+    await asyncio.sleep(0)
+    await r.aclose()
+    assert stopped.is_set() and not r._gaps
