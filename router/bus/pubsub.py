@@ -142,8 +142,12 @@ class PubSubTransport(BusLifecycle):
                 )  # fmt: skip
             except gexc.NotFound:
                 # Nobody prepared this topic yet: create it so publishing works, though
-                # (as with every transport) no subscriber gets what came before it.
-                await self._create_topic(clients, path)
+                # (as with every transport) no subscriber gets what came before it. Within
+                # this attempt, not retried apart: the attempt is what is retried.
+                with suppress(gexc.AlreadyExists):
+                    await clients.publisher.create_topic(
+                        name=path, retry=None, timeout=ctx.timeout_s
+                    )
                 reply = await clients.publisher.publish(
                     topic=path, messages=[message], retry=None, timeout=ctx.timeout_s,
                     metadata=metadata,
