@@ -36,7 +36,7 @@ from router.redis.client import LARGE_WRITE_BYTES, RedisClient, own_connection
 from router.redis.errors import redis_errors, translate_errors
 from router.redis.scripts import Script, ScriptRunner
 from shared.clock import Clock
-from shared.errors import RegistryUnavailable
+from shared.errors import RegistryRefused, RegistryUnavailable
 from shared.keys import KeySchema
 
 __all__ = ["Job", "JobStatus", "RedisJobStore"]
@@ -194,6 +194,11 @@ class RedisJobStore:
                             ORPHANED,
                             out_of_attempts(max_attempts),
                         )
+                except RegistryRefused as exc:
+                    # This job's record cannot be claimed (not a hash, a script error):
+                    # every pass would stop at it, so it is passed over, and said.
+                    log.warning("lapsed job %s cannot be claimed: %s", push_id, exc)
+                    continue
                 except RegistryUnavailable as exc:
                     if not claims:
                         raise

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 from collections.abc import Callable, Coroutine
 from contextlib import AbstractContextManager
 from types import TracebackType
@@ -59,11 +60,20 @@ _TRANSIENT_REPLIES = (
     redis.exceptions.MovedError,
     redis.exceptions.AskError,
 )
+# The same by their codes, and those redis-py has no class for: a script running past
+# its time (BUSY), too few replicas in reach for min-replicas-to-write (NOREPLICAS).
+# Redis 6 answers a script whose call got one of them with a generic error that quotes
+# it ("ERR Error running script ...: -READONLY You can't write ..."): found there too.
+_NOT_NOW = re.compile(
+    r"(?:^|-)(?:READONLY|CLUSTERDOWN|MASTERDOWN|TRYAGAIN|LOADING|MOVED|ASK|BUSY|NOREPLICAS) "
+)
 
 
 def is_transient(exc: BaseException) -> bool:
     """Worth another try: Redis did not answer (in time), or answered "not now"."""
-    return is_unreachable(exc) or isinstance(exc, _TRANSIENT_REPLIES)
+    if is_unreachable(exc) or isinstance(exc, _TRANSIENT_REPLIES):
+        return True
+    return isinstance(exc, redis.exceptions.ResponseError) and bool(_NOT_NOW.search(str(exc)))
 
 
 class _RedisErrors:

@@ -58,6 +58,8 @@ def reply_error(reply: hiredis.ReplyError) -> redis.exceptions.RedisError:
     try is `router.redis.errors`' call, and needs the class."""
     text = str(reply)
     parsed: redis.exceptions.RedisError = BaseParser.parse_error(text)  # type: ignore[no-untyped-call]
+    if isinstance(parsed, redis.exceptions.MovedError | redis.exceptions.AskError):
+        return parsed  # built from "slot host:port", the text after the code
     return type(parsed)(text)
 
 

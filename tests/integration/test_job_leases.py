@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import pytest
@@ -14,6 +14,8 @@ import redis.asyncio as aioredis
 from router.fanout.runner import JobRun, JobRunner
 from router.jobs.base import Checkpoint, Lease, PushCounters
 from router.jobs.store import JobStatus, RedisJobStore
+from router.processes.embedded_redis import EmbeddedRedis
+from router.redis.scripts import Script, ScriptRunner
 from shared.clock import ManualClock, SystemClock
 from shared.keys import KeySchema
 
@@ -191,23 +193,53 @@ async def test_a_job_whose_processes_keep_dying_fails_after_its_attempts(
     )
 
 
-async def test_a_failed_claim_keeps_the_claims_made_before_it(
+async def test_a_job_that_cannot_be_claimed_is_passed_over(
     redis: aioredis.Redis, prefix: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """Claims already written in Redis are returned when a later one in the pass fails:
-    dropped, their new leases would lapse and each retake would cost them an attempt."""
+    """A record Redis refuses to claim (not a hash) would stop every pass at it: it is
+    passed over, said, and the lapsed jobs on either side of it are claimed."""
     keys = KeySchema(prefix)
     clock = ManualClock(wall_ms=SystemClock().now_ms())
     store = RedisJobStore(redis, keys, clock, lease_s=10)
-    await store.create("first", "broadcast", spec=b"{}")
-    clock.advance(1)
-    await store.create("broken", "broadcast", spec=b"{}")
+    for push_id in ("first", "broken", "last"):
+        await store.create(push_id, "broadcast", spec=b"{}")
+        clock.advance(1)
     await redis.delete(keys.job("broken"))
     await redis.set(keys.job("broken"), "not a hash")  # its claim fails: WRONGTYPE
     clock.advance(11)
     with caplog.at_level(logging.WARNING, "router.jobs.store"):
-        [claim], failed = await store.claim_lapsed(3)
-    assert (claim.lease, failed) == (Lease("first", 2), 0)
-    assert "claimed 1 of 2 lapsed jobs, then: redis error: WRONGTYPE" in caplog.text
-    job = await store.get("first")
-    assert job is not None and job.status is JobStatus.RUNNING and job.attempts == 2
+        claims, failed = await store.claim_lapsed(3)
+    assert [c.lease for c in claims] == [Lease("first", 2), Lease("last", 2)] and failed == 0
+    [line] = [r.getMessage() for r in caplog.records if "cannot be claimed" in r.getMessage()]
+    assert line.startswith("lapsed job broken cannot be claimed: ") and "WRONGTYPE" in line
+
+
+async def test_claims_made_before_redis_stops_answering_are_kept(
+    prefix: str, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Claims already written in Redis are returned when Redis stops answering during the
+    pass (here: killed after the first claim): dropped, their new leases would lapse and
+    each retake would cost an attempt."""
+    keys = KeySchema(prefix)
+    clock = ManualClock(wall_ms=SystemClock().now_ms())
+    with EmbeddedRedis() as embedded:
+        assert embedded.url
+        redis = aioredis.Redis.from_url(embedded.url, decode_responses=True)
+        store = RedisJobStore(redis, keys, clock, lease_s=10)
+        for push_id in ("first", "second"):
+            await store.create(push_id, "broadcast", spec=b"{}")
+            clock.advance(1)
+        clock.advance(11)
+
+        class KilledAfterOne(ScriptRunner):
+            async def run(self, script: Script, keys: Sequence[str], *args: Any) -> Any:
+                got = await super().run(script, keys, *args)
+                embedded.stop()  # Redis is gone before the next claim
+                return got
+
+        monkeypatch.setattr("router.jobs.store.ScriptRunner", KilledAfterOne)
+        with caplog.at_level(logging.WARNING, "router.jobs.store"):
+            [claim], failed = await store.claim_lapsed(3)
+        assert (claim.lease, claim.attempts, failed) == (Lease("first", 2), 2, 0)
+        assert "claimed 1 of 2 lapsed jobs, then: redis did not answer" in caplog.text
+        await redis.aclose()

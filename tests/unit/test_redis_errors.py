@@ -51,12 +51,24 @@ def test_not_now_replies_are_transient_and_other_replies_final() -> None:
         redis.exceptions.TryAgainError("TRYAGAIN Multiple keys request during rehashing"),
         redis.exceptions.MovedError("3999 127.0.0.1:6381"),
         redis.exceptions.AskError("3999 127.0.0.1:6381"),
+        redis.exceptions.ResponseError("BUSY Redis is busy running a script."),
+        redis.exceptions.ResponseError("NOREPLICAS Not enough good replicas to write."),
+        # Redis 6 quotes the reply a script's call got in an error of its own.
+        redis.exceptions.ResponseError(
+            "ERR Error running script (call to f_1): @user_script:1: @user_script: 1: "
+            "-READONLY You can't write against a read only replica."
+        ),
     ):
         assert is_transient(exc), exc
     for exc in (
         redis.exceptions.ResponseError("ERR wrong number of arguments"),
         redis.exceptions.OutOfMemoryError("OOM command not allowed"),
         redis.exceptions.NoScriptError("NOSCRIPT"),
+        redis.exceptions.ResponseError(
+            "ERR Error running script (call to f_1): @user_script:1: WRONGTYPE Operation "
+            "against a key holding the wrong kind of value"
+        ),
+        redis.exceptions.ResponseError("ERR unknown command 'BUSYBOX'"),
     ):
         assert not is_transient(exc), exc
 
@@ -105,11 +117,14 @@ def test_an_error_reply_read_by_hiredis_raises_as_redis_py_would() -> None:
         b"-NOSCRIPT No matching script. Please use EVAL.\r\n"
         b"-LOADING Redis is loading the dataset in memory\r\n"
         b"-WRONGTYPE Operation against a key holding the wrong kind of value\r\n"
+        b"-MOVED 3999 127.0.0.1:6381\r\n"
     )
-    readonly, noscript, loading, wrongtype = (reply_error(reader.gets()) for _ in range(4))
+    readonly, noscript, loading, wrongtype, moved = (reply_error(reader.gets()) for _ in range(5))
     assert type(readonly) is redis.exceptions.ReadOnlyError and is_transient(readonly)
     assert str(readonly) == "READONLY You can't write against a read only replica."
     assert type(noscript) is redis.exceptions.NoScriptError
     assert type(loading) is redis.exceptions.BusyLoadingError and is_transient(loading)
     assert type(wrongtype) is redis.exceptions.ResponseError and not is_transient(wrongtype)
     assert str(wrongtype).startswith("WRONGTYPE ")
+    assert isinstance(moved, redis.exceptions.MovedError) and is_transient(moved)
+    assert (moved.slot_id, moved.node_addr) == (3999, ("127.0.0.1", 6381))
