@@ -60,7 +60,10 @@ def reply_error(reply: hiredis.ReplyError) -> redis.exceptions.RedisError:
     parsed: redis.exceptions.RedisError = BaseParser.parse_error(text)  # type: ignore[no-untyped-call]
     if isinstance(parsed, redis.exceptions.MovedError | redis.exceptions.AskError):
         return parsed  # built from "slot host:port", the text after the code
-    return type(parsed)(text)
+    try:
+        return type(parsed)(text)
+    except Exception:  # a class that reads its text as MOVED's does: as redis-py has it
+        return parsed
 
 
 class RespBulkReader:
