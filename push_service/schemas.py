@@ -131,7 +131,8 @@ class PushOut(BaseModel):
     delivered: list[str]
     offline: list[str]
     failed: list[str] = Field(
-        description="recipients with routes whose every gateway failed: not delivered"
+        description="recipients not delivered: every gateway of theirs failed, or their "
+        "routes could not be read (`errors` says which)"
     )
     queued: list[str] = Field(
         description="offline or failed recipients whose message waits in their inbox"

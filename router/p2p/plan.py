@@ -29,6 +29,7 @@ __all__ = [
     "gateway_outcome",
     "merge",
     "plan_p2p",
+    "unrouted",
 ]
 
 
@@ -155,7 +156,8 @@ def gateway_outcome(target: Target, reply: Reply) -> GatewayOutcome:
 class PushOutcome:
     delivered: list[str]
     offline: list[str]
-    # Recipients that had routes, but whose every gateway failed: not delivered.
+    # Recipients that had routes, but whose every gateway failed, or whose routes could
+    # not be read (`unrouted`): not delivered.
     failed: list[str]
     errors: list[GatewayOutcome]
     # Routes the gateways said they no longer hold: safe to delete.
@@ -167,6 +169,14 @@ class PushOutcome:
     # A stored push: each recipient's place in its log (`shared.positions`), from which
     # its receipt tells when a device acked it. Empty: not stored.
     positions: Mapping[str, int] = field(default_factory=dict)
+
+
+def unrouted(uids: Sequence[str], error: Exception) -> PushOutcome:
+    """A stored push whose recipients' routes could not be read: each one failed (and
+    waits in the inbox, tried again in the background), `error` saying why."""
+    return PushOutcome(
+        [], [], list(uids), [GatewayOutcome("*", error=f"route look-up failed: {error}")], []
+    )
 
 
 def merge(

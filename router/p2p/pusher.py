@@ -30,6 +30,7 @@ from router.p2p.plan import (
     gateway_outcome,
     merge,
     plan_p2p,
+    unrouted,
 )
 from router.recovery.base import RecoveryLog
 from router.routes.base import RouteRegistry
@@ -124,7 +125,10 @@ class P2PPusher:
         wanted = [(item.message, item.uids, item.expires_ms)] if stored else []
         routes, logged = await self._log_and_look_up(item.uids, wanted)
         seqs = logged[0] if stored else _NO_SEQS
-        [outcome] = await self._deliver(items, routes, [seqs])
+        if isinstance(routes, ImrouteError):  # logged and queued, its routes unread
+            outcome = unrouted(item.uids, routes)
+        else:
+            [outcome] = await self._deliver(items, routes, [seqs])
         if not stored:
             return [outcome]
         outcome.positions = seqs
@@ -140,10 +144,18 @@ class P2PPusher:
         routes, logged = await self._log_and_look_up(uids, wanted)
         for i, seq in zip(stored, logged, strict=True):
             seqs[i] = seq
-        delivered = await self._deliver(items, routes, seqs)
+        outcomes: list[PushOutcome | ImrouteError]
+        if isinstance(routes, ImrouteError):
+            # The stored messages wait in their inboxes; the others were not sent at all.
+            delivered = [unrouted(item.uids, routes) for item in items]
+            outcomes = [routes] * len(items)
+            for i in stored:
+                outcomes[i] = delivered[i]
+        else:
+            delivered = await self._deliver(items, routes, seqs)
+            outcomes = list(delivered)
         for i in stored:
             delivered[i].positions = seqs[i]
-        outcomes: list[PushOutcome | ImrouteError] = list(delivered)
         missed = [i for i in stored if delivered[i].offline or delivered[i].failed]
         if missed:
             queued = await asyncio.gather(
@@ -155,10 +167,13 @@ class P2PPusher:
 
     async def _log_and_look_up(
         self, uids: Sequence[str], wanted: Sequence[tuple[Message, Sequence[str], int]]
-    ) -> tuple[dict[str, list[Route]], list[Seqs]]:
+    ) -> tuple[dict[str, list[Route]] | ImrouteError, list[Seqs]]:
         """Look `uids`' routes up, and log each `wanted` message (message, uids,
         expires_ms) into its uids' logs and inboxes, at once: the routes, and each
-        message's positions by uid."""
+        message's positions by uid. A look-up that failed while the messages were logged
+        (a Cluster node of routes down, the logs' up) is its error in the routes' place:
+        the messages wait in the inboxes, and only their delivery now failed. Raised:
+        the log's error, or the look-up's where nothing is logged."""
         recovery = self._recovery
         if recovery is None or not wanted:
             return await self._lookup(uids), []
@@ -166,8 +181,11 @@ class P2PPusher:
         # Both at once, with no task: the store sends the append now (on the
         # auto-pipeline; else a task of its own), the look-up joins its round trip.
         appending = recovery.append_queued_many(wanted)
+        routes: dict[str, list[Route]] | ImrouteError
         try:
             routes = await self._lookup(uids)
+        except ImrouteError as exc:
+            routes = exc  # the append's outcome decides: awaited below
         except BaseException:
             # As gather would: the append goes on; its outcome is not ours to wait for.
             asyncio.ensure_future(appending).add_done_callback(_consume)
@@ -300,13 +318,10 @@ class P2PPusher:
 
     # ------------------------------------------------------------------ the inbox
 
-    async def _queued(
-        self, item: Outgoing, outcome: PushOutcome, seqs: Seqs
-    ) -> PushOutcome | ImrouteError:
+    async def _queued(self, item: Outgoing, outcome: PushOutcome, seqs: Seqs) -> PushOutcome:
         """For whoever it reached no connection of (it waits in their inbox): look once
         more, for a client that connected (and read its inbox, maybe before the message
-        was in it) while this push was on its way; retry the failed in the background.
-        An error is this message's alone."""
+        was in it) while this push was on its way; retry the failed in the background."""
         waiting = [*outcome.offline, *outcome.failed]
         # Only the offline: a failed gateway would fail again, and cost another timeout.
         late: set[str] = set()
@@ -315,7 +330,10 @@ class P2PPusher:
             try:
                 reached = await self._redeliver(offline, seqs)
             except ImrouteError as exc:
-                return exc
+                # The push is in their inboxes and went to whoever was online: its
+                # answer stands (only the race this look-up covers is not covered).
+                log.warning("the second look-up of a queued push failed: %s", exc)
+                reached = None
             late = set(reached or ())
         if outcome.failed and len(self._retrying) < MAX_RETRYING:
             failed = dataclasses.replace(item, uids=list(outcome.failed))

@@ -15,7 +15,8 @@ from router.p2p.plan import Outgoing, PushOutcome
 from router.p2p.pusher import CLOCK_MARGIN_MS, P2PPusher, deliver_expiry_ms
 from router.testing import FakeGatewayClient
 from router.testing.routes import OneRoute, OneRouteFleet
-from shared.models import Message
+from shared.errors import RegistryUnavailable
+from shared.models import Message, Route
 
 # Old enough for a re-read of the fleet to be allowed.
 OLD_S = 10.0
@@ -130,3 +131,74 @@ def test_every_p2p_batch_expires_by_the_end_of_its_call() -> None:
     assert deliver_expiry_ms(now + 500, now, 2.0) == now + 500  # the ttl_s comes first
     assert deliver_expiry_ms(now + 60_000, now, 2.0) == now + 2000 - CLOCK_MARGIN_MS
     assert deliver_expiry_ms(0, now, 0.2) == now + 150  # short calls keep 3/4 of their time
+
+
+class FlakyRoutes(OneRoute):
+    """amy's route (when `online`), behind look-ups (counted from 1) of which those
+    numbered in `failing` fail."""
+
+    def __init__(self, *failing: int, online: bool = True) -> None:
+        self.failing = set(failing)
+        self.online = online
+        self.lookups = 0
+
+    async def lookup(self, uids: Sequence[str]) -> dict[str, list[Route]]:
+        self.lookups += 1
+        if self.lookups in self.failing:
+            raise RegistryUnavailable("redis did not answer: connection reset")
+        return await super().lookup(uids) if self.online else {}
+
+
+async def test_a_look_up_that_fails_after_the_push_is_logged_leaves_it_queued_and_retried(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The push is in amy's log and inbox: not "nothing was sent" (503), but failed for
+    now, queued, and delivered by the background retry once her route can be read."""
+    monkeypatch.setattr("router.p2p.pusher.RETRY_AFTER_S", (0.01, 0.01))
+    client, log, routes = FakeGatewayClient(), Log(), FlakyRoutes(1)
+    pusher = P2PPusher(routes, OneRouteFleet(OLD_S), client, 1.0, log)  # type: ignore[arg-type]
+    outcome = await push(pusher, ["amy"])
+    assert (outcome.delivered, outcome.failed, outcome.queued) == ([], ["amy"], ["amy"])
+    [error] = outcome.errors
+    assert error.error is not None and error.error.startswith("route look-up failed: ")
+    assert outcome.positions == {"amy": 7} and log.queued == [{"amy": 7}]
+    for _ in range(100):
+        if pusher.retried:
+            break
+        await asyncio.sleep(0.01)
+    assert pusher.retried == 1 and len(client.calls) == 1
+    await pusher.aclose()
+
+
+async def test_a_batch_whose_look_up_fails_fails_only_what_was_not_logged() -> None:
+    routes = FlakyRoutes(1)
+    pusher = P2PPusher(routes, OneRouteFleet(OLD_S), FakeGatewayClient(), 1.0, Log())  # type: ignore[arg-type]
+    stored, at_most_once = await pusher.push(
+        [Outgoing(MESSAGE, ["amy"]), Outgoing(MESSAGE, ["amy"], store=False)]
+    )
+    assert isinstance(stored, PushOutcome) and stored.queued == ["amy"]
+    assert isinstance(at_most_once, RegistryUnavailable)
+    await pusher.aclose()
+
+
+async def test_when_nothing_could_be_logged_the_look_ups_error_is_the_answer() -> None:
+    class Down(Log):
+        async def append_queued(
+            self, message: Message, uids: Sequence[str], expires_ms: int
+        ) -> tuple[list[int], int]:
+            raise RegistryUnavailable("redis did not answer: connection refused")
+
+    pusher = P2PPusher(FlakyRoutes(1), OneRouteFleet(OLD_S), FakeGatewayClient(), 1.0, Down())  # type: ignore[arg-type]
+    with pytest.raises(RegistryUnavailable):
+        await pusher.push([Outgoing(MESSAGE, ["amy"])])
+
+
+async def test_a_failed_second_look_up_leaves_the_answer_as_it_was() -> None:
+    """amy is offline: the push is queued, and the look-up for a client that connected
+    meanwhile fails: the answer is still "queued", not an error for a logged push."""
+    routes = FlakyRoutes(2, online=False)  # the first look-up answers, the second fails
+    pusher = P2PPusher(routes, OneRouteFleet(OLD_S), FakeGatewayClient(), 1.0, Log())  # type: ignore[arg-type]
+    outcome = await push(pusher, ["amy"])
+    assert (outcome.offline, outcome.queued) == (["amy"], ["amy"])
+    assert routes.lookups == 2
+    await pusher.aclose()
