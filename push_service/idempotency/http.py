@@ -20,7 +20,7 @@ from contextvars import ContextVar
 from typing import Any
 
 from fastapi import Request
-from fastapi.responses import Response
+from fastapi.responses import JSONResponse, Response
 
 from push_service.access import bearer_token
 from push_service.errors import Conflict, handler_for
@@ -39,7 +39,7 @@ from push_service.idempotency.base import (
 from router.fanout.outages import ride_out
 from shared.errors import ImrouteError, InvalidInput, RegistryUnavailable
 
-__all__ = ["REPLAYED_HEADER", "Idempotency", "Once", "id_seed"]
+__all__ = ["REPLAYED_HEADER", "Idempotency", "Once", "PartlyFailed", "id_seed"]
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +55,12 @@ Handler = Callable[[], Awaitable[Response]]
 # While a claimed request runs: a digest of its caller's scope and key, from which its
 # P2P messages take their ids (`push_service.content.new_message`).
 _seed: ContextVar[str | None] = ContextVar("imroute_idempotency_seed", default=None)
+
+
+class PartlyFailed(JSONResponse):
+    """A 2xx answer with a part that failed with a 5xx (a batch's message Redis could
+    not take): not kept, as a 5xx is not, so a retry with the key runs the request again
+    (its messages under the same ids: the SDKs drop what they already have)."""
 
 
 def id_seed() -> str | None:
@@ -118,17 +124,22 @@ class Idempotency:
 
     @classmethod
     def waiting_for_pushes(cls, store: IdempotencyStore, deliver_timeout_s: float) -> Idempotency:
-        """Concurrent duplicates wait as long as a P2P push can take, plus a margin."""
+        """Concurrent duplicates wait as long as a P2P push can take, plus a margin (and
+        a push's own `wait_ack_ms`: `run`'s `longer_s`)."""
         return cls(store, deliver_timeout_s + WAIT_MARGIN_S)
 
-    async def run(self, request: Request, key: str, handler: Handler) -> Response:
-        """The handler's answer, or the kept answer of the first request with `key`."""
+    async def run(
+        self, request: Request, key: str, handler: Handler, longer_s: float = 0.0
+    ) -> Response:
+        """The handler's answer, or the kept answer of the first request with `key`.
+        `longer_s`: how much longer than a push this request runs (a duplicate, the same
+        request, waits that much longer for the first's answer)."""
         scope = scope_hash(bearer_token(request.headers.get("authorization")) or "")
         # FastAPI read (and cached) the body to bind it; this reads no byte again.
         print_ = fingerprint(request.method, request.url.path, await request.body())
         # The event loop's clock: a bound on real waiting, whatever clock the app has.
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + self._wait_s
+        deadline = loop.time() + self._wait_s + longer_s
         while True:
             outcome = await self._store.claim(scope, key, print_)
             if isinstance(outcome, Claimed):
@@ -143,14 +154,17 @@ class Idempotency:
             if loop.time() >= deadline:
                 raise Conflict(f"a request with this {HEADER} is still running; retry it later")
             await asyncio.sleep(self._poll_s)
-        return await self._run_claimed(request, scope, key, outcome.token, handler)
+        return await self._run_claimed(request, scope, key, print_, outcome.token, handler)
 
     async def _run_claimed(
-        self, request: Request, scope: str, key: str, token: str, handler: Handler
+        self, request: Request, scope: str, key: str, print_: str, token: str, handler: Handler
     ) -> Response:
         # A cancelled handler (a shutdown) leaves its entry running until the lease
         # lapses: the push may be half sent, and a retry at once could send it twice.
-        seeded = _seed.set(f"{scope}:{key_hash(key)}")
+        # The request's fingerprint too: the same key reused for another request (after
+        # a released 5xx, or past the key's TTL) must not name its messages as the
+        # first's, which clients would drop as copies.
+        seeded = _seed.set(f"{scope}:{key_hash(key)}:{print_}")
         try:
             response = await handler()
         except Exception as exc:
@@ -163,7 +177,7 @@ class Idempotency:
             response = rendered
         finally:
             _seed.reset(seeded)
-        if not is_kept(response.status_code):
+        if not is_kept(response.status_code) or isinstance(response, PartlyFailed):
             await self._release(scope, key, token)
             return response
         answer = Answer(response.status_code, bytes(response.body))
@@ -188,10 +202,11 @@ class Once:
         self._request = request
         self._key = key
 
-    async def __call__(self, handler: Handler) -> Response:
+    async def __call__(self, handler: Handler, longer_s: float = 0.0) -> Response:
+        """`longer_s`: how much longer than a push the handler may run (`wait_ack_ms`)."""
         if self._key is None:
             return await handler()
-        return await self._idempotency.run(self._request, self._key, handler)
+        return await self._idempotency.run(self._request, self._key, handler, longer_s)
 
 
 def _replay(answer: Answer) -> Response:

@@ -24,6 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from push_service.errors import describe_errors, handler_for
 from push_service.fast_push import may_hold_surrogates, push_answer, quick_push
+from push_service.idempotency.http import PartlyFailed
 from push_service.routes.deps import IdempotentOnce, PushesSvc, PushKey
 from push_service.schemas import MAX_BATCH, PushBatchOut, PushIn, PushOut
 from push_service.services import Pushes
@@ -37,7 +38,7 @@ router = APIRouter()
 @router.post("/v1/push", dependencies=[PushKey], response_model=PushOut)
 async def push(body: PushIn, pushes: PushesSvc, once: IdempotentOnce) -> Response:
     """Push one message to 1-1000 users wherever they are connected (P2P)."""
-    return await once(lambda: _push(body, pushes))
+    return await once(lambda: _push(body, pushes), (body.wait_ack_ms or 0) / 1000)
 
 
 async def _push(body: PushIn, pushes: PushesSvc) -> JSONResponse:
@@ -91,7 +92,8 @@ async def _push_batch(request: Request, messages: list[Any], pushes: Pushes) -> 
             results[i] = {"index": i, **answer}
         else:
             results[i] = {"index": i, "status": 200, **push_answer(outcome)}
-    return JSONResponse({"results": results})
+    failed = any(r["status"] >= 500 for r in results)
+    return (PartlyFailed if failed else JSONResponse)({"results": results})
 
 
 @dataclass(frozen=True, slots=True)

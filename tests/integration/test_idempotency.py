@@ -33,6 +33,7 @@ from tests.integration.stack import (
 pytestmark = pytest.mark.integration
 
 PUSH = {"to": ["alice"], "content": {"text": "once"}}
+PUSH_TWO = {"to": ["alice", "bob"], "content": {"text": "once"}}
 
 
 def _with_key(key: str | bytes, auth: dict[str, str] = AUTH) -> dict[str, Any]:
@@ -119,21 +120,42 @@ async def test_a_5xx_is_not_kept_so_the_retry_runs(redis_url: str, prefix: str, 
         retried = await _fails_then_retried(http, redis, prefix, "r1")
         assert retried.json()["delivered"] == ["alice"]
         assert "Idempotent-Replayed" not in retried.headers
-        kept = await http.post("/v1/push", json=PUSH, headers=_with_key("r1"))
+        kept = await http.post("/v1/push", json=PUSH_TWO, headers=_with_key("r1"))
         assert kept.content == retried.content
         assert kept.headers["Idempotent-Replayed"] == "true"
         pushed = await _drain(ws)
         # The retry was delivered once. (The failed attempt's message comes too: it was
-        # written to alice's recovery log before the route look-up failed, and the
-        # retry's delivery replays the gap. That is the P2P path's doing, not the key's.)
+        # written to alice's recovery log before bob's write failed, and the retry's
+        # delivery replays the gap. That is the P2P path's doing, not the key's.)
         assert pushed.count(retried.json()["push_id"]) == 1, pushed
+
+
+async def test_a_batch_answer_with_a_5xx_message_is_not_kept(
+    redis_url: str, prefix: str, redis: Any
+) -> None:
+    """A batch is answered 200 with a status per message: one that holds a 503 is not
+    kept either, so the retry with the key runs the batch again."""
+    body = {"messages": [PUSH, {"to": ["bob"], "content": 2}]}
+    async with alice_online(redis_url, prefix) as (_, http, _ws):
+        seq = KeySchema(prefix).user_seq("bob")
+        await redis.set(seq, "not a hash")
+        failed = await http.post("/v1/push/batch", json=body, headers=_with_key("b-1"))
+        assert failed.status_code == 200, failed.text
+        assert 503 in [r["status"] for r in failed.json()["results"]], failed.text
+        await redis.delete(seq)
+        retried = await http.post("/v1/push/batch", json=body, headers=_with_key("b-1"))
+        assert "Idempotent-Replayed" not in retried.headers
+        assert [r["status"] for r in retried.json()["results"]] == [200, 200], retried.text
+        kept = await http.post("/v1/push/batch", json=body, headers=_with_key("b-1"))
+        assert kept.headers["Idempotent-Replayed"] == "true"
+        assert kept.content == retried.content
 
 
 async def test_a_retry_after_a_5xx_carries_the_first_attempts_msg_id(
     redis_url: str, prefix: str, redis: Any
 ) -> None:
-    """The failed attempt's message was logged before the look-up failed and comes to
-    alice too (above): under one Idempotency-Key both copies carry one msg_id, so her
+    """The failed attempt's message was logged for alice before bob's write failed and
+    comes to her too (above): under one Idempotency-Key both copies carry one msg_id, so her
     client drops the second; without a key they are two messages to the app."""
     async with alice_online(redis_url, prefix) as (_, http, ws):
         retried = await _fails_then_retried(http, redis, prefix, "same-msg")
@@ -143,6 +165,30 @@ async def test_a_retry_after_a_5xx_carries_the_first_attempts_msg_id(
                 frames.append(await recv_json(ws, timeout=0.5))
         msg_ids = [f["msg_id"] for f in frames if f["type"] == "push"]
         assert msg_ids == [retried.json()["msg_id"]] * 2, frames
+
+
+async def test_a_key_used_again_for_another_request_names_another_message(
+    redis_url: str, prefix: str, redis: Any
+) -> None:
+    """After a 5xx releases a key, the same key with another body is another request: its
+    message gets an id of its own, or alice's client would drop it as a copy of the
+    failed attempt's (logged for her before bob's write failed)."""
+    async with alice_online(redis_url, prefix) as (_, http, ws):
+        seq = KeySchema(prefix).user_seq("bob")
+        await redis.set(seq, "not a hash")
+        failed = await http.post("/v1/push", json=PUSH_TWO, headers=_with_key("reused"))
+        assert failed.status_code == 503, failed.text
+        await redis.delete(seq)
+        other = {**PUSH_TWO, "content": {"text": "another"}}
+        sent = await http.post("/v1/push", json=other, headers=_with_key("reused"))
+        assert sent.status_code == 200, sent.text
+        frames = []
+        with contextlib.suppress(TimeoutError):
+            while True:
+                frames.append(await recv_json(ws, timeout=0.5))
+        pushed = [(f["msg_id"], f["content"]["text"]) for f in frames if f["type"] == "push"]
+        assert len(pushed) == 2 and {text for _, text in pushed} == {"once", "another"}
+        assert len({msg_id for msg_id, _ in pushed}) == 2, pushed
 
 
 @pytest.mark.parametrize("path", ["/v1/broadcast", "/v1/multicast"])
@@ -179,18 +225,16 @@ async def test_a_fan_out_run_again_under_its_key_carries_the_same_msg_id(
 async def _fails_then_retried(
     http: httpx.AsyncClient, redis: Any, prefix: str, key: str
 ) -> httpx.Response:
-    """PUSH to alice with `key` while a value of the wrong type stands where her routes
-    are (Redis refuses the look-up, WRONGTYPE: a 503, nothing sent), then again with the
-    same key once they are back: the retry's answer, a 200."""
-    route = KeySchema(prefix).route("alice")
-    saved = await redis.hgetall(route)
-    await redis.delete(route)
-    await redis.set(route, "not a hash")
-    failed = await http.post("/v1/push", json=PUSH, headers=_with_key(key))
+    """PUSH_TWO to alice and bob with `key` while a value of the wrong type stands where
+    bob's sequence is (Redis refuses his log write, WRONGTYPE: a 503, nothing sent; alice's
+    log entry, written first, stands), then again with the same key once it is gone: the
+    retry's answer, a 200."""
+    seq = KeySchema(prefix).user_seq("bob")
+    await redis.set(seq, "not a hash")
+    failed = await http.post("/v1/push", json=PUSH_TWO, headers=_with_key(key))
     assert failed.status_code == 503, failed.text
-    await redis.delete(route)
-    await redis.hset(route, mapping=saved)
-    retried = await http.post("/v1/push", json=PUSH, headers=_with_key(key))
+    await redis.delete(seq)
+    retried = await http.post("/v1/push", json=PUSH_TWO, headers=_with_key(key))
     assert retried.status_code == 200, retried.text
     return retried
 
@@ -257,10 +301,11 @@ async def test_a_duplicate_waits_for_a_running_first_then_gets_409_past_the_boun
     redis_url: str, prefix: str, redis: Any
 ) -> None:
     """A first request still running (here: one whose process holds the claim and never
-    answers, within its lease): a duplicate waits the deliver timeout plus 5 s, then 409.
-    Once the first answers, a duplicate gets that answer."""
+    answers, within its lease): a duplicate waits the deliver timeout plus 5 s, and the
+    push's own `wait_ack_ms`, then 409. Once the first answers, a duplicate gets that
+    answer."""
     store = RedisIdempotencyStore(redis, KeySchema(prefix), ttl_s=60, lease_s=30)
-    body = json.dumps({"to": ["nobody"], "content": 1, "store": False}).encode()
+    body = json.dumps({"to": ["nobody"], "content": 1, "wait_ack_ms": 1000}).encode()
     scope = scope_hash(API_KEY)
     held = await store.claim(scope, "slow-1", fingerprint("POST", "/v1/push", body))
     assert isinstance(held, Claimed)
@@ -271,7 +316,7 @@ async def test_a_duplicate_waits_for_a_running_first_then_gets_409_past_the_boun
         waited = time.monotonic() - started
         assert resp.status_code == 409 and resp.json()["error"] == "conflict", resp.text
         assert "still running" in resp.json()["detail"]
-        assert 5.0 <= waited < 8.0, waited  # 0.2 s + the 5 s margin, then no more
+        assert 6.2 <= waited < 9.0, waited  # 0.2 s + the 5 s margin + 1 s, then no more
 
         # The first request answers while a duplicate waits: the duplicate gets it.
         async def answer_soon() -> None:

@@ -62,7 +62,7 @@ async def test_a_done_push_whose_answer_redis_refused_answers_and_keeps_it_later
         return Response(b'{"push_id":"p1"}', status_code=202, media_type="application/json")
 
     request = Request({"type": "http", "method": "POST", "path": "/v1/multicast"})
-    response = await once._run_claimed(request, "scope", "k1", "token", handler)
+    response = await once._run_claimed(request, "scope", "k1", "print", "token", handler)
     assert response.status_code == 202  # before: the failed write made it an error
     await wait_for(lambda: store.kept, "the answer kept", 2.0, every=0.005)
     assert store.kept == [Answer(202, b'{"push_id":"p1"}')]
