@@ -12,7 +12,11 @@ from shared.errors import InvalidInput, PayloadTooLarge
 from shared.ids import derived_id, new_id
 from shared.models import Message
 
-__all__ = ["encode_content", "new_message"]
+__all__ = ["MAX_CONTENT_DEPTH", "encode_content", "new_message"]
+
+# Arrays and objects inside one another, at most: orjson's bound when it encodes (past
+# it, one request's content would cost a recursion as deep as the client likes).
+MAX_CONTENT_DEPTH = 254
 
 
 class _MessageFields(Protocol):
@@ -44,10 +48,13 @@ def encode_content(content: Any) -> bytes:
 
     orjson first (about 25 times faster). It writes NaN and Infinity as null, so content
     whose encoding holds a null is encoded again by json, which refuses them; so is
-    content orjson refuses (an integer past 64 bits, a lone surrogate)."""
+    content orjson refuses (an integer past 64 bits, a lone surrogate), but for content
+    nested deeper than MAX_CONTENT_DEPTH, which is refused."""
     try:
         encoded = orjson.dumps(content)
-    except TypeError:
+    except TypeError as exc:  # orjson.JSONEncodeError
+        if "Recursion limit" in str(exc):
+            raise _too_deep() from None
         encoded = b"null"
     if b"null" in encoded:
         encoded = _encoded_by_json(content)
@@ -58,11 +65,19 @@ def encode_content(content: Any) -> bytes:
     return encoded
 
 
+def _too_deep() -> InvalidInput:
+    return InvalidInput(
+        "content", f"nested too deeply: at most {MAX_CONTENT_DEPTH} levels of arrays and objects"
+    )
+
+
 def _encoded_by_json(content: Any) -> bytes:
     try:
         data = json.dumps(content, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
     except ValueError:
         raise InvalidInput("content", "must be JSON (NaN and Infinity are not)") from None
+    except RecursionError:
+        raise _too_deep() from None
     try:
         return data.encode()
     except UnicodeEncodeError:
