@@ -15,6 +15,9 @@
 //   `dedupeWindow` is dropped (a replay after a reconnect, a retried delivery);
 // - acks are cumulative: once the app is done with a push, `{"type":"ack","pos":...}`
 //   is sent on the connection it came on, at most one per `ackIntervalMs` (the latest);
+// - it sends `{"type":"ping"}` every `pingIntervalMs` (20 s) and takes a connection from
+//   which nothing came for a whole interval after a ping as lost (a NAT that dropped it,
+//   a laptop that slept: no close ever arrives), and reconnects;
 // - a connection that ends is retried with jittered exponential backoff: the same
 //   gateway for a network error (`retriesSame` times), another through dispatch for a
 //   drain (a `reconnect` frame, 4503), a full gateway (4429, or a refused handshake,
@@ -61,6 +64,7 @@ export class DedupeWindow {
 }
 
 const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
+const PING = JSON.stringify({ type: "ping" });
 
 export class ImrouteClient {
   constructor({
@@ -77,22 +81,24 @@ export class ImrouteClient {
     backoffMaxMs = 5000,
     stableMs = 5000,
     retriesSame = 2,
+    pingIntervalMs = 20000,
     WebSocketImpl = globalThis.WebSocket,
     fetchImpl = globalThis.fetch.bind(globalThis),
   }) {
     if (!apiUrl || !token) throw new TypeError("ImrouteClient needs apiUrl and token");
     Object.assign(this, { apiUrl: apiUrl.replace(/\/+$/, ""), token, onMessage, onRecovered,
       onError, onState, ackIntervalMs, backoffMinMs, backoffMaxMs, stableMs, retriesSame,
-      WebSocketImpl, fetchImpl });
+      pingIntervalMs, WebSocketImpl, fetchImpl });
     this.pos = since;  // the last push the app finished with; `since` on a reconnect
     this.dedupe = new DedupeWindow(dedupeWindow);
     this.stats = { connects: 0, pushes: 0, duplicates: 0, acks: 0, recovered: 0, dispatches: 0,
-      avoided: 0 };
+      avoided: 0, silent: 0 };
     this.gateway = null;  // {ws_url, gateway_id, group_id} of the current connection
     this._closed = false;
     this._ws = null;
     this._queue = Promise.resolve();  // pushes handed to the app one at a time, in order
     this._ackTimer = null;
+    this._pinger = null;  // the current connection's pings
     this._ackPos = null;
     this._failures = 0;
     this._sameTries = 0;
@@ -115,6 +121,7 @@ export class ImrouteClient {
   /** Stop for good: the connection is closed (1000) and nothing is retried. */
   close() {
     this._closed = true;
+    clearInterval(this._pinger);
     this._flushAck();
     if (this._ws) this._ws.close(1000, "client closed");
     this.onState("closed");
@@ -197,7 +204,11 @@ export class ImrouteClient {
           throw new Error(`dispatch answered ${resp.status}`);
         }
         const after = Number(resp.headers.get("Retry-After"));
-        if (Number.isFinite(after) && after > 0) wait = Math.min(after * 1000, this.backoffMaxMs);
+        if (Number.isFinite(after) && after > 0) {
+          // Clamped and jittered (up to 20 % more), as the Python SDK does.
+          const clamped = Math.min(Math.max(after * 1000, 100), this.backoffMaxMs);
+          wait = clamped * (1 + 0.2 * Math.random());
+        }
       } catch (e) {
         if (e instanceof UnauthorizedError || (e instanceof Error && e.message.startsWith("dispatch answered"))) throw e;
       }
@@ -210,17 +221,50 @@ export class ImrouteClient {
   _session(target) {
     return new Promise((resolve) => {
       const url = this.pos ? `${target.ws_url}${target.ws_url.includes("?") ? "&" : "?"}since=${encodeURIComponent(this.pos)}` : target.ws_url;
-      const ws = new this.WebSocketImpl(url, ["imroute.v1", `imroute.jwt.${this.token}`]);
+      let ws;
+      try {
+        ws = new this.WebSocketImpl(url, ["imroute.v1", `imroute.jwt.${this.token}`]);
+      } catch (e) {
+        // A URL or token the browser refuses to open (a SyntaxError): said, and tried
+        // again through dispatch after a backoff, as a connection that never opened.
+        this.onError(e);
+        resolve({ code: 1006, opened: false, unauthorized: false, userCap: false, move: true,
+                  transport: false });
+        return;
+      }
       this._ws = ws;
       this.gateway = target;
       let opened = false;
       let told = false;
+      let heard = true;  // anything received since the last ping
+      const ended = (end) => {
+        clearInterval(this._pinger);
+        if (this._ws === ws) this._ws = null;
+        clearTimeout(this._ackTimer);
+        this._ackTimer = null;
+        resolve(end);
+      };
       ws.onopen = () => {
         opened = true;
         this.stats.connects += 1;
         this.onState("connected", { gateway: target.gateway_id });
+        this._pinger = setInterval(() => {
+          if (!heard) {
+            // Nothing came for a whole interval after a ping: the connection is gone,
+            // though no close may ever arrive. Lost, as a network error is.
+            this.stats.silent += 1;
+            ws.onclose = null;
+            ws.close();
+            ended({ code: 1006, opened: true, unauthorized: false, userCap: false,
+                    move: told, transport: true });
+            return;
+          }
+          heard = false;
+          if (ws.readyState === 1) ws.send(PING);
+        }, this.pingIntervalMs);
       };
       ws.onmessage = (event) => {
+        heard = true;
         let frame;
         try {
           frame = JSON.parse(event.data);
@@ -232,12 +276,9 @@ export class ImrouteClient {
         else if (frame.type === "reconnect") told = true;
       };
       ws.onclose = (event) => {
-        if (this._ws === ws) this._ws = null;
-        clearTimeout(this._ackTimer);
-        this._ackTimer = null;
         const code = event.code;
         const reason = event.reason || "";
-        resolve({
+        ended({
           code,
           opened,
           unauthorized: code === CLOSE_UNAUTHORIZED,
@@ -263,8 +304,10 @@ export class ImrouteClient {
       } else {
         this.stats.duplicates += 1;
       }
-      this.pos = frame.pos;
-      this._ack(ws, frame.pos);
+      if (typeof frame.pos === "string" && frame.pos) {  // else the last one still holds
+        this.pos = frame.pos;
+        this._ack(ws, frame.pos);
+      }
     });
   }
 
@@ -276,7 +319,6 @@ export class ImrouteClient {
       } catch (e) {
         this.onError(e);
       }
-      this._failures = 0;
       if (this._resolveReady) {
         this._resolveReady(frame);
         this._resolveReady = null;

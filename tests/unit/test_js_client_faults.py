@@ -1,0 +1,140 @@
+"""clients/js/imroute.js under faults, under Node (no browser, no network: its WebSocket
+and fetch are injected, time is real but short): a connection gone silent is found by
+its pings, backoff grows across connections that fail soon after `recovered`, a push
+frame without `pos` keeps the position, and a WebSocket the browser refuses to build
+is said and retried. The browser tier (tests/browser) runs the module against real
+processes."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+MODULE = Path(__file__).resolve().parents[2] / "clients/js/imroute.js"
+
+# `behave(url, socket, n)` decides what each fake gateway does; the script prints what
+# the client did (`report()`), when `done()` says so or after 5 s.
+HARNESS = """
+const { ImrouteClient } = await import(process.argv[1]);
+const opened = [];
+const sent = [];
+const errors = [];
+const delays = [];
+class FakeSocket {
+  constructor(url, protocols) {
+    if (globalThis.REFUSE && opened.length < globalThis.REFUSE) {
+      opened.push("refused");
+      throw new SyntaxError("bad subprotocol");
+    }
+    opened.push(url);
+    this.readyState = 0;
+    this.n = opened.length;
+    setTimeout(() => behave(url, this, this.n), 1);
+  }
+  open() { this.readyState = 1; this.onopen(); }
+  frame(f) { if (this.onmessage) this.onmessage({ data: JSON.stringify(f) }); }
+  end(code) { this.readyState = 3; if (this.onclose) this.onclose({ code, reason: "" }); }
+  send(data) { sent.push([this.n, JSON.parse(data)]); }
+  close() { this.readyState = 3; }
+}
+const fetchImpl = async () => new Response(
+  JSON.stringify({ ws_url: "ws://gw1/ws", gateway_id: "gw1", group_id: "g1" }), { status: 200 });
+const c = new ImrouteClient({ apiUrl: "http://api", token: "t", WebSocketImpl: FakeSocket,
+  fetchImpl, backoffMinMs: 10, backoffMaxMs: 2000, ...OPTIONS,
+  onError: (e) => errors.push(String(e)),
+  onState: (state, d) => { if (state === "reconnecting") delays.push(d.delayMs); } });
+const report = () => {
+  console.log(JSON.stringify({ opened, sent, errors, delays, pos: c.pos ?? null, stats: c.stats }));
+  process.exit(0);
+};
+setTimeout(report, 5000).unref();
+c.connect().catch(() => {});
+const timer = setInterval(() => { if (done()) { clearInterval(timer); c.close(); report(); } }, 5);
+"""
+
+
+def run(behave: str, done: str, options: str = "{}", before: str = "") -> dict[str, Any]:
+    node = shutil.which("node")
+    if node is None:
+        pytest.skip("no node to run clients/js/imroute.js")
+    script = (
+        before
+        + f"\nconst OPTIONS = {options};\n"
+        + f"function behave(url, s, n) {{ {behave} }}\n"
+        + f"function done() {{ return {done}; }}\n"
+        + HARNESS
+    )
+    out = subprocess.run(
+        [node, "--input-type=module", "-e", script, MODULE.as_uri()],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+    )
+    result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
+    return result
+
+
+def test_a_connection_gone_silent_is_found_by_its_pings_and_left() -> None:
+    """The first gateway opens, says `recovered`, then nothing ever comes (nor a close):
+    the client pings, hears nothing for an interval, and connects again."""
+    got = run(
+        behave='s.open(); s.frame({type: "recovered", complete: true, count: 0});'
+        'if (n > 1) s.send = (d) => { sent.push([n, JSON.parse(d)]);'
+        ' setTimeout(() => s.frame({type: "pong"}), 1); };',
+        done="opened.length >= 2 && sent.some(([n]) => n === 2)",
+        options="{ pingIntervalMs: 50 }",
+    )
+    assert len(got["opened"]) == 2 and got["stats"]["silent"] == 1, got
+    assert [1, {"type": "ping"}] in got["sent"]  # pinged, never answered
+    assert [2, {"type": "ping"}] in got["sent"]  # the second connection pings too
+
+
+def test_a_connection_that_answers_its_pings_is_kept() -> None:
+    got = run(
+        behave='s.open(); s.frame({type: "recovered", complete: true, count: 0});'
+        's.send = (d) => { sent.push([n, JSON.parse(d)]);'
+        ' setTimeout(() => s.frame({type: "pong"}), 1); };',
+        done="sent.length >= 5",
+        options="{ pingIntervalMs: 20 }",
+    )
+    assert got["opened"] == ["ws://gw1/ws"] and got["stats"]["silent"] == 0, got
+
+
+def test_backoff_grows_across_connections_that_fail_soon_after_recovered() -> None:
+    """A gateway that says `recovered` and then closes 1011 at once: the delays between
+    attempts grow (a connection must live `stableMs` to start the backoff over)."""
+    got = run(
+        behave='s.open(); s.frame({type: "recovered", complete: true, count: 0});'
+        "setTimeout(() => s.end(1011), 1);",
+        done="delays.length >= 6",
+    )
+    delays = got["delays"][:6]
+    # The nth wait is 10 ms × 2^(n-2) × [0.5, 1.5) (the first two one step each): the
+    # sixth at least 80 ms. Reset at each `recovered`, every wait would be 5-15 ms.
+    assert delays[5] >= 80 and delays[1] <= 15, delays
+
+
+def test_a_push_without_pos_keeps_the_last_position() -> None:
+    got = run(
+        behave='s.open(); s.frame({type: "recovered", complete: true, count: 0});'
+        's.frame({type: "push", msg_id: "m1", pos: "1~0~0~g1~0~1", content: 1});'
+        's.frame({type: "push", msg_id: "m2", content: 2});',
+        done="c.stats.pushes >= 2",
+    )
+    assert got["pos"] == "1~0~0~g1~0~1", got
+
+
+def test_a_websocket_the_browser_refuses_to_build_is_said_and_tried_again() -> None:
+    got = run(
+        behave='s.open(); s.frame({type: "recovered", complete: true, count: 0});',
+        done="c.stats.connects >= 1",
+        before="globalThis.REFUSE = 2;",
+    )
+    assert got["opened"] == ["refused", "refused", "ws://gw1/ws"], got
+    assert got["errors"] == ["SyntaxError: bad subprotocol"] * 2
