@@ -115,7 +115,7 @@ def test_backoff_grows_across_connections_that_fail_soon_after_recovered() -> No
         done="delays.length >= 6",
     )
     delays = got["delays"][:6]
-    # The nth wait is 10 ms × 2^(n-2) × [0.5, 1.5) (the first two one step each): the
+    # The nth wait is 10 ms * 2^(n-2) * [0.5, 1.5) (the first two one step each): the
     # sixth at least 80 ms. Reset at each `recovered`, every wait would be 5-15 ms.
     assert delays[5] >= 80 and delays[1] <= 15, delays
 
