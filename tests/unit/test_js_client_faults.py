@@ -85,7 +85,7 @@ def test_a_connection_gone_silent_is_found_by_its_pings_and_left() -> None:
     the client pings, hears nothing for an interval, and connects again."""
     got = run(
         behave='s.open(); s.frame({type: "recovered", complete: true, count: 0});'
-        'if (n > 1) s.send = (d) => { sent.push([n, JSON.parse(d)]);'
+        "if (n > 1) s.send = (d) => { sent.push([n, JSON.parse(d)]);"
         ' setTimeout(() => s.frame({type: "pong"}), 1); };',
         done="opened.length >= 2 && sent.some(([n]) => n === 2)",
         options="{ pingIntervalMs: 50 }",
@@ -98,7 +98,7 @@ def test_a_connection_gone_silent_is_found_by_its_pings_and_left() -> None:
 def test_a_connection_that_answers_its_pings_is_kept() -> None:
     got = run(
         behave='s.open(); s.frame({type: "recovered", complete: true, count: 0});'
-        's.send = (d) => { sent.push([n, JSON.parse(d)]);'
+        "s.send = (d) => { sent.push([n, JSON.parse(d)]);"
         ' setTimeout(() => s.frame({type: "pong"}), 1); };',
         done="sent.length >= 5",
         options="{ pingIntervalMs: 20 }",
