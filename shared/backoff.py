@@ -18,7 +18,7 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 
-__all__ = ["backoff_s"]
+__all__ = ["backoff_s", "jittered"]
 
 
 def backoff_s(
@@ -36,6 +36,9 @@ def backoff_s(
         ceiling = min(cap_s, base_s * factor ** max(0, attempt - 1))
     except OverflowError:  # a float power past 1e308: long past any cap
         ceiling = cap_s
-    if rand is None:
-        return ceiling
-    return ceiling * (0.5 + 0.5 * rand())
+    return ceiling if rand is None else jittered(ceiling, rand)
+
+
+def jittered(ceiling_s: float, rand: Callable[[], float] = random.random) -> float:
+    """Equal jitter: a wait between half of `ceiling_s` and all of it."""
+    return ceiling_s * (0.5 + 0.5 * rand())

@@ -206,8 +206,8 @@ export class ImrouteClient {
         const after = Number(resp.headers.get("Retry-After"));
         if (Number.isFinite(after) && after > 0) {
           // Clamped and jittered (up to 20 % more), as the Python SDK does.
-          const clamped = Math.min(Math.max(after * 1000, 100), this.backoffMaxMs);
-          wait = clamped * (1 + 0.2 * Math.random());
+          const clamped = Math.min(Math.max(after * 1000, this.backoffMinMs), this.backoffMaxMs);
+          wait = Math.min(this.backoffMaxMs, clamped * (1 + 0.2 * Math.random()));
         }
       } catch (e) {
         if (e instanceof UnauthorizedError || (e instanceof Error && e.message.startsWith("dispatch answered"))) throw e;

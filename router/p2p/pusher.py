@@ -34,6 +34,7 @@ from router.p2p.plan import (
 )
 from router.recovery.base import RecoveryLog
 from router.routes.base import RouteRegistry
+from shared.backoff import jittered
 from shared.batches import to_batch
 from shared.clock import Clock, SystemClock
 from shared.errors import GatewayUnavailable, ImrouteError, RegistryUnavailable
@@ -60,7 +61,8 @@ log = logging.getLogger(__name__)
 
 # When a push that failed for a connected recipient is tried again (seconds after the
 # previous try): past a circuit breaker's cool-off (IMROUTE_CIRCUIT_COOL_OFF_S, 10 s).
-RETRY_AFTER_S = (1.0, 1.0, 2.0, 2.0, 4.0, 4.0, 8.0, 8.0, 16.0)  # 46 s in all
+# Each wait between half of it and all of it (`shared.backoff.jittered`): 23 to 46 s in all.
+RETRY_AFTER_S = (1.0, 1.0, 2.0, 2.0, 4.0, 4.0, 8.0, 8.0, 16.0)
 MAX_RETRYING = 10_000  # pushes being retried at once; beyond, the inbox alone keeps them
 NOT_RETRIED_LOG_EVERY_S = 10.0
 # A route of an unknown gateway makes the push re-read the fleet if the cached copy is
@@ -128,7 +130,12 @@ class P2PPusher:
         if isinstance(routes, ImrouteError):  # logged and queued, its routes unread
             outcome = unrouted(item.uids, routes)
         else:
-            [outcome] = await self._deliver(items, routes, [seqs])
+            try:
+                [outcome] = await self._deliver(items, routes, [seqs])
+            except ImrouteError as exc:  # the fleet unread: before any gateway was called
+                if not stored:
+                    raise
+                outcome = unrouted(item.uids, exc)
         if not stored:
             return [outcome]
         outcome.positions = seqs
@@ -145,6 +152,14 @@ class P2PPusher:
         for i, seq in zip(stored, logged, strict=True):
             seqs[i] = seq
         outcomes: list[PushOutcome | ImrouteError]
+        delivered: list[PushOutcome] = []
+        if not isinstance(routes, ImrouteError):
+            try:
+                delivered = await self._deliver(items, routes, seqs)
+            except ImrouteError as exc:  # the fleet unread: before any gateway was called
+                if not stored:
+                    raise
+                routes = exc
         if isinstance(routes, ImrouteError):
             # The stored messages wait in their inboxes; the others were not sent at all.
             delivered = [unrouted(item.uids, routes) for item in items]
@@ -152,7 +167,6 @@ class P2PPusher:
             for i in stored:
                 outcomes[i] = delivered[i]
         else:
-            delivered = await self._deliver(items, routes, seqs)
             outcomes = list(delivered)
         for i in stored:
             delivered[i].positions = seqs[i]
@@ -367,7 +381,10 @@ class P2PPusher:
         message, uids, expires_ms = item.message, list(item.uids), item.expires_ms
         # Its age from the loop's clock (no wall clock here): never delivered past ttl_s.
         waited = 0.0
-        for delay in RETRY_AFTER_S:
+        for ceiling in RETRY_AFTER_S:
+            # Jittered: the pushes that failed together (a gateway, or Redis, out for a
+            # while) do not all come back in the same instant.
+            delay = jittered(ceiling)
             await asyncio.sleep(delay)
             waited += delay
             if not uids or (expires_ms and message.ts_ms + waited * 1000 > expires_ms):

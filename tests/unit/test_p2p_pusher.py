@@ -16,7 +16,7 @@ from router.p2p.pusher import CLOCK_MARGIN_MS, P2PPusher, deliver_expiry_ms
 from router.testing import FakeGatewayClient
 from router.testing.routes import OneRoute, OneRouteFleet
 from shared.errors import RegistryUnavailable
-from shared.models import Message, Route
+from shared.models import GatewayInfo, Message, Route
 
 # Old enough for a re-read of the fleet to be allowed.
 OLD_S = 10.0
@@ -201,4 +201,26 @@ async def test_a_failed_second_look_up_leaves_the_answer_as_it_was() -> None:
     outcome = await push(pusher, ["amy"])
     assert (outcome.offline, outcome.queued) == (["amy"], ["amy"])
     assert routes.lookups == 2
+    await pusher.aclose()
+
+
+async def test_a_fleet_that_cannot_be_read_after_the_log_write_leaves_the_push_queued() -> None:
+    """The gateways' addresses are read after the push is logged: their read failing
+    makes it failed and queued (tried again), not a 503; unlogged (`store: false`), the
+    error is the answer, as nothing was sent."""
+
+    class Unreadable(OneRouteFleet):
+        async def live(self) -> list[GatewayInfo]:
+            raise RegistryUnavailable("redis did not answer: connection reset")
+
+    pusher = P2PPusher(OneRoute(), Unreadable(OLD_S), FakeGatewayClient(), 1.0, Log())  # type: ignore[arg-type]
+    outcome = await push(pusher, ["amy"])
+    assert (outcome.delivered, outcome.failed, outcome.queued) == ([], ["amy"], ["amy"])
+    stored, unlogged = await pusher.push(
+        [Outgoing(MESSAGE, ["amy"]), Outgoing(MESSAGE, ["amy"], store=False)]
+    )
+    assert isinstance(stored, PushOutcome) and stored.queued == ["amy"]
+    assert isinstance(unlogged, RegistryUnavailable)
+    with pytest.raises(RegistryUnavailable):
+        await pusher.push([Outgoing(MESSAGE, ["amy"], store=False)])
     await pusher.aclose()
