@@ -1,9 +1,10 @@
-"""clients/js/imroute.js under faults, under Node (no browser, no network: its WebSocket
-and fetch are injected, time is real but short): a connection gone silent is found by
-its pings, backoff grows across connections that fail soon after `recovered`, a push
-frame without `pos` keeps the position, and a WebSocket the browser refuses to build
-is said and retried. The browser tier (tests/browser) runs the module against real
-processes."""
+"""clients/js/imroute.js's reconnect decisions and faults, under Node (no browser, no
+network: its WebSocket and fetch are injected, time is real but short): a connection
+that never opens is reported to dispatch as `?avoid=<gateway>`, a connection gone
+silent is found by its pings, backoff grows across connections that fail soon after
+`recovered`, a push frame without `pos` keeps the position, and a WebSocket the browser
+refuses to build is said and retried. The browser tier (tests/browser) runs the module
+against real processes."""
 
 from __future__ import annotations
 
@@ -58,19 +59,14 @@ const timer = setInterval(() => { if (done()) { clearInterval(timer); c.close();
 """
 
 
-def run(behave: str, done: str, options: str = "{}", before: str = "") -> dict[str, Any]:
-    node = shutil.which("node")
-    if node is None:
+def node(script: str) -> dict[str, Any]:
+    """What `script` (an ES module given the client module's URL as its argv[1]) prints
+    last, as JSON."""
+    found = shutil.which("node")
+    if found is None:
         pytest.skip("no node to run clients/js/imroute.js")
-    script = (
-        before
-        + f"\nconst OPTIONS = {options};\n"
-        + f"function behave(url, s, n) {{ {behave} }}\n"
-        + f"function done() {{ return {done}; }}\n"
-        + HARNESS
-    )
     out = subprocess.run(
-        [node, "--input-type=module", "-e", script, MODULE.as_uri()],
+        [found, "--input-type=module", "-e", script, MODULE.as_uri()],
         capture_output=True,
         text=True,
         timeout=30,
@@ -78,6 +74,18 @@ def run(behave: str, done: str, options: str = "{}", before: str = "") -> dict[s
     )
     result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
     return result
+
+
+def run(behave: str, done: str, options: str = "{}", before: str = "") -> dict[str, Any]:
+    """HARNESS with fake gateways doing `behave` (JS, per socket), until `done` (a JS
+    expression) holds."""
+    return node(
+        before
+        + f"\nconst OPTIONS = {options};\n"
+        + f"function behave(url, s, n) {{ {behave} }}\n"
+        + f"function done() {{ return {done}; }}\n"
+        + HARNESS
+    )
 
 
 def test_a_connection_gone_silent_is_found_by_its_pings_and_left() -> None:
@@ -138,3 +146,52 @@ def test_a_websocket_the_browser_refuses_to_build_is_said_and_tried_again() -> N
     )
     assert got["opened"] == ["refused", "refused", "ws://gw1/ws"], got
     assert got["errors"] == ["SyntaxError: bad subprotocol"] * 2
+
+
+# gw1 never opens (a browser sees 1006); dispatch then names gw2.
+AVOID = """
+const { ImrouteClient } = await import(process.argv[1]);
+const asked = [];
+const opened = [];
+// gw1 never opens (a browser sees 1006); gw2 opens and says the client is caught up.
+class FakeSocket {
+  constructor(url) {
+    opened.push(url);
+    this.readyState = 0;
+    setTimeout(() => {
+      if (url.startsWith("ws://gw1")) return this.onclose({ code: 1006, reason: "" });
+      this.readyState = 1;
+      this.onopen();
+      this.onmessage({ data: JSON.stringify({ type: "recovered", complete: true, count: 0 }) });
+    }, 1);
+  }
+  send() {}
+  close() { this.readyState = 3; }
+}
+const fetchImpl = async (url) => {
+  asked.push(url);
+  const avoid = new URL(url).searchParams.get("avoid");
+  const gw = avoid === "gw1" ? "gw2" : "gw1";  // gw1 is the emptiest, unless avoided
+  return new Response(JSON.stringify({ ws_url: `ws://${gw}/ws`, gateway_id: gw,
+                                       group_id: "g1" }), { status: 200 });
+};
+// Sent back to gw1 for ever (the fault this checks for): report what it did, and stop.
+setTimeout(() => {
+  console.log(JSON.stringify({ asked: asked.slice(0, 4), opened: opened.slice(0, 4) }));
+  process.exit(0);
+}, 5000).unref();
+const c = new ImrouteClient({ apiUrl: "http://api/", token: "t", WebSocketImpl: FakeSocket,
+                              fetchImpl, backoffMinMs: 1 });
+await c.connect();
+const gateway = c.gateway.gateway_id;
+c.close();
+console.log(JSON.stringify({ asked, opened, gateway, stats: c.stats }));
+"""
+
+
+def test_a_connection_that_never_opened_asks_dispatch_to_avoid_its_gateway() -> None:
+    result = node(AVOID)
+    assert result["asked"] == ["http://api/v1/dispatch", "http://api/v1/dispatch?avoid=gw1"]
+    assert result["opened"] == ["ws://gw1/ws", "ws://gw2/ws"]
+    assert result["gateway"] == "gw2"
+    assert result["stats"]["avoided"] == 1 and result["stats"]["connects"] == 1
