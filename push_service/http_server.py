@@ -67,6 +67,9 @@ log = logging.getLogger(__name__)
 Parser = Literal["auto", "httptools", "h11"]
 
 
+# How long a connection answered 408 is read (and its bytes dropped) before it is closed.
+LINGER_S = 2.0
+
 # On every response of the server: a browser never takes one for another type than it
 # says (a JSON error for a script, or HTML).
 RESPONSE_HEADERS = [("X-Content-Type-Options", "nosniff")]
@@ -153,6 +156,10 @@ class _Corked:
         self.flush()
         self._transport.close()
 
+    def write_eof(self) -> None:
+        self.flush()
+        self._transport.write_eof()
+
     def abort(self) -> None:
         self._held = []
         self._transport.abort()
@@ -176,6 +183,7 @@ class _HeadDeadline(HeadBudget):
     cycle: Any  # uvicorn's request cycle in progress (None between requests)
     _head_timer: asyncio.TimerHandle | None = None
     _head_begun = False  # a byte of the pending head has arrived
+    _lingering = False  # answered and half-closed: what comes is dropped until the close
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(_Corked(transport, self.loop))  # type: ignore[arg-type]
@@ -185,6 +193,11 @@ class _HeadDeadline(HeadBudget):
         self._disarm_head()
         super().connection_lost(exc)
 
+    def data_received(self, data: bytes) -> None:
+        if self._lingering:
+            return
+        super().data_received(data)
+
     def eof_received(self) -> bool | None:
         """The client sent all it will (a half-close). uvicorn closes the connection at
         once, so a request it had whole but not yet answered lost its answer though it
@@ -192,6 +205,8 @@ class _HeadDeadline(HeadBudget):
         first, and the connection closed after it, as on a graceful shutdown. Anything
         else closes it as before: no request, or one whose body stops short (its app
         reads a disconnect), or more pipelined behind it."""
+        if self._lingering:
+            return None  # the loop closes the transport: the client read the answer
         corked = self.transport
         if isinstance(corked, _Corked):
             corked.flush()  # an answer written in this turn goes out before any close
@@ -208,7 +223,7 @@ class _HeadDeadline(HeadBudget):
         return True
 
     def _arm_head(self) -> None:
-        if self._head_timer is None:
+        if self._head_timer is None and not self._lingering:
             self._head_timer = self.loop.call_later(self.head_timeout_s, self._head_expired)
 
     def _disarm_head(self) -> None:
@@ -229,10 +244,26 @@ class _HeadDeadline(HeadBudget):
             # A pipelined head behind a slow answer: its time starts again after it.
             self._arm_head()
             return
-        if self._head_begun:
-            self.transport.write(self._timeout_response)
         self.head_cuts.cut(self._head_begun)
-        self.transport.close()
+        if not self._head_begun:
+            self.transport.close()  # it sent nothing: nothing to answer, nor to read
+            return
+        self.transport.write(self._timeout_response)
+        self._linger()
+
+    def _linger(self) -> None:
+        """Close after an answer the client may still be sending into (a head still
+        coming): the answer, then our side shut (FIN), what the client sends read and
+        dropped until it closes or LINGER_S pass, then the close. Closed at once, its
+        next bytes would meet a reset, which can take the answer with it before the
+        client reads it (RFC 9112 9.6; nginx's lingering_close)."""
+        transport = self.transport
+        if not transport.can_write_eof():
+            transport.close()
+            return
+        self._lingering = True
+        transport.write_eof()
+        self.loop.call_later(LINGER_S, transport.close)
 
 
 def _httptools_class() -> type[asyncio.Protocol]:

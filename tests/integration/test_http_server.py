@@ -42,9 +42,15 @@ async def _drip_head(writer: asyncio.StreamWriter, every_s: float) -> None:
             await writer.drain()
 
 
-async def _slowloris_is_cut(port: int, timeout_s: float) -> None:
+async def _slowloris_is_cut(port: int, timeout_s: float, read_late: bool = False) -> None:
+    """A head dripped every quarter of the timeout is answered 408 and the connection
+    closed. `read_late`: the client drips every 10 ms and reads only half a second after
+    the answer went, its drip going on into the connection meanwhile (so the server must
+    read and drop it, not reset the connection under the unread answer)."""
     reader, writer = await asyncio.open_connection(HOST, port)
-    drip = asyncio.create_task(_drip_head(writer, every_s=timeout_s / 4))
+    drip = asyncio.create_task(_drip_head(writer, every_s=0.01 if read_late else timeout_s / 4))
+    if read_late:
+        await asyncio.sleep(timeout_s + 0.5)
     try:
         answer = await read_answer(reader, timeout=timeout_s + 3)
         assert answer is not None and answer.status == 408, answer
@@ -66,6 +72,9 @@ async def test_slowloris_heads_are_cut_by_the_header_timeout(
         await _slowloris_is_cut(port, 1.0)
         # Counted in a log line (at most one every 10 s, with the count since).
         read_until(proc, "closed 1 connection(s) with a request head not whole after 1s", 5)
+        # A client still sending when the answer goes, and reading it late, reads it
+        # whole, then the close (closed at once, the server reset the connection under it).
+        await _slowloris_is_cut(port, 1.0, read_late=True)
         # A connection that sends nothing at all is closed, without a word.
         reader, writer = await asyncio.open_connection(HOST, port)
         assert await closed_by_server(reader, 4)
