@@ -117,7 +117,8 @@ class P2PPusher:
         with a recovery log) is logged first, so a resuming client can get it again, and
         queued in the inbox of each recipient it reached no connection of. Each message's
         outcome, or the error that failed it alone; an error that fails them all (the
-        log or the look-up) is raised."""
+        log's, or the look-up's when nothing was logged) is raised. A logged message
+        whose routes or gateways could not be read is failed and queued (`unrouted`)."""
         if len(items) != 1:
             return await self._push_many(items)
         # A batch of one (POST /v1/push, the hottest path): no positions, lists and loops
