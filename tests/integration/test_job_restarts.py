@@ -72,11 +72,12 @@ def filled(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @contextmanager
-def push_service(env: dict[str, str], port: int) -> Iterator[Proc]:
+def push_service(env: dict[str, str], port: int) -> Iterator[tuple[Proc, list[str]]]:
+    """A push service once it listens, and the lines it wrote until then (its reaper may
+    have taken a job over before uvicorn said it listens)."""
     argv = [str(BIN / "python"), "-m", "push_service", "--port", str(port)]
     with running(argv, env) as proc:
-        read_until(proc, "Uvicorn running on", timeout=30)
-        yield proc
+        yield proc, read_until(proc, "Uvicorn running on", timeout=30)
 
 
 @asynccontextmanager
@@ -194,7 +195,7 @@ async def _stop_and_resume(
     post: tuple[str, dict[str, Any]],
     stop_when: Callable[[dict[str, str]], bool],
 ) -> tuple[str, dict[str, str], dict[str, Any], str]:
-    with push_service(env, port) as first:
+    with push_service(env, port) as (first, _):
         resp = await http.post(post[0], json=post[1], headers=AUTH)
         assert resp.status_code == 202, resp.text
         push_id = resp.json()["push_id"]
@@ -214,13 +215,14 @@ async def _stop_and_resume(
     # under a lease that lapses.
     left = await job_of_redis(redis_url, prefix, push_id)
     assert left["status"] == ("queued" if stop == signal.SIGTERM else "running"), left
-    with push_service(env, port) as second:
+    with push_service(env, port) as (second, started):
         for _ in range(1500):
             job = await job_of(http, push_id)
             if job["status"] in ("done", "failed"):
                 break
             await asyncio.sleep(0.02)
-        resumed = "\n".join(read_until(second, "resuming job", timeout=1))
+        said = [line for line in started if "resuming job" in line]
+        resumed = "\n".join(said or read_until(second, "resuming job", timeout=1))
     return push_id, left, job, resumed
 
 
