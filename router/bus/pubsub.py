@@ -142,12 +142,8 @@ class PubSubTransport(BusLifecycle):
                 )  # fmt: skip
             except gexc.NotFound:
                 # Nobody prepared this topic yet: create it so publishing works, though
-                # (as with every transport) no subscriber gets what came before it. Within
-                # this attempt, not retried apart: the attempt is what is retried.
-                with suppress(gexc.AlreadyExists):
-                    await clients.publisher.create_topic(
-                        name=path, retry=None, timeout=ctx.timeout_s
-                    )
+                # (as with every transport) no subscriber gets what came before it.
+                await self._create_topic(clients, path, ctx.timeout_s)
                 reply = await clients.publisher.publish(
                     topic=path, messages=[message], retry=None, timeout=ctx.timeout_s,
                     metadata=metadata,
@@ -212,9 +208,18 @@ class PubSubTransport(BusLifecycle):
 
     # --- internals --------------------------------------------------------------------
 
-    async def _create_topic(self, clients: PubSubClients, path: str) -> None:
+    async def _create_topic(
+        self, clients: PubSubClients, path: str, timeout_s: float | None = None
+    ) -> None:
+        """The topic, unless it exists: with the admin calls' retry, or, within a publish
+        attempt (`timeout_s`, the attempt's), once: the attempt is what is retried."""
+        options: dict[str, Any] = (
+            {"retry": self._admin_retry}
+            if timeout_s is None
+            else {"retry": None, "timeout": timeout_s}
+        )
         with suppress(gexc.AlreadyExists):
-            await clients.publisher.create_topic(name=path, retry=self._admin_retry)
+            await clients.publisher.create_topic(name=path, **options)
 
     def _flow_control(self) -> Any:
         from google.cloud.pubsub_v1.types import FlowControl

@@ -58,11 +58,9 @@ def reply_error(reply: hiredis.ReplyError) -> redis.exceptions.RedisError:
     try is `router.redis.errors`' call, and needs the class."""
     text = str(reply)
     parsed: redis.exceptions.RedisError = BaseParser.parse_error(text)  # type: ignore[no-untyped-call]
-    if isinstance(parsed, redis.exceptions.MovedError | redis.exceptions.AskError):
-        return parsed  # built from "slot host:port", the text after the code
     try:
         return type(parsed)(text)
-    except Exception:  # a class that reads its text as MOVED's does: as redis-py has it
+    except Exception:  # MOVED's and ASK's read their text as "slot host:port"
         return parsed
 
 
