@@ -246,6 +246,11 @@ class Wiring:
             pushes = await self._live(
                 stack, stats, pusher, on_receipts, fanout, call_stats, reports
             )
+            idempotency = Idempotency.waiting_for_pushes(
+                stores.idempotency, settings.deliver_timeout_s
+            )
+            # Its answers still being kept are written before Redis closes.
+            stack.push_async_callback(idempotency.aclose)
             yield Services(
                 pushes=pushes,
                 # One view of gateways' health, for P2P calls and for dispatch.
@@ -267,9 +272,7 @@ class Wiring:
                 fanout=fanout,
                 users=Users(directory, registry),
                 health=Health(stores.ping, self._metrics),
-                idempotency=Idempotency.waiting_for_pushes(
-                    stores.idempotency, settings.deliver_timeout_s
-                ),
+                idempotency=idempotency,
                 receipts=ReceiptsView(receipts),
                 webhooks=self.webhooks,
                 overview=Overview(fleet, stats, jobs, ReceiptsView(receipts), call_stats, clock),

@@ -193,13 +193,18 @@ class AckReporter:
                         by_push = {p: sorted(u) for p, u in marks[state].items()}
                         writes.append(receipts.mark(state, by_push))
             await asyncio.gather(*writes)
-        except ImrouteError as exc:
+        except Exception as exc:
+            # An outage (ImrouteError), or a bug: either way what it held is kept (a
+            # task's error nobody awaits would drop the batch, and say so only at GC).
             if self.tracing is not None:
                 self.tracing.acked(_union(derived, marks[ACKED]), written=False)
             self.counts.failed_flushes += 1
             self._put_back(acked, marks)
             if self._line.note(self.clock.monotonic()):
-                log.warning("could not write acks (kept for the next try): %s", exc)
+                if isinstance(exc, ImrouteError):
+                    log.warning("could not write acks (kept for the next try): %s", exc)
+                else:
+                    log.error("writing acks failed (kept for the next try)", exc_info=exc)
             return
         if self.tracing is not None:
             self.tracing.acked(_union(derived, marks[ACKED]), written=True)

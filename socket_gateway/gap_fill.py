@@ -27,7 +27,7 @@ log = logging.getLogger(__name__)
 
 # (uid, after) -> the user's log after it and inbox: `Resumer`'s coalesced read.
 ReadUser = Callable[[tuple[str, int | None]], Coroutine[Any, Any, UserHistory]]
-Spawn = Callable[[Coroutine[Any, Any, None]], None]
+Spawn = Callable[[Coroutine[Any, Any, None]], object]
 
 
 @dataclass(slots=True, eq=False)

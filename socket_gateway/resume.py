@@ -10,9 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable
 from dataclasses import replace
-from typing import Any
 
 from router.bus.base import BROADCAST, group_topic
 from router.receipts.base import ACKED, DELIVERED, derives_ack
@@ -22,6 +21,7 @@ from shared.clock import Clock
 from shared.coalesce import Coalescer
 from shared.errors import RegistryUnavailable
 from shared.positions import Pos, counter_of, decode_pos
+from shared.tasks import Background
 from shared.throttled import Throttled
 from shared.wire import push_prefix, recovered_frame
 from socket_gateway.acks import Report
@@ -94,8 +94,9 @@ class Resumer:
         self._ack = Coalescer(reads.ack)
         self._heads: tuple[float, tuple[str, ...], asyncio.Future[list[int]]] | None = None
         self.stats = ResumeStats()
-        self._gaps: set[asyncio.Future[None]] = set()
-        self.gap_fills = GapFills(self._read_users, conns, clock, report, self._spawn)
+        # Each handles the store's errors itself: a failure logged here is a bug.
+        self._gaps = Background("a gap fill or move tail", log)
+        self.gap_fills = GapFills(self._read_users, conns, clock, report, self._gaps.spawn)
 
     def _own(self, topic: str) -> bool:
         """Whether `topic` is one this gateway follows (its spans are kept)."""
@@ -161,29 +162,15 @@ class Resumer:
                 if not derives_ack(e.message.push_id, e.seq, furthest, inbox_max):
                     report(ACKED, e.message.push_id, (conn.uid,))
         if conn.moved is not None:
-            self._spawn(self.tails.follow(conn, moved_from, head_g))
+            self._gaps.spawn(self.tails.follow(conn, moved_from, head_g))
         if covered:
             await self._ack_covered(conn.uid, furthest)
 
-    def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
-        """Run `work` in the background, kept until it ends (gap fills, move tails)."""
-        task = asyncio.ensure_future(work)
-        self._gaps.add(task)
-        task.add_done_callback(self._ended)
-
-    def _ended(self, task: asyncio.Future[None]) -> None:
-        self._gaps.discard(task)
-        if not task.cancelled() and (exc := task.exception()) is not None:
-            # Each handles the store's errors itself: this is a bug, said where it happened.
-            log.error("a gap fill or move tail failed", exc_info=exc)
-
     async def aclose(self) -> None:
-        """Stop the gap fills and move tails still running (at shutdown, once every
-        connection is closed: what they would write has nobody to go to)."""
-        tasks = list(self._gaps)
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        """Stop the gap fills, move tails and log reads still running (at shutdown, once
+        every connection is closed: what they would write has nobody to go to)."""
+        await self._gaps.cancel()
+        await self.spans.aclose()
 
     def fill_gap(self, conn: ClientConn, after: int, upto: int | None) -> None:
         """`GapFills.fill` (`LocalConnections.gap_filler`)."""

@@ -28,6 +28,7 @@ batches a resuming user is named in, never for everyone else's.
 from __future__ import annotations
 
 import asyncio
+import logging
 from bisect import bisect_left, bisect_right
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -37,9 +38,12 @@ from router.recovery.base import LoggedBatch, RecoveryReads, TopicHistory, Topic
 from shared.clock import Clock
 from shared.errors import RegistryUnavailable
 from shared.positions import counter_of, epoch_of, seq_of
+from shared.tasks import Background
 from socket_gateway.resume_budget import ResumeLimits, start_of
 
 __all__ = ["FAIL_FAST_S", "MAX_SPANS", "SPAN_TTL_S", "TopicSpans"]
+
+log = logging.getLogger(__name__)
 
 # A span unused this long is dropped: a storm's resumes come within a second or two,
 # and a span is correct however old (a resume stands at the head it was given, and the
@@ -132,7 +136,7 @@ class TopicSpans:
         self._spans: dict[str, _Span] = {}
         self._next: dict[str, _Flight] = {}  # topic -> the read its new waiters join
         self._flying: dict[str, asyncio.Future[_Span | None]] = {}  # the read under way
-        self._tasks: set[asyncio.Future[None]] = set()
+        self._tasks = Background("a topic's read", log)
         self._failed: dict[str, float] = {}  # topic -> when its last read failed
         # topic -> (start, upto, when): a read of (..., upto] ran out of budget at
         # `start`; any range from below it to `upto` or later is over, refused unread.
@@ -140,6 +144,10 @@ class TopicSpans:
         self.reads = 0  # budgeted reads that went to Redis
         self.read_bytes = 0  # bytes of log entries they brought
         self.failed_fast = 0  # reads refused: the topic's read failed a moment ago
+
+    async def aclose(self) -> None:
+        """Stop the reads under way (at shutdown; their waiters are cancelled with them)."""
+        await self._tasks.cancel()
 
     async def read(self, topic: str, after: int, upto: int | None) -> TopicHistory | None:
         """The batches with `after < seq <= upto`, in a history whose head is `upto`;
@@ -190,9 +198,7 @@ class TopicSpans:
         flight = self._next.get(topic)
         if flight is None:
             flight = self._next[topic] = _Flight(lo, upto)
-            task = asyncio.ensure_future(self._fly(topic, flight))
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+            self._tasks.spawn(self._fly(topic, flight))
         else:
             flight.want(lo, upto)
         return await asyncio.shield(flight.done)

@@ -15,9 +15,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable
 from contextvars import ContextVar
-from typing import Any
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
@@ -38,6 +37,7 @@ from push_service.idempotency.base import (
 )
 from router.fanout.outages import ride_out
 from shared.errors import ImrouteError, InvalidInput, RegistryUnavailable
+from shared.tasks import Background
 
 __all__ = ["REPLAYED_HEADER", "Idempotency", "Once", "PartlyFailed", "id_seed"]
 
@@ -49,6 +49,9 @@ POLL_S = 0.05
 # A release or an answer Redis refused is written again for this long (`ride_out`: a
 # Cluster failover and then some).
 WRITE_LATER_S = 45.0
+# At shutdown the writes made later get this long to finish; one given up leaves its key
+# to lapse with its lease (its retries wait for that, then run the request again).
+CLOSE_S = 5.0
 
 Handler = Callable[[], Awaitable[Response]]
 
@@ -83,7 +86,7 @@ class Idempotency:
         self._store = store
         self._wait_s = wait_s
         self._poll_s = poll_s
-        self._pending: set[asyncio.Task[None]] = set()  # releases and answers kept later
+        self._pending = Background("an Idempotency-Key write made later", log)
 
     async def _release(self, scope: str, key: str, token: str) -> None:
         """Let a retry run the request again (its answer was a 5xx). When Redis is what
@@ -93,12 +96,7 @@ class Idempotency:
             await self._store.release(scope, key, token)
         except ImrouteError as exc:
             log.warning("could not release an Idempotency-Key yet (trying again): %s", exc)
-            self._later(self._release_later(scope, key, token))
-
-    def _later(self, work: Coroutine[Any, Any, None]) -> None:
-        task = asyncio.create_task(work)
-        self._pending.add(task)
-        task.add_done_callback(self._pending.discard)
+            self._pending.spawn(self._release_later(scope, key, token))
 
     async def _release_later(self, scope: str, key: str, token: str) -> None:
         try:
@@ -121,6 +119,17 @@ class Idempotency:
             )
         except RegistryUnavailable:
             log.warning("gave up keeping an idempotent answer: retries wait for its lease")
+
+    async def aclose(self, timeout_s: float = CLOSE_S) -> None:
+        """Let the releases and answers written later finish, for up to `timeout_s` (a
+        shutdown during an outage must not hang); those still running are given up."""
+        left = await self._pending.drain(timeout_s)
+        if left:
+            log.warning(
+                "gave up %d Idempotency-Key writes at shutdown: retries wait for the leases",
+                left,
+            )
+            await self._pending.cancel()
 
     @classmethod
     def waiting_for_pushes(cls, store: IdempotencyStore, deliver_timeout_s: float) -> Idempotency:
@@ -188,7 +197,7 @@ class Idempotency:
             # The push was carried out: its caller gets its answer, and a retry gets it
             # too once Redis takes it (until then the key is running: a retry waits).
             log.warning("could not keep an idempotent answer yet (trying again): %s", exc)
-            self._later(self._complete_later(scope, key, token, answer))
+            self._pending.spawn(self._complete_later(scope, key, token, answer))
         return response
 
 

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from router.gateway_rpc.base import Batches, EachReplies, ManyGatewayClient, gather_each
 from shared.errors import GatewayUnavailable
 from shared.proto import gateway_pb2
+from shared.tasks import Background
 
 __all__ = ["MAX_CALL_BYTES", "QUEUED_TOO_LONG", "CoalescingGatewayClient"]
 
@@ -69,7 +70,7 @@ class CoalescingGatewayClient:
         self._max_batches = max_batches
         self._max_bytes = max_bytes
         self._lanes: dict[tuple[str, str], _Lane] = {}
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._tasks = Background("a DeliverMany call", log)
         self.many_calls = 0
 
     def _lane(self, gateway_id: str, address: str) -> _Lane:
@@ -152,11 +153,7 @@ class CoalescingGatewayClient:
             if not items:
                 return
             lane.in_flight += 1
-            task = asyncio.create_task(
-                self._send(lane, items), name=f"deliver-many:{lane.gateway_id}"
-            )
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+            self._tasks.spawn(self._send(lane, items), f"deliver-many:{lane.gateway_id}")
 
     def _take(self, lane: _Lane) -> list[_Queued]:
         """The next call's batches: up to max_batches and max_bytes, callers still waiting."""
@@ -238,9 +235,7 @@ class CoalescingGatewayClient:
         return len(self._lanes)
 
     async def close(self) -> None:
-        for task in list(self._tasks):
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self._tasks.cancel()
         for lane in self._lanes.values():
             for item in lane.queue:
                 if not item.future.done():

@@ -33,6 +33,7 @@ from shared.errors import GatewayUnavailable
 from shared.internal_auth import TlsFiles, token_metadata
 from shared.proto import gateway_pb2
 from shared.proto.gateway_pb2_grpc import GatewayStub
+from shared.tasks import Background
 from shared.tls_context import client_context
 
 if TYPE_CHECKING:
@@ -115,7 +116,7 @@ class GrpcGatewayClients:
         delivery links the gateways offer (False: every call is a DeliverMany)."""
         self._stubs: dict[str, _Stub] = {}
         self._grace = close_grace_s
-        self._closing: set[asyncio.Task[None]] = set()  # channels and links ending
+        self._closing = Background("closing a channel or a link", log)
         self._metadata = token_metadata(token) if token is not None else None
         self._credentials: grpc.ChannelCredentials | None = None
         self._options = list(_CHANNEL_OPTIONS)
@@ -130,7 +131,8 @@ class GrpcGatewayClients:
         self._link_tls = None if tls is None or not links else client_context(tls)
         self._link_server_name = None if tls is None else tls.server_name
         self._open: dict[str, DeliveryLink] = {}
-        self._opening: dict[str, asyncio.Task[None]] = {}
+        self._opening: dict[str, asyncio.Task[None]] = {}  # those of _linking still asking
+        self._linking = Background("opening a delivery link", log)
         self._retry_at: dict[str, float] = {}
         self._no_link: set[str] = set()  # addresses that offer no link
         self._failures: dict[str, int] = {}  # failed opens in a row, per address
@@ -189,8 +191,8 @@ class GrpcGatewayClients:
         now = asyncio.get_running_loop().time()
         if now < self._retry_at.get(address, 0.0):
             return None
-        self._opening[address] = asyncio.create_task(
-            self._open_link(gateway_id, address), name=f"link-open:{address}"
+        self._opening[address] = self._linking.spawn(
+            self._open_link(gateway_id, address), f"link-open:{address}"
         )
         return None
 
@@ -254,9 +256,7 @@ class GrpcGatewayClients:
         task = self._opening.pop(address, None)
         if task is not None:
             task.cancel()
-            # Ending like a link does: `close()` waits for it.
-            self._closing.add(task)
-            task.add_done_callback(self._closing.discard)
+            # It ends in `_linking`, which `close()` waits for.
         self._retry_at.pop(address, None)
         self._failures.pop(address, None)
         self._no_link.discard(address)
@@ -289,17 +289,13 @@ class GrpcGatewayClients:
         self._later(channel.close(self._grace), f"close:{address}")
 
     def _later(self, closing: Coroutine[Any, Any, None], name: str) -> None:
-        task = asyncio.create_task(closing, name=name)
-        self._closing.add(task)
-        task.add_done_callback(self._closing.discard)
+        self._closing.spawn(closing, name)
 
     def __len__(self) -> int:
         return len(self._stubs)
 
     async def close(self) -> None:
-        for task in list(self._opening.values()):
-            task.cancel()
-        await asyncio.gather(*self._opening.values(), return_exceptions=True)
+        await self._linking.cancel()
         links = list(self._open.values())
         self._open.clear()
         for link in links:
@@ -308,8 +304,7 @@ class GrpcGatewayClients:
         self._stubs.clear()
         for stub in stubs:
             await stub.channel.close()
-        while self._closing:  # a retain during the awaits above may add more
-            await asyncio.gather(*list(self._closing), return_exceptions=True)
+        await self._closing.drain()  # with those a retain during the awaits above added
 
 
 def _translate(gateway_id: str, exc: Exception) -> GatewayUnavailable:

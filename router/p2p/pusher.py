@@ -42,6 +42,7 @@ from shared.ids import new_id
 from shared.models import Message, Route
 from shared.positions import counter_of, epoch_of
 from shared.proto import gateway_pb2
+from shared.tasks import Background
 from shared.throttled import Throttled
 from shared.tracing import (
     AttributeValue,
@@ -105,7 +106,7 @@ class P2PPusher:
         # Queued for a user whose gateway failed: the user may well be connected (a
         # gateway back from a restart while its circuit is still open), and the inbox is
         # read only when a connection starts. So the push is tried again, in the background.
-        self._retrying: set[asyncio.Task[None]] = set()
+        self._retrying = Background("retrying a queued push", log)
         self.retried = 0  # recipients a later try reached
         # Recipients of failed pushes not retried: MAX_RETRYING were being retried already.
         self.not_retried = Throttled(NOT_RETRIED_LOG_EVERY_S)
@@ -352,9 +353,7 @@ class P2PPusher:
             late = set(reached or ())
         if outcome.failed and len(self._retrying) < MAX_RETRYING:
             failed = dataclasses.replace(item, uids=list(outcome.failed))
-            task = asyncio.create_task(self._retry(failed, dict(seqs)))
-            self._retrying.add(task)
-            task.add_done_callback(self._retrying.discard)
+            self._retrying.spawn(self._retry(failed, dict(seqs)))
         elif outcome.failed:
             since = self.not_retried.note(self._clock.monotonic(), len(outcome.failed))
             if since:
@@ -419,9 +418,7 @@ class P2PPusher:
 
     async def aclose(self) -> None:
         """Stop the background retries (what they carry stays in the inboxes)."""
-        for task in list(self._retrying):
-            task.cancel()
-        await asyncio.gather(*self._retrying, return_exceptions=True)
+        await self._retrying.cancel()
 
 
 def _consume(task: asyncio.Future[Any]) -> None:

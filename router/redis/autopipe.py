@@ -19,6 +19,7 @@ Replies are decoded as UTF-8, as the clients here do (`decode_responses=True`).
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -28,8 +29,11 @@ import redis.exceptions
 
 from router.redis.client import RedisClient
 from router.routes.bulk_read import RespBulkReader, reply_error
+from shared.tasks import Background
 
 __all__ = ["AutoPipeline", "auto_pipeline_for", "pack_command"]
+
+log = logging.getLogger(__name__)
 
 MAX_PER_TRIP = 1000  # commands packed into one request, at most
 _hiredis_pack: Callable[[tuple[Any, ...]], bytes] = hiredis.pack_command
@@ -93,7 +97,7 @@ class AutoPipeline:
         self._raw = RespBulkReader(client)
         self._pending: list[tuple[bytes, asyncio.Future[Any]]] = []
         self._scheduled = False
-        self._sending: set[asyncio.Task[None]] = set()
+        self._sending = Background("a pipelined round trip", log)
         self.commands = 0  # sent, for tests and benchmarks
         self.round_trips = 0
 
@@ -115,9 +119,7 @@ class AutoPipeline:
         self._scheduled = False
         pending, self._pending = self._pending, []
         for start in range(0, len(pending), MAX_PER_TRIP):
-            task = asyncio.create_task(self._send(pending[start : start + MAX_PER_TRIP]))
-            self._sending.add(task)
-            task.add_done_callback(self._sending.discard)
+            self._sending.spawn(self._send(pending[start : start + MAX_PER_TRIP]))
 
     async def _send(self, batch: list[tuple[bytes, asyncio.Future[Any]]]) -> None:
         self.commands += len(batch)
@@ -160,8 +162,7 @@ class AutoPipeline:
 
     async def aclose(self) -> None:
         """Wait for the round trips in flight (their callers get their replies)."""
-        while self._sending:
-            await asyncio.gather(*list(self._sending), return_exceptions=True)
+        await self._sending.drain()
 
 
 def auto_pipeline_for(redis: RedisClient) -> AutoPipeline | None:

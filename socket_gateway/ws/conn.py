@@ -41,8 +41,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-from collections.abc import Awaitable, Callable, Collection, Coroutine
-from typing import TYPE_CHECKING, Any, cast
+from collections.abc import Awaitable, Callable, Collection
+from typing import TYPE_CHECKING, cast
 from urllib.parse import parse_qs, urlsplit
 
 from websockets.exceptions import HeaderLineTooLong, RequestLineTooLong, TooManyHeaders
@@ -58,6 +58,7 @@ from shared.errors import AuthError, RegistryUnavailable, TooManyConnections
 from shared.http_heads import HeadRefusal, gather_head
 from shared.ids import ConnIdFactory
 from shared.periodic import Periodic
+from shared.tasks import Background
 from shared.wire import PONG_FRAME
 from socket_gateway.acks import AckReporter
 from socket_gateway.connections import ClientConn, LocalConnections
@@ -191,18 +192,13 @@ class EndpointState:
         self._pending: PreAuthPool[WsConn] = PreAuthPool(
             self.limits.max_pre_auth, self.limits.max_pre_auth_per_ip
         )
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._tasks = Background("a route registry call", log)  # register, unregister
         self._idle = asyncio.Event()
         self._closed = asyncio.Event()
         self._closing = False
         self._close_all = False
         self._abandoned = False  # shutdown gave up on pending registry calls
         self._keepalive_task: asyncio.Task[None] | None = None
-
-    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
-        task = asyncio.get_running_loop().create_task(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
 
     async def _unregister_conn(self, conn: ClientConn) -> None:
         try:
@@ -309,7 +305,7 @@ class WsConn(asyncio.Protocol):
             ep._conns.remove(conn)
             # While the register is in flight its task unregisters when it is done.
             if not self._registering:
-                ep._spawn(ep._unregister_conn(conn))
+                ep._tasks.spawn(ep._unregister_conn(conn))
         ep._live.discard(self)
         ep._pending.discard(self)
         if not ep._live:
@@ -563,7 +559,7 @@ class WsConn(asyncio.Protocol):
         # gateway would report missing.
         ep._conns.add(conn)
         self._registering = True
-        ep._spawn(self._register_route(conn, since))
+        ep._tasks.spawn(self._register_route(conn, since))
 
     def _send_handshake(self, hs: ServerProtocol) -> None:
         """Write a refused handshake's answer, then close once it is written: a refused
@@ -593,7 +589,7 @@ class WsConn(asyncio.Protocol):
         finally:
             self._registering = False
             if self._lost and not ep._abandoned:
-                ep._spawn(ep._unregister_conn(conn))
+                ep._tasks.spawn(ep._unregister_conn(conn))
 
     # ------------------------------------------------------------------ frames
 

@@ -93,13 +93,10 @@ class WsEndpoint(EndpointState):
             with contextlib.suppress(asyncio.CancelledError):
                 await self._keepalive_task
         # Register/unregister calls still in flight (each unregister follows its register).
-        while self._tasks:
-            timeout = None if deadline is None else max(0.5, deadline - loop.time())
-            _, pending = await asyncio.wait(set(self._tasks), timeout=timeout)
-            if pending and deadline is not None:
-                log.warning("abandoning %d route registry calls", len(pending))
-                self._abandoned = True
-                for task in pending:
-                    task.cancel()
-                await asyncio.wait(pending, timeout=1.0)
-                break
+        timeout = None if deadline is None else max(0.5, deadline - loop.time())
+        pending = await self._tasks.drain(timeout)
+        if pending:
+            log.warning("abandoning %d route registry calls", pending)
+            self._abandoned = True
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._tasks.cancel(), 1.0)

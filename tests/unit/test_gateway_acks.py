@@ -9,6 +9,8 @@ from collections.abc import Mapping, Sequence, Set
 from types import SimpleNamespace
 from typing import cast
 
+import pytest
+
 from router.receipts.base import ACKED, derives_ack
 from router.recovery.base import UserHistory
 from shared.clock import SystemClock
@@ -108,6 +110,32 @@ async def test_acks_are_written_in_batches_and_none_waits_after_a_flush() -> Non
     assert [m[1] for m in writes.marked] == [{"p1": ["amy"]}, {"p2": ["amy"], "p3": ["amy"]}]
     assert (reporter.counts.acks, reporter.counts.acked, reporter.counts.bad) == (2, 3, 1)
     await reporter.aclose()
+
+
+async def test_a_flush_that_fails_with_a_bug_keeps_its_acks_and_says_so(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Before: only an outage's error was caught; any other escaped the flush's task,
+    which nobody awaits: the batch was dropped, said at garbage collection if at all."""
+    conns, conn, sink = setup()
+    writes = Writes()
+    broken = Writes()
+
+    async def bug(wanted: Sequence[tuple[str, int]]) -> list[None]:
+        raise KeyError("a bug in the store")
+
+    broken.ack = bug  # type: ignore[method-assign]
+    reporter = AckReporter(conns, broken, writes, SystemClock(), flush_s=0.01)
+    conns.deliver_p2p(["amy"], [1], push_prefix(msg(1)), "p1")
+    with caplog.at_level("ERROR", "socket_gateway.acks"):
+        reporter.on_ack(conn, pos_of(sink.frames[0]))
+        await asyncio.sleep(0.05)
+    assert reporter.counts.failed_flushes >= 1 and reporter.pending
+    [record] = [r for r in caplog.records if r.name == "socket_gateway.acks"]
+    assert record.exc_info is not None and record.exc_info[0] is KeyError
+    reporter.inbox = writes  # the store works again: the ack kept is written
+    await reporter.aclose()
+    assert writes.acked == [("amy", 1)] and not reporter.pending
 
 
 async def test_a_hole_that_could_not_be_read_is_never_acked_by_the_connection() -> None:

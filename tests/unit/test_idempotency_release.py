@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
 from fastapi import Request
 from fastapi.responses import Response
 
@@ -66,3 +67,35 @@ async def test_a_done_push_whose_answer_redis_refused_answers_and_keeps_it_later
     assert response.status_code == 202  # before: the failed write made it an error
     await wait_for(lambda: store.kept, "the answer kept", 2.0, every=0.005)
     assert store.kept == [Answer(202, b'{"push_id":"p1"}')]
+
+
+async def test_a_shutdown_waits_for_an_answer_being_kept() -> None:
+    """Before: nothing awaited the writes made later, so a shutdown during a failover
+    dropped them (the key lapsed with its lease, and a retry ran the push again)."""
+    store = FlakyWrites(failures=3)
+    gate = asyncio.Event()
+
+    async def slow(_: float) -> None:
+        await gate.wait()
+
+    once = Idempotency(store, wait_s=1.0, sleep=slow)
+    await once._release("scope", "k1", "token")
+    asyncio.get_running_loop().call_later(0.05, gate.set)
+    await once.aclose(timeout_s=5.0)
+    assert store.released == ["k1"]
+
+
+async def test_a_shutdown_gives_up_a_write_past_its_bound_and_says_so(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    store = FlakyWrites(failures=3)
+
+    async def never(_: float) -> None:
+        await asyncio.Event().wait()
+
+    once = Idempotency(store, wait_s=1.0, sleep=never)
+    await once._release("scope", "k1", "token")
+    with caplog.at_level("WARNING", "push_service.idempotency.http"):
+        await once.aclose(timeout_s=0.05)
+    assert store.released == []
+    assert "gave up 1 Idempotency-Key writes at shutdown" in caplog.text

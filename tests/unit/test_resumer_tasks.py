@@ -34,7 +34,7 @@ async def test_a_failed_task_is_logged_and_forgotten(caplog: pytest.LogCaptureFi
         raise KeyError("a bug")
 
     with caplog.at_level("ERROR", "socket_gateway.resume"):
-        r._spawn(broken())
+        r._gaps.spawn(broken())
         for _ in range(3):
             await asyncio.sleep(0)
     assert not r._gaps
@@ -53,7 +53,34 @@ async def test_aclose_stops_what_still_runs() -> None:
         finally:
             stopped.set()
 
-    r._spawn(tail())
+    r._gaps.spawn(tail())
     await asyncio.sleep(0)
     await r.aclose()
     assert stopped.is_set() and not r._gaps
+
+
+class HangingReads(NoReads):
+    """A log whose topic reads never answer (a Redis that stopped mid-read)."""
+
+    def __init__(self) -> None:
+        self.stopped = asyncio.Event()
+
+    async def read_span(self, *args: object) -> object:
+        try:
+            await asyncio.sleep(60)
+        finally:
+            self.stopped.set()
+        raise AssertionError("not reached")
+
+
+async def test_aclose_stops_a_log_read_under_way() -> None:
+    """Before: a read of a topic's log that a resume started outlived the shutdown."""
+    reads = HangingReads()
+    r = Resumer(reads, LocalConnections(), RecoveryLimits(), SystemClock())  # type: ignore[arg-type]
+    waiter = asyncio.ensure_future(r.spans.read("g1", 0, None))
+    await asyncio.sleep(0.01)
+    assert len(r.spans._tasks) == 1
+    await r.aclose()
+    assert reads.stopped.is_set() and len(r.spans._tasks) == 0
+    with pytest.raises(asyncio.CancelledError):
+        await waiter
