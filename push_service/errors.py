@@ -175,9 +175,23 @@ async def _http(_: Request, exc: HTTPException) -> JSONResponse:
         error = HTTPStatus(exc.status_code).phrase.lower().replace(" ", "_").replace("-", "_")
     except ValueError:
         error = "error"
+    detail = _unparsed(exc) or exc.detail
     return JSONResponse(
-        {"error": error, "detail": exc.detail}, status_code=exc.status_code, headers=exc.headers
+        {"error": error, "detail": detail}, status_code=exc.status_code, headers=exc.headers
     )
+
+
+def _unparsed(exc: HTTPException) -> str | None:
+    """What FastAPI's 400 "There was an error parsing the body" was, from the error it
+    was raised from (a body that is no JSON text its parser can read); else None."""
+    cause = exc.__cause__
+    if exc.status_code != 400:
+        return None
+    if isinstance(cause, UnicodeDecodeError):
+        return f"the body is not UTF-8 (byte {cause.start}): JSON text must be"
+    if isinstance(cause, RecursionError):
+        return "the body's JSON is nested too deeply to parse"
+    return None
 
 
 def handler_for(handlers: Mapping[Any, Any], exc: BaseException) -> Any | None:

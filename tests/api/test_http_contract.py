@@ -59,6 +59,26 @@ async def test_invalid_json_is_422(api: Api) -> None:
         assert resp.json()["detail"][0]["field"] == "content"
 
 
+@pytest.mark.parametrize("path", ["/v1/push", "/v1/push/batch", "/v1/multicast", "/v1/broadcast"])
+async def test_a_body_that_is_no_json_text_is_400_saying_why(api: Api, path: str) -> None:
+    """Not UTF-8, or nested past what the JSON parser takes: 400 `bad_request`, saying
+    which (it said "There was an error parsing the body" for both)."""
+    headers = {**AUTH, "Content-Type": "application/json"}
+    async with api() as http:
+        resp = await http.post(path, content=b'{"content": "caf\xe9"}', headers=headers)
+        assert resp.status_code == 400, resp.text
+        assert resp.json() == {
+            "error": "bad_request",
+            "detail": "the body is not UTF-8 (byte 16): JSON text must be",
+        }
+        resp = await http.post(path, content=b"[" * 2000 + b"]" * 2000, headers=headers)
+        assert resp.status_code == 400, resp.text
+        assert resp.json() == {
+            "error": "bad_request",
+            "detail": "the body's JSON is nested too deeply to parse",
+        }
+
+
 @pytest.mark.parametrize("path", ["/v1/push", "/v1/push/batch", "/v1/multicast"])
 async def test_content_nested_too_deeply_is_422_on_every_path(api: Api, path: str) -> None:
     """254 levels of arrays are content; 255 are refused naming `content`, on the fast
