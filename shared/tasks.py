@@ -46,16 +46,20 @@ class Background:
     def __len__(self) -> int:
         return len(self._tasks)
 
-    async def drain(self, timeout_s: float | None = None) -> int:
+    async def drain(self, timeout_s: float | None = None, floor_s: float = 0.0) -> int:
         """Wait until every task ended, those started meanwhile too; or, past
-        `timeout_s`, return how many still run (0: all ended)."""
+        `timeout_s`, return how many still run (0: all ended). The tasks started while
+        earlier ones were awaited get at least `floor_s`, past the timeout too (an
+        unregister that follows a register which ended at the last moment)."""
         loop = asyncio.get_running_loop()
         deadline = None if timeout_s is None else loop.time() + timeout_s
         while self._tasks:
-            left = None if deadline is None else deadline - loop.time()
+            left = None if deadline is None else max(floor_s, deadline - loop.time())
             if left is not None and left <= 0:
                 break
-            await asyncio.wait(set(self._tasks), timeout=left)
+            _, pending = await asyncio.wait(set(self._tasks), timeout=left)
+            if pending:
+                break
         return len(self._tasks)
 
     async def cancel(self) -> None:

@@ -8,9 +8,10 @@ position, so one position per user says it all), and the receipt updates, per pu
 A stored P2P push's receipt derives its acks from that position (`derives_ack`): it
 gets no mark of its own, so a flush of acks of P2P pushes writes one position per user.
 One flush a FLUSH_S at most writes them all, in one pipeline each for the positions and
-the receipts. A flush that fails is logged and counted; what it held goes back for the
-next flush (up to MAX_PENDING), because an inbox entry that is never acked is sent again
-on every connect.
+the receipts. A write that fails is logged and counted, and what it held goes back for
+the next flush (up to MAX_PENDING), because an inbox entry that is never acked is sent
+again on every connect: for as long as an outage lasts, but only once for a bug, after
+which it is dropped (counted) rather than hold every later ack behind it.
 """
 
 from __future__ import annotations
@@ -36,6 +37,8 @@ Report = Callable[[str, str, Sequence[str]], None]
 
 log = logging.getLogger(__name__)
 
+# The part of a flush that writes the users' acked positions (the others: receipt states)
+_INBOX = "inbox"
 # Acks (and delivery reports) wait at most this long before they are written.
 FLUSH_S = 0.05
 # Updates held at most (users' inbox entries plus receipt uids); past it, new ones are
@@ -56,7 +59,7 @@ class AckCounts:
         self.bad = 0  # ack frames ignored: malformed, unknown, ahead, or already acked
         self.flushes = 0
         self.failed_flushes = 0
-        self.dropped = 0  # updates dropped past MAX_PENDING
+        self.dropped = 0  # updates dropped past MAX_PENDING, or failed twice with a bug
 
 
 @dataclass(slots=True, eq=False)
@@ -70,7 +73,7 @@ class AckReporter:
     flush_s: float = FLUSH_S
     # Each flush's acks of traced pushes are spans (tracing on).
     tracing: GatewayTracing | None = None
-    inbox_max: int = 100  # IMROUTE_INBOX_MAX (`derives_ack`)
+    inbox_max: int = 100  # IMROUTE__INBOX_MAX (`derives_ack`)
     # Per user, the furthest P2P seq its devices acked (a later epoch's is further).
     _acked: dict[str, int] = field(default_factory=dict, init=False, repr=False)
     _marks: dict[str, dict[str, set[str]]] = field(
@@ -82,6 +85,9 @@ class AckReporter:
     _timer: asyncio.TimerHandle | None = field(default=None, init=False, repr=False)
     _flushing: asyncio.Task[None] | None = field(default=None, init=False, repr=False)
     _line: Throttled = field(default_factory=Throttled, init=False, repr=False)
+    # A flush failed with a bug (not an outage) and its updates were kept for one more try.
+    _bug_kept: bool = field(default=False, init=False, repr=False)
+    _bug_line: Throttled = field(default_factory=Throttled, init=False, repr=False)
     counts: AckCounts = field(default_factory=AckCounts, init=False)
 
     # ------------------------------------------------------------------ the connections' side
@@ -180,34 +186,56 @@ class AckReporter:
         if not acked and not any(marks.values()):
             return
         self.counts.flushes += 1
-        try:
-            writes: list[Awaitable[object]] = []
-            if acked:
-                writes.append(self.inbox.ack(list(acked.items())))
-            receipts = self.receipts
-            if receipts is not None:
-                # Delivered before acked: a state only moves up, so the order is moot
-                # for the outcome; it keeps a receipt's counts plausible meanwhile.
-                for state in (EXPIRED, DELIVERED, ACKED):
-                    if marks[state]:
-                        by_push = {p: sorted(u) for p, u in marks[state].items()}
-                        writes.append(receipts.mark(state, by_push))
-            await asyncio.gather(*writes)
-        except Exception as exc:
-            # An outage (ImrouteError), or a bug: either way what it held is kept (a
-            # task's error nobody awaits would drop the batch, and say so only at GC).
-            if self.tracing is not None:
-                self.tracing.acked(_union(derived, marks[ACKED]), written=False)
-            self.counts.failed_flushes += 1
-            self._put_back(acked, marks)
-            if self._line.note(self.clock.monotonic()):
-                if isinstance(exc, ImrouteError):
-                    log.warning("could not write acks (kept for the next try): %s", exc)
-                else:
-                    log.error("writing acks failed (kept for the next try)", exc_info=exc)
-            return
+        writes: list[Awaitable[object]] = []
+        parts: list[str] = []  # _INBOX, or the receipt state each write marks
+        if acked:
+            writes.append(self.inbox.ack(list(acked.items())))
+            parts.append(_INBOX)
+        receipts = self.receipts
+        if receipts is not None:
+            # Delivered before acked: a state only moves up, so the order is moot for
+            # the outcome; it keeps a receipt's counts plausible meanwhile.
+            for state in (EXPIRED, DELIVERED, ACKED):
+                if marks[state]:
+                    by_push = {p: sorted(u) for p, u in marks[state].items()}
+                    writes.append(receipts.mark(state, by_push))
+                    parts.append(state)
+        results = await asyncio.gather(*writes, return_exceptions=True)
+        failed = {p: r for p, r in zip(parts, results, strict=True) if isinstance(r, BaseException)}
         if self.tracing is not None:
-            self.tracing.acked(_union(derived, marks[ACKED]), written=True)
+            self.tracing.acked(_union(derived, marks[ACKED]), written=not failed)
+        if not failed:
+            self._bug_kept = False
+            return
+        # Only the writes that failed are made again.
+        self.counts.failed_flushes += 1
+        unwritten = {s: marks[s] if s in failed else {} for s in marks}
+        self._failed(next(iter(failed.values())), acked if _INBOX in failed else {}, unwritten)
+
+    def _failed(
+        self, exc: BaseException, acked: dict[str, int], marks: dict[str, dict[str, set[str]]]
+    ) -> None:
+        """Writes of a flush failed: an outage's updates are kept for the next flush for
+        as long as it lasts (up to MAX_PENDING); a bug's for one more try, then dropped
+        and counted, so the acks that come after are not held behind it for ever."""
+        now = self.clock.monotonic()
+        if isinstance(exc, ImrouteError):
+            self._bug_kept = False
+            self._put_back(acked, marks)
+            if self._line.note(now):
+                log.warning("could not write acks (kept for the next try): %s", exc)
+            return
+        if not self._bug_kept:
+            self._bug_kept = True
+            self._put_back(acked, marks)
+            if self._bug_line.note(now):
+                log.error("writing acks failed (kept for one more try)", exc_info=exc)
+            return
+        self._bug_kept = False
+        n = len(acked) + sum(len(uids) for by_push in marks.values() for uids in by_push.values())
+        self.counts.dropped += n
+        if self._bug_line.note(now):
+            log.error("writing acks failed again: %d updates dropped", n, exc_info=exc)
 
     def _put_back(self, acked: dict[str, int], marks: dict[str, dict[str, set[str]]]) -> None:
         for uid, seq in acked.items():

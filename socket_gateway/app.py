@@ -419,7 +419,8 @@ class Gateway(ClosedOnExit):
                 a.failed_flushes,
             )
             counts["ack_updates_dropped"] = (
-                "Ack and delivery updates dropped while Redis kept failing",
+                "Ack and delivery updates dropped while Redis kept failing, or after a "
+                "write failed twice with a bug",
                 a.dropped,
             )
         counts["unacked_forgotten"] = (

@@ -146,8 +146,13 @@ class TopicSpans:
         self.failed_fast = 0  # reads refused: the topic's read failed a moment ago
 
     async def aclose(self) -> None:
-        """Stop the reads under way (at shutdown; their waiters are cancelled with them)."""
+        """Stop the reads under way or queued (at shutdown); their waiters are cancelled
+        with them."""
         await self._tasks.cancel()
+        # A read cancelled before its first step never ran: its waiters are told here.
+        for flight in self._next.values():
+            flight.done.cancel()
+        self._next.clear()
 
     async def read(self, topic: str, after: int, upto: int | None) -> TopicHistory | None:
         """The batches with `after < seq <= upto`, in a history whose head is `upto`;
@@ -204,13 +209,14 @@ class TopicSpans:
         return await asyncio.shield(flight.done)
 
     async def _fly(self, topic: str, flight: _Flight) -> None:
-        ahead = self._flying.get(topic)
-        if ahead is not None:
-            await asyncio.wait([ahead])  # one read of a topic at a time
-        if self._next.get(topic) is flight:
-            del self._next[topic]  # its range is taken: later waiters start the next
-        self._flying[topic] = done = flight.done
+        done = flight.done
         try:
+            ahead = self._flying.get(topic)
+            if ahead is not None:
+                await asyncio.wait([ahead])  # one read of a topic at a time
+            if self._next.get(topic) is flight:
+                del self._next[topic]  # its range is taken: later waiters start the next
+            self._flying[topic] = done
             done.set_result(await self._read(topic, flight.lo, flight.upto))
         except RegistryUnavailable as exc:
             self._failed[topic] = self._clock.monotonic()
@@ -222,6 +228,8 @@ class TopicSpans:
             done.cancel()
             raise
         finally:
+            if self._next.get(topic) is flight:
+                del self._next[topic]  # cancelled while it waited for the read ahead
             if self._flying.get(topic) is done:
                 del self._flying[topic]
             if len(self._failed) > 2 * MAX_SPANS:

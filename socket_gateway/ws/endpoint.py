@@ -93,8 +93,8 @@ class WsEndpoint(EndpointState):
             with contextlib.suppress(asyncio.CancelledError):
                 await self._keepalive_task
         # Register/unregister calls still in flight (each unregister follows its register).
-        timeout = None if deadline is None else max(0.5, deadline - loop.time())
-        pending = await self._tasks.drain(timeout)
+        timeout = None if deadline is None else deadline - loop.time()
+        pending = await self._tasks.drain(timeout, floor_s=0.5)
         if pending:
             log.warning("abandoning %d route registry calls", pending)
             self._abandoned = True

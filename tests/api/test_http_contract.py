@@ -4,12 +4,16 @@ schema. (Over real Redis, gateways and sockets: tests/integration.)"""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import pytest
 
+from push_service.idempotency.base import Answer
+from push_service.testing import MemoryIdempotencyStore
+from shared.errors import RegistryUnavailable
 from shared.models import GatewayInfo
-from tests.api.conftest import Api, Fakes
+from tests.api.conftest import Api, Fakes, serve
 from tests.conftest import (
     API_KEY,
     BAD_IDEMPOTENCY_KEYS,
@@ -335,3 +339,32 @@ async def test_receipts_off_on_the_given_stores_too(api: Api, fakes: Fakes) -> N
             "/v1/push", json={"to": ["alice"], "content": 1, "wait_ack_ms": 100}, headers=AUTH
         )
         assert waiting.status_code == 422 and "receipts are off" in waiting.text
+
+
+class AnswerKeptLate(MemoryIdempotencyStore):
+    """Redis fails the first write of a kept answer (a failover): it is made later."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.refused = 0
+
+    async def complete(self, scope: str, key: str, token: str, answer: Answer) -> bool:
+        if not self.refused:
+            self.refused += 1
+            raise RegistryUnavailable("redis: connection refused")
+        await asyncio.sleep(0.3)  # the write made later takes a while
+        return await super().complete(scope, key, token, answer)
+
+
+async def test_a_shutdown_keeps_the_answer_whose_first_write_failed() -> None:
+    """The push service's shutdown waits for the Idempotency-Key writes it makes later
+    (before: nothing awaited them, and a shutdown dropped them)."""
+    fakes = Fakes(idempotency=AnswerKeptLate())
+    async with serve(fakes) as http:
+        resp = await http.post(
+            "/v1/broadcast", json={"content": "x"}, headers={**AUTH, "Idempotency-Key": "k1"}
+        )
+        assert resp.status_code == 202, resp.text
+    [entry] = fakes.idempotency.entries.values()
+    assert fakes.idempotency.refused == 1 and entry.answer is not None
+    assert entry.answer.status == 202

@@ -80,6 +80,23 @@ async def test_drain_past_its_bound_says_how_many_still_run_and_leaves_them() ->
     assert await tasks.drain(timeout_s=1.0) == 0
 
 
+@pytest.mark.parametrize("floor_s", [0.0, 0.3])
+async def test_a_task_started_at_the_last_moment_gets_the_floor(floor_s: float) -> None:
+    tasks = Background("a chore", log)
+
+    async def unregister() -> None:
+        await asyncio.sleep(0.1)
+
+    async def register() -> None:
+        await asyncio.sleep(0.05)
+        tasks.spawn(unregister())  # each unregister follows its register
+
+    tasks.spawn(register())
+    still = await tasks.drain(timeout_s=0.06, floor_s=floor_s)
+    assert still == (0 if floor_s else 1)
+    await tasks.cancel()
+
+
 async def test_cancel_ends_every_task_and_those_their_ends_start() -> None:
     tasks = Background("a chore", log)
     started: list[asyncio.Task[object]] = []

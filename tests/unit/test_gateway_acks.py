@@ -112,30 +112,65 @@ async def test_acks_are_written_in_batches_and_none_waits_after_a_flush() -> Non
     await reporter.aclose()
 
 
-async def test_a_flush_that_fails_with_a_bug_keeps_its_acks_and_says_so(
+class Buggy(Writes):
+    """Writes whose inbox acks raise a bug's error (not an outage's) `bugs` times."""
+
+    def __init__(self, bugs: int) -> None:
+        super().__init__()
+        self.bugs = bugs
+
+    async def ack(self, wanted: Sequence[tuple[str, int]]) -> list[None]:
+        if self.bugs:
+            self.bugs -= 1
+            raise KeyError("a bug in the store")
+        return await super().ack(wanted)
+
+
+async def settle(reporter: AckReporter) -> None:
+    for _ in range(100):
+        if not reporter.pending:
+            return
+        await asyncio.sleep(0.01)
+
+
+async def test_a_flush_that_fails_with_a_bug_keeps_its_acks_for_one_more_try(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     """Before: only an outage's error was caught; any other escaped the flush's task,
     which nobody awaits: the batch was dropped, said at garbage collection if at all."""
     conns, conn, sink = setup()
-    writes = Writes()
-    broken = Writes()
-
-    async def bug(wanted: Sequence[tuple[str, int]]) -> list[None]:
-        raise KeyError("a bug in the store")
-
-    broken.ack = bug  # type: ignore[method-assign]
-    reporter = AckReporter(conns, broken, writes, SystemClock(), flush_s=0.01)
+    writes = Buggy(bugs=1)
+    reporter = AckReporter(conns, writes, writes, SystemClock(), flush_s=0.01)
     conns.deliver_p2p(["amy"], [1], push_prefix(msg(1)), "p1")
     with caplog.at_level("ERROR", "socket_gateway.acks"):
         reporter.on_ack(conn, pos_of(sink.frames[0]))
-        await asyncio.sleep(0.05)
-    assert reporter.counts.failed_flushes >= 1 and reporter.pending
+        await settle(reporter)
+    assert writes.acked == [("amy", 1)] and writes.marked == [(ACKED, {"p1": ["amy"]})]
+    assert (reporter.counts.failed_flushes, reporter.counts.dropped) == (1, 0)
     [record] = [r for r in caplog.records if r.name == "socket_gateway.acks"]
+    assert record.getMessage() == "writing acks failed (kept for one more try)"
     assert record.exc_info is not None and record.exc_info[0] is KeyError
-    reporter.inbox = writes  # the store works again: the ack kept is written
     await reporter.aclose()
-    assert writes.acked == [("amy", 1)] and not reporter.pending
+
+
+async def test_a_bug_twice_drops_its_updates_counted_and_the_next_acks_are_written() -> None:
+    """A bug that comes back every time must not hold every later ack behind it."""
+    conns, conn, sink = setup()
+    writes = Buggy(bugs=2)
+    reporter = AckReporter(conns, writes, writes, SystemClock(), flush_s=0.01)
+    for n in (1, 2):
+        conns.deliver_p2p(["amy"], [n], push_prefix(msg(n)), f"p{n}")
+    reporter.on_ack(conn, pos_of(sink.frames[0]))
+    await settle(reporter)
+    # The receipt's mark was written the first time (only what failed is tried again);
+    # the inbox position failed twice: dropped, counted.
+    assert (reporter.counts.failed_flushes, reporter.counts.dropped) == (2, 1)
+    assert writes.acked == [] and writes.marked == [(ACKED, {"p1": ["amy"]})]
+    reporter.on_ack(conn, pos_of(sink.frames[1]))
+    await settle(reporter)
+    assert writes.acked == [("amy", 2)]
+    assert writes.marked == [(ACKED, {"p1": ["amy"]}), (ACKED, {"p2": ["amy"]})]
+    await reporter.aclose()
 
 
 async def test_a_hole_that_could_not_be_read_is_never_acked_by_the_connection() -> None:

@@ -84,3 +84,25 @@ async def test_aclose_stops_a_log_read_under_way() -> None:
     assert reads.stopped.is_set() and len(r.spans._tasks) == 0
     with pytest.raises(asyncio.CancelledError):
         await waiter
+
+
+@pytest.mark.parametrize("started", [True, False], ids=["queued-behind", "not-started"])
+async def test_aclose_tells_the_waiters_of_every_read_it_stops(started: bool) -> None:
+    """A read queued behind another of its topic, or not started yet, is stopped too:
+    its waiters are cancelled, not left waiting (a review found both hanging)."""
+    reads = HangingReads()
+    r = Resumer(reads, LocalConnections(), RecoveryLimits(), SystemClock())  # type: ignore[arg-type]
+    first = asyncio.ensure_future(r.spans.read("g1", 0, None))
+    if started:
+        await asyncio.sleep(0.01)  # the first read is under way ...
+        second = asyncio.ensure_future(r.spans.read("g1", 0, None))
+        await asyncio.sleep(0.01)  # ... and the second is queued behind it
+        waiters = [first, second]
+    else:
+        await asyncio.sleep(0)  # the read is spawned, and has not run a step
+        waiters = [first]
+    await r.aclose()  # in this task: a task of its own would let the read start first
+    for waiter in waiters:
+        with pytest.raises(asyncio.CancelledError):
+            await asyncio.wait_for(waiter, 1.0)
+    assert not r.spans._next and not r.spans._flying
