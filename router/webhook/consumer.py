@@ -80,10 +80,16 @@ class OutboxConsumer:
 
     @translate_errors
     async def touch(self, entries: list[Entry]) -> None:
-        """Reset the entries' idle time: this sender still works on them."""
-        await self._redis.xclaim(
-            self._stream, GROUP, self.consumer, 0, [e.entry_id for e in entries], justid=True
-        )
+        """Reset the entries' idle time: this sender still works on them. Redis lost the
+        stream or the group: nothing is held any more (the group is made again)."""
+        try:
+            await self._redis.xclaim(
+                self._stream, GROUP, self.consumer, 0, [e.entry_id for e in entries], justid=True
+            )
+        except redis.exceptions.ResponseError as exc:
+            if "NOGROUP" not in str(exc):
+                raise
+            await self.ensure_group()
 
     @translate_errors
     async def done(self, entries: list[Entry]) -> None:
@@ -94,7 +100,7 @@ class OutboxConsumer:
         pipe = self._redis.pipeline(transaction=False)
         pipe.xack(self._stream, GROUP, *ids)
         pipe.xdel(self._stream, *ids)
-        await pipe.execute()
+        await pipe.execute()  # XACK and XDEL of what Redis lost answer 0, not an error
 
     async def _usable(self, raw: list[Any]) -> list[Entry]:
         entries, broken = [], []

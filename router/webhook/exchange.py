@@ -58,7 +58,9 @@ async def post_bounded(
     except TimeoutError:
         if status is None:
             return Answer(None, f"no answer within {deadline_s:g}s", Cut.DEADLINE)
-    except httpx.HTTPError as exc:  # refused, reset, not HTTP; one that answered stands
+    except (httpx.HTTPError, OSError) as exc:
+        # Refused, reset, not HTTP, or a TLS error httpx leaves as it is (an alert while
+        # the answer is read): retried. One that answered stands.
         if status is None:
             return Answer(None, f"{type(exc).__name__}: {exc}")
     assert status is not None

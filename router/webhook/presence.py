@@ -16,7 +16,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 from collections.abc import Sequence
@@ -125,14 +124,6 @@ class RedisPresence:
                 return total
 
     @translate_errors
-    async def retire(self, gateway_id: str) -> None:
-        """A gateway that stopped cleanly (its users were unregistered) forgets its set."""
-        pipe = self._redis.pipeline(transaction=False)
-        pipe.delete(self._keys.gateway_users(gateway_id))
-        pipe.srem(self._keys.presence_gateways(), gateway_id)
-        await pipe.execute()
-
-    @translate_errors
     async def gateways(self) -> set[str]:
         """Gateways that hold a set of users."""
         members = await self._redis.smembers(self._keys.presence_gateways())
@@ -209,7 +200,16 @@ async def adopt_last_run(presence: RedisPresence | None, gateway_id: str) -> Non
 
 
 async def retire(presence: RedisPresence | None, gateway_id: str) -> None:
-    """At a gateway's clean stop, once every client was unregistered: forget its set."""
-    if presence is not None:
-        with contextlib.suppress(ImrouteError):
-            await presence.retire(gateway_id)
+    """At a gateway's clean stop, once every client was unregistered: its set holds only
+    the users whose schedule failed (Redis did not take an unregister's): they are
+    scheduled now, as a crashed gateway's would be, and the set goes with the last of
+    them. Failing that, the set stays for this gateway's next start or a sweeper."""
+    if presence is None:
+        return
+    try:
+        n = await presence.adopt(gateway_id)
+    except ImrouteError as exc:
+        log.warning("users left in this gateway's set not scheduled yet: %s", exc)
+        return
+    if n:
+        log.info("webhook presence: %d users whose schedule had failed scheduled", n)

@@ -31,7 +31,7 @@ from router.webhook.outbox import OutboxStats, RedisOutbox
 from router.webhook.signing import HEADER, sign
 from shared.backoff import backoff_s
 from shared.clock import Clock
-from shared.errors import ImrouteError
+from shared.errors import ImrouteError, RegistryRefused
 from shared.keys import KeySchema
 from shared.throttled import Throttled
 
@@ -103,8 +103,16 @@ class WebhookSender:
                 log.exception("webhook sender failed; going on")
                 await asyncio.sleep(REDIS_RETRY_S)
                 continue
-            for part in split_by_bytes(batch, MAX_BODY_BYTES):
-                await self._deliver(part)
+            parts = split_by_bytes(batch, MAX_BODY_BYTES)
+            for i, part in enumerate(parts):
+                try:
+                    # The parts after this one are held too: kept from going idle (and
+                    # being taken over by another sender) while this one is retried.
+                    await self._deliver(part, [e for later in parts[i + 1 :] for e in later])
+                except Exception:  # a bug: the rest is claimed once idle, and sent again
+                    log.exception("webhook sender failed delivering a batch; going on")
+                    await asyncio.sleep(REDIS_RETRY_S)
+                    break
 
     async def _next_batch(self) -> list[Entry]:
         now = self._clock.monotonic()
@@ -116,8 +124,9 @@ class WebhookSender:
             self._next_claim = now + self.consumer.claim_idle_ms / 4000
         return await self.consumer.read(self._batch_max)
 
-    async def _deliver(self, batch: list[Entry]) -> None:
-        """POST `batch` until it is acknowledged or refused for good."""
+    async def _deliver(self, batch: list[Entry], later: list[Entry]) -> None:
+        """POST `batch` until it is acknowledged or refused for good; `later`: entries
+        held for the POSTs after it, touched with it."""
         body = events_body([e.event for e in batch])
         failures = 0
         while True:
@@ -135,7 +144,7 @@ class WebhookSender:
                     delay,
                 )
                 await asyncio.sleep(delay)
-                await self._until_ok(lambda: self.consumer.touch(batch))
+                await self._until_ok(lambda: self.consumer.touch(batch + later))
                 with contextlib.suppress(ImrouteError):  # the queue grows while we wait
                     await self._refresh_stats()
                 continue
@@ -180,10 +189,15 @@ class WebhookSender:
 
     async def _until_ok(self, step: Callable[[], Awaitable[None]]) -> None:
         """Run a Redis step until Redis answers (an ack lost to an outage would make the
-        batch be sent again by whoever claims it: allowed, but avoided)."""
+        batch be sent again by whoever claims it: allowed, but avoided). A step Redis
+        refuses (it would refuse it again) is given up, logged: its entries may be sent
+        again by a sender that claims them."""
         while True:
             try:
                 await step()
+                return
+            except RegistryRefused as exc:
+                log.error("webhook sender: %s; going on without it", exc)
                 return
             except ImrouteError as exc:
                 log.warning("webhook sender: %s; retrying in %.0fs", exc, REDIS_RETRY_S)

@@ -24,6 +24,7 @@ from socket_gateway.app import Gateway
 from tests.integration.procs import BIN, Proc, gateway_env, read_until, running, ws_url_of
 from tests.integration.stack import api, client, gateway, ready, token
 from tests.integration.webhook_receiver import WebhookReceiver
+from tests.waiting import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -203,3 +204,28 @@ async def test_a_user_who_flaps_gets_one_offline_for_the_last_epoch(
         await rx.wait_for(lambda: bool(offline(rx, "frank")), "frank's user.offline")
     assert last > first
     sent_once(rx, "erin", last)
+
+
+async def test_a_user_whose_schedule_failed_gets_user_offline_after_a_clean_stop(
+    redis_url: str, prefix: str, redis: aioredis.Redis
+) -> None:
+    """An unregister whose schedule Redis did not take leaves its user in the gateway's
+    set. A clean stop deleted that set, so the user never got user.offline; it now
+    schedules what the set still holds, as a crashed gateway's restart would."""
+    keys = KeySchema(prefix)
+    async with WebhookReceiver(HOOK_SECRET) as rx:
+        wh = hooks(rx, grace_s=1.5)
+        async with api(redis_url, prefix, **wh):
+            async with gateway(redis_url, prefix, "gwr", "g1", **wh) as gw:
+                async with client(gw, "alice"):
+                    epoch = await epoch_of(redis, prefix, "alice")
+                member = f"{epoch}:alice"
+                await wait_for(lambda: redis.zscore(keys.offline_due(), member), "alice scheduled")
+                # As Redis leaves it when the unregister's schedule fails mid-way.
+                assert await redis.zrem(keys.offline_due(), member) == 1
+                await redis.sadd(keys.gateway_users("gwr"), "alice")
+            # gwr stopped cleanly
+            await rx.wait_for(lambda: bool(offline(rx, "alice")), "alice's user.offline")
+    sent_once(rx, "alice", epoch)
+    assert not await redis.exists(keys.gateway_users("gwr"))
+    assert "gwr" not in await redis.smembers(keys.presence_gateways())

@@ -4,6 +4,7 @@ sockets are in tests/integration/test_webhook_limits.py)."""
 from __future__ import annotations
 
 import asyncio
+import ssl
 from collections.abc import Callable
 from typing import Any
 
@@ -52,3 +53,16 @@ async def test_a_connection_error_is_no_answer_and_no_cut() -> None:
         raise httpx.ConnectError("refused", request=request)
 
     assert await post(refuses) == Answer(None, "ConnectError: refused")
+
+
+async def test_a_tls_error_httpx_does_not_map_is_no_answer_too() -> None:
+    """httpcore maps TLS errors only during the handshake: an alert while the answer is
+    read comes as ssl.SSLError. It escaped, and ended the sender's task for good (an
+    audit's TLS receiver sending a corrupt record did it)."""
+
+    def corrupt(_: httpx.Request) -> httpx.Response:
+        raise ssl.SSLError(1, "[SSL: DECRYPTION_FAILED_OR_BAD_RECORD_MAC] bad record mac")
+
+    got = await post(corrupt)
+    assert got.status is None and got.cut is None
+    assert got.detail.startswith("SSLError: ") and "BAD_RECORD_MAC" in got.detail
