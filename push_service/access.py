@@ -13,13 +13,14 @@ disagree. Keys are compared in constant time (`shared.auth.api_key_matches`).
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from shared.auth import api_key_matches
 from shared.settings import PushSettings
 
-__all__ = ["ApiKeys", "Denial", "Scope", "authorize", "bearer_token", "presented"]
+__all__ = ["ApiKeys", "Denial", "Scope", "authorize", "bearer_token", "presented", "route_path"]
 
 
 class Scope(enum.Enum):
@@ -91,6 +92,17 @@ def presented(headers: Iterable[tuple[bytes, bytes]]) -> tuple[str | None, bool]
         ):
             has_body = True
     return bearer_token(authorization), has_body
+
+
+def route_path(scope: Mapping[str, Any]) -> str:
+    """The path a request names within the app: its (ASGI) path without the `root_path`
+    the app is served under (uvicorn's --root-path, or a mount), as Starlette's router
+    takes it; so every gate judges the path the route will serve."""
+    path: str = scope["path"]
+    root: str = scope.get("root_path", "")
+    if root and path.startswith(root) and path[len(root) : len(root) + 1] in ("", "/"):
+        return path[len(root) :]
+    return path
 
 
 def authorize(keys: ApiKeys, presented: str | None, needed: Scope) -> Denial | None:

@@ -23,7 +23,7 @@ from typing import Any
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from push_service.access import ApiKeys, Denial, authorize, presented
+from push_service.access import ApiKeys, Denial, authorize, presented, route_path
 from push_service.access import Scope as KeyScope
 
 __all__ = ["AccessRules", "KeyGate"]
@@ -126,11 +126,7 @@ class KeyGate:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        path: str = scope["path"]
-        root = scope.get("root_path", "")
-        if root and path.startswith(root):
-            path = path[len(root) :]
-        needed = self.rules.needed(scope["method"], path)
+        needed = self.rules.needed(scope["method"], route_path(scope))
         if needed is None:
             await self.app(scope, receive, send)
             return

@@ -7,6 +7,8 @@ from collections.abc import Mapping
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from push_service.access import route_path
+
 __all__ = ["BodyLimit"]
 
 
@@ -22,7 +24,7 @@ class BodyLimit:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        limit = self.per_path.get(scope["path"], self.max_bytes)
+        limit = self.per_path.get(route_path(scope), self.max_bytes)
         for name, value in scope["headers"]:
             if name == b"content-length" and value.isdigit() and int(value) > limit:
                 await self._reject(send, limit)

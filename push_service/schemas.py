@@ -19,6 +19,7 @@ from pydantic import (
     model_validator,
 )
 
+from router.directory.base import MAX_TAG_LEN, text_problem
 from router.jobs.base import Job, JobStatus
 from shared.errors import InvalidUid
 from shared.uids import MAX_UID_LEN, check_uid, valid_uid
@@ -211,7 +212,18 @@ class DispatchOut(BaseModel):
 MAX_MULTICAST = 1_000_000
 MAX_USERS_PER_CALL = 10_000
 
-Tag = Annotated[str, StringConstraints(min_length=1, max_length=64)]
+
+def _tag_value(value: str) -> str:
+    """The directory's own rule for a tag (no NUL, no lone surrogate): a tag it would
+    refuse is refused here, naming its field, not later by the job it would fail."""
+    if problem := text_problem(value, MAX_TAG_LEN):
+        raise ValueError(problem)
+    return value
+
+
+Tag = Annotated[
+    str, StringConstraints(min_length=1, max_length=MAX_TAG_LEN), AfterValidator(_tag_value)
+]
 
 
 class Audience(BaseModel):

@@ -75,16 +75,24 @@ function showLogin(error = "") {
   $("#key").focus();
 }
 
+// Each poll takes a number: one overtaken by a newer poll (a login while it was in
+// flight) or by a logout stops where it is, so one loop runs and a logout stays out.
+let polls = 0;
+
 async function poll() {
   clearTimeout(timer);
+  const mine = ++polls;
+  const current = () => mine === polls && sessionStorage.getItem(KEY) !== null;
   let resp;
   try {
     resp = await api("GET", "/v1/admin/overview");
   } catch (e) {
+    if (!current()) return;
     $("#status").textContent = "the push service cannot be reached; retrying";
     timer = setTimeout(poll, POLL_MS);
     return;
   }
+  if (!current()) return;
   if (resp.status === 401 || resp.status === 403) {
     sessionStorage.removeItem(KEY);
     showLogin(`Key refused (${await errorOf(resp)})`);
@@ -95,12 +103,20 @@ async function poll() {
     timer = setTimeout(poll, POLL_MS);
     return;
   }
-  const view = await resp.json();
-  $("#login-view").hidden = true;
-  $("#board").hidden = false;
-  $("#logout").hidden = false;
-  $("#status").textContent = `updated ${new Date(view.now_ms).toLocaleTimeString()}`;
-  draw(view);
+  try {
+    const view = await resp.json();
+    if (!current()) return;
+    $("#login-view").hidden = true;
+    $("#board").hidden = false;
+    $("#logout").hidden = false;
+    $("#status").textContent = `updated ${new Date(view.now_ms).toLocaleTimeString()}`;
+    draw(view);
+  } catch (e) {
+    // An answer cut short, or one the board cannot draw: said, and polled again (a
+    // throw here used to end the polling, leaving a stale board).
+    if (!current()) return;
+    $("#status").textContent = `overview could not be shown (${e.message || e}); retrying`;
+  }
   timer = setTimeout(poll, POLL_MS);
 }
 

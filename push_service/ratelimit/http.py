@@ -17,7 +17,7 @@ import time
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from push_service.access import presented
+from push_service.access import presented, route_path
 from push_service.ratelimit.base import RateLimiter
 from shared.errors import ImrouteError
 from shared.throttled import Throttled
@@ -54,7 +54,7 @@ class RateGate:
             limiter is None
             or scope["type"] != "http"
             or scope["method"] != "POST"
-            or scope["path"] not in SENDING_PATHS
+            or route_path(scope) not in SENDING_PATHS
         ):
             await self.app(scope, receive, send)
             return

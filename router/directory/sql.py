@@ -6,6 +6,7 @@ same at the millionth user as at the first.
 
 from __future__ import annotations
 
+import os
 from collections.abc import AsyncIterator, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime
@@ -81,8 +82,24 @@ def create_directory_engine(url: str, **kwargs: Any) -> AsyncEngine:
         # e.g. a sync driver (sqlite:// or postgresql+psycopg2://) given to the async engine
         raise ConfigError(f"directory url {redact_url(url)}: {exc}") from None
     if engine.dialect.name == "sqlite":
+        event.listen(engine.sync_engine, "do_connect", _sqlite_folder_exists)
         event.listen(engine.sync_engine, "connect", _sqlite_on_connect)
     return engine
+
+
+def _sqlite_folder_exists(_dialect: Any, _record: Any, cargs: Any, cparams: Any) -> None:
+    """A database file in a folder that does not exist is refused before it is opened,
+    naming the folder: aiosqlite's failed open leaves its thread to finish after the
+    caller's event loop may have closed (omnilib/aiosqlite#241), and its error ("unable
+    to open database file") does not say why."""
+    database = cargs[0] if cargs else None
+    if not isinstance(database, str) or database == ":memory:" or cparams.get("uri"):
+        return
+    folder = os.path.dirname(os.path.abspath(database))
+    if not os.path.isdir(folder):
+        raise DirectoryUnavailable(
+            f"SQLite database {database}: its folder {folder} does not exist"
+        )
 
 
 def _sqlite_on_connect(dbapi_connection: Any, _record: Any) -> None:
@@ -185,10 +202,12 @@ class SqlUserDirectory(ClosedOnExit):
         """Remove a user and their tags; True when they existed."""
         with translate_errors("deleting a user"):
             async with self._engine.begin() as conn:
-                # Explicit rather than relying on ON DELETE CASCADE alone, which SQLite
-                # honours only on connections that turned foreign keys on.
-                await conn.execute(delete(user_tags).where(user_tags.c.uid == uid))
+                # The user's row first, as an upsert locks it (then its tags): two
+                # writers of one user take their locks in one order and cannot deadlock
+                # on PostgreSQL. Its tags go by ON DELETE CASCADE, and explicitly after,
+                # for a SQLite connection that did not turn foreign keys on.
                 result = await conn.execute(delete(users).where(users.c.uid == uid))
+                await conn.execute(delete(user_tags).where(user_tags.c.uid == uid))
         return bool(result.rowcount)
 
     async def get(self, uid: str) -> UserRecord | None:

@@ -137,9 +137,12 @@ _APPS: dict[tuple[tuple[str, Any], ...], tuple[FastAPI, Path]] = {}
 
 
 @asynccontextmanager
-async def serve(fakes: Fakes, **overrides: Any) -> AsyncIterator[httpx.AsyncClient]:
-    """The app on `fakes`, its lifespan run, and a client of it (settings: `overrides`);
-    its user directory empty (the database is opened by the lifespan)."""
+async def serve(
+    fakes: Fakes, *, root_path: str = "", **overrides: Any
+) -> AsyncIterator[httpx.AsyncClient]:
+    """The app on `fakes`, its lifespan run, and a client of it (settings: `overrides`;
+    `root_path`: served under it, as behind uvicorn's --root-path); its user directory
+    empty (the database is opened by the lifespan)."""
     key = tuple(sorted(overrides.items()))
     if key not in _APPS:
         db = Path(tempfile.mkdtemp(prefix="imroute-api-")) / "users.db"
@@ -155,7 +158,7 @@ async def serve(fakes: Fakes, **overrides: Any) -> AsyncIterator[httpx.AsyncClie
     _Running.fakes = fakes
     async with fakes.bus:
         async with app.router.lifespan_context(app):
-            transport = httpx.ASGITransport(app=app)
+            transport = httpx.ASGITransport(app=app, root_path=root_path)
             async with httpx.AsyncClient(transport=transport, base_url="http://push") as client:
                 yield client
 

@@ -243,6 +243,59 @@ async def test_large_bodies_only_with_the_key_and_only_where_needed(api: Api) ->
         assert resp.status_code == 413
 
 
+@pytest.mark.parametrize("root", ["", "/api"])
+async def test_under_a_root_path_the_limits_judge_the_routed_path(fakes: Fakes, root: str) -> None:
+    """Served under a root_path (uvicorn --root-path, or mounted), the rate limit and the
+    per-path body limits hold as at the root. Before, they compared the raw path: nothing
+    was rate limited, and a 2-MiB multicast was 413 (the 1 MiB default)."""
+    async with serve(fakes, root_path=root, rate_limit="1/s", rate_burst=1) as http:
+        codes = []
+        for _ in range(3):
+            resp = await http.post(
+                f"{root}/v1/push", json={"to": ["a"], "content": 1}, headers=AUTH
+            )
+            codes.append(resp.status_code)
+        assert codes == [200, 429, 429]
+    multicast = b'{"to":["alice"],"content":1' + b" " * (2 * MIB) + b"}"
+    async with serve(fakes, root_path=root) as http:
+        headers = {**AUTH, "Content-Type": "application/json"}
+        resp = await http.post(f"{root}/v1/multicast", content=multicast, headers=headers)
+        assert resp.status_code == 202, resp.text
+
+
+async def test_a_tag_the_directory_would_refuse_is_422_naming_it_and_nothing_runs(
+    api: Api, fakes: Fakes
+) -> None:
+    """A NUL in an audience tag was 202, and the job then failed on the directory's own
+    check; a user's was named `tags[1]`, without the user."""
+    async with api() as http:
+        for method, path, body, field in (
+            (
+                "POST",
+                "/v1/broadcast",
+                {"content": 1, "audience": {"tags_any": ["ok", "a\0b"]}},
+                "body.audience.tags_any.1",
+            ),
+            (
+                "POST",
+                "/v1/multicast",
+                {"content": 1, "audience": {"tags_any": ["a\0b"]}},
+                "body.audience.tags_any.0",
+            ),
+            (
+                "PUT",
+                "/v1/users",
+                {"users": [{"uid": "a"}, {"uid": "b", "tags": ["x", "\0"]}]},
+                "body.users.1.tags.1",
+            ),
+        ):
+            resp = await http.request(method, path, json=body, headers=AUTH)
+            assert resp.status_code == 422, resp.text
+            [detail] = resp.json()["detail"]
+            assert detail["field"] == field and "must not contain NUL" in detail["message"]
+    assert fakes.nothing_sent()
+
+
 def live_gateway(gateway_id: str, group_id: str) -> GatewayInfo:
     return GatewayInfo(gateway_id, group_id, f"ws://{gateway_id}/ws", f"{gateway_id}:1", 0, 1)
 

@@ -152,3 +152,46 @@ async def test_the_dashboard_logs_in_shows_the_fleet_and_drains(
         await page.wait_for_selector("tr[data-gateway=gw1]", state="detached", timeout=20_000)
         assert await page.locator("tr[data-gateway=gw3]").count() == 1
         assert problems == [], problems
+
+
+async def test_a_garbled_overview_is_said_and_a_logout_mid_poll_stays_out(
+    browser: Any, redis_url: str, prefix: str, redis: object, tmp_path: Path
+) -> None:
+    """An overview the board cannot read used to end the polling for good (a stale
+    board); a logout while a poll was in flight showed the board again when it landed."""
+    with stack(redis_url, prefix, tmp_path, "0.5") as (port, _):
+        page = await browser.new_page()
+        problems: list[str] = []
+        page.on("pageerror", lambda e: problems.append(str(e)))
+        garbled = [1]
+        hold: list[asyncio.Event] = []
+        held = asyncio.Event()
+
+        async def overview(route: Any) -> None:
+            if garbled[0]:
+                garbled[0] -= 1
+                await route.fulfill(status=200, content_type="application/json", body="{cut")
+                return
+            if hold:
+                held.set()
+                await hold[0].wait()
+            await route.continue_()
+
+        await page.route("**/v1/admin/overview", overview)
+        await page.goto(f"http://127.0.0.1:{port}/dashboard/")
+        await page.fill("input[name=key]", ADMIN_KEY)
+        await page.press("input[name=key]", "Enter")
+        await page.wait_for_selector("#status:has-text('could not be shown')")
+        await page.wait_for_selector("#status:has-text('updated')", timeout=10_000)
+        assert await page.is_visible("#board")
+
+        hold.append(asyncio.Event())  # the next poll is held in flight ...
+        await asyncio.wait_for(held.wait(), 10.0)
+        await page.click("#logout")  # ... while the operator logs out
+        async with page.expect_response("**/v1/admin/overview"):
+            hold[0].set()
+        await asyncio.sleep(0.3)  # it landed (the next poll would be 1.5 s away)
+        assert await page.is_hidden("#board") and await page.is_visible("#login-view")
+        await asyncio.sleep(2.0)  # and no poll runs after a logout
+        assert await page.is_hidden("#board") and await page.is_visible("#login-view")
+        assert problems == [], problems
