@@ -28,6 +28,7 @@ import asyncio
 import contextlib
 import importlib.util
 import logging
+import math
 import socket
 from collections.abc import Iterable, Iterator
 from typing import Any, ClassVar, Literal
@@ -48,6 +49,8 @@ from push_service.head_limits import (
     LimitedH11Connection,
     ParseErrorLines,
 )
+from push_service.idempotency.http import WAIT_MARGIN_S
+from push_service.schemas import MAX_WAIT_ACK_MS
 from shared.http_answers import json_refusal_answer
 from shared.http_heads import HeadLimits
 from shared.logs import dict_config
@@ -59,6 +62,7 @@ __all__ = [
     "HeadCounts",
     "HeadCuts",
     "head_deadline_protocol",
+    "requests_grace_s",
     "run",
 ]
 
@@ -402,6 +406,14 @@ def head_deadline_protocol(
     return type(base.__name__, (base,), attrs)
 
 
+def requests_grace_s(settings: PushSettings) -> float:
+    """How long a stopping push service lets its open requests finish before it cuts
+    them: the longest one waits (a duplicate of a push waiting for its acks: the deliver
+    timeout, the Idempotency-Key margin and `wait_ack_ms`'s bound), and a second. Without
+    a bound, a client that never finished its request held a stopping worker for ever."""
+    return settings.deliver_timeout_s + WAIT_MARGIN_S + MAX_WAIT_ACK_MS / 1000 + 1.0
+
+
 def run(
     app: ASGIApp,
     settings: PushSettings,
@@ -426,6 +438,7 @@ def run(
         # no WebSocket here: an upgrade request is answered as the HTTP request it is
         ws="none",
         timeout_keep_alive=settings.http_keepalive_timeout_s,
+        timeout_graceful_shutdown=math.ceil(requests_grace_s(settings)),
         limit_concurrency=settings.http_max_concurrency,
         headers=RESPONSE_HEADERS,
     )

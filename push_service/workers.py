@@ -35,11 +35,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from types import FrameType
 
+from push_service.http_server import requests_grace_s
 from router.processes.supervisor import Child, Supervisor
 from shared.logs import configure, say
 from shared.settings import PushSettings
 
-__all__ = ["BACKLOG", "serve_workers", "worker_argv"]
+__all__ = ["BACKLOG", "serve_workers", "stop_grace_s", "worker_argv"]
 
 log = logging.getLogger(__name__)
 
@@ -187,8 +188,14 @@ def _supervise(
             workers[index] = start(index)
     sig = signals.received or signal.SIGTERM
     # A worker finishes its requests and its jobs' shutdown grace, then stops.
-    sup.stop_all(sig, grace_s=settings.job_shutdown_grace_s + 10)
+    sup.stop_all(sig, grace_s=stop_grace_s(settings))
     return code
+
+
+def stop_grace_s(settings: PushSettings) -> float:
+    """How long the workers get to stop before they are killed: their open requests'
+    grace (`requests_grace_s`), then their jobs' (IMROUTE_JOB_SHUTDOWN_GRACE_S)."""
+    return requests_grace_s(settings) + settings.job_shutdown_grace_s + 2.0
 
 
 def _say(settings: PushSettings, text: str, err: bool) -> None:

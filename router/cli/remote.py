@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import sys
+import urllib.parse
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -40,6 +41,10 @@ from shared.errors import ImrouteError, InvalidInput
 __all__ = ["COMMANDS", "main"]
 
 # Their names are also `router.cli.REMOTE` (dispatched there before other imports).
+
+# What the commands read of an answer: one without them is not an imroute push service's
+PUSH_FIELDS = ("push_id", "delivered", "offline", "queued", "failed")
+GATEWAY_FIELDS = frozenset({"gateway_id", "group_id", "connections", "ws_url"})
 
 COMMANDS = {
     "push": "push one message to users now (POST /v1/push)",
@@ -93,7 +98,9 @@ class _Content(Connection):
 
 class _Job(_Content):
     wait: bool = Field(False, description="follow the job to its end, with a progress bar")
-    timeout: float = Field(600.0, description="with --wait: give up after this many seconds")
+    timeout: float = Field(
+        600.0, gt=0, allow_inf_nan=False, description="with --wait: give up after this many seconds"
+    )
 
     def follow(self, api: RestClient, accepted: dict[str, Any]) -> int:
         if not self.wait:
@@ -115,7 +122,9 @@ class Push(_Content):
         if self.wait_ack is not None:
             body["wait_ack_ms"] = self.wait_ack
         with self.client() as api:
-            answer = api.call("POST", "/v1/push", body, idempotency_key=self.key())
+            answer = api.call(
+                "POST", "/v1/push", body, idempotency_key=self.key(), expect=PUSH_FIELDS
+            )
         show.out(answer, self.json_out, show.push_lines(answer))
         return 1 if answer.get("failed") else 0
 
@@ -133,7 +142,9 @@ class Broadcast(_Job):
         audience: dict[str, Any] = {"tags_any": tags} if tags else {"online": True}
         with self.client() as api:
             body = {**self.message(), "audience": audience}
-            accepted = api.call("POST", "/v1/broadcast", body, idempotency_key=self.key())
+            accepted = api.call(
+                "POST", "/v1/broadcast", body, idempotency_key=self.key(), expect=("push_id",)
+            )
             return self.follow(api, accepted)
 
 
@@ -146,7 +157,9 @@ class Multicast(_Job):
         uids = _read_uids(self.file)
         with self.client() as api:
             body = {**self.message(), "to": uids}
-            accepted = api.call("POST", "/v1/multicast", body, idempotency_key=self.key())
+            accepted = api.call(
+                "POST", "/v1/multicast", body, idempotency_key=self.key(), expect=("push_id",)
+            )
             return self.follow(api, accepted)
 
 
@@ -155,8 +168,13 @@ class Status(Connection):
 
     def run(self) -> int:
         with self.client() as api:
-            answer = api.call("GET", "/v1/gateways")
-        show.out(answer, self.json_out, show.fleet_table(answer["gateways"]))
+            answer = api.call("GET", "/v1/gateways", expect=("gateways",))
+        gateways = answer["gateways"]
+        if not isinstance(gateways, list) or not all(
+            isinstance(g, dict) and g.keys() >= GATEWAY_FIELDS for g in gateways
+        ):
+            raise RemoteError(200, "GET /v1/gateways: the answer's gateways are not gateways")
+        show.out(answer, self.json_out, show.fleet_table(gateways))
         return 0
 
 
@@ -167,7 +185,10 @@ class Drain(Connection):
     force: bool = Field(False, description="even the last gateway of its group")
 
     def run(self) -> int:
-        path = f"/v1/gateways/{self.gateway_id}/drain" + ("?force=true" if self.force else "")
+        # Quoted: an id is one path segment (a "/", "?" or "#" in it would name another
+        # endpoint, or add a query).
+        gateway = urllib.parse.quote(self.gateway_id, safe="")
+        path = f"/v1/gateways/{gateway}/drain" + ("?force=true" if self.force else "")
         with self.client() as api:
             answer = api.call("POST", path, admin=True)
         show.out(answer, self.json_out, f"draining: {self.gateway_id}")
@@ -229,7 +250,10 @@ def main(argv: Sequence[str]) -> int:
 
 
 def _read_uids(path: Path) -> list[str]:
-    text = sys.stdin.read() if str(path) == "-" else path.read_text(encoding="utf-8")
+    try:
+        text = sys.stdin.read() if str(path) == "-" else path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise InvalidInput("--file", f"{path}: not UTF-8 text (byte {exc.start})") from None
     uids = [line.strip() for line in text.splitlines() if line.strip()]
     if not uids:
         raise InvalidInput("--file", f"{path}: no uids in it")

@@ -20,15 +20,16 @@ from __future__ import annotations
 import math
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import httpx
-from pydantic import Field, SecretStr
+from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from router.balancing.retry import RetryPolicy
 from shared.errors import ImrouteError
+from shared.urls import redact_url
 
 __all__ = [
     "DEFAULT_API_URL",
@@ -66,6 +67,19 @@ class ApiSettings(BaseSettings):
     admin_api_key: SecretStr | None = Field(
         None, description="the key the commands send for drains and directory writes"
     )
+
+    @field_validator("api_url")
+    @classmethod
+    def _an_http_url(cls, value: str) -> str:
+        """An http(s) URL with a host (the message never repeats it: it may hold a
+        password)."""
+        try:
+            url = httpx.URL(value)
+        except httpx.InvalidURL as exc:
+            raise ValueError(f"not a URL ({exc})") from None
+        if url.scheme not in ("http", "https") or not url.host:
+            raise ValueError("must be an http:// or https:// URL with a host")
+        return value
 
 
 class RemoteError(ImrouteError):
@@ -105,10 +119,12 @@ class RestClient:
         body: Any = None,
         admin: bool = False,
         idempotency_key: str | None = None,
+        expect: Sequence[str] = (),
     ) -> dict[str, Any]:
         """The answer's JSON object; RemoteError for a 4xx/5xx (with the server's own
-        error and detail) or when the push service cannot be reached. A GET, or a
-        request with `idempotency_key`, is retried (see the module's docstring)."""
+        error and detail), when the push service cannot be reached, or when the answer
+        lacks a field of `expect`. A GET, or a request with `idempotency_key`, is
+        retried (see the module's docstring)."""
         setting = "IMROUTE_ADMIN_API_KEY" if admin else "IMROUTE_API_KEY"
         key = self._settings.admin_api_key if admin else None
         key = key or self._settings.api_key  # without an admin key, the API key holds both
@@ -116,7 +132,7 @@ class RestClient:
         if idempotency_key is not None:
             headers["Idempotency-Key"] = idempotency_key
         retry_safe = method == "GET" or idempotency_key is not None
-        url = f"{self._settings.api_url.rstrip('/')}{path}"
+        url = redact_url(f"{self._settings.api_url.rstrip('/')}{path}")
         retry = 0
         while True:
             try:
@@ -150,6 +166,14 @@ class RestClient:
         except ValueError:
             answer = None
         if resp.is_success and isinstance(answer, dict):
+            missing = [name for name in expect if name not in answer]
+            if missing:
+                raise RemoteError(
+                    resp.status_code,
+                    f"{method} {path}: the answer has no {', '.join(missing)} "
+                    f"(is {redact_url(self._settings.api_url)} an imroute push service?)",
+                    answer,
+                )
             return answer
         if resp.is_success:
             raise RemoteError(resp.status_code, f"{method} {path}: the answer is not JSON")

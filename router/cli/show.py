@@ -43,7 +43,11 @@ def push_lines(answer: dict[str, Any]) -> str:
     if answer.get("acked") is not None:
         acked, unacked = answer["acked"], answer.get("unacked") or []
         lines.append(f"acked {len(acked)}{_names(acked)}, unacked {len(unacked)}{_names(unacked)}")
-    lines += [f"  {e['gateway_id']}: {e['error']}" for e in answer.get("errors") or []]
+    lines += [
+        f"  {e.get('gateway_id')}: {e.get('error')}"
+        for e in answer.get("errors") or []
+        if isinstance(e, dict)
+    ]
     return "\n".join(lines)
 
 

@@ -11,9 +11,23 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from router.cli.rest import RemoteError, RestClient
 
-__all__ = ["POLL_S", "finished", "wait_for_job"]
+__all__ = ["JOB_FIELDS", "POLL_S", "finished", "wait_for_job"]
 
 POLL_S = 0.5
+# What the progress bar and the last line read of a job
+JOB_FIELDS = (
+    "push_id",
+    "mode",
+    "status",
+    "recipients",
+    "online",
+    "offline",
+    "batches",
+    "published",
+    "delivered",
+    "acked",
+    "queued",
+)
 
 
 def finished(job: dict[str, Any]) -> bool:
@@ -36,7 +50,7 @@ def wait_for_job(api: RestClient, push_id: str, timeout_s: float, progress: bool
     with bar:
         task = bar.add_task(push_id, total=None, counts="")
         while True:
-            job = api.call("GET", f"/v1/pushes/{push_id}")
+            job = api.call("GET", f"/v1/pushes/{push_id}", expect=JOB_FIELDS)
             counts = f"{job['delivered']} delivered, {job['acked']} acked of {job['recipients']}"
             bar.update(
                 task,

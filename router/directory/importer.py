@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from router.directory.base import MAX_UPSERT, UserDirectory, UserRecord
-from shared.errors import InvalidInput
+from shared.errors import DirectoryUnavailable, InvalidInput
 
 __all__ = ["MAX_BAD_KEPT", "ImportReport", "import_file"]
 
@@ -78,13 +78,21 @@ async def import_file(
     imported, skipped = 0, 0
     bad: list[tuple[int, str]] = []
     reported: tuple[int, int] | None = None
+    written_to = 0  # the last line of the last chunk written
     try:
         while True:
             with _read_errors(path):
                 chunk = await asyncio.to_thread(next, chunks, None)
             if chunk is None:
                 break
-            imported += await directory.upsert(chunk.records)
+            try:
+                imported += await directory.upsert(chunk.records)
+            except DirectoryUnavailable as exc:
+                raise DirectoryUnavailable(
+                    f"{exc}; the {imported} users of lines 1-{written_to} were imported, "
+                    "none after (an import upserts: running it again is safe)"
+                ) from exc
+            written_to = chunk.line
             skipped += len(chunk.bad)
             bad.extend(chunk.bad[: MAX_BAD_KEPT - len(bad)])
             total = max(total, chunk.line)  # the file grew while being read
@@ -135,6 +143,14 @@ def _chunks(path: Path, kind: str, batch: int) -> Generator[_Chunk, None, None]:
         yield chunk
 
 
+def _swallowed(start: int, end: int) -> str:
+    """`` to line 9 (an unclosed quote?): lines 3-9 were not imported`` when a row ran
+    over lines; else nothing."""
+    if end <= start:
+        return ""
+    return f" to line {end} (an unclosed quote?): lines {start}-{end} were not imported"
+
+
 def _record(uid: object, tags: object) -> UserRecord | str:
     if uid == "":
         return "missing uid"
@@ -148,7 +164,8 @@ def _csv_rows(path: Path) -> Iterator[_Row]:
     # surrogateescape: bytes that are not UTF-8 become lone surrogates, which
     # UserRecord.parse refuses, so they cost one bad line rather than the whole file.
     with path.open(encoding="utf-8-sig", errors="surrogateescape", newline="") as f:
-        reader = csv.reader(f)
+        # strict: a quote left open to the end of the file is an error, not a field
+        reader = csv.reader(f, strict=True)
         try:
             header = next(reader)
         except StopIteration:
@@ -169,10 +186,15 @@ def _csv_rows(path: Path) -> Iterator[_Row]:
             except StopIteration:
                 return
             except csv.Error as exc:
-                yield start, f"bad CSV: {exc}"
+                yield start, f"bad CSV: {exc}{_swallowed(start, reader.line_num)}"
                 continue
             if not fields:
                 continue  # a blank line
+            if reader.line_num > start:
+                # A quoted field over several lines: no uid or tag holds a line break, so
+                # it is a quote left open, which took the lines after it with it.
+                yield start, f"a quoted field runs on{_swallowed(start, reader.line_num)}"
+                continue
             if len(fields) != len(names):
                 yield start, f"expected {len(names)} fields, got {len(fields)}"
                 continue

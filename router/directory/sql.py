@@ -75,8 +75,16 @@ def create_directory_engine(url: str, **kwargs: Any) -> AsyncEngine:
                 f"directory url {redact_url(url)}: only sqlite+aiosqlite:// and "
                 "postgresql+asyncpg:// are supported"
             )
+        if parsed.get_driver_name() == "asyncpg" and "sslmode" in parsed.query:
+            # asyncpg's connect() takes no sslmode: it failed at the first query with a
+            # TypeError
+            raise ConfigError(
+                f"directory url {redact_url(url)}: postgresql+asyncpg takes ?ssl=require "
+                "(or verify-full, ...), not sslmode"
+            )
         engine = create_async_engine(parsed, **kwargs)
-    except sqlalchemy.exc.ArgumentError as exc:
+    except (sqlalchemy.exc.ArgumentError, ValueError) as exc:
+        # ValueError: a port that is not a number (made_url reads it as an int)
         raise ConfigError(f"directory url {redact_url(url)}: {exc}") from None
     except sqlalchemy.exc.InvalidRequestError as exc:
         # e.g. a sync driver (sqlite:// or postgresql+psycopg2://) given to the async engine

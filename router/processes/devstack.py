@@ -20,6 +20,7 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from types import FrameType
 
+from router.bus.factory import CLUSTER_SCHEME, check_bus_settings
 from router.directory.migrate import upgrade_sync
 from router.processes.embedded_redis import EmbeddedRedis, keeps_nothing, redis_answers
 from router.processes.ports import port_free
@@ -29,12 +30,22 @@ from shared.errors import ConfigError
 from shared.logs import say
 from shared.settings import Settings, redact_url
 
-__all__ = ["DevOptions", "DevStack", "gateway_argv", "listed_gateways", "push_service_argv"]
+__all__ = [
+    "DevOptions",
+    "DevStack",
+    "gateway_argv",
+    "listed_gateways",
+    "push_service_argv",
+    "stop_grace_s",
+]
 
 RESTART_FIRST_S = 1.0
 RESTART_MAX_S = 30.0
 # A child that stayed up this long starts its backoff over when it dies.
 STABLE_S = 30.0
+# Added to the deliver timeout and the jobs' grace for the children's stop: above the 16 s
+# of a push request's longest wait and the push service's own 2-s margin.
+STOP_MARGIN_S = 25.0
 
 
 @dataclass(frozen=True)
@@ -65,6 +76,7 @@ class DevStack:
     _stopping: bool = False
     _managed: dict[str, _Managed] = field(default_factory=dict)
     _log_format: str = "text"
+    _stop_grace_s: float = 10.0
 
     def ports(self) -> list[tuple[str, int, int, str]]:
         """(gateway_id, ws_port, grpc_port, group_id) for each gateway."""
@@ -76,7 +88,9 @@ class DevStack:
 
     def run(self) -> int:
         settings = Settings.load(self.environ)
+        check_bus_settings(settings)  # a Cluster without a bus: exit 2 now, not in a child
         self._log_format = settings.log_format
+        self._stop_grace_s = stop_grace_s(settings.deliver_timeout_s, settings.job_shutdown_grace_s)
         self._check_ports()
         env = dict(self.environ)
         shown: dict[str, str] = {}
@@ -98,23 +112,7 @@ class DevStack:
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, self._on_signal)
         try:
-            redis_url = settings.redis_url
-            if not redis_answers(redis_url):
-                self.redis = EmbeddedRedis()
-                redis_url = self.redis.start()
-                self._say(
-                    f"no Redis at {redact_url(settings.redis_url)}: started an embedded one "
-                    f"at {redis_url} (append-only file on, as imroute asks of any Redis)"
-                )
-            elif keeps_nothing(redis_url):
-                self._say(
-                    f"warning: the Redis at {redact_url(redis_url)} keeps nothing on disk "
-                    "(appendonly no): a restart of it loses offline users' inboxes and the "
-                    "recovery window (connected clients lose nothing; resumes say complete: "
-                    "false). Run it with --appendonly yes --appendfsync everysec "
-                    "(docs/operations/guarantees.md)",
-                    err=True,
-                )
+            redis_url = self._redis(settings.redis_url)
             env["IMROUTE_REDIS_URL"] = redis_url
             if "IMROUTE_DB_URL" not in env:
                 # The dev directory lives beside the working directory, kept across runs.
@@ -240,6 +238,30 @@ class DevStack:
             managed.due = now + delay
             self._say(f"imroute dev: {ChildExited(child)}; restarting it in {delay:.0f}s", err=True)
 
+    def _redis(self, redis_url: str) -> str:
+        """The Redis the children use: the one at `redis_url`, or an embedded one
+        started here when none answers there (warned about when it keeps nothing)."""
+        if redis_url.startswith(CLUSTER_SCHEME + "://"):
+            return redis_url  # used as it is: one embedded server cannot stand in for it
+        if not redis_answers(redis_url):
+            self.redis = EmbeddedRedis()
+            started = self.redis.start()
+            self._say(
+                f"no Redis at {redact_url(redis_url)}: started an embedded one "
+                f"at {started} (append-only file on, as imroute asks of any Redis)"
+            )
+            return started
+        if keeps_nothing(redis_url):
+            self._say(
+                f"warning: the Redis at {redact_url(redis_url)} keeps nothing on disk "
+                "(appendonly no): a restart of it loses offline users' inboxes and the "
+                "recovery window (connected clients lose nothing; resumes say complete: "
+                "false). Run it with --appendonly yes --appendfsync everysec "
+                "(docs/operations/guarantees.md)",
+                err=True,
+            )
+        return redis_url
+
     def _restart_due(self) -> None:
         now = time.monotonic()
         for name, managed in self._managed.items():
@@ -260,10 +282,19 @@ class DevStack:
         """SIGINT every child (stop now: a gateway would drain on SIGTERM), wait, SIGKILL
         stragglers, then stop the embedded Redis."""
         self._stopping = True
-        self.children.stop_all(signal.SIGINT, grace_s=10)
+        self.children.stop_all(signal.SIGINT, grace_s=self._stop_grace_s)
         if self.redis is not None:
             self.redis.stop()
             self.redis = None
+
+
+def stop_grace_s(deliver_timeout_s: float, job_shutdown_grace_s: float) -> float:
+    """How long the children get to stop: longer than the push service gives its own
+    workers (`push_service.workers.stop_grace_s`: its open requests' grace, the deliver
+    timeout plus 16 s, then its jobs'), so it is never killed before it killed them (a
+    killed push service left a worker holding its port). Stopping children seldom take
+    more than a second."""
+    return deliver_timeout_s + STOP_MARGIN_S + job_shutdown_grace_s
 
 
 def push_service_argv(host: str, port: int) -> list[str]:

@@ -346,6 +346,14 @@ def test_unsupported_urls_are_config_errors(clock: ManualClock) -> None:
     for url in ("sqlite:///x.db", "mysql+aiomysql://u@h/db", "not a url"):
         with pytest.raises(ConfigError):
             SqlUserDirectory.from_url(url, clock)
+    # Before: a ValueError and a TypeError traceback, at the first query.
+    for url, why in (
+        ("postgresql+asyncpg://u:pw@127.0.0.1:notaport/db", "'notaport'"),
+        ("postgresql+asyncpg://u:pw@127.0.0.1/db?sslmode=require", "not sslmode"),
+    ):
+        with pytest.raises(ConfigError, match=why) as raised:
+            SqlUserDirectory.from_url(url, clock)
+        assert "pw" not in str(raised.value)
 
 
 async def test_a_delete_takes_its_locks_in_an_upserts_order(

@@ -263,6 +263,16 @@ def test_db_upgrade_and_users_import_commands(tmp_path: Path) -> None:
     assert bad.returncode == 2 and "x.xml" in bad.stderr
 
 
+def test_imroute_dev_on_a_cluster_without_a_bus_is_exit_2_and_starts_nothing() -> None:
+    """Before: no Redis answered at the redis+cluster:// URL as a standalone client asked
+    it, so dev started an embedded Redis in the Cluster's place, then a child exited 2."""
+    env = base_env(IMROUTE_REDIS_URL="redis+cluster://127.0.0.1:1")
+    dev = imroute("dev", "--port", "19790", env=env)
+    assert dev.returncode == 2, dev.stderr
+    assert "IMROUTE_BUS_URL: required when IMROUTE_REDIS_URL is a Redis Cluster" in dev.stderr
+    assert "embedded" not in dev.stdout + dev.stderr
+
+
 async def test_sigterm_drains_the_gateway_then_it_exits(
     redis_url: str, prefix: str, redis: aioredis.Redis
 ) -> None:

@@ -4,6 +4,7 @@ as real processes, with a real gateway, Redis and WebSocket clients."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import re
 import signal
@@ -159,6 +160,50 @@ async def test_a_killed_supervisor_leaves_no_worker(
         proc.send_signal(signal.SIGKILL)
         proc.wait(10)
         await wait_for(lambda: not any(alive(p) for p in workers), "no worker left", 15, every=0.1)
+
+
+async def test_a_request_never_finished_does_not_hold_a_stopping_worker_for_ever(
+    redis_url: str, prefix: str, tmp_path: Path
+) -> None:
+    """The supervisor killed (its workers get SIGTERM from the kernel) while a client
+    trickles a body that never ends: each worker cuts it after its requests' grace and
+    exits. Before, uvicorn waited for it for ever: a worker outlived `imroute dev` and
+    held the port."""
+    extra = {"IMROUTE_DELIVER_TIMEOUT_S": "0.5", "IMROUTE_JOB_SHUTDOWN_GRACE_S": "0"}
+    async with two_workers(redis_url, prefix, tmp_path, **extra) as (proc, port):
+        workers = _workers(proc)
+        held = []
+        for _ in range(4):  # the kernel spreads them over both workers' accepts
+            _, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(
+                b"POST /v1/push HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                + f"Authorization: Bearer {API_KEY}\r\n".encode()
+                + b"Content-Length: 100000\r\n\r\n{"
+            )
+            held.append(writer)
+
+        async def trickle() -> None:
+            while True:
+                await asyncio.sleep(1.0)
+                for writer in held:
+                    with contextlib.suppress(OSError):
+                        writer.write(b" ")
+
+        trickling = asyncio.ensure_future(trickle())
+        try:
+            await asyncio.sleep(0.5)
+            started = time.monotonic()
+            proc.send_signal(signal.SIGKILL)
+            proc.wait(10)
+            # 0.5 s deliver timeout + 5 s margin + 10 s of wait_ack_ms + 1 s: 17 s.
+            await wait_for(
+                lambda: not any(alive(p) for p in workers), "workers gone", 30, every=0.2
+            )
+            assert time.monotonic() - started < 25
+        finally:
+            trickling.cancel()
+            for writer in held:
+                writer.close()
 
 
 def test_a_bad_setting_is_one_message_and_exit_2(tmp_path: Path) -> None:

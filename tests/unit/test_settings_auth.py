@@ -60,6 +60,27 @@ def test_secrets_do_not_show_in_repr_or_errors() -> None:
     assert redact_url("redis://:hunter2@h:6379/0") == "redis://:***@h:6379/0"
 
 
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [
+        ("redis://bob:hunter2@h:6379/0", "redis://bob:***@h:6379/0"),
+        ("redis://h:6379/0", "redis://h:6379/0"),
+        ("redis://user@h/0", "redis://user@h/0"),  # a name alone is no secret
+        # Before: a password in the query, or holding an unencoded "/" or "#", showed.
+        ("redis://h:6399/0?password=hunter2&db=1", "redis://h:6399/0?password=***&db=1"),
+        (
+            "postgresql+asyncpg://u@h/db?sslpassword=p1&PWD=p2",
+            "postgresql+asyncpg://u@h/db?sslpassword=***&PWD=***",
+        ),
+        ("redis://:hun/ter#2@h:6379/0", "redis://:***@h:6379/0"),
+        ("http://bob:hunter2@127.0.0.1:1/v1", "http://bob:***@127.0.0.1:1/v1"),
+        ("not a url", "not a url"),
+    ],
+)
+def test_redact_url_hides_every_password_it_can_find(url: str, shown: str) -> None:
+    assert redact_url(url) == shown
+
+
 def test_token_round_trip_and_expiry() -> None:
     clock = ManualClock()
     token = issue_token(SECRET, "alice", 60, clock)

@@ -1,0 +1,131 @@
+"""The operator commands against bad input and odd answers (an audit's findings): each
+is a message naming the problem and an exit code, never a traceback or a secret."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from pydantic import SecretStr
+
+from router.cli import remote
+from router.cli.rest import ApiSettings, RemoteError, RestClient
+
+Handler = Callable[[httpx.Request], httpx.Response]
+
+
+@pytest.fixture
+def answering(monkeypatch: pytest.MonkeyPatch) -> Callable[[Handler], list[httpx.Request]]:
+    """The commands' REST client on httpx's mock transport, answering with `handler`."""
+
+    def install(handler: Handler) -> list[httpx.Request]:
+        seen: list[httpx.Request] = []
+
+        def handle(request: httpx.Request) -> httpx.Response:
+            seen.append(request)
+            return handler(request)
+
+        class Mocked(RestClient):
+            def __init__(self, settings: ApiSettings) -> None:
+                super().__init__(settings, httpx.MockTransport(handle), sleep=lambda _: None)
+
+        monkeypatch.setattr(remote, "RestClient", Mocked)
+        return seen
+
+    return install
+
+
+KEY = ["--api-key", "k" * 20]
+
+
+@pytest.mark.parametrize("url", ["not a url", "http://[::1", "ftp://h/", "http://"])
+def test_a_bad_api_url_is_exit_2_naming_the_flag(
+    url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Before: retried for 5 s then "cannot reach" (exit 1), or an httpx traceback."""
+    assert remote.main(["status", "--api-url", url, *KEY]) == 2
+    err = capsys.readouterr().err
+    assert "--api-url" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize(
+    ("command", "body"),
+    [
+        (["status"], {}),
+        (["status"], {"gateways": [{"gateway_id": "gw1"}]}),
+        (["broadcast", "--online", "--content", "1"], {"status": "queued"}),
+        (["push", "amy", "--content", "1"], {}),
+    ],
+)
+def test_an_answer_without_what_the_command_reads_is_exit_1_saying_so(
+    answering: Callable[[Handler], list[httpx.Request]],
+    capsys: pytest.CaptureFixture[str],
+    command: list[str],
+    body: Any,
+) -> None:
+    """Before: a KeyError traceback, or `push None: delivered 0` and exit 0."""
+    answering(lambda _: httpx.Response(200, json=body))
+    assert remote.main([*command, "--api-url", "http://push", *KEY]) == 1
+    err = capsys.readouterr().err
+    assert ("has no" in err or "not gateways" in err) and "Traceback" not in err
+
+
+def test_a_job_answer_without_its_counts_is_exit_1(
+    answering: Callable[[Handler], list[httpx.Request]], capsys: pytest.CaptureFixture[str]
+) -> None:
+    def handler(request: httpx.Request) -> httpx.Response:
+        if request.method == "POST":
+            return httpx.Response(202, json={"push_id": "p1"})
+        return httpx.Response(200, json={"push_id": "p1", "status": "running"})
+
+    answering(handler)
+    command = ["broadcast", "--online", "--content", "1", "--wait", "--api-url", "http://push"]
+    assert remote.main([*command, *KEY]) == 1
+    assert "the answer has no mode" in capsys.readouterr().err
+
+
+def test_a_drained_gateway_id_is_one_path_segment(
+    answering: Callable[[Handler], list[httpx.Request]],
+) -> None:
+    """Before: `drain 'gw1/drain?force=true#'` drained gw1 with force, unasked."""
+    seen = answering(lambda _: httpx.Response(404, json={"error": "not_found"}))
+    code = remote.main(["drain", "gw1/drain?force=true#", "--api-url", "http://push", *KEY])
+    assert code == 1
+    [request] = seen
+    assert request.url.raw_path == b"/v1/gateways/gw1%2Fdrain%3Fforce%3Dtrue%23/drain"
+    assert not request.url.query
+
+
+@pytest.mark.parametrize("timeout", ["nan", "-1", "0"])
+def test_a_wait_timeout_that_is_no_duration_is_exit_2(
+    timeout: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Before: nan waited for ever, -1 was taken."""
+    command = ["broadcast", "--online", "--content", "1", "--wait", "--timeout", timeout]
+    assert remote.main([*command, *KEY]) == 2
+    assert "--timeout" in capsys.readouterr().err
+
+
+def test_a_uid_file_that_is_not_text_is_exit_2_naming_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Before: a UnicodeDecodeError traceback."""
+    binary = tmp_path / "uids.bin"
+    binary.write_bytes(b"amy\n\xff\xfe\x00bob\n")
+    assert remote.main(["multicast", "--file", str(binary), "--content", "1", *KEY]) == 2
+    err = capsys.readouterr().err
+    assert f"{binary}: not UTF-8 text (byte 4)" in err and "Traceback" not in err
+
+
+def test_an_unreachable_url_is_said_without_its_password() -> None:
+    def refuse(request: httpx.Request) -> httpx.Response:
+        raise httpx.ConnectError("refused", request=request)
+
+    settings = ApiSettings(api_url="http://bob:hunter2pw@127.0.0.1:1", api_key=SecretStr("k" * 20))
+    api = RestClient(settings, httpx.MockTransport(refuse), sleep=lambda _: None)
+    with pytest.raises(RemoteError) as raised:
+        api.call("GET", "/v1/gateways")
+    assert "hunter2pw" not in str(raised.value) and "bob:***@127.0.0.1:1" in str(raised.value)
