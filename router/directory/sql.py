@@ -92,6 +92,7 @@ def create_directory_engine(url: str, **kwargs: Any) -> AsyncEngine:
     if engine.dialect.name == "sqlite":
         event.listen(engine.sync_engine, "do_connect", _sqlite_folder_exists)
         event.listen(engine.sync_engine, "connect", _sqlite_on_connect)
+        event.listen(engine.sync_engine, "begin", _sqlite_begin)
     return engine
 
 
@@ -111,6 +112,12 @@ def _sqlite_folder_exists(_dialect: Any, _record: Any, cargs: Any, cparams: Any)
 
 
 def _sqlite_on_connect(dbapi_connection: Any, _record: Any) -> None:
+    # The driver's own transactions off: it begins none before DDL, so a migration that
+    # failed half-way left its first tables behind, and running it again failed on them
+    # ("table users already exists"). SQLAlchemy's begin says BEGIN (_sqlite_begin), so
+    # a migration is one transaction, as on PostgreSQL (SQLAlchemy's recipe for
+    # transactional DDL on SQLite).
+    dbapi_connection.isolation_level = None
     # WAL lets pages be read while an import writes; the busy timeout makes a second
     # writer wait instead of failing at once; foreign keys are off unless asked for.
     cursor = dbapi_connection.cursor()
@@ -121,6 +128,10 @@ def _sqlite_on_connect(dbapi_connection: Any, _record: Any) -> None:
         cursor.execute("PRAGMA synchronous=NORMAL")  # durable enough under WAL, much faster
     finally:
         cursor.close()
+
+
+def _sqlite_begin(connection: Any) -> None:
+    connection.exec_driver_sql("BEGIN")
 
 
 def page_statement(after: str | None, limit: int, tags_any: Sequence[str] | None) -> Select[Any]:

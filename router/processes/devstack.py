@@ -20,7 +20,7 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from types import FrameType
 
-from router.bus.factory import CLUSTER_SCHEME, check_bus_settings
+from router.bus.factory import CLUSTER_SCHEME, check_bus_settings, hedging_from_settings
 from router.directory.migrate import upgrade_sync
 from router.processes.embedded_redis import EmbeddedRedis, keeps_nothing, redis_answers
 from router.processes.ports import port_free
@@ -28,7 +28,7 @@ from router.processes.supervisor import ChildExited, Supervisor
 from shared.backoff import backoff_s
 from shared.errors import ConfigError
 from shared.logs import say
-from shared.settings import Settings, redact_url
+from shared.settings import Settings, check_tracing, redact_url
 
 __all__ = [
     "DevOptions",
@@ -88,7 +88,11 @@ class DevStack:
 
     def run(self) -> int:
         settings = Settings.load(self.environ)
-        check_bus_settings(settings)  # a Cluster without a bus: exit 2 now, not in a child
+        # What every child checks at its start, checked here: a bad setting is exit 2
+        # naming it, before anything starts (a child's exit 2 made dev's exit 1).
+        check_bus_settings(settings)
+        hedging_from_settings(settings)
+        check_tracing(settings)
         self._log_format = settings.log_format
         self._stop_grace_s = stop_grace_s(settings.deliver_timeout_s, settings.job_shutdown_grace_s)
         self._check_ports()

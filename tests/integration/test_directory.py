@@ -12,6 +12,8 @@ from pathlib import Path
 
 import asyncpg
 import pytest
+import sqlalchemy
+from alembic.operations import Operations
 from sqlalchemy import func, pool, select
 from sqlalchemy.dialects import sqlite
 
@@ -384,3 +386,30 @@ async def test_a_delete_takes_its_locks_in_an_upserts_order(
         finally:
             await upserting.close()
         assert await d.get("x") is None
+
+
+async def test_a_migration_that_fails_half_way_leaves_nothing_and_runs_again(
+    db_url: str, clock: ManualClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its last step fails (a crash, a lock): nothing of it stays, and the next run
+    makes it all. Before, on SQLite each CREATE committed on its own: the tables stayed,
+    and every later run failed on "table users already exists"."""
+
+    def fails(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("the migration's last step failed")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(Operations, "create_index", fails)
+        with pytest.raises(RuntimeError, match="last step"):
+            await upgrade(db_url)
+    engine = create_directory_engine(db_url, poolclass=pool.NullPool)
+    try:
+        async with engine.connect() as conn:
+            tables = await conn.run_sync(lambda c: sqlalchemy.inspect(c).get_table_names())
+        assert tables == []
+    finally:
+        await engine.dispose()
+    await upgrade(db_url)
+    async with SqlUserDirectory.from_url(db_url, clock) as d:
+        await d.upsert([UserRecord("alice", ("a",))])
+        assert await d.page(None, tags_any=["a"]) == ["alice"]

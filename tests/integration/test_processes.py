@@ -263,14 +263,26 @@ def test_db_upgrade_and_users_import_commands(tmp_path: Path) -> None:
     assert bad.returncode == 2 and "x.xml" in bad.stderr
 
 
-def test_imroute_dev_on_a_cluster_without_a_bus_is_exit_2_and_starts_nothing() -> None:
-    """Before: no Redis answered at the redis+cluster:// URL as a standalone client asked
-    it, so dev started an embedded Redis in the Cluster's place, then a child exited 2."""
-    env = base_env(IMROUTE_REDIS_URL="redis+cluster://127.0.0.1:1")
-    dev = imroute("dev", "--port", "19790", env=env)
+@pytest.mark.parametrize(
+    ("extra", "said"),
+    [
+        # Before: no Redis answered at the URL as a standalone client asked it, so dev
+        # started an embedded Redis in the Cluster's place; then a child exited 2.
+        (
+            {"IMROUTE_REDIS_URL": "redis+cluster://127.0.0.1:1"},
+            "IMROUTE_BUS_URL: required when IMROUTE_REDIS_URL is a Redis Cluster",
+        ),
+        # Before: exit 1, "gw1 exited with code 2", and a KeyboardInterrupt traceback.
+        ({"IMROUTE_HEDGE_MAX_TOKENS": "9999"}, "IMROUTE_HEDGE_MAX_TOKENS"),
+    ],
+)
+def test_imroute_dev_with_a_setting_its_children_refuse_is_exit_2_at_once(
+    extra: dict[str, str], said: str
+) -> None:
+    dev = imroute("dev", "--port", "19790", env=base_env(**extra))
     assert dev.returncode == 2, dev.stderr
-    assert "IMROUTE_BUS_URL: required when IMROUTE_REDIS_URL is a Redis Cluster" in dev.stderr
-    assert "embedded" not in dev.stdout + dev.stderr
+    assert said in dev.stderr and "Traceback" not in dev.stderr
+    assert "embedded" not in dev.stdout + dev.stderr  # nothing was started
 
 
 async def test_sigterm_drains_the_gateway_then_it_exits(
