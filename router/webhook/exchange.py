@@ -37,6 +37,8 @@ class Answer:
     status: int | None  # None: no answer (deadline, refused or broken connection)
     detail: str  # for the log: "HTTP 500 '<excerpt>'", "no answer within 5s", ...
     cut: Cut | None = None
+    # A 429's or 503's Retry-After, in seconds (the delta form; an HTTP date is ignored)
+    retry_after_s: float | None = None
 
 
 async def post_bounded(
@@ -48,12 +50,15 @@ async def post_bounded(
 ) -> Answer:
     """POST `body`; the answer's status and a few bytes of its body, by `deadline_s`."""
     status: int | None = None
+    retry_after: float | None = None
     head = bytearray()
     whole = False
     try:
         async with asyncio.timeout(deadline_s):
             async with http.stream("POST", url, content=body, headers=headers) as response:
                 status = response.status_code
+                if status in (429, 503):
+                    retry_after = _seconds(response.headers.get("retry-after"))
                 whole = await _read_at_most(response, head, ANSWER_READ_BYTES)
     except TimeoutError:
         if status is None:
@@ -67,7 +72,14 @@ async def post_bounded(
     detail = f"HTTP {status}"
     if not 200 <= status < 300 and head:
         detail += f" {bytes(head).decode('utf-8', 'replace')[:EXCERPT_CHARS]!r}"
-    return Answer(status, detail, None if whole else Cut.LONG_ANSWER)
+    return Answer(status, detail, None if whole else Cut.LONG_ANSWER, retry_after)
+
+
+def _seconds(value: str | None) -> float | None:
+    """A Retry-After's delay in seconds, when it is one (not a date, not negative)."""
+    if value is None or not value.strip().isdigit():
+        return None
+    return float(value.strip())
 
 
 async def _read_at_most(response: httpx.Response, into: bytearray, limit: int) -> bool:

@@ -75,7 +75,11 @@ class WebhookCounts(Collector):
         for name, doc, value in (
             ("sent", "Webhook events this process delivered (2xx)", sender.sent),
             ("retried", "Webhook POSTs that failed and were retried", sender.retried),
-            ("dropped", "Webhook events the receiver refused (4xx), dropped", sender.dropped),
+            (
+                "dropped",
+                "Webhook events the receiver refused (a 4xx but 408 and 429, or a 3xx), dropped",
+                sender.dropped,
+            ),
             ("overflowed", "Webhook events a full outbox refused, fleet-wide", stats.overflowed),
         ):
             yield CounterMetricFamily(f"imroute_webhook_{name}", doc, value)

@@ -130,12 +130,16 @@ class WebhookSender:
         body = events_body([e.event for e in batch])
         failures = 0
         while True:
-            status, detail = self._noted(await self._post(body))
+            answer = await self._post(body)
+            status, detail = self._noted(answer)
             outcome = outcome_of(status)
             if outcome is Outcome.RETRY:
                 failures += 1
                 self.retried += 1
                 delay = backoff_s(failures, BACKOFF_BASE_S, self._backoff_max_s)
+                if answer.retry_after_s is not None:
+                    # As long as the receiver asks, within IMROUTE_WEBHOOK_BACKOFF_MAX_S
+                    delay = min(max(delay, answer.retry_after_s), self._backoff_max_s)
                 log.warning(
                     "webhook POST of %d events failed (%s); retry %d in %.1fs",
                     len(batch),

@@ -42,7 +42,9 @@ async def client(redis_url: str, prefix: str) -> AsyncIterator[RedisClient]:
         await redis.delete(keys.webhook_events(), keys.webhook_overflow())
 
 
-def sender(redis: RedisClient, prefix: str, handler: Handler) -> tuple[WebhookSender, RedisOutbox]:
+def sender(
+    redis: RedisClient, prefix: str, handler: Handler, backoff_max_s: float = 0.1
+) -> tuple[WebhookSender, RedisOutbox]:
     keys = KeySchema(prefix)
     outbox = RedisOutbox(redis, keys, 1000)
     s = WebhookSender(
@@ -54,7 +56,7 @@ def sender(redis: RedisClient, prefix: str, handler: Handler) -> tuple[WebhookSe
         secret="whsec-test-0123456789",
         timeout_s=1.0,
         batch_max=10,
-        backoff_max_s=0.1,
+        backoff_max_s=backoff_max_s,
         transport=httpx.MockTransport(handler),
     )
     return s, outbox
@@ -136,7 +138,7 @@ async def test_the_later_parts_of_a_split_batch_are_held_while_the_first_is_retr
         await wait_for(lambda: s.retried >= 1, "the first part retried")
         await asyncio.sleep(1.5)
         pending = await client.xpending_range(keys.webhook_events(), GROUP, "-", "+", 10)
-        idle = {p["message_id"]: p["time_since_delivered"] for p in pending}
+        idle = {p["message_id"]: int(p["time_since_delivered"]) for p in pending}
         assert len(idle) == 2, pending
         first, second = sorted(idle)  # entry ids grow: big-1's first
         # Touched together: before, big-2 was idle since it was read (1.5 s and more),
@@ -144,3 +146,23 @@ async def test_the_later_parts_of_a_split_batch_are_held_while_the_first_is_retr
         assert idle[second] - idle[first] < 500, idle
         refusing = False
         await wait_for(lambda: s.sent == 2, "both sent", 5.0)
+
+
+async def test_a_busy_receiver_is_retried_after_the_wait_it_asks_for(
+    client: RedisClient, prefix: str
+) -> None:
+    """429 with Retry-After: 1 (the first backoff alone is 0.25-0.5 s); at most
+    IMROUTE_WEBHOOK_BACKOFF_MAX_S. Before, Retry-After was not read."""
+    posts: list[float] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        posts.append(time.monotonic())
+        if len(posts) == 1:
+            return httpx.Response(429, headers={"Retry-After": "1"}, stream=httpx.ByteStream(b""))
+        return answer(200)
+
+    s, outbox = sender(client, prefix, handler, backoff_max_s=5.0)
+    async with s.running():
+        await outbox.emit([event("e1")])
+        await wait_for(lambda: s.sent == 1, "sent after the wait", 5.0)
+    assert 0.95 <= posts[1] - posts[0] < 2.0, posts

@@ -66,3 +66,16 @@ async def test_a_tls_error_httpx_does_not_map_is_no_answer_too() -> None:
     got = await post(corrupt)
     assert got.status is None and got.cut is None
     assert got.detail.startswith("SSLError: ") and "BAD_RECORD_MAC" in got.detail
+
+
+async def test_a_busy_receivers_retry_after_is_kept_in_seconds_only() -> None:
+    def busy(status: int, after: str) -> Callable[[httpx.Request], httpx.Response]:
+        return lambda _: httpx.Response(
+            status, headers={"Retry-After": after}, stream=httpx.ByteStream(b"")
+        )
+
+    assert (await post(busy(429, "7"))).retry_after_s == 7.0
+    assert (await post(busy(503, " 2 "))).retry_after_s == 2.0
+    assert (await post(busy(429, "Wed, 21 Oct 2026 07:28:00 GMT"))).retry_after_s is None
+    assert (await post(busy(429, "-1"))).retry_after_s is None
+    assert (await post(busy(500, "7"))).retry_after_s is None  # only where it means "later"
