@@ -88,9 +88,13 @@ async def import_file(
             try:
                 imported += await directory.upsert(chunk.records)
             except DirectoryUnavailable as exc:
+                done = (
+                    f"the {imported} users of lines 1-{written_to} were imported, none after"
+                    if written_to
+                    else "no user was imported"
+                )
                 raise DirectoryUnavailable(
-                    f"{exc}; the {imported} users of lines 1-{written_to} were imported, "
-                    "none after (an import upserts: running it again is safe)"
+                    f"{exc}; {done} (an import upserts: running it again is safe)"
                 ) from exc
             written_to = chunk.line
             skipped += len(chunk.bad)

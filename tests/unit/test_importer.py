@@ -219,3 +219,6 @@ async def test_a_directory_failure_mid_import_says_how_far_it_got(
         "1-21 were imported, none after (an import upserts: running it again is safe)"
     )
     assert await directory.count() == 20
+    calls = 2  # the next import's first write fails
+    with pytest.raises(DirectoryUnavailable, match="database is locked; no user was imported"):
+        await import_file(directory, path, batch=10)
