@@ -195,7 +195,7 @@ def _supervise(
 def stop_grace_s(settings: PushSettings) -> float:
     """How long the workers get to stop before they are killed: their open requests'
     grace (`requests_grace_s`), then their jobs' (IMROUTE_JOB_SHUTDOWN_GRACE_S)."""
-    return requests_grace_s(settings) + settings.job_shutdown_grace_s + 2.0
+    return requests_grace_s(settings) + settings.job_shutdown_grace_s + 5.0
 
 
 def _say(settings: PushSettings, text: str, err: bool) -> None:

@@ -2,24 +2,34 @@
 
 from __future__ import annotations
 
+import re
+
 __all__ = ["redact_url"]
 
 # Query parameters whose value is a secret (libpq's, redis-py's and the usual others)
 SECRET_PARAMS = frozenset(
     {"password", "pass", "passwd", "pwd", "sslpassword", "secret", "token", "key", "api_key"}
 )
+# An authority's end: where its path, query or fragment starts
+_AUTHORITY_END = re.compile(r"[/?#]")
+# "host:port": a colon that a port follows, which no password needs to be
+_PORTED = re.compile(r"(?:\[[^\]]*\]|[^:@\[\]]*):\d*")
 
 
 def redact_url(url: str) -> str:
     """`url` with its secrets replaced by ***, for messages and logs: the password of its
-    userinfo, found by the last "@" before the query (so a "/" or "#" a password holds
-    unencoded does not hide it), and the value of every query parameter that names one
-    (`?password=`, `token=`, ...). Text that is no URL comes back as it is."""
+    userinfo, and the value of every query parameter that names one (`?password=`,
+    `token=`, ...). A password holding a "/", "?" or "#" left unencoded ends the
+    authority early: `user:pa` before it, which no host:port is, marks it, and what
+    runs to the next "@" is hidden. Text that is no URL comes back as it is."""
     scheme, sep, rest = url.partition("://")
     if not sep:
         return url
-    query_at = rest.find("?")
-    at = rest.rfind("@", 0, len(rest) if query_at == -1 else query_at)
+    end = _AUTHORITY_END.search(rest)
+    authority = rest if end is None else rest[: end.start()]
+    at = authority.rfind("@")
+    if at == -1 and ":" in authority and not _PORTED.fullmatch(authority):
+        at = rest.find("@", len(authority))  # a delimiter in the password cut it short
     if at != -1:
         user, colon, _ = rest[:at].partition(":")
         if colon:

@@ -94,12 +94,16 @@ async function poll() {
   }
   if (!current()) return;
   if (resp.status === 401 || resp.status === 403) {
+    const why = await errorOf(resp);
+    if (!current()) return;
     sessionStorage.removeItem(KEY);
-    showLogin(`Key refused (${await errorOf(resp)})`);
+    showLogin(`Key refused (${why})`);
     return;
   }
   if (!resp.ok) {
-    $("#status").textContent = `overview: ${await errorOf(resp)}; retrying`;
+    const why = await errorOf(resp);
+    if (!current()) return;
+    $("#status").textContent = `overview: ${why}; retrying`;
     timer = setTimeout(poll, POLL_MS);
     return;
   }

@@ -39,7 +39,7 @@ def alembic_config(url: str) -> Config:
 async def upgrade(url: str, revision: str = "head") -> None:
     """Migrate the directory at `url` to `revision`; a no-op when already there."""
     config = alembic_config(url)
-    engine = create_directory_engine(url, poolclass=pool.NullPool)
+    engine = create_directory_engine(url, migrating=True, poolclass=pool.NullPool)
     try:
         with translate_errors("migrating the user directory"), _command_errors():
             async with engine.begin() as connection:

@@ -66,8 +66,12 @@ def translate_errors(what: str) -> Iterator[None]:
         raise DirectoryUnavailable(f"{what}: {type(exc).__name__}: {exc}") from exc
 
 
-def create_directory_engine(url: str, **kwargs: Any) -> AsyncEngine:
-    """An async engine for `url` (sqlite+aiosqlite or postgresql+asyncpg)."""
+def create_directory_engine(url: str, *, migrating: bool = False, **kwargs: Any) -> AsyncEngine:
+    """An async engine for `url` (sqlite+aiosqlite or postgresql+asyncpg). `migrating`:
+    for a migration, which on SQLite takes the write lock at its BEGIN (it reads its
+    version before it writes: a deferred transaction would then fail at once against a
+    writer, where this one waits the busy timeout) and runs with foreign keys off (a
+    batch migration copies a table and drops the old one, which would cascade)."""
     try:
         parsed = make_url(url)
         if parsed.get_backend_name() not in {"sqlite", "postgresql"}:
@@ -92,7 +96,10 @@ def create_directory_engine(url: str, **kwargs: Any) -> AsyncEngine:
     if engine.dialect.name == "sqlite":
         event.listen(engine.sync_engine, "do_connect", _sqlite_folder_exists)
         event.listen(engine.sync_engine, "connect", _sqlite_on_connect)
-        event.listen(engine.sync_engine, "begin", _sqlite_begin)
+        if migrating:
+            event.listen(engine.sync_engine, "connect", _sqlite_foreign_keys_off)
+        begin = "BEGIN IMMEDIATE" if migrating else "BEGIN"
+        event.listen(engine.sync_engine, "begin", lambda conn: conn.exec_driver_sql(begin))
     return engine
 
 
@@ -114,8 +121,8 @@ def _sqlite_folder_exists(_dialect: Any, _record: Any, cargs: Any, cparams: Any)
 def _sqlite_on_connect(dbapi_connection: Any, _record: Any) -> None:
     # The driver's own transactions off: it begins none before DDL, so a migration that
     # failed half-way left its first tables behind, and running it again failed on them
-    # ("table users already exists"). SQLAlchemy's begin says BEGIN (_sqlite_begin), so
-    # a migration is one transaction, as on PostgreSQL (SQLAlchemy's recipe for
+    # ("table users already exists"). The engine's begin listener says BEGIN, so a
+    # migration is one transaction, as on PostgreSQL (SQLAlchemy's recipe for
     # transactional DDL on SQLite).
     dbapi_connection.isolation_level = None
     # WAL lets pages be read while an import writes; the busy timeout makes a second
@@ -130,8 +137,12 @@ def _sqlite_on_connect(dbapi_connection: Any, _record: Any) -> None:
         cursor.close()
 
 
-def _sqlite_begin(connection: Any) -> None:
-    connection.exec_driver_sql("BEGIN")
+def _sqlite_foreign_keys_off(dbapi_connection: Any, _record: Any) -> None:
+    cursor = dbapi_connection.cursor()
+    try:
+        cursor.execute("PRAGMA foreign_keys=OFF")
+    finally:
+        cursor.close()
 
 
 def page_statement(after: str | None, limit: int, tags_any: Sequence[str] | None) -> Select[Any]:

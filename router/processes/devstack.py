@@ -215,7 +215,10 @@ class DevStack:
     def _restart(self, name: str) -> None:
         managed = self._managed[name]
         managed.started, managed.due = time.monotonic(), None
-        self.children.start(name, managed.argv, env=managed.env)
+        # A session of its own: a terminal's Ctrl-C reaches only dev, which passes it on
+        # once. A second SIGINT makes uvicorn exit at once, skipping its lifespan's
+        # shutdown (the jobs' hand-over).
+        self.children.start(name, managed.argv, env=managed.env, new_session=True)
 
     def _watch(self) -> int:
         while not self._stopping:

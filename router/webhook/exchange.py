@@ -77,9 +77,10 @@ async def post_bounded(
 
 def _seconds(value: str | None) -> float | None:
     """A Retry-After's delay in seconds, when it is one (not a date, not negative)."""
-    if value is None or not value.strip().isdigit():
+    text = (value or "").strip()
+    if not (text.isascii() and text.isdigit()):  # "²" is a digit to isdigit alone
         return None
-    return float(value.strip())
+    return float(text)
 
 
 async def _read_at_most(response: httpx.Response, into: bytearray, limit: int) -> bool:

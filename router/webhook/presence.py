@@ -200,10 +200,13 @@ async def adopt_last_run(presence: RedisPresence | None, gateway_id: str) -> Non
 
 
 async def retire(presence: RedisPresence | None, gateway_id: str) -> None:
-    """At a gateway's clean stop, once every client was unregistered: its set holds only
-    the users whose schedule failed (Redis did not take an unregister's): they are
-    scheduled now, as a crashed gateway's would be, and the set goes with the last of
-    them. Failing that, the set stays for this gateway's next start or a sweeper."""
+    """At a gateway's clean stop, once every client was unregistered: what its set still
+    holds is scheduled, as a crashed gateway's would be, and the set goes with it. That
+    is the users whose schedule failed (Redis did not take an unregister's), and those
+    whose last connection here closed while they were connected elsewhere (an
+    unregister leaves a user in the set unless it left them no route anywhere): the
+    sweeper fences those by epoch and live route, so they get no user.offline while
+    connected. Failing that, the set stays for this gateway's next start or a sweeper."""
     if presence is None:
         return
     try:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import random
+import sqlite3
 import uuid
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
@@ -388,8 +389,9 @@ async def test_a_delete_takes_its_locks_in_an_upserts_order(
         assert await d.get("x") is None
 
 
+@pytest.mark.parametrize("path", ["async", "cli"])
 async def test_a_migration_that_fails_half_way_leaves_nothing_and_runs_again(
-    db_url: str, clock: ManualClock, monkeypatch: pytest.MonkeyPatch
+    db_url: str, clock: ManualClock, monkeypatch: pytest.MonkeyPatch, path: str
 ) -> None:
     """Its last step fails (a crash, a lock): nothing of it stays, and the next run
     makes it all. Before, on SQLite each CREATE committed on its own: the tables stayed,
@@ -401,7 +403,10 @@ async def test_a_migration_that_fails_half_way_leaves_nothing_and_runs_again(
     with monkeypatch.context() as patched:
         patched.setattr(Operations, "create_index", fails)
         with pytest.raises(RuntimeError, match="last step"):
-            await upgrade(db_url)
+            if path == "async":
+                await upgrade(db_url)
+            else:  # the CLI's: env.py makes its engine
+                await asyncio.to_thread(upgrade_sync, db_url)
     engine = create_directory_engine(db_url, poolclass=pool.NullPool)
     try:
         async with engine.connect() as conn:
@@ -413,3 +418,23 @@ async def test_a_migration_that_fails_half_way_leaves_nothing_and_runs_again(
     async with SqlUserDirectory.from_url(db_url, clock) as d:
         await d.upsert([UserRecord("alice", ("a",))])
         assert await d.page(None, tags_any=["a"]) == ["alice"]
+
+
+async def test_a_sqlite_migration_waits_for_a_writer_rather_than_failing(
+    tmp_path: Path,
+) -> None:
+    """A migration reads its version, then writes: in a deferred transaction that failed
+    at once ("database is locked") while another connection wrote; it now takes the
+    write lock at its BEGIN, waiting the busy timeout like any writer."""
+    db = tmp_path / "directory.db"
+    writer = sqlite3.connect(db, isolation_level=None, check_same_thread=False)
+    writer.execute("PRAGMA journal_mode=WAL")
+    writer.execute("BEGIN IMMEDIATE")  # an import's write, say, under way
+    release = asyncio.get_running_loop().call_later(0.5, writer.execute, "COMMIT")
+    try:
+        await upgrade(f"sqlite+aiosqlite:///{db}")
+    finally:
+        release.cancel()
+        writer.close()
+    async with SqlUserDirectory.from_url(f"sqlite+aiosqlite:///{db}", ManualClock()) as d:
+        assert await d.count() == 0

@@ -73,6 +73,15 @@ def test_secrets_do_not_show_in_repr_or_errors() -> None:
             "postgresql+asyncpg://u@h/db?sslpassword=***&PWD=***",
         ),
         ("redis://:hun/ter#2@h:6379/0", "redis://:***@h:6379/0"),
+        ("postgresql+asyncpg://u:p?ss@h/db", "postgresql+asyncpg://u:***@h/db"),
+        # an "@" past the authority is no userinfo's end
+        (
+            "https://hooks.example.com:8443/u/ops@team.example/n",
+            "https://hooks.example.com:8443/u/ops@team.example/n",
+        ),
+        ("http://[::1]:8080/a@b", "http://[::1]:8080/a@b"),
+        ("http://h:80/#a@b", "http://h:80/#a@b"),
+        ("http://u:p@[::1]:8080/x", "http://u:***@[::1]:8080/x"),
         ("http://bob:hunter2@127.0.0.1:1/v1", "http://bob:***@127.0.0.1:1/v1"),
         ("not a url", "not a url"),
     ],

@@ -70,12 +70,13 @@ async def test_a_tls_error_httpx_does_not_map_is_no_answer_too() -> None:
 
 async def test_a_busy_receivers_retry_after_is_kept_in_seconds_only() -> None:
     def busy(status: int, after: str) -> Callable[[httpx.Request], httpx.Response]:
-        return lambda _: httpx.Response(
-            status, headers={"Retry-After": after}, stream=httpx.ByteStream(b"")
-        )
+        # Bytes, as they come off the wire (read back as latin-1)
+        head = [(b"retry-after", after.encode("latin-1"))]
+        return lambda _: httpx.Response(status, headers=head, stream=httpx.ByteStream(b""))
 
     assert (await post(busy(429, "7"))).retry_after_s == 7.0
     assert (await post(busy(503, " 2 "))).retry_after_s == 2.0
     assert (await post(busy(429, "Wed, 21 Oct 2026 07:28:00 GMT"))).retry_after_s is None
     assert (await post(busy(429, "-1"))).retry_after_s is None
+    assert (await post(busy(429, "\u00b2"))).retry_after_s is None  # a digit, not decimal
     assert (await post(busy(500, "7"))).retry_after_s is None  # only where it means "later"

@@ -31,7 +31,7 @@ def _run(connection: Connection) -> None:
 
 async def _run_online(url: str) -> None:
     # NullPool: one connection for one run, nothing left open afterwards.
-    engine = create_directory_engine(url, poolclass=pool.NullPool)
+    engine = create_directory_engine(url, migrating=True, poolclass=pool.NullPool)
     try:
         async with engine.connect() as connection:
             await connection.run_sync(_run)
