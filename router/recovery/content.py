@@ -90,32 +90,42 @@ class ContentCache:
     async def fill(self, batches: Sequence[gateway_pb2.Batch]) -> list[bool]:
         """Give each batch with `content_stored` its content, in place; per batch,
         whether it now has it (False: gone, the batch must not be delivered)."""
-        wanted = {
-            b.message.msg_id
-            for b in batches
-            if b.message.content_stored and b.message.msg_id not in self._cache
-        }
+        # This call's contents, apart from the cache: the cache keeps only the last
+        # CACHE_ITEMS, and one call (a resume's 1000 batches a topic) or another call
+        # during the read may push out what this one fetched before it is used.
+        found: dict[str, bytes] = {}
+        wanted = set()
+        for b in batches:
+            msg_id = b.message.msg_id
+            if b.message.content_stored:
+                content = self._cache.get(msg_id)
+                if content is None:
+                    wanted.add(msg_id)
+                else:
+                    found[msg_id] = content
         if wanted:
             ids = sorted(wanted)
             for msg_id, content in zip(ids, await self._store.get_many(ids), strict=True):
                 if content is not None:
-                    self._cache[msg_id] = content
-                    while len(self._cache) > self._items:
-                        self._cache.popitem(last=False)
+                    found[msg_id] = content
         filled = []
         for batch in batches:
             message = batch.message
             if not message.content_stored:
                 filled.append(True)
                 continue
-            content = self._cache.get(message.msg_id)
+            content = found.get(message.msg_id)
             if content is None:
                 self.missing += 1
                 filled.append(False)
                 continue
-            self._cache.move_to_end(message.msg_id)
             message.content_json = content
             filled.append(True)
+        for msg_id, content in found.items():  # the most recently used, at the end
+            self._cache[msg_id] = content
+            self._cache.move_to_end(msg_id)
+        while len(self._cache) > self._items:
+            self._cache.popitem(last=False)
         return filled
 
 

@@ -112,13 +112,27 @@ class ScriptRunner:
             # Many: packed and parsed at once, in a round trip of their own.
             return await self._run(lambda: auto.execute_many(calls))
 
-        async def go() -> list[Any]:
-            pipe = self._redis.pipeline(transaction=False)
-            for args in calls:
-                pipe.execute_command(*args)
-            return list(await pipe.execute())
+        replies = await self._pipelined(calls)
+        lost = [i for i, reply in enumerate(replies) if isinstance(reply, NoScriptError)]
+        if lost:
+            # A node that lost its scripts (on a Cluster, a primary that failed over or
+            # restarted; the others ran theirs): only its calls run again, as a script
+            # that appends must not run twice.
+            await self._load()
+            again = await self._pipelined([calls[i] for i in lost])
+            for i, reply in zip(lost, again, strict=True):
+                replies[i] = reply
+        for reply in replies:
+            if isinstance(reply, Exception):
+                raise reply  # the first error, once every call is in, as a pipeline's
+        return replies
 
-        return await self._run(go)
+    async def _pipelined(self, calls: Sequence[tuple[Any, ...]]) -> list[Any]:
+        """Each call's reply or error, in one pipeline (a Cluster's: one per node)."""
+        pipe = self._redis.pipeline(transaction=False)
+        for args in calls:
+            pipe.execute_command(*args)
+        return list(await pipe.execute(raise_on_error=False))
 
     def soon(self, calls: Sequence[tuple[Any, ...]]) -> Awaitable[list[Any]]:
         """`many`, sent now: through the auto-pipeline the calls join this loop turn's

@@ -10,6 +10,7 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
 from router.redis.client import GentleRedisCluster
+from router.redis.scripts import Script, ScriptRunner
 from tests.integration.redis_cluster import LocalCluster
 
 pytestmark = pytest.mark.integration
@@ -50,4 +51,30 @@ async def test_multi_is_refused_with_what_to_do_instead(redis_cluster: LocalClus
         with pytest.raises(NotImplementedError, match="Lua script"):
             client.pipeline(transaction=True)
     finally:
+        await client.aclose()
+
+
+async def test_a_node_that_lost_its_scripts_runs_only_its_own_calls_again(
+    redis_cluster: LocalCluster, prefix: str
+) -> None:
+    """One primary lost its script cache (a failover, a restart): in a pipeline over two
+    primaries, its call got NOSCRIPT and the other's ran. Before, every call was sent
+    again, so the other's ran twice (a P2P message logged twice, seq 2 and 3)."""
+    client: RedisCluster = GentleRedisCluster.from_url(
+        "redis://" + redis_cluster.url.removeprefix("redis+cluster://"), decode_responses=True
+    )
+    script = Script("return redis.call('INCR', KEYS[1])")
+    runner = ScriptRunner(client, [script])
+    try:
+        keys = [f"{prefix}k{i}" for i in range(64)]
+        first, owner = keys[0], redis_cluster.primary_of(keys[0])
+        other = next(k for k in keys if redis_cluster.primary_of(k) != owner)
+        calls = [script.args([first]), script.args([other])]
+        assert await runner.many(calls) == [1, 1]  # loaded at its first NOSCRIPT
+        with redis_cluster.client(owner) as node:
+            node.script_flush()
+        assert await runner.many(calls) == [2, 2]
+        assert [await client.get(first), await client.get(other)] == ["2", "2"]
+    finally:
+        await client.delete(*keys)
         await client.aclose()

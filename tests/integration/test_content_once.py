@@ -14,7 +14,9 @@ from router.bus import BROADCAST
 from router.bus.factory import open_bus
 from router.bus.redis_streams import stream_key
 from router.recovery.base import RecoveryLimits
+from router.recovery.content import CACHE_ITEMS, ContentCache, RedisContentStore
 from router.recovery.store import RedisRecoveryStore
+from router.redis.client import connect_redis
 from shared.batches import to_batch
 from shared.clock import SystemClock
 from shared.keys import KeySchema
@@ -124,3 +126,26 @@ async def test_the_topic_log_gives_stored_content_back_and_leaves_out_what_is_go
     history = await fresh.read_topic(BROADCAST, 0)
     assert [lb.seq for lb in history.batches] == [seqs[1]]  # a hole where m1 was
     assert fresh.content_missing == 1
+
+
+async def test_a_fill_of_more_contents_than_the_cache_holds_fills_them_all(
+    redis_url: str, prefix: str
+) -> None:
+    """300 stored contents in one fill (a resume reads up to 1000 batches a topic): the
+    cache keeps 256. Before, the first 44 fetched were pushed out before they were put
+    back, counted missing and their batches dropped, though Redis had every one."""
+    keys = KeySchema(prefix)
+    async with connect_redis(redis_url) as client:
+        store = RedisContentStore(client, keys, SystemClock(), 600, 1024)
+        ids = [f"m{i:04d}" for i in range(CACHE_ITEMS + 44)]
+        for msg_id in ids:
+            await store.hold(msg_id, b'"' + b"x" * 2000 + b'"')
+        batches = [
+            gateway_pb2.Batch(message=gateway_pb2.Message(msg_id=m, content_stored=True))
+            for m in ids
+        ]
+        cache = ContentCache(store)
+        assert await cache.fill(batches) == [True] * len(ids)
+        assert cache.missing == 0
+        assert all(b.message.content_json.startswith(b'"xx') for b in batches)
+        await client.delete(*[keys.content(m) for m in ids])
