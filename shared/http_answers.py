@@ -3,15 +3,17 @@ service's refusals before a request reaches the app, and a gateway's metrics por
 
 Each says `Connection: close` (the connection is closed once it is written) and
 `X-Content-Type-Options: nosniff`; a refusal's body is `{"error","detail"}` JSON, like
-every other refusal of imroute.
+every other refusal of imroute. And what an answer's `Retry-After` asks for, read the
+one way by every client here (the CLI, the webhook sender).
 """
 
 from __future__ import annotations
 
 import json
+import math
 from http import HTTPStatus
 
-__all__ = ["closing_answer", "json_refusal_answer"]
+__all__ = ["closing_answer", "json_refusal_answer", "retry_after_s"]
 
 
 def closing_answer(status: int, content_type: str, body: bytes, with_body: bool = True) -> bytes:
@@ -29,3 +31,13 @@ def json_refusal_answer(status: int, error: str, detail: str) -> bytes:
     """A refusal, `{"error","detail"}` in JSON, after which the connection is closed."""
     body = json.dumps({"error": error, "detail": detail}).encode()
     return closing_answer(status, "application/json", body)
+
+
+def retry_after_s(value: str | None) -> float | None:
+    """The seconds a `Retry-After` value asks to wait, when it is a delay (not an HTTP
+    date, not negative, finite); else None. Each caller bounds it as it needs."""
+    try:
+        seconds = float(value or "")
+    except ValueError:
+        return None
+    return seconds if math.isfinite(seconds) and seconds >= 0 else None

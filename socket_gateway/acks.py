@@ -73,7 +73,7 @@ class AckReporter:
     flush_s: float = FLUSH_S
     # Each flush's acks of traced pushes are spans (tracing on).
     tracing: GatewayTracing | None = None
-    inbox_max: int = 100  # IMROUTE__INBOX_MAX (`derives_ack`)
+    inbox_max: int = 100  # IMROUTE_INBOX_MAX (`derives_ack`)
     # Per user, the furthest P2P seq its devices acked (a later epoch's is further).
     _acked: dict[str, int] = field(default_factory=dict, init=False, repr=False)
     _marks: dict[str, dict[str, set[str]]] = field(

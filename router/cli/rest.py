@@ -17,7 +17,6 @@ alike; a request without a key never is.
 
 from __future__ import annotations
 
-import math
 import time
 import uuid
 from collections.abc import Callable, Sequence
@@ -29,6 +28,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from router.balancing.retry import RetryPolicy
 from shared.errors import ImrouteError
+from shared.http_answers import retry_after_s
 from shared.urls import redact_url
 
 __all__ = [
@@ -182,11 +182,8 @@ class RestClient:
 
 def _retry_after(resp: httpx.Response) -> float | None:
     """The seconds a 429's or 503's Retry-After asks for, at most RETRY_AFTER_MAX_S."""
-    try:
-        seconds = float(resp.headers.get("retry-after", ""))
-    except ValueError:
-        return None
-    return min(max(seconds, 0.0), RETRY_AFTER_MAX_S) if math.isfinite(seconds) else None
+    seconds = retry_after_s(resp.headers.get("retry-after"))
+    return None if seconds is None else min(seconds, RETRY_AFTER_MAX_S)
 
 
 def _describe(method: str, path: str, resp: httpx.Response, answer: Any, setting: str) -> str:

@@ -43,8 +43,9 @@ RESTART_FIRST_S = 1.0
 RESTART_MAX_S = 30.0
 # A child that stayed up this long starts its backoff over when it dies.
 STABLE_S = 30.0
-# Added to the deliver timeout and the jobs' grace for the children's stop: above the 16 s
-# of a push request's longest wait and the push service's own 2-s margin.
+# Added to the deliver timeout and the jobs' grace for the children's stop: above the
+# 17 s of a push request's longest wait (and a second) and the push service's own 5-s
+# margin (`push_service.workers.stop_grace_s`).
 STOP_MARGIN_S = 25.0
 
 

@@ -18,6 +18,8 @@ from dataclasses import dataclass
 
 import httpx
 
+from shared.http_answers import retry_after_s
+
 __all__ = ["ANSWER_READ_BYTES", "Answer", "Cut", "post_bounded"]
 
 # What is read of an answer's body at most: a JSON reply or a proxy's error page fits
@@ -58,7 +60,7 @@ async def post_bounded(
             async with http.stream("POST", url, content=body, headers=headers) as response:
                 status = response.status_code
                 if status in (429, 503):
-                    retry_after = _seconds(response.headers.get("retry-after"))
+                    retry_after = retry_after_s(response.headers.get("retry-after"))
                 whole = await _read_at_most(response, head, ANSWER_READ_BYTES)
     except TimeoutError:
         if status is None:
@@ -73,14 +75,6 @@ async def post_bounded(
     if not 200 <= status < 300 and head:
         detail += f" {bytes(head).decode('utf-8', 'replace')[:EXCERPT_CHARS]!r}"
     return Answer(status, detail, None if whole else Cut.LONG_ANSWER, retry_after)
-
-
-def _seconds(value: str | None) -> float | None:
-    """A Retry-After's delay in seconds, when it is one (not a date, not negative)."""
-    text = (value or "").strip()
-    if not (text.isascii() and text.isdigit()):  # "²" is a digit to isdigit alone
-        return None
-    return float(text)
 
 
 async def _read_at_most(response: httpx.Response, into: bytearray, limit: int) -> bool:

@@ -215,4 +215,4 @@ async def retire(presence: RedisPresence | None, gateway_id: str) -> None:
         log.warning("users left in this gateway's set not scheduled yet: %s", exc)
         return
     if n:
-        log.info("webhook presence: %d users whose schedule had failed scheduled", n)
+        log.info("webhook presence: %d users left in this gateway's set scheduled", n)
