@@ -18,8 +18,8 @@ from router.fanout.publisher import BatchPublisher, Publisher
 from router.fanout.runner import JobRun, JobRunner, Work
 from router.jobs.base import Claim, Job, PushCounters
 from router.jobs.specs import BroadcastSpec, MulticastSpec
+from router.receipts.base import message_meta
 from router.receipts.fanout import FanoutReceipt
-from router.receipts.record import message_meta
 from router.recovery.base import RecoveryLog
 from router.routes.base import LOOKUP_CHUNK, GroupLookup
 from router.routes.traced import TracedGroupLookup

@@ -13,8 +13,15 @@ from push_service.idempotency.http import id_seed
 from push_service.schemas import PushIn
 from router.p2p.plan import Outgoing, PushOutcome
 from router.p2p.pusher import P2PPusher
-from router.receipts.base import NewReceipt, ReceiptLimits, ReceiptLog, ReceiptReads
-from router.receipts.record import message_meta, p2p_receipt, split_acked
+from router.receipts.base import (
+    NewReceipt,
+    ReceiptLimits,
+    ReceiptLog,
+    ReceiptReads,
+    message_meta,
+    p2p_receipt,
+    split_acked,
+)
 from router.receipts.wait import wait_acks
 from shared.clock import Clock
 from shared.errors import ImrouteError, InvalidInput

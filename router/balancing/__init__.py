@@ -2,7 +2,7 @@
 
 - `rules`: an Availability filter, then a rule picks one gateway (round robin, least
   connections, rendezvous consistent hash by group, zone affinity).
-- `stats` and `circuit`: per-gateway call counters and circuit breakers.
+- `stats`: per-gateway call counters, each with its circuit breaker.
 - `connects`: clients' failed and successful connects, and which gateways they show
   failing (dispatch skips those).
 - `retry`: how often a pinned call is retried on its gateway, and the backoff.
@@ -13,7 +13,6 @@ to the live fleet; `router.gateway_rpc.resilient` runs calls through stats and r
 
 from __future__ import annotations
 
-from router.balancing.circuit import BreakerState, CircuitBreaker, Permit
 from router.balancing.connects import ConnectReports, ConnectSettings, failing
 from router.balancing.retry import RetryPolicy
 from router.balancing.rules import (
@@ -29,7 +28,15 @@ from router.balancing.rules import (
     rule_for,
 )
 from router.balancing.servers import GatewayState
-from router.balancing.stats import ServerStats, StatsRegistry, StatsSettings, Ticket
+from router.balancing.stats import (
+    BreakerState,
+    CircuitBreaker,
+    Permit,
+    ServerStats,
+    StatsRegistry,
+    StatsSettings,
+    Ticket,
+)
 from shared.errors import NoEligibleGateway
 
 __all__ = [

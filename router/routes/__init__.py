@@ -2,7 +2,7 @@
 
 - `codec`: a route's value, written by the gateway and read by every look-up.
 - `registry`: register, refresh and remove routes; look them up for P2P and multicast.
-- `reads` and `bulk_read`: many route hashes in one round trip.
+- `reads`: many route hashes in one round trip.
 - `writer`: coalesces a gateway's concurrent route writes into pipelines.
 """
 

@@ -1,7 +1,7 @@
 """How the registry reads many route hashes in one round trip: two ways, chosen per client.
 
 - `BulkHashReads`: standalone Redis; one RESP buffer out, every reply parsed in one go
-  (`router.routes.bulk_read`), several times cheaper than redis-py's pipeline.
+  (`router.redis.autopipe`), several times cheaper than redis-py's pipeline.
 - `PipelineHashReads`: redis-py's non-transactional pipeline. Redis Cluster needs it,
   because the cluster client splits the keys by node; anything that is not a plain
   `redis.asyncio.Redis` (a cluster client, a test's wrapper) gets this one.
@@ -19,9 +19,8 @@ from typing import Protocol
 
 import redis.asyncio as aioredis
 
-from router.redis.autopipe import AutoPipeline
+from router.redis.autopipe import AutoPipeline, RespBulkReader
 from router.redis.client import RedisClient
-from router.routes.bulk_read import RespBulkReader
 
 __all__ = ["BulkHashReads", "HashReads", "PipelineHashReads", "hash_reads_for"]
 

@@ -13,8 +13,8 @@ import pytest
 import redis.asyncio as aioredis
 from redis.exceptions import ResponseError
 
+from router.redis.autopipe import RespBulkReader, _stream
 from router.redis.client import create_redis
-from router.routes.bulk_read import RespBulkReader, _stream
 from router.routes.reads import BulkHashReads
 
 pytestmark = pytest.mark.integration

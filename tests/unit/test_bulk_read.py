@@ -5,7 +5,7 @@ from __future__ import annotations
 import hiredis
 import pytest
 
-from router.routes.bulk_read import ReplyCollector, pack_commands
+from router.redis.autopipe import ReplyCollector, pack_commands
 
 
 @pytest.mark.parametrize("keys", [["p:route:alice", "p:b"], ["p:route:zoë", "p:李", "k"]])

@@ -1,6 +1,6 @@
 def test_recipients_whose_gateway_said_expired_are_told_apart() -> None:
     from router.p2p.plan import GatewayOutcome, merge, plan_p2p
-    from router.receipts.record import p2p_receipt
+    from router.receipts.base import p2p_receipt
     from shared.models import Message, Route
 
     routes = {

@@ -5,8 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 
-from router.receipts.base import ACKED, DELIVERED
-from router.receipts.record import split_acked
+from router.receipts.base import ACKED, DELIVERED, split_acked
 from router.receipts.wait import WAIT_POLL_MAX_S, poll_interval, wait_acks
 from shared.clock import SystemClock
 

@@ -116,8 +116,8 @@ def test_an_error_reply_read_by_hiredis_raises_as_redis_py_would() -> None:
     redis-py's class for it, so a failover's READONLY stays worth another try."""
     import hiredis
 
+    from router.redis.autopipe import reply_error
     from router.redis.errors import is_transient
-    from router.routes.bulk_read import reply_error
 
     reader = hiredis.Reader()
     reader.feed(

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from router.balancing.circuit import BreakerState
-from router.balancing.stats import StatsRegistry, StatsSettings
+from router.balancing.stats import BreakerState, StatsRegistry, StatsSettings
 from router.fleet.cache import CachedFleet
 from shared.clock import ManualClock
 from shared.models import GatewayInfo
