@@ -8,10 +8,9 @@ from contextlib import AsyncExitStack, asynccontextmanager
 from fastapi import FastAPI
 from fastapi.routing import APIRoute
 
-from push_service.access import ApiKeys
+from push_service.access import AccessRules, ApiKeys, KeyGate
 from push_service.errors import ServerErrors, add_error_handlers
 from push_service.fast_push import FastPush, ServicesSlot
-from push_service.gate import AccessRules, KeyGate
 from push_service.http_server import HeadCounts, HeadCuts
 from push_service.limits import BodyLimit
 from push_service.pages import add_pages

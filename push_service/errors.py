@@ -1,6 +1,6 @@
 """Our error tree as HTTP: each error type, its status, its JSON body and headers.
 
-HTTP status codes live here (and in `gate` and `limits`, which answer before the app
+HTTP status codes live here (and in `access` and `limits`, which answer before the app
 runs, and `http_server`, which answers before a request is whole). The services raise
 from the tree drawn in `shared.errors`, plus the four below, which only the HTTP shell
 needs:

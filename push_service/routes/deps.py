@@ -56,7 +56,7 @@ client_bearer = HTTPBearer(
 
 
 def _check(request: Request, creds: HTTPAuthorizationCredentials | None, needed: Scope) -> None:
-    # The ASGI gate (push_service.gate) has already refused such a request before its
+    # The ASGI gate (push_service.access.KeyGate) has already refused such a request before its
     # body was read; this is the second line, and what puts the scheme in the schema.
     keys: ApiKeys = request.app.state.keys
     denial = authorize(keys, creds.credentials if creds else None, needed)

@@ -1,4 +1,4 @@
-"""The key scopes (push_service.access), the gate's rules (push_service.gate) and their
+"""The key scopes and the gate's rules (push_service.access), and their
 settings: pure, no server."""
 
 from __future__ import annotations
@@ -7,8 +7,7 @@ import re
 
 import pytest
 
-from push_service.access import ApiKeys, Scope, authorize, bearer_token
-from push_service.gate import AccessRules
+from push_service.access import AccessRules, ApiKeys, Scope, authorize, bearer_token
 from shared.errors import ConfigError
 from shared.settings import Settings
 
