@@ -1,8 +1,9 @@
 """The gateway's gRPC service, `imroute.v1.Gateway` (shared/proto/gateway.proto).
 
-Registered through the generated `add_GatewayServicer_to_server`, so the method names
-and codecs come from the .proto; a DeliverMany goes to the delivery core, as a call on
-the delivery link does (socket_gateway.link_server).
+Registered through `add_GatewayServicer_to_server` (shared.proto.gateway_service, whose
+method table a test holds to the .proto), so no method name or codec is spelled here; a
+DeliverMany goes to the delivery core, as a call on the delivery link does
+(socket_gateway.link_server).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import grpc
 import grpc.aio
 
 from shared.internal_auth import TlsFiles
-from shared.proto import gateway_pb2, gateway_pb2_grpc
+from shared.proto import gateway_pb2, gateway_service
 from socket_gateway.delivery import BadCall, DeliverService
 
 if TYPE_CHECKING:
@@ -26,7 +27,7 @@ __all__ = ["GatewayServicer", "start_grpc_server"]
 MAX_RECEIVE_BYTES = 16 << 20
 
 
-class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
+class GatewayServicer(gateway_service.GatewayServicer):
     """DeliverMany(batches), `DeliverService.deliver_call` over gRPC; Link tells where
     the delivery link is (`offer`: a new LinkReply each time, with a fresh ticket; None:
     port 0, no link)."""
@@ -85,7 +86,7 @@ async def start_grpc_server(
             ("grpc.so_reuseport", 0),
         ],
     )
-    gateway_pb2_grpc.add_GatewayServicer_to_server(servicer, server)
+    gateway_service.add_GatewayServicer_to_server(servicer, server)
     # "": every interface, as for the event loop's servers (gRPC refuses an empty host)
     address = f"{host or '[::]'}:{port}"
     if tls is None:

@@ -21,7 +21,7 @@ import asyncio
 import logging
 from collections.abc import Coroutine, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import grpc
 import grpc.aio
@@ -32,13 +32,9 @@ from shared.backoff import backoff_s
 from shared.errors import GatewayUnavailable
 from shared.internal_auth import TlsFiles, token_metadata
 from shared.proto import gateway_pb2
-from shared.proto.gateway_pb2_grpc import GatewayStub
+from shared.proto.gateway_service import GatewayAsyncStub, GatewayStub
 from shared.tasks import Background
 from shared.tls_context import client_context
-
-if TYPE_CHECKING:
-    # Only in the .pyi: what GatewayStub(channel) is for a grpc.aio channel.
-    from shared.proto.gateway_pb2_grpc import GatewayAsyncStub
 
 __all__ = [
     "CLOSE_GRACE_S",
@@ -97,7 +93,7 @@ def host_of(address: str) -> str:
 @dataclass(frozen=True, slots=True)
 class _Stub:
     channel: grpc.aio.Channel
-    rpc: GatewayAsyncStub  # the generated stub: method paths and codecs come from the .proto
+    rpc: GatewayAsyncStub  # method paths and codecs: shared.proto.gateway_service
 
 
 class GrpcGatewayClients:

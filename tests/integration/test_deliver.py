@@ -17,7 +17,7 @@ from shared.clock import SystemClock
 from shared.errors import GatewayUnavailable
 from shared.models import Message
 from shared.proto import gateway_pb2
-from shared.proto.gateway_pb2_grpc import GatewayServicer, add_GatewayServicer_to_server
+from shared.proto.gateway_service import GatewayServicer, add_GatewayServicer_to_server
 from tests.integration.stack import client, gateway, nothing_more, recv_json
 
 pytestmark = pytest.mark.integration
@@ -74,7 +74,7 @@ class _Answering(GatewayServicer):
 
 async def _serve(port: int) -> grpc.aio.Server:
     server = grpc.aio.server()
-    add_GatewayServicer_to_server(_Answering(), server)  # type: ignore[no-untyped-call]
+    add_GatewayServicer_to_server(_Answering(), server)
     assert server.add_insecure_port(f"127.0.0.1:{port}") == port
     await server.start()
     return server

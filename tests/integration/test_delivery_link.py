@@ -22,7 +22,7 @@ from router.processes.ports import free_port
 from shared.batches import to_batch
 from shared.errors import GatewayUnavailable
 from shared.proto import gateway_pb2
-from shared.proto.gateway_pb2_grpc import GatewayServicer, add_GatewayServicer_to_server
+from shared.proto.gateway_service import GatewayServicer, add_GatewayServicer_to_server
 from socket_gateway.app import Gateway
 from tests.integration.stack import client, gateway, nothing_more, recv_json
 from tests.integration.test_deliver import message

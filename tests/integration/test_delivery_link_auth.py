@@ -20,7 +20,7 @@ from shared.batches import to_batch
 from shared.internal_auth import TlsFiles, load_tls
 from shared.link_frames import FrameReader, frame
 from shared.proto import gateway_pb2
-from shared.proto.gateway_pb2_grpc import GatewayStub
+from shared.proto.gateway_service import GatewayStub
 from socket_gateway import link_server
 from socket_gateway.app import Gateway
 from tests.integration.stack import client, gateway, nothing_more, recv_json, settings

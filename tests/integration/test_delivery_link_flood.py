@@ -18,7 +18,7 @@ from router.gateway_rpc.grpc_client import GrpcGatewayClients
 from shared.batches import to_batch
 from shared.internal_auth import TlsFiles, load_tls
 from shared.proto import gateway_pb2
-from shared.proto.gateway_pb2_grpc import GatewayStub
+from shared.proto.gateway_service import GatewayStub
 from socket_gateway import link_server
 from tests.integration.floods import Flood
 from tests.integration.procs import gateway_process, scrape

@@ -26,7 +26,7 @@ from shared.errors import ConfigError, GatewayUnavailable
 from shared.internal_auth import TlsFiles, load_tls
 from shared.models import Message
 from shared.proto import gateway_pb2
-from shared.proto.gateway_pb2_grpc import GatewayStub
+from shared.proto.gateway_service import GatewayStub
 from socket_gateway.app import Gateway
 from socket_gateway.metrics import render
 from tests.conftest import SECRET

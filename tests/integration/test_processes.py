@@ -22,7 +22,7 @@ from router.processes.ports import free_port_block
 from router.processes.supervisor import alive, descendants
 from shared.keys import KeySchema
 from shared.proto import gateway_pb2
-from shared.proto.gateway_pb2_grpc import GatewayStub
+from shared.proto.gateway_service import GatewayStub
 from tests.conftest import SECRET
 from tests.integration.procs import (
     BIN,
