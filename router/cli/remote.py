@@ -102,6 +102,13 @@ class _Job(_Content):
         600.0, gt=0, allow_inf_nan=False, description="with --wait: give up after this many seconds"
     )
 
+    def submit(self, path: str, fields: dict[str, Any]) -> int:
+        """POST the job (the message and `fields`) to `path`, then follow it."""
+        with self.client() as api:
+            body = {**self.message(), **fields}
+            accepted = api.call("POST", path, body, idempotency_key=self.key(), expect=("push_id",))
+            return self.follow(api, accepted)
+
     def follow(self, api: RestClient, accepted: dict[str, Any]) -> int:
         if not self.wait:
             show.out(accepted, self.json_out, f"accepted: {accepted['push_id']}")
@@ -140,12 +147,7 @@ class Broadcast(_Job):
         if bool(tags) == self.online:
             raise InvalidInput("--tags/--online", "give exactly one of them")
         audience: dict[str, Any] = {"tags_any": tags} if tags else {"online": True}
-        with self.client() as api:
-            body = {**self.message(), "audience": audience}
-            accepted = api.call(
-                "POST", "/v1/broadcast", body, idempotency_key=self.key(), expect=("push_id",)
-            )
-            return self.follow(api, accepted)
+        return self.submit("/v1/broadcast", {"audience": audience})
 
 
 class Multicast(_Job):
@@ -154,13 +156,7 @@ class Multicast(_Job):
     file: Path = Field(description="the uids, one per line ('-': standard input)")
 
     def run(self) -> int:
-        uids = _read_uids(self.file)
-        with self.client() as api:
-            body = {**self.message(), "to": uids}
-            accepted = api.call(
-                "POST", "/v1/multicast", body, idempotency_key=self.key(), expect=("push_id",)
-            )
-            return self.follow(api, accepted)
+        return self.submit("/v1/multicast", {"to": _read_uids(self.file)})
 
 
 class Status(Connection):

@@ -62,14 +62,7 @@ def test_limits_must_be_positive() -> None:
         ResumeLimits(burst_per_uid=0)
 
 
-def test_the_limits_come_from_imroute_settings() -> None:
-    assert ResumeLimits.from_settings(Settings.load({})) == ResumeLimits(1000, 1 << 20, 0.5, 20)
-    env = {
-        "IMROUTE_RECOVERY_RESUME_MAX": "50",
-        "IMROUTE_RECOVERY_RESUME_MAX_BYTES": "65536",
-        "IMROUTE_RECOVERY_RESUME_RATE_PER_UID": "0",
-        "IMROUTE_RECOVERY_RESUME_BURST_PER_UID": "3",
-    }
-    assert ResumeLimits.from_settings(Settings.load(env)) == ResumeLimits(50, 65536, 0.0, 3)
+def test_a_byte_budget_too_small_is_refused() -> None:
+    # What the limits read from the settings: tests/unit/test_settings_limits.py.
     with pytest.raises(ConfigError, match="IMROUTE_RECOVERY_RESUME_MAX_BYTES"):
         Settings.load({"IMROUTE_RECOVERY_RESUME_MAX_BYTES": "10"})

@@ -10,7 +10,6 @@ import pytest
 from router.testing import ManualClock
 from shared.auth import TokenRules, issue_token, verify_token
 from shared.errors import AuthError
-from shared.settings import Settings
 
 SECRET = "s" * 32
 
@@ -104,16 +103,3 @@ def test_issued_tokens_carry_audience_and_issuer() -> None:
     assert verify_token(SECRET, token, clock, rules) == "bob"
     with pytest.raises(AuthError):
         verify_token(SECRET, issue_token(SECRET, "bob", 60, clock), clock, rules)
-
-
-def test_rules_from_settings() -> None:
-    s = Settings.load(
-        {
-            "IMROUTE_JWT_AUDIENCE": "app",
-            "IMROUTE_JWT_ISSUER": "auth.example",
-            "IMROUTE_JWT_LEEWAY_S": "5",
-            "IMROUTE_JWT_MAX_TTL_S": "0",
-        }
-    )
-    assert TokenRules.from_settings(s) == TokenRules("app", "auth.example", 5.0, None)
-    assert TokenRules.from_settings(Settings.load({})) == TokenRules()

@@ -7,7 +7,6 @@ import logging
 
 import pytest
 
-from shared.settings import Settings
 from socket_gateway.preauth import client_key
 from socket_gateway.ws.admission import (
     REFUSALS,
@@ -86,16 +85,8 @@ def test_refusals_are_counted_and_logged_at_most_once_per_interval(
     assert metrics["handshakes_refused_full"][1] == 0
 
 
-def test_limits_from_settings() -> None:
-    s = Settings.load(
-        {
-            "IMROUTE_WS_MAX_PRE_AUTH": "50",
-            "IMROUTE_WS_CONNECT_RATE_PER_IP": "2.5",
-            "IMROUTE_WS_CONNECT_BURST_PER_IP": "4",
-        }
-    )
-    assert HandshakeLimits.from_settings(s) == HandshakeLimits(50, 2.5, 4)
-    assert HandshakeLimits.from_settings(Settings.load({})) == HandshakeLimits()
+def test_the_connect_rate_is_off_by_default() -> None:
+    # What the limits read from the settings: tests/unit/test_settings_limits.py.
     assert HandshakeLimits().connect_rate_per_ip is None  # off by default
 
 
