@@ -57,9 +57,12 @@ class RouteRegistry(Protocol):
 
 class ConnectionEvents(Protocol):
     """What follows route writes when presence is tracked (webhooks on): users with a new
-    connection admitted, and users an unregister left without a live route."""
+    connection admitted, users an unregister left without a live route, and users it left
+    with live routes on other gateways only."""
 
-    async def track(self, connected: Sequence[str], emptied: Sequence[str]) -> None: ...
+    async def track(
+        self, connected: Sequence[str], emptied: Sequence[str], left: Sequence[str], /
+    ) -> None: ...
 
 
 class GroupLookup(Protocol):

@@ -9,6 +9,7 @@ layout: `shared.keys`. A new connection is admitted only while its user has fewe
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Iterable, Sequence
 
@@ -79,8 +80,8 @@ class RedisRouteRegistry:
     ) -> None:
         """`max_per_user`: live connections a user may have fleet-wide; a `register`
         past it raises TooManyConnections (0: no cap). `presence`: told of new
-        connections and of users left without a live route (webhooks on; otherwise
-        an unregister stays a plain HDEL)."""
+        connections, of users left without a live route and of users left without one
+        on this gateway (webhooks on; otherwise an unregister stays a plain HDEL)."""
         self._redis = redis
         self.max_per_user = max_per_user
         self.reads = reads or hash_reads_for(redis)
@@ -90,6 +91,10 @@ class RedisRouteRegistry:
         self._where = (gateway_id, group_id, ip, port)
         self._scripts = ScriptRunner(redis, (_UPSERT, _REMOVE))
         self._presence = presence
+        # Presence writes one at a time (the route writer's batches, and the heartbeat's
+        # unregisters beside them): a close's verdict, "no route of this user here",
+        # must not be tracked after a reconnect here that followed it was.
+        self._tracking = asyncio.Lock()
 
     def _value(self, now_ms: int) -> str:
         gateway_id, group_id, ip, port = self._where
@@ -151,29 +156,44 @@ class RedisRouteRegistry:
         One flag per op: False for a new connection refused by the per-user cap."""
         if not ops:
             return []
-        # Run again, scripts loaded, when Redis lost them: every operation is idempotent.
-        replies = await self._scripts.many(self._calls(ops))
-        accepted = [
+        presence = self._presence
+        if presence is None or all(op.register and not op.new for op in ops):  # refreshes
+            # Run again, scripts loaded, when Redis lost them: every operation is idempotent.
+            replies = await self._scripts.many(self._calls(ops))
+        else:
+            async with self._tracking:
+                replies = await self._scripts.many(self._calls(ops))
+                await self._track(presence, ops, replies)
+        return [
             not (op.register and op.new) or reply == 1
             for op, reply in zip(ops, replies, strict=True)
         ]
-        if self._presence is not None:
-            await self._track(self._presence, ops, replies)
-        return accepted
 
     async def _track(
         self, presence: ConnectionEvents, ops: Sequence[RouteOp], replies: list[object]
     ) -> None:
-        connected = [op.uid for op, r in zip(ops, replies, strict=True) if op.new and r == 1]
-        emptied = [op.uid for op, r in zip(ops, replies, strict=True) if not op.register and r]
-        if not connected and not emptied:
+        connected: list[str] = []
+        # Each user's last verdict in the batch, in order: 0 a route here (or too many
+        # to tell), 1 no live route left, 2 live routes only on other gateways.
+        last: dict[str, object] = {}
+        for op, reply in zip(ops, replies, strict=True):
+            if not op.register:
+                last[op.uid] = reply
+            elif reply == 1:  # a reconnect after a close in the same batch undoes it
+                last[op.uid] = 0
+                if op.new:
+                    connected.append(op.uid)
+        emptied = [uid for uid, verdict in last.items() if verdict == 1]
+        left = [uid for uid, verdict in last.items() if verdict == 2]
+        if not connected and not emptied and not left:
             return
         try:
-            await presence.track(connected, emptied)
+            await presence.track(connected, emptied, left)
         except RegistryUnavailable as exc:
             # The routes are written; only presence lags. A missed epoch is caught by the
             # sweeper's live-route check, a missed schedule by the gateway's set.
-            log.warning("presence of %d users not tracked: %s", len(connected) + len(emptied), exc)
+            n = len(connected) + len(emptied) + len(left)
+            log.warning("presence of %d users not tracked: %s", n, exc)
 
     def _calls(self, ops: Sequence[RouteOp]) -> list[tuple[object, ...]]:
         now = self._clock.now_ms()
@@ -186,7 +206,7 @@ class RedisRouteRegistry:
                 args = (op.conn_id, value, now, self._ttl_ms, cap if op.new else 0)
                 calls.append(_UPSERT.args((key,), *args))
             elif self._presence is not None:
-                calls.append(_REMOVE.args((key,), op.conn_id, now))
+                calls.append(_REMOVE.args((key,), op.conn_id, now, self._where[0]))
             else:
                 calls.append(("HDEL", key, op.conn_id))
         return calls

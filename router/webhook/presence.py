@@ -5,7 +5,9 @@
   gateway adds its user to its own set of users; a user reported offline gets
   user.online with the new epoch, in the same script.
 - An unregister that leaves a user no live route schedules ``<epoch>:<uid>`` at now +
-  the grace. A sweeper (`router.webhook.sweeper`) sends user.offline for a due entry
+  the grace; one that leaves the user no route on this gateway (live ones elsewhere, or
+  none) takes the user off the gateway's set, so the set holds the users connected
+  there. A sweeper (`router.webhook.sweeper`) sends user.offline for a due entry
   only while the epoch is unchanged (no new connection anywhere since) and the user has
   no live route.
 - A crashed gateway never unregisters: its users are scheduled when it restarts (it
@@ -77,9 +79,13 @@ class RedisPresence:
         self.refused = 0  # presence events this process had refused by a full outbox
 
     @translate_errors
-    async def track(self, connected: Sequence[str], emptied: Sequence[str]) -> None:
+    async def track(
+        self, connected: Sequence[str], emptied: Sequence[str], left: Sequence[str], /
+    ) -> None:
         """New connections of `connected` (admitted here); `emptied`: users an
-        unregister left without a live route. One round trip for both at most."""
+        unregister left without a live route; `left`: users it left with live routes on
+        other gateways only. The last two leave this gateway's set. Two round trips at
+        most."""
         keys, now = self._keys, self._clock.now_ms()
         if connected:
             args: list[str | int] = [now, KEEP_MS, self._queue_max, keys.presence_prefix()]
@@ -97,11 +103,13 @@ class RedisPresence:
                 *args,
             )
             self._count_refused(int(refused), "user.online")
-        if emptied:
+        if emptied or left:
             await self._scripts.run(
                 EMPTIED,
                 (keys.offline_due(), keys.gateway_users(self._gateway_id)),
-                *(now, now + self._grace_ms, KEEP_MS, keys.presence_prefix(), *emptied),
+                *(now, now + self._grace_ms, KEEP_MS, keys.presence_prefix(), len(emptied)),
+                *emptied,
+                *left,
             )
 
     @translate_errors
@@ -202,11 +210,11 @@ async def adopt_last_run(presence: RedisPresence | None, gateway_id: str) -> Non
 async def retire(presence: RedisPresence | None, gateway_id: str) -> None:
     """At a gateway's clean stop, once every client was unregistered: what its set still
     holds is scheduled, as a crashed gateway's would be, and the set goes with it. That
-    is the users whose schedule failed (Redis did not take an unregister's), and those
-    whose last connection here closed while they were connected elsewhere (an
-    unregister leaves a user in the set unless it left them no route anywhere): the
-    sweeper fences those by epoch and live route, so they get no user.offline while
-    connected. Failing that, the set stays for this gateway's next start or a sweeper."""
+    is the users whose unregister's track failed (Redis did not take it), and those with
+    more than 64 routes when their last connection here closed, whom the unregister
+    could not tell apart from users still connected here: the sweeper fences those by
+    epoch and live route, so they get no user.offline while connected elsewhere. Failing
+    that, the set stays for this gateway's next start or a sweeper."""
     if presence is None:
         return
     try:

@@ -229,3 +229,112 @@ async def test_a_user_whose_schedule_failed_gets_user_offline_after_a_clean_stop
     sent_once(rx, "alice", epoch)
     assert not await redis.exists(keys.gateway_users("gwr"))
     assert "gwr" not in await redis.smembers(keys.presence_gateways())
+
+
+async def test_a_last_close_on_one_gateway_while_connected_on_another_leaves_its_set(
+    redis_url: str, prefix: str, redis: aioredis.Redis
+) -> None:
+    """A gateway's set holds the users connected there: alice's last close on gw1 while
+    she is on gw2 takes her off gw1's set at once (she stayed in it for as long as gw1
+    ran: a set that only grew), with no event while she is on gw2."""
+    keys = KeySchema(prefix)
+    async with presence(redis_url, prefix, grace_s=0.3) as (rx, [gw1, gw2]):
+        async with client(gw2, "alice"):
+            async with client(gw1, "alice"):
+                assert await redis.sismember(keys.gateway_users("gw1"), "alice")
+            await wait_for(lambda: routes_left(redis, prefix, "alice", 1), "gw1's unregister")
+            await wait_for(
+                lambda: not_in_set(redis, prefix, "gw1", "alice"), "alice off gw1's set", 2
+            )
+            assert await redis.smembers(keys.gateway_users("gw2")) == {"alice"}
+            async with client(gw1, "carol"):
+                pass  # carol stays away: due after alice's close on gw1
+            await rx.wait_for(lambda: bool(offline(rx, "carol")), "carol's user.offline")
+            assert not offline(rx, "alice"), rx.events
+            assert not await redis.exists(keys.gateway_users("gw1"))  # nothing left in it
+    assert not rx.of_type("user.online") and not rx.rejected and not rx.duplicates()
+
+
+async def routes_left(redis: aioredis.Redis, prefix: str, uid: str, n: int) -> bool:
+    return int(await redis.hlen(KeySchema(prefix).route(uid))) == n
+
+
+async def not_in_set(redis: aioredis.Redis, prefix: str, gid: str, uid: str) -> bool:
+    """`uid` is not in gateway `gid`'s set of users."""
+    return not await redis.sismember(KeySchema(prefix).gateway_users(gid), uid)
+
+
+async def not_holding(redis: aioredis.Redis, prefix: str, gid: str) -> bool:
+    """Gateway `gid` holds no set of users (a sweeper adopted it, or it had none)."""
+    return not await redis.sismember(KeySchema(prefix).presence_gateways(), gid)
+
+
+@pytest.mark.parametrize("first", ["gw1", "gw2"])
+async def test_closes_on_two_gateways_in_either_order_give_one_offline_and_empty_sets(
+    redis_url: str, prefix: str, redis: aioredis.Redis, first: str
+) -> None:
+    keys = KeySchema(prefix)
+    async with presence(redis_url, prefix, grace_s=0.3) as (rx, gws):
+        one, other = (gws[0], gws[1]) if first == "gw1" else (gws[1], gws[0])
+        async with client(other, "alice"):
+            async with client(one, "alice"):
+                epoch = await epoch_of(redis, prefix, "alice")  # her newest connection's
+            await wait_for(
+                lambda: not_in_set(redis, prefix, first, "alice"), f"alice off {first}'s set", 2
+            )
+        await rx.wait_for(lambda: bool(offline(rx, "alice")), "alice's user.offline")
+        for gid in ("gw1", "gw2"):
+            assert not await redis.sismember(keys.gateway_users(gid), "alice"), gid
+    sent_once(rx, "alice", epoch)
+    assert not rx.of_type("user.online")
+
+
+async def test_a_gateway_stopping_after_its_users_left_elsewhere_for_good_sends_nothing(
+    redis_url: str, prefix: str, redis: aioredis.Redis
+) -> None:
+    """alice leaves gw1 while on gw2, then gw2 too, and gets her user.offline. Her state
+    expires 30 days later; gw1, still up all along, then stops cleanly: a stale member
+    of its set was scheduled with a new epoch, a second user.offline."""
+    keys = KeySchema(prefix)
+    async with WebhookReceiver(HOOK_SECRET) as rx:
+        wh = hooks(rx, grace_s=0.3)
+        async with (
+            api(redis_url, prefix, **wh),
+            gateway(redis_url, prefix, "gw2", "g1", **wh) as gw2,
+        ):
+            async with gateway(redis_url, prefix, "gw1", "g1", **wh) as gw1:
+                async with client(gw2, "alice"):
+                    async with client(gw1, "alice"):
+                        epoch = await epoch_of(redis, prefix, "alice")
+                    await wait_for(
+                        lambda: routes_left(redis, prefix, "alice", 1), "gw1's unregister"
+                    )
+                await rx.wait_for(lambda: bool(offline(rx, "alice")), "alice's user.offline")
+                await redis.delete(keys.presence_prefix() + "alice")  # as after 30 days
+            # gw1 stopped cleanly: what its set held is scheduled
+            async with client(gw2, "bob"):
+                pass  # due after anything gw1's stop scheduled
+            await rx.wait_for(lambda: bool(offline(rx, "bob")), "bob's user.offline")
+    sent_once(rx, "alice", epoch)
+
+
+async def test_a_crashed_gateway_swept_while_its_user_is_elsewhere_gives_no_offline_till_she_leaves(
+    redis_url: str, prefix: str, redis: aioredis.Redis
+) -> None:
+    async with presence(redis_url, prefix, grace_s=0.5, gateways=1) as (rx, [gw1]):
+        argv, env = gateway_proc(redis_url, prefix, rx)
+        async with client(gw1, "alice"):
+            with running(argv, env) as proc:
+                epoch = await connect_then_crash(proc, redis, prefix, "alice")
+            await wait_for(
+                lambda: not_holding(redis, prefix, "gwc"),
+                "gwc found gone and its users scheduled",
+                10,
+            )
+            async with client(gw1, "carol"):
+                pass  # carol stays away: due after what gwc's sweep scheduled
+            await rx.wait_for(lambda: bool(offline(rx, "carol")), "carol's user.offline")
+            assert not offline(rx, "alice"), rx.events  # still on gw1
+        await rx.wait_for(lambda: bool(offline(rx, "alice")), "alice's user.offline")
+    sent_once(rx, "alice", epoch)
+    assert not rx.of_type("user.online")
