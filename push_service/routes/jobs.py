@@ -28,7 +28,10 @@ def _cursor(cursor: str | None) -> str | None:
 
 @router.get("/v1/pushes/{push_id}", response_model=JobOut | P2PStatusOut)
 async def push_status(push_id: PushId, fanout: FanOutSvc, receipts: ReceiptsSvc) -> JSONResponse:
-    """A broadcast or multicast job's state, or a P2P push's; with the receipt's counts."""
+    """A broadcast or multicast job's state, or a P2P push's; with the receipt's counts.
+    404 when neither a job record (kept 7 days after the job) nor a receipt (kept
+    IMROUTE_RECEIPTS_TTL_S) of the push is left: an unknown or expired id, or a P2P push
+    while receipts are off."""
     try:
         job = await fanout.status(push_id)
     except NotFound:
@@ -49,6 +52,7 @@ async def push_recipients(
     ] = None,
     limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 100,
 ) -> JSONResponse:
-    """The recipients in a state, in uid order, a page at a time (409 for a push with
-    more than IMROUTE_RECEIPTS_MAX_RECIPIENTS recipients: counts only)."""
+    """The recipients in a state, in uid order, a page at a time: 404 when the push has
+    no receipt (a job record alone is not enough), 409 for a push with more than
+    IMROUTE_RECEIPTS_MAX_RECIPIENTS recipients (counts only)."""
     return JSONResponse(await receipts.recipients(push_id, state, cursor, limit))

@@ -106,6 +106,8 @@ class FanOut:
                 done_pages=start.pages if start else 0,
                 after=after,
             )
+            if receipt is not None and pages is not None:
+                await receipt.counted(run.counters.recipients)
 
         return work
 
@@ -201,7 +203,8 @@ class FanOut:
     ) -> FanoutReceipt | None:
         """The job's receipt: listable for a `to` list within the bound (`count`); a
         stored multicast's message.unacked is due once the wait after each chunk ends.
-        A broadcast has none: its recipients are the whole directory."""
+        A broadcast's keeps counts only, and has no message.unacked: its recipients
+        are the whole directory."""
         r = self.receipts
         if r is None:
             return None

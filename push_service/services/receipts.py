@@ -7,7 +7,7 @@ from typing import Any
 
 from push_service.errors import Conflict, NotFound
 from router.jobs.base import Job
-from router.receipts.base import Counts, ReceiptReads
+from router.receipts.base import Counts, ReceiptReads, unwritten
 
 __all__ = ["MAX_PAGE", "ReceiptsView"]
 
@@ -24,7 +24,8 @@ class ReceiptsView:
         return None if self._reads is None else await self._reads.counts(push_id)
 
     async def status(self, push_id: str, job: Job | None) -> dict[str, Any]:
-        """A job's record with its receipt's counts, or a P2P push's receipt."""
+        """A job's record with its receipt's counts, or a P2P push's receipt (a job's
+        too, once its record lapsed)."""
         counts = await self.counts(push_id)
         if job is not None:
             answer = job.as_dict()
@@ -40,28 +41,32 @@ class ReceiptsView:
                 answer["recipients"] = counts.recipients
             # Counts-only estimates stay within the recipients. A broadcast to everyone
             # online counts none up front (its job's `recipients` stays 0, as it always
-            # has): those it reached were online.
+            # has): its estimates stand as they are.
             if answer["recipients"]:
                 for name in ("delivered", "acked"):
                     answer[name] = min(answer[name], answer["recipients"])
-            else:
-                answer["online"] = answer["delivered"]
-            return answer
+            if counts is not None and not c.listable:  # of the job's recipients
+                answer["queued"] = unwritten(
+                    answer["recipients"], answer["delivered"], answer["expired"]
+                )
+            return _reached(answer)
         if counts is None:
             raise NotFound(f"no push {push_id!r} (or its receipt expired: IMROUTE_RECEIPTS_TTL_S)")
-        return {
-            "push_id": push_id,
-            "mode": counts.mode,
-            "status": "done",
-            "recipients": counts.recipients,
-            "online": counts.online,
-            "offline": counts.recipients - counts.online,
-            "delivered": counts.delivered,
-            "acked": counts.acked,
-            "queued": counts.queued,
-            "expired": counts.expired,
-            "listable": counts.listable,
-        }
+        return _reached(
+            {
+                "push_id": push_id,
+                "mode": counts.mode,
+                "status": "done",
+                "recipients": counts.recipients,
+                "online": counts.online,
+                "offline": counts.recipients - counts.online,
+                "delivered": counts.delivered,
+                "acked": counts.acked,
+                "queued": counts.queued,
+                "expired": counts.expired,
+                "listable": counts.listable,
+            }
+        )
 
     async def recipients(
         self, push_id: str, state: str, cursor: str | None, limit: int
@@ -76,3 +81,13 @@ class ReceiptsView:
             )
         page = await self._reads.page(push_id, state, cursor, limit)
         return {"push_id": push_id, "state": state, "uids": page.uids, "cursor": page.cursor}
+
+
+def _reached(answer: dict[str, Any]) -> dict[str, Any]:
+    """`answer`, a broadcast's `online` being the recipients it reached and `offline` the
+    rest: a broadcast looks no route up (every gateway takes every page, and writes to
+    whom it holds), so who was online is known only by who was written it."""
+    if answer["mode"] == "broadcast":
+        answer["online"] = answer["delivered"]
+        answer["offline"] = max(0, answer["recipients"] - answer["delivered"])
+    return answer

@@ -6,25 +6,31 @@ Every push has a receipt, whatever its mode, readable for `IMROUTE_RECEIPTS_TTL_
 how many recipients it had, how many were online when it was sent, and how many of
 them it was delivered to (written to at least one connection), acked by (at least one
 device acked), queued for (not written anywhere yet: offline, or a gateway failed) or
-expired for (its ttl_s passed before it was written).
+expired for (never to be written: its ttl_s passed first, or its entry left the inbox
+unwritten, below).
 
 A push with at most `IMROUTE_RECEIPTS_MAX_RECIPIENTS` recipients is *listable*: its
 receipt holds each recipient's state, so the counts are exact and `recipients` pages
 through the uids in a state. A larger one (a big multicast, any broadcast) holds counts
-only: acked and delivered are counted as distinct uids by a HyperLogLog (about 1 % off).
+only: acked and delivered are counted as distinct uids by a HyperLogLog (about 1 % off),
+and queued is what is left of its recipients (`unwritten`).
 
 A recipient's state only ever moves up: queued -> expired, queued -> delivered ->
 acked (an ack may arrive before the router's record of the delivery: it still counts).
 
-**Derived acks.** A stored, listable P2P push has a slot-tagged push id
+**Derived states.** A stored, listable P2P push has a slot-tagged push id
 (`shared.keys.slot_tagged`), and its receipt keeps each recipient's position in the
-recipient's log beside its state. Its acks are not written to it: a recipient is acked
-once its user's acked position (the one cursor a gateway moves per user and ack flush,
-`router.recovery`) has reached that position, read when the receipt is read (`derive`).
-Every connection's view of its user's log is contiguous from where it started, so a
-device that acked past a position was written it, unless the entry had left the inbox
-by its bound before (`IMROUTE_INBOX_MAX`): those stay unacked unless a gateway marks
-them (`derives_ack`). So the gateways write one cursor per user, not one mark per push.
+recipient's log beside its state. Its acks are not written to it: a delivered recipient
+is acked once its user's acked position (the one cursor a gateway moves per user and
+ack flush, `router.recovery`) has reached that position, read when the receipt is read
+(`derive`). Every connection's view of its user's log is contiguous from where it
+started, so a device that acked past a position was written it; the inbox moving on
+after that (its bound, `IMROUTE_INBOX_MAX`) takes nothing back. (What the cursor cannot
+see: an entry written to one device and pushed out of the inbox by the bound, unacked,
+reads acked once a device whose view began after it acks past it.) A queued recipient (no
+write of it known) whose entry the acked position or the inbox bound passed has left the
+inbox unwritten (a connect skips what is past its ttl_s): it reads expired. So the
+gateways write one cursor per user, not one mark per push (`derives_ack`).
 """
 
 from __future__ import annotations
@@ -67,6 +73,8 @@ __all__ = [
     "preview_of",
     "split_acked",
     "stored_value",
+    "unwritten",
+    "with_early",
 ]
 
 # A recipient's state, as one character in Redis.
@@ -97,35 +105,60 @@ def stored_value(state: str, seq: int) -> str:
 
 
 def derivable(value: str) -> bool:
-    """Whether a receipt's value (`stored_value`) may read as acked with its user's cursor:
-    it carries a position, and its state is queued or delivered (never expired)."""
+    """Whether a receipt's value (`stored_value`) may move with its user's cursor: it
+    carries a position, and its state is queued (to expired) or delivered (to acked)."""
     return len(value) > 1 and value[0] in (QUEUED, DELIVERED)
 
 
 def derive(value: str, cursor: Cursor | None) -> str:
     """A recipient's state from its receipt's value (`stored_value`, or a bare state) and
-    its user's cursor (None: none read): acked if the cursor, in the same epoch, has
-    reached the position and the entry was not pushed out of the inbox before."""
+    its user's cursor (None: none read), in the same epoch: delivered reads acked once
+    the acked position has reached it (whatever the inbox bound's floor did since: an
+    ack stays); queued reads expired once its entry left the inbox unwritten, the acked
+    position or the floor past it (a replay skips an entry past its ttl_s, and a device
+    that acked past one was written it, or the mark that says so is on its way)."""
     state = value[0]
     if cursor is None or not derivable(value):
         return state
     seq = int(value[1:])
     epoch, acked, floor = cursor
+    if epoch_of(seq) != epoch:
+        return state
     n = counter_of(seq)
-    return ACKED if epoch_of(seq) == epoch and floor < n <= acked else state
+    if state == DELIVERED:
+        return ACKED if n <= acked else state
+    return EXPIRED if n <= max(acked, floor) else state
+
+
+def with_early(value: str | None, early: str) -> str:
+    """A slot-tagged receipt's value for a recipient (`stored_value`; None: none) with a
+    gateway's mark written before the receipt's record (`early`, a bare state), whichever
+    ranks higher; the mark takes the value's position (an ack needs none)."""
+    if value is None:
+        return early
+    if not moves_up(value[0], early):
+        return value
+    return early if early == ACKED else early + value[1:]
 
 
 def derives_ack(push_id: str, seq: int, furthest: int, inbox_max: int) -> bool:
     """Whether a gateway's ack of `push_id` at `seq` in its user's log needs no mark of
     its own: the push's receipt derives it (`derive`) from the acked position, moved to
-    `furthest` in the same flush. Not when the entry may have been pushed out of the
-    inbox by its bound before (more than `inbox_max` entries behind `furthest`)."""
+    `furthest` in the same flush. Not for an entry `inbox_max` or more behind
+    `furthest`, which may have left the inbox (by its bound) before the ack: marked,
+    its ack is said outright, whatever its receipt recorded of it."""
     return (
         0 < seq <= furthest
         and epoch_of(seq) == epoch_of(furthest)
         and counter_of(furthest) - counter_of(seq) < inbox_max
         and slot_tagged(push_id)
     )
+
+
+def unwritten(recipients: int, delivered: int, expired: int) -> int:
+    """A counts-only receipt's queued: its recipients not written anywhere yet, those
+    neither delivered nor expired (as approximate as its counts, never below 0)."""
+    return max(0, recipients - delivered - expired)
 
 
 def estimated(recipients: int, acked: int, delivered: int) -> tuple[int, int]:
@@ -178,7 +211,8 @@ class NewReceipt:
     mode: str  # "p2p", "multicast", "broadcast"
     recipients: int
     online: int
-    states: Mapping[str, str] = field(default_factory=dict)  # uid -> state (listable only)
+    # uid -> state (a counts-only receipt counts the delivered and expired of them)
+    states: Mapping[str, str] = field(default_factory=dict)
     # For the message.unacked webhook: the message's own fields, kept with the receipt.
     meta: Mapping[str, str] = field(default_factory=dict)
     # A stored push: each uid's position in its log (a slot-tagged push's receipt keeps
@@ -202,10 +236,6 @@ class ReceiptLog(Protocol):
 
     async def record_many(self, receipts: Sequence[tuple[NewReceipt, bool, int]]) -> None:
         """`record` for many (receipt, listable, due_ms) in one round trip."""
-        ...
-
-    async def add(self, push_id: str, recipients: int, online: int, queued: int) -> None:
-        """Add a page's counts to a counts-only receipt (a broadcast, page by page)."""
         ...
 
 

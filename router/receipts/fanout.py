@@ -3,7 +3,9 @@
 A multicast to a `to` list of at most IMROUTE_RECEIPTS_MAX_RECIPIENTS uids is listable:
 each chunk's recipients are recorded as queued before any of its batches is published,
 and the gateways move them on (delivered, acked). A multicast to a directory audience
-(its size unknown until the end) and every broadcast keep counts only.
+(its size unknown until the end) and every broadcast keep counts only. A broadcast looks
+no route up: its receipt counts whom the gateways wrote and acked, and takes its
+recipients, the directory users its job paged, once they are all paged (`counted`).
 """
 
 from __future__ import annotations
@@ -49,6 +51,12 @@ class FanoutReceipt:
         self.online += found.online
         wanted = self.listable or self.due is not None
         await self._write({uid: QUEUED for uid in chunk} if wanted else {})
+
+    async def counted(self, recipients: int) -> None:
+        """A broadcast's recipients, all paged (its job's record has them before: the
+        receipt keeps them for when that record is gone)."""
+        self.recipients = recipients
+        await self._write({})
 
     async def _write(self, states: Mapping[str, str]) -> None:
         receipt = NewReceipt(

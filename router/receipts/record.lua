@@ -1,26 +1,49 @@
--- KEYS: receipt, pending. ARGV: ttl ms, mode, recipients, online, listable, queued
--- (counts-only), pending ttl ms (0: none), n meta, meta k v..., then uid state pairs:
--- moved (listable), or added to the pending set (counts-only, a message.unacked due).
+-- KEYS: receipt, acked HLL, delivered HLL, pending. ARGV: ttl ms, mode, recipients,
+-- online, listable, pending ttl ms (0: none), n meta, meta k v..., then uid state pairs:
+-- moved (listable), or counted (counts-only: delivered and acked in the HyperLogLogs,
+-- expired in `cx`), the unacked added to the pending set while a message.unacked is due.
 -- After move_fn.lua.
 local k = KEYS[1]
 -- Its counts and the message's fields in one HSET.
 local fields = {'m', ARGV[2], 'n', ARGV[3], 'on', ARGV[4], 'l', ARGV[5]}
-if ARGV[5] == '0' then
-  fields[#fields + 1] = 'cq'
-  fields[#fields + 1] = ARGV[6]
-end
-local i = 9
-for _ = 1, tonumber(ARGV[8]) do
+local i = 8
+for _ = 1, tonumber(ARGV[7]) do
   fields[#fields + 1] = ARGV[i]
   fields[#fields + 1] = ARGV[i + 1]
   i = i + 2
 end
 redis.call('HSET', k, unpack(fields))
-local pend = ARGV[5] == '0' and tonumber(ARGV[7]) > 0
-while i < #ARGV do
-  if pend then redis.call('SADD', KEYS[2], ARGV[i]) else place(k, ARGV[i], ARGV[i + 1]) end
-  i = i + 2
+if ARGV[5] == '1' then
+  while i < #ARGV do
+    place(k, ARGV[i], ARGV[i + 1])
+    i = i + 2
+  end
+else
+  local pend = tonumber(ARGV[6]) > 0
+  local acked, delivered, expired = {}, {}, 0
+  while i < #ARGV do
+    local uid, state = ARGV[i], ARGV[i + 1]
+    if state == 'a' then
+      acked[#acked + 1] = uid
+      redis.call('SREM', KEYS[4], uid)
+    elseif pend then
+      redis.call('SADD', KEYS[4], uid)
+    end
+    if state == 'x' then
+      expired = expired + 1
+    elseif state ~= 'q' then
+      delivered[#delivered + 1] = uid
+    end
+    i = i + 2
+  end
+  if pend then redis.call('PEXPIRE', KEYS[4], ARGV[6]) end
+  if expired > 0 then redis.call('HINCRBY', k, 'cx', expired) end
+  for j, uids in ipairs({acked, delivered}) do
+    if #uids > 0 then
+      redis.call('PFADD', KEYS[j + 1], unpack(uids))
+      redis.call('PEXPIRE', KEYS[j + 1], ARGV[1])
+    end
+  end
 end
-if pend then redis.call('PEXPIRE', KEYS[2], ARGV[7]) end
 redis.call('PEXPIRE', k, ARGV[1])
 return 1

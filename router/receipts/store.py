@@ -2,15 +2,18 @@
 single-key scripts (the HyperLogLogs share its hash tag), so it works on Redis Cluster.
 
 Hash fields: `m` mode, `n` recipients, `on` online, `l` listable (1/0), the per-state
-counters `cq`, `cx`, `cd`, `ca`, the message's fields for the webhook (`mi`, `mt`,
-`fr`, `pv`, only while a message.unacked is due), and for a listable push
-`u:<uid> -> q|x|d|a`.
+counters `cq`, `cx`, `cd`, `ca` (a counts-only receipt: `cx` only, its queued is
+`unwritten`), the message's fields for the webhook (`mi`, `mt`, `fr`, `pv`, only while
+a message.unacked is due), and for a listable push `u:<uid> -> q|x|d|a`.
 
 A slot-tagged push (`shared.keys.slot_tagged`: a stored, listable P2P push) is written
-in one `HSET` (no script: nothing is in its hash before it, as no gateway starts it with
-an early ack), its values `<state><position>` (`stored_value`); its counts are those of
-its recipients' states as `derive` reads them with their users' cursors (the user's
-sequence hash: `e` epoch, `a` acked, `f` floor; `router.recovery`), not its counters.
+in one `HSET` (no script), its values `<state><position>` (`stored_value`); its counts
+are those of its recipients' states as `derive` reads them with their users' cursors
+(the user's sequence hash: `e` epoch, `a` acked, `f` floor; `router.recovery`), not its
+counters. That `HSET` sets its values over whatever is there, so a gateway's mark that
+lands before it (an ack the gateway could not leave to the cursor, `derives_ack`) waits
+beside them as `e:<uid> -> d|x|a` (`mark.lua`), and a read takes the higher of the two
+(`with_early`).
 """
 
 from __future__ import annotations
@@ -35,6 +38,8 @@ from router.receipts.base import (
     derive,
     estimated,
     stored_value,
+    unwritten,
+    with_early,
 )
 from router.redis.autopipe import AutoPipeline
 from router.redis.client import RedisClient
@@ -57,7 +62,6 @@ PENDING_TTL_MS = 86_400_000
 # Each script's comments say what it takes; a `_fn` file is a prelude of functions.
 _RECORD = Script.load(__package__, "move_fn", "record")
 _MARK = Script.load(__package__, "move_fn", "mark")
-_ADD = Script.load(__package__, "add")
 _CLAIM = Script.load(__package__, "claim")
 
 _COUNTS = ("m", "n", "on", "l", "cq", "cx", "cd", "ca")
@@ -77,7 +81,7 @@ class RedisReceiptStore:
     _scripts: ScriptRunner = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
-        self._scripts = ScriptRunner(self.redis, (_RECORD, _MARK, _ADD, _CLAIM), self.auto)
+        self._scripts = ScriptRunner(self.redis, (_RECORD, _MARK, _CLAIM), self.auto)
 
     # ------------------------------------------------------------------ ReceiptLog
 
@@ -113,18 +117,16 @@ class RedisReceiptStore:
             if due_ms:
                 calls.append(("ZADD", self.keys.unacked_due(), "GT", due_ms, receipt.push_id))
             return calls
-        queued = 0 if listable else receipt.recipients - receipt.online
-        pairs = [v for kv in receipt.states.items() for v in kv] if listable or due_ms else []
+        pairs = [v for kv in receipt.states.items() for v in kv]
         # A counts-only push's pending set lives until its event is sent, or a day.
         pending_ms = PENDING_TTL_MS if due_ms and not listable else 0
         record = _RECORD.args(
-            (keys[0], keys[3]),
+            keys,
             self.limits.ttl_ms,
             receipt.mode,
             receipt.recipients,
             receipt.online,
             1 if listable else 0,
-            queued,
             pending_ms,
             len(receipt.meta),
             *meta,
@@ -163,13 +165,6 @@ class RedisReceiptStore:
         pipe.delete(self.keys.receipt(push_id)[3])
         await pipe.execute()
 
-    @translate_errors
-    async def add(self, push_id: str, recipients: int, online: int, queued: int) -> None:
-        key = self.keys.receipt(push_id)[0]
-        await self._scripts.one(
-            _ADD.args((key,), self.limits.ttl_ms, "broadcast", recipients, online, queued)
-        )
-
     # ------------------------------------------------------------------ ReceiptUpdates
 
     @translate_errors
@@ -177,9 +172,10 @@ class RedisReceiptStore:
         calls = []
         for push_id, uids in by_push.items():
             keys = self.keys.receipt(push_id)
+            tagged = 1 if slot_tagged(push_id) else 0
             for start in range(0, len(uids), MARK_CHUNK):
                 chunk = uids[start : start + MARK_CHUNK]
-                calls.append(_MARK.args(keys, state, EARLY_TTL_MS, *chunk))
+                calls.append(_MARK.args(keys, state, EARLY_TTL_MS, tagged, *chunk))
         if calls:
             await self._scripts.many(calls)
 
@@ -200,19 +196,22 @@ class RedisReceiptStore:
         m, n, on, listable, cq, cx, cd, ca = fields
         if m is None:
             return None
+        recipients, expired = int(n or 0), int(cx or 0)
         if listable == "1":
             acked = int(ca or 0)
             delivered = int(cd or 0) + acked
+            queued = int(cq or 0)
         else:  # HyperLogLog estimates
-            acked, delivered = estimated(int(n or 0), int(acked_n), int(delivered_n))
+            acked, delivered = estimated(recipients, int(acked_n), int(delivered_n))
+            queued = unwritten(recipients, delivered, expired)
         return Counts(
             mode=str(m),
-            recipients=int(n or 0),
+            recipients=recipients,
             online=int(on or 0),
             delivered=delivered,
             acked=acked,
-            queued=int(cq or 0),
-            expired=int(cx or 0),
+            queued=queued,
+            expired=expired,
             listable=listable == "1",
         )
 
@@ -244,16 +243,20 @@ class RedisReceiptStore:
         if not slot_tagged(push_id):
             values = await self.redis.hmget(key, [f"u:{u}" for u in uids])
             return {u: str(v) for u, v in zip(uids, values, strict=True) if v is not None}
-        # Its values and the users' cursors in one round trip (wait_ack_ms polls this).
+        # Its values, the marks that came before them, and the users' cursors in one
+        # round trip (wait_ack_ms polls this).
         pipe = self.redis.pipeline(transaction=False)
-        pipe.hmget(key, [f"u:{u}" for u in uids])
+        pipe.hmget(key, [f"{f}:{u}" for u in uids for f in "ue"])
         self._read_cursors(pipe, uids)
         values, *cursors = await pipe.execute()
-        return {
-            u: derive(str(v), _cursor(c))
-            for u, v, c in zip(uids, values, cursors, strict=True)
-            if v is not None
-        }
+        states = {}
+        for i, (uid, cursor) in enumerate(zip(uids, cursors, strict=True)):
+            value, early = values[2 * i], values[2 * i + 1]
+            if early is not None:
+                value = with_early(None if value is None else str(value), str(early))
+            if value is not None:
+                states[uid] = derive(str(value), _cursor(cursor))
+        return states
 
     async def _states(self, push_id: str, fields: dict[Any, Any]) -> dict[str, str]:
         """Each recipient's state in a listable receipt's `fields`: a slot-tagged push's
@@ -261,6 +264,10 @@ class RedisReceiptStore:
         values = {str(f)[2:]: str(v) for f, v in fields.items() if str(f).startswith("u:")}
         if not slot_tagged(push_id):
             return values
+        for f, v in fields.items():
+            if str(f).startswith("e:"):
+                uid = str(f)[2:]
+                values[uid] = with_early(values.get(uid), str(v))
         moving = [u for u, v in values.items() if derivable(v)]
         cursors: list[Any] = []
         if moving:

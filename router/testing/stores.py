@@ -34,6 +34,7 @@ from router.receipts.base import (
     estimated,
     moves_up,
     stored_value,
+    unwritten,
 )
 from router.recovery.base import ContentWrites
 from shared.clock import Clock
@@ -161,7 +162,7 @@ class MemoryReceiptStore:
     uids exactly (Redis: about 1 % off)."""
 
     def __init__(self, recovery: MemoryRecoveryLog | None = None) -> None:
-        """`recovery`: the users' logs whose cursors a slot-tagged push's acks follow."""
+        """`recovery`: the users' logs whose cursors a slot-tagged push's states follow."""
         self.receipts: dict[str, _Receipt] = {}
         self._recovery = recovery
 
@@ -179,36 +180,42 @@ class MemoryReceiptStore:
 
     async def record(self, receipt: NewReceipt, listable: bool, due_ms: int = 0) -> None:
         if listable and receipt.positions and slot_tagged(receipt.push_id):
-            # One HSET in Redis: what it names is overwritten, counters unused.
+            # One HSET in Redis (counters unused), over the values; marks that came
+            # before it wait beside them, and are read with them (`with_early`).
+            early = self.receipts.get(receipt.push_id)
             r = self.receipts[receipt.push_id] = _Receipt(
                 "p2p", receipt.recipients, receipt.online, True
             )
             r.meta.update(receipt.meta)
             r.states = dict(receipt.states)
             r.positions = dict(receipt.positions)
+            if early is not None and early.mode is None:
+                for uid, state in early.states.items():
+                    if moves_up(r.states.get(uid), state):
+                        r.states[uid] = state
             return
         r = self.receipts.setdefault(receipt.push_id, _Receipt())
         r.mode, r.recipients, r.online = receipt.mode, receipt.recipients, receipt.online
         r.listable = listable
-        if not listable:
-            r.counters[QUEUED] = receipt.recipients - receipt.online
         r.meta.update(receipt.meta)
-        if not listable and due_ms:
-            r.pending.update(receipt.states)
-        elif listable:
+        if listable:
             for uid, state in receipt.states.items():
                 r.move(uid, state)
+            return
+        for uid, state in receipt.states.items():
+            if state == ACKED:
+                r.acked.add(uid)
+                r.pending.discard(uid)
+            elif due_ms:
+                r.pending.add(uid)
+            if state == EXPIRED:
+                r.counters[EXPIRED] += 1
+            elif state != QUEUED:
+                r.delivered.add(uid)
 
     async def record_many(self, receipts: Sequence[tuple[NewReceipt, bool, int]]) -> None:
         for receipt, listable, due_ms in receipts:
             await self.record(receipt, listable, due_ms)
-
-    async def add(self, push_id: str, recipients: int, online: int, queued: int) -> None:
-        r = self.receipts.setdefault(push_id, _Receipt())
-        r.mode, r.listable = "broadcast", False
-        r.recipients += recipients
-        r.online += online
-        r.counters[QUEUED] += queued
 
     async def mark(self, state: str, by_push: Mapping[str, Sequence[str]]) -> None:
         for push_id, uids in by_push.items():
@@ -238,11 +245,12 @@ class MemoryReceiptStore:
             for state in self._states(r).values():
                 c[state] += 1
         if r.listable:
-            acked, delivered = c[ACKED], c[DELIVERED] + c[ACKED]
+            acked, delivered, queued = c[ACKED], c[DELIVERED] + c[ACKED], c[QUEUED]
         else:
             acked, delivered = estimated(r.recipients, len(r.acked), len(r.delivered))
+            queued = unwritten(r.recipients, delivered, c[EXPIRED])
         return Counts(
-            r.mode, r.recipients, r.online, delivered, acked, c[QUEUED], c[EXPIRED], r.listable
+            r.mode, r.recipients, r.online, delivered, acked, queued, c[EXPIRED], r.listable
         )
 
     async def states(self, push_id: str, uids: Sequence[str]) -> dict[str, str]:

@@ -9,9 +9,29 @@ from typing import Any
 
 import httpx
 import pytest
+import redis.asyncio as aioredis
 
-from tests.integration.recovery_helpers import ack, acked, multicast_acked, open_ws, pushes, replay
-from tests.integration.stack import AUTH, api, fanout, gateway, one_group, push_status
+from shared.keys import KeySchema
+from tests.integration.recovery_helpers import (
+    ack,
+    acked,
+    connected,
+    gone,
+    multicast_acked,
+    open_ws,
+    pushes,
+    replay,
+)
+from tests.integration.stack import (
+    AUTH,
+    api,
+    contents,
+    fanout,
+    gateway,
+    one_group,
+    p2p,
+    push_status,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -77,6 +97,12 @@ async def test_past_the_bound_a_receipt_keeps_counts_only(redis_url: str, prefix
         api(redis_url, prefix, receipts_max_recipients=10) as http,
     ):
         to = [f"big{n}" for n in range(50)]
+        # big7 had a connection (its client keeps its position) and is away for the push.
+        away = await connected(gw, "big7")
+        await p2p(http, ["big7"], "before")
+        (before,) = await pushes(away, 1)
+        await away.close()
+        await gone(gw, "big7")
         push_id, ws = await multicast_acked(gw, http, to, "all")
         for _ in range(100):
             s = await push_status(http, push_id)
@@ -88,13 +114,28 @@ async def test_past_the_bound_a_receipt_keeps_counts_only(redis_url: str, prefix
         resp = await http.get(f"/v1/pushes/{push_id}/recipients?state=acked", headers=AUTH)
         assert resp.status_code == 409, resp.text
         assert "IMROUTE_RECEIPTS_MAX_RECIPIENTS" in resp.json()["detail"]
+        # It resumes from its position and is written the push: one fewer queued.
+        late = await open_ws(gw, "big7", since=before["pos"])
+        got, _ = await replay(late)
+        assert contents(got) == ["all"]
+        for _ in range(100):  # the gateway's delivery report lands with its next flush
+            s = await push_status(http, push_id)
+            if s["delivered"] == 2:
+                break
+            await asyncio.sleep(0.05)
+        assert (s["delivered"], s["acked"], s["queued"]) == (2, 1, 48), s
+        await late.close()
         await ws.close()
 
 
-async def test_a_broadcast_counts_its_deliveries_and_acks(redis_url: str, prefix: str) -> None:
+async def test_a_broadcast_counts_its_deliveries_and_acks(
+    redis_url: str, prefix: str, redis: aioredis.Redis
+) -> None:
     """Counts only: to everyone online (no recipients counted up front: 0, as its job has
-    always said; `online` is those it reached), and to the directory (its recipients are
-    the directory's users)."""
+    always said), and to the directory (its recipients are the directory's users). A
+    broadcast looks no route up: its `online` is those it reached, the rest `offline`,
+    and `queued` those not written anywhere yet; its receipt keeps its recipients once
+    its job's record is gone."""
     async with one_group(redis_url, prefix) as (gw, http):
         users = {"users": [{"uid": u} for u in ("bc1", "bc2", "bc3")]}
         assert (await http.put("/v1/users", json=users, headers=AUTH)).status_code == 200
@@ -102,9 +143,9 @@ async def test_a_broadcast_counts_its_deliveries_and_acks(redis_url: str, prefix
         for ws in sockets.values():
             await replay(ws)
         acks = 0
-        for body, recipients in (
-            ({"content": "online", "audience": {"online": True}}, 0),
-            ({"content": "directory"}, 3),
+        for body, recipients, unreached in (
+            ({"content": "online", "audience": {"online": True}}, 0, 0),
+            ({"content": "directory"}, 3, 1),  # bc3 is offline
         ):
             push_id = await fanout(http, "/v1/broadcast", body)
             for ws in sockets.values():
@@ -114,11 +155,74 @@ async def test_a_broadcast_counts_its_deliveries_and_acks(redis_url: str, prefix
             await acked(gw, acks)
             for _ in range(100):
                 s = await push_status(http, push_id)
-                if s["acked"] == 2:
+                if s["acked"] == 2 and s["status"] == "done":
                     break
                 await asyncio.sleep(0.05)
             assert (s["mode"], s["listable"]) == ("broadcast", False)
             assert (s["recipients"], s["delivered"], s["acked"]) == (recipients, 2, 2), s
-            assert recipients or s["online"] == 2, s
+            assert (s["online"], s["offline"], s["queued"]) == (2, unreached, unreached), s
+        await redis.delete(KeySchema(prefix).job(push_id))  # its record lapsed
+        after = await push_status(http, push_id)  # the receipt alone says the same
+        same = ("mode", "status", "recipients", "online", "offline", "delivered", "queued")
+        assert {k: after[k] for k in same} == {k: s[k] for k in same}, after
         for ws in sockets.values():
             await ws.close()
+
+
+async def test_a_stored_push_that_expired_unsent_reads_expired_though_later_ones_are_acked(
+    redis_url: str, prefix: str
+) -> None:
+    """Its ttl_s passed in the inbox of a user who was away: the replay skips it, and the
+    user's acks of what came after it do not make it delivered or acked."""
+    async with one_group(redis_url, prefix) as (gw, http):
+        short = await p2p(http, ["tia"], "short-lived", ttl_s=1)
+        assert short["queued"] == ["tia"]
+        await p2p(http, ["tia"], "lasting")
+        await asyncio.sleep(1.2)
+        ws = await open_ws(gw, "tia")
+        got, _ = await replay(ws)
+        assert contents(got) == ["lasting"]
+        await ack(ws, got[0])
+        await acked(gw, 1)
+        s = await push_status(http, short["push_id"])
+        assert (s["delivered"], s["acked"], s["queued"], s["expired"]) == (0, 0, 0, 1), s
+        listed = await http.get(
+            f"/v1/pushes/{short['push_id']}/recipients?state=acked", headers=AUTH
+        )
+        assert listed.json()["uids"] == []
+        await ws.close()
+
+
+async def test_an_ack_outlasts_the_inbox_bound_passing_its_message(
+    redis_url: str, prefix: str
+) -> None:
+    """Acked, then more than IMROUTE_INBOX_MAX messages came while the user was away (the
+    inbox's floor passed the acked one): its receipt still says acked, and still does
+    once the user is back and acks those; the one the bound pushed out unwritten reads
+    expired."""
+    async with (
+        gateway(redis_url, prefix, "gw1", "g1", inbox_max=3) as gw,
+        api(redis_url, prefix, inbox_max=3) as http,
+    ):
+        ws = await connected(gw, "ivy")
+        first = await p2p(http, ["ivy"], "read")
+        (frame,) = await pushes(ws, 1)
+        await ack(ws, frame)
+        await acked(gw, 1)
+        await ws.close()
+        await gone(gw, "ivy")
+        away = [(await p2p(http, ["ivy"], n))["push_id"] for n in range(4)]
+        assert (await push_status(http, first["push_id"]))["acked"] == 1
+        ws = await open_ws(gw, "ivy")
+        got, _ = await replay(ws)
+        assert contents(got) == [1, 2, 3]  # 0 was pushed out by the bound
+        await ack(ws, got[-1])
+        await acked(gw, 4)
+        assert (await push_status(http, first["push_id"]))["acked"] == 1
+        for _ in range(100):  # the replay's delivery reports land with the acks
+            states = [await push_status(http, p) for p in away]
+            if all(s["acked"] for s in states[1:]):
+                break
+            await asyncio.sleep(0.05)
+        assert [(s["acked"], s["expired"]) for s in states] == [(0, 1), (1, 0), (1, 0), (1, 0)]
+        await ws.close()

@@ -148,7 +148,8 @@ async def test_a_counts_only_receipt(receipts: ReceiptStore) -> None:
     counts = await receipts.counts("p")
     assert counts is not None
     assert (counts.recipients, counts.online, counts.listable) == (5, 3, False)
-    assert (counts.delivered, counts.acked, counts.queued, counts.expired) == (2, 1, 2, 2)
+    # queued: not written anywhere yet (5, less 2 delivered and 2 expiry marks)
+    assert (counts.delivered, counts.acked, counts.queued, counts.expired) == (2, 1, 1, 2)
     assert await receipts.states("p", uids) == {}
     assert (await receipts.page("p", "unacked", None, 10)).uids == []
     assert await receipts.unacked("p") == ["b", "c", "d", "e"]  # its pending set
@@ -159,15 +160,37 @@ async def test_a_counts_only_receipt(receipts: ReceiptStore) -> None:
     assert await receipts.unacked("q") == []
 
 
-async def test_a_broadcasts_receipt_adds_up_page_by_page(receipts: ReceiptStore) -> None:
-    await receipts.add("b", 2, 1, 1)
-    await receipts.add("b", 1, 1, 0)
-    await receipts.mark(DELIVERED, {"b": ["u1", "u2", "u3", "u4"]})  # more than recipients
-    await receipts.mark(ACKED, {"b": ["u1"]})
-    c = await receipts.counts("b")
-    assert c is not None
-    assert (c.mode, c.recipients, c.online, c.listable) == ("broadcast", 3, 2, False)
-    assert (c.delivered, c.acked, c.queued, c.expired) == (3, 1, 1, 0)
+async def test_a_counts_only_receipts_queued_falls_as_its_recipients_are_written(
+    receipts: ReceiptStore,
+) -> None:
+    """queued is what was not written anywhere yet: its recipients less those delivered
+    and expired (never below 0), not a snapshot of who was offline at the send."""
+    await receipts.record(NewReceipt("m", "multicast", 4, 1, {}), False)
+    assert await _counted(receipts, "m") == (4, 0, 0, 4, 0)
+    await receipts.mark(DELIVERED, {"m": ["on"]})  # the online one, by the bus
+    assert await _counted(receipts, "m") == (4, 1, 0, 3, 0)
+    await receipts.mark(DELIVERED, {"m": ["late1", "late2"]})  # replays, on connect
+    await receipts.mark(ACKED, {"m": ["late1"]})
+    assert await _counted(receipts, "m") == (4, 3, 1, 1, 0)
+    await receipts.mark(EXPIRED, {"m": ["gone", "gone"]})  # counted per mark: floored
+    assert await _counted(receipts, "m") == (4, 3, 1, 0, 2)
+    # A P2P push past the bound: its record counts whom the call delivered, and expired.
+    states = {"a": DELIVERED, "b": QUEUED, "c": QUEUED, "x": EXPIRED}
+    await receipts.record(NewReceipt("p", "p2p", 4, 2, states), False)
+    assert await _counted(receipts, "p") == (4, 1, 0, 2, 1)
+    await receipts.mark(DELIVERED, {"p": ["b"]})
+    assert await _counted(receipts, "p") == (4, 2, 0, 1, 1)
+    # A broadcast's receipt, as its job starts: counts of what the gateways report.
+    await receipts.record(NewReceipt("b", "broadcast", 0, 0, {}), False)
+    await receipts.mark(DELIVERED, {"b": ["u1", "u2"]})
+    assert await _counted(receipts, "b") == (0, 2, 0, 0, 0)
+
+
+async def _counted(receipts: ReceiptStore, push_id: str) -> tuple[int, int, int, int, int]:
+    """(recipients, delivered, acked, queued, expired) of a counts-only receipt."""
+    c = await receipts.counts(push_id)
+    assert c is not None and not c.listable
+    return c.recipients, c.delivered, c.acked, c.queued, c.expired
 
 
 async def test_receipts_answer_alike_over_a_generated_log(
@@ -398,9 +421,14 @@ async def test_a_tagged_p2p_receipt_derives_acks_from_each_users_acked_position(
     # Two devices of amy acking out of step: the furthest counts, an earlier never undoes it.
     await log.ack([("amy", at2["amy"]), ("bob", at1["bob"])])
     await log.ack([("amy", at1["amy"])])
+    # bob was queued, written on connect, and acked: until the replay's delivery mark
+    # lands (it may lag the ack by a flush), no write of it is known and an ack passed
+    # it, so it reads expired; then acked.
+    assert await receipts.states(p1, ["bob"]) == {"bob": EXPIRED}
+    await receipts.mark(DELIVERED, {p1: ["bob"]})
     assert await receipts.states(p1, ["amy", "bob", "cyd"]) == {
         "amy": ACKED,
-        "bob": ACKED,  # queued, then written on connect and acked (the mark may lag)
+        "bob": ACKED,
         "cyd": DELIVERED,
     }
     assert await receipts.states(p2, ["amy"]) == {"amy": ACKED}
@@ -420,18 +448,89 @@ async def test_a_tagged_p2p_receipt_derives_acks_from_each_users_acked_position(
     assert await receipts.states(p1, ["cyd"]) == {"cyd": ACKED}
 
 
-async def test_an_entry_the_inbox_bound_pushed_out_stays_unacked(
+async def test_an_entry_the_inbox_bound_pushed_out_unwritten_reads_expired(
     kind: str, redis: aioredis.Redis, prefix: str
 ) -> None:
-    """Acks past an entry that left the inbox unacked (the bound pushed it out) say
-    nothing of it: the devices that acked never had it, so its receipt keeps it queued;
-    and an expired recipient never becomes acked."""
+    """An entry the bound pushed out of the inbox unwritten no longer waits for anyone:
+    expired, and acks past it say nothing of it (the devices that acked never had it);
+    an expired recipient never becomes acked."""
     log, receipts = recovery_and_receipts(kind, redis, prefix, inbox_max=2)
     p1, _ = await sent(log, receipts, 1, {"amy": QUEUED, "bob": EXPIRED})
     for n in (2, 3, 4):
-        push_id, at = await sent(log, receipts, n, {"amy": QUEUED, "bob": QUEUED})
+        push_id, at = await sent(log, receipts, n, {"amy": QUEUED, "bob": DELIVERED})
+    assert await receipts.states(p1, ["amy", "bob"]) == {"amy": EXPIRED, "bob": EXPIRED}
+    assert await receipts.states(push_id, ["amy"]) == {"amy": QUEUED}
     await log.ack([("amy", at["amy"]), ("bob", at["bob"])])
-    assert await receipts.states(p1, ["amy", "bob"]) == {"amy": QUEUED, "bob": EXPIRED}
-    assert await receipts.states(push_id, ["amy", "bob"]) == {"amy": ACKED, "bob": ACKED}
+    assert await receipts.states(p1, ["amy", "bob"]) == {"amy": EXPIRED, "bob": EXPIRED}
+    assert await receipts.states(push_id, ["bob"]) == {"bob": ACKED}
     c = await receipts.counts(p1)
-    assert c is not None and (c.delivered, c.acked, c.queued, c.expired) == (0, 0, 1, 1)
+    assert c is not None and (c.delivered, c.acked, c.queued, c.expired) == (0, 0, 0, 2)
+
+
+async def test_a_queued_recipient_an_ack_passed_unwritten_reads_expired(
+    kind: str, redis: aioredis.Redis, prefix: str
+) -> None:
+    """An entry that left the inbox never written (its ttl_s passed there, so the replay
+    skipped it; or the bound pushed it out) reads expired once acks pass it: never
+    delivered, never acked. One a replay wrote (its mark) reads acked."""
+    log, receipts = recovery_and_receipts(kind, redis, prefix, inbox_max=3)
+    p1, _ = await sent(log, receipts, 1, {"amy": QUEUED})
+    p2, at2 = await sent(log, receipts, 2, {"amy": QUEUED})
+    await receipts.mark(DELIVERED, {p2: ["amy"]})  # the replay wrote the second only
+    await log.ack([("amy", at2["amy"])])
+    assert await receipts.states(p1, ["amy"]) == {"amy": EXPIRED}
+    assert await receipts.states(p2, ["amy"]) == {"amy": ACKED}
+    c = await receipts.counts(p1)
+    assert c is not None and (c.delivered, c.acked, c.queued, c.expired) == (0, 0, 0, 1)
+    assert (await receipts.page(p1, "queued", None, 10)).uids == []
+    assert await receipts.unacked(p1) == ["amy"]
+
+
+async def test_an_ack_stays_once_the_inbox_bound_passes_its_entry(
+    kind: str, redis: aioredis.Redis, prefix: str
+) -> None:
+    """Acked, then more than IMROUTE_INBOX_MAX messages came unacked (the inbox floor
+    passed it): still acked, before and after the devices ack what came after."""
+    log, receipts = recovery_and_receipts(kind, redis, prefix, inbox_max=2)
+    p1, at1 = await sent(log, receipts, 1, {"amy": DELIVERED})
+    await log.ack([("amy", at1["amy"])])
+    assert await receipts.states(p1, ["amy"]) == {"amy": ACKED}
+    later = [await sent(log, receipts, n, {"amy": QUEUED}) for n in (2, 3, 4, 5)]
+    assert await receipts.states(p1, ["amy"]) == {"amy": ACKED}
+    c = await receipts.counts(p1)
+    assert c is not None and (c.delivered, c.acked) == (1, 1)
+    # The bound pushed 2 and 3 out unwritten; a device gets 4 and 5 and acks them.
+    await receipts.mark(DELIVERED, {p: ["amy"] for p, _ in later[2:]})
+    await log.ack([("amy", later[-1][1]["amy"])])
+    assert await receipts.states(p1, ["amy"]) == {"amy": ACKED}
+    states = [(await receipts.states(p, ["amy"]))["amy"] for p, _ in later]
+    assert states == [EXPIRED, EXPIRED, ACKED, ACKED]
+
+
+async def test_an_ack_marked_before_a_tagged_receipts_record_still_counts(
+    kind: str, redis: aioredis.Redis, prefix: str
+) -> None:
+    """A gateway's ack marks (each a flush of its own) that land before the router's
+    record of a slot-tagged push are not overwritten by it: states only move up."""
+    log, receipts = recovery_and_receipts(kind, redis, prefix)
+    m = message(1, "amy")
+    uids = ["amy", "bob", "cyd"]
+    [(seqs, _)] = await log.append_queued_many([(m, uids, 0)])
+    await receipts.mark(ACKED, {m.push_id: ["amy"]})
+    await receipts.mark(ACKED, {m.push_id: ["bob"]})
+    assert await receipts.counts(m.push_id) is None  # not recorded yet
+    states = {"amy": DELIVERED, "bob": QUEUED, "cyd": DELIVERED}
+    positions = dict(zip(uids, seqs, strict=True))
+    await receipts.record(NewReceipt(m.push_id, "p2p", 3, 2, states, {}, positions), True)
+    assert await receipts.states(m.push_id, uids) == {
+        "amy": ACKED,
+        "bob": ACKED,
+        "cyd": DELIVERED,
+    }
+    c = await receipts.counts(m.push_id)
+    assert c is not None and (c.delivered, c.acked, c.queued, c.expired) == (3, 2, 0, 0)
+    assert (await receipts.page(m.push_id, "acked", None, 10)).uids == ["amy", "bob"]
+    assert await receipts.unacked(m.push_id) == ["cyd"]
+    # Later marks and acks go on as usual.
+    await log.ack([("cyd", positions["cyd"])])
+    assert await receipts.states(m.push_id, ["cyd"]) == {"cyd": ACKED}
