@@ -5,16 +5,20 @@ Each command is a pydantic model, and pydantic-settings' CLI support makes its f
 the flags (`--content`, `--wait-ack`, `--json`, ...), with their help, types and errors,
 from that one place. The connection options every command takes (`--api-url`,
 `--api-key`, `--admin-api-key`) are the fields of `Connection`, and default to the
-settings `router.cli.rest.ApiSettings` reads (`IMROUTE_API_URL`, ...). pydantic-settings
+settings `router.cli.rest.ApiSettings` reads (`IMROUTE_API_URL`, ...); so are
+`--request-timeout` and `--retries` (each try's deadline, and how often a try that got
+no answer, a 429 or a 503 is made again: see `router.cli.rest`). pydantic-settings
 rather than typer: it is already the source of every other setting, so a flag, its
 environment variable and its check stay one field; and it is already a dependency.
 
-Exit codes: 0 done; 1 the push service refused or failed it (or a job failed, or is
-still running past `--timeout`); 2 a bad flag or value, before anything was sent.
+Exit codes: 0 done; 1 the push service refused or failed it, or could not be reached
+(or a job failed, or is still running past `--timeout`); 2 a bad flag or value, before
+anything was sent.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 import urllib.parse
@@ -34,7 +38,17 @@ from pydantic_settings import (
 )
 
 from router.cli import show
-from router.cli.rest import ApiSettings, RemoteError, RestClient, new_idempotency_key
+from router.cli.rest import (
+    DEFAULT_RETRIES,
+    DEFAULT_TIMEOUT_S,
+    MAX_RETRIES,
+    MAX_TIMEOUT_S,
+    RETRIES,
+    ApiSettings,
+    RemoteError,
+    RestClient,
+    new_idempotency_key,
+)
 from router.cli.wait import wait_for_job
 from shared.errors import ImrouteError, InvalidInput
 
@@ -64,10 +78,32 @@ class Connection(BaseModel):
     json_out: bool = Field(
         False, validation_alias=AliasChoices("json"), description="print the answer as JSON"
     )
+    request_timeout: float = Field(
+        DEFAULT_TIMEOUT_S,
+        gt=0,
+        le=MAX_TIMEOUT_S,
+        allow_inf_nan=False,
+        description="seconds each try has to connect, and between the bytes of its answer "
+        "(push --wait-ack adds its wait)",
+    )
+    retries: int = Field(
+        DEFAULT_RETRIES,
+        ge=0,
+        le=MAX_RETRIES,
+        description="times a try that got no answer, a 429 or a 503 is made again (a GET, "
+        "or a request with its Idempotency-Key); never one that got no connection",
+    )
 
-    def client(self) -> RestClient:
+    def client(self, extra_s: float = 0.0) -> RestClient:
+        """The REST client of these options; `extra_s`: seconds a try may wait longer."""
         given = self.model_dump(include={"api_url", "api_key", "admin_api_key"})
-        return RestClient(ApiSettings(**{k: v for k, v in given.items() if v is not None}))
+        command = type(self).__name__.lower()
+        return RestClient(
+            ApiSettings(**{k: v for k, v in given.items() if v is not None}),
+            retries=dataclasses.replace(RETRIES, max_retries_same=self.retries),
+            timeout_s=self.request_timeout + extra_s,
+            notify=lambda text: show.error(command, text),
+        )
 
 
 class _Content(Connection):
@@ -128,7 +164,7 @@ class Push(_Content):
         body = {"to": self.uids, **self.message()}
         if self.wait_ack is not None:
             body["wait_ack_ms"] = self.wait_ack
-        with self.client() as api:
+        with self.client(extra_s=max(self.wait_ack or 0, 0) / 1000) as api:
             answer = api.call(
                 "POST", "/v1/push", body, idempotency_key=self.key(), expect=PUSH_FIELDS
             )

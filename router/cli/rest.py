@@ -5,14 +5,22 @@ The URL and keys are settings like every other (`IMROUTE_API_URL`, `IMROUTE_API_
 over them. A key is sent as a Bearer header and never printed: an error names the key's
 setting, not its value.
 
+Each try has `timeout_s` (`--request-timeout`, DEFAULT_TIMEOUT_S) to connect, and as
+long between the bytes it sends and reads.
+
+A push service that cannot be reached (no connection: refused, no such host, no connect
+within the timeout) is said at once, naming its URL, and not tried again: nothing was
+sent, and one that is down stays down longer than a command should wait.
+
 Retries that are safe: a request that got no answer is usually still carried out, so
 a push retried without an `Idempotency-Key` is sent twice under a new msg_id. Each
 sending command sends a key of its own (or the one `--idempotency-key` gives) and
-`call` retries it, with that same key, when no answer came (a connection refused,
-reset or timed out) or the answer was 429 or 503 (nothing was done: over the rate,
-shed, Redis down), after `Retry-After` or a jittered backoff, up to `RETRIES`
-times; the push service replays the first answer, or runs it once. GETs are retried
-alike; a request without a key never is.
+`call` retries it, with that same key, when its connection got no answer (reset, or
+none within the timeout) or the answer was 429 or 503 (nothing was done: over the
+rate, shed, Redis down), after `Retry-After` or a jittered backoff, up to `retries`
+times (`--retries`, DEFAULT_RETRIES), saying so on standard error before each; the
+push service replays the first answer, or runs it once. GETs are retried alike; a
+request without a key never is.
 """
 
 from __future__ import annotations
@@ -33,6 +41,10 @@ from shared.urls import redact_url
 
 __all__ = [
     "DEFAULT_API_URL",
+    "DEFAULT_RETRIES",
+    "DEFAULT_TIMEOUT_S",
+    "MAX_RETRIES",
+    "MAX_TIMEOUT_S",
     "RETRIES",
     "ApiSettings",
     "RemoteError",
@@ -41,9 +53,14 @@ __all__ = [
 ]
 
 DEFAULT_API_URL = "http://127.0.0.1:8080"
-TIMEOUT_S = 30.0
-# 3 retries, 0.5-1 s, then 1-2 s, then 2-4 s apart (or as Retry-After says, up to 10 s)
-RETRIES = RetryPolicy(max_retries_same=3, backoff_s=1.0, max_backoff_s=4.0)
+# One try's deadline (to connect; between bytes sent or read): the API answers within
+# milliseconds, a push within its deliver timeout (2 s); `push --wait-ack` adds its wait.
+DEFAULT_TIMEOUT_S = 10.0
+MAX_TIMEOUT_S = 3600.0  # an hour at most (1e300 s overflowed the socket's timeout)
+# 2 retries, 0.5-1 s, then 1-2 s apart (or as Retry-After says, up to 10 s)
+DEFAULT_RETRIES = 2
+MAX_RETRIES = 10
+RETRIES = RetryPolicy(max_retries_same=DEFAULT_RETRIES, backoff_s=1.0, max_backoff_s=4.0)
 RETRY_AFTER_MAX_S = 10.0
 RETRIED_STATUSES = frozenset({429, 503})
 
@@ -92,19 +109,26 @@ class RemoteError(ImrouteError):
 
 
 class RestClient:
+    """`notify` is told of each retry before its wait (the commands print it on
+    standard error)."""
+
     def __init__(
         self,
         settings: ApiSettings,
         transport: httpx.BaseTransport | None = None,
         retries: RetryPolicy = RETRIES,
         sleep: Callable[[float], None] = time.sleep,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        notify: Callable[[str], None] = lambda _: None,
     ):
         self._settings = settings
         self._http = httpx.Client(
-            base_url=settings.api_url.rstrip("/"), timeout=TIMEOUT_S, transport=transport
+            base_url=settings.api_url.rstrip("/"), timeout=timeout_s, transport=transport
         )
+        self._timeout_s = timeout_s
         self._retries = retries
         self._sleep = sleep
+        self._notify = notify
 
     def __enter__(self) -> RestClient:
         return self
@@ -133,32 +157,35 @@ class RestClient:
             headers["Idempotency-Key"] = idempotency_key
         retry_safe = method == "GET" or idempotency_key is not None
         url = redact_url(f"{self._settings.api_url.rstrip('/')}{path}")
-        retry = 0
+        retry, most = 0, self._retries.max_retries_same if retry_safe else 0
         while True:
             try:
                 resp = self._http.request(method, path, json=body, headers=headers)
+            except (httpx.ConnectError, httpx.ConnectTimeout) as exc:  # nothing was sent
+                raise RemoteError(
+                    0,
+                    f"cannot reach the push service at {url}: {self._reason(exc)} "
+                    "(is it running there? --api-url or IMROUTE_API_URL says where)",
+                ) from None
             except httpx.TransportError as exc:  # no answer: it may have been carried out
-                if retry_safe and retry < self._retries.max_retries_same:
+                if retry < most:
                     retry += 1
-                    self._sleep(self._retries.backoff(retry))
+                    self._wait(f"{url}: {self._reason(exc)}", retry, None)
                     continue
+                tries = f" ({retry + 1} tries)" if retry else ""
                 again = (
                     ""
                     if idempotency_key is None
                     else f" (to try again, sent at most once: --idempotency-key {idempotency_key})"
                 )
                 raise RemoteError(
-                    0, f"cannot reach the push service at {url}: {exc}{again}"
+                    0, f"cannot reach the push service at {url}: {self._reason(exc)}{tries}{again}"
                 ) from None
             except httpx.HTTPError as exc:
                 raise RemoteError(0, f"{method} {path}: {exc}") from None
-            if (
-                resp.status_code in RETRIED_STATUSES
-                and retry_safe
-                and retry < self._retries.max_retries_same
-            ):
+            if resp.status_code in RETRIED_STATUSES and retry < most:
                 retry += 1
-                self._sleep(_retry_after(resp) or self._retries.backoff(retry))
+                self._wait(f"{url}: answered {resp.status_code}", retry, _retry_after(resp))
                 continue
             break
         try:
@@ -178,6 +205,21 @@ class RestClient:
         if resp.is_success:
             raise RemoteError(resp.status_code, f"{method} {path}: the answer is not JSON")
         raise RemoteError(resp.status_code, _describe(method, path, resp, answer, setting), answer)
+
+    def _wait(self, what: str, retry: int, retry_after: float | None) -> None:
+        """Say why and how long, then wait before the `retry`-th retry."""
+        delay = retry_after or self._retries.backoff(retry)
+        most = self._retries.max_retries_same
+        self._notify(f"{what}; trying again in {delay:.1f} s (retry {retry} of {most})")
+        self._sleep(delay)
+
+    def _reason(self, exc: httpx.TransportError) -> str:
+        """What went wrong, in words: httpx's timeouts say only "timed out"."""
+        if isinstance(exc, httpx.ConnectTimeout):
+            return f"no connection within {self._timeout_s:g} s"
+        if isinstance(exc, httpx.TimeoutException):
+            return f"no answer within {self._timeout_s:g} s"
+        return str(exc) or type(exc).__name__
 
 
 def _retry_after(resp: httpx.Response) -> float | None:

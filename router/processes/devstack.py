@@ -3,6 +3,8 @@
 A gateway or the push service that dies is restarted after RESTART_FIRST_S, doubling up
 to RESTART_MAX_S while it keeps dying (as compose's `restart:` or a Kubernetes Deployment
 would), and the rest of the stack keeps running. A drained gateway that exits 0 is done.
+SIGINT (Ctrl-C), SIGTERM or SIGHUP (its terminal closed) stops it all: every child, then
+the embedded Redis, its folder removed; dev exits 0.
 """
 
 from __future__ import annotations
@@ -47,6 +49,8 @@ STABLE_S = 30.0
 # 17 s of a push request's longest wait (and a second) and the push service's own 5-s
 # margin (`push_service.workers.stop_grace_s`).
 STOP_MARGIN_S = 25.0
+# What stops the stack, each alike: its children stopped, the embedded Redis too, exit 0.
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 @dataclass(frozen=True)
@@ -113,8 +117,10 @@ class DevStack:
             env["IMROUTE_INTERNAL_TOKEN"] = secrets.token_urlsafe(32)
         o = self.options
 
-        # Handlers first: a Ctrl-C at any point from here on stops what was started.
-        for sig in (signal.SIGINT, signal.SIGTERM):
+        # Handlers first: a Ctrl-C at any point from here on stops what was started. SIGHUP
+        # (its terminal closed) too: by default it ended dev at once, and the embedded
+        # Redis's folder stayed behind.
+        for sig in STOP_SIGNALS:
             signal.signal(sig, self._on_signal)
         try:
             redis_url = self._redis(settings.redis_url)

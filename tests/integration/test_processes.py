@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import shutil
 import signal
 import subprocess
 import time
@@ -236,7 +237,7 @@ async def test_kill_9_of_imroute_dev_leaves_no_orphans(prefix: str, tmp_path: Pa
         IMROUTE_DB_URL=f"sqlite+aiosqlite:///{tmp_path}/users.db",
     )
     with running([str(BIN / "imroute"), "dev", "--port", str(port)], env) as dev:
-        read_until(dev, "Ctrl-C stops everything", timeout=60)
+        banner = "\n".join(read_until(dev, "Ctrl-C stops everything", timeout=60))
         children = descendants(dev.pid)
         assert len(children) >= 4  # push service, two gateways, the embedded redis-server
         dev.send_signal(signal.SIGKILL)
@@ -244,6 +245,10 @@ async def test_kill_9_of_imroute_dev_leaves_no_orphans(prefix: str, tmp_path: Pa
     deadline = time.monotonic() + 10
     while any(alive(pid) for pid in children) and time.monotonic() < deadline:
         await asyncio.sleep(0.05)
+    # A killed dev cannot remove its embedded Redis's folder: the test does.
+    folder = re.search(r"started an embedded one at unix://(\S+)/redis\.sock", banner)
+    if folder:
+        shutil.rmtree(folder.group(1), ignore_errors=True)
     assert not [pid for pid in children if alive(pid)], "orphans left behind"
 
 

@@ -29,8 +29,9 @@ def answering(monkeypatch: pytest.MonkeyPatch) -> Callable[[Handler], list[httpx
             return handler(request)
 
         class Mocked(RestClient):
-            def __init__(self, settings: ApiSettings) -> None:
-                super().__init__(settings, httpx.MockTransport(handle), sleep=lambda _: None)
+            def __init__(self, settings: ApiSettings, **options: Any) -> None:
+                options.update(transport=httpx.MockTransport(handle), sleep=lambda _: None)
+                super().__init__(settings, **options)
 
         monkeypatch.setattr(remote, "RestClient", Mocked)
         return seen
@@ -129,3 +130,72 @@ def test_an_unreachable_url_is_said_without_its_password() -> None:
     with pytest.raises(RemoteError) as raised:
         api.call("GET", "/v1/gateways")
     assert "hunter2pw" not in str(raised.value) and "bob:***@127.0.0.1:1" in str(raised.value)
+
+
+def _timeouts(request: httpx.Request) -> set[float]:
+    return set(request.extensions["timeout"].values())
+
+
+@pytest.mark.parametrize(
+    ("flags", "tries", "timeout_s"),
+    [
+        ([], 3, 10.0),  # the defaults: 2 retries, 10 s
+        (["--request-timeout", "0.25", "--retries", "1"], 2, 0.25),
+        (["--request-timeout", "3", "--retries", "0"], 1, 3.0),
+    ],
+)
+def test_request_timeout_and_retries_are_flags_each_retry_said(
+    answering: Callable[[Handler], list[httpx.Request]],
+    capsys: pytest.CaptureFixture[str],
+    flags: list[str],
+    tries: int,
+    timeout_s: float,
+) -> None:
+    """Before: no such flags (a try had 30 s, and 3 retries, a hung service 2 minutes)."""
+
+    def hang(request: httpx.Request) -> httpx.Response:
+        raise httpx.ReadTimeout("timed out", request=request)
+
+    seen = answering(hang)
+    assert remote.main(["status", "--api-url", "http://push", *KEY, *flags]) == 1
+    assert len(seen) == tries and all(_timeouts(r) == {timeout_s} for r in seen)
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == tries  # a line per retry, then the error
+    assert all(f"(retry {i} of {tries - 1})" in err[i - 1] for i in range(1, tries))
+    said = f"no answer within {timeout_s:g} s" + (f" ({tries} tries)" if tries > 1 else "")
+    assert (
+        err[-1]
+        == f"imroute status: cannot reach the push service at http://push/v1/gateways: {said}"
+    )
+
+
+def test_a_push_waiting_for_acks_has_its_wait_on_top_of_the_request_timeout(
+    answering: Callable[[Handler], list[httpx.Request]],
+) -> None:
+    body = {"push_id": "p1", "delivered": [], "offline": [], "queued": [], "failed": []}
+    seen = answering(lambda _: httpx.Response(200, json=body))
+    command = ["push", "amy", "--content", "1", "--wait-ack", "2500", "--request-timeout", "1"]
+    assert remote.main([*command, "--api-url", "http://push", *KEY]) == 0
+    assert [_timeouts(r) for r in seen] == [{3.5}]
+
+
+@pytest.mark.parametrize(
+    ("flag", "value"),
+    [
+        ("--request-timeout", "0"),
+        ("--request-timeout", "-1"),
+        ("--request-timeout", "nan"),
+        ("--request-timeout", "inf"),
+        ("--request-timeout", "1e300"),  # would overflow a socket's timeout
+        ("--request-timeout", "soon"),
+        ("--retries", "-1"),
+        ("--retries", "1.5"),
+        ("--retries", "11"),
+    ],
+)
+def test_a_request_timeout_or_retries_that_is_no_count_is_exit_2_naming_it(
+    flag: str, value: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert remote.main(["status", flag, value, *KEY]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"imroute status: {flag}: ") and "Traceback" not in err

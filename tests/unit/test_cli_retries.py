@@ -1,6 +1,7 @@
 """router.cli.rest.RestClient's retries over httpx.MockTransport (no network, no sleeps):
 what is retried (no answer, 429, 503; a GET or a request with its Idempotency-Key),
-with the same key each time, after Retry-After; and what is not."""
+with the same key each time, after Retry-After, each said; and what is not (no
+connection: said at once)."""
 
 from __future__ import annotations
 
@@ -12,10 +13,11 @@ from router.cli.rest import ApiSettings, RemoteError, RestClient
 
 
 def _client(
-    answers: list[httpx.Response | Exception],
+    answers: list[httpx.Response | Exception], told: list[str] | None = None
 ) -> tuple[RestClient, list[httpx.Request], list[float]]:
     seen: list[httpx.Request] = []
     slept: list[float] = []
+    notify = (told if told is not None else []).append
 
     def handle(request: httpx.Request) -> httpx.Response:
         seen.append(request)
@@ -25,7 +27,9 @@ def _client(
         return answer
 
     settings = ApiSettings(api_url="http://push", api_key=SecretStr("k" * 20))
-    api = RestClient(settings, transport=httpx.MockTransport(handle), sleep=slept.append)
+    api = RestClient(
+        settings, transport=httpx.MockTransport(handle), sleep=slept.append, notify=notify
+    )
     return api, seen, slept
 
 
@@ -58,14 +62,45 @@ def test_an_answer_other_than_429_or_503_is_final(status: int) -> None:
     assert info.value.status == status and len(seen) == 1
 
 
-def test_retries_are_bounded_and_the_error_names_the_key_to_try_again_with() -> None:
-    api, seen, slept = _client([httpx.ConnectError("refused")] * 4)
-    with pytest.raises(RemoteError, match="--idempotency-key k-1"):
+def test_retries_are_bounded_each_said_and_the_error_names_the_key_to_try_again_with() -> None:
+    told: list[str] = []
+    api, seen, slept = _client([httpx.ReadTimeout("timed out")] * 3, told)
+    with pytest.raises(RemoteError) as raised:
         api.call("POST", "/v1/push", {"to": ["a"]}, idempotency_key="k-1")
-    assert len(seen) == 4 and len(slept) == 3
+    assert len(seen) == 3 and len(slept) == 2  # DEFAULT_RETRIES
+    assert str(raised.value).startswith(
+        "cannot reach the push service at http://push/v1/push: no answer within 10 s (3 tries)"
+    )
+    assert "--idempotency-key k-1" in str(raised.value)
+    assert [t.split("; ")[0] for t in told] == ["http://push/v1/push: no answer within 10 s"] * 2
+    assert "(retry 1 of 2)" in told[0] and "(retry 2 of 2)" in told[1]
 
 
 def test_a_get_is_retried_without_a_key() -> None:
-    api, seen, _ = _client([httpx.ConnectError("refused"), OK])
+    api, seen, _ = _client([httpx.RemoteProtocolError("Server disconnected"), OK])
     assert api.call("GET", "/v1/gateways") == {"push_id": "p1"}
     assert len(seen) == 2 and "idempotency-key" not in seen[0].headers
+
+
+@pytest.mark.parametrize(
+    ("failure", "said"),
+    [
+        (httpx.ConnectError("[Errno 111] Connection refused"), "Connection refused"),
+        (httpx.ConnectError("[Errno -2] Name or service not known"), "Name or service"),
+        (httpx.ConnectTimeout("timed out"), "no connection within 10 s"),
+    ],
+)
+@pytest.mark.parametrize("key", [None, "k-1"])
+def test_no_connection_is_said_at_once_naming_the_url_and_not_retried(
+    failure: Exception, said: str, key: str | None
+) -> None:
+    """Before: a refused connection was tried 4 times over 3.5-7 s (a connect that timed
+    out, 4 times 30 s), silently."""
+    told: list[str] = []
+    api, seen, slept = _client([failure] * 4, told)
+    with pytest.raises(RemoteError) as raised:
+        api.call("GET" if key is None else "POST", "/v1/gateways", idempotency_key=key)
+    assert len(seen) == 1 and slept == [] and told == []
+    assert raised.value.status == 0
+    assert str(raised.value).startswith("cannot reach the push service at http://push/v1/gateways")
+    assert said in str(raised.value) and "--api-url" in str(raised.value)
