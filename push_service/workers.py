@@ -11,7 +11,7 @@ Everything a worker shares with the others lives in Redis already (jobs and thei
 leases, rate limits, idempotency keys, receipts, webhook outboxes, the fleet), as it
 does between push-service processes on several hosts; what each keeps for itself (the
 fleet cache, circuit breakers, gRPC channels) is a per-process view that each keeps
-correct on its own. /metrics answers for all workers (push_service.worker_metrics).
+correct on its own. /metrics answers for all workers (push_service.worker).
 
 The children are in their own session, so a terminal's Ctrl-C reaches this process
 only, which passes it on once; they die with it if it is killed (PR_SET_PDEATHSIG). A

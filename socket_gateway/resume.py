@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from router.bus.base import BROADCAST, group_topic
-from router.receipts.base import ACKED, DELIVERED, derives_ack
+from router.receipts.base import ACKED, DELIVERED, EXPIRED, derives_ack
 from router.recovery.base import OFFLINE_TOPIC, RecoveryLimits, RecoveryReads, TopicHistory
 from router.recovery.replay import Replay, plan_replay
 from shared.clock import Clock
@@ -72,7 +72,8 @@ class Resumer:
         budget: ResumeLimits | None = None,
     ) -> None:
         """`recent`: the follower's memory of its topics' latest batches, tried first.
-        `report`: told of each push a replay or a gap fill wrote (its receipt).
+        `report`: told of each push a replay or a gap fill wrote (its receipt), and of
+        each a replay left out for its ttl_s (expired for this user).
         `move_tail_s`: how long a connection from another group reads that group's log
         again (`socket_gateway.move_tail`; 0: not at all). `budget`: what one resume may
         read (`socket_gateway.resume_budget`)."""
@@ -142,6 +143,7 @@ class Resumer:
                 return  # closed, or too slow to take its replay: it resumes from here later
             if report is not None:
                 report(DELIVERED, push_id, (conn.uid,))
+        _report_expired(report, replay, conn.uid)
         head_p, _, _, head_g = ends
         moved_from = _stand(conn, since, ends, own_group, own_g)
         if moved_from and self.tails.tail_s > 0:
@@ -341,3 +343,12 @@ def _stand(
         return ""
     conn.g = g
     return since.group
+
+
+def _report_expired(report: Report | None, replay: Replay, uid: str) -> None:
+    """The pushes a replay left out for their ttl_s: expired for `uid` in their receipts
+    (else the acks of what came after would read them acked)."""
+    if report is None:
+        return
+    for push_id in replay.expired_ids:
+        report(EXPIRED, push_id, (uid,))

@@ -95,14 +95,16 @@ class Connection(BaseModel):
     )
 
     def client(self, extra_s: float = 0.0) -> RestClient:
-        """The REST client of these options; `extra_s`: seconds a try may wait longer."""
+        """The REST client of these options; `extra_s`: seconds a try may wait longer for
+        its answer (connecting keeps `--request-timeout`)."""
         given = self.model_dump(include={"api_url", "api_key", "admin_api_key"})
         command = type(self).__name__.lower()
         return RestClient(
             ApiSettings(**{k: v for k, v in given.items() if v is not None}),
             retries=dataclasses.replace(RETRIES, max_retries_same=self.retries),
-            timeout_s=self.request_timeout + extra_s,
+            timeout_s=self.request_timeout,
             notify=lambda text: show.error(command, text),
+            extra_read_s=extra_s,
         )
 
 

@@ -110,7 +110,8 @@ class RemoteError(ImrouteError):
 
 class RestClient:
     """`notify` is told of each retry before its wait (the commands print it on
-    standard error)."""
+    standard error). `extra_read_s`: how much longer than `timeout_s` an answer may take
+    to come (a push's `wait_ack_ms`); connecting and sending keep `timeout_s`."""
 
     def __init__(
         self,
@@ -120,12 +121,16 @@ class RestClient:
         sleep: Callable[[float], None] = time.sleep,
         timeout_s: float = DEFAULT_TIMEOUT_S,
         notify: Callable[[str], None] = lambda _: None,
+        extra_read_s: float = 0.0,
     ):
         self._settings = settings
         self._http = httpx.Client(
-            base_url=settings.api_url.rstrip("/"), timeout=timeout_s, transport=transport
+            base_url=settings.api_url.rstrip("/"),
+            timeout=httpx.Timeout(timeout_s, read=timeout_s + extra_read_s),
+            transport=transport,
         )
         self._timeout_s = timeout_s
+        self._extra_read_s = extra_read_s
         self._retries = retries
         self._sleep = sleep
         self._notify = notify
@@ -217,6 +222,8 @@ class RestClient:
         """What went wrong, in words: httpx's timeouts say only "timed out"."""
         if isinstance(exc, httpx.ConnectTimeout):
             return f"no connection within {self._timeout_s:g} s"
+        if isinstance(exc, httpx.ReadTimeout):
+            return f"no answer within {self._timeout_s + self._extra_read_s:g} s"
         if isinstance(exc, httpx.TimeoutException):
             return f"no answer within {self._timeout_s:g} s"
         return str(exc) or type(exc).__name__

@@ -1,5 +1,9 @@
 """`--wait`: follow a broadcast or multicast job (GET /v1/pushes/{id}) to its end, with
-a progress bar on standard error (batches published, then recipients delivered)."""
+a progress bar on standard error (batches published, then recipients delivered).
+
+A push service that cannot be reached meanwhile (a restart, a deploy) does not end the
+follow: the job goes on without it, so the polls go on until `--timeout`, the outage
+said once on standard error."""
 
 from __future__ import annotations
 
@@ -49,8 +53,21 @@ def wait_for_job(api: RestClient, push_id: str, timeout_s: float, progress: bool
     )
     with bar:
         task = bar.add_task(push_id, total=None, counts="")
+        unreachable = False
         while True:
-            job = api.call("GET", f"/v1/pushes/{push_id}", expect=JOB_FIELDS)
+            try:
+                job = api.call("GET", f"/v1/pushes/{push_id}", expect=JOB_FIELDS)
+            except RemoteError as exc:
+                if exc.status != 0 or time.monotonic() >= deadline:
+                    raise
+                if not unreachable:
+                    bar.console.print(f"{exc}; still following {push_id}", markup=False)
+                unreachable = True
+                time.sleep(POLL_S)
+                continue
+            if unreachable:
+                bar.console.print(f"the push service answers again; following {push_id}")
+                unreachable = False
             counts = f"{job['delivered']} delivered, {job['acked']} acked of {job['recipients']}"
             bar.update(
                 task,

@@ -20,17 +20,18 @@ acked (an ack may arrive before the router's record of the delivery: it still co
 
 **Derived states.** A stored, listable P2P push has a slot-tagged push id
 (`shared.keys.slot_tagged`), and its receipt keeps each recipient's position in the
-recipient's log beside its state. Its acks are not written to it: a delivered recipient
-is acked once its user's acked position (the one cursor a gateway moves per user and
-ack flush, `router.recovery`) has reached that position, read when the receipt is read
-(`derive`). Every connection's view of its user's log is contiguous from where it
-started, so a device that acked past a position was written it; the inbox moving on
+recipient's log beside its state. Its acks are not written to it: a recipient delivered
+(or queued: below) is acked once its user's acked position (the one cursor a gateway
+moves per user and ack flush, `router.recovery`) has reached that position, read when
+the receipt is read (`derive`). Every connection's view of its user's log is contiguous
+from where it started, so a device that acked past a position was written it; the inbox moving on
 after that (its bound, `IMROUTE_INBOX_MAX`) takes nothing back. (What the cursor cannot
 see: an entry written to one device and pushed out of the inbox by the bound, unacked,
 reads acked once a device whose view began after it acks past it.) A queued recipient (no
-write of it known) whose entry the acked position or the inbox bound passed has left the
-inbox unwritten (a connect skips what is past its ttl_s): it reads expired. So the
-gateways write one cursor per user, not one mark per push (`derives_ack`).
+write of it known) whose entry the bound pushed out reads expired; one a connect left
+out for its ttl_s is marked expired by that gateway (`Replay.expired_ids`), so the acks
+of what came after it do not make it acked. So the gateways write one cursor per user,
+not one mark per push (`derives_ack`).
 """
 
 from __future__ import annotations
@@ -114,9 +115,10 @@ def derive(value: str, cursor: Cursor | None) -> str:
     """A recipient's state from its receipt's value (`stored_value`, or a bare state) and
     its user's cursor (None: none read), in the same epoch: delivered reads acked once
     the acked position has reached it (whatever the inbox bound's floor did since: an
-    ack stays); queued reads expired once its entry left the inbox unwritten, the acked
-    position or the floor past it (a replay skips an entry past its ttl_s, and a device
-    that acked past one was written it, or the mark that says so is on its way)."""
+    ack stays). Queued (no write of it known) reads expired once the floor passed it
+    (the bound pushed it out unwritten), else acked once the acked position reached it:
+    a device that acked past it was written it, and the mark saying so was late or lost
+    (one a connect skipped for its ttl_s is marked expired by that gateway instead)."""
     state = value[0]
     if cursor is None or not derivable(value):
         return state
@@ -127,7 +129,9 @@ def derive(value: str, cursor: Cursor | None) -> str:
     n = counter_of(seq)
     if state == DELIVERED:
         return ACKED if n <= acked else state
-    return EXPIRED if n <= max(acked, floor) else state
+    if n <= floor:
+        return EXPIRED
+    return ACKED if n <= acked else state
 
 
 def with_early(value: str | None, early: str) -> str:

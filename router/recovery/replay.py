@@ -42,8 +42,11 @@ class Replay:
     # Those it sends stay in the inbox until a device acks them; those past their ttl_s
     # or the inbox TTL are left out, and leave when a later ack or the log's trim passes.
     inbox_covered: list[Entry] = field(default_factory=list)
-    # Messages left out because their ttl_s had passed (never sent late).
+    # Messages left out because their ttl_s had passed (never sent late), and their push
+    # ids: the gateway marks their receipts expired for this user (else the acks of what
+    # came after would read them acked, `router.receipts.base.derive`).
     expired: int = 0
+    expired_ids: dict[str, None] = field(default_factory=dict)
 
 
 def plan_replay(
@@ -137,6 +140,7 @@ def _topic_items(
         expires_ms = logged.batch.expires_ms
         if expires_ms and now_ms > expires_ms:
             replay.expired += 1
+            replay.expired_ids[message.push_id] = None
             continue
         items.append(ReplayItem(log, logged.seq, message, logged.prefix))
     return items
@@ -160,6 +164,8 @@ def _dense(after: int, head: int, seqs: Iterator[int]) -> bool:
 
 def _expired(e: Entry, now_ms: int, replay: Replay) -> bool:
     if e.expires_ms and now_ms > e.expires_ms:
-        replay.expired += 1
+        if e.message.push_id not in replay.expired_ids:
+            replay.expired += 1
+            replay.expired_ids[e.message.push_id] = None
         return True
     return False

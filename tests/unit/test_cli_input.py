@@ -172,11 +172,53 @@ def test_request_timeout_and_retries_are_flags_each_retry_said(
 def test_a_push_waiting_for_acks_has_its_wait_on_top_of_the_request_timeout(
     answering: Callable[[Handler], list[httpx.Request]],
 ) -> None:
+    """For its answer only: connecting and sending keep the request timeout."""
     body = {"push_id": "p1", "delivered": [], "offline": [], "queued": [], "failed": []}
     seen = answering(lambda _: httpx.Response(200, json=body))
     command = ["push", "amy", "--content", "1", "--wait-ack", "2500", "--request-timeout", "1"]
     assert remote.main([*command, "--api-url", "http://push", *KEY]) == 0
-    assert [_timeouts(r) for r in seen] == [{3.5}]
+    [timeouts] = [r.extensions["timeout"] for r in seen]
+    assert timeouts == {"connect": 1.0, "read": 3.5, "write": 1.0, "pool": 1.0}
+
+
+def test_a_wait_goes_on_through_a_push_service_restart(
+    answering: Callable[[Handler], list[httpx.Request]],
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Before: the first refused poll ended the follow (exit 1) though the job went on."""
+    job = {
+        "push_id": "p1",
+        "mode": "broadcast",
+        "recipients": 2,
+        "online": 2,
+        "offline": 0,
+        "batches": 1,
+        "delivered": 2,
+        "acked": 0,
+        "queued": 0,
+        "failed_batches": 0,
+    }
+    answers: list[httpx.Response | None] = [
+        httpx.Response(202, json={"push_id": "p1"}),
+        httpx.Response(200, json={**job, "status": "running", "published": 0}),
+        None,  # refused: restarting
+        None,
+        httpx.Response(200, json={**job, "status": "done", "published": 1}),
+    ]
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        reply = answers.pop(0)
+        if reply is None:
+            raise httpx.ConnectError("[Errno 111] Connection refused", request=request)
+        return reply
+
+    seen = answering(answer)
+    command = ["broadcast", "--online", "--content", "1", "--wait", "--json"]
+    assert remote.main([*command, "--api-url", "http://push", *KEY]) == 0
+    assert len(seen) == 5 and answers == []
+    err = capsys.readouterr().err
+    assert err.count("Connection refused") == 1 and "still following p1" in err
+    assert "answers again" in err
 
 
 @pytest.mark.parametrize(

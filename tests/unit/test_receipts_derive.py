@@ -35,10 +35,14 @@ def at(state: str, n: int, epoch: int = E) -> str:
         (at(DELIVERED, 5), (E, 20, 9), ACKED),  # and the devices acked those later
         (at(DELIVERED, 5), (E, 4, 9), DELIVERED),  # pushed out unacked
         (at(QUEUED, 5), (E, 4, 0), QUEUED),  # waits in the inbox
-        # Left the inbox unwritten: passed by acks (its ttl_s passed, so a connect
-        # skipped it), or pushed out by the bound.
-        (at(QUEUED, 5), (E, 6, 0), EXPIRED),
+        # A device acked past it, so it was written it: the delivered mark was late or
+        # lost (a gateway crashed before its flush, a P2P answer was lost).
+        (at(QUEUED, 5), (E, 6, 0), ACKED),
+        # Pushed out of the inbox by the bound, unwritten (acked past or not).
         (at(QUEUED, 5), (E, 4, 5), EXPIRED),
+        (at(QUEUED, 5), (E, 6, 5), EXPIRED),
+        # Left out by a connect for its ttl_s: the gateway marked it (x).
+        (at(EXPIRED, 5), (E, 6, 0), EXPIRED),
         (at(DELIVERED, 5, E - 1), (E, 9, 9), DELIVERED),  # another epoch: as recorded
         (at(QUEUED, 5, E - 1), (E, 9, 9), QUEUED),
         (at(DELIVERED, 5), None, DELIVERED),  # no cursor read

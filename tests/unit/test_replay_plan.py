@@ -70,6 +70,13 @@ def test_out_of_the_window_is_left_out_and_incomplete() -> None:
 def test_an_expired_message_is_never_sent_and_does_not_make_it_incomplete() -> None:
     r = plan(Pos(p=0), UserHistory(2, [entry(1, expires=NOW - 1), entry(2)]))
     assert [i.seq for i in r.items] == [2] and r.complete and r.expired == 1
+    assert list(r.expired_ids) == ["p1"]  # its receipt is marked expired for this user
+
+
+def test_an_expired_message_in_the_log_and_the_inbox_counts_once() -> None:
+    gone = entry(3, expires=NOW - 1)
+    r = plan(Pos(p=2), UserHistory(4, [gone, entry(4)], inbox=[gone, entry(4)]))
+    assert [i.seq for i in r.items] == [4] and r.expired == 1 and list(r.expired_ids) == ["p3"]
 
 
 def test_the_inbox_joins_without_duplicates_and_stays_until_acked() -> None:
@@ -88,6 +95,7 @@ def test_without_since_only_the_inbox_and_stale_inbox_entries_are_dropped() -> N
     r = plan(None, user)
     assert [i.seq for i in r.items] == [2] and r.complete  # 2 waits for its ack
     assert r.expired == 1  # 1 (past the inbox TTL) and 3 (its ttl_s) are never sent
+    assert list(r.expired_ids) == ["p3"]
 
 
 def test_a_malformed_since_is_incomplete_but_still_gets_the_inbox() -> None:
