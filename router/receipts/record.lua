@@ -4,6 +4,20 @@
 -- expired in `cx`), the unacked added to the pending set while a message.unacked is due.
 -- After move_fn.lua.
 local k = KEYS[1]
+-- A counts-only receipt's first record over marks that came before it: an early ack
+-- started the receipt as listable (mark.lua), and its marks are counted below.
+local early = {}
+if ARGV[5] == '0' and redis.call('HEXISTS', k, 'm') == 0 then
+  local held = redis.call('HGETALL', k)
+  for j = 1, #held, 2 do
+    if string.sub(held[j], 1, 2) == 'u:' then
+      early[#early + 1] = {string.sub(held[j], 3), string.sub(held[j + 1], 1, 1)}
+      redis.call('HDEL', k, held[j])
+    end
+  end
+  -- Its expired marks stay counted in `cx`; the others are the HyperLogLogs' now.
+  if #early > 0 then redis.call('HDEL', k, 'cq', 'cd', 'ca') end
+end
 -- Its counts and the message's fields in one HSET.
 local fields = {'m', ARGV[2], 'n', ARGV[3], 'on', ARGV[4], 'l', ARGV[5]}
 local i = 8
@@ -35,6 +49,14 @@ else
       delivered[#delivered + 1] = uid
     end
     i = i + 2
+  end
+  for _, mark in ipairs(early) do
+    local uid, state = mark[1], mark[2]
+    if state == 'a' then
+      acked[#acked + 1] = uid
+      redis.call('SREM', KEYS[4], uid)
+    end
+    if state == 'a' or state == 'd' then delivered[#delivered + 1] = uid end
   end
   if pend then redis.call('PEXPIRE', KEYS[4], ARGV[6]) end
   if expired > 0 then redis.call('HINCRBY', k, 'cx', expired) end

@@ -146,6 +146,20 @@ class _Receipt:
     # A slot-tagged push's: each recipient's position, from which its ack is derived.
     positions: dict[str, int] = field(default_factory=dict)
 
+    def count(self, states: Mapping[str, str], due_ms: int) -> None:
+        """A counts-only record's `states`: acked and delivered uids, expired counted,
+        the unacked pending while a message.unacked is due (`due_ms`)."""
+        for uid, state in states.items():
+            if state == ACKED:
+                self.acked.add(uid)
+                self.pending.discard(uid)
+            elif due_ms:
+                self.pending.add(uid)
+            if state == EXPIRED:
+                self.counters[EXPIRED] += 1
+            elif state != QUEUED:
+                self.delivered.add(uid)
+
     def move(self, uid: str, new: str) -> None:
         old = self.states.get(uid)
         if moves_up(old, new):
@@ -195,6 +209,8 @@ class MemoryReceiptStore:
                         r.states[uid] = state
             return
         r = self.receipts.setdefault(receipt.push_id, _Receipt())
+        # Marks that came before the first record (an early ack started it as listable).
+        marks = r.states if r.mode is None and not listable else {}
         r.mode, r.recipients, r.online = receipt.mode, receipt.recipients, receipt.online
         r.listable = listable
         r.meta.update(receipt.meta)
@@ -202,16 +218,10 @@ class MemoryReceiptStore:
             for uid, state in receipt.states.items():
                 r.move(uid, state)
             return
-        for uid, state in receipt.states.items():
-            if state == ACKED:
-                r.acked.add(uid)
-                r.pending.discard(uid)
-            elif due_ms:
-                r.pending.add(uid)
-            if state == EXPIRED:
-                r.counters[EXPIRED] += 1
-            elif state != QUEUED:
-                r.delivered.add(uid)
+        r.count(receipt.states, due_ms)
+        if marks:  # counted as the counts-only receipt counts them; expired stay counted
+            r.states = {}
+            r.count({u: s for u, s in marks.items() if s != EXPIRED}, 0)
 
     async def record_many(self, receipts: Sequence[tuple[NewReceipt, bool, int]]) -> None:
         for receipt, listable, due_ms in receipts:

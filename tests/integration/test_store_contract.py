@@ -160,6 +160,23 @@ async def test_a_counts_only_receipt(receipts: ReceiptStore) -> None:
     assert await receipts.unacked("q") == []
 
 
+async def test_an_ack_before_a_counts_only_receipts_record_still_counts(
+    receipts: ReceiptStore,
+) -> None:
+    """An ack that came first started the receipt as listable: the counts-only record
+    counts it (before: acked 0, and the user named in message.unacked)."""
+    await receipts.mark(ACKED, {"p": ["amy"]})
+    await receipts.mark(DELIVERED, {"p": ["bob"]})  # the receipt exists: counted too
+    states = {"amy": DELIVERED, "bob": QUEUED, "cyd": QUEUED}
+    await receipts.record(NewReceipt("p", "p2p", 3, 2, states), False, due_ms=1)
+    assert await _counted(receipts, "p") == (3, 2, 1, 1, 0)
+    assert await receipts.unacked("p") == ["bob", "cyd"]
+    assert await receipts.states("p", ["amy", "bob"]) == {}  # counts only
+    await receipts.mark(ACKED, {"p": ["bob"]})
+    assert await _counted(receipts, "p") == (3, 2, 2, 1, 0)
+    assert await receipts.unacked("p") == ["cyd"]
+
+
 async def test_a_counts_only_receipts_queued_falls_as_its_recipients_are_written(
     receipts: ReceiptStore,
 ) -> None:
