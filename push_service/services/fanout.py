@@ -212,7 +212,7 @@ class FanOut:
         due = (lambda: r.due_ms(self.clock.now_ms(), True)) if r.unacked_ms and store else None
         # Only the message.unacked event reads the message's fields back.
         meta = message_meta(message, r.preview) if due is not None else {}
-        return FanoutReceipt(r.log, message.push_id, mode, listable, meta, due)
+        return FanoutReceipt(r.log, message.push_id, mode, listable, meta, due, store)
 
     def _message(self, body: BroadcastIn | MulticastIn) -> tuple[Message, int]:
         """The message (content encoded once) and its expiry in epoch ms (0: none).

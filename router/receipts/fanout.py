@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from router.fanout.outages import ride_out
-from router.receipts.base import QUEUED, NewReceipt, ReceiptLog
+from router.receipts.base import EXPIRED, QUEUED, NewReceipt, ReceiptLog
 from router.routes.base import RecipientGroups
 from shared.errors import ImrouteError
 
@@ -36,6 +36,9 @@ class FanoutReceipt:
     listable: bool
     meta: Mapping[str, str]
     due: Callable[[], int] | None = None
+    # A `store:false` push: a recipient offline when its chunk was resolved is never
+    # written (nothing keeps it for a later connect), so expired, as a P2P push's is.
+    stored: bool = True
     recipients: int = field(default=0, init=False)
     online: int = field(default=0, init=False)
     # Writes that failed after riding out an outage (the job goes on; its receipt is
@@ -49,8 +52,19 @@ class FanoutReceipt:
     async def resolved(self, chunk: Sequence[str], found: RecipientGroups) -> None:
         self.recipients += len(chunk)
         self.online += found.online
-        wanted = self.listable or self.due is not None
-        await self._write({uid: QUEUED for uid in chunk} if wanted else {})
+        if self.stored:
+            wanted = self.listable or self.due is not None
+            await self._write(dict.fromkeys(chunk, QUEUED) if wanted else {})
+            return
+        online = {uid for uids in found.by_group.values() for uid in uids}
+        # Listable: each recipient's state; counts only: the expired, counted.
+        await self._write(
+            {
+                uid: QUEUED if uid in online else EXPIRED
+                for uid in chunk
+                if self.listable or uid not in online
+            }
+        )
 
     async def counted(self, recipients: int) -> None:
         """A broadcast's recipients, all paged (its job's record has them before: the

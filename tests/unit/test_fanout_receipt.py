@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import redis.exceptions
 
-from router.receipts.base import QUEUED, NewReceipt
+from router.receipts.base import EXPIRED, QUEUED, NewReceipt
 from router.receipts.fanout import FanoutReceipt
 from router.redis.errors import redis_errors
 from router.routes.base import RecipientGroups
@@ -57,3 +57,15 @@ async def test_a_write_redis_refuses_is_counted_logged_and_the_job_goes_on(
     assert "could not write the receipt of push p1" in caplog.text
     await r.resolved(["b"], RecipientGroups())
     assert store.receipts["p1"].states == {"b": QUEUED} and r.recipients == 2
+
+
+@pytest.mark.parametrize("listable", [True, False])
+async def test_a_store_false_multicasts_offline_recipients_are_expired(listable: bool) -> None:
+    """Nothing keeps it for a later connect, as for a P2P push (before: queued for good)."""
+    store = MemoryReceiptStore()
+    r = FanoutReceipt(store, "p1", "multicast", listable, {}, None, stored=False)
+    await r.resolved(["a", "b", "c"], RecipientGroups(1, {"g1": ["a"]}))
+    counts = await store.counts("p1")
+    assert counts is not None and (counts.queued, counts.expired) == (1, 2)
+    if listable:
+        assert store.receipts["p1"].states == {"a": QUEUED, "b": EXPIRED, "c": EXPIRED}
