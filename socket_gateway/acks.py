@@ -25,15 +25,25 @@ from typing import Protocol
 from router.receipts.base import ACKED, DELIVERED, EXPIRED, ReceiptUpdates, derives_ack
 from shared.clock import Clock
 from shared.errors import ImrouteError
+from shared.keys import slot_tagged
 from shared.throttled import Throttled
 from socket_gateway.connections import ClientConn, LocalConnections
 from socket_gateway.tracing import GatewayTracing
 
-__all__ = ["FLUSH_S", "AckCounts", "AckReporter", "InboxAcks", "Report"]
+__all__ = ["FLUSH_S", "AckCounts", "AckReporter", "InboxAcks", "Report", "report_expired"]
 
 # (state, push_id, uids): `AckReporter.report`, as the replay, gap fills and move tails
 # are given it.
 Report = Callable[[str, str, Sequence[str]], None]
+
+
+def report_expired(report: Report, push_id: str, uid: str) -> None:
+    """A stored message left out for its ttl_s, never written to `uid`: expired in its
+    receipt where that receipt would otherwise read the acks of what came after as its
+    own (a slot-tagged push's, `router.receipts.base.derive`); others keep it queued."""
+    if slot_tagged(push_id):
+        report(EXPIRED, push_id, (uid,))
+
 
 log = logging.getLogger(__name__)
 

@@ -18,7 +18,7 @@ from router.recovery.base import UserHistory
 from shared.clock import Clock
 from shared.errors import RegistryUnavailable
 from shared.wire import push_prefix
-from socket_gateway.acks import Report
+from socket_gateway.acks import Report, report_expired
 from socket_gateway.connections import ClientConn, LocalConnections
 
 __all__ = ["GapFills"]
@@ -83,10 +83,14 @@ class GapFills:
             skip = conn.skip
             # The inbox too: what no device acked may be older than the log's window.
             held = {e.seq: e for e in (*user.inbox, *user.log)}
+            waiting = {e.seq for e in user.inbox}
             for e in (held[seq] for seq in sorted(held)):
                 if not after < e.seq <= upto or (skip is not None and e.seq in skip[2]):
                     continue
                 if e.expires_ms and now > e.expires_ms:
+                    # Never written (as a replay's left out: `report_expired`).
+                    if report is not None and e.seq in waiting:
+                        report_expired(report, e.message.push_id, conn.uid)
                     continue
                 conn.p = e.seq
                 push_id = e.message.push_id

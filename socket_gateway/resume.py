@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from router.bus.base import BROADCAST, group_topic
-from router.receipts.base import ACKED, DELIVERED, EXPIRED, derives_ack
+from router.receipts.base import ACKED, DELIVERED, derives_ack
 from router.recovery.base import OFFLINE_TOPIC, RecoveryLimits, RecoveryReads, TopicHistory
 from router.recovery.replay import Replay, plan_replay
 from shared.clock import Clock
@@ -24,7 +24,7 @@ from shared.positions import Pos, counter_of, decode_pos
 from shared.tasks import Background
 from shared.throttled import Throttled
 from shared.wire import push_prefix, recovered_frame
-from socket_gateway.acks import Report
+from socket_gateway.acks import Report, report_expired
 from socket_gateway.connections import ClientConn, LocalConnections
 from socket_gateway.fill_content import fill_for
 from socket_gateway.gap_fill import GapFills
@@ -346,9 +346,8 @@ def _stand(
 
 
 def _report_expired(report: Report | None, replay: Replay, uid: str) -> None:
-    """The pushes a replay left out for their ttl_s: expired for `uid` in their receipts
-    (else the acks of what came after would read them acked)."""
+    """The inbox's pushes a replay left out for their ttl_s (`report_expired`)."""
     if report is None:
         return
     for push_id in replay.expired_ids:
-        report(EXPIRED, push_id, (uid,))
+        report_expired(report, push_id, uid)

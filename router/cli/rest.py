@@ -100,12 +100,16 @@ class ApiSettings(BaseSettings):
 
 
 class RemoteError(ImrouteError):
-    """A call the push service refused or could not be reached for; `status` 0: no answer."""
+    """A call the push service refused or could not be reached for; `status` 0: no answer
+    (`unreachable`: no connection, or none that answered)."""
 
-    def __init__(self, status: int, message: str, body: Any = None) -> None:
+    def __init__(
+        self, status: int, message: str, body: Any = None, *, unreachable: bool = False
+    ) -> None:
         super().__init__(message)
         self.status = status
         self.body = body
+        self.unreachable = unreachable
 
 
 class RestClient:
@@ -171,6 +175,7 @@ class RestClient:
                     0,
                     f"cannot reach the push service at {url}: {self._reason(exc)} "
                     "(is it running there? --api-url or IMROUTE_API_URL says where)",
+                    unreachable=True,
                 ) from None
             except httpx.TransportError as exc:  # no answer: it may have been carried out
                 if retry < most:
@@ -184,7 +189,9 @@ class RestClient:
                     else f" (to try again, sent at most once: --idempotency-key {idempotency_key})"
                 )
                 raise RemoteError(
-                    0, f"cannot reach the push service at {url}: {self._reason(exc)}{tries}{again}"
+                    0,
+                    f"cannot reach the push service at {url}: {self._reason(exc)}{tries}{again}",
+                    unreachable=True,
                 ) from None
             except httpx.HTTPError as exc:
                 raise RemoteError(0, f"{method} {path}: {exc}") from None

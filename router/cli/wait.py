@@ -1,9 +1,9 @@
 """`--wait`: follow a broadcast or multicast job (GET /v1/pushes/{id}) to its end, with
 a progress bar on standard error (batches published, then recipients delivered).
 
-A push service that cannot be reached meanwhile (a restart, a deploy) does not end the
-follow: the job goes on without it, so the polls go on until `--timeout`, the outage
-said once on standard error."""
+A push service that cannot be reached meanwhile (a restart, a deploy; behind a proxy, a
+502, 503 or 504) does not end the follow: the job goes on without it, so the polls go on
+until `--timeout`, the outage said once on standard error."""
 
 from __future__ import annotations
 
@@ -18,6 +18,8 @@ from router.cli.rest import RemoteError, RestClient
 __all__ = ["JOB_FIELDS", "POLL_S", "finished", "wait_for_job"]
 
 POLL_S = 0.5
+# Answers of a proxy in front of a push service that is away (503: also one shedding).
+AWAY_STATUSES = frozenset({502, 503, 504})
 # What the progress bar and the last line read of a job
 JOB_FIELDS = (
     "push_id",
@@ -58,7 +60,8 @@ def wait_for_job(api: RestClient, push_id: str, timeout_s: float, progress: bool
             try:
                 job = api.call("GET", f"/v1/pushes/{push_id}", expect=JOB_FIELDS)
             except RemoteError as exc:
-                if exc.status != 0 or time.monotonic() >= deadline:
+                away = exc.unreachable or exc.status in AWAY_STATUSES
+                if not away or time.monotonic() >= deadline:
                     raise
                 if not unreachable:
                     bar.console.print(f"{exc}; still following {push_id}", markup=False)

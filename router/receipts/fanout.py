@@ -37,7 +37,9 @@ class FanoutReceipt:
     meta: Mapping[str, str]
     due: Callable[[], int] | None = None
     # A `store:false` push: a recipient offline when its chunk was resolved is never
-    # written (nothing keeps it for a later connect), so expired, as a P2P push's is.
+    # written (nothing keeps it for a later connect), so expired, as a P2P push's is (a
+    # listable receipt's; a counts-only one's counters would count a chunk resolved
+    # again after a restart twice).
     stored: bool = True
     recipients: int = field(default=0, init=False)
     online: int = field(default=0, init=False)
@@ -52,19 +54,13 @@ class FanoutReceipt:
     async def resolved(self, chunk: Sequence[str], found: RecipientGroups) -> None:
         self.recipients += len(chunk)
         self.online += found.online
-        if self.stored:
-            wanted = self.listable or self.due is not None
-            await self._write(dict.fromkeys(chunk, QUEUED) if wanted else {})
-            return
-        online = {uid for uids in found.by_group.values() for uid in uids}
-        # Listable: each recipient's state; counts only: the expired, counted.
-        await self._write(
-            {
-                uid: QUEUED if uid in online else EXPIRED
-                for uid in chunk
-                if self.listable or uid not in online
-            }
-        )
+        if not (self.listable or self.due is not None):
+            await self._write({})
+        elif self.stored or not self.listable:
+            await self._write(dict.fromkeys(chunk, QUEUED))
+        else:
+            online = {uid for uids in found.by_group.values() for uid in uids}
+            await self._write({uid: QUEUED if uid in online else EXPIRED for uid in chunk})
 
     async def counted(self, recipients: int) -> None:
         """A broadcast's recipients, all paged (its job's record has them before: the

@@ -42,11 +42,12 @@ class Replay:
     # Those it sends stay in the inbox until a device acks them; those past their ttl_s
     # or the inbox TTL are left out, and leave when a later ack or the log's trim passes.
     inbox_covered: list[Entry] = field(default_factory=list)
-    # Messages left out because their ttl_s had passed (never sent late), and their push
-    # ids: the gateway marks their receipts expired for this user (else the acks of what
-    # came after would read them acked, `router.receipts.base.derive`).
+    # Messages left out because their ttl_s had passed (never sent late), each counted
+    # once; and the push ids of the inbox's, never written to this user, whose receipts
+    # the gateway marks expired (`socket_gateway.acks.report_expired`).
     expired: int = 0
     expired_ids: dict[str, None] = field(default_factory=dict)
+    expired_seqs: set[int] = field(default_factory=set, init=False, repr=False)
 
 
 def plan_replay(
@@ -109,7 +110,12 @@ def _inbox_items(
 ) -> None:
     """What no device acked, but what this client's position says it had (`covered`)."""
     for e in user.inbox:
-        if e.message.ts_ms < now_ms - inbox_ttl_ms or _expired(e, now_ms, replay):
+        if e.message.ts_ms < now_ms - inbox_ttl_ms:
+            continue
+        if _expired(e, now_ms, replay):
+            # Not one this client's position covers: it had that one before it expired.
+            if e.seq > covered:
+                replay.expired_ids[e.message.push_id] = None
             continue
         if e.seq <= covered:
             replay.inbox_covered.append(e)
@@ -140,7 +146,6 @@ def _topic_items(
         expires_ms = logged.batch.expires_ms
         if expires_ms and now_ms > expires_ms:
             replay.expired += 1
-            replay.expired_ids[message.push_id] = None
             continue
         items.append(ReplayItem(log, logged.seq, message, logged.prefix))
     return items
@@ -163,9 +168,10 @@ def _dense(after: int, head: int, seqs: Iterator[int]) -> bool:
 
 
 def _expired(e: Entry, now_ms: int, replay: Replay) -> bool:
+    """Whether `e` is past its ttl_s; counted once, in the log or the inbox."""
     if e.expires_ms and now_ms > e.expires_ms:
-        if e.message.push_id not in replay.expired_ids:
+        if e.seq not in replay.expired_seqs:
+            replay.expired_seqs.add(e.seq)
             replay.expired += 1
-            replay.expired_ids[e.message.push_id] = None
         return True
     return False

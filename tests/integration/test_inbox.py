@@ -169,3 +169,34 @@ async def test_a_push_that_failed_for_a_live_client_comes_first_when_the_next_on
         await ack(ws, got[1])  # both, cumulatively
         await acked(gw, 2)
         assert await reconnect(gw, ws, "gail") == []  # and, acked, they left the inbox
+
+
+async def test_a_failed_push_whose_ttl_passed_before_its_hole_was_filled_reads_expired(
+    redis_url: str, prefix: str
+) -> None:
+    """The gap fill passes over it (never sent late) and marks its receipt expired, so
+    the ack of the next one does not make it acked."""
+    faults = FailCalls()
+    async with (
+        gateway(redis_url, prefix, "gw1", "g1", interceptors=[faults]) as gw,
+        api(redis_url, prefix, deliver_retries=0) as http,
+    ):
+        ws = await open_ws(gw, "gail")
+        await replay(ws)
+        faults.arm(2, after=False)  # the push, and its background retry 1 s later
+        body = await p2p(http, ["gail"], "short-lived", ttl_s=1)
+        assert body["failed"] == ["gail"] and body["queued"] == ["gail"]
+        await asyncio.sleep(1.5)
+        assert faults.remaining == 0
+        assert (await p2p(http, ["gail"], "next"))["delivered"] == ["gail"]
+        [got] = await pushes(ws, 1)
+        assert contents([got]) == ["next"]
+        await ack(ws, got)
+        await acked(gw, 1)
+        for _ in range(100):
+            resp = await http.get(f"/v1/pushes/{body['push_id']}", headers=AUTH)
+            if resp.json()["expired"] == 1:
+                break
+            await asyncio.sleep(0.05)
+        s = resp.json()
+        assert (s["delivered"], s["acked"], s["queued"], s["expired"]) == (0, 0, 0, 1), s

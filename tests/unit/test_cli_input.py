@@ -221,6 +221,20 @@ def test_a_wait_goes_on_through_a_push_service_restart(
     assert "answers again" in err
 
 
+def test_a_wait_ends_at_an_error_that_is_not_an_outage(
+    answering: Callable[[Handler], list[httpx.Request]],
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    answers = [
+        httpx.Response(202, json={"push_id": "p1"}),
+        httpx.Response(200, content=b"<html>not the API</html>"),
+    ]
+    seen = answering(lambda _: answers.pop(0))
+    command = ["broadcast", "--online", "--content", "1", "--wait", "--json"]
+    assert remote.main([*command, "--api-url", "http://push", *KEY]) == 1
+    assert len(seen) == 2 and "not JSON" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize(
     ("flag", "value"),
     [
