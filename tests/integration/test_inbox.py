@@ -10,8 +10,17 @@ import pytest
 from shared.errors import ConfigError
 from shared.settings import Settings
 from tests.integration.recovery_helpers import ack, acked, gone, open_ws, pushes, reconnect, replay
-from tests.integration.stack import AUTH, api, contents, gateway, nothing_more, one_group, p2p
-from tests.integration.test_retry import FailCalls
+from tests.integration.stack import (
+    AUTH,
+    api,
+    contents,
+    gateway,
+    nothing_more,
+    one_group,
+    p2p,
+    push_status,
+)
+from tests.integration.test_retry import FailCalls, amy_behind_faults
 
 pytestmark = pytest.mark.integration
 
@@ -46,16 +55,26 @@ async def test_a_push_to_an_offline_user_is_queued_and_delivered_on_connect(
 async def test_store_false_is_not_kept_and_an_expired_ttl_is_never_delivered(
     redis_url: str, prefix: str
 ) -> None:
+    """An expired message is never sent, and its receipt reads expired though the user
+    acked what came after it (the replay marks it): never delivered, never acked."""
     async with one_group(redis_url, prefix) as (gw, http):
         body = await p2p(http, ["tia"], "typing...", store=False)
         assert body["offline"] == ["tia"] and body["queued"] == []
-        body = await p2p(http, ["tia"], "short-lived", ttl_s=1)
-        assert body["queued"] == ["tia"]
+        short = await p2p(http, ["tia"], "short-lived", ttl_s=1)
+        assert short["queued"] == ["tia"]
         await p2p(http, ["tia"], "lasting")
         await asyncio.sleep(1.2)
         ws = await open_ws(gw, "tia")
         got, end = await replay(ws)
         assert contents(got) == ["lasting"] and end["count"] == 1
+        await ack(ws, got[0])
+        await acked(gw, 1)
+        s = await push_status(http, short["push_id"])
+        assert (s["delivered"], s["acked"], s["queued"], s["expired"]) == (0, 0, 0, 1), s
+        listed = await http.get(
+            f"/v1/pushes/{short['push_id']}/recipients?state=acked", headers=AUTH
+        )
+        assert listed.json()["uids"] == []
         # store:false to a live client: delivered, at most once, with a position.
         await p2p(http, ["tia"], "typing...", store=False)
         (live,) = await pushes(ws, 1)
@@ -176,19 +195,13 @@ async def test_a_failed_push_whose_ttl_passed_before_its_hole_was_filled_reads_e
 ) -> None:
     """The gap fill passes over it (never sent late) and marks its receipt expired, so
     the ack of the next one does not make it acked."""
-    faults = FailCalls()
-    async with (
-        gateway(redis_url, prefix, "gw1", "g1", interceptors=[faults]) as gw,
-        api(redis_url, prefix, deliver_retries=0) as http,
-    ):
-        ws = await open_ws(gw, "gail")
-        await replay(ws)
+    async with amy_behind_faults(redis_url, prefix, retries=0) as (faults, gw, http, ws):
         faults.arm(2, after=False)  # the push, and its background retry 1 s later
-        body = await p2p(http, ["gail"], "short-lived", ttl_s=1)
-        assert body["failed"] == ["gail"] and body["queued"] == ["gail"]
+        body = await p2p(http, ["amy"], "short-lived", ttl_s=1)
+        assert body["failed"] == ["amy"] and body["queued"] == ["amy"]
         await asyncio.sleep(1.5)
         assert faults.remaining == 0
-        assert (await p2p(http, ["gail"], "next"))["delivered"] == ["gail"]
+        assert (await p2p(http, ["amy"], "next"))["delivered"] == ["amy"]
         [got] = await pushes(ws, 1)
         assert contents([got]) == ["next"]
         await ack(ws, got)

@@ -169,30 +169,6 @@ async def test_a_broadcast_counts_its_deliveries_and_acks(
             await ws.close()
 
 
-async def test_a_stored_push_that_expired_unsent_reads_expired_though_later_ones_are_acked(
-    redis_url: str, prefix: str
-) -> None:
-    """Its ttl_s passed in the inbox of a user who was away: the replay skips it, and the
-    user's acks of what came after it do not make it delivered or acked."""
-    async with one_group(redis_url, prefix) as (gw, http):
-        short = await p2p(http, ["tia"], "short-lived", ttl_s=1)
-        assert short["queued"] == ["tia"]
-        await p2p(http, ["tia"], "lasting")
-        await asyncio.sleep(1.2)
-        ws = await open_ws(gw, "tia")
-        got, _ = await replay(ws)
-        assert contents(got) == ["lasting"]
-        await ack(ws, got[0])
-        await acked(gw, 1)
-        s = await push_status(http, short["push_id"])
-        assert (s["delivered"], s["acked"], s["queued"], s["expired"]) == (0, 0, 0, 1), s
-        listed = await http.get(
-            f"/v1/pushes/{short['push_id']}/recipients?state=acked", headers=AUTH
-        )
-        assert listed.json()["uids"] == []
-        await ws.close()
-
-
 async def test_an_ack_outlasts_the_inbox_bound_passing_its_message(
     redis_url: str, prefix: str
 ) -> None:
