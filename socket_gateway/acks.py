@@ -198,9 +198,6 @@ class AckReporter:
         self.counts.flushes += 1
         writes: list[Awaitable[object]] = []
         parts: list[str] = []  # _INBOX, or the receipt state each write marks
-        if acked:
-            writes.append(self.inbox.ack(list(acked.items())))
-            parts.append(_INBOX)
         receipts = self.receipts
         if receipts is not None:
             # Delivered before acked: a state only moves up, so the order is moot for
@@ -210,7 +207,15 @@ class AckReporter:
                     by_push = {p: sorted(u) for p, u in marks[state].items()}
                     writes.append(receipts.mark(state, by_push))
                     parts.append(state)
-        results = await asyncio.gather(*writes, return_exceptions=True)
+        results: list[object] = []
+        if acked and parts[:1] == [EXPIRED]:
+            # Entries a replay left out for their ttl_s are marked before the acked
+            # positions pass them: read in between, such an entry would read acked.
+            results += await asyncio.gather(writes.pop(0), return_exceptions=True)
+        if acked:
+            writes.append(self.inbox.ack(list(acked.items())))
+            parts.append(_INBOX)
+        results += await asyncio.gather(*writes, return_exceptions=True)
         failed = {p: r for p, r in zip(parts, results, strict=True) if isinstance(r, BaseException)}
         if self.tracing is not None:
             self.tracing.acked(_union(derived, marks[ACKED]), written=not failed)

@@ -11,7 +11,7 @@ from typing import cast
 
 import pytest
 
-from router.receipts.base import ACKED, derives_ack
+from router.receipts.base import ACKED, DELIVERED, EXPIRED, derives_ack
 from router.recovery.base import UserHistory
 from shared.clock import SystemClock
 from shared.errors import RegistryUnavailable
@@ -109,6 +109,42 @@ async def test_acks_are_written_in_batches_and_none_waits_after_a_flush() -> Non
     assert writes.acked == [("amy", 1), ("amy", 3)]
     assert [m[1] for m in writes.marked] == [{"p1": ["amy"]}, {"p2": ["amy"], "p3": ["amy"]}]
     assert (reporter.counts.acks, reporter.counts.acked, reporter.counts.bad) == (2, 3, 1)
+    await reporter.aclose()
+
+
+class Ordered(Writes):
+    """Writes that record the order in which they start and end."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.events: list[str] = []
+
+    async def ack(self, wanted: Sequence[tuple[str, int]]) -> list[None]:
+        self.events.append("ack")
+        await asyncio.sleep(0.01)
+        return await super().ack(wanted)
+
+    async def mark(self, state: str, by_push: Mapping[str, Sequence[str]]) -> None:
+        self.events.append(f"{state}:start")
+        await asyncio.sleep(0.01)
+        await super().mark(state, by_push)
+        self.events.append(f"{state}:end")
+
+
+async def test_a_replays_expired_marks_are_written_before_the_acks_that_pass_them() -> None:
+    """Read in between, an entry a replay left out for its ttl_s would read acked (its
+    receipt derives acks from the acked position); the other marks go with the acks."""
+    conns, conn, sink = setup()
+    writes = Ordered()
+    reporter = AckReporter(conns, writes, writes, SystemClock(), flush_s=0.01)
+    conns.deliver_p2p(["amy"], [2], push_prefix(msg(2)), "p2")
+    reporter.report(EXPIRED, "p1", ["amy"])
+    reporter.report(DELIVERED, "p3", ["amy"])
+    reporter.on_ack(conn, pos_of(sink.frames[0]))
+    await settle(reporter)
+    assert writes.events.index("x:end") < writes.events.index("ack")
+    assert writes.events.index("d:start") > writes.events.index("x:end")
+    assert writes.acked == [("amy", 2)]
     await reporter.aclose()
 
 
