@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import inspect
 import os
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
+from contextvars import ContextVar
 from importlib import metadata
 from typing import Any
 
@@ -27,6 +29,7 @@ __all__ = [
     "connect_redis",
     "connection_identity",
     "create_redis",
+    "execute_once",
     "own_connection",
     "ping",
 ]
@@ -38,6 +41,7 @@ POOL_SIZE = 64
 POOL_WAIT_S = 5.0
 REDIS_TIMEOUT_S = 5.0  # IMROUTE_REDIS_TIMEOUT_S
 CLUSTER_RETRIES = 2
+_BACKOFF = ExponentialWithJitterBackoff(base=0.05, cap=0.5)  # stateless
 
 
 def _identity() -> dict[str, Any]:
@@ -58,6 +62,9 @@ _REDIS_PY = os.path.dirname(redis.exceptions.__file__) + os.sep
 # Newer redis-py: initialize() can ask a failed node last.
 _DEFERS_FAILED = "last_failed_node_name" in inspect.signature(RedisCluster.initialize).parameters
 
+# Set while a task sends a command that must not run twice (`execute_once`).
+_SENT_ONCE: ContextVar[bool] = ContextVar("imroute_sent_once", default=False)
+
 
 class GentleRedisCluster(RedisCluster):
     """redis-py's asyncio cluster client, whose own resets spare other tasks' commands.
@@ -72,12 +79,30 @@ class GentleRedisCluster(RedisCluster):
     marks every connection to be reconnected by the next command that takes it (redis-py's
     lazy reconnect, race-free: no task closes a connection another one holds) and re-reads
     the topology before the next command. `aclose()` called by its owner closes as before.
-    Its MULTI is refused (see `pipeline`).
+    Its MULTI is refused (see `pipeline`). A Lua script call (EVAL, EVALSHA, FCALL) is
+    sent as `execute_once` sends it: never again once it may have run.
     """
+
+    # redis-py reads `retry` at the start of every command and pipeline for how many
+    # times to send it again after a TimeoutError or ConnectionError (its own
+    # `supported_errors` are not consulted): inside `execute_once` (this task only),
+    # a copy with none, the same backoff (which also paces topology refreshes).
+    @property
+    def retry(self) -> Any:
+        return self._no_retry if _SENT_ONCE.get() else self._retry
+
+    @retry.setter
+    def retry(self, value: Any) -> None:
+        self._retry = value
+        self._no_retry = copy.copy(value)
+        self._no_retry.update_retries(0)
 
     async def execute_command(self, *args: Any, **kwargs: Any) -> Any:
         try:
-            return await super().execute_command(*args, **kwargs)
+            if _SENT_ONCE.get() or not _runs_script(args):
+                return await super().execute_command(*args, **kwargs)
+            # Also a call that redis-py's pipeline sends alone after MOVED or ASK.
+            return await execute_once(self, *args, **kwargs)
         except asyncio.CancelledError:
             self.stalled()
             raise
@@ -160,6 +185,76 @@ class _GentlePipeline(ClusterPipeline):
             raise
 
 
+@contextlib.contextmanager
+def _sent_once() -> Iterator[None]:
+    token = _SENT_ONCE.set(True)
+    try:
+        yield
+    finally:
+        _SENT_ONCE.reset(token)
+
+
+async def execute_once(client: RedisClient, *args: Any, **kwargs: Any) -> Any:
+    """`client.execute_command(*args)` for a command that must not run twice (a script
+    that appends): never sent again once it may have reached Redis.
+
+    redis-py's cluster client sends a command again after a TimeoutError or a
+    ConnectionError (its `retry`, CLUSTER_RETRIES here), also one whose reply was lost
+    after it ran. Here it is sent again only after an error that proves it was not
+    sent: CLUSTERDOWN (refused before running), a slot no node covers, or a failure to
+    connect before writing it; up to as many times as the client's `retry` says. Its
+    MOVED and ASK are followed as before. A reply lost after the send raises
+    (RegistryUnavailable once mapped): whether it ran is unknown.
+    """
+    if not isinstance(client, GentleRedisCluster):
+        return await client.execute_command(*args, **kwargs)
+    retries = client.retry.get_retries()
+    failures = 0
+    while True:
+        try:
+            with _sent_once():
+                return await client.execute_command(*args, **kwargs)
+        except (
+            redis.exceptions.ConnectionError,
+            redis.exceptions.TimeoutError,
+            redis.exceptions.ClusterDownError,
+            redis.exceptions.SlotNotCoveredError,
+        ) as exc:
+            failures += 1
+            if failures > retries or not _not_sent(exc):
+                raise
+            await asyncio.sleep(_BACKOFF.compute(failures))
+
+
+# Not idempotent in general: a script that appends must not run twice.
+_SCRIPT_COMMANDS = frozenset({"EVAL", "EVALSHA", "FCALL"})
+
+
+def _runs_script(args: tuple[Any, ...]) -> bool:
+    return bool(args) and isinstance(args[0], str) and args[0].upper() in _SCRIPT_COMMANDS
+
+
+_BEFORE_WRITE = frozenset({"connect_check_health", "check_health"})  # redis-py's
+
+
+def _not_sent(exc: BaseException) -> bool:
+    """`exc` proves that the command it failed was not written to Redis."""
+    if isinstance(exc, redis.exceptions.ClusterDownError | redis.exceptions.SlotNotCoveredError):
+        return True  # CLUSTERDOWN answers before running; an uncovered slot sends nothing
+    if type(exc) not in (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError):
+        return False  # its subclasses (AuthenticationError, MaxConnectionsError, ...)
+    if str(exc).startswith("Connection closed by the server before write"):
+        return True
+    # Raised while (re)connecting or by a health-check PING, which come before the write.
+    tb = exc.__traceback__
+    while tb is not None:
+        code = tb.tb_frame.f_code
+        if code.co_name in _BEFORE_WRITE and code.co_filename.startswith(_REDIS_PY):
+            return True
+        tb = tb.tb_next
+    return False
+
+
 def connection_identity() -> dict[str, Any]:
     """What every pooled connection tells Redis (CLIENT SETINFO), resolved once.
 
@@ -188,7 +283,8 @@ def create_redis(url: str, timeout_s: float = REDIS_TIMEOUT_S) -> RedisClient:
                 # topology): with a hung node, over 50 s before an answer. Two retries
                 # still ride out a failover's new topology. MOVED and ASK are followed
                 # apart from these retries.
-                retry=Retry(ExponentialWithJitterBackoff(base=0.05, cap=0.5), CLUSTER_RETRIES),
+                # Scripts are never sent again once they may have run (`execute_once`).
+                retry=Retry(_BACKOFF, CLUSTER_RETRIES),
                 **timeouts,
                 **connection_identity(),
             )

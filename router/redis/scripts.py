@@ -11,6 +11,11 @@ and in a pipeline they add a SCRIPT EXISTS round trip, so calls are sent as
 restarted or failed over has lost its script cache: the call fails with NoScriptError
 before anything ran, the runner's scripts are loaded and it runs again. Redis errors
 leave as redis-py raised them: each store maps them into ours.
+
+On Redis Cluster a call is not sent again once it may have reached Redis (redis-py
+would send one whose reply timed out again, and a script that appends would append
+twice): the cluster client sends EVALSHA as `router.redis.client.execute_once` does.
+A pipeline's own retry still may (`many`; docs/operations/failure-modes.md).
 """
 
 from __future__ import annotations
