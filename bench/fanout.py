@@ -46,7 +46,7 @@ from bench.harness.stack import (
 from bench.harness.stats import all_cpu, best_of, others_cpu, vm_kib
 from bench.harness.workers import add_worker_flag, serve_worker, spawn_worker
 from router.fleet.codec import decode_gateway
-from router.gateway_rpc.grpc_client import GrpcGatewayClients
+from router.gateway_rpc.client import GrpcGatewayClients
 from router.processes.devstack import gateway_argv
 from router.processes.ports import free_port
 from router.processes.supervisor import Child

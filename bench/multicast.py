@@ -9,7 +9,7 @@ in-process:
     run_multicast(chunked(uids), registry, BatchPublisher(bus, message, 0, counters), clock)
 
 with the real `RedisStreamsBus` on the same Redis and prefix as the publisher. The
-registry reads routes the way it would on this client (`router.routes.reads`: one packed
+registry reads routes the way it would on this client (`router.routes.registry`: one packed
 request per chunk on standalone Redis); `--pipeline` forces redis-py's pipeline, the
 path Redis Cluster takes, for comparison. It reports
 
@@ -63,8 +63,13 @@ from router.recovery.base import RecoveryLimits
 from router.recovery.store import RedisRecoveryStore
 from router.redis.client import RedisClient, create_redis
 from router.routes.base import GroupLookup, RecipientGroups
-from router.routes.reads import HashReads, PipelineHashReads, hash_reads_for
-from router.routes.registry import RedisRouteRegistry, Registration
+from router.routes.registry import (
+    HashReads,
+    PipelineHashReads,
+    RedisRouteRegistry,
+    Registration,
+    hash_reads_for,
+)
 from shared.clock import SystemClock
 from shared.ids import new_id
 from shared.keys import KeySchema

@@ -31,7 +31,7 @@ class Log:
 
 async def main() -> None:
     n = int(sys.argv[1]) if len(sys.argv) > 1 and sys.argv[1].isdigit() else 20000
-    from router.gateway_rpc.coalescer import CoalescingGatewayClient
+    from router.gateway_rpc.client import CoalescingGatewayClient
 
     # The push service's top of stack (per loop turn) over the in-memory client.
     clients = CoalescingGatewayClient(FakeGatewayClient(), per_turn=True)

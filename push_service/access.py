@@ -27,7 +27,6 @@ handlers and the published schema cannot disagree.
 from __future__ import annotations
 
 import enum
-import json
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -36,6 +35,7 @@ from typing import Any
 from starlette.types import ASGIApp, Receive, Send
 from starlette.types import Scope as AsgiScope
 
+from push_service.errors import send_error
 from shared.auth import api_key_matches
 from shared.settings import PushSettings
 
@@ -270,15 +270,9 @@ class KeyGate:
 
 
 async def _refuse(send: Send, denial: Denial, close: bool) -> None:
-    body = json.dumps({"error": denial.error, "detail": denial.detail}).encode()
-    headers = [
-        (b"content-type", b"application/json"),
-        (b"content-length", str(len(body)).encode()),
-        (b"www-authenticate", denial.www_authenticate.encode()),
-    ]
+    headers = [(b"www-authenticate", denial.www_authenticate.encode())]
     if close:
         # The body was never read: closing drops it, instead of the server reading and
         # discarding it to get to the next request on this connection.
         headers.append((b"connection", b"close"))
-    await send({"type": "http.response.start", "status": denial.status, "headers": headers})
-    await send({"type": "http.response.body", "body": body})
+    await send_error(send, denial.status, denial.error, denial.detail, headers)

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from push_service.access import route_path
+from push_service.errors import send_error
 
 __all__ = ["BodyLimit"]
 
@@ -54,14 +54,4 @@ class BodyLimit:
         await self.app(scope, counting_receive, guarded_send)
 
     async def _reject(self, send: Send, limit: int) -> None:
-        body = json.dumps(
-            {"error": "payload_too_large", "detail": f"request body over {limit} bytes"}
-        ).encode()
-        await send(
-            {
-                "type": "http.response.start",
-                "status": 413,
-                "headers": [(b"content-type", b"application/json")],
-            }
-        )
-        await send({"type": "http.response.body", "body": body})
+        await send_error(send, 413, "payload_too_large", f"request body over {limit} bytes")

@@ -26,8 +26,7 @@ from router.recovery.store import RedisRecoveryStore
 from router.redis.autopipe import AutoPipeline
 from router.redis.client import RedisClient, ping
 from router.routes.base import GroupLookup, RouteRegistry
-from router.routes.reads import hash_reads_for
-from router.routes.registry import RedisRouteRegistry
+from router.routes.registry import RedisRouteRegistry, hash_reads_for
 from router.stats.base import CountSums, StatsReads, StatsWrites
 from router.stats.store import RedisStatsStore
 from shared.clock import Clock

@@ -56,9 +56,13 @@ from router.directory.sql import SqlUserDirectory
 from router.fanout.runner import JobRunner
 from router.fleet.cache import CachedFleet
 from router.fleet.dispatch import ConnectHealth, Dispatcher
-from router.gateway_rpc.coalescer import CoalescingGatewayClient
-from router.gateway_rpc.grpc_client import CLOSE_GRACE_S, GrpcGatewayClients
-from router.gateway_rpc.resilient import CallMetrics, ResilientGatewayClient
+from router.gateway_rpc.client import (
+    CLOSE_GRACE_S,
+    CallMetrics,
+    CoalescingGatewayClient,
+    GrpcGatewayClients,
+    ResilientGatewayClient,
+)
 from router.hedging.metrics import PublishMetrics
 from router.jobs.reaper import reaping
 from router.p2p.pusher import P2PPusher

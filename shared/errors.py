@@ -16,7 +16,7 @@
 
 The push service maps them to HTTP answers (`push_service`), the gateway to WebSocket
 close codes; library errors are translated at the module that calls the library: redis-py in
-`router.redis.errors`, grpc in `router.gateway_rpc.grpc_client`, google-api-core in
+`router.redis.errors`, grpc in `router.gateway_rpc.client`, google-api-core in
 `router.bus.pubsub_errors`, SQLAlchemy in `router.directory.sql`.
 """
 

@@ -1,7 +1,7 @@
 """The Redis key schema: the one place that names every key imroute stores.
 
 The gateway writes these keys and the router reads them, so both go through here. The
-values' formats live with their stores: `router.routes.codec` for a route,
+values' formats live with their stores: `router.routes.registry` for a route,
 `router.fleet.codec` for a gateway record.
 
 - ``{prefix}route:{uid}`` is a hash, one field per live connection of the user:

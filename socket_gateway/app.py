@@ -40,8 +40,7 @@ from socket_gateway.acks import AckReporter
 from socket_gateway.advertise import advertised
 from socket_gateway.bus_consumer import consume, gateway_topics
 from socket_gateway.connections import MAX_UNACKED, LocalConnections
-from socket_gateway.dedup import RecentIds
-from socket_gateway.delivery import DeliverService
+from socket_gateway.delivery import DeliverService, RecentIds
 from socket_gateway.delivery_ports import DeliveryPorts, open_delivery_ports
 from socket_gateway.follower import TopicFollower
 from socket_gateway.grpc_auth import TokenCheck

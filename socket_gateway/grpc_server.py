@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 
 __all__ = ["GatewayServicer", "start_grpc_server"]
 
-# As much as the router's channels send (router/gateway_rpc/grpc_client.py).
+# As much as the router's channels send (router/gateway_rpc/client.py).
 MAX_RECEIVE_BYTES = 16 << 20
 
 

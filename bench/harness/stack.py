@@ -26,7 +26,7 @@ from router.processes.devstack import gateway_argv, listed_gateways, push_servic
 from router.processes.embedded_redis import EmbeddedRedis, redis_answers
 from router.processes.ports import HOST, free_port
 from router.processes.supervisor import Child, ChildExited, Supervisor
-from router.routes.codec import decode_route
+from router.routes.registry import decode_route
 from shared.keys import KeySchema
 
 __all__ = [

@@ -10,7 +10,6 @@ the directory, so requests are what a caller can predict and what each costs to 
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import math
 import time
@@ -18,6 +17,7 @@ import time
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from push_service.access import presented, route_path
+from push_service.errors import send_error
 from push_service.ratelimit.base import RateLimiter
 from shared.errors import ImrouteError
 from shared.throttled import Throttled
@@ -87,13 +87,7 @@ class RateGate:
 async def _answer(
     send: Send, status: int, error: str, detail: str, retry_after: int, close: bool
 ) -> None:
-    body = json.dumps({"error": error, "detail": detail}).encode()
-    headers = [
-        (b"content-type", b"application/json"),
-        (b"content-length", str(len(body)).encode()),
-        (b"retry-after", str(retry_after).encode()),
-    ]
+    headers = [(b"retry-after", str(retry_after).encode())]
     if close:  # the body was never read: closing drops it
         headers.append((b"connection", b"close"))
-    await send({"type": "http.response.start", "status": status, "headers": headers})
-    await send({"type": "http.response.body", "body": body})
+    await send_error(send, status, error, detail, headers)

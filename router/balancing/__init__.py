@@ -8,7 +8,7 @@
 - `retry`: how often a pinned call is retried on its gateway, and the backoff.
 
 Nothing here does I/O: the clock is injected. `router.fleet.dispatch` applies the rules
-to the live fleet; `router.gateway_rpc.resilient` runs calls through stats and retries.
+to the live fleet; `router.gateway_rpc.client` runs calls through stats and retries.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 A P2P call must reach the gateway the user is connected to, so it is retried only there
 (never on "the next server", as Ribbon would for a call any server can take): up to
 `max_retries_same` times, backing off exponentially with jitter.
-`router.gateway_rpc.resilient` runs the retries; this only decides the numbers.
+`router.gateway_rpc.client` runs the retries; this only decides the numbers.
 """
 
 from __future__ import annotations

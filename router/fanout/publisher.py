@@ -12,7 +12,7 @@ lost batches so far.
 A batch of a push job may be published more than once: a publish whose first attempt
 reached the bus after all, or the page a resumed job publishes again because its previous
 process died between logging or publishing it and recording its checkpoint. Gateways
-drop a batch id they have seen (`socket_gateway.dedup`), so each batch gets its id where
+drop a batch id they have seen (`socket_gateway.delivery`), so each batch gets its id where
 it is built, derived from what it delivers (push id, mode, group, recipients): the same
 in every attempt and in every process, on the bus and in the recovery log (whose entry
 a gateway may read instead when the bus lost the batch). A batch published twice

@@ -10,7 +10,7 @@ break); a DeliverMany over gRPC leaves all of that to gRPC.
 - A caller waits at most its own deadline, then fails with DEADLINE_EXCEEDED; the link
   goes on (a late reply is dropped).
 - When the link breaks (the gateway died or closed it), every call on it fails with
-  UNAVAILABLE, which router.gateway_rpc.resilient retries (the gateway drops a batch id
+  UNAVAILABLE, which router.gateway_rpc.client retries (the gateway drops a batch id
   it already delivered), and the owner sends the next calls over gRPC while it opens
   another link.
 - While more than MAX_BUFFERED bytes wait to be sent (a stopped gateway reads nothing),

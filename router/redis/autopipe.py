@@ -31,7 +31,7 @@ own command. Commands keep their order within a round trip, and each round trip 
 soon as its tick ends, so no command waits for another's reply.
 
 Standalone Redis only: a Redis Cluster client routes each key to its node, so callers
-keep redis-py's pipeline for reads (`router.routes.reads`) and the client for single
+keep redis-py's pipeline for reads (`router.routes.registry`) and the client for single
 commands (`auto_pipeline_for` gives None for it). Replies are decoded as UTF-8, as the
 clients here do (`decode_responses=True`).
 """

@@ -1,18 +1,39 @@
 """Userinfo in Redis: where each live connection of a user lives.
 
 The gateway registers, refreshes and unregisters its connections; the router
-looks users up in chunks of at most 1000 per round trip (`router.routes.reads` says how:
+looks users up in chunks of at most 1000 per round trip (the bulk reads below say how:
 one packed request on standalone Redis, redis-py's pipeline on Redis Cluster). Key
 layout: `shared.keys`. A new connection is admitted only while its user has fewer than
 `max_per_user` live routes across the fleet, and no write reads the user's whole hash.
+
+A route's value in its user's hash: ``"gateway_id|group_id|ip|port|expires_ms"``.
+Written by the gateway, read by every look-up (`encode_route`, `decode_route`,
+`group_live_routes`).
+
+How the registry reads many route hashes in one round trip: two ways, chosen per client.
+
+- `BulkHashReads`: standalone Redis; one RESP buffer out, every reply parsed in one go
+  (`router.redis.autopipe`), several times cheaper than redis-py's pipeline.
+- `PipelineHashReads`: redis-py's non-transactional pipeline. Redis Cluster needs it,
+  because the cluster client splits the keys by node; anything that is not a plain
+  `redis.asyncio.Redis` (a cluster client, a test's wrapper) gets this one.
+
+Every reply is decoded as text. A route hash is read whole (`HGETALL`, for P2P, which
+needs the connection ids) or as values only (`HVALS`, for group multicast): under RESP3,
+redis-py 8's default, hiredis turns an `HGETALL` map into a dict about three times more
+slowly than it builds the `HVALS` list.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Protocol
 
+import redis.asyncio as aioredis
+
+from router.redis.autopipe import AutoPipeline, RespBulkReader
 from router.redis.client import RedisClient
 from router.redis.errors import translate_errors
 from router.redis.scripts import Script, ScriptRunner
@@ -25,8 +46,6 @@ from router.routes.base import (
     RouteRegistry,
     chunks,
 )
-from router.routes.codec import decode_route, encode_route, group_live_routes
-from router.routes.reads import HashReads, hash_reads_for
 from shared.clock import Clock
 from shared.errors import RegistryUnavailable, TooManyConnections
 from shared.keys import KeySchema
@@ -34,11 +53,18 @@ from shared.models import Registration, Route
 
 __all__ = [
     "LOOKUP_CHUNK",
+    "BulkHashReads",
     "GroupLookup",
+    "HashReads",
+    "PipelineHashReads",
     "RecipientGroups",
     "RedisRouteRegistry",
     "Registration",
     "RouteRegistry",
+    "decode_route",
+    "encode_route",
+    "group_live_routes",
+    "hash_reads_for",
 ]
 
 log = logging.getLogger(__name__)
@@ -247,3 +273,149 @@ class RedisRouteRegistry:
     async def remove(self, routes: Iterable[Route]) -> None:
         """Delete these exact routes (by connection id), 1000 per round trip."""
         await self.unregister_many(Registration(r.uid, r.conn_id) for r in routes)
+
+
+# ------------------------------------------------------------ a route's value (its format)
+
+
+def encode_route(gateway_id: str, group_id: str, ip: str, port: int, expires_ms: int) -> str:
+    """The hash value of one connection's route."""
+    return f"{gateway_id}|{group_id}|{ip}|{port}|{expires_ms}"
+
+
+def decode_route(uid: str, conn_id: str, value: str) -> Route | None:
+    """Parse a route value; None for a value this version cannot read."""
+    parts = value.split("|")
+    if len(parts) != 5:
+        return None
+    gateway_id, group_id, ip, port, expires_ms = parts
+    try:
+        return Route(uid, conn_id, gateway_id, group_id, ip, int(port), int(expires_ms))
+    except ValueError:
+        return None
+
+
+def group_live_routes(
+    uids: Iterable[str], values: Iterable[Sequence[str]], now_ms: int
+) -> tuple[int, dict[str, list[str]]]:
+    """Group each uid by the group ids of its live route values (`values[i]` is uid i's).
+
+    Returns how many uids have a live route, and the uids of each group in input order;
+    a uid with several live routes in one group is listed once for it. The multicast
+    look-up's decoder, the hot loop of a 1M-recipient push: no `Route` objects, and each
+    distinct "gateway|group|ip|port" part is parsed once per call, so a route costs one
+    `rpartition` and one `int`. Values this version cannot read count as no route, as in
+    `decode_route`.
+    """
+    by_group: dict[str, list[str]] = {}
+    # "gateway|group|ip|port" -> its group's list in by_group, or None when unreadable.
+    members_of: dict[str, list[str] | None] = {}
+    online = 0
+    for uid, routes in zip(uids, values, strict=True):
+        if len(routes) == 1:  # most users: one device
+            head, _, deadline = routes[0].rpartition("|")
+            try:
+                if int(deadline) <= now_ms:
+                    continue
+            except ValueError:
+                continue
+            members = members_of.get(head)
+            if members is None:
+                if head in members_of:
+                    continue
+                group = _group_of_head(head)
+                members = members_of[head] = (
+                    None if group is None else by_group.setdefault(group, [])
+                )
+                if members is None:
+                    continue
+            members.append(uid)
+            online += 1
+        elif routes:
+            groups = {g for value in routes if (g := _live_group(value, now_ms)) is not None}
+            if groups:
+                online += 1
+                for group in sorted(groups):
+                    by_group.setdefault(group, []).append(uid)
+    return online, by_group
+
+
+def _group_of_head(head: str) -> str | None:
+    """The group id of a route value's "gateway|group|ip|port" part, if readable."""
+    parts = head.split("|")
+    if len(parts) != 4:
+        return None
+    try:
+        int(parts[3])
+    except ValueError:
+        return None
+    return parts[1]
+
+
+def _live_group(value: str, now_ms: int) -> str | None:
+    head, _, deadline = value.rpartition("|")
+    try:
+        if int(deadline) <= now_ms:
+            return None
+    except ValueError:
+        return None
+    return _group_of_head(head)
+
+
+# ------------------------------------------------------------ many route hashes in one round trip
+
+
+class HashReads(Protocol):
+    async def hgetall(self, keys: Sequence[str]) -> list[Mapping[str, str]]: ...
+    async def hvals(self, keys: Sequence[str], prefix: str = "") -> list[list[str]]: ...
+
+
+class PipelineHashReads:
+    """Through redis-py's pipeline: works on every client, Redis Cluster included."""
+
+    def __init__(self, redis: RedisClient) -> None:
+        self._redis = redis
+
+    async def hgetall(self, keys: Sequence[str]) -> list[Mapping[str, str]]:
+        pipe = self._redis.pipeline(transaction=False)
+        for key in keys:
+            pipe.hgetall(key)
+        replies: list[Mapping[str, str]] = await pipe.execute()
+        return replies
+
+    async def hvals(self, keys: Sequence[str], prefix: str = "") -> list[list[str]]:
+        pipe = self._redis.pipeline(transaction=False)
+        for key in keys:
+            pipe.hvals(prefix + key)
+        replies: list[list[str]] = await pipe.execute()
+        return replies
+
+
+class BulkHashReads:
+    """Through one packed request on a pooled connection of a standalone client; one key
+    through the auto-pipeline, if any (sharing a round trip with other tasks' commands)."""
+
+    def __init__(self, redis: aioredis.Redis, auto: AutoPipeline | None = None) -> None:
+        self.reader = RespBulkReader(redis)
+        self._auto = auto
+
+    async def hgetall(self, keys: Sequence[str]) -> list[Mapping[str, str]]:
+        if len(keys) == 1 and self._auto is not None:
+            replies = [await self._auto.execute("HGETALL", keys[0])]
+        else:
+            replies = await self.reader.read("HGETALL", keys)
+        # RESP3 answers a map (a dict); RESP2 a flat list of field, value, ...
+        return [
+            r if isinstance(r, dict) else dict(zip(r[::2], r[1::2], strict=True)) for r in replies
+        ]
+
+    async def hvals(self, keys: Sequence[str], prefix: str = "") -> list[list[str]]:
+        """The values of each hash `prefix` + key."""
+        return await self.reader.read("HVALS", keys, prefix)
+
+
+def hash_reads_for(redis: RedisClient, auto: AutoPipeline | None = None) -> HashReads:
+    """The bulk reads for a standalone client, the pipeline for anything else."""
+    if isinstance(redis, aioredis.Redis):
+        return BulkHashReads(redis, auto)
+    return PipelineHashReads(redis)

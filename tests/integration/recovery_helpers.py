@@ -10,7 +10,7 @@ import httpx
 from websockets.asyncio.client import ClientConnection, connect
 
 from router.recovery.base import RecoveryLimits
-from router.recovery.codec import encode_message
+from router.recovery.store import encode_message
 from shared.clock import SystemClock
 from shared.models import Message
 from socket_gateway.app import Gateway

@@ -15,7 +15,7 @@ from redis.exceptions import ResponseError
 
 from router.redis.autopipe import RespBulkReader, _stream
 from router.redis.client import create_redis
-from router.routes.reads import BulkHashReads
+from router.routes.registry import BulkHashReads
 
 pytestmark = pytest.mark.integration
 

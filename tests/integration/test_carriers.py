@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from router.gateway_rpc.grpc_client import GrpcGatewayClients
+from router.gateway_rpc.client import GrpcGatewayClients
 from router.processes.ports import free_port_block
 from shared.batches import to_batch
 from shared.errors import GatewayUnavailable

@@ -14,7 +14,7 @@ import pytest
 import redis.asyncio as aioredis
 from imroute_client import ImrouteClient, Message, Unauthorized
 
-from router.gateway_rpc.grpc_client import GrpcGatewayClients
+from router.gateway_rpc.client import GrpcGatewayClients
 from router.processes.ports import free_port
 from shared.batches import to_batch
 from shared.clock import SystemClock

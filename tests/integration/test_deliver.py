@@ -10,7 +10,7 @@ import grpc
 import grpc.aio
 import pytest
 
-from router.gateway_rpc.grpc_client import GrpcGatewayClients
+from router.gateway_rpc.client import GrpcGatewayClients
 from router.processes.ports import free_port
 from shared.batches import to_batch
 from shared.clock import SystemClock

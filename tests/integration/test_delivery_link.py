@@ -16,8 +16,8 @@ import grpc.aio
 import pytest
 from websockets.asyncio.client import ClientConnection
 
-from router.gateway_rpc import grpc_client
-from router.gateway_rpc.grpc_client import GrpcGatewayClients
+from router.gateway_rpc import client as gateway_client
+from router.gateway_rpc.client import GrpcGatewayClients
 from router.processes.ports import free_port
 from shared.batches import to_batch
 from shared.errors import GatewayUnavailable
@@ -101,7 +101,7 @@ async def test_a_cut_link_fails_its_calls_at_once_and_another_opens(
     # fails UNAVAILABLE at once (a retry may follow: its batch may have arrived, and
     # the gateway would drop it as a duplicate), the next goes over gRPC, and a new link
     # opens RETRY_S later.
-    monkeypatch.setattr(grpc_client, "RETRY_S", 0.3)
+    monkeypatch.setattr(gateway_client, "RETRY_S", 0.3)
     clients = GrpcGatewayClients()
     async with gateway(redis_url, prefix, "gw1", "g1") as gw, client(gw, "a") as a:
         address = f"127.0.0.1:{gw.grpc_port}"
@@ -176,7 +176,7 @@ async def test_an_unreachable_link_leaves_calls_on_grpc_and_is_tried_again_later
     clients = GrpcGatewayClients()
     address = f"127.0.0.1:{port}"
     try:
-        with caplog.at_level(logging.WARNING, "router.gateway_rpc.grpc_client"):
+        with caplog.at_level(logging.WARNING, "router.gateway_rpc.client"):
             for n in range(10):
                 batch = to_batch(message(n), ["x"], f"u{n}")
                 reply = await clients.deliver("gwu", address, batch, 2.0)

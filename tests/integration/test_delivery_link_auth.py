@@ -15,7 +15,7 @@ from typing import Any
 import grpc.aio
 import pytest
 
-from router.gateway_rpc.grpc_client import GrpcGatewayClients
+from router.gateway_rpc.client import GrpcGatewayClients
 from shared.batches import to_batch
 from shared.internal_auth import TlsFiles, load_tls
 from shared.link_frames import FrameReader, frame

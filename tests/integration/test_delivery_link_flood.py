@@ -14,7 +14,7 @@ import grpc.aio
 import pytest
 from websockets.asyncio.client import connect
 
-from router.gateway_rpc.grpc_client import GrpcGatewayClients
+from router.gateway_rpc.client import GrpcGatewayClients
 from shared.batches import to_batch
 from shared.internal_auth import TlsFiles, load_tls
 from shared.proto import gateway_pb2

@@ -18,7 +18,7 @@ import pytest
 
 from router.bus.base import BROADCAST
 from router.bus.factory import bus_from_settings
-from router.gateway_rpc.grpc_client import GrpcGatewayClients
+from router.gateway_rpc.client import GrpcGatewayClients
 from router.processes.ports import free_port
 from shared.batches import to_batch
 from shared.clock import SystemClock

@@ -16,8 +16,7 @@ import redis.asyncio as aioredis
 
 from router.fanout.multicast import chunked, run_multicast
 from router.fanout.publisher import BatchPublisher, PushCounters
-from router.routes.reads import BulkHashReads
-from router.routes.registry import RedisRouteRegistry, Registration
+from router.routes.registry import BulkHashReads, RedisRouteRegistry, Registration
 from shared.clock import ManualClock, SystemClock
 from shared.errors import RegistryUnavailable
 from shared.keys import KeySchema

@@ -11,8 +11,7 @@ from collections.abc import AsyncIterator
 import pytest
 
 from router.recovery.base import RecoveryLimits
-from router.recovery.codec import encode_message
-from router.recovery.store import RedisRecoveryStore
+from router.recovery.store import RedisRecoveryStore, encode_message
 from router.redis.client import RedisClient, connect_redis
 from shared.batches import to_batch
 from shared.clock import ManualClock

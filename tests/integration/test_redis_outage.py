@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import redis.asyncio as aioredis
 
-from router.gateway_rpc.grpc_client import GrpcGatewayClients
+from router.gateway_rpc.client import GrpcGatewayClients
 from shared.batches import to_batch
 from shared.clock import SystemClock
 from shared.keys import KeySchema

@@ -10,8 +10,14 @@ import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster
 
 from router.redis.client import POOL_SIZE, connect_redis
-from router.routes.reads import BulkHashReads, PipelineHashReads, hash_reads_for
-from router.routes.registry import LOOKUP_CHUNK, RecipientGroups, Registration
+from router.routes.registry import (
+    LOOKUP_CHUNK,
+    BulkHashReads,
+    PipelineHashReads,
+    RecipientGroups,
+    Registration,
+    hash_reads_for,
+)
 from router.routes.writer import CoalescingRouteWriter
 from shared.clock import ManualClock, SystemClock
 from shared.errors import RegistryUnavailable

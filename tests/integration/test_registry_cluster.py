@@ -9,8 +9,7 @@ import pytest
 from router.fanout.multicast import chunked, run_multicast
 from router.fanout.publisher import BatchPublisher, PushCounters
 from router.redis.client import RedisClient, connect_redis
-from router.routes.reads import PipelineHashReads
-from router.routes.registry import RedisRouteRegistry, Registration
+from router.routes.registry import PipelineHashReads, RedisRouteRegistry, Registration
 from shared.clock import Clock, ManualClock, SystemClock
 from shared.keys import KeySchema
 from tests.integration.test_multicast import RecordingBus, message

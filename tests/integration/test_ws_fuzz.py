@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 from websockets.asyncio.client import ClientConnection, connect
 
-from router.gateway_rpc.grpc_client import GrpcGatewayClients
+from router.gateway_rpc.client import GrpcGatewayClients
 from shared.batches import to_batch
 from shared.clock import SystemClock
 from shared.models import Message

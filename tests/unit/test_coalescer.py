@@ -7,7 +7,7 @@ import asyncio
 import pytest
 
 from router.gateway_rpc.base import Batches, Replies, deliver_each_of
-from router.gateway_rpc.coalescer import CoalescingGatewayClient
+from router.gateway_rpc.client import CoalescingGatewayClient
 from router.testing import FakeGatewayClient
 from shared.errors import GatewayUnavailable
 from shared.proto import gateway_pb2

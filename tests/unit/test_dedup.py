@@ -3,8 +3,13 @@ from __future__ import annotations
 from router.testing import ManualClock
 from shared.proto import gateway_pb2
 from socket_gateway.connections import ClientConn, LocalConnections
-from socket_gateway.dedup import ENTRY_OVERHEAD, REPLY_GRACE_S, RecentIds, RecentReplies
-from socket_gateway.delivery import DeliverService
+from socket_gateway.delivery import (
+    ENTRY_OVERHEAD,
+    REPLY_GRACE_S,
+    DeliverService,
+    RecentIds,
+    RecentReplies,
+)
 from tests.unit.test_connections import ListSink
 
 

@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 from redis.crc import key_slot as redis_key_slot
 
 from router.fleet.codec import decode_gateway, encode_gateway
-from router.routes.codec import decode_route, encode_route
+from router.routes.registry import decode_route, encode_route
 from shared.errors import InvalidInput
 from shared.keys import (
     SLOTS,

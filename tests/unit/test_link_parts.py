@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from router.gateway_rpc.grpc_client import RETRY_MAX_S, RETRY_S, host_of, retry_in
+from router.gateway_rpc.client import RETRY_MAX_S, RETRY_S, host_of, retry_in
 from shared.clock import ManualClock
 from shared.errors import PayloadTooLarge
 from shared.link_frames import FrameReader, frame

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 
 import pytest
 
-from router.gateway_rpc.resilient import CIRCUIT_OPEN
+from router.gateway_rpc.client import CIRCUIT_OPEN
 from router.p2p.plan import Outgoing, PushOutcome
 from router.p2p.pusher import CLOCK_MARGIN_MS, P2PPusher, deliver_expiry_ms
 from router.testing import FakeGatewayClient

@@ -10,8 +10,7 @@ import pytest
 
 from router.balancing import BreakerState, RetryPolicy, StatsRegistry, StatsSettings
 from router.gateway_rpc.base import Batches, Replies
-from router.gateway_rpc.coalescer import CoalescingGatewayClient
-from router.gateway_rpc.resilient import CallMetrics, ResilientGatewayClient
+from router.gateway_rpc.client import CallMetrics, CoalescingGatewayClient, ResilientGatewayClient
 from router.testing import FakeGatewayClient, ManualClock
 from shared.errors import GatewayUnavailable
 from shared.proto import gateway_pb2

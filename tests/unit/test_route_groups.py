@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from router.routes.codec import decode_route, encode_route, group_live_routes
+from router.routes.registry import decode_route, encode_route, group_live_routes
 
 NOW = 1_000_000
 
