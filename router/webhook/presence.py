@@ -112,6 +112,18 @@ class RedisPresence:
                 *left,
             )
 
+    def listing(self, uids: Sequence[str]) -> list[tuple[object, ...]]:
+        """This gateway's set holds `uids` again, and the gateways' set holds it: run with
+        every route refresh, so both come back by themselves after Redis lost its data
+        (a restart, a failover), as the routes do; until then a crash of this gateway
+        would leave its users without user.offline. A user who left meanwhile is taken
+        off again by the refresh's own unregister of those gone."""
+        keys, gateway_id = self._keys, self._gateway_id
+        return [
+            ("SADD", keys.gateway_users(gateway_id), *uids),
+            ("SADD", keys.presence_gateways(), gateway_id),
+        ]
+
     @translate_errors
     async def adopt(self, gateway_id: str) -> int:
         """Schedule every user in `gateway_id`'s set (a gateway gone, or this one's last

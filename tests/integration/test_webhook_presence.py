@@ -22,6 +22,7 @@ from websockets.asyncio.client import connect
 from shared.keys import KeySchema
 from socket_gateway.app import Gateway
 from tests.integration.procs import BIN, Proc, gateway_env, read_until, running, ws_url_of
+from tests.integration.redis_process import redis_process
 from tests.integration.stack import api, client, gateway, ready, token
 from tests.integration.webhook_receiver import WebhookReceiver
 from tests.waiting import wait_for
@@ -186,6 +187,39 @@ async def test_a_crashed_gateway_that_restarts_schedules_its_last_runs_users(
             async with api(redis_url, prefix, **hooks(rx, grace_s=0.5)):
                 await rx.wait_for(lambda: bool(offline(rx, "phoenix")), "phoenix's offline")
     sent_once(rx, "phoenix", epoch)
+
+
+async def test_a_gateway_lists_its_users_again_after_redis_restarted_empty(
+    prefix: str,
+) -> None:
+    """Redis restarted empty under a gateway took its set of users, so a crash after that
+    left them without user.offline: the route refresh lists them again."""
+    keys = KeySchema(prefix)
+    with redis_process() as server:
+        fresh = aioredis.Redis.from_url(server.url, decode_responses=True)
+        try:
+            async with WebhookReceiver(HOOK_SECRET) as rx:
+                argv, env = gateway_proc(server.url, prefix, rx)
+                with running(argv, env) as proc:
+                    async with connect(f"{await ws_url_of(proc)}?token={token('lazarus')}") as ws:
+                        await ready(ws)
+                        server.kill()
+                        server.start()  # the same address, nothing in it
+
+                        async def listed() -> bool:
+                            users = await fresh.smembers(keys.gateway_users("gwc"))
+                            gateways = await fresh.smembers(keys.presence_gateways())
+                            return "lazarus" in users and "gwc" in gateways
+
+                        await wait_for(listed, "lazarus listed in gwc's set again", 10.0)
+                        proc.send_signal(signal.SIGKILL)
+                        await asyncio.to_thread(proc.wait, 5)
+                async with api(server.url, prefix, **hooks(rx, grace_s=0.5)):
+                    await rx.wait_for(lambda: bool(offline(rx, "lazarus")), "lazarus's offline")
+        finally:
+            await fresh.aclose()
+    assert len(offline(rx, "lazarus")) == 1
+    assert not rx.rejected and not rx.duplicates()
 
 
 async def test_a_user_who_flaps_gets_one_offline_for_the_last_epoch(
