@@ -89,7 +89,7 @@ class FanOut:
     def _broadcast(self, spec: BroadcastSpec) -> Work:
         async def work(run: JobRun) -> None:
             publisher = self._publisher(spec.message, spec.expires_ms, run.counters, spec.store)
-            receipt = self._receipt(spec.message, "broadcast", None, store=False)
+            receipt = self._receipt(spec.message, "broadcast", None, spec.store)
             if receipt is not None:
                 await receipt.start()
             start = run.start
@@ -209,7 +209,8 @@ class FanOut:
         if r is None:
             return None
         listable = count is not None and count <= r.limits.max_recipients
-        due = (lambda: r.due_ms(self.clock.now_ms(), True)) if r.unacked_ms and store else None
+        unacked = r.unacked_ms and store and mode != "broadcast"
+        due = (lambda: r.due_ms(self.clock.now_ms(), True)) if unacked else None
         # Only the message.unacked event reads the message's fields back.
         meta = message_meta(message, r.preview) if due is not None else {}
         return FanoutReceipt(r.log, message.push_id, mode, listable, meta, due, store)

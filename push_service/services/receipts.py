@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from push_service.errors import Conflict, NotFound
-from router.jobs.base import Job
+from router.jobs.base import Job, JobStatus
 from router.receipts.base import Counts, ReceiptReads, unwritten
 
 __all__ = ["MAX_PAGE", "ReceiptsView"]
@@ -49,10 +49,12 @@ class ReceiptsView:
                 answer["queued"] = unwritten(
                     answer["recipients"], answer["delivered"], answer["expired"]
                 )
+                if not c.kept and job.status in (JobStatus.DONE, JobStatus.FAILED):
+                    _never_written(answer)
             return _reached(answer)
         if counts is None:
             raise NotFound(f"no push {push_id!r} (or its receipt expired: IMROUTE_RECEIPTS_TTL_S)")
-        return _reached(
+        answer = _reached(
             {
                 "push_id": push_id,
                 "mode": counts.mode,
@@ -67,6 +69,9 @@ class ReceiptsView:
                 "listable": counts.listable,
             }
         )
+        if not counts.kept:  # its job's record lapsed: the job ended long ago
+            _never_written(answer)
+        return answer
 
     async def recipients(
         self, push_id: str, state: str, cursor: str | None, limit: int
@@ -81,6 +86,14 @@ class ReceiptsView:
             )
         page = await self._reads.page(push_id, state, cursor, limit)
         return {"push_id": push_id, "state": state, "uids": page.uids, "cursor": page.cursor}
+
+
+def _never_written(answer: dict[str, Any]) -> None:
+    """A `store:false` push whose job has ended, counts only: whom it did not write to a
+    connection it never will (nothing keeps the message), so its queued are expired, as
+    a listable receipt marks them when their chunk is resolved."""
+    answer["expired"] += answer["queued"]
+    answer["queued"] = 0
 
 
 def _reached(answer: dict[str, Any]) -> dict[str, Any]:

@@ -205,6 +205,10 @@ class Counts:
     queued: int
     expired: int
     listable: bool
+    # False: a `store:false` broadcast or multicast whose receipt keeps counts only. What
+    # was not written to a connection is kept nowhere, so once its job has ended its
+    # queued are expired (`push_service.services.receipts`).
+    kept: bool = True
 
 
 @dataclass(slots=True)  # not frozen: one per message; frozen costs 5x to build
@@ -222,6 +226,8 @@ class NewReceipt:
     # A stored push: each uid's position in its log (a slot-tagged push's receipt keeps
     # them, and derives acks from them).
     positions: Mapping[str, int] = field(default_factory=dict)
+    # False: a `store:false` push (a counts-only receipt keeps it: `Counts.kept`).
+    kept: bool = True
 
 
 @dataclass(frozen=True, slots=True)

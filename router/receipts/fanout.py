@@ -70,8 +70,9 @@ class FanoutReceipt:
 
     async def _write(self, states: Mapping[str, str]) -> None:
         receipt = NewReceipt(
-            self.push_id, self.mode, self.recipients, self.online, states, self.meta
-        )
+            self.push_id, self.mode, self.recipients, self.online, states, self.meta,
+            kept=self.stored,
+        )  # fmt: skip
         due = self.due() if self.due is not None and states else 0
         try:
             await ride_out(

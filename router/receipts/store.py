@@ -64,7 +64,7 @@ _RECORD = Script.load(__package__, "move_fn", "record")
 _MARK = Script.load(__package__, "move_fn", "mark")
 _CLAIM = Script.load(__package__, "claim")
 
-_COUNTS = ("m", "n", "on", "l", "cq", "cx", "cd", "ca")
+_COUNTS = ("m", "n", "on", "l", "cq", "cx", "cd", "ca", "k")
 _CURSOR = ("e", "a", "f")  # a user's sequence: epoch, acked position, inbox floor
 _META = ("mi", "mt", "fr", "pv")
 
@@ -132,10 +132,13 @@ class RedisReceiptStore:
             *meta,
             *pairs,
         )
-        if not due_ms:
-            return [record]
-        # Due no earlier than its last recipients' record plus the wait (GT).
-        return [record, ("ZADD", self.keys.unacked_due(), "GT", due_ms, receipt.push_id)]
+        calls = [record]
+        if not receipt.kept and not listable:
+            calls.append(("HSET", keys[0], "k", 0))
+        if due_ms:
+            # Due no earlier than its last recipients' record plus the wait (GT).
+            calls.append(("ZADD", self.keys.unacked_due(), "GT", due_ms, receipt.push_id))
+        return calls
 
     @translate_errors
     async def claim_due(self, now_ms: int, lease_ms: int, limit: int) -> list[str]:
@@ -193,7 +196,7 @@ class RedisReceiptStore:
         pipe.execute_command("PFCOUNT", acked_hll)
         pipe.execute_command("PFCOUNT", delivered_hll)
         fields, acked_n, delivered_n = await pipe.execute()
-        m, n, on, listable, cq, cx, cd, ca = fields
+        m, n, on, listable, cq, cx, cd, ca, kept = fields
         if m is None:
             return None
         recipients, expired = int(n or 0), int(cx or 0)
@@ -213,6 +216,7 @@ class RedisReceiptStore:
             queued=queued,
             expired=expired,
             listable=listable == "1",
+            kept=kept != "0",
         )
 
     async def _derived_counts(self, push_id: str, key: str) -> Counts | None:

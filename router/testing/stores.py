@@ -137,6 +137,7 @@ class _Receipt:
     recipients: int = 0
     online: int = 0
     listable: bool = True
+    kept: bool = True
     counters: dict[str, int] = field(default_factory=lambda: dict.fromkeys(STATES, 0))
     states: dict[str, str] = field(default_factory=dict)  # listable: uid -> state
     acked: set[str] = field(default_factory=set)  # counts-only
@@ -213,6 +214,7 @@ class MemoryReceiptStore:
         marks = r.states if r.mode is None and not listable else {}
         r.mode, r.recipients, r.online = receipt.mode, receipt.recipients, receipt.online
         r.listable = listable
+        r.kept = r.kept and (receipt.kept or listable)
         r.meta.update(receipt.meta)
         if listable:
             for uid, state in receipt.states.items():
@@ -260,7 +262,7 @@ class MemoryReceiptStore:
             acked, delivered = estimated(r.recipients, len(r.acked), len(r.delivered))
             queued = unwritten(r.recipients, delivered, c[EXPIRED])
         return Counts(
-            r.mode, r.recipients, r.online, delivered, acked, queued, c[EXPIRED], r.listable
+            r.mode, r.recipients, r.online, delivered, acked, queued, c[EXPIRED], r.listable, r.kept
         )
 
     async def states(self, push_id: str, uids: Sequence[str]) -> dict[str, str]:

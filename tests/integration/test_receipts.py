@@ -169,6 +169,37 @@ async def test_a_broadcast_counts_its_deliveries_and_acks(
             await ws.close()
 
 
+async def test_a_push_not_kept_counts_whom_it_did_not_reach_expired_once_done(
+    redis_url: str, prefix: str, redis: aioredis.Redis
+) -> None:
+    """`store:false`, counts only (a broadcast, a multicast to a directory audience): a
+    user offline is never written it, so once the job has ended it is expired, not
+    queued for ever; its receipt alone says the same once the job's record is gone."""
+    async with one_group(redis_url, prefix) as (gw, http):
+        users = {"users": [{"uid": u, "tags": ["t"]} for u in ("nk1", "nk2")]}
+        assert (await http.put("/v1/users", json=users, headers=AUTH)).status_code == 200
+        ws = await open_ws(gw, "nk1")  # nk2 is offline
+        await replay(ws)
+        for path, body in (
+            ("/v1/broadcast", {"content": "b", "store": False}),
+            ("/v1/multicast", {"content": "m", "store": False, "audience": {"tags_any": ["t"]}}),
+        ):
+            push_id = await fanout(http, path, body)
+            (frame,) = await pushes(ws, 1)
+            assert frame["content"] == body["content"]
+            for _ in range(100):
+                s = await push_status(http, push_id)
+                if s["delivered"] == 1 and s["status"] == "done":
+                    break
+                await asyncio.sleep(0.05)
+            assert s["listable"] is False
+            assert (s["recipients"], s["delivered"], s["queued"], s["expired"]) == (2, 1, 0, 1), s
+            await redis.delete(KeySchema(prefix).job(push_id))  # its record lapsed
+            after = await push_status(http, push_id)
+            assert (after["delivered"], after["queued"], after["expired"]) == (1, 0, 1), after
+        await ws.close()
+
+
 async def test_an_ack_outlasts_the_inbox_bound_passing_its_message(
     redis_url: str, prefix: str
 ) -> None:

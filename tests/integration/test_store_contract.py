@@ -158,6 +158,18 @@ async def test_a_counts_only_receipt(receipts: ReceiptStore) -> None:
     # No message.unacked due: no pending set.
     await receipts.record(NewReceipt("q", "multicast", 5, 3, pending), False)
     assert await receipts.unacked("q") == []
+    q = await receipts.counts("q")
+    assert q is not None and counts.kept and q.kept
+
+
+async def test_a_counts_only_receipt_of_a_push_not_kept(receipts: ReceiptStore) -> None:
+    # store:false: said by every record of it; a listable receipt does not keep it.
+    for _ in range(2):
+        await receipts.record(NewReceipt("s", "broadcast", 3, 1, kept=False), False)
+    await receipts.record(NewReceipt("l", "multicast", 3, 1, kept=False), True)
+    s, listed = await receipts.counts("s"), await receipts.counts("l")
+    assert s is not None and listed is not None
+    assert (s.kept, s.queued, s.expired, listed.kept) == (False, 3, 0, True)
 
 
 async def test_an_ack_before_a_counts_only_receipts_record_still_counts(
