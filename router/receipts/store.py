@@ -1,7 +1,8 @@
 """Receipts in Redis (`shared.keys.KeySchema.receipt`): one hash per push, updated by
 single-key scripts (the HyperLogLogs share its hash tag), so it works on Redis Cluster.
 
-Hash fields: `m` mode, `n` recipients, `on` online, `l` listable (1/0), the per-state
+Hash fields: `m` mode, `n` recipients, `on` online, `l` listable (1/0), `k` 0 on a
+counts-only receipt of a `store:false` push (`Counts.kept`), the per-state
 counters `cq`, `cx`, `cd`, `ca` (a counts-only receipt: `cx` only, its queued is
 `unwritten`), the message's fields for the webhook (`mi`, `mt`, `fr`, `pv`, only while
 a message.unacked is due), and for a listable push `u:<uid> -> q|x|d|a`.
