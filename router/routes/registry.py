@@ -47,7 +47,7 @@ from router.routes.base import (
     chunks,
 )
 from shared.clock import Clock
-from shared.errors import RegistryUnavailable, TooManyConnections
+from shared.errors import RegistryRefused, RegistryUnavailable, TooManyConnections
 from shared.keys import KeySchema
 from shared.models import Registration, Route
 
@@ -138,9 +138,29 @@ class RedisRouteRegistry:
         await self.apply([RouteOp(False, uid, conn_id)])
 
     async def unregister_many(self, registrations: Iterable[Registration]) -> None:
-        """Remove many connections (a gateway shutting down), 1000 per round trip."""
+        """Remove many connections, 1000 per round trip. A chunk that fails does not stop
+        the rest; one Redis refused a call of (an error reply: one user's key holds
+        another type) goes again op by op, each idempotent, so the others are tracked.
+        RegistryUnavailable at the end says how many were left."""
+        left, count = 0, 0
+        error: RegistryUnavailable | None = None
         for chunk in chunks(RouteOp(False, r.uid, r.conn_id) for r in registrations):
-            await self.apply(chunk)
+            count += len(chunk)
+            try:
+                await self.apply(chunk)
+            except RegistryRefused as exc:
+                if len(chunk) == 1:
+                    left, error = left + 1, exc
+                    continue
+                for op in chunk:
+                    try:
+                        await self.apply([op])
+                    except RegistryUnavailable as refused:
+                        left, error = left + 1, refused
+            except RegistryUnavailable as exc:
+                left, error = left + len(chunk), exc
+        if error is not None:
+            raise RegistryUnavailable(f"{left} of {count} routes not removed: {error}") from error
 
     async def refresh(self, registrations: Iterable[Registration]) -> int:
         """Upsert the routes of live connections with a new deadline; returns how many.

@@ -20,7 +20,7 @@ from router.routes.registry import (
 )
 from router.routes.writer import CoalescingRouteWriter
 from shared.clock import ManualClock, SystemClock
-from shared.errors import RegistryUnavailable
+from shared.errors import RegistryRefused, RegistryUnavailable
 from shared.keys import KeySchema
 from tests.integration.stack import route_registry
 
@@ -220,6 +220,34 @@ async def test_writer_reports_redis_failures_to_every_waiter(prefix: str) -> Non
         )
         assert all(isinstance(r, RegistryUnavailable) for r in results)
         await writer.aclose()
+
+
+async def test_one_key_of_another_type_fails_only_its_own_write(
+    redis: aioredis.Redis, prefix: str
+) -> None:
+    """A user's route key holding a string (another app's, a hand edit) makes Redis
+    refuse that user's call: only its waiter hears of it, in a coalesced batch and in a
+    chunk of many unregisters; the others are written (and tracked)."""
+    keys = KeySchema(prefix)
+    registry = route_registry(redis, prefix, "gw1")
+    writer = CoalescingRouteWriter(registry)
+    uids = [f"u{i}" for i in range(6)]
+    await redis.set(keys.route("u3"), "not a hash")
+    await writer.register("first", "gw1.c.first")  # the next ones queue behind it
+    results = await asyncio.gather(
+        *(writer.register(u, f"gw1.c.{u}") for u in uids), return_exceptions=True
+    )
+    assert [isinstance(r, RegistryRefused) for r in results] == [u == "u3" for u in uids]
+    others = [u for u in uids if u != "u3"]
+    assert set(await registry.lookup(others)) == set(others)
+    await redis.delete(keys.route("u3"))
+    await writer.register("u3", "gw1.c.u3")
+    await redis.delete(keys.route("u1"))
+    await redis.set(keys.route("u1"), "not a hash")
+    with pytest.raises(RegistryUnavailable, match="1 of 6 routes not removed"):
+        await registry.unregister_many(Registration(u, f"gw1.c.{u}") for u in uids)
+    assert await registry.lookup([u for u in uids if u != "u1"]) == {}
+    await writer.aclose()
 
 
 async def test_a_burst_of_callers_waits_for_pool_connections(redis_url: str, prefix: str) -> None:

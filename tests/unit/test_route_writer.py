@@ -10,7 +10,7 @@ import pytest
 
 from router.routes.registry import RouteOp
 from router.routes.writer import CoalescingRouteWriter
-from shared.errors import RegistryUnavailable, TooManyConnections
+from shared.errors import RegistryRefused, RegistryUnavailable, TooManyConnections
 
 
 class MemoryRegistry:
@@ -78,3 +78,33 @@ async def test_only_the_registers_past_the_cap_are_refused() -> None:
     # The unregister freed a place: the next register of "a" goes in.
     await writer.register("a", "4")
     assert registry.routes["a"] == {"1", "4"}
+
+
+class RefusingOne(MemoryRegistry):
+    """Redis refusing the call of one user's key (it holds another type): the round trip
+    raises, though the other calls in it ran."""
+
+    def __init__(self, bad: str) -> None:
+        super().__init__()
+        self.bad = bad
+
+    async def apply(self, ops: Sequence[RouteOp]) -> list[bool]:
+        accepted = await super().apply([op for op in ops if op.uid != self.bad])
+        self.calls[-1] = list(ops)  # the call as it was made
+        if len(accepted) < len(ops):
+            raise RegistryRefused(f"WRONGTYPE {self.bad}")
+        return accepted
+
+
+async def test_a_refused_call_fails_only_its_own_waiter() -> None:
+    registry = RefusingOne("b")
+    writer = CoalescingRouteWriter(cast(Any, registry))
+    first = asyncio.ensure_future(writer.register("first", "0"))
+    await asyncio.sleep(0)  # the next ones queue behind it, and go in one batch
+    results = await asyncio.gather(
+        *(writer.register(u, "1") for u in ("a", "b", "c")), return_exceptions=True
+    )
+    await first
+    assert [type(r) for r in results] == [type(None), RegistryRefused, type(None)]
+    assert [len(c) for c in registry.calls] == [1, 3, 1, 1, 1]  # the batch, then one by one
+    assert set(registry.routes) == {"first", "a", "c"}
