@@ -18,6 +18,7 @@ from redis.asyncio.cluster import PRIMARY, ClusterNode, RedisCluster
 from router.redis.client import create_redis
 from router.redis.scripts import Script, ScriptRunner
 from tests.integration.redis_cluster import LocalCluster
+from tests.integration.redis_process import redis_process
 
 pytestmark = pytest.mark.integration
 
@@ -117,3 +118,26 @@ async def test_a_script_that_could_not_connect_is_sent_again(
     finally:
         await client.delete(key)
         await client.aclose()
+
+
+async def test_a_standalone_redis_client_never_sends_a_timed_out_script_again(
+    prefix: str,
+) -> None:
+    """The plain client (a pool's connections) does not retry at all: the same script
+    whose reply timed out ran once, alone and through the auto-pipeline's pipelines."""
+    with redis_process() as server:
+        client = create_redis(server.url, timeout_s=TIMEOUT_S)
+        patient = create_redis(server.url, timeout_s=10)  # its reads wait out the scripts
+        runner = ScriptRunner(client, [SLOW_INCR])
+        key = f"{prefix}count"
+        try:
+            await runner.run(SLOW_INCR, [key], 0)
+            for calls, total in ((1, "2"), (3, "5")):  # one call, and a pipeline of three
+                with pytest.raises(redis.exceptions.TimeoutError):
+                    await runner.many([SLOW_INCR.args([key], BUSY_MS)] * calls)
+                # Read behind every run sent so far (a resend goes before the error):
+                # each ran once.
+                assert await patient.get(key) == total
+        finally:
+            await client.aclose()
+            await patient.aclose()
