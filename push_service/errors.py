@@ -25,7 +25,6 @@ text/plain 500, after which uvicorn dropped the keep-alive connection without a
 
 from __future__ import annotations
 
-import json
 import logging
 import secrets
 from collections.abc import Mapping, Sequence
@@ -46,6 +45,7 @@ from shared.errors import (
     PayloadTooLarge,
     RegistryUnavailable,
 )
+from shared.http_answers import refusal_body
 
 __all__ = [
     "Conflict",
@@ -227,7 +227,7 @@ async def send_error(
     headers: Sequence[tuple[bytes, bytes]] = (),
 ) -> None:
     """A whole JSON error answer, `{"error", "detail"}`, from pure-ASGI code."""
-    body = json.dumps({"error": error, "detail": detail}).encode()
+    body = refusal_body(error, detail)
     start = [
         (b"content-type", b"application/json"),
         (b"content-length", str(len(body)).encode()),

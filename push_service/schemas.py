@@ -301,7 +301,11 @@ class JobOut(_JobFields):  # type: ignore[misc,valid-type]
     delivered: int = Field(0, description="recipients written to at least one connection")
     acked: int = Field(0, description="recipients at least one device acked")
     queued: int = Field(0, description="recipients not written anywhere yet")
-    expired: int = Field(0, description="recipients whose ttl_s passed first")
+    expired: int = Field(
+        0,
+        description="recipients never to be written: their ttl_s passed first, or a "
+        "store:false push did not reach them (counted 10 s after its job ended)",
+    )
     listable: bool = Field(False, description="whether /recipients can list them")
 
 

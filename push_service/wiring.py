@@ -277,9 +277,11 @@ class Wiring:
                 users=Users(directory, registry),
                 health=Health(stores.ping, self._metrics),
                 idempotency=idempotency,
-                receipts=ReceiptsView(receipts),
+                receipts=ReceiptsView(receipts, clock),
                 webhooks=self.webhooks,
-                overview=Overview(fleet, stats, jobs, ReceiptsView(receipts), call_stats, clock),
+                overview=Overview(
+                    fleet, stats, jobs, ReceiptsView(receipts, clock), call_stats, clock
+                ),
             )
 
     async def _live(

@@ -13,7 +13,7 @@ import json
 import math
 from http import HTTPStatus
 
-__all__ = ["closing_answer", "json_refusal_answer", "retry_after_s"]
+__all__ = ["closing_answer", "json_refusal_answer", "refusal_body", "retry_after_s"]
 
 
 def closing_answer(status: int, content_type: str, body: bytes, with_body: bool = True) -> bytes:
@@ -27,10 +27,15 @@ def closing_answer(status: int, content_type: str, body: bytes, with_body: bool 
     return head.encode() + (body if with_body else b"")
 
 
+def refusal_body(error: str, detail: str) -> bytes:
+    """A refusal's body, `{"error","detail"}` in compact JSON (as FastAPI writes its own),
+    whichever listener sends it."""
+    return json.dumps({"error": error, "detail": detail}, separators=(",", ":")).encode()
+
+
 def json_refusal_answer(status: int, error: str, detail: str) -> bytes:
     """A refusal, `{"error","detail"}` in JSON, after which the connection is closed."""
-    body = json.dumps({"error": error, "detail": detail}).encode()
-    return closing_answer(status, "application/json", body)
+    return closing_answer(status, "application/json", refusal_body(error, detail))
 
 
 def retry_after_s(value: str | None) -> float | None:

@@ -294,6 +294,7 @@ class Gateway(ClosedOnExit):
             self._drain,
             self.drain,
             caught_up=self.resumer.catch_up,
+            presence=self.presence,
         )
         self._heartbeat.start()
         self._consumer = asyncio.create_task(self._consume(bus), name="bus-consumer")

@@ -18,8 +18,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable, Coroutine
-from typing import Any
+from collections.abc import Callable, Coroutine, Sequence
+from typing import Any, Protocol
 
 from router.fleet.base import DrainRequests, GatewayFleet
 from router.routes.base import RouteRegistry
@@ -38,6 +38,7 @@ __all__ = [
     "RECONNECT_FRAME",
     "Drain",
     "Heartbeat",
+    "UserListing",
 ]
 
 log = logging.getLogger(__name__)
@@ -53,6 +54,12 @@ RECONNECT_FRAME = b'{"type":"reconnect","reason":"drain"}'
 DRAIN_CLOSE_GRACE_S = 5.0
 # The fleet record lapses after this many missed heartbeats.
 FLEET_TTL_HEARTBEATS = 3
+
+
+class UserListing(Protocol):
+    """Presence (webhooks on): this gateway's users, listed in its set again."""
+
+    async def list_users(self, uids: Sequence[str]) -> None: ...
 
 
 class Drain:
@@ -112,11 +119,13 @@ class Heartbeat:
         drain: Drain,
         start_drain: Callable[[], Coroutine[Any, Any, None]],
         caught_up: Callable[[], object] | None = None,
+        presence: UserListing | None = None,
     ) -> None:
         """`start_drain` runs the gateway's drain when a drain request is found;
         `caught_up` is called once the connections were re-registered after the fleet
         record was found missing (the local connections then read what was queued for
-        their users meanwhile: `Resumer.catch_up`)."""
+        their users meanwhile: `Resumer.catch_up`); `presence` (webhooks on) lists the
+        local users in this gateway's set again after each round of the refresh."""
         self._gateway_id = gateway_id
         self._interval = heartbeat_s
         self._refresh_s = route_ttl_s / 3
@@ -128,6 +137,7 @@ class Heartbeat:
         self._drain = drain
         self._start_drain = start_drain
         self._caught_up = caught_up
+        self._presence = presence
         # A loop that died would let every route of this gateway expire while its
         # clients stay connected: a failed beat is logged and the next one comes.
         # The refresh starts a beat every interval however long the last took (the
@@ -209,6 +219,7 @@ class Heartbeat:
             except RegistryUnavailable as exc:
                 failed, error = failed + len(piece), exc
         await self._forget_gone(snapshot)
+        await self._list_users()
         if error is not None:
             raise RegistryUnavailable(
                 f"{failed} of {len(snapshot)} routes not refreshed: {error}"
@@ -217,8 +228,25 @@ class Heartbeat:
     async def refresh(self) -> None:
         """Push every local route's deadline forward, at once."""
         snapshot = self._conns.registrations()
-        await self._registry.refresh(snapshot)
-        await self._forget_gone(snapshot)
+        try:
+            await self._registry.refresh(snapshot)
+        finally:
+            await self._forget_gone(snapshot)
+        await self._list_users()
+
+    async def _list_users(self) -> None:
+        # After Redis lost its data the presence sets come back this way, as the routes
+        # do. Only who is connected now: a user who left during the round is not listed
+        # again (one whose close lands during this round trip may be, which costs the
+        # sweeper a check; user.offline stays once per epoch). Best effort, as every
+        # presence write beside the routes is: logged, tried again next round.
+        if self._presence is None:
+            return
+        uids = list(dict.fromkeys(r.uid for r in self._conns.registrations()))
+        try:
+            await self._presence.list_users(uids)
+        except ImrouteError as exc:
+            log.warning("presence: %d users not listed in this gateway's set: %s", len(uids), exc)
 
     async def _forget_gone(self, snapshot: list[Registration]) -> None:
         # A client that left while the refresh was in flight must not stay routed.

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import time
 from collections.abc import Callable
@@ -19,7 +18,7 @@ from typing import TYPE_CHECKING
 
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from shared.http_answers import closing_answer, json_refusal_answer
+from shared.http_answers import closing_answer, json_refusal_answer, refusal_body
 from shared.http_heads import END_OF_HEAD, HeadLimits, HeadRefusal, check_head
 from shared.throttled import Throttled
 
@@ -66,8 +65,8 @@ async def serve_metrics(
             if path == b"/metrics" and method in (b"GET", b"HEAD"):
                 body, status, kind = render(), 200, CONTENT_TYPE_LATEST
             else:
-                error = {"error": "not_found", "detail": "this port serves GET /metrics only"}
-                body, status, kind = json.dumps(error).encode(), 404, "application/json"
+                body = refusal_body("not_found", "this port serves GET /metrics only")
+                status, kind = 404, "application/json"
             writer.write(closing_answer(status, kind, body, with_body=method != b"HEAD"))
         finally:
             with contextlib.suppress(OSError):

@@ -8,17 +8,23 @@ from typing import Any
 from push_service.errors import Conflict, NotFound
 from router.jobs.base import Job, JobStatus
 from router.receipts.base import Counts, ReceiptReads, unwritten
+from shared.clock import Clock
 
-__all__ = ["MAX_PAGE", "ReceiptsView"]
+__all__ = ["MAX_PAGE", "SETTLE_MS", "ReceiptsView"]
 
 MAX_PAGE = 1000
+# A store:false push's unreached read expired this long after its job ended: by then the
+# gateways have written its last batches (a gateway further behind on the bus still
+# counts as it writes them: expired -> delivered).
+SETTLE_MS = 10_000
 
 _ZERO = Counts("", 0, 0, 0, 0, 0, 0, False)
 
 
 class ReceiptsView:
-    def __init__(self, reads: ReceiptReads | None) -> None:
+    def __init__(self, reads: ReceiptReads | None, clock: Clock) -> None:
         self._reads = reads
+        self._clock = clock
 
     async def counts(self, push_id: str) -> Counts | None:
         return None if self._reads is None else await self._reads.counts(push_id)
@@ -49,7 +55,7 @@ class ReceiptsView:
                 answer["queued"] = unwritten(
                     answer["recipients"], answer["delivered"], answer["expired"]
                 )
-                if not c.kept and job.status in (JobStatus.DONE, JobStatus.FAILED):
+                if not c.kept and self._settled(job):
                     _never_written(answer)
             return _reached(answer)
         if counts is None:
@@ -73,6 +79,13 @@ class ReceiptsView:
             _never_written(answer)
         return answer
 
+    def _settled(self, job: Job) -> bool:
+        """The job ended SETTLE_MS ago or more."""
+        ended = job.finished_at
+        if job.status not in (JobStatus.DONE, JobStatus.FAILED) or ended is None:
+            return False
+        return self._clock.now_ms() - ended >= SETTLE_MS
+
     async def recipients(
         self, push_id: str, state: str, cursor: str | None, limit: int
     ) -> dict[str, Any]:
@@ -89,9 +102,9 @@ class ReceiptsView:
 
 
 def _never_written(answer: dict[str, Any]) -> None:
-    """A `store:false` push whose job has ended, counts only: whom it did not write to a
-    connection it never will (nothing keeps the message), so its queued are expired, as
-    a listable receipt marks them when their chunk is resolved."""
+    """A `store:false` push whose job ended SETTLE_MS ago, counts only: whom it did not
+    write to a connection it never will (nothing keeps the message), so its queued are
+    expired, as a listable receipt marks them when their chunk is resolved."""
     answer["expired"] += answer["queued"]
     answer["queued"] = 0
 

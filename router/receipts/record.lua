@@ -1,5 +1,6 @@
 -- KEYS: receipt, acked HLL, delivered HLL, pending. ARGV: ttl ms, mode, recipients,
--- online, listable, pending ttl ms (0: none), n meta, meta k v..., then uid state pairs:
+-- online, listable, pending ttl ms (0: none), kept (0: a store:false push, which a
+-- counts-only receipt keeps as `k`), n meta, meta k v..., then uid state pairs:
 -- moved (listable), or counted (counts-only: delivered and acked in the HyperLogLogs,
 -- expired in `cx`), the unacked added to the pending set while a message.unacked is due.
 -- After move_fn.lua.
@@ -20,8 +21,12 @@ if ARGV[5] == '0' and redis.call('HEXISTS', k, 'm') == 0 then
 end
 -- Its counts and the message's fields in one HSET.
 local fields = {'m', ARGV[2], 'n', ARGV[3], 'on', ARGV[4], 'l', ARGV[5]}
-local i = 8
-for _ = 1, tonumber(ARGV[7]) do
+if ARGV[5] == '0' and ARGV[7] == '0' then
+  fields[#fields + 1] = 'k'
+  fields[#fields + 1] = '0'
+end
+local i = 9
+for _ = 1, tonumber(ARGV[8]) do
   fields[#fields + 1] = ARGV[i]
   fields[#fields + 1] = ARGV[i + 1]
   i = i + 2

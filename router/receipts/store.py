@@ -129,17 +129,15 @@ class RedisReceiptStore:
             receipt.online,
             1 if listable else 0,
             pending_ms,
+            1 if receipt.kept else 0,
             len(receipt.meta),
             *meta,
             *pairs,
         )
-        calls = [record]
-        if not receipt.kept and not listable:
-            calls.append(("HSET", keys[0], "k", 0))
-        if due_ms:
-            # Due no earlier than its last recipients' record plus the wait (GT).
-            calls.append(("ZADD", self.keys.unacked_due(), "GT", due_ms, receipt.push_id))
-        return calls
+        if not due_ms:
+            return [record]
+        # Due no earlier than its last recipients' record plus the wait (GT).
+        return [record, ("ZADD", self.keys.unacked_due(), "GT", due_ms, receipt.push_id)]
 
     @translate_errors
     async def claim_due(self, now_ms: int, lease_ms: int, limit: int) -> list[str]:

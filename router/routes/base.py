@@ -64,11 +64,6 @@ class ConnectionEvents(Protocol):
         self, connected: Sequence[str], emptied: Sequence[str], left: Sequence[str], /
     ) -> None: ...
 
-    def listing(self, uids: Sequence[str]) -> list[tuple[object, ...]]:
-        """Commands (for a route refresh's pipeline) that list `uids`, connected here,
-        in this gateway's set again: what Redis lost comes back with the routes."""
-        ...
-
 
 class GroupLookup(Protocol):
     """What group multicast needs: per chunk of uids, who is online in which group."""

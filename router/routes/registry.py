@@ -204,11 +204,8 @@ class RedisRouteRegistry:
             return []
         presence = self._presence
         if presence is None or all(op.register and not op.new for op in ops):  # refreshes
-            calls = self._calls(ops)
-            if presence is not None:
-                calls += presence.listing(list(dict.fromkeys(op.uid for op in ops)))
             # Run again, scripts loaded, when Redis lost them: every operation is idempotent.
-            replies = (await self._scripts.many(calls))[: len(ops)]
+            replies = await self._scripts.many(self._calls(ops))
         else:
             async with self._tracking:
                 replies = await self._scripts.many(self._calls(ops))

@@ -10,6 +10,8 @@
   there. A sweeper (`router.webhook.sweeper`) sends user.offline for a due entry
   only while the epoch is unchanged (no new connection anywhere since) and the user has
   no live route.
+- After each round of its route refresh the gateway lists its users in its set again
+  (`list_users`), so the sets come back with the routes after Redis lost its data.
 - A crashed gateway never unregisters: its users are scheduled when it restarts (it
   adopts its old set before taking clients) or, if it does not, by a sweeper once it has
   been out of the fleet for two sweeps; an entry whose user still has live routes
@@ -112,17 +114,20 @@ class RedisPresence:
                 *left,
             )
 
-    def listing(self, uids: Sequence[str]) -> list[tuple[object, ...]]:
-        """This gateway's set holds `uids` again, and the gateways' set holds it: run with
-        every route refresh, so both come back by themselves after Redis lost its data
-        (a restart, a failover), as the routes do; until then a crash of this gateway
-        would leave its users without user.offline. A user who left meanwhile is taken
-        off again by the refresh's own unregister of those gone."""
+    @translate_errors
+    async def list_users(self, uids: Sequence[str]) -> None:
+        """This gateway's set holds `uids` (its users now) again, and the gateways' set
+        holds this gateway: after each round of the route refresh, so both come back by
+        themselves after Redis lost its data (a restart, a failover), as the routes do;
+        until then a crash of this gateway would leave its users without user.offline.
+        One round trip per ADOPT_CHUNK users (one slot: `{wh}`)."""
         keys, gateway_id = self._keys, self._gateway_id
-        return [
-            ("SADD", keys.gateway_users(gateway_id), *uids),
-            ("SADD", keys.presence_gateways(), gateway_id),
-        ]
+        for start in range(0, len(uids), ADOPT_CHUNK):
+            pipe = self._redis.pipeline(transaction=False)
+            pipe.sadd(keys.gateway_users(gateway_id), *uids[start : start + ADOPT_CHUNK])
+            if start == 0:
+                pipe.sadd(keys.presence_gateways(), gateway_id)
+            await pipe.execute()
 
     @translate_errors
     async def adopt(self, gateway_id: str) -> int:

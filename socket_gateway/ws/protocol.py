@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import email.utils
 import http
-import json
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -19,6 +18,7 @@ from websockets.http11 import Response
 from websockets.typing import Subprotocol
 
 from shared.errors import InvalidInput
+from shared.http_answers import refusal_body
 from shared.wire import parse_client_frame
 
 __all__ = [
@@ -124,7 +124,7 @@ def json_refusal(
     status: int, error: str, detail: str, retry_after_s: int | None = None
 ) -> Response:
     """An HTTP answer to a handshake that gets no 101: `{"error","detail"}`, closed after."""
-    body = json.dumps({"error": error, "detail": detail}, separators=(",", ":")).encode()
+    body = refusal_body(error, detail)
     headers = Headers(
         [
             ("Date", email.utils.formatdate(usegmt=True)),

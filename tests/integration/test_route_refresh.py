@@ -144,3 +144,47 @@ async def test_the_periodic_refresh_is_spread_over_half_its_interval_in_slices(
     rest = [r for r in regs if r != leaver]
     assert await deadlines(redis, keys, rest) == {clock.now_ms() + 60_000}
     assert not await redis.hexists(keys.route(leaver.uid), leaver.conn_id)
+
+
+class Listed:
+    """A presence that notes whom each round listed in the gateway's set."""
+
+    def __init__(self) -> None:
+        self.rounds: list[list[str]] = []
+
+    async def list_users(self, uids: list[str]) -> None:
+        self.rounds.append(list(uids))
+
+
+class LeavingThenFailing:
+    """A real registry whose refresh writes every route, during which one client leaves,
+    and then fails (its answer lost)."""
+
+    def __init__(self, inner: RedisRouteRegistry, held: Held, leaver: Registration) -> None:
+        self.inner, self.held, self.leaver = inner, held, leaver
+
+    async def refresh(self, regs: list[Registration]) -> int:
+        await self.inner.refresh(regs)
+        self.held.regs.remove(self.leaver)  # its unregister went before the write above
+        raise RegistryUnavailable("the answer was lost")
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+async def test_a_failed_refresh_still_forgets_who_left_and_lists_only_who_stayed(
+    redis: aioredis.Redis, prefix: str
+) -> None:
+    clock, keys = ManualClock(), KeySchema(prefix)
+    regs = [Registration(f"u{i}", f"gw1.c.{i}") for i in range(3)]
+    real, held, listed = registry(redis, prefix, clock), Held(regs), Listed()
+    leaver = regs[1]
+    failing = LeavingThenFailing(real, held, leaver)
+    beat = Heartbeat("gw1", 1.0, 3.0, held, None, failing, None, None, None, None, presence=listed)  # type: ignore[arg-type]
+    with pytest.raises(RegistryUnavailable):
+        await beat.refresh()
+    assert not await redis.hexists(keys.route(leaver.uid), leaver.conn_id)  # forgotten
+    assert listed.rounds == []  # a round that failed lists nobody
+    beat = Heartbeat("gw1", 1.0, 3.0, held, None, real, None, None, None, None, presence=listed)  # type: ignore[arg-type]
+    await beat.paced_refresh()
+    assert listed.rounds == [["u0", "u2"]]

@@ -18,7 +18,7 @@ from router.webhook.presence import RedisPresence
 from router.webhook.sweeper import OfflineSweeper
 from shared.clock import SystemClock
 from shared.keys import KeySchema
-from shared.models import GatewayInfo, Registration
+from shared.models import GatewayInfo
 
 pytestmark = pytest.mark.integration
 
@@ -67,18 +67,13 @@ async def test_offline_online_and_emitted_events_on_a_cluster(
     assert await cluster.xlen(keys.webhook_events()) == 0
 
 
-async def test_a_route_refresh_lists_the_gateways_users_again_on_a_cluster(
+async def test_a_gateways_users_are_listed_again_on_a_cluster(
     cluster: RedisClient, prefix: str
 ) -> None:
+    """What a gateway's route refresh does after each round (socket_gateway.heartbeat)."""
     keys, clock = KeySchema(prefix), SystemClock()
     presence = RedisPresence(cluster, keys, clock, grace_s=0, queue_max=1000, gateway_id="gw1")
-    registry = RedisRouteRegistry(
-        cluster, keys, clock, gateway_id="gw1", group_id="g1", ip="127.0.0.1", port=1,
-        presence=presence,
-    )  # fmt: skip
-    uids = [f"user{i}" for i in range(30)]  # routes on every node, the sets in {wh}
-    await registry.apply([RouteOp(True, u, f"c-{u}", new=True) for u in uids])
-    await cluster.delete(keys.gateway_users("gw1"), keys.presence_gateways())  # data lost
-    assert await registry.refresh([Registration(u, f"c-{u}") for u in uids]) == len(uids)
+    uids = [f"user{i}" for i in range(1500)]  # two round trips
+    await presence.list_users(uids)
     assert await cluster.smembers(keys.gateway_users("gw1")) == set(uids)
     assert await cluster.smembers(keys.presence_gateways()) == {"gw1"}

@@ -51,9 +51,6 @@ class HeldBack:
             await self.go.wait()
         await self.inner.track(connected, emptied, *left)
 
-    def listing(self, uids: Sequence[str]) -> list[tuple[object, ...]]:
-        return self.inner.listing(uids)
-
 
 @pytest.fixture
 async def store(redis_url: str) -> AsyncIterator[RedisClient]:
