@@ -225,12 +225,24 @@ async def test_loss_under_a_lagging_gateway(
             )
         missed = [uid for uid, contents in got.items() if contents != [{"n": 1}]]
         lost = await redis.hgetall(KeySchema(prefix).bus_lost(BROADCAST))
-    assert (job["status"], job["batches"]) == ("failed", batches), job
-    assert f"{len(missed)} of {batches} batches failed" in job["error"], job
+        # What a failure needs to be read (this one has failed intermittently on a loaded
+        # machine, its clients missing a few more batches than were counted lost).
+        seen = {
+            "missed": len(missed),
+            "not gw3": [uid for uid in missed if placed[uid] != "gw3"],
+            "got some": {uid: got[uid] for uid in missed if got[uid]},
+            "missed gw3 positions": [uids.index(uid) // 4 for uid in missed],
+            "lost": lost,
+            "job": {k: job[k] for k in ("failed_batches", "published", "error")},
+        }
+    in_log = seen["in the log"] = lost_in_log(dev)
+    seen["lines of loss"] = [line for line in dev.output if "lost" in line][:10]
+    assert (job["status"], job["batches"]) == ("failed", batches), seen
+    assert f"{len(missed)} of {batches} batches failed" in job["error"], seen
     assert all(placed[uid] == "gw3" for uid in missed), missed  # nobody else missed any
     assert all(got[uid] == [] for uid in missed)  # and nobody got one twice
     gw3_users = [uid for uid in uids if placed[uid] == "gw3"]
     assert oldest(gw3_users, missed)
     assert lost == {"gw3": str(len(missed))}
-    assert job["failed_batches"] == len(missed) == lost_in_log(dev) > 0, (job, len(missed))
+    assert job["failed_batches"] == len(missed) == in_log > 0, seen
     assert job["published"] == batches - len(missed)
