@@ -102,3 +102,44 @@ def test_a_gap_never_spans_two_epochs() -> None:
     s = TopicSequencer("broadcast", next_seq=seq_of(200, 1), hold_s=0.1)
     assert s.fill(seq_of(100, 5), seq_of(100, 9), [], 1.0) == []
     assert s.lost == 0 and s.next_seq == seq_of(200, 1)
+
+
+def behind_the_bus() -> TopicSequencer:
+    """The bus brought 1-3; the log's head is 8 and it keeps only 7 and 8 (its bound):
+    4-6 are neither here nor in the log."""
+    s = TopicSequencer("broadcast", next_seq=1, hold_s=0.5, give_up_s=10.0)
+    assert seqs([x for n in (1, 2, 3) for x in s.offer(b(n), 0.0)]) == [1, 2, 3]
+    s.saw_head(8, 0.1)
+    assert s.gap(0.7) == (3, 8)
+    assert s.fill(3, 8, [b(7), b(8)], 0.7) == []  # 4-6 may still be on the bus: not lost
+    assert (s.filled, s.lost) == (2, 0)
+    return s
+
+
+def test_a_seq_past_what_the_bus_brought_waits_for_the_bus() -> None:
+    """A gateway catching up on its stream after a stall: the log no longer has what the
+    bus has yet to bring. Skipped as lost, they were dropped as late when they came."""
+    s = behind_the_bus()
+    assert s.gap(1.3) == (3, 6)  # only what is missing, read again while it waits
+    assert s.fill(3, 6, [], 1.3) == [] and s.lost == 0
+    assert seqs(s.offer(b(4), 1.5)) == [4]
+    assert seqs(s.offer(b(5), 1.5) + s.offer(b(6), 1.5)) == [5, 6, 7, 8]
+    assert (s.lost, s.late, s.delivered_through) == (0, 0, 8)
+
+
+def test_a_seq_the_bus_passed_over_is_skipped_as_lost() -> None:
+    """The stream lost 4-6 (trimmed): the bus brings 7 next, so they are gone."""
+    s = behind_the_bus()
+    assert s.offer(b(7), 1.0) == []  # the log's copy is held already
+    assert s.gap(1.6) == (3, 6)
+    assert seqs(s.fill(3, 6, [], 1.6)) == [7, 8]
+    assert (s.lost, s.late, s.delivered_through) == (3, 1, 8)
+
+
+def test_a_bus_that_brings_nothing_more_is_given_up_on() -> None:
+    """The bus lost the last batches and brought none after them: skipped after
+    give_up_s, not held for ever."""
+    s = behind_the_bus()
+    assert s.fill(3, 6, [], 5.0) == [] and s.lost == 0
+    assert seqs(s.fill(3, 6, [], 10.8)) == [7, 8]
+    assert (s.lost, s.delivered_through) == (3, 8)
