@@ -9,15 +9,6 @@ a batch ahead of the next expected one waits, and when the gap has not closed af
 takes them). The shell also reports the log's head now and then (`saw_head`), so a
 last batch that the bus lost is fetched too.
 
-What neither the bus nor the log has is skipped as lost, but only below a seq the bus
-brought: a Redis stream hands a topic's entries out in order, so a seq missing below
-one it brought is gone (Pub/Sub may still bring it: then it is dropped as late), while
-one past the last it brought may still be on its way (a gateway catching up after a
-stall reads its stream for seconds, while the log, which keeps only the newest
-`IMROUTE_RECOVERY_TOPIC_MAX`, no longer has it). Such a seq is skipped once the bus
-brings a later one, or after `give_up_s` without anything new from the bus (a bus that
-lost the last batches and brought none after them).
-
 Seqs are compared whole (`shared.positions`: the log's epoch above its counter). A batch
 or a head of a later epoch means Redis lost the log and started it again: what the
 sequencer still held of the old epoch leaves at once, in order (its holes can no longer
@@ -40,10 +31,7 @@ class TopicSequencer:
     topic: str
     next_seq: int  # the seq delivered next; everything below it was delivered or skipped
     hold_s: float = 0.5
-    give_up_s: float = 10.0
     _pending: dict[int, gateway_pb2.Batch] = field(default_factory=dict)
-    _bus_max: int = 0  # the highest seq the bus brought
-    _lacking_since: float | None = None  # a fill left seqs past it, neither here nor there
     _head: int = 0
     _waiting_since: float | None = None
     late: int = 0  # arrived after their seq was delivered or filled: dropped
@@ -59,8 +47,6 @@ class TopicSequencer:
         """Take one batch from the bus; the batches now ready, in seq order."""
         seq = seq_of(batch.epoch, batch.seq)
         ready = self._follow_epoch(seq, now)
-        if seq > self._bus_max:
-            self._bus_max, self._lacking_since = seq, None
         if seq < self.next_seq or seq in self._pending:
             self.late += 1
             return ready
@@ -112,18 +98,10 @@ class TopicSequencer:
                 self.filled += 1
         ready = self._ready(now)
         same_epoch = epoch_of(upto) == epoch_of(self.next_seq)
-        lacking = self._lacking_since
-        gave_up = lacking is not None and now - lacking >= self.give_up_s
         while same_epoch and self.next_seq <= upto and self.next_seq not in self._pending:
-            if self.next_seq > self._bus_max and not gave_up:
-                # Past what the bus brought: it may still be on its way.
-                self._lacking_since = now if lacking is None else lacking
-                break
             self.lost += 1
             self.next_seq += 1
             ready.extend(self._ready(now))
-        else:
-            self._lacking_since = None
         self._waiting_since = None
         self._mark(now)
         return ready
