@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, TypeVar
 
+from shared.errors import RegistryRefused, RegistryUnavailable
 from shared.models import Registration, Route
 
 __all__ = [
@@ -15,6 +16,7 @@ __all__ = [
     "RecipientGroups",
     "RouteOp",
     "RouteRegistry",
+    "apply_apart",
     "chunks",
 ]
 
@@ -86,3 +88,26 @@ def chunks(items: Iterable[T], size: int = LOOKUP_CHUNK) -> Iterator[list[T]]:
             chunk = []
     if chunk:
         yield chunk
+
+
+async def apply_apart(
+    apply: Callable[[Sequence[RouteOp]], Awaitable[list[bool]]], ops: Sequence[RouteOp]
+) -> list[bool | RegistryUnavailable]:
+    """`apply(ops)`: each op's flag, or its error. When Redis refused a call of it (an
+    error reply: one user's key holds another type) the round trip fails though the
+    others' calls ran: each op goes again on its own (every op is idempotent), so that
+    only the refused ones carry an error. Any other failure of the whole is raised."""
+    try:
+        return list(await apply(ops))
+    except RegistryRefused as exc:
+        if len(ops) == 1:
+            return [exc]
+    results: list[bool | RegistryUnavailable] = []
+    for op in ops:
+        try:
+            results += await apply([op])
+        except Exception as exc:  # this op's, whatever it is
+            results.append(
+                exc if isinstance(exc, RegistryUnavailable) else RegistryUnavailable(str(exc))
+            )
+    return results

@@ -44,10 +44,11 @@ from router.routes.base import (
     RecipientGroups,
     RouteOp,
     RouteRegistry,
+    apply_apart,
     chunks,
 )
 from shared.clock import Clock
-from shared.errors import RegistryRefused, RegistryUnavailable, TooManyConnections
+from shared.errors import RegistryUnavailable, TooManyConnections
 from shared.keys import KeySchema
 from shared.models import Registration, Route
 
@@ -147,18 +148,13 @@ class RedisRouteRegistry:
         for chunk in chunks(RouteOp(False, r.uid, r.conn_id) for r in registrations):
             count += len(chunk)
             try:
-                await self.apply(chunk)
-            except RegistryRefused as exc:
-                if len(chunk) == 1:
-                    left, error = left + 1, exc
-                    continue
-                for op in chunk:
-                    try:
-                        await self.apply([op])
-                    except RegistryUnavailable as refused:
-                        left, error = left + 1, refused
+                results = await apply_apart(self.apply, chunk)
             except RegistryUnavailable as exc:
                 left, error = left + len(chunk), exc
+                continue
+            for result in results:
+                if isinstance(result, RegistryUnavailable):
+                    left, error = left + 1, result
         if error is not None:
             raise RegistryUnavailable(f"{left} of {count} routes not removed: {error}") from error
 

@@ -13,8 +13,8 @@ from collections import deque
 from collections.abc import Sequence
 from typing import Protocol
 
-from router.routes.base import RouteOp
-from shared.errors import RegistryRefused, RegistryUnavailable, TooManyConnections
+from router.routes.base import RouteOp, apply_apart
+from shared.errors import RegistryUnavailable, TooManyConnections
 
 __all__ = ["CoalescingRouteWriter", "RouteWrites"]
 
@@ -58,33 +58,24 @@ class CoalescingRouteWriter:
 
     async def _write(self, batch: list[tuple[RouteOp, asyncio.Future[None]]]) -> None:
         try:
-            accepted = await self._registry.apply([op for op, _ in batch])
+            # A refused op (its user's key holds another type) fails only its own waiter.
+            results = await apply_apart(self._registry.apply, [op for op, _ in batch])
         except asyncio.CancelledError:
-            _cancel(batch)
+            for _, future in batch:
+                future.cancel()
             raise
-        except RegistryRefused as exc:
-            if len(batch) == 1:
-                _fail(batch, exc)
-                return
-            # An error reply to one op's call (its user's key holds another type) fails
-            # the round trip, though the others' calls ran: each again on its own (every
-            # op is idempotent), so that only its own waiter hears of it.
-            try:
-                for item in batch:
-                    await self._write([item])
-            except asyncio.CancelledError:
-                _cancel(batch)
-                raise
         except Exception as exc:  # every waiter hears of it, whatever it is
             _fail(batch, exc)
-        else:
-            for (op, future), ok in zip(batch, accepted, strict=True):
-                if future.done():
-                    continue
-                if ok:
-                    future.set_result(None)
-                else:
-                    future.set_exception(TooManyConnections(op.uid, self._registry.max_per_user))
+            return
+        for (op, future), result in zip(batch, results, strict=True):
+            if future.done():
+                continue
+            if isinstance(result, Exception):
+                future.set_exception(result)
+            elif result:
+                future.set_result(None)
+            else:
+                future.set_exception(TooManyConnections(op.uid, self._registry.max_per_user))
 
     async def aclose(self) -> None:
         """Wait for writes already queued (a shutdown must not drop unregisters)."""
@@ -93,15 +84,7 @@ class CoalescingRouteWriter:
                 await self._flusher
 
 
-Waiters = Sequence[tuple[RouteOp, asyncio.Future[None]]]
-
-
-def _cancel(batch: Waiters) -> None:
-    for _, future in batch:
-        future.cancel()  # a no-op on one already done
-
-
-def _fail(batch: Waiters, exc: Exception) -> None:
+def _fail(batch: Sequence[tuple[RouteOp, asyncio.Future[None]]], exc: Exception) -> None:
     error = exc if isinstance(exc, RegistryUnavailable) else RegistryUnavailable(str(exc))
     for _, future in batch:
         if not future.done():
