@@ -242,7 +242,7 @@ class Heartbeat:
         # presence write beside the routes is: logged, tried again next round.
         if self._presence is None:
             return
-        uids = list(dict.fromkeys(r.uid for r in self._conns.registrations()))
+        uids = self._conns.uids()
         try:
             await self._presence.list_users(uids)
         except ImrouteError as exc:

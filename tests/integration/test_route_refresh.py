@@ -95,6 +95,9 @@ class Held:
     def registrations(self) -> list[Registration]:
         return list(self.regs)
 
+    def uids(self) -> list[str]:
+        return list(dict.fromkeys(r.uid for r in self.regs))
+
     def holds_registration(self, reg: Registration) -> bool:
         return reg in self.regs
 
