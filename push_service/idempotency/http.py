@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
-from contextvars import ContextVar
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
@@ -39,7 +38,7 @@ from router.fanout.outages import ride_out
 from shared.errors import ImrouteError, InvalidInput, RegistryUnavailable
 from shared.tasks import Background
 
-__all__ = ["REPLAYED_HEADER", "Idempotency", "Once", "PartlyFailed", "id_seed"]
+__all__ = ["REPLAYED_HEADER", "Handler", "Idempotency", "Once", "PartlyFailed"]
 
 log = logging.getLogger(__name__)
 
@@ -53,22 +52,16 @@ WRITE_LATER_S = 45.0
 # to lapse with its lease (its retries wait for that, then run the request again).
 CLOSE_S = 5.0
 
-Handler = Callable[[], Awaitable[Response]]
-
-# While a claimed request runs: a digest of its caller's scope and key, from which its
-# P2P messages take their ids (`push_service.content.new_message`).
-_seed: ContextVar[str | None] = ContextVar("imroute_idempotency_seed", default=None)
+# A push handler, given its id seed: under an Idempotency-Key, a digest of its caller's
+# scope, key and request, from which its messages take their ids
+# (`push_service.content.new_message`); None without a key.
+Handler = Callable[[str | None], Awaitable[Response]]
 
 
 class PartlyFailed(JSONResponse):
     """A 2xx answer with a part that failed with a 5xx (a batch's message Redis could
     not take): not kept, as a 5xx is not, so a retry with the key runs the request again
     (its messages under the same ids: the SDKs drop what they already have)."""
-
-
-def id_seed() -> str | None:
-    """The running request's id seed: None without an Idempotency-Key."""
-    return _seed.get()
 
 
 class Idempotency:
@@ -173,9 +166,8 @@ class Idempotency:
         # The request's fingerprint too: the same key reused for another request (after
         # a released 5xx, or past the key's TTL) must not name its messages as the
         # first's, which clients would drop as copies.
-        seeded = _seed.set(f"{scope}:{key_hash(key)}:{print_}")
         try:
-            response = await handler()
+            response = await handler(f"{scope}:{key_hash(key)}:{print_}")
         except Exception as exc:
             rendered = await _render(request, exc)
             if rendered is None or not is_kept(rendered.status_code):
@@ -184,8 +176,6 @@ class Idempotency:
                     raise
                 return rendered
             response = rendered
-        finally:
-            _seed.reset(seeded)
         if not is_kept(response.status_code) or isinstance(response, PartlyFailed):
             await self._release(scope, key, token)
             return response
@@ -214,7 +204,7 @@ class Once:
     async def __call__(self, handler: Handler, longer_s: float = 0.0) -> Response:
         """`longer_s`: how much longer than a push the handler may run (`wait_ack_ms`)."""
         if self._key is None:
-            return await handler()
+            return await handler(None)
         return await self._idempotency.run(self._request, self._key, handler, longer_s)
 
 

@@ -22,7 +22,7 @@ async def broadcast(body: BroadcastIn, fanout: FanOutSvc, once: IdempotentOnce) 
     The directory is paged 1000 uids at a time; each page is one batch that every
     gateway receives once and delivers to the users it holds.
     """
-    return await once(_accepted(lambda: fanout.broadcast(body)))
+    return await once(_accepted(lambda seed: fanout.broadcast(body, seed)))
 
 
 @router.post("/v1/multicast", status_code=202, response_model=AcceptedOut)
@@ -32,13 +32,16 @@ async def multicast(body: MulticastIn, fanout: FanOutSvc, once: IdempotentOnce) 
     Each group's batch is published when it holds `IMROUTE_BATCH_SIZE` users or when its
     oldest entry has waited `IMROUTE_FLUSH_TIMEOUT_S`; `"priority":"high"` never waits.
     """
-    return await once(_accepted(lambda: fanout.multicast(body)))
+    return await once(_accepted(lambda seed: fanout.multicast(body, seed)))
 
 
-def _accepted(start: Callable[[], Awaitable[str]]) -> Callable[[], Awaitable[Response]]:
-    """The 202 of a job `start` starts, started only when `once` runs it."""
+def _accepted(
+    start: Callable[[str | None], Awaitable[str]],
+) -> Callable[[str | None], Awaitable[Response]]:
+    """The 202 of a job `start` starts, started only when `once` runs it (with its id
+    seed)."""
 
-    async def accept() -> Response:
-        return JSONResponse({"push_id": await start()}, status_code=202)
+    async def accept(seed: str | None) -> Response:
+        return JSONResponse({"push_id": await start(seed)}, status_code=202)
 
     return accept

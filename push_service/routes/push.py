@@ -38,11 +38,11 @@ router = APIRouter()
 @router.post("/v1/push", dependencies=[PushKey], response_model=PushOut)
 async def push(body: PushIn, pushes: PushesSvc, once: IdempotentOnce) -> Response:
     """Push one message to 1-1000 users wherever they are connected (P2P)."""
-    return await once(lambda: _push(body, pushes), (body.wait_ack_ms or 0) / 1000)
+    return await once(lambda seed: _push(body, pushes, seed), (body.wait_ack_ms or 0) / 1000)
 
 
-async def _push(body: PushIn, pushes: PushesSvc) -> JSONResponse:
-    return JSONResponse(push_answer(await pushes.push_one(body)))
+async def _push(body: PushIn, pushes: PushesSvc, seed: str | None) -> JSONResponse:
+    return JSONResponse(push_answer(await pushes.push_one(body, seed)))
 
 
 class PushBatchIn(BaseModel):
@@ -65,14 +65,16 @@ async def push_batch(
 ) -> Response:
     """Push up to 1000 messages, each to 1-1000 users, in one call: one answer per
     message, in order, each with the status and body POST /v1/push would give it."""
-    return await once(lambda: _push_batch(request, body.messages, pushes))
+    return await once(lambda seed: _push_batch(request, body.messages, pushes, seed))
 
 
-async def _push_batch(request: Request, messages: list[Any], pushes: Pushes) -> JSONResponse:
+async def _push_batch(
+    request: Request, messages: list[Any], pushes: Pushes, seed: str | None
+) -> JSONResponse:
     # FastAPI read (and cached) the body to bind it; this reads no byte again.
     checked = check_messages(messages, quick=not may_hold_surrogates(await request.body()))
     valid = [(i, c) for i, c in enumerate(checked) if isinstance(c, PushIn)]
-    outcomes = await pushes.push([c for _, c in valid], batch=True)
+    outcomes = await pushes.push([c for _, c in valid], batch=True, seed=seed)
     results: list[dict[str, Any]] = [{} for _ in checked]
     for i, item in enumerate(checked):
         if isinstance(item, Invalid):

@@ -8,7 +8,6 @@ from typing import Protocol
 
 from push_service.content import new_message
 from push_service.errors import NotFound
-from push_service.idempotency.http import id_seed
 from push_service.schemas import BroadcastIn, MulticastIn
 from push_service.services.pushes import Receipts
 from router.directory.base import UserDirectory
@@ -64,9 +63,10 @@ class FanOut:
         tracer = self.tracer
         self._lookup = self.groups if tracer is None else TracedGroupLookup(self.groups, tracer)
 
-    async def broadcast(self, body: BroadcastIn) -> str:
-        """Start a broadcast job; its push id. It is resumable (router.jobs.specs)."""
-        message, expires_ms = self._message(body)
+    async def broadcast(self, body: BroadcastIn, seed: str | None = None) -> str:
+        """Start a broadcast job; its push id. It is resumable (router.jobs.specs).
+        `seed`: the request's id seed (`push_service.idempotency.http.Handler`)."""
+        message, expires_ms = self._message(body, seed)
         audience = body.audience
         spec = BroadcastSpec(
             message,
@@ -111,9 +111,9 @@ class FanOut:
 
         return work
 
-    async def multicast(self, body: MulticastIn) -> str:
+    async def multicast(self, body: MulticastIn, seed: str | None = None) -> str:
         """Start a multicast job; its push id. It is resumable (router.jobs.specs)."""
-        message, expires_ms = self._message(body)
+        message, expires_ms = self._message(body, seed)
         spec = MulticastSpec(
             message,
             expires_ms,
@@ -215,12 +215,12 @@ class FanOut:
         meta = message_meta(message, r.preview) if due is not None else {}
         return FanoutReceipt(r.log, message.push_id, mode, listable, meta, due, store)
 
-    def _message(self, body: BroadcastIn | MulticastIn) -> tuple[Message, int]:
+    def _message(self, body: BroadcastIn | MulticastIn, seed: str | None) -> tuple[Message, int]:
         """The message (content encoded once) and its expiry in epoch ms (0: none).
         Under an Idempotency-Key its msg_id comes from the key, as a P2P message's: a
         request run again once its key's lease lapsed (its push service died after the
         job started, before the answer was kept) starts a second job whose copies
         clients drop."""
         now = self.clock.now_ms()
-        message = new_message(body, now, id_seed())
+        message = new_message(body, now, seed)
         return message, (now + body.ttl_s * 1000 if body.ttl_s else 0)

@@ -9,7 +9,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from push_service.content import new_message
-from push_service.idempotency.http import id_seed
 from push_service.schemas import PushIn
 from router.p2p.plan import Outgoing, PushOutcome
 from router.p2p.pusher import P2PPusher
@@ -116,30 +115,30 @@ class Pushes:
         r = self._receipts
         return "" if r is None else r.tag(body)
 
-    async def push_one(self, body: PushIn) -> Pushed:
+    async def push_one(self, body: PushIn, seed: str | None = None) -> Pushed:
         """POST /v1/push: `push` of a batch of one (its fast path), its error raised."""
-        answer = await self._push_single(body)
+        answer = await self._push_single(body, seed)
         if isinstance(answer, ImrouteError):
             raise answer
         return answer
 
     async def push(
-        self, bodies: Sequence[PushIn], batch: bool = False
+        self, bodies: Sequence[PushIn], batch: bool = False, seed: str | None = None
     ) -> list[Pushed | ImrouteError]:
         """Deliver each body's message now to its recipients' live connections and queue
         it for the rest (stored), all at once (`P2PPusher.push`); record their receipts
         in one write; with `wait_ack_ms`, wait for the acks. Each one's answer, or the
         error that failed it alone. `batch`: the messages of POST /v1/push/batch (which
-        refuses `wait_ack_ms`: a batch waits for no acks), counted and traced as such."""
+        refuses `wait_ack_ms`: a batch waits for no acks), counted and traced as such.
+        `seed`: the request's id seed (`push_service.idempotency.http.Handler`)."""
         if len(bodies) == 1 and not batch:
             # POST /v1/push, the hottest path: no positions, lists and loops over a batch
             # (they cost it 7 % of its CPU in this process, by bench.p2p_inprocess).
-            return [await self._push_single(bodies[0])]
+            return [await self._push_single(bodies[0], seed)]
         answers: list[Pushed | ImrouteError | None] = [None] * len(bodies)
         items: list[Outgoing] = []
         where: list[int] = []
         now = self._clock.now_ms()
-        seed = id_seed()
         for i, body in enumerate(bodies):
             try:
                 self.check(body, batch)
@@ -165,11 +164,11 @@ class Pushes:
                     _annotate(span, answer)
         return [a for a in answers if a is not None]
 
-    async def _push_single(self, body: PushIn) -> Pushed | ImrouteError:
+    async def _push_single(self, body: PushIn, seed: str | None) -> Pushed | ImrouteError:
         """`push` of one body, not in a batch."""
         try:
             self.check(body)
-            message = new_message(body, self._clock.now_ms(), id_seed(), 0, self._tag(body))
+            message = new_message(body, self._clock.now_ms(), seed, 0, self._tag(body))
         except ImrouteError as exc:
             return exc
         # Every line logged while it is pushed (its retries included) names it.

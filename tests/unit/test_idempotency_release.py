@@ -59,7 +59,7 @@ async def test_a_done_push_whose_answer_redis_refused_answers_and_keeps_it_later
     store = FlakyWrites(failures=2)
     once = Idempotency(store, wait_s=1.0, sleep=no_wait)
 
-    async def handler() -> Response:
+    async def handler(seed: str | None) -> Response:
         return Response(b'{"push_id":"p1"}', status_code=202, media_type="application/json")
 
     request = Request({"type": "http", "method": "POST", "path": "/v1/multicast"})
