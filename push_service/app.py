@@ -8,16 +8,20 @@ from contextlib import AsyncExitStack, asynccontextmanager
 from fastapi import FastAPI
 from fastapi.routing import APIRoute
 
-from push_service.access import AccessRules, ApiKeys, KeyGate
+from push_service.admission import (
+    AccessRules,
+    Admission,
+    ApiKeys,
+    LimiterSlot,
+    Shedder,
+    ShedMetrics,
+)
 from push_service.errors import ServerErrors, add_error_handlers
 from push_service.fast_push import FastPush, ServicesSlot
 from push_service.http_server import HeadCounts, HeadCuts
-from push_service.limits import BodyLimit
 from push_service.pages import add_pages
-from push_service.ratelimit.http import LimiterSlot, RateGate
 from push_service.routes import ROUTERS
 from push_service.routes.deps import KEY_SCHEMES
-from push_service.shedding import LoadShed, Shedder, ShedMetrics
 from push_service.stores import Stores
 from push_service.tracing_http import TracedRequests, TracerSlot
 from push_service.uid_metrics import UidMetrics
@@ -114,10 +118,14 @@ def create_app(
     add_pages(app, settings.dashboard_connect_src)
     # Innermost: POST /v1/push's hot path, behind every gate (push_service.fast_push).
     app.add_middleware(FastPush, slot=services_slot, handlers=app.exception_handlers)
-    # Added last, so it runs first (outermost): requests without the key a path needs
-    # are refused before BodyLimit, so only they reach its large per-path limits.
+    # Added later, so it runs earlier: load, key, rate and body size, each refused from
+    # the headers alone (push_service.admission).
     app.add_middleware(
-        BodyLimit,
+        Admission,
+        shedder=shedder,
+        keys=keys,
+        rules=AccessRules.from_openapi(app.openapi(), KEY_SCHEMES, regexes),
+        limiter=slot,
         max_bytes=MAX_BODY_BYTES,
         per_path={
             "/v1/multicast": MAX_MULTICAST_BODY_BYTES,
@@ -125,17 +133,10 @@ def create_app(
             "/v1/users": MAX_USERS_BODY_BYTES,
         },
     )
-    # Inside the key gate, outside the body limit: only a valid key is counted, and a
-    # request over its rate is answered before its body is read.
-    app.add_middleware(RateGate, slot=slot)
-    app.add_middleware(
-        KeyGate, keys=keys, rules=AccessRules.from_openapi(app.openapi(), KEY_SCHEMES, regexes)
-    )
     if settings.otel_exporter_otlp_endpoint is not None:
-        # Outermost: a push's root span covers the gates too (push_service.tracing_http).
+        # Outside the gates: a push's root span covers its refusal too, a shed 503
+        # included (push_service.tracing_http).
         app.add_middleware(TracedRequests, slot=traced)
-    # Before the rest, tracing included: a request shed (503 overloaded) costs nothing.
-    app.add_middleware(LoadShed, shedder=shedder)
     # Outermost of ours: what no handler took is a JSON 500, the connection kept clean.
     app.add_middleware(ServerErrors)
     return app

@@ -118,8 +118,9 @@ class FastPush:
         await _answer(send, orjson.dumps(push_answer(pushed)))
 
     def _plain(self, headers: list[tuple[bytes, bytes]]) -> bool:
-        """A JSON body and no Idempotency-Key. (The key was checked by push_service.access.KeyGate,
-        always in front of this, for the push scope POST /v1/push needs.)"""
+        """A JSON body and no Idempotency-Key. (The key was checked by
+        push_service.admission.Admission, always in front of this, for the push scope
+        POST /v1/push needs.)"""
         content_type = None
         for name, value in headers:
             if name == b"content-type":

@@ -20,7 +20,7 @@ from collections.abc import Awaitable, Callable
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
-from push_service.access import bearer_token
+from push_service.admission import bearer_token
 from push_service.errors import Conflict, handler_for
 from push_service.idempotency.base import (
     HEADER,

@@ -2,7 +2,9 @@
 
 - `base`: the limit (`RateLimit`, parsed from IMROUTE_RATE_LIMIT) and the RateLimiter seam.
 - `store`: a GCRA in one Redis script (`RedisRateLimiter`, `gcra.lua`).
-- `http`: the pure-ASGI gate on the sending endpoints (429 from the headers alone).
+
+The gate on the sending endpoints (429 from the headers alone) is
+`push_service.admission`'s.
 """
 
 # No re-exports: importing one module of the package loads only what it needs.

@@ -9,7 +9,7 @@ from typing import Annotated, TypeVar
 from fastapi import Depends, Header, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
-from push_service.access import ApiKeys, Scope, authorize
+from push_service.admission import ApiKeys, Scope, authorize
 from push_service.errors import Forbidden
 from push_service.idempotency.base import HEADER, parse_key
 from push_service.idempotency.http import Once
@@ -56,7 +56,7 @@ client_bearer = HTTPBearer(
 
 
 def _check(request: Request, creds: HTTPAuthorizationCredentials | None, needed: Scope) -> None:
-    # The ASGI gate (push_service.access.KeyGate) has already refused such a request before its
+    # The ASGI gate (push_service.admission.Admission) has already refused such a request before its
     # body was read; this is the second line, and what puts the scheme in the schema.
     keys: ApiKeys = request.app.state.keys
     denial = authorize(keys, creds.credentials if creds else None, needed)

@@ -1,4 +1,4 @@
-"""Load shedding (push_service.shedding) on a real push service process driven past its
+"""Load shedding (push_service.admission) on a real push service process driven past its
 bound: the requests past it are answered 503 overloaded at once, with Retry-After and
 JSON, and do nothing; the admitted ones finish; /healthz, /metrics and the dashboard's
 read answer meanwhile. The lag rule in process, on the test's own loop."""

@@ -1,4 +1,4 @@
-"""The key scopes and the gate's rules (push_service.access), and their
+"""The key scopes and the gate's rules (push_service.admission), and their
 settings: pure, no server."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from push_service.access import AccessRules, ApiKeys, Scope, authorize, bearer_token
+from push_service.admission import AccessRules, ApiKeys, Scope, authorize, bearer_token
 from shared.errors import ConfigError
 from shared.settings import Settings
 

@@ -1,4 +1,4 @@
-"""Load shedding's decision (push_service.shedding) with a hand-moved clock: the
+"""Load shedding's decision (push_service.admission) with a hand-moved clock: the
 in-flight bound, the event loop's lag (smoothed, or overdue now), and whose requests are
 never shed."""
 
@@ -7,11 +7,14 @@ from __future__ import annotations
 import pytest
 from starlette.types import Message, Receive, Scope, Send
 
-from push_service.shedding import (
+from push_service.admission import (
     IN_FLIGHT,
     LAG,
     LAG_MIN_IN_FLIGHT,
-    LoadShed,
+    AccessRules,
+    Admission,
+    ApiKeys,
+    LimiterSlot,
     LoopLag,
     Shedder,
     is_operator,
@@ -112,7 +115,9 @@ async def test_a_shed_request_is_answered_before_the_app_and_closes_only_for_a_l
     async def receive() -> Message:
         raise AssertionError("a shed request's body is not read")
 
-    await LoadShed(app, shedder)(scope, receive, send)
+    no_keys = AccessRules({}, [])
+    gate = Admission(app, shedder, ApiKeys("k" * 20), no_keys, LimiterSlot(), 1 << 20)
+    await gate(scope, receive, send)
     start = sent[0]
     assert start["status"] == 503
     assert (b"retry-after", b"1") in start["headers"]
