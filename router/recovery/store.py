@@ -81,7 +81,16 @@ class RedisRecoveryStore:
             (APPEND, APPEND_USER, READ_USER, ACK, READ_TOPIC, READ_STREAM, HEAD),
             auto,
         )
-        self._seq_ttl_ms = limits.user_seq_ttl_ms  # read once: every append passes it
+        # Read once: every append passes them (its window and the limits after it).
+        self._window_ms = limits.window_ms
+        self._append_limits = (
+            limits.user_max,
+            limits.window_ms,
+            limits.user_seq_ttl_ms,
+            limits.inbox_max,
+            limits.inbox_ttl_ms,
+            "1" if limits.legacy_writes else "0",
+        )
         self.content = RedisContentStore(
             redis, keys, clock, limits.content_ttl_s, limits.content_inline_max
         )
@@ -127,18 +136,12 @@ class RedisRecoveryStore:
     def _queued_calls(
         self, message: Message, uids: Sequence[str], expires_ms: int, now: int
     ) -> list[tuple[Any, ...]]:
-        lim = self.limits
         k = self._keys
         tail = (
             encode_message(message, expires_ms),
             now,
-            now - lim.window_ms,
-            lim.user_max,
-            lim.window_ms,
-            self._seq_ttl_ms,
-            lim.inbox_max,
-            lim.inbox_ttl_ms,
-            "1" if lim.legacy_writes else "0",
+            now - self._window_ms,
+            *self._append_limits,
         )
         return [APPEND_USER.args(k.user_keys(u), *tail) for u in uids]
 
