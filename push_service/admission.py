@@ -443,28 +443,20 @@ def bucket_of(api_key: str) -> str:
 # ---------------------------------------------------------------------------- the gate
 
 
+@dataclass(slots=True, eq=False)
 class Admission:
     """The four checks, in order, before the app runs (see the module's docstring)."""
 
-    def __init__(
-        self,
-        app: ASGIApp,
-        shedder: Shedder,
-        keys: ApiKeys,
-        rules: AccessRules,
-        limiter: LimiterSlot,
-        max_bytes: int,
-        per_path: Mapping[str, int] | None = None,
-    ) -> None:
-        self.app = app
-        self.shedder = shedder
-        self.keys = keys
-        self.rules = rules
-        self.limiter = limiter
-        self.max_bytes = max_bytes
-        self.per_path = dict(per_path or {})
-        self.rate_refused = 0
-        self._rate_line = Throttled()  # a 429 flood is one line per 10 s, with the count since
+    app: ASGIApp
+    shedder: Shedder
+    keys: ApiKeys
+    rules: AccessRules
+    limiter: LimiterSlot
+    max_bytes: int
+    per_path: Mapping[str, int] = field(default_factory=dict)  # else max_bytes
+    rate_refused: int = field(default=0, init=False)
+    # A 429 flood is one line per 10 s, with the count since.
+    _rate_line: Throttled = field(default_factory=Throttled, init=False)
 
     async def __call__(self, scope: AsgiScope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
