@@ -103,7 +103,10 @@ __all__ = [
     "route_path",
 ]
 
-log = logging.getLogger(__name__)
+# Each gate's lines keep the logger they had as a module of its own, so a filter or a
+# level an operator set on them still holds.
+shed_log = logging.getLogger("push_service.shedding")
+rate_log = logging.getLogger("push_service.ratelimit.http")
 
 Header = tuple[bytes, bytes]
 
@@ -154,7 +157,7 @@ class LoopLag:
             self.due = self._clock() + every_s
 
         self.due = self._clock() + every_s
-        return Periodic("loop lag", woke, every_s, log=log, at_once=False)
+        return Periodic("loop lag", woke, every_s, log=shed_log, at_once=False)
 
 
 class Shedder:
@@ -480,7 +483,7 @@ class Admission:
         shedder = self.shedder
         shedder.shed[reason] += 1
         if since := shedder.shed_line.note(time.monotonic()):
-            log.warning(
+            shed_log.warning(
                 "%d requests shed (503 overloaded) since the last line; in all: %s",
                 since,
                 shedder.shed,
@@ -526,7 +529,7 @@ class Admission:
             return True
         self.rate_refused += 1
         if since := self._rate_line.note(time.monotonic()):
-            log.warning(
+            rate_log.warning(
                 "%d requests over IMROUTE_RATE_LIMIT refused (429) since the last line, %d in all",
                 since,
                 self.rate_refused,
