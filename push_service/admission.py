@@ -504,8 +504,7 @@ class Admission:
             denial = authorize(self.keys, key, needed)
             if denial is not None:
                 challenge = [(b"www-authenticate", denial.www_authenticate.encode())]
-                d = denial
-                await _refuse(send, d.status, d.error, d.detail, challenge, has_body)
+                await _refuse(send, denial.status, denial.error, denial.detail, challenge, has_body)
                 return
             limiter = self.limiter.limiter
             if limiter is not None and method == "POST" and path in SENDING_PATHS:
