@@ -74,6 +74,7 @@ from starlette.types import Scope as AsgiScope
 
 from push_service.errors import large_body, send_error
 from push_service.ratelimit.base import RateLimiter
+from push_service.tracing_http import TracedRequests, TracerSlot
 from shared.auth import api_key_matches
 from shared.errors import ImrouteError
 from shared.periodic import Periodic
@@ -457,16 +458,25 @@ class Admission:
     limiter: LimiterSlot
     max_bytes: int
     per_path: Mapping[str, int] = field(default_factory=dict)  # else max_bytes
+    # With tracing on: a push's root span starts once it is past the load check, so it
+    # covers the other refusals (a 401, 429 or 413 is on the record) while a request
+    # shed costs nothing more under tracing (push_service.tracing_http).
+    traced: TracerSlot | None = None
     rate_refused: int = field(default=0, init=False)
     # A 429 flood is one line per 10 s, with the count since.
     _rate_line: Throttled = field(default_factory=Throttled, init=False)
+    _admitted: ASGIApp = field(init=False)  # the checks past the load's, traced or not
+
+    def __post_init__(self) -> None:
+        traced = self.traced
+        self._admitted = self._admit if traced is None else TracedRequests(self._admit, traced)
 
     async def __call__(self, scope: AsgiScope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        if is_operator(scope["method"], scope["path"]):
-            await self._admit(scope, receive, send)
+        if is_operator(scope["method"], route_path(scope)):
+            await self._admitted(scope, receive, send)
             return
         shedder = self.shedder
         reason = shedder.refuse()
@@ -475,7 +485,7 @@ class Admission:
             return
         shedder.in_flight += 1
         try:
-            await self._admit(scope, receive, send)
+            await self._admitted(scope, receive, send)
         finally:
             shedder.in_flight -= 1
 

@@ -23,7 +23,7 @@ from push_service.pages import add_pages
 from push_service.routes import ROUTERS
 from push_service.routes.deps import KEY_SCHEMES
 from push_service.stores import Stores
-from push_service.tracing_http import TracedRequests, TracerSlot
+from push_service.tracing_http import TracerSlot
 from push_service.uid_metrics import UidMetrics
 from push_service.wiring import Wiring
 from push_service.worker import Worker
@@ -126,6 +126,7 @@ def create_app(
         keys=keys,
         rules=AccessRules.from_openapi(app.openapi(), KEY_SCHEMES, regexes),
         limiter=slot,
+        traced=traced if settings.otel_exporter_otlp_endpoint is not None else None,
         max_bytes=MAX_BODY_BYTES,
         per_path={
             "/v1/multicast": MAX_MULTICAST_BODY_BYTES,
@@ -133,10 +134,6 @@ def create_app(
             "/v1/users": MAX_USERS_BODY_BYTES,
         },
     )
-    if settings.otel_exporter_otlp_endpoint is not None:
-        # Outside the gates: a push's root span covers its refusal too, a shed 503
-        # included (push_service.tracing_http).
-        app.add_middleware(TracedRequests, slot=traced)
     # Outermost of ours: what no handler took is a JSON 500, the connection kept clean.
     app.add_middleware(ServerErrors)
     return app

@@ -2,10 +2,10 @@
 
 The P2P push is the endpoint callers hit most, and FastAPI's request cycle (dependency
 resolution, pydantic validation of the body and of `content` as a JsonValue, the
-response class) cost about a third of its CPU. This pure-ASGI shell sits inside the key
-gate, the rate gate and the body limit, in front of the app: it reads the body, decodes
-it with orjson, checks it by hand (`quick_push`, below) and calls the same service
-method the route calls, answering with the same JSON.
+response class) cost about a third of its CPU. This pure-ASGI shell sits inside the
+gates (`push_service.admission`: load, key, rate, body size), in front of the app: it
+reads the body, decodes it with orjson, checks it by hand (`quick_push`, below) and
+calls the same service method the route calls, answering with the same JSON.
 
 Anything else goes to the FastAPI route unchanged, with the body it already read: a
 body orjson cannot decode as json.loads would (NaN, a lone surrogate, a BOM, an integer
@@ -107,7 +107,7 @@ class FastPush:
             return
         self.taken += 1
         try:
-            pushed = await services.pushes.push_one(push_in)
+            pushed = await services.pushes.push_one(push_in, seed=None)  # no Idempotency-Key
         except Exception as exc:
             handler = handler_for(self.handlers, exc)
             if handler is None:

@@ -1,9 +1,10 @@
 """The root span of each push's trace (shared.tracing): one SERVER span per request to a
 push endpoint, continuing the caller's trace when its request carries a `traceparent`.
 
-Pure ASGI and outside the gates (`push_service.admission`), so the span covers them too
-(a 503 shed, a 401, a 429 or a 413 is on the record), and installed only when tracing is
-on: off, requests never meet it. The services add the push's ids to it (`imroute.push_id`, ...).
+Pure ASGI, run by the gates (`push_service.admission`) past their load check, so the span
+covers the other refusals (a 401, 429 or 413 is on the record) while a request shed
+costs nothing more; installed only when tracing is on: off, requests never meet it.
+The services add the push's ids to it (`imroute.push_id`, ...).
 """
 
 from __future__ import annotations

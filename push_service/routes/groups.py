@@ -22,7 +22,7 @@ async def broadcast(body: BroadcastIn, fanout: FanOutSvc, once: IdempotentOnce) 
     The directory is paged 1000 uids at a time; each page is one batch that every
     gateway receives once and delivers to the users it holds.
     """
-    return await once(_accepted(lambda seed: fanout.broadcast(body, seed)))
+    return await once(_accepted(lambda seed: fanout.broadcast(body, seed=seed)))
 
 
 @router.post("/v1/multicast", status_code=202, response_model=AcceptedOut)
@@ -32,7 +32,7 @@ async def multicast(body: MulticastIn, fanout: FanOutSvc, once: IdempotentOnce) 
     Each group's batch is published when it holds `IMROUTE_BATCH_SIZE` users or when its
     oldest entry has waited `IMROUTE_FLUSH_TIMEOUT_S`; `"priority":"high"` never waits.
     """
-    return await once(_accepted(lambda seed: fanout.multicast(body, seed)))
+    return await once(_accepted(lambda seed: fanout.multicast(body, seed=seed)))
 
 
 def _accepted(

@@ -42,7 +42,7 @@ async def push(body: PushIn, pushes: PushesSvc, once: IdempotentOnce) -> Respons
 
 
 async def _push(body: PushIn, pushes: PushesSvc, seed: str | None) -> JSONResponse:
-    return JSONResponse(push_answer(await pushes.push_one(body, seed)))
+    return JSONResponse(push_answer(await pushes.push_one(body, seed=seed)))
 
 
 class PushBatchIn(BaseModel):

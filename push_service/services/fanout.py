@@ -63,7 +63,7 @@ class FanOut:
         tracer = self.tracer
         self._lookup = self.groups if tracer is None else TracedGroupLookup(self.groups, tracer)
 
-    async def broadcast(self, body: BroadcastIn, seed: str | None = None) -> str:
+    async def broadcast(self, body: BroadcastIn, *, seed: str | None) -> str:
         """Start a broadcast job; its push id. It is resumable (router.jobs.specs).
         `seed`: the request's id seed (`push_service.idempotency.http.Handler`)."""
         message, expires_ms = self._message(body, seed)
@@ -111,7 +111,7 @@ class FanOut:
 
         return work
 
-    async def multicast(self, body: MulticastIn, seed: str | None = None) -> str:
+    async def multicast(self, body: MulticastIn, *, seed: str | None) -> str:
         """Start a multicast job; its push id. It is resumable (router.jobs.specs)."""
         message, expires_ms = self._message(body, seed)
         spec = MulticastSpec(

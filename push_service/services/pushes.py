@@ -115,7 +115,7 @@ class Pushes:
         r = self._receipts
         return "" if r is None else r.tag(body)
 
-    async def push_one(self, body: PushIn, seed: str | None = None) -> Pushed:
+    async def push_one(self, body: PushIn, *, seed: str | None) -> Pushed:
         """POST /v1/push: `push` of a batch of one (its fast path), its error raised."""
         answer = await self._push_single(body, seed)
         if isinstance(answer, ImrouteError):
@@ -123,7 +123,7 @@ class Pushes:
         return answer
 
     async def push(
-        self, bodies: Sequence[PushIn], batch: bool = False, seed: str | None = None
+        self, bodies: Sequence[PushIn], *, batch: bool = False, seed: str | None
     ) -> list[Pushed | ImrouteError]:
         """Deliver each body's message now to its recipients' live connections and queue
         it for the rest (stored), all at once (`P2PPusher.push`); record their receipts

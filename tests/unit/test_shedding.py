@@ -5,6 +5,7 @@ never shed."""
 from __future__ import annotations
 
 import pytest
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from starlette.types import Message, Receive, Scope, Send
 
 from push_service.admission import (
@@ -19,7 +20,9 @@ from push_service.admission import (
     Shedder,
     is_operator,
 )
+from push_service.tracing_http import TracerSlot
 from shared.clock import ManualClock
+from shared.tracing_setup import Tracing
 
 
 def test_past_the_in_flight_bound_the_next_is_refused() -> None:
@@ -123,3 +126,55 @@ async def test_a_shed_request_is_answered_before_the_app_and_closes_only_for_a_l
     assert (b"retry-after", b"1") in start["headers"]
     assert ((b"connection", b"close") in start["headers"]) is closes
     assert shedder.shed[IN_FLIGHT] == 1
+
+
+async def _answered(gate: Admission, scope: Scope) -> int:
+    """The status `gate` answers a bodiless request of `scope` with."""
+    sent: list[Message] = []
+
+    async def send(message: Message) -> None:
+        sent.append(message)
+
+    async def receive() -> Message:
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    await gate(scope, receive, send)
+    return int(sent[0]["status"])
+
+
+async def _ok(scope: Scope, receive: Receive, send: Send) -> None:
+    await send({"type": "http.response.start", "status": 200, "headers": []})
+    await send({"type": "http.response.body", "body": b"{}"})
+
+
+async def test_the_operators_requests_are_told_by_the_routes_path_under_a_root_path() -> None:
+    shedder = Shedder(max_in_flight=1, max_lag_ms=0)
+    shedder.in_flight = 1  # full: the next request of the API is shed
+    gate = Admission(_ok, shedder, ApiKeys("k" * 20), AccessRules({}, []), LimiterSlot(), 1024)
+    for root in ("", "/imroute"):
+        scope = {"type": "http", "method": "GET", "path": f"{root}/healthz", "root_path": root}
+        assert await _answered(gate, {**scope, "headers": []}) == 200
+        push = {"type": "http", "method": "POST", "path": f"{root}/v1/push", "root_path": root}
+        assert await _answered(gate, {**push, "headers": []}) == 503
+    assert shedder.shed[IN_FLIGHT] == 2
+
+
+async def test_with_tracing_on_a_shed_request_makes_no_span_and_an_admitted_one_does() -> None:
+    exporter = InMemorySpanExporter()
+    tracing = Tracing.with_exporter(exporter, "test", "t1", batched=False)
+    slot = TracerSlot()
+    slot.tracer = tracing.tracer
+    shedder = Shedder(max_in_flight=1, max_lag_ms=0)
+    keys = ApiKeys("k" * 20)
+    gate = Admission(_ok, shedder, keys, AccessRules({}, []), LimiterSlot(), 1024, traced=slot)
+    push = {"type": "http", "method": "POST", "path": "/v1/push", "headers": []}
+    try:
+        shedder.in_flight = 1
+        assert await _answered(gate, push) == 503
+        assert exporter.get_finished_spans() == ()
+        shedder.in_flight = 0
+        assert await _answered(gate, push) == 200
+        (span,) = exporter.get_finished_spans()
+        assert span.name == "POST /v1/push"
+    finally:
+        tracing.shutdown()
