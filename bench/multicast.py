@@ -71,6 +71,7 @@ from router.routes.registry import (
     hash_reads_for,
 )
 from shared.clock import SystemClock
+from shared.errors import RegistryRefused
 from shared.ids import new_id
 from shared.keys import KeySchema
 from shared.models import Message
@@ -92,10 +93,12 @@ class CountingReads:
         self.keys = 0
         self.seconds = 0.0
 
-    async def hgetall(self, keys: Sequence[str]) -> list[Mapping[str, str]]:
+    async def hgetall(self, keys: Sequence[str]) -> Sequence[Mapping[str, str] | RegistryRefused]:
         raise BenchError("multicast should read route values only (HVALS), not HGETALL")
 
-    async def hvals(self, keys: Sequence[str], prefix: str = "") -> list[list[str]]:
+    async def hvals(
+        self, keys: Sequence[str], prefix: str = ""
+    ) -> Sequence[list[str] | RegistryRefused]:
         self.requests += 1
         self.keys += len(keys)
         started = time.perf_counter()

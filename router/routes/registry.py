@@ -28,14 +28,17 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Protocol
+from typing import Any, Protocol
 
+import hiredis
 import redis.asyncio as aioredis
+import redis.exceptions
 
-from router.redis.autopipe import AutoPipeline, RespBulkReader
+from router.redis.autopipe import AutoPipeline, RespBulkReader, pack_commands, reply_error
 from router.redis.client import RedisClient
-from router.redis.errors import translate_errors
+from router.redis.errors import is_transient, translate_errors
 from router.redis.scripts import Script, ScriptRunner
 from router.routes.base import (
     LOOKUP_CHUNK,
@@ -48,9 +51,10 @@ from router.routes.base import (
     chunks,
 )
 from shared.clock import Clock
-from shared.errors import RegistryUnavailable, TooManyConnections
+from shared.errors import RegistryRefused, RegistryUnavailable, TooManyConnections
 from shared.keys import KeySchema
 from shared.models import Registration, Route
+from shared.throttled import Throttled
 
 __all__ = [
     "LOOKUP_CHUNK",
@@ -122,6 +126,22 @@ class RedisRouteRegistry:
         # unregisters beside them): a close's verdict, "no route of this user here",
         # must not be tracked after a reconnect here that followed it was.
         self._tracking = asyncio.Lock()
+        # Route hashes Redis refused to read (a key of another type): their users are
+        # looked up as offline, counted, and logged once per 10 s with the count since.
+        self.unreadable = 0
+        self._unreadable_line = Throttled()
+
+    def _refused(self, uid: str, error: RegistryRefused) -> None:
+        self.unreadable += 1
+        if since := self._unreadable_line.note(time.monotonic()):
+            log.warning(
+                "%d route look-ups refused by Redis since the last line (%d in all; their "
+                "users are taken as offline); the last, of %r: %s",
+                since,
+                self.unreadable,
+                uid,
+                error,
+            )
 
     def _value(self, now_ms: int) -> str:
         gateway_id, group_id, ip, port = self._where
@@ -263,6 +283,9 @@ class RedisRouteRegistry:
             results = await self.reads.hgetall([route_key(uid) for uid in chunk])
             now = self._clock.now_ms()
             for uid, fields in zip(chunk, results, strict=True):
+                if isinstance(fields, RegistryRefused):
+                    self._refused(uid, fields)
+                    continue
                 routes = [
                     route
                     for conn_id, value in fields.items()
@@ -283,7 +306,14 @@ class RedisRouteRegistry:
                 for group, members in part.by_group.items():
                     merged.by_group.setdefault(group, []).extend(members)
             return merged
-        values = await self.reads.hvals(uids, prefix=self._keys.route(""))
+        replies = await self.reads.hvals(uids, prefix=self._keys.route(""))
+        values: list[list[str]] = []
+        for uid, reply in zip(uids, replies, strict=True):
+            if isinstance(reply, RegistryRefused):
+                self._refused(uid, reply)
+                values.append([])  # no live route: offline
+            else:
+                values.append(reply)
         return RecipientGroups(*group_live_routes(uids, values, self._clock.now_ms()))
 
     async def remove(self, routes: Iterable[Route]) -> None:
@@ -382,8 +412,24 @@ def _live_group(value: str, now_ms: int) -> str | None:
 
 
 class HashReads(Protocol):
-    async def hgetall(self, keys: Sequence[str]) -> list[Mapping[str, str]]: ...
-    async def hvals(self, keys: Sequence[str], prefix: str = "") -> list[list[str]]: ...
+    """Each key's reply, in the keys' order; a key Redis refuses (one of another type: an
+    error reply another try would get again) is that key's `RegistryRefused`, not the
+    read's, so one bad key does not fail the others. Any other error raises."""
+
+    async def hgetall(
+        self, keys: Sequence[str]
+    ) -> Sequence[Mapping[str, str] | RegistryRefused]: ...
+    async def hvals(
+        self, keys: Sequence[str], prefix: str = ""
+    ) -> Sequence[list[str] | RegistryRefused]: ...
+
+
+def _refused(error: Exception) -> RegistryRefused:
+    """A key's error reply as its own refusal; one another try may not get (a failover's
+    READONLY, a MOVED, a LOADING Redis) raises, for the read to be tried again whole."""
+    if is_transient(error):
+        raise error
+    return RegistryRefused(f"redis error: {error}")
 
 
 class PipelineHashReads:
@@ -392,19 +438,25 @@ class PipelineHashReads:
     def __init__(self, redis: RedisClient) -> None:
         self._redis = redis
 
-    async def hgetall(self, keys: Sequence[str]) -> list[Mapping[str, str]]:
+    async def hgetall(self, keys: Sequence[str]) -> list[Mapping[str, str] | RegistryRefused]:
         pipe = self._redis.pipeline(transaction=False)
         for key in keys:
             pipe.hgetall(key)
-        replies: list[Mapping[str, str]] = await pipe.execute()
-        return replies
+        return [
+            _refused(r) if isinstance(r, Exception) else r
+            for r in await pipe.execute(raise_on_error=False)
+        ]
 
-    async def hvals(self, keys: Sequence[str], prefix: str = "") -> list[list[str]]:
+    async def hvals(
+        self, keys: Sequence[str], prefix: str = ""
+    ) -> list[list[str] | RegistryRefused]:
         pipe = self._redis.pipeline(transaction=False)
         for key in keys:
             pipe.hvals(prefix + key)
-        replies: list[list[str]] = await pipe.execute()
-        return replies
+        return [
+            _refused(r) if isinstance(r, Exception) else r
+            for r in await pipe.execute(raise_on_error=False)
+        ]
 
 
 class BulkHashReads:
@@ -415,19 +467,34 @@ class BulkHashReads:
         self.reader = RespBulkReader(redis)
         self._auto = auto
 
-    async def hgetall(self, keys: Sequence[str]) -> list[Mapping[str, str]]:
+    async def hgetall(self, keys: Sequence[str]) -> list[Mapping[str, str] | RegistryRefused]:
+        replies: list[Any]
         if len(keys) == 1 and self._auto is not None:
-            replies = [await self._auto.execute("HGETALL", keys[0])]
+            try:
+                replies = [await self._auto.execute("HGETALL", keys[0])]
+            except redis.exceptions.ResponseError as exc:
+                replies = [_refused(exc)]
         else:
-            replies = await self.reader.read("HGETALL", keys)
+            replies = await self._each("HGETALL", keys)
         # RESP3 answers a map (a dict); RESP2 a flat list of field, value, ...
         return [
-            r if isinstance(r, dict) else dict(zip(r[::2], r[1::2], strict=True)) for r in replies
+            r if isinstance(r, dict | RegistryRefused) else dict(zip(r[::2], r[1::2], strict=True))
+            for r in replies
         ]
 
-    async def hvals(self, keys: Sequence[str], prefix: str = "") -> list[list[str]]:
+    async def hvals(
+        self, keys: Sequence[str], prefix: str = ""
+    ) -> list[list[str] | RegistryRefused]:
         """The values of each hash `prefix` + key."""
-        return await self.reader.read("HVALS", keys, prefix)
+        return await self._each("HVALS", keys, prefix)
+
+    async def _each(self, command: str, keys: Sequence[str], prefix: str = "") -> list[Any]:
+        if not keys:
+            return []
+        replies = await self.reader.run(pack_commands(command, keys, prefix), len(keys))
+        return [
+            _refused(reply_error(r)) if isinstance(r, hiredis.ReplyError) else r for r in replies
+        ]
 
 
 def hash_reads_for(redis: RedisClient, auto: AutoPipeline | None = None) -> HashReads:

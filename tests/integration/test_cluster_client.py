@@ -9,9 +9,11 @@ from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
-from router.redis.client import GentleRedisCluster
+from router.redis.client import GentleRedisCluster, connect_redis
 from router.redis.scripts import Script, ScriptRunner
+from shared.keys import KeySchema
 from tests.integration.redis_cluster import LocalCluster
+from tests.integration.stack import route_registry
 
 pytestmark = pytest.mark.integration
 
@@ -78,3 +80,21 @@ async def test_a_node_that_lost_its_scripts_runs_only_its_own_calls_again(
     finally:
         await client.delete(*keys)
         await client.aclose()
+
+
+async def test_a_route_key_of_another_type_is_read_as_its_user_offline_alone(
+    cluster_url: str, prefix: str
+) -> None:
+    """The cluster's pipeline splits a look-up by node: a key of another type on one of
+    them fails only its own read (its user taken as offline), not the look-up."""
+    async with connect_redis(cluster_url) as client:
+        registry = route_registry(client, prefix, "gw1")
+        uids = [f"u{i}" for i in range(12)]  # spread over the three primaries
+        for uid in uids:
+            await registry.register(uid, f"gw1.c.{uid}")
+        await client.delete(KeySchema(prefix).route("u5"))
+        await client.set(KeySchema(prefix).route("u5"), "not a hash")
+        found = await registry.lookup(uids)
+        assert sorted(found) == sorted(u for u in uids if u != "u5")
+        groups = await registry.lookup_groups(uids)
+        assert groups.online == len(uids) - 1 and registry.unreadable == 2

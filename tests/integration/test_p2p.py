@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 from contextlib import AsyncExitStack
+from typing import Any
 
 import pytest
 from websockets.asyncio.client import connect
@@ -22,6 +23,7 @@ from tests.integration.stack import (
     gateway,
     nothing_more,
     one_group,
+    ready,
     recv_json,
     token,
     two_groups,
@@ -59,6 +61,26 @@ async def test_push_reaches_the_client_exactly_once(
         assert decode_pos(frame["pos"]) is not None
         assert await nothing_more(ws)
         assert gw.deliver_service.calls == 1
+
+
+async def test_a_recipient_whose_route_key_redis_refuses_is_queued_and_the_others_delivered(
+    redis_url: str, prefix: str, redis: Any
+) -> None:
+    """A route key holding a string (another app's, a hand edit) fails that recipient's
+    look-up alone: the push answers 200, the others get it, and that user is taken as
+    offline, the message queued in the inbox for when the key is right again."""
+    async with alice_online(redis_url, prefix) as (gw, http, ws):
+        await redis.set(KeySchema(prefix).route("bob"), "not a hash")
+        resp = await http.post(
+            "/v1/push", json={"to": ["alice", "bob"], "content": "hi"}, headers=AUTH
+        )
+        assert resp.status_code == 200, resp.text
+        body = resp.json()
+        assert (body["delivered"], body["offline"], body["queued"]) == (["alice"], ["bob"], ["bob"])
+        assert (await recv_json(ws))["content"] == "hi"
+        await redis.delete(KeySchema(prefix).route("bob"))
+        async with connect(f"ws://127.0.0.1:{gw.ws_port}/ws?token={token('bob')}") as bob:
+            assert [f["content"] for f in await ready(bob)] == ["hi"]
 
 
 async def test_two_devices_of_one_user_both_get_it(

@@ -9,6 +9,7 @@ import pytest
 import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster
 
+from router.redis.autopipe import AutoPipeline
 from router.redis.client import POOL_SIZE, connect_redis
 from router.routes.registry import (
     LOOKUP_CHUNK,
@@ -248,6 +249,30 @@ async def test_one_key_of_another_type_fails_only_its_own_write(
         await registry.unregister_many(Registration(u, f"gw1.c.{u}") for u in uids)
     assert await registry.lookup([u for u in uids if u != "u1"]) == {}
     await writer.aclose()
+
+
+@pytest.mark.parametrize("reads", ["bulk", "pipeline", "auto"])
+async def test_a_route_key_of_another_type_is_read_as_its_user_offline_alone(
+    redis: aioredis.Redis, prefix: str, reads: str
+) -> None:
+    """A route key holding a string (another app's, a hand edit) makes Redis refuse that
+    one read: a look-up that includes it finds the others and takes its user as
+    offline, and counts it; on each way of reading (one key goes by the auto-pipeline)."""
+    registry = route_registry(redis, prefix, "gw1")
+    for uid in ("alice", "carol"):
+        await registry.register(uid, f"gw1.c.{uid}")
+    await redis.set(KeySchema(prefix).route("bob"), "not a hash")
+    auto = AutoPipeline(redis) if reads == "auto" else None
+    way = PipelineHashReads(redis) if reads == "pipeline" else BulkHashReads(redis, auto)
+    reader = route_registry(redis, prefix, "gw1", reads=way)
+    uids = ["alice", "bob", "carol"]
+    assert set(await reader.lookup(uids)) == {"alice", "carol"}
+    assert await reader.lookup(["bob"]) == {}
+    assert set(await reader.lookup(["alice"])) == {"alice"}
+    assert await reader.lookup_groups(uids) == RecipientGroups(
+        2, {"group-of-gw1": ["alice", "carol"]}
+    )
+    assert reader.unreadable == 3
 
 
 async def test_a_burst_of_callers_waits_for_pool_connections(redis_url: str, prefix: str) -> None:
