@@ -53,12 +53,17 @@ ENV = {
 async def connect_clients(
     stack: AsyncExitStack, dev: DevRun, placed: dict[str, str]
 ) -> dict[str, ClientConnection]:
-    """One real WebSocket client per uid, on the gateway `placed` names."""
+    """One real WebSocket client per uid, on the gateway `placed` names; a few handshakes
+    at a time, as real clients each send their request at once (hundreds connected in
+    one go by this one process, on a loaded machine, left some sockets silent past the
+    gateway's IMROUTE_WS_REQUEST_LINE_TIMEOUT_S, which cut them)."""
+    handshakes = asyncio.Semaphore(32)
 
     async def one(uid: str, gw: str) -> ClientConnection:
         url = f"{dev.ws_urls[gw]}?token={dev.token(uid)}"
-        ws = await stack.enter_async_context(connect(url, max_queue=None))
-        await ready(ws)
+        async with handshakes:
+            ws = await stack.enter_async_context(connect(url, max_queue=None))
+            await ready(ws)
         return ws
 
     sockets = await asyncio.gather(*(one(uid, gw) for uid, gw in placed.items()))
