@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Protocol
@@ -38,7 +39,7 @@ import redis.exceptions
 
 from router.redis.autopipe import AutoPipeline, RespBulkReader, pack_commands, reply_error
 from router.redis.client import RedisClient
-from router.redis.errors import is_transient, translate_errors
+from router.redis.errors import translate_errors
 from router.redis.scripts import Script, ScriptRunner
 from router.routes.base import (
     LOOKUP_CHUNK,
@@ -127,13 +128,16 @@ class RedisRouteRegistry:
         # must not be tracked after a reconnect here that followed it was.
         self._tracking = asyncio.Lock()
         # Route hashes Redis refused to read (a key of another type): their users are
-        # looked up as offline, counted, and logged once per 10 s with the count since.
-        self.unreadable = 0
-        self._unreadable_line = Throttled()
+        # looked up as offline, and each refusal logged, one line per 10 s with the count.
+        self._unreadable = Throttled()
 
-    def _refused(self, uid: str, error: RegistryRefused) -> None:
-        self.unreadable += 1
-        if since := self._unreadable_line.note(time.monotonic()):
+    @property
+    def unreadable(self) -> int:
+        """Route reads Redis refused (a key of another type), in all."""
+        return self._unreadable.total
+
+    def _note_refused(self, uid: str, error: RegistryRefused) -> None:
+        if since := self._unreadable.note(time.monotonic()):
             log.warning(
                 "%d route look-ups refused by Redis since the last line (%d in all; their "
                 "users are taken as offline); the last, of %r: %s",
@@ -284,7 +288,7 @@ class RedisRouteRegistry:
             now = self._clock.now_ms()
             for uid, fields in zip(chunk, results, strict=True):
                 if isinstance(fields, RegistryRefused):
-                    self._refused(uid, fields)
+                    self._note_refused(uid, fields)
                     continue
                 routes = [
                     route
@@ -310,7 +314,7 @@ class RedisRouteRegistry:
         values: list[list[str]] = []
         for uid, reply in zip(uids, replies, strict=True):
             if isinstance(reply, RegistryRefused):
-                self._refused(uid, reply)
+                self._note_refused(uid, reply)
                 values.append([])  # no live route: offline
             else:
                 values.append(reply)
@@ -412,9 +416,9 @@ def _live_group(value: str, now_ms: int) -> str | None:
 
 
 class HashReads(Protocol):
-    """Each key's reply, in the keys' order; a key Redis refuses (one of another type: an
-    error reply another try would get again) is that key's `RegistryRefused`, not the
-    read's, so one bad key does not fail the others. Any other error raises."""
+    """Each key's reply, in the keys' order; a key of another type (WRONGTYPE: another
+    app's key, a hand edit) is that key's `RegistryRefused`, not the read's, so one bad
+    key does not fail the others. Any other error raises, as a read of one key would."""
 
     async def hgetall(
         self, keys: Sequence[str]
@@ -424,12 +428,22 @@ class HashReads(Protocol):
     ) -> Sequence[list[str] | RegistryRefused]: ...
 
 
-def _refused(error: Exception) -> RegistryRefused:
-    """A key's error reply as its own refusal; one another try may not get (a failover's
-    READONLY, a MOVED, a LOADING Redis) raises, for the read to be tried again whole."""
-    if is_transient(error):
-        raise error
-    return RegistryRefused(f"redis error: {error}")
+def _refused(error: BaseException) -> RegistryRefused:
+    """A key's WRONGTYPE reply as its own refusal. Anything else raises, for the read to
+    fail (or be tried again) whole: a failover's READONLY or MOVED, a LOADING Redis, a
+    connection that broke, and an error of the connection rather than the key (NOAUTH
+    on a new connection), which must not pass for a user's being offline."""
+    if _wrong_type(error):
+        return RegistryRefused(f"redis error: {error}")
+    raise error
+
+
+# A WRONGTYPE reply: as the key's own, or as a raising pipeline annotates it.
+_WRONG_TYPE = re.compile(r"(?:|Command # \d+ \(.*\) of pipeline caused error: )WRONGTYPE ")
+
+
+def _wrong_type(error: BaseException) -> bool:
+    return isinstance(error, redis.exceptions.ResponseError) and bool(_WRONG_TYPE.match(str(error)))
 
 
 class PipelineHashReads:
@@ -439,24 +453,31 @@ class PipelineHashReads:
         self._redis = redis
 
     async def hgetall(self, keys: Sequence[str]) -> list[Mapping[str, str] | RegistryRefused]:
-        pipe = self._redis.pipeline(transaction=False)
-        for key in keys:
-            pipe.hgetall(key)
-        return [
-            _refused(r) if isinstance(r, Exception) else r
-            for r in await pipe.execute(raise_on_error=False)
-        ]
+        return await self._each("hgetall", keys)
 
     async def hvals(
         self, keys: Sequence[str], prefix: str = ""
     ) -> list[list[str] | RegistryRefused]:
+        return await self._each("hvals", [prefix + key for key in keys])
+
+    async def _each(self, command: str, keys: Sequence[str]) -> list[Any]:
+        """One pipeline that raises, so the client keeps retrying what it retries (the
+        cluster client: a broken connection, a MOVED, CLUSTERDOWN); only where a key was
+        of another type, the pipeline again with each key's error in its place."""
+        try:
+            replies: list[Any] = await self._pipeline(command, keys).execute()
+            return replies
+        except redis.exceptions.ResponseError as exc:
+            if not _wrong_type(exc):
+                raise
+        replies = await self._pipeline(command, keys).execute(raise_on_error=False)
+        return [_refused(r) if isinstance(r, BaseException) else r for r in replies]
+
+    def _pipeline(self, command: str, keys: Sequence[str]) -> Any:
         pipe = self._redis.pipeline(transaction=False)
         for key in keys:
-            pipe.hvals(prefix + key)
-        return [
-            _refused(r) if isinstance(r, Exception) else r
-            for r in await pipe.execute(raise_on_error=False)
-        ]
+            getattr(pipe, command)(key)
+        return pipe
 
 
 class BulkHashReads:

@@ -275,6 +275,34 @@ async def test_a_route_key_of_another_type_is_read_as_its_user_offline_alone(
     assert reader.unreadable == 3
 
 
+@pytest.mark.parametrize("reads", ["bulk", "pipeline", "auto"])
+async def test_a_refusal_not_of_the_keys_type_fails_the_look_up_whole(
+    redis: aioredis.Redis, redis_url: str, prefix: str, reads: str
+) -> None:
+    """Only a key of another type is its user's alone: an error reply of any other kind
+    (here an ACL's NOPERM on one user's key) must not pass for that user being offline."""
+    registry = route_registry(redis, prefix, "gw1")
+    for uid in ("alice", "bob"):
+        await registry.register(uid, f"gw1.c.{uid}")
+    user = f"imroute-test-{prefix.strip(':').replace(':', '-')}"
+    allowed = KeySchema(prefix).route("alice")
+    await redis.execute_command("ACL", "SETUSER", user, "on", ">pw", f"~{allowed}", "+@all")
+    try:
+        limited = aioredis.Redis.from_url(
+            redis_url, username=user, password="pw", decode_responses=True
+        )
+        auto = AutoPipeline(limited) if reads == "auto" else None
+        way = PipelineHashReads(limited) if reads == "pipeline" else BulkHashReads(limited, auto)
+        reader = route_registry(limited, prefix, "gw1", reads=way)
+        assert set(await reader.lookup(["alice"])) == {"alice"}
+        with pytest.raises(RegistryUnavailable, match="no permissions"):
+            await reader.lookup(["bob"] if reads == "auto" else ["alice", "bob"])
+        assert reader.unreadable == 0
+        await limited.aclose()
+    finally:
+        await redis.execute_command("ACL", "DELUSER", user)
+
+
 async def test_a_burst_of_callers_waits_for_pool_connections(redis_url: str, prefix: str) -> None:
     async with connect_redis(redis_url) as client:
         registry = route_registry(client, prefix, "gw1")
