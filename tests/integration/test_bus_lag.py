@@ -31,6 +31,7 @@ import httpx
 import pytest
 import redis.asyncio as aioredis
 from websockets.asyncio.client import ClientConnection, connect
+from websockets.exceptions import InvalidMessage
 
 from router.bus import BROADCAST
 from shared.keys import KeySchema
@@ -43,6 +44,8 @@ pytestmark = pytest.mark.integration
 MAXLEN = 50
 STOPPED_S = 8.0
 LATE_S = 10.0  # a silent client's second read: quiet this long
+# What a gateway logs of the sockets it refused or cut before their 101.
+_PRE_101 = re.compile(r"refus|handshake|pre.auth|timed out|evict", re.IGNORECASE)
 ENV = {
     "IMROUTE_BUS_MAXLEN": str(MAXLEN),
     "IMROUTE_RECOVERY_TOPIC_MAX": "10",
@@ -54,15 +57,22 @@ async def connect_clients(
     stack: AsyncExitStack, dev: DevRun, placed: dict[str, str]
 ) -> dict[str, ClientConnection]:
     """One real WebSocket client per uid, on the gateway `placed` names; a few handshakes
-    at a time, as real clients each send their request at once (hundreds connected in
-    one go by this one process, on a loaded machine, left some sockets silent past the
-    gateway's IMROUTE_WS_REQUEST_LINE_TIMEOUT_S, which cut them)."""
+    at a time. A handshake the gateway cut before its 101 (on a loaded CI machine, two
+    runs in a row, one socket in 480; it cuts a socket whose request is late, past its
+    place among those without a 101) is tried again once, as clients do, and said: the
+    test is of the bus, not of connecting."""
     handshakes = asyncio.Semaphore(32)
 
     async def one(uid: str, gw: str) -> ClientConnection:
         url = f"{dev.ws_urls[gw]}?token={dev.token(uid)}"
         async with handshakes:
-            ws = await stack.enter_async_context(connect(url, max_queue=None))
+            try:
+                ws = await stack.enter_async_context(connect(url, max_queue=None))
+            except (InvalidMessage, OSError) as exc:
+                said = [line for line in drain_output(dev) if _PRE_101.search(line)]
+                print(f"{uid}'s handshake on {gw} was cut ({exc!r}), again; {gw} said {said}")
+                await asyncio.sleep(0.2)
+                ws = await stack.enter_async_context(connect(url, max_queue=None))
             await ready(ws)
         return ws
 
