@@ -439,7 +439,7 @@ def _refused(error: BaseException) -> RegistryRefused:
 
 
 # A WRONGTYPE reply: as the key's own, or as a raising pipeline annotates it.
-_WRONG_TYPE = re.compile(r"(?:|Command # \d+ \(.*\) of pipeline caused error: )WRONGTYPE ")
+_WRONG_TYPE = re.compile(r"(?:Command # \d+ \(.*\) of pipeline caused error: )?WRONGTYPE ")
 
 
 def _wrong_type(error: BaseException) -> bool:
