@@ -70,6 +70,8 @@ from router.receipts.base import DELIVERED, ReceiptLimits, ReceiptUpdates
 from router.receipts.unacked import UnackedSweeper
 from router.redis.autopipe import AutoPipeline, auto_pipeline_for
 from router.redis.client import RedisClient, create_redis
+from router.routes.base import RouteRegistry
+from router.routes.registry import RedisRouteRegistry
 from router.stats.sampler import StatsSampler, sampling
 from router.webhook.base import EventSink
 from router.webhook.running import running_webhooks
@@ -208,7 +210,7 @@ class Wiring:
                 registry, fleet, clients, settings.deliver_timeout_s, recovery, clock, tracer
             )
             stack.push_async_callback(pusher.aclose)
-            self._register(stack, _PusherCounts(pusher))
+            self._register(stack, _PusherCounts(pusher, registry))
             if settings.webhook_url is not None:
                 self.webhooks = await stack.enter_async_context(
                     running_webhooks(settings, clock, keys, redis, registry, fleet, self._metrics)
@@ -403,12 +405,21 @@ async def _retried(receipts: ReceiptUpdates, push_id: str, uids: Sequence[str]) 
 
 
 class _PusherCounts(Collector):
-    """The P2P path's recovery counters, read per scrape."""
+    """The P2P path's recovery counters, and its route reads Redis refused, read per
+    scrape."""
 
-    def __init__(self, pusher: P2PPusher) -> None:
+    def __init__(self, pusher: P2PPusher, registry: RouteRegistry) -> None:
         self._pusher = pusher
+        self._registry = registry
 
     def collect(self) -> Iterator[CounterMetricFamily]:
+        registry = self._registry
+        yield CounterMetricFamily(
+            "imroute_route_reads_refused",
+            "Route look-ups Redis refused, a user's route key of another type "
+            "(WRONGTYPE): that user taken as offline",
+            registry.unreadable if isinstance(registry, RedisRouteRegistry) else 0,
+        )
         yield CounterMetricFamily(
             "imroute_inbox_dropped",
             "Inbox entries dropped, oldest first, to keep IMROUTE_INBOX_MAX",

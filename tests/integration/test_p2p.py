@@ -78,6 +78,14 @@ async def test_a_recipient_whose_route_key_redis_refuses_is_queued_and_the_other
         body = resp.json()
         assert (body["delivered"], body["offline"], body["queued"]) == (["alice"], ["bob"], ["bob"])
         assert (await recv_json(ws))["content"] == "hi"
+        scrape = (await http.get("/metrics")).text
+        # Counted per read refused (the push looks its offline recipients up twice).
+        (refused,) = [
+            float(line.split()[1])
+            for line in scrape.splitlines()
+            if line.startswith("imroute_route_reads_refused_total ")
+        ]
+        assert refused >= 1, scrape
         await redis.delete(KeySchema(prefix).route("bob"))
         async with connect(f"ws://127.0.0.1:{gw.ws_port}/ws?token={token('bob')}") as bob:
             assert [f["content"] for f in await ready(bob)] == ["hi"]
