@@ -102,7 +102,8 @@ class RespBulkReader:
 
     Replies are decoded as UTF-8 whatever the client's `decode_responses`, and come back
     in the keys' order; an error reply raises as redis-py would (`reply_error`) once every
-    reply has been read. `round_trips` counts the requests sent, for tests and benchmarks.
+    reply has been read (`read`), or stands in its key's place (`read_each`).
+    `round_trips` counts the requests sent, for tests and benchmarks.
     """
 
     def __init__(self, client: aioredis.Redis) -> None:
@@ -111,13 +112,18 @@ class RespBulkReader:
 
     async def read(self, command: str, keys: Sequence[str], prefix: str = "") -> list[Any]:
         """One reply per key (`prefix` + key), from one write and one read loop."""
+        replies = await self.read_each(command, keys, prefix)
+        for reply in replies:
+            if isinstance(reply, redis.exceptions.RedisError):
+                raise reply
+        return replies
+
+    async def read_each(self, command: str, keys: Sequence[str], prefix: str = "") -> list[Any]:
+        """`read`, an error reply in its key's place as redis-py would raise it."""
         if not keys:
             return []
         replies = await self.run(pack_commands(command, keys, prefix), len(keys))
-        for reply in replies:
-            if isinstance(reply, hiredis.ReplyError):
-                raise reply_error(reply)
-        return replies
+        return [reply_error(r) if isinstance(r, hiredis.ReplyError) else r for r in replies]
 
     async def run(self, payload: bytes, count: int) -> list[Any]:
         """The `count` replies to the packed commands `payload`, error replies among them

@@ -33,11 +33,10 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
-import hiredis
 import redis.asyncio as aioredis
 import redis.exceptions
 
-from router.redis.autopipe import AutoPipeline, RespBulkReader, pack_commands, reply_error
+from router.redis.autopipe import AutoPipeline, RespBulkReader
 from router.redis.client import RedisClient
 from router.redis.errors import translate_errors
 from router.redis.scripts import Script, ScriptRunner
@@ -510,12 +509,8 @@ class BulkHashReads:
         return await self._each("HVALS", keys, prefix)
 
     async def _each(self, command: str, keys: Sequence[str], prefix: str = "") -> list[Any]:
-        if not keys:
-            return []
-        replies = await self.reader.run(pack_commands(command, keys, prefix), len(keys))
-        return [
-            _refused(reply_error(r)) if isinstance(r, hiredis.ReplyError) else r for r in replies
-        ]
+        replies = await self.reader.read_each(command, keys, prefix)
+        return [_refused(r) if isinstance(r, redis.exceptions.RedisError) else r for r in replies]
 
 
 def hash_reads_for(redis: RedisClient, auto: AutoPipeline | None = None) -> HashReads:
