@@ -50,6 +50,7 @@ from router.gateway_rpc.client import GrpcGatewayClients
 from router.processes.devstack import gateway_argv
 from router.processes.ports import free_port
 from router.processes.supervisor import Child
+from router.testing import deliver_one
 from shared.batches import to_batch
 from shared.ids import new_id
 from shared.keys import KeySchema
@@ -162,7 +163,7 @@ async def one_round(
     ]
     t0 = time.monotonic()
     replies = await asyncio.gather(
-        *(clients.deliver(GATEWAY_ID, address, b, DELIVER_TIMEOUT_S) for b in batches)
+        *(deliver_one(clients, GATEWAY_ID, address, b, DELIVER_TIMEOUT_S) for b in batches)
     )
     t1 = time.monotonic()
     delivered = sum(len(reply.delivered) for reply in replies)

@@ -1,43 +1,29 @@
-"""The seams of the gateway client stack: `ManyGatewayClient`, one call of many batches
-(what every layer below the coalescer implements: a single batch is a call of one), and
-`GatewayClient`, one delivery per batch, with `EachGatewayClient.deliver_each`, many
+"""The two seams of the gateway client stack, each a batch API (a single batch is a
+batch of one): `ManyGatewayClient.deliver_many`, one call of many batches (what every
+layer below the coalescer implements), and `EachGatewayClient.deliver_each`, many
 batches each delivered on its own (what the coalescer offers, and P2P calls)."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import Protocol, runtime_checkable
+from collections.abc import Awaitable, Mapping, Sequence
+from typing import Protocol
 
 from shared.errors import GatewayUnavailable
 from shared.proto import gateway_pb2
 
 __all__ = [
     "Batches",
-    "DeliverEach",
     "EachGatewayClient",
     "EachReplies",
-    "GatewayClient",
     "ManyGatewayClient",
     "Replies",
-    "deliver_each_of",
     "gather_each",
 ]
 
 # What one DeliverMany carries and answers, in order.
 Batches = Sequence[gateway_pb2.Batch]
 Replies = list[gateway_pb2.DeliverReply]
-
-
-class GatewayClient(Protocol):
-    async def deliver(
-        self, gateway_id: str, address: str, batch: gateway_pb2.Batch, timeout_s: float
-    ) -> gateway_pb2.DeliverReply: ...
-
-    def retain(self, live: Mapping[str, str]) -> None:
-        """Forget what is kept for gateways not in `live` (gateway id -> address)."""
-
-    async def close(self) -> None: ...
 
 
 class ManyGatewayClient(Protocol):
@@ -57,7 +43,6 @@ class ManyGatewayClient(Protocol):
 EachReplies = list[gateway_pb2.DeliverReply | GatewayUnavailable]
 
 
-@runtime_checkable
 class EachGatewayClient(Protocol):
     async def deliver_each(
         self, gateway_id: str, address: str, batches: Batches, timeout_s: float
@@ -65,27 +50,6 @@ class EachGatewayClient(Protocol):
         """Every batch delivered as its own delivery (in as few calls as the client
         makes of them); each one's reply or error, in order."""
         ...
-
-
-# `EachGatewayClient.deliver_each`, of whichever client.
-DeliverEach = Callable[[str, str, Batches, float], Awaitable[EachReplies]]
-
-
-def deliver_each_of(client: GatewayClient) -> DeliverEach:
-    """`EachGatewayClient.deliver_each` of any client: its own, or (a plain one) one call
-    per batch. Resolved once, when a caller is built: a runtime protocol check costs too
-    much to make per push."""
-    if isinstance(client, EachGatewayClient):
-        return client.deliver_each
-
-    async def one_call_each(
-        gateway_id: str, address: str, batches: Batches, timeout_s: float
-    ) -> EachReplies:
-        return await gather_each(
-            [client.deliver(gateway_id, address, b, timeout_s) for b in batches]
-        )
-
-    return one_call_each
 
 
 async def gather_each(

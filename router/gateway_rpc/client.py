@@ -71,7 +71,6 @@ from router.balancing import RetryPolicy, StatsRegistry
 from router.gateway_rpc.base import (
     Batches,
     EachReplies,
-    GatewayClient,
     ManyGatewayClient,
     Replies,
     gather_each,
@@ -97,7 +96,6 @@ __all__ = [
     "TRANSPORT_CODES",
     "CallMetrics",
     "CoalescingGatewayClient",
-    "GatewayClient",
     "GrpcGatewayClients",
     "ManyGatewayClient",
     "ResilientGatewayClient",
@@ -165,17 +163,12 @@ class CoalescingGatewayClient:
             lane = self._lanes[key] = _Lane(gateway_id, address)
         return lane
 
-    async def deliver(
-        self, gateway_id: str, address: str, batch: gateway_pb2.Batch, timeout_s: float
-    ) -> gateway_pb2.DeliverReply:
-        return await self._one(self._lane(gateway_id, address), batch, timeout_s)
-
     async def deliver_each(
         self, gateway_id: str, address: str, batches: Batches, timeout_s: float
     ) -> EachReplies:
         """Every batch queued as a delivery of its own: they leave together, in calls of
         up to max_batches (and max_bytes), within the lane's calls in flight. A batch of
-        one is exactly `deliver`."""
+        one, the usual P2P push, goes alone when a slot is free (not per turn)."""
         lane = self._lane(gateway_id, address)
         if len(batches) != 1:
             return await gather_each(self._queue(lane, batches, timeout_s))
@@ -613,12 +606,6 @@ class GrpcGatewayClients:
                 channel = grpc.aio.secure_channel(address, self._credentials, self._options)
             stub = self._stubs[address] = _Stub(channel, GatewayStub(channel))
         return stub
-
-    async def deliver(
-        self, gateway_id: str, address: str, batch: gateway_pb2.Batch, timeout_s: float
-    ) -> gateway_pb2.DeliverReply:
-        """One batch: a call of one."""
-        return (await self.deliver_many(gateway_id, address, [batch], timeout_s))[0]
 
     async def deliver_many(
         self, gateway_id: str, address: str, batches: Batches, timeout_s: float

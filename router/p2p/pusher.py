@@ -20,7 +20,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from router.fleet.cache import CachedFleet
-from router.gateway_rpc.base import GatewayClient, deliver_each_of
+from router.gateway_rpc.base import EachGatewayClient
 from router.p2p.plan import (
     EXPIRED_ERROR,
     GatewayOutcome,
@@ -85,7 +85,7 @@ class P2PPusher:
         self,
         registry: RouteRegistry,
         fleet: CachedFleet,
-        clients: GatewayClient,
+        clients: EachGatewayClient,
         deliver_timeout_s: float,
         recovery: RecoveryLog | None = None,
         clock: Clock | None = None,
@@ -94,10 +94,9 @@ class P2PPusher:
         """`tracer`: tracing on (shared.tracing), each look-up and gateway call a span."""
         self._registry = registry
         self._fleet = fleet
-        # The stack every P2P call goes through, and its batch call (each gateway's
-        # batches in one request), resolved once.
-        self._clients = clients
-        self._deliver_each = deliver_each_of(clients)
+        # The stack every P2P call goes through (each gateway's batches delivered
+        # together, each on its own), its method looked up once.
+        self._deliver_each = clients.deliver_each
         self._timeout = deliver_timeout_s
         self._recovery = recovery
         self._clock = clock or SystemClock()

@@ -1,7 +1,8 @@
 """Test doubles shipped with the code (as httpx ships MockTransport): one place for the
 in-memory stand-ins that unit tests, examples and benchmarks share.
 
-- `FakeGatewayClient`: the gateway RPC seam (`ManyGatewayClient`) in memory.
+- `FakeGatewayClient`: the gateway RPC seam (`ManyGatewayClient`) in memory;
+  `deliver_one` and `deliver_alone`, one batch through either seam (a batch of one).
 - `MemoryBus`: the `memory://` bus, in-process (from `router.bus.memory`).
 - `ManualClock`: the injected clock, moved by hand (from `shared.clock`).
 - The stores in memory, behind the router's seams (`router.testing.routes`,
@@ -22,7 +23,7 @@ import asyncio
 from collections.abc import Mapping, Sequence
 
 from router.bus.memory import MemoryBus
-from router.gateway_rpc.base import Batches, Replies
+from router.gateway_rpc.base import Batches, EachGatewayClient, ManyGatewayClient, Replies
 from router.testing.routes import MemoryDrainRequests, MemoryGatewayFleet, MemoryRouteRegistry
 from router.testing.stores import (
     MemoryJobStore,
@@ -45,6 +46,8 @@ __all__ = [
     "MemoryRecoveryLog",
     "MemoryRouteRegistry",
     "MemoryStatsStore",
+    "deliver_alone",
+    "deliver_one",
 ]
 
 
@@ -80,12 +83,6 @@ class FakeGatewayClient:
         self.sizes: list[int] = []
         self.retained: list[dict[str, str]] = []
         self.closed = False
-
-    async def deliver(
-        self, gateway_id: str, address: str, batch: gateway_pb2.Batch, timeout_s: float
-    ) -> gateway_pb2.DeliverReply:
-        await self._call(gateway_id, [batch], timeout_s, self.codes)
-        return self._reply(batch)
 
     async def deliver_many(
         self, gateway_id: str, address: str, batches: Batches, timeout_s: float
@@ -125,3 +122,30 @@ class FakeGatewayClient:
         if self.expired:
             return gateway_pb2.DeliverReply(expired=True)
         return gateway_pb2.DeliverReply(delivered=list(batch.uids))
+
+
+async def deliver_one(
+    clients: ManyGatewayClient,
+    gateway_id: str,
+    address: str,
+    batch: gateway_pb2.Batch,
+    timeout_s: float,
+) -> gateway_pb2.DeliverReply:
+    """One batch as a call of one (`deliver_many`): its reply, or the call's error raised."""
+    [reply] = await clients.deliver_many(gateway_id, address, [batch], timeout_s)
+    return reply
+
+
+async def deliver_alone(
+    clients: EachGatewayClient,
+    gateway_id: str,
+    address: str,
+    batch: gateway_pb2.Batch,
+    timeout_s: float,
+) -> gateway_pb2.DeliverReply:
+    """One batch delivered on its own (`deliver_each`): its reply, or the error it failed
+    with raised."""
+    [reply] = await clients.deliver_each(gateway_id, address, [batch], timeout_s)
+    if isinstance(reply, GatewayUnavailable):
+        raise reply
+    return reply

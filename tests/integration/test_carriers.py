@@ -15,6 +15,7 @@ import pytest
 
 from router.gateway_rpc.client import GrpcGatewayClients
 from router.processes.ports import free_port_block
+from router.testing import deliver_one
 from shared.batches import to_batch
 from shared.errors import GatewayUnavailable
 from shared.proto import gateway_pb2
@@ -69,7 +70,7 @@ async def test_concurrent_calls_each_get_their_own_reply_and_a_refused_one_fails
             many = [clients.deliver_many("gw1", address, batches[n : n + 3], 5.0)
                     for n in range(30, 60, 3)]  # fmt: skip
             replies = await asyncio.gather(
-                *(clients.deliver("gw1", address, batches[n], 5.0) for n in range(30)), *many
+                *(deliver_one(clients, "gw1", address, batches[n], 5.0) for n in range(30)), *many
             )
             flat = replies[:30] + [r for group in replies[30:] for r in group]  # type: ignore[union-attr]
             for n, reply in enumerate(flat):
@@ -99,7 +100,7 @@ async def test_concurrent_calls_each_get_their_own_reply_and_a_refused_one_fails
             assert refused.value.code == "INVALID_ARGUMENT"
             assert "batch 1: seqs must be empty or one per uid" in refused.value.reason
             assert await nothing_more(a, 0.2) and await nothing_more(b, 0.1)
-            again = await clients.deliver("gw1", address, good, 5.0)
+            again = await deliver_one(clients, "gw1", address, good, 5.0)
             assert list(again.delivered) == ["a"]
             assert (await recv_json(a))["content"] == {"n": 100}
             assert gw.deliver_service.calls == before + 42
@@ -122,7 +123,9 @@ async def test_a_stopped_gateway_fails_calls_at_their_deadline_and_a_killed_one_
     try:
         with running(gateway_argv(port), env) as proc:
             await asyncio.to_thread(read_until, proc, "ready")
-            reply = await clients.deliver("gws", address, to_batch(message(1), ["x"], "b1"), 5.0)
+            reply = await deliver_one(
+                clients, "gws", address, to_batch(message(1), ["x"], "b1"), 5.0
+            )
             assert list(reply.missing) == ["x"]
             await ready(carrier, clients, "gws", address)
 
@@ -131,11 +134,13 @@ async def test_a_stopped_gateway_fails_calls_at_their_deadline_and_a_killed_one_
             proc.send_signal(signal.SIGSTOP)
             started = time.monotonic()
             with pytest.raises(GatewayUnavailable) as late:
-                await clients.deliver("gws", address, to_batch(message(2), ["x"], "b2"), 0.4)
+                await deliver_one(clients, "gws", address, to_batch(message(2), ["x"], "b2"), 0.4)
             elapsed = time.monotonic() - started
             assert late.value.code == "DEADLINE_EXCEEDED" and 0.35 < elapsed < 1.5, elapsed
             proc.send_signal(signal.SIGCONT)
-            reply = await clients.deliver("gws", address, to_batch(message(3), ["x"], "b3"), 5.0)
+            reply = await deliver_one(
+                clients, "gws", address, to_batch(message(3), ["x"], "b3"), 5.0
+            )
             assert list(reply.missing) == ["x"]
             assert clients.links_opened == opened and len(clients) == 1
 
@@ -144,7 +149,7 @@ async def test_a_stopped_gateway_fails_calls_at_their_deadline_and_a_killed_one_
             proc.send_signal(signal.SIGSTOP)
             waiting = [
                 asyncio.create_task(
-                    clients.deliver("gws", address, to_batch(message(n), ["x"], f"b{n}"), 30.0)
+                    deliver_one(clients, "gws", address, to_batch(message(n), ["x"], f"b{n}"), 30.0)
                 )
                 for n in range(4, 9)
             ]
@@ -164,10 +169,14 @@ async def test_a_stopped_gateway_fails_calls_at_their_deadline_and_a_killed_one_
         with running(gateway_argv(port), env) as proc:
             await asyncio.to_thread(read_until, proc, "ready")
             clients.reconnect(address)
-            reply = await clients.deliver("gws", address, to_batch(message(9), ["x"], "b9"), 5.0)
+            reply = await deliver_one(
+                clients, "gws", address, to_batch(message(9), ["x"], "b9"), 5.0
+            )
             assert list(reply.missing) == ["x"]
             await until(lambda: clients.links_opened == 2 * opened, "a new link")
-            reply = await clients.deliver("gws", address, to_batch(message(10), ["x"], "b10"), 5.0)
+            reply = await deliver_one(
+                clients, "gws", address, to_batch(message(10), ["x"], "b10"), 5.0
+            )
             assert list(reply.missing) == ["x"]
     finally:
         await clients.close()

@@ -16,6 +16,7 @@ from imroute_client import ImrouteClient, Message, Unauthorized
 
 from router.gateway_rpc.client import GrpcGatewayClients
 from router.processes.ports import free_port
+from router.testing import deliver_one
 from shared.batches import to_batch
 from shared.clock import SystemClock
 from shared.keys import KeySchema
@@ -101,7 +102,9 @@ async def test_a_p2p_push_arrives_and_a_duplicate_msg_id_is_dropped(
         after = ServerMessage("after-1", "p-after", 0, "admin", b'"after"', SystemClock().now_ms())
         address = f"127.0.0.1:{gw.grpc_port}"
         for batch_id, message in (("b1", dup), ("b2", dup), ("b3", after)):
-            reply = await rpc.deliver("gw1", address, to_batch(message, ["alice"], batch_id), 2.0)
+            reply = await deliver_one(
+                rpc, "gw1", address, to_batch(message, ["alice"], batch_id), 2.0
+            )
             assert list(reply.delivered) == ["alice"]
         assert [(await next_message(client)).msg_id for _ in range(2)] == ["dup-1", "after-1"]
         assert client.stats.duplicates == 1 and client.stats.messages == 3

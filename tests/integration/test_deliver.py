@@ -12,6 +12,7 @@ import pytest
 
 from router.gateway_rpc.client import GrpcGatewayClients
 from router.processes.ports import free_port
+from router.testing import deliver_one
 from shared.batches import to_batch
 from shared.clock import SystemClock
 from shared.errors import GatewayUnavailable
@@ -37,26 +38,26 @@ async def test_everyone_duplicate_and_expired_batches(
             everyone = to_batch(message(1), [], "batch-1")
             everyone.everyone = True
             everyone.mode = gateway_pb2.MODE_BROADCAST
-            reply = await clients.deliver("gw1", address, everyone, 2.0)
+            reply = await deliver_one(clients, "gw1", address, everyone, 2.0)
             assert reply.connections == 3 and not reply.duplicate
             for ws in (a1, a2, b):
                 assert (await recv_json(ws))["content"] == {"n": 1}
 
             # The same batch again (a bus redelivery, a hedged duplicate): written once.
-            again = await clients.deliver("gw1", address, everyone, 2.0)
+            again = await deliver_one(clients, "gw1", address, everyone, 2.0)
             assert again.duplicate and again.connections == 0
             for ws in (a1, a2, b):
                 assert await nothing_more(ws, 0.1)
 
             late = to_batch(message(2), ["a", "b"], "batch-2")
             late.expires_ms = SystemClock().now_ms() - 1
-            dropped = await clients.deliver("gw1", address, late, 2.0)
+            dropped = await deliver_one(clients, "gw1", address, late, 2.0)
             assert dropped.expired and list(dropped.delivered) == []
             assert await nothing_more(b, 0.1)
 
             fresh = to_batch(message(3), ["b", "nobody"], "batch-3")
             fresh.expires_ms = SystemClock().now_ms() + 60_000
-            ok = await clients.deliver("gw1", address, fresh, 2.0)
+            ok = await deliver_one(clients, "gw1", address, fresh, 2.0)
             assert list(ok.delivered) == ["b"] and list(ok.missing) == ["nobody"]
             assert (await recv_json(b))["content"] == {"n": 3}
             assert await nothing_more(a1, 0.1)
@@ -89,16 +90,16 @@ async def test_a_restarted_gateway_is_reached_on_a_new_channel_at_once() -> None
     batch = to_batch(message(1), ["a"], "batch-1")
     server = await _serve(port)
     try:
-        assert (await clients.deliver("gw1", address, batch, 2.0)).connections == 1
+        assert (await deliver_one(clients, "gw1", address, batch, 2.0)).connections == 1
         await server.stop(0)
         for _ in range(12):  # the channel sees the refusals and backs off
             with pytest.raises(GatewayUnavailable):
-                await clients.deliver("gw1", address, batch, 0.5)
+                await deliver_one(clients, "gw1", address, batch, 0.5)
         server = await _serve(port)
         clients.reconnect(address)
         started = time.monotonic()
         for _ in range(5):
-            assert (await clients.deliver("gw1", address, batch, 2.0)).connections == 1
+            assert (await deliver_one(clients, "gw1", address, batch, 2.0)).connections == 1
         assert time.monotonic() - started < 0.5
         assert len(clients) == 1
     finally:

@@ -19,6 +19,7 @@ from websockets.asyncio.client import ClientConnection
 from router.gateway_rpc import client as gateway_client
 from router.gateway_rpc.client import GrpcGatewayClients
 from router.processes.ports import free_port
+from router.testing import deliver_one
 from shared.batches import to_batch
 from shared.errors import GatewayUnavailable
 from shared.proto import gateway_pb2
@@ -52,7 +53,7 @@ async def linked(clients: GrpcGatewayClients, gid: str, address: str, opened: in
         assert time.monotonic() < deadline, "timed out waiting for the delivery link"
         n += 1
         batch = to_batch(message(0), ["nobody"], f"warm-{opened}-{n}")
-        await clients.deliver(gid, address, batch, 5.0)
+        await deliver_one(clients, gid, address, batch, 5.0)
         await asyncio.sleep(0.02)
 
 
@@ -65,7 +66,7 @@ async def delivered_over_a_link(
     try:
         address = f"127.0.0.1:{gw.grpc_port}"
         await linked(clients, gid, address)
-        reply = await clients.deliver(gid, address, to_batch(message(n), ["a"], batch_id), 5.0)
+        reply = await deliver_one(clients, gid, address, to_batch(message(n), ["a"], batch_id), 5.0)
         assert list(reply.delivered) == ["a"]
         assert (await recv_json(ws))["content"] == {"n": n}
     finally:
@@ -83,7 +84,7 @@ async def test_the_switch_from_grpc_to_the_link_loses_nothing(
         calls = []
         for n in range(300):
             batch = to_batch(message(n), ["a"], f"switch-{n}")
-            calls.append(asyncio.create_task(clients.deliver("gw1", address, batch, 5.0)))
+            calls.append(asyncio.create_task(deliver_one(clients, "gw1", address, batch, 5.0)))
             await asyncio.sleep(0.0005 if n % 10 == 0 else 0)
         replies = await asyncio.gather(*calls)
         assert all(list(r.delivered) == ["a"] for r in replies)
@@ -109,7 +110,7 @@ async def test_a_cut_link_fails_its_calls_at_once_and_another_opens(
         link = clients._link("gw1", address)
         assert link is not None and link._transport is not None
         waiting = asyncio.create_task(
-            clients.deliver("gw1", address, to_batch(message(1), ["a"], "cut-1"), 10.0)
+            deliver_one(clients, "gw1", address, to_batch(message(1), ["a"], "cut-1"), 10.0)
         )
         await asyncio.sleep(0)  # the call is written and waits for its reply
         started = time.monotonic()
@@ -117,11 +118,15 @@ async def test_a_cut_link_fails_its_calls_at_once_and_another_opens(
         with pytest.raises(GatewayUnavailable) as cut:
             await waiting
         assert cut.value.code == "UNAVAILABLE" and time.monotonic() - started < 1.0
-        reply = await clients.deliver("gw1", address, to_batch(message(2), ["a"], "cut-2"), 5.0)
+        reply = await deliver_one(
+            clients, "gw1", address, to_batch(message(2), ["a"], "cut-2"), 5.0
+        )
         assert list(reply.delivered) == ["a"]  # over gRPC meanwhile
         await linked(clients, "gw1", address, opened=2)  # links open as calls come
         calls = gw.deliver_service.links.calls
-        reply = await clients.deliver("gw1", address, to_batch(message(3), ["a"], "cut-3"), 5.0)
+        reply = await deliver_one(
+            clients, "gw1", address, to_batch(message(3), ["a"], "cut-3"), 5.0
+        )
         assert list(reply.delivered) == ["a"] and gw.deliver_service.links.calls == calls + 1
         got = [(await recv_json(a))["content"]["n"] for _ in range(2)]
         if got[0] == 1:  # the cut call's batch got there before the cut
@@ -138,8 +143,8 @@ async def test_no_link_means_grpc(redis_url: str, prefix: str, redis: object) ->
         address = f"127.0.0.1:{gw.grpc_port}"
         try:
             for n in range(5):
-                reply = await clients.deliver(
-                    "gw1", address, to_batch(message(n), ["x"], f"o{n}"), 5.0
+                reply = await deliver_one(
+                    clients, "gw1", address, to_batch(message(n), ["x"], f"o{n}"), 5.0
                 )
                 assert list(reply.missing) == ["x"]
                 await asyncio.sleep(0.05)
@@ -179,7 +184,7 @@ async def test_an_unreachable_link_leaves_calls_on_grpc_and_is_tried_again_later
         with caplog.at_level(logging.WARNING, "router.gateway_rpc.client"):
             for n in range(10):
                 batch = to_batch(message(n), ["x"], f"u{n}")
-                reply = await clients.deliver("gwu", address, batch, 2.0)
+                reply = await deliver_one(clients, "gwu", address, batch, 2.0)
                 assert list(reply.missing) == ["x"]
                 await asyncio.sleep(0.05)
         assert servicer.asked == 1  # not again before RETRY_S

@@ -16,6 +16,7 @@ import grpc.aio
 import pytest
 
 from router.gateway_rpc.client import GrpcGatewayClients
+from router.testing import deliver_one
 from shared.batches import to_batch
 from shared.internal_auth import TlsFiles, load_tls
 from shared.link_frames import FrameReader, frame
@@ -139,8 +140,8 @@ async def test_strangers_are_refused_counted_and_logged_without_the_ticket(
         clients = GrpcGatewayClients()
         try:
             await linked(clients, "gw1", f"127.0.0.1:{gw.grpc_port}")
-            reply = await clients.deliver(
-                "gw1", f"127.0.0.1:{gw.grpc_port}", to_batch(message(2), ["a"], "s2"), 5.0
+            reply = await deliver_one(
+                clients, "gw1", f"127.0.0.1:{gw.grpc_port}", to_batch(message(2), ["a"], "s2"), 5.0
             )
             assert list(reply.delivered) == ["a"]
             assert (await recv_json(a))["content"] == {"n": 2}
@@ -160,8 +161,8 @@ async def test_with_mtls_the_link_is_tls(
         try:
             async with client(gw, "alice") as ws:
                 await linked(clients, "gw1", address)
-                reply = await clients.deliver(
-                    "gw1", address, to_batch(message(1), ["alice"], "t1"), 2.0
+                reply = await deliver_one(
+                    clients, "gw1", address, to_batch(message(1), ["alice"], "t1"), 2.0
                 )
                 assert list(reply.delivered) == ["alice"]
                 assert (await recv_json(ws))["content"] == {"n": 1}

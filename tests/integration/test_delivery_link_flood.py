@@ -15,6 +15,7 @@ import pytest
 from websockets.asyncio.client import connect
 
 from router.gateway_rpc.client import GrpcGatewayClients
+from router.testing import deliver_one
 from shared.batches import to_batch
 from shared.internal_auth import TlsFiles, load_tls
 from shared.proto import gateway_pb2
@@ -114,8 +115,8 @@ async def test_with_mtls_silent_sockets_are_counted_and_cut_before_tls(
                 for f in floods:
                     await f.fill()
                 await linked(clients, "gwt", address)
-                reply = await clients.deliver(
-                    "gwt", address, to_batch(message(1), ["alice"], "t1"), 5.0
+                reply = await deliver_one(
+                    clients, "gwt", address, to_batch(message(1), ["alice"], "t1"), 5.0
                 )
                 assert list(reply.delivered) == ["alice"]
                 assert (await recv_json(alice))["content"] == {"n": 1}

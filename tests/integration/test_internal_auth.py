@@ -20,6 +20,7 @@ from router.bus.base import BROADCAST
 from router.bus.factory import bus_from_settings
 from router.gateway_rpc.client import GrpcGatewayClients
 from router.processes.ports import free_port
+from router.testing import deliver_one
 from shared.batches import to_batch
 from shared.clock import SystemClock
 from shared.errors import ConfigError, GatewayUnavailable
@@ -85,12 +86,12 @@ async def test_no_call_without_the_token(redis_url: str, prefix: str) -> None:
 
             wrong = GrpcGatewayClients(token=OTHER)
             with pytest.raises(GatewayUnavailable) as failed:
-                await wrong.deliver("gw1", address, batch(["alice"], bid="b2"), 2.0)
+                await deliver_one(wrong, "gw1", address, batch(["alice"], bid="b2"), 2.0)
             assert failed.value.code == "UNAUTHENTICATED"
             await wrong.close()
 
             right = GrpcGatewayClients(token=TOKEN)
-            reply = await right.deliver("gw1", address, batch(["alice"], bid="b3"), 2.0)
+            reply = await deliver_one(right, "gw1", address, batch(["alice"], bid="b3"), 2.0)
             assert list(reply.delivered) == ["alice"]
             assert (await recv_json(ws))["content"] == {"n": 1}
             await right.close()
@@ -138,7 +139,7 @@ async def test_a_forged_content_is_refused_whole(
         rpc = GrpcGatewayClients(token=TOKEN)
         async with client(gw, "alice") as ws:
             with pytest.raises(GatewayUnavailable) as refused:
-                await rpc.deliver("gw1", address, batch(["alice"], content), 2.0)
+                await deliver_one(rpc, "gw1", address, batch(["alice"], content), 2.0)
             assert refused.value.code == "INVALID_ARGUMENT"
             assert why in refused.value.reason
             # One bad batch in a DeliverMany: none of the call is written.
@@ -171,7 +172,7 @@ async def test_ids_and_counts_are_capped(
         bad = batch(["alice"])
         change(bad)
         with pytest.raises(GatewayUnavailable) as refused:
-            await rpc.deliver("gw1", f"127.0.0.1:{gw.grpc_port}", bad, 2.0)
+            await deliver_one(rpc, "gw1", f"127.0.0.1:{gw.grpc_port}", bad, 2.0)
         assert refused.value.code == "INVALID_ARGUMENT" and why in refused.value.reason
         assert gw.deliver_service.rejected == 1 and len(gw.deliver_service._recent) == 0
         await rpc.close()
@@ -221,7 +222,7 @@ async def test_mutual_tls(redis_url: str, prefix: str, certs: tuple[Path, Path])
             tls = load_tls(settings(redis_url, prefix, **tls_settings(ours, "imroute-gateway")))
             assert tls is not None and "BEGIN" not in repr(tls)  # the key is never shown
             rpc = GrpcGatewayClients(tls=tls)
-            reply = await rpc.deliver("gw1", address, batch(["alice"]), 2.0)
+            reply = await deliver_one(rpc, "gw1", address, batch(["alice"]), 2.0)
             assert list(reply.delivered) == ["alice"]
             assert (await recv_json(ws))["content"] == {"n": 1}
             await rpc.close()
@@ -235,7 +236,7 @@ async def test_mutual_tls(redis_url: str, prefix: str, certs: tuple[Path, Path])
             strangers.append(GrpcGatewayClients(tls=TlsFiles(mixed.cert, mixed.key, tls.ca)))
             for n, rpc in enumerate(strangers):
                 with pytest.raises(GatewayUnavailable) as refused:
-                    await rpc.deliver("gw1", address, batch(["alice"], bid=f"s{n}"), 1.0)
+                    await deliver_one(rpc, "gw1", address, batch(["alice"], bid=f"s{n}"), 1.0)
                 assert refused.value.code == "UNAVAILABLE", refused.value.reason
                 await rpc.close()
             assert await nothing_more(ws, 0.2)

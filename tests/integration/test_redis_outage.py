@@ -15,6 +15,7 @@ import pytest
 import redis.asyncio as aioredis
 
 from router.gateway_rpc.client import GrpcGatewayClients
+from router.testing import deliver_one
 from shared.batches import to_batch
 from shared.clock import SystemClock
 from shared.keys import KeySchema
@@ -66,8 +67,12 @@ async def test_redis_down_means_503s_not_hangs_and_the_gateway_keeps_delivering(
             direct = GrpcGatewayClients()
             try:
                 message = Message("m1", "p1", 0, "admin", b'"direct"', SystemClock().now_ms())
-                reply = await direct.deliver(
-                    "gw1", f"127.0.0.1:{gw.grpc_port}", to_batch(message, ["amy"], "b1"), 2.0
+                reply = await deliver_one(
+                    direct,
+                    "gw1",
+                    f"127.0.0.1:{gw.grpc_port}",
+                    to_batch(message, ["amy"], "b1"),
+                    2.0,
                 )
                 assert list(reply.delivered) == ["amy"]
                 assert (await recv_json(ws))["content"] == "direct"
@@ -84,8 +89,12 @@ async def test_redis_down_means_503s_not_hangs_and_the_gateway_keeps_delivering(
                 results = resp.json()["results"]
                 assert [r["status"] for r in results] == [503, 503, 503], results
                 assert all("redis" in str(r).lower() for r in results), results
-                reply = await direct.deliver(
-                    "gw1", f"127.0.0.1:{gw.grpc_port}", to_batch(message, ["amy"], "b2"), 2.0
+                reply = await deliver_one(
+                    direct,
+                    "gw1",
+                    f"127.0.0.1:{gw.grpc_port}",
+                    to_batch(message, ["amy"], "b2"),
+                    2.0,
                 )
                 assert list(reply.delivered) == ["amy"]
                 assert (await recv_json(ws))["content"] == "direct"

@@ -25,6 +25,7 @@ import pytest
 from websockets.asyncio.client import ClientConnection, connect
 
 from router.gateway_rpc.client import GrpcGatewayClients
+from router.testing import deliver_one
 from shared.batches import to_batch
 from shared.clock import SystemClock
 from shared.models import Message
@@ -75,7 +76,7 @@ async def push_every(
         )
         batch.expires_ms = clock.now_ms() + 10_000
         sent[n] = time.monotonic()
-        reply = await clients.deliver("gwf", grpc_address, batch, 2.0)
+        reply = await deliver_one(clients, "gwf", grpc_address, batch, 2.0)
         assert list(reply.delivered) == ["good"], reply
         next_at += PUSH_EVERY_S
         await asyncio.sleep(max(0.0, next_at - time.monotonic()))

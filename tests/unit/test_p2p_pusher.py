@@ -10,7 +10,7 @@ from collections.abc import Sequence
 
 import pytest
 
-from router.gateway_rpc.client import CIRCUIT_OPEN
+from router.gateway_rpc.client import CIRCUIT_OPEN, CoalescingGatewayClient
 from router.p2p.plan import Outgoing, PushOutcome
 from router.p2p.pusher import CLOCK_MARGIN_MS, P2PPusher, deliver_expiry_ms
 from router.testing import FakeGatewayClient
@@ -47,7 +47,7 @@ async def test_only_a_gateway_that_may_be_gone_makes_the_fleet_reread(
     client: FakeGatewayClient, rereads: int
 ) -> None:
     fleet = OneRouteFleet(OLD_S)
-    pusher = P2PPusher(OneRoute(), fleet, client, 1.0)  # type: ignore[arg-type]
+    pusher = P2PPusher(OneRoute(), fleet, CoalescingGatewayClient(client), 1.0)  # type: ignore[arg-type]
     outcome = await push(pusher, ["amy"])
     assert outcome.failed == ["amy"] and outcome.delivered == []
     assert fleet.invalidated == rereads
@@ -83,7 +83,7 @@ async def test_a_failed_push_is_queued_then_retried_until_it_reaches_the_user(
     monkeypatch.setattr("router.p2p.pusher.RETRY_AFTER_S", (0.01, 0.01, 0.01))
     client = FakeGatewayClient("UNAVAILABLE", "UNAVAILABLE")  # two calls fail
     log = Log()
-    pusher = P2PPusher(OneRoute(), OneRouteFleet(OLD_S), client, 1.0, log)  # type: ignore[arg-type]
+    pusher = P2PPusher(OneRoute(), OneRouteFleet(OLD_S), CoalescingGatewayClient(client), 1.0, log)  # type: ignore[arg-type]
     outcome = await push(pusher, ["amy"])
     assert outcome.failed == ["amy"] and outcome.queued == ["amy"]
     assert log.queued == [{"amy": 7}]
@@ -103,7 +103,9 @@ async def test_past_the_cap_on_retries_a_failed_push_is_counted_and_logged(
     monkeypatch.setattr("router.p2p.pusher.MAX_RETRYING", 1)
     monkeypatch.setattr("router.p2p.pusher.RETRY_AFTER_S", (60.0,))
     client = FakeGatewayClient("UNAVAILABLE", "UNAVAILABLE", "UNAVAILABLE")
-    pusher = P2PPusher(OneRoute(), OneRouteFleet(OLD_S), client, 1.0, Log())  # type: ignore[arg-type]
+    pusher = P2PPusher(
+        OneRoute(), OneRouteFleet(OLD_S), CoalescingGatewayClient(client), 1.0, Log()
+    )  # type: ignore[arg-type]
     assert (await push(pusher, ["amy"])).queued == ["amy"]  # retried in the background
     assert pusher.not_retried.total == 0
     with caplog.at_level("WARNING", "router.p2p.pusher"):
@@ -118,7 +120,11 @@ async def test_past_the_cap_on_retries_a_failed_push_is_counted_and_logged(
 async def test_store_false_neither_logs_nor_queues() -> None:
     log = Log()
     pusher = P2PPusher(
-        OneRoute(), OneRouteFleet(OLD_S), FakeGatewayClient(fail="UNAVAILABLE"), 1.0, log
+        OneRoute(),
+        OneRouteFleet(OLD_S),
+        CoalescingGatewayClient(FakeGatewayClient(fail="UNAVAILABLE")),
+        1.0,
+        log,
     )  # type: ignore[arg-type]
     outcome = await push(pusher, ["amy", "bob"], store=False)
     assert outcome.failed == ["amy"] and outcome.offline == ["bob"] and outcome.queued == []
@@ -156,7 +162,7 @@ async def test_a_look_up_that_fails_after_the_push_is_logged_leaves_it_queued_an
     now, queued, and delivered by the background retry once her route can be read."""
     monkeypatch.setattr("router.p2p.pusher.RETRY_AFTER_S", (0.01, 0.01))
     client, log, routes = FakeGatewayClient(), Log(), FlakyRoutes(1)
-    pusher = P2PPusher(routes, OneRouteFleet(OLD_S), client, 1.0, log)  # type: ignore[arg-type]
+    pusher = P2PPusher(routes, OneRouteFleet(OLD_S), CoalescingGatewayClient(client), 1.0, log)  # type: ignore[arg-type]
     outcome = await push(pusher, ["amy"])
     assert (outcome.delivered, outcome.failed, outcome.queued) == ([], ["amy"], ["amy"])
     [error] = outcome.errors
@@ -172,7 +178,9 @@ async def test_a_look_up_that_fails_after_the_push_is_logged_leaves_it_queued_an
 
 async def test_a_batch_whose_look_up_fails_fails_only_what_was_not_logged() -> None:
     routes = FlakyRoutes(1)
-    pusher = P2PPusher(routes, OneRouteFleet(OLD_S), FakeGatewayClient(), 1.0, Log())  # type: ignore[arg-type]
+    pusher = P2PPusher(
+        routes, OneRouteFleet(OLD_S), CoalescingGatewayClient(FakeGatewayClient()), 1.0, Log()
+    )  # type: ignore[arg-type]
     stored, at_most_once = await pusher.push(
         [Outgoing(MESSAGE, ["amy"]), Outgoing(MESSAGE, ["amy"], store=False)]
     )
@@ -188,7 +196,13 @@ async def test_when_nothing_could_be_logged_the_look_ups_error_is_the_answer() -
         ) -> tuple[list[int], int]:
             raise RegistryUnavailable("redis did not answer: connection refused")
 
-    pusher = P2PPusher(FlakyRoutes(1), OneRouteFleet(OLD_S), FakeGatewayClient(), 1.0, Down())  # type: ignore[arg-type]
+    pusher = P2PPusher(
+        FlakyRoutes(1),
+        OneRouteFleet(OLD_S),
+        CoalescingGatewayClient(FakeGatewayClient()),
+        1.0,
+        Down(),
+    )  # type: ignore[arg-type]
     with pytest.raises(RegistryUnavailable):
         await pusher.push([Outgoing(MESSAGE, ["amy"])])
 
@@ -197,7 +211,9 @@ async def test_a_failed_second_look_up_leaves_the_answer_as_it_was() -> None:
     """amy is offline: the push is queued, and the look-up for a client that connected
     meanwhile fails: the answer is still "queued", not an error for a logged push."""
     routes = FlakyRoutes(2, online=False)  # the first look-up answers, the second fails
-    pusher = P2PPusher(routes, OneRouteFleet(OLD_S), FakeGatewayClient(), 1.0, Log())  # type: ignore[arg-type]
+    pusher = P2PPusher(
+        routes, OneRouteFleet(OLD_S), CoalescingGatewayClient(FakeGatewayClient()), 1.0, Log()
+    )  # type: ignore[arg-type]
     outcome = await push(pusher, ["amy"])
     assert (outcome.offline, outcome.queued) == (["amy"], ["amy"])
     assert routes.lookups == 2
@@ -213,7 +229,9 @@ async def test_a_fleet_that_cannot_be_read_after_the_log_write_leaves_the_push_q
         async def live(self) -> list[GatewayInfo]:
             raise RegistryUnavailable("redis did not answer: connection reset")
 
-    pusher = P2PPusher(OneRoute(), Unreadable(OLD_S), FakeGatewayClient(), 1.0, Log())  # type: ignore[arg-type]
+    pusher = P2PPusher(
+        OneRoute(), Unreadable(OLD_S), CoalescingGatewayClient(FakeGatewayClient()), 1.0, Log()
+    )  # type: ignore[arg-type]
     outcome = await push(pusher, ["amy"])
     assert (outcome.delivered, outcome.failed, outcome.queued) == ([], ["amy"], ["amy"])
     stored, unlogged = await pusher.push(

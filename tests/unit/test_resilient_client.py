@@ -11,7 +11,7 @@ import pytest
 from router.balancing import BreakerState, RetryPolicy, StatsRegistry, StatsSettings
 from router.gateway_rpc.base import Batches, Replies
 from router.gateway_rpc.client import CallMetrics, CoalescingGatewayClient, ResilientGatewayClient
-from router.testing import FakeGatewayClient, ManualClock
+from router.testing import FakeGatewayClient, ManualClock, deliver_alone
 from shared.errors import GatewayUnavailable
 from shared.proto import gateway_pb2
 
@@ -134,11 +134,13 @@ async def test_a_failed_coalesced_call_counts_once_and_is_retried_whole() -> Non
     resilient = wrapper(inner, retries=1, failures=2)
     client = CoalescingGatewayClient(resilient, max_in_flight=1)
     inner.block = asyncio.Event()
-    first = asyncio.create_task(client.deliver("gw1", "addr", BATCH, 1.0))
+    first = asyncio.create_task(deliver_alone(client, "gw1", "addr", BATCH, 1.0))
     await asyncio.sleep(0)
     queued = [
         asyncio.create_task(
-            client.deliver("gw1", "addr", gateway_pb2.Batch(batch_id=f"q{i}", uids=[f"u{i}"]), 1.0)
+            deliver_alone(
+                client, "gw1", "addr", gateway_pb2.Batch(batch_id=f"q{i}", uids=[f"u{i}"]), 1.0
+            )
         )
         for i in range(8)
     ]
