@@ -229,7 +229,7 @@ class RecentReplies(_Memory):
     expired batch is never written, so an entry is needed only until then, plus
     REPLY_GRACE_S for a retry still in flight: at 10k batches/s and the default 2 s
     deadline that is about 70k entries, well inside the caps. A batch without an expiry
-    (a router older than this rule) is kept for `window_s`.
+    (`expires_ms` 0, which the wire allows: a hand-made call) is kept for `window_s`.
     """
 
     # batch id -> delivered bitmap; roughly in expiry order (expiries follow the calls)

@@ -20,14 +20,14 @@
 //   a laptop that slept: no close ever arrives), and reconnects;
 // - a connection that ends is retried with jittered exponential backoff: the same
 //   gateway for a network error (`retriesSame` times), another through dispatch for a
-//   drain (a `reconnect` frame, 4503), a full gateway (4429, or a refused handshake,
-//   which a browser sees as 1006), or once the retries are spent;
+//   drain (a `reconnect` frame, 4503), a full gateway (a refused handshake, which a
+//   browser sees as 1006), or once the retries are spent; the user's connection cap
+//   (4429) waits at least 5 s first;
 // - a connection that never opened (unreachable, or refused: a browser cannot tell) is
 //   reported to dispatch as `?avoid=<gateway_id>`: it names another gateway when it can;
-// - a refused token (4401, or dispatch's 401) stops it: connect() rejects, and
-//   onError receives an UnauthorizedError.
+// - a refused token (dispatch's 401) stops it: connect() rejects, and onError receives
+//   an UnauthorizedError.
 
-export const CLOSE_UNAUTHORIZED = 4401;
 export const CLOSE_FULL = 4429;
 export const CLOSE_DRAIN = 4503;
 const USER_CAP_REASON = "too many connections for this user";
@@ -140,9 +140,6 @@ export class ImrouteClient {
       const started = Date.now();
       const end = await this._session(target);
       if (this._closed) return;
-      if (end.unauthorized) {
-        return this._stop(new UnauthorizedError(`the gateway refused the token (${end.code})`));
-      }
       const step = this._next(end, Date.now() - started);
       avoid = end.opened ? null : target.gateway_id;
       if (step.dispatch) target = null;
@@ -228,7 +225,7 @@ export class ImrouteClient {
         // A URL or token the browser refuses to open (a SyntaxError): said, and tried
         // again through dispatch after a backoff, as a connection that never opened.
         this.onError(e);
-        resolve({ code: 1006, opened: false, unauthorized: false, userCap: false, move: true,
+        resolve({ code: 1006, opened: false, userCap: false, move: true,
                   transport: false });
         return;
       }
@@ -255,7 +252,7 @@ export class ImrouteClient {
             this.stats.silent += 1;
             ws.onclose = null;
             ws.close();
-            ended({ code: 1006, opened: true, unauthorized: false, userCap: false,
+            ended({ code: 1006, opened: true, userCap: false,
                     move: told, transport: true });
             return;
           }
@@ -281,11 +278,10 @@ export class ImrouteClient {
         ended({
           code,
           opened,
-          unauthorized: code === CLOSE_UNAUTHORIZED,
           userCap: code === CLOSE_FULL && reason.startsWith(USER_CAP_REASON),
           // A refused handshake (401, 429, 503) shows as 1006 before the open: dispatch
           // says which (its 401 stops the client).
-          move: told || code === CLOSE_DRAIN || code === CLOSE_FULL || !opened,
+          move: told || code === CLOSE_DRAIN || !opened,
           transport: opened && code === 1006,
         });
       };

@@ -28,7 +28,6 @@ __all__ = [
     "CLOSE_INVALID_DATA",
     "CLOSE_POLICY",
     "CLOSE_TRY_AGAIN",
-    "CLOSE_UNAUTHORIZED",
     "CLOSE_UNSUPPORTED",
     "MAX_CLIENT_FRAME",
     "PING_FRAME",
@@ -51,10 +50,9 @@ CLOSE_INVALID_DATA = 1007
 CLOSE_POLICY = 1008
 CLOSE_INTERNAL = 1011
 CLOSE_TRY_AGAIN = 1013
-CLOSE_UNAUTHORIZED = 4401
+# A user at IMROUTE_MAX_CONNECTIONS_PER_USER, right after the 101 (a full gateway is
+# refused before it, HTTP 503): another gateway would refuse too, which the reason says.
 CLOSE_FULL = 4429
-# 4429 is also the answer to a user at IMROUTE_MAX_CONNECTIONS_PER_USER: another gateway
-# would refuse too, so clients tell the two apart by this start of the reason.
 USER_CAP_REASON = "too many connections for this user"
 # Clients only send pings and acks; anything bigger is junk and gets 1009 from the library.
 MAX_CLIENT_FRAME = 4096

@@ -34,7 +34,6 @@ from typing import Protocol
 from websockets.exceptions import ConnectionClosed
 
 from imroute_client.frames import Message
-from imroute_client.policy import refuses_acks
 from imroute_client.stats import ClientStats
 
 __all__ = [
@@ -221,12 +220,9 @@ class Sender(Protocol):
 
 
 class ConnAcks:
-    """The acks of connection `conn_id` (the client's count of its connections). With
-    `ws` None (a gateway that takes no acks) they are decided, never sent."""
+    """The acks of connection `conn_id` (the client's count of its connections)."""
 
-    def __init__(
-        self, ws: Sender | None, conn_id: int, interval_s: float, stats: ClientStats
-    ) -> None:
+    def __init__(self, ws: Sender, conn_id: int, interval_s: float, stats: ClientStats) -> None:
         self.conn_id = conn_id
         self.tracker = AckTracker()
         self._ws = ws
@@ -234,14 +230,7 @@ class ConnAcks:
         self._stats = stats
         self._sent = 0  # pushes that acks sent on this connection covered
         self._wake = asyncio.Event()
-        self._task = (
-            None if ws is None else asyncio.create_task(self._run(), name=f"imroute-acks-{conn_id}")
-        )
-
-    @property
-    def sent_any(self) -> bool:
-        """Whether an ack frame went out on this connection."""
-        return self._sent > 0
+        self._task = asyncio.create_task(self._run(), name=f"imroute-acks-{conn_id}")
 
     def message(self, pos: str | None) -> int:
         """A push handed to the app: its number on this connection."""
@@ -260,8 +249,6 @@ class ConnAcks:
     async def close(self, *, flush: bool) -> None:
         """Stop; with `flush`, write the pending ack first (the connection is still
         open). What no ack covered is counted: the server sends it again."""
-        if self._task is None:
-            return
         self._task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await self._task
@@ -276,7 +263,7 @@ class ConnAcks:
                      "again", self.conn_id, unacked)  # fmt: skip
 
     def _offer(self, ack: Ack | None) -> Ack | None:
-        if ack is not None and self._task is not None and self._pacer.offer(ack):
+        if ack is not None and self._pacer.offer(ack):
             self._wake.set()
         return ack
 
@@ -298,7 +285,6 @@ class ConnAcks:
 
     async def _send(self, ack: Ack) -> bool:
         """Write one ack frame; False when the connection is gone (its reader sees why)."""
-        assert self._ws is not None
         try:
             await self._ws.send(ack_frame(ack.pos))
         except ConnectionClosed:
@@ -323,26 +309,20 @@ class ClientAcks:
             raise ValueError(f"ack_interval_s {interval_s} is negative")
         self.auto = auto
         self.interval_s = interval_s
-        self.off = False  # a gateway refused an ack frame (one older than acks)
         self._stats = stats
         self._conn: ConnAcks | None = None
         self._held = Held()
 
     def connected(self, ws: Sender, conn_id: int) -> None:
         """A new connection; acks name only its pushes."""
-        sender = None if self.off else ws
-        self._conn = ConnAcks(sender, conn_id, self.interval_s, self._stats)
+        self._conn = ConnAcks(ws, conn_id, self.interval_s, self._stats)
 
-    async def lost(self, code: int | None = None, reason: str = "", *, flush: bool) -> None:
+    async def lost(self, *, flush: bool) -> None:
         """The connection ended (or is closing, `flush`: send the pending ack first)."""
         conn, self._conn = self._conn, None
         if conn is None:
             return
         await conn.close(flush=flush)
-        if conn.sent_any and refuses_acks(code, reason):
-            self.off = True
-            self._stats.acks_refused += 1
-            log.warning("the gateway takes no ack frames (close 1008: %s): acks are off", reason)
 
     def push(self, frame: Message) -> Message:
         """A push to hand to the app: numbered on its connection."""

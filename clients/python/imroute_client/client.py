@@ -38,7 +38,6 @@ from imroute_client.frames import Message, Reconnect, Recovered, parse_frame
 from imroute_client.logs import RedactedLog
 from imroute_client.policy import (
     CLOSE_DRAIN,
-    CLOSE_FULL,
     Outcome,
     RetryState,
     Step,
@@ -259,17 +258,13 @@ class ImrouteClient:
     async def _lost(self, code: int | None, reason: str) -> None:
         """The connection ended (`code` None: without a close frame): plan the next."""
         self._ws, self.gateway_id = None, None
-        await self._acks.lost(code, reason, flush=False)  # they name nothing on the next
+        await self._acks.lost(flush=False)  # they name nothing on the next
         lived = asyncio.get_running_loop().time() - self._opened_at
         outcome = classify(code, self._told, reason)
-        if outcome is Outcome.UNAUTHORIZED:
-            self._fatal = Unauthorized(f"the gateway refused the token (close 4401: {reason})")
-            raise self._fatal
         if outcome is Outcome.USER_CAP:
             self.stats.user_cap += 1
             log.warning("the gateway refused this connection: %s", reason)
         self.stats.moves += code == CLOSE_DRAIN or self._told
-        self.stats.refused += code == CLOSE_FULL and outcome is Outcome.MOVE
         self.stats.transport_errors += outcome is Outcome.TRANSPORT
         log.info("connection to %s ended (%s, close %s)", self._target, outcome.value, code)
         self._step = self._plan(outcome, lived)

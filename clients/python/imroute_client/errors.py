@@ -1,9 +1,8 @@
 """The client's exceptions, in one tree:
 
 ClientError              anything the client raises on purpose
- ├── Unauthorized        dispatch or the gateway's handshake answered 401 (older
- │                       gateways: close 4401): the token is bad or expired; never
- │                       retried
+ ├── Unauthorized        dispatch or the gateway's handshake answered 401: the token
+ │                       is bad or expired; never retried
  ├── DispatchRefused     dispatch answered a 4xx no retry fixes (a wrong api_url, ...)
  └── ProtocolError       a frame the client cannot read (logged and skipped by the
                          iterator, raised only by `parse_frame`)
@@ -19,7 +18,7 @@ class ClientError(Exception):
 
 
 class Unauthorized(ClientError):
-    """The token was refused (HTTP 401, or close 4401); the client stops for good."""
+    """The token was refused (HTTP 401); the client stops for good."""
 
 
 class DispatchRefused(ClientError):

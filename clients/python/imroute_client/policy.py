@@ -14,9 +14,6 @@ from imroute_client.backoff import Backoff
 __all__ = [
     "CLOSE_DRAIN",
     "CLOSE_FULL",
-    "CLOSE_POLICY",
-    "CLOSE_UNAUTHORIZED",
-    "NO_ACKS_REASON",
     "USER_CAP_REASON",
     "USER_CAP_WAIT_S",
     "Outcome",
@@ -26,18 +23,13 @@ __all__ = [
     "classify_status",
     "next_step",
     "refusal_detail",
-    "refuses_acks",
 ]
 
-# Older gateways answered a bad token and a full gateway after the 101, with these
-# closes; newer ones refuse before it, with HTTP 401, 429 and 503.
-CLOSE_UNAUTHORIZED = 4401
+# A gateway refuses a bad token, a full gateway and a connect rate before the 101, with
+# HTTP 401, 503 and 429; after it, a user over the per-user cap is closed 4429, and a
+# drained connection 4503.
 CLOSE_FULL = 4429
 CLOSE_DRAIN = 4503
-# Gateways before client acks close with 1008 on any client frame but a ping, saying so
-# (newer ones name the ack too, and never close for one).
-CLOSE_POLICY = 1008
-NO_ACKS_REASON = 'only {"type":"ping"} is accepted'
 # The start of a 4429's reason when the user, not the gateway, is full: every gateway
 # would refuse until one of the user's other connections closes.
 USER_CAP_REASON = "too many connections for this user"
@@ -48,12 +40,12 @@ USER_CAP_WAIT_S = 5.0
 class Outcome(enum.Enum):
     """How a connection (or an attempt at one) ended."""
 
-    # drained (reconnect frame, 4503, HTTP 503), full (4429, 503) or over a connect rate
+    # drained (reconnect frame, 4503, HTTP 503), full (HTTP 503) or over a connect rate
     # (429): go elsewhere now
     MOVE = "move"
     TRANSPORT = "transport"  # refused, reset, timed out, or closed without a close frame
     CLOSED = "closed"  # any other close or handshake answer (1001, 1011, 1013, 404, ...)
-    UNAUTHORIZED = "unauthorized"  # 4401 or HTTP 401: stop for good
+    UNAUTHORIZED = "unauthorized"  # HTTP 401: stop for good
     # 4429 for the per-user cap: another gateway would refuse too; wait, then try again
     USER_CAP = "user_cap"
 
@@ -76,11 +68,9 @@ class Step:
 
 def classify(close_code: int | None, told_to_reconnect: bool, reason: str = "") -> Outcome:
     """The outcome of a connection closed with `close_code` (None: no close frame)."""
-    if close_code == CLOSE_UNAUTHORIZED:
-        return Outcome.UNAUTHORIZED
     if close_code == CLOSE_FULL and reason.startswith(USER_CAP_REASON):
         return Outcome.USER_CAP
-    if told_to_reconnect or close_code in (CLOSE_DRAIN, CLOSE_FULL):
+    if told_to_reconnect or close_code == CLOSE_DRAIN:
         return Outcome.MOVE
     if close_code is None:
         return Outcome.TRANSPORT
@@ -108,10 +98,10 @@ def next_step(
 ) -> Step:
     """The next attempt, updating `state`. A connection that lived `stable_s` starts the
     backoff over. A move goes at once unless the previous attempt failed too (a second
-    4429 in a row waits). A transport error retries the same gateway `retries_same`
+    move in a row waits). A transport error retries the same gateway `retries_same`
     times, then asks dispatch. UNAUTHORIZED is the caller's to raise."""
     if outcome is Outcome.UNAUTHORIZED:
-        raise ValueError("4401 is not retried")
+        raise ValueError("a refused token (HTTP 401) is not retried")
     if lived_s >= stable_s:
         state.failures = 0
         state.same_tries = 0
@@ -131,11 +121,6 @@ def next_step(
         return Step(dispatch=False, delay_s=delay)
     state.same_tries = 0
     return Step(dispatch=True, delay_s=delay)
-
-
-def refuses_acks(close_code: int | None, reason: str) -> bool:
-    """Whether a close says the gateway takes no ack frames (one older than acks)."""
-    return close_code == CLOSE_POLICY and NO_ACKS_REASON in reason
 
 
 def refusal_detail(body: bytes) -> str:

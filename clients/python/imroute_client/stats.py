@@ -19,7 +19,7 @@ class ClientStats:
     avoided: int = 0  # dispatches that named a gateway it could not connect to (avoid=)
     same_retries: int = 0  # reconnects to the same gateway after a transport error
     moves: int = 0  # connections left for a drain (reconnect frame or 4503)
-    refused: int = 0  # handshakes answered 503 or 429, and closes 4429: full, draining, rate
+    refused: int = 0  # handshakes answered 503 or 429: full, draining, over a connect rate
     told: int = 0  # reconnect frames received
     user_cap: int = 0  # closes 4429 for the per-user cap: the user has too many connections
     transport_errors: int = 0  # failed connects and connections lost without a close
@@ -29,5 +29,4 @@ class ClientStats:
     acked: int = 0  # pushes those frames acknowledged (dropped duplicates too)
     unacked_at_close: int = 0  # pushes no ack covered when their connection ended: resent
     held_forgotten: int = 0  # auto_ack off: unacked pushes forgotten past 1000 held
-    acks_refused: int = 0  # closes 1008 of a gateway that takes no acks (acks are then off)
     dispatch_errors: Counter[str] = field(default_factory=Counter)  # by status or error

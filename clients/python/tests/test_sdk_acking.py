@@ -186,28 +186,6 @@ async def test_a_pending_ack_dies_with_its_connection_and_the_resent_push_is_dro
     assert client.stats.acked == 4 and client.stats.unacked_at_close == 1
 
 
-async def test_a_gateway_that_refuses_acks_turns_them_off() -> None:
-    reason = 'frame: only {"type":"ping"} is accepted from clients'
-
-    async def script(conn: int, ws: ServerConnection, gw: Gateway) -> None:
-        await ws.send(push(conn + 1))
-        if conn == 0:
-            await gw.ack_for(0, "pos-1")
-            await ws.close(1008, reason)  # as gateways before acks did
-        else:
-            await ws.send(push(3))
-            await gw.closed[conn].wait()
-
-    async with (
-        scripted(script) as (gw, http),
-        ImrouteClient("http://api", "tok", http=http) as client,
-    ):
-        got = [(await asyncio.wait_for(anext(client), 10)).msg_id for _ in range(3)]
-        assert got == ["m1", "m2", "m3"]
-        assert client.stats.acks_refused == 1 and client.stats.connects == 2
-    assert gw.acks(1) == []  # off for good: the second connection got none
-
-
 async def test_without_auto_ack_a_push_sent_again_waits_for_the_app_s_ack_of_it() -> None:
     queries: list[str] = []
 
