@@ -7,10 +7,12 @@ process reads the sections it uses, composed into its own class:
                       recovery, receipts, tokens, internal calls, logs, traces, ...)
     GatewaySettings   FleetSettings + the gateway's sections
     PushSettings      FleetSettings + the push service's sections
-    ToolSettings      FleetSettings + the user directory: the operator commands
+    ToolSettings      FleetSettings + the user directory: `imroute keys`
     Settings          all of them, for code that runs both (the dev stack, tests)
 
-A process never reads, nor checks, a variable it has no field for. The configuration
+The other operator commands read one section each: `imroute token` ClientTokenSettings,
+`db` and `users` DirectorySettings. A process never reads, nor checks, a variable it has
+no field for. The configuration
 reference (docs/reference/configuration.md) is generated from these classes by
 scripts/config_reference.
 """
@@ -1232,9 +1234,10 @@ class PushSettings(
 
 
 class ToolSettings(DirectorySettings, FleetSettings):
-    """What the operator commands that work on a fleet's state read (`imroute token`,
-    `keys`, `db`, `users`): they must agree with its processes on Redis, recovery and
-    the token key."""
+    """What `imroute keys` reads: it moves a fleet's keys, so it must agree with its
+    processes on Redis, recovery, receipts and the bus's stored content; and it pages the
+    user directory. (`imroute token` reads ClientTokenSettings, `db` and `users`
+    DirectorySettings.)"""
 
 
 class Settings(GatewaySettings, PushSettings, ToolSettings):

@@ -9,7 +9,7 @@ from typing import Any
 from shared.auth import issue_token
 from shared.clock import SystemClock
 from shared.errors import ConfigError, InvalidInput
-from shared.settings import ToolSettings
+from shared.settings import ClientTokenSettings
 
 __all__ = ["register"]
 
@@ -28,7 +28,7 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    settings = ToolSettings.load(os.environ)
+    settings = ClientTokenSettings.load(os.environ)
     if settings.secret is None:
         raise ConfigError("IMROUTE_SECRET: required to sign client tokens")
     max_ttl = settings.jwt_max_ttl_s

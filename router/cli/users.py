@@ -12,7 +12,7 @@ from typing import Any
 from router.directory.importer import ImportReport, import_file
 from router.directory.sql import SqlUserDirectory
 from shared.clock import SystemClock
-from shared.settings import ToolSettings
+from shared.settings import DirectorySettings
 
 __all__ = ["register", "users_import"]
 
@@ -29,10 +29,10 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    return users_import(ToolSettings.load(os.environ), args.file, args.batch)
+    return users_import(DirectorySettings.load(os.environ), args.file, args.batch)
 
 
-def users_import(settings: ToolSettings, path: str, batch: int) -> int:
+def users_import(settings: DirectorySettings, path: str, batch: int) -> int:
     """Import a CSV or JSON Lines file; bad lines are reported and skipped."""
     report = asyncio.run(_import(settings, Path(path), batch))
     for line, reason in report.bad:
@@ -43,7 +43,7 @@ def users_import(settings: ToolSettings, path: str, batch: int) -> int:
     return 1 if report.skipped and not report.imported else 0
 
 
-async def _import(settings: ToolSettings, path: Path, batch: int) -> ImportReport:
+async def _import(settings: DirectorySettings, path: Path, batch: int) -> ImportReport:
     async with SqlUserDirectory.from_url(settings.db_url, SystemClock()) as directory:
         return await import_file(directory, path, batch=batch, progress=_progress_bar())
 

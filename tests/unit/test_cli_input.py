@@ -255,3 +255,23 @@ def test_a_request_timeout_or_retries_that_is_no_count_is_exit_2_naming_it(
     assert remote.main(["status", flag, value, *KEY]) == 2
     err = capsys.readouterr().err
     assert err.startswith(f"imroute status: {flag}: ") and "Traceback" not in err
+
+
+def test_db_and_users_read_only_the_directory_setting(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A bad value of a setting they do not use (the token key, Redis's timeout) does not
+    stop them; a bad directory URL does, named."""
+    from router.cli import main
+
+    monkeypatch.setenv("IMROUTE_SECRET", "short")
+    monkeypatch.setenv("IMROUTE_REDIS_TIMEOUT_S", "never")
+    monkeypatch.setenv("IMROUTE_DB_URL", f"sqlite+aiosqlite:///{tmp_path}/users.db")
+    assert main(["db", "upgrade"]) == 0
+    data = tmp_path / "users.jsonl"
+    data.write_text('{"uid":"a"}\n')
+    assert main(["users", "import", str(data)]) == 0
+    assert "imported 1 users" in capsys.readouterr().out
+    monkeypatch.setenv("IMROUTE_DB_URL", "mysql://nope")
+    assert main(["db", "upgrade"]) == 2
+    assert "IMROUTE_DB_URL" in capsys.readouterr().err

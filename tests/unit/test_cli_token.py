@@ -46,3 +46,18 @@ def test_a_ttl_over_the_maximum_is_refused_with_exit_2(
     c = claims(capsys.readouterr().out)
     assert isinstance(c["exp"], int) and isinstance(c["iat"], int)
     assert c["exp"] - c["iat"] == 864000
+
+
+def test_it_reads_only_the_token_settings(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A bad value of a setting it does not use (the bus's, the webhook's) is not its
+    concern: the processes that read them refuse it."""
+    monkeypatch.setenv("IMROUTE_SECRET", SECRET)
+    monkeypatch.setenv("IMROUTE_BUS_MAXLEN", "many")
+    monkeypatch.setenv("IMROUTE_DB_URL", "mysql://nope")
+    assert main(["token", "alice"]) == 0
+    assert claims(capsys.readouterr().out)["sub"] == "alice"
+    monkeypatch.setenv("IMROUTE_JWT_LEEWAY_S", "soon")  # its own: refused, named
+    assert main(["token", "alice"]) == 2
+    assert "IMROUTE_JWT_LEEWAY_S" in capsys.readouterr().err
