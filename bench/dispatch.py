@@ -47,7 +47,6 @@ def build_fleet(
             connections=(i * 7919) % 40_000,
             max_connections=50_000,
             zone=f"z{i % zones}",
-            started_at_ms=now - 3_600_000,
             heartbeat_deadline_ms=now + 3_600_000,
         )
         for i in range(gateways)

@@ -2,12 +2,13 @@
 
 Starts ONE gateway as a child process (free loopback ports, a unique Redis key prefix),
 measures its idle RSS, connects N clients from a few client processes, measures the RSS
-again (idle memory per connection), then runs broadcast rounds: Deliver is called directly
-(GrpcGatewayClients, to_batch) with batches of 1000 uids covering all N clients. Per round:
+again (idle memory per connection), then runs broadcast rounds: the gateway is called
+directly (GrpcGatewayClients, to_batch: its delivery link, else DeliverMany), one call
+per batch of 1000 uids, the batches covering all N clients. Per round:
 
-- broadcast latency: first Deliver call -> the last client has the frame;
-- Deliver time: first Deliver call -> every Deliver call has returned, and from it the
-  gateway-side frames/s (frames written / Deliver time).
+- broadcast latency: first call -> the last client has the frame;
+- Deliver time: first call -> every call has returned, and from it the gateway-side
+  frames/s (frames written / Deliver time).
 
 Every child process is stopped by its PID on exit, Ctrl-C and errors.
 
@@ -279,7 +280,7 @@ def report(r: dict[str, Any], cond: dict[str, str]) -> None:
         return "  ".join(f"{k} {fmt.format(v)}" for k, v in d.items())
 
     lines = [
-        "imroute gateway fan-out benchmark (gRPC Deliver -> one gateway -> N WebSockets)",
+        "imroute gateway fan-out benchmark (gateway calls -> one gateway -> N WebSockets)",
         "conditions:",
         *machine_lines(cond),
         f"  python      {cond['python']}  client loop={cond['loop']}; the gateway runs its"

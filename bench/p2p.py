@@ -1,4 +1,4 @@
-"""P2P push benchmark: REST /v1/push -> push service -> gRPC Deliver -> gateway -> WebSocket.
+"""P2P push benchmark: REST /v1/push -> push service -> delivery link -> gateway -> WebSocket.
 
 Starts its own stack as child processes on free loopback ports (the push service and two
 gateways in two groups, under a unique Redis key prefix), connects N WebSocket clients in a

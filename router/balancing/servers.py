@@ -19,7 +19,6 @@ class GatewayState:
     max_connections: int
     zone: str | None = None
     draining: bool = False
-    started_at_ms: int = 0
     heartbeat_deadline_ms: int = 0  # its fleet record's expiry, wall-clock epoch ms
 
     @property

@@ -61,7 +61,6 @@ def to_state(info: GatewayInfo, placed: int = 0) -> GatewayState:
         max_connections=info.max_connections or UNLIMITED,
         zone=info.zone,
         draining=info.draining,
-        started_at_ms=info.started_ms,
         heartbeat_deadline_ms=info.deadline_ms,
     )
 

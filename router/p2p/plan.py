@@ -35,7 +35,8 @@ __all__ = [
 
 @dataclass(slots=True)
 class Target:
-    """One Deliver call: a gateway and every recipient it holds."""
+    """One gateway's part of a push: the gateway and every recipient it holds (its batch,
+    in that gateway's call)."""
 
     gateway_id: str
     address: str

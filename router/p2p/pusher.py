@@ -429,7 +429,7 @@ def _outcome(
     target: Target, reply: gateway_pb2.DeliverReply | GatewayUnavailable
 ) -> GatewayOutcome:
     if isinstance(reply, GatewayUnavailable):
-        # Logged where it happened: by the call listeners (per RPC), the coalescer
+        # Logged where it happened: by the resilient client (per call), the coalescer
         # (queued too long) or the circuit (when it opened).
         log.debug(
             "deliver to %s failed: %s",

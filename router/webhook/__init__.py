@@ -5,18 +5,4 @@ producers emit into; `sender` the task in every push service that delivers it, s
 as `signing` says; `presence` and `sweeper` produce user.offline and user.online.
 """
 
-from __future__ import annotations
-
-from router.webhook.base import Event, EventSink, encode_event, events_body
-from router.webhook.signing import HEADER, SignatureError, sign, verify
-
-__all__ = [
-    "HEADER",
-    "Event",
-    "EventSink",
-    "SignatureError",
-    "encode_event",
-    "events_body",
-    "sign",
-    "verify",
-]
+# No re-exports: importing one module of the package loads only what it needs.

@@ -23,7 +23,8 @@ from socket_gateway.metrics import render
 from tests.integration.procs import BIN, gateway_env, read_until, running
 from tests.integration.stack import client, gateway, nothing_more, recv_json
 from tests.integration.test_deliver import message
-from tests.integration.test_delivery_link import linked, until
+from tests.integration.test_delivery_link import linked
+from tests.waiting import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -109,7 +110,7 @@ async def test_concurrent_calls_each_get_their_own_reply_and_a_refused_one_fails
             else:
                 assert clients.links_opened == 0 and links.calls == 0
         await clients.close()
-        await until(lambda: gw.deliver_service.links.open == 0, "the link's end")
+        await wait_for(lambda: gw.deliver_service.links.open == 0, "the link's end")
 
 
 async def test_a_stopped_gateway_fails_calls_at_their_deadline_and_a_killed_one_at_once(
@@ -173,7 +174,7 @@ async def test_a_stopped_gateway_fails_calls_at_their_deadline_and_a_killed_one_
                 clients, "gws", address, to_batch(message(9), ["x"], "b9"), 5.0
             )
             assert list(reply.missing) == ["x"]
-            await until(lambda: clients.links_opened == 2 * opened, "a new link")
+            await wait_for(lambda: clients.links_opened == 2 * opened, "a new link")
             reply = await deliver_one(
                 clients, "gws", address, to_batch(message(10), ["x"], "b10"), 5.0
             )

@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
 from typing import Any
 
 import grpc.aio
@@ -29,19 +28,6 @@ from tests.integration.stack import client, gateway, nothing_more, recv_json
 from tests.integration.test_deliver import message
 
 pytestmark = pytest.mark.integration
-
-
-async def until(
-    check: Callable[[], bool],
-    what: str,
-    timeout: float = 5.0,
-    state: Callable[[], str] = lambda: "",
-) -> None:
-    """Until `check()`; past `timeout`, fail naming `what` (and `state()`, what is left)."""
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, f"timed out waiting for {what} {state()}".rstrip()
-        await asyncio.sleep(0.01)
 
 
 async def linked(clients: GrpcGatewayClients, gid: str, address: str, opened: int = 1) -> None:

@@ -25,8 +25,9 @@ from socket_gateway import link_server
 from socket_gateway.delivery import LinkCounts
 from socket_gateway.link_server import LinkServer, Tickets
 from tests.integration.stack import client, gateway
-from tests.integration.test_delivery_link import delivered_over_a_link, until
+from tests.integration.test_delivery_link import delivered_over_a_link
 from tests.integration.test_internal_auth import TOKEN
+from tests.waiting import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -85,7 +86,7 @@ async def test_a_link_evicted_before_its_task_started_is_closed_and_counted_once
         assert server.waiting == 2 and server.counts.refused == 1
         for sock in socks[1:]:
             sock.close()
-        await until(lambda: not server._conns, "every connection forgotten")
+        await wait_for(lambda: not server._conns, "every connection forgotten")
         # Past the hello deadline, nothing is counted again.
         await asyncio.sleep(HELLO_S + 0.3)
         assert server.counts.refused == 1

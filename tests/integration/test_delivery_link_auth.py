@@ -26,8 +26,9 @@ from socket_gateway import link_server
 from socket_gateway.app import Gateway
 from tests.integration.stack import client, gateway, nothing_more, recv_json, settings
 from tests.integration.test_deliver import message
-from tests.integration.test_delivery_link import delivered_over_a_link, linked, until
+from tests.integration.test_delivery_link import delivered_over_a_link, linked
 from tests.integration.test_internal_auth import certs, tls_settings
+from tests.waiting import wait_for
 
 pytestmark = pytest.mark.integration
 __all__ = ["certs"]  # the fixture, imported for this module's mTLS test
@@ -114,7 +115,7 @@ async def test_strangers_are_refused_counted_and_logged_without_the_ticket(
         raw_ok = asyncio.get_running_loop().create_connection(_Raw, "127.0.0.1", port)
         transport, ok = await raw_ok
         transport.write(_hello(offer.ticket) + call)
-        await until(lambda: len(ok.replies) == 2, "the welcome and the reply")
+        await wait_for(lambda: len(ok.replies) == 2, "the welcome and the reply")
         assert ok.replies[0].call_id == 0 and not ok.replies[0].error_code
         assert list(ok.replies[1].replies[0].delivered) == ["a"]
         assert (await recv_json(a))["content"] == {"n": 1}
@@ -198,6 +199,6 @@ async def test_sockets_waiting_for_a_hello_are_capped(
         assert link.waiting == 3
         for transport, _ in held:
             transport.close()
-        await until(lambda: link.waiting == 0, "the closes")
+        await wait_for(lambda: link.waiting == 0, "the closes")
         # A router gets its link and its calls through.
         await delivered_over_a_link(gw, "gw1", a, 5, "h5")

@@ -25,9 +25,10 @@ from tests.integration.floods import Flood
 from tests.integration.procs import gateway_process, scrape
 from tests.integration.stack import client, gateway, ready, recv_json, settings, token
 from tests.integration.test_deliver import message
-from tests.integration.test_delivery_link import delivered_over_a_link, linked, until
+from tests.integration.test_delivery_link import delivered_over_a_link, linked
 from tests.integration.test_delivery_link_auth import _Raw, _stranger, _ticket
 from tests.integration.test_internal_auth import certs, tls_settings
+from tests.waiting import wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.alone]
 __all__ = ["certs"]  # the fixture, imported for this module's mTLS test
@@ -67,7 +68,7 @@ async def test_a_push_service_link_takes_the_place_of_the_biggest_holders_oldest
             await loop.create_connection(_Raw, "127.0.0.1", port, local_addr=(source, 0))
             for source in ("127.0.0.2", "127.0.0.2", "127.0.0.3", "127.0.0.3")
         ]
-        await until(lambda: link.waiting == 4, "four waiting")
+        await wait_for(lambda: link.waiting == 4, "four waiting")
         # A third from one address is refused at once, with the reason.
         started = time.monotonic()
         extra = await asyncio.wait_for(
@@ -120,11 +121,11 @@ async def test_with_mtls_silent_sockets_are_counted_and_cut_before_tls(
                 )
                 assert list(reply.delivered) == ["alice"]
                 assert (await recv_json(alice))["content"] == {"n": 1}
-                await until(
+                await wait_for(
                     lambda: all(not f.live for f in floods),
                     "every silent socket closed",
                     link_server.HELLO_TIMEOUT_S + 3,
-                    lambda: _still_open(floods),
+                    detail=lambda: _still_open(floods),
                 )
                 # Each socket's life, from its connect to its close: the fill, the link
                 # and the delivery above take seconds of their own on a loaded machine.

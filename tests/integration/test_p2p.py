@@ -1,4 +1,4 @@
-"""P2P end to end: push API -> Redis routes -> gRPC Deliver -> real WebSocket clients."""
+"""P2P end to end: push API -> Redis routes -> the gateway call -> real WebSocket clients."""
 
 from __future__ import annotations
 

@@ -55,6 +55,8 @@ def kind(request: pytest.FixtureRequest) -> str:
 
 @pytest.fixture
 def clock() -> ManualClock:
+    """The shared `clock`, started at today's wall time: the Redis stores set their keys'
+    expiries in Redis's time, so a clock of 2023 would find them gone."""
     return ManualClock(wall_ms=SystemClock().now_ms())
 
 

@@ -1,4 +1,4 @@
-"""The frame phase of a connection (socket_gateway/ws/framing.py): client frames, pushes
+"""The frame phase of a connection (socket_gateway/ws/conn.py): client frames, pushes
 written as pre-built frames, and write-side limits."""
 
 from __future__ import annotations

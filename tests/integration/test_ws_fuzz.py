@@ -3,7 +3,7 @@
 `ws_fuzz_attacks` throws random frames, fragments, oversized and control frames,
 invalid UTF-8, slowloris heads, half-closed sockets and floods of connects and frames
 at the gateway from a process of its own, while a well-behaved client on the same
-gateway gets a P2P push (gRPC Deliver) every 20 ms. The gateway must stay up, its
+gateway gets a P2P push (a gateway call) every 20 ms. The gateway must stay up, its
 memory bounded, and the good client's pushes must keep arriving, p99 under 100 ms.
 Nothing is asserted about how the junk is answered (an HTTP error, or a 101 and a
 close): only that the gateway survives it.

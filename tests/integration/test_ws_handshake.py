@@ -1,4 +1,4 @@
-"""The WebSocket endpoint's opening handshake (socket_gateway/ws/handshake.py): HTTP
+"""The WebSocket endpoint's opening handshake (socket_gateway/ws/conn.py): HTTP
 answers, the token (401 before any 101, in the query or a subprotocol), the limits on
 sockets without a 101, deadlines, and the route registered after the 101."""
 

@@ -1,4 +1,4 @@
-"""The gateway-wide keepalive round (socket_gateway/ws/keepalive.py)."""
+"""The gateway-wide keepalive round (socket_gateway/ws/conn.py)."""
 
 from __future__ import annotations
 

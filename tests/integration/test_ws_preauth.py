@@ -1,5 +1,5 @@
 """Sockets before their 101, per address and from their accept
-(socket_gateway/preauth.py PreAuthPool, ws/handshake.py): a socket that has not sent
+(socket_gateway/preauth.py PreAuthPool, ws/conn.py): a socket that has not sent
 its request line goes sooner than one that is sending its head, the connect rate is
 answered at the accept, one address is capped, and with every place taken the address
 holding the most loses its oldest socket to a newcomer from another."""

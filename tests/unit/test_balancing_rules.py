@@ -48,7 +48,6 @@ def gw(
         max_connections=max_connections,
         zone=zone,
         draining=draining,
-        started_at_ms=CLOCK_MS - 60_000,
         heartbeat_deadline_ms=deadline_ms,
     )
 

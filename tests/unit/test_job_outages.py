@@ -14,6 +14,9 @@ from shared.errors import RegistryRefused, RegistryUnavailable
 
 
 class Clock:
+    """A clock whose sleep moves it at once, recording each wait: `ride_out` loops with no
+    test beside it to advance a `ManualClock` (whose sleep waits for that)."""
+
     def __init__(self) -> None:
         self.now = 0.0
         self.slept: list[float] = []
