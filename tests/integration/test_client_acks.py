@@ -67,7 +67,7 @@ async def test_a_burst_of_200_is_acked_at_most_once_per_100_ms_and_leaves_the_in
             await acked(gw, BURST)
             # The gateway took every frame, none bad, and never closed for one.
             assert ack_counts(gw) == (frames, BURST, 0)
-            assert client.stats.connects == 1 and client.stats.acks_refused == 0
+            assert client.stats.connects == 1
         assert await inbox_replay(http, "alice") == Recovered(0, True)
 
 

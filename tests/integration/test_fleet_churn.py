@@ -28,7 +28,8 @@ async def test_a_departed_gateway_leaves_no_channel_lane_or_stats_behind(
         parts = http._transport.app.state.parts  # type: ignore[attr-defined]
         services = http._transport.app.state.services  # type: ignore[attr-defined]
         coalescing = parts.gateway_clients
-        assert services.pushes._pusher._clients is coalescing  # the stack P2P pushes use
+        # The stack P2P pushes use.
+        assert services.pushes._pusher._deliver_each == coalescing.deliver_each
         grpc_clients = parts.grpc_clients
         stats = parts.call_stats  # the circuits P2P calls and dispatch share
 

@@ -36,6 +36,7 @@ from shared.clock import SystemClock
 from shared.keys import KeySchema
 from shared.positions import counter_of, decode_pos, epoch_of
 from shared.proto import gateway_pb2
+from socket_gateway.topic_spans import SPAN_TTL_S
 from tests.integration.procs import BIN, Proc, gateway_env, read_until, running
 from tests.integration.recovery_helpers import pushes, replay
 from tests.integration.redis_process import RedisProcess, redis_process
@@ -198,9 +199,12 @@ async def test_a_forged_since_reads_kilobytes_and_is_told_complete_false(prefix:
             "mallet": since("g1", s.heads["g1"] - BATCHES + 2),
             "malo": since("g2", s.heads["g2"] - BATCHES + 2),
         }
+        took: dict[str, tuple[float, float]] = {}  # each resume's start and end
         for n, (uid, forged) in enumerate(forgeries.items()):
             before = await s.sent()
+            start = time.monotonic()
             got, end, ws = await s.resume(uid, forged)
+            took[uid] = (start, time.monotonic())
             read = await s.sent() - before
             assert (got, end["complete"]) == ([], False), forged
             most = (1 << 20) + 80_000 if n < 2 else 64_000  # the budget and one entry
@@ -211,7 +215,14 @@ async def test_a_forged_since_reads_kilobytes_and_is_told_complete_false(prefix:
             assert live["content"] == "live"
             await ws.close()
         assert await s.metric("resume_topics_over_budget") == 4
-        assert await s.metric("resume_topic_reads") <= 3  # the legitimate one, one a log
+        # The legitimate one, and one a log: each log's second forged place uses what the
+        # first found while that is fresh (SPAN_TTL_S). On a machine so loaded that the
+        # two were further apart, the second reads that log once more.
+        stale = sum(
+            took[second][1] - took[first][0] > SPAN_TTL_S
+            for first, second in (("mallory", "mallet"), ("mal", "malo"))
+        )
+        assert await s.metric("resume_topic_reads") <= 3 + stale, took
 
         # A place no gateway of g2 gave out (0, in a log that has batches): not read.
         before = await s.sent()
