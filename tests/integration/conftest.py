@@ -5,12 +5,16 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import subprocess
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 from router.processes.supervisor import Supervisor, alive
 from tests.integration.redis_cluster import LocalCluster, cluster_nodes
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
@@ -45,3 +49,12 @@ def redis_cluster() -> Iterator[LocalCluster]:
 def cluster_url(redis_cluster: LocalCluster) -> str:
     """The session's cluster as a `redis+cluster://` URL (tests keep to `prefix`)."""
     return redis_cluster.url
+
+
+@pytest.fixture(scope="session")
+def certs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """Two CAs, each with a node cert, made by scripts/grpc-certs, as the security page says."""
+    ours, theirs = tmp_path_factory.mktemp("ours"), tmp_path_factory.mktemp("theirs")
+    for folder in (ours, theirs):
+        subprocess.run([str(ROOT / "scripts/grpc-certs"), str(folder)], check=True)
+    return ours, theirs

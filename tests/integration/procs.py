@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 
 from router.processes.ports import free_port
-from router.processes.supervisor import Child, Supervisor
+from router.processes.supervisor import Child, Supervisor, descendants
 from tests.conftest import API_KEY, SECRET
 
 __all__ = [
@@ -26,6 +26,7 @@ __all__ = [
     "gateway_env",
     "gateway_process",
     "imroute",
+    "pid_of",
     "push_services",
     "read_until",
     "running",
@@ -161,3 +162,15 @@ async def scrape(metrics_port: int, prefix: str) -> dict[str, float]:
         text = (await http.get(f"http://127.0.0.1:{metrics_port}/metrics")).text
     found = re.findall(rf"^{re.escape(prefix)}(\w+) (\S+)$", text, re.M)
     return {name: float(value) for name, value in found}
+
+
+def pid_of(parent: int, gateway_id: str) -> int:
+    """The PID of the child of `parent` that runs gateway `gateway_id`."""
+    for pid in descendants(parent):
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"socket_gateway" in argv and gateway_id.encode() in argv:
+            return pid
+    raise AssertionError(f"no process runs {gateway_id}")

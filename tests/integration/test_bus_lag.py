@@ -36,8 +36,8 @@ from websockets.exceptions import InvalidMessage
 from router.bus import BROADCAST
 from shared.keys import KeySchema
 from tests.integration.fault_clients import DevRun, dev_stack, drain_output
+from tests.integration.procs import pid_of
 from tests.integration.stack import ready
-from tests.integration.test_dev_restarts import pid_of
 
 pytestmark = pytest.mark.integration
 

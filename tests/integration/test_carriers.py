@@ -20,10 +20,9 @@ from shared.batches import to_batch
 from shared.errors import GatewayUnavailable
 from shared.proto import gateway_pb2
 from socket_gateway.metrics import render
+from tests.integration.gateway_calls import linked, message
 from tests.integration.procs import BIN, gateway_env, read_until, running
 from tests.integration.stack import client, gateway, nothing_more, recv_json
-from tests.integration.test_deliver import message
-from tests.integration.test_delivery_link import linked
 from tests.waiting import wait_for
 
 pytestmark = pytest.mark.integration

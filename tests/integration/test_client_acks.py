@@ -13,8 +13,8 @@ from imroute_client import ImrouteClient, Message, Recovered
 
 from socket_gateway.app import Gateway
 from tests.integration.recovery_helpers import acked
+from tests.integration.sdk import API, drain, next_message, pumping, push, registered
 from tests.integration.stack import api, gateway, one_group, token
-from tests.integration.test_client_sdk import API, drain, next_message, pumping, push, registered
 from tests.waiting import wait_for
 
 pytestmark = pytest.mark.integration

@@ -4,78 +4,25 @@ sockets and Redis, and a real gateway process killed and restarted."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import re
 import signal
-from collections.abc import AsyncIterator
 
-import httpx
 import pytest
 import redis.asyncio as aioredis
-from imroute_client import ImrouteClient, Message, Unauthorized
+from imroute_client import ImrouteClient, Unauthorized
 
 from router.gateway_rpc.client import GrpcGatewayClients
 from router.processes.ports import free_port
 from router.testing import deliver_one
 from shared.batches import to_batch
 from shared.clock import SystemClock
-from shared.keys import KeySchema
 from shared.models import Message as ServerMessage
 from tests.integration.procs import BIN, gateway_env, read_until, running
-from tests.integration.stack import AUTH, api, gateway, one_group, token
+from tests.integration.sdk import API, drain, next_message, pumping, push, registered
+from tests.integration.stack import api, gateway, one_group, token
 from tests.waiting import wait_for
 
 pytestmark = pytest.mark.integration
-
-API = "http://push"  # the in-process API's base URL (httpx's ASGI transport)
-
-
-async def registered(redis: aioredis.Redis, prefix: str, uid: str) -> None:
-    for _ in range(250):  # route writes are coalesced
-        if await redis.hlen(KeySchema(prefix).route(uid)):
-            return
-        await asyncio.sleep(0.02)
-    raise AssertionError(f"{uid} never registered")
-
-
-async def push(http: httpx.AsyncClient, uid: str, content: object) -> list[str]:
-    resp = await http.post("/v1/push", json={"to": [uid], "content": content}, headers=AUTH)
-    assert resp.status_code == 200, resp.text
-    delivered: list[str] = resp.json()["delivered"]
-    return delivered
-
-
-async def drain(http: httpx.AsyncClient, gateway_id: str) -> None:
-    """Ask `gateway_id` to drain. A 409 (the last live gateway of its group) means the
-    API missed its peer's heartbeat (0.2 s here, late under load): ask again."""
-    for _ in range(100):
-        resp = await http.post(f"/v1/gateways/{gateway_id}/drain", headers=AUTH)
-        if resp.status_code != 409:
-            break
-        await asyncio.sleep(0.05)
-    assert resp.status_code == 202, resp.text
-
-
-async def next_message(client: ImrouteClient, timeout: float = 5.0) -> Message:
-    return await asyncio.wait_for(anext(client), timeout)
-
-
-@contextlib.asynccontextmanager
-async def pumping(client: ImrouteClient) -> AsyncIterator[list[Message]]:
-    """The client's messages, read by a task into a list, while the block runs."""
-    got: list[Message] = []
-
-    async def pump() -> None:
-        async for msg in client:
-            got.append(msg)
-
-    task = asyncio.create_task(pump())
-    try:
-        yield got
-    finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
 
 
 async def test_a_p2p_push_arrives_and_a_duplicate_msg_id_is_dropped(

@@ -16,8 +16,8 @@ from imroute_client import ImrouteClient
 from websockets.asyncio.client import connect
 
 from router.processes.ports import free_port
+from tests.integration.sdk import API, next_message, push, registered
 from tests.integration.stack import api, gateway, one_group, recv_json, token
-from tests.integration.test_client_sdk import API, next_message, push, registered
 
 pytestmark = pytest.mark.integration
 

@@ -23,8 +23,8 @@ from shared.keys import KeySchema
 from shared.models import Message
 from shared.proto import gateway_pb2
 from tests.bus_reads import take
+from tests.integration.group_pushes import connect_all, finished, frames
 from tests.integration.stack import AUTH, api, gateway
-from tests.integration.test_group_push import connect_all, finished, frames
 
 pytestmark = pytest.mark.integration
 

@@ -16,16 +16,12 @@ from router.testing import deliver_one
 from shared.batches import to_batch
 from shared.clock import SystemClock
 from shared.errors import GatewayUnavailable
-from shared.models import Message
 from shared.proto import gateway_pb2
 from shared.proto.gateway_service import GatewayServicer, add_GatewayServicer_to_server
+from tests.integration.gateway_calls import message
 from tests.integration.stack import client, gateway, nothing_more, recv_json
 
 pytestmark = pytest.mark.integration
-
-
-def message(n: int = 1) -> Message:
-    return Message(f"m{n}", f"p{n}", 0, "admin", b'{"n":%d}' % n, SystemClock().now_ms())
 
 
 async def test_everyone_duplicate_and_expired_batches(

@@ -13,7 +13,6 @@ from typing import Any
 
 import grpc.aio
 import pytest
-from websockets.asyncio.client import ClientConnection
 
 from router.gateway_rpc import client as gateway_client
 from router.gateway_rpc.client import GrpcGatewayClients
@@ -23,40 +22,10 @@ from shared.batches import to_batch
 from shared.errors import GatewayUnavailable
 from shared.proto import gateway_pb2
 from shared.proto.gateway_service import GatewayServicer, add_GatewayServicer_to_server
-from socket_gateway.app import Gateway
+from tests.integration.gateway_calls import linked, message
 from tests.integration.stack import client, gateway, nothing_more, recv_json
-from tests.integration.test_deliver import message
 
 pytestmark = pytest.mark.integration
-
-
-async def linked(clients: GrpcGatewayClients, gid: str, address: str, opened: int = 1) -> None:
-    """Make calls (over gRPC, until then) until `opened` links have been opened: a link
-    is opened, or tried again, when a call finds none."""
-    deadline = time.monotonic() + 5.0
-    n = 0
-    while clients.links_opened < opened:
-        assert time.monotonic() < deadline, "timed out waiting for the delivery link"
-        n += 1
-        batch = to_batch(message(0), ["nobody"], f"warm-{opened}-{n}")
-        await deliver_one(clients, gid, address, batch, 5.0)
-        await asyncio.sleep(0.02)
-
-
-async def delivered_over_a_link(
-    gw: Gateway, gid: str, ws: ClientConnection, n: int, batch_id: str, token: str | None = None
-) -> None:
-    """A router (its internal `token`) gets a link to `gw`, known as `gid`, and delivers
-    push `n` over it to the client `ws` of uid "a"."""
-    clients = GrpcGatewayClients(token=token)
-    try:
-        address = f"127.0.0.1:{gw.grpc_port}"
-        await linked(clients, gid, address)
-        reply = await deliver_one(clients, gid, address, to_batch(message(n), ["a"], batch_id), 5.0)
-        assert list(reply.delivered) == ["a"]
-        assert (await recv_json(ws))["content"] == {"n": n}
-    finally:
-        await clients.close()
 
 
 async def test_the_switch_from_grpc_to_the_link_loses_nothing(

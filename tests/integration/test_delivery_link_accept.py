@@ -24,9 +24,8 @@ from shared.proto import gateway_pb2
 from socket_gateway import link_server
 from socket_gateway.delivery import LinkCounts
 from socket_gateway.link_server import LinkServer, Tickets
+from tests.integration.gateway_calls import TOKEN, delivered_over_a_link
 from tests.integration.stack import client, gateway
-from tests.integration.test_delivery_link import delivered_over_a_link
-from tests.integration.test_internal_auth import TOKEN
 from tests.waiting import wait_for
 
 pytestmark = pytest.mark.integration

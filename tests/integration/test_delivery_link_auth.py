@@ -7,74 +7,32 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import ssl
 import time
 from pathlib import Path
-from typing import Any
 
-import grpc.aio
 import pytest
 
 from router.gateway_rpc.client import GrpcGatewayClients
 from router.testing import deliver_one
 from shared.batches import to_batch
-from shared.internal_auth import TlsFiles, load_tls
-from shared.link_frames import FrameReader, frame
+from shared.internal_auth import load_tls
+from shared.link_frames import frame
 from shared.proto import gateway_pb2
-from shared.proto.gateway_service import GatewayStub
 from socket_gateway import link_server
-from socket_gateway.app import Gateway
+from tests.integration.gateway_calls import (
+    Raw,
+    ask_ticket,
+    delivered_over_a_link,
+    hello,
+    linked,
+    message,
+    stranger,
+    tls_settings,
+)
 from tests.integration.stack import client, gateway, nothing_more, recv_json, settings
-from tests.integration.test_deliver import message
-from tests.integration.test_delivery_link import delivered_over_a_link, linked
-from tests.integration.test_internal_auth import certs, tls_settings
 from tests.waiting import wait_for
 
 pytestmark = pytest.mark.integration
-__all__ = ["certs"]  # the fixture, imported for this module's mTLS test
-
-
-class _Raw(asyncio.Protocol):
-    """A stranger's socket: what the gateway answers, and when it closes."""
-
-    def __init__(self) -> None:
-        self.reader = FrameReader(1 << 20)
-        self.replies: list[gateway_pb2.StreamReply] = []
-        self.closed = asyncio.get_running_loop().create_future()
-
-    def data_received(self, data: bytes) -> None:
-        self.replies += [gateway_pb2.StreamReply.FromString(f) for f in self.reader.feed(data)]
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.closed.set_result(None)
-
-
-async def _stranger(port: int, *sends: bytes, tls: ssl.SSLContext | None = None) -> _Raw:
-    loop = asyncio.get_running_loop()
-    transport, raw = await loop.create_connection(_Raw, "127.0.0.1", port, ssl=tls)
-    for data in sends:
-        transport.write(data)
-    await asyncio.wait_for(raw.closed, 10)
-    return raw
-
-
-def _hello(ticket: bytes) -> bytes:
-    return frame(gateway_pb2.LinkHello(ticket=ticket).SerializeToString())
-
-
-async def _ticket(gw: Gateway, tls: TlsFiles | None = None) -> gateway_pb2.LinkReply:
-    """The gateway's answer to `Link`, asked in plain text or with `tls` (mTLS)."""
-    address = f"127.0.0.1:{gw.grpc_port}"
-    if tls is None:
-        channel = grpc.aio.insecure_channel(address)
-    else:
-        credentials = grpc.ssl_channel_credentials(tls.ca, tls.key, tls.cert)
-        options = [("grpc.ssl_target_name_override", "imroute-gateway")]
-        channel = grpc.aio.secure_channel(address, credentials, options)
-    async with channel:
-        rpc: Any = GatewayStub(channel)
-        reply: gateway_pb2.LinkReply = await rpc.Link(gateway_pb2.LinkRequest(), timeout=2)
-        return reply
 
 
 async def test_strangers_are_refused_counted_and_logged_without_the_ticket(
@@ -85,7 +43,7 @@ async def test_strangers_are_refused_counted_and_logged_without_the_ticket(
     caplog.set_level(logging.WARNING, "socket_gateway.link_server")
     async with gateway(redis_url, prefix, "gw1", "g1") as gw, client(gw, "a") as a:
         assert gw.ports is not None and gw.ports.link is not None
-        offer = await _ticket(gw)
+        offer = await ask_ticket(gw)
         assert offer.port and offer.gateway_id == "gw1" and len(offer.ticket) == 32
         port = offer.port
         call = frame(
@@ -94,14 +52,14 @@ async def test_strangers_are_refused_counted_and_logged_without_the_ticket(
             ).SerializeToString()
         )
         cases = [
-            (_hello(b"x" * 32), "no valid ticket"),  # a made-up ticket
+            (hello(b"x" * 32), "no valid ticket"),  # a made-up ticket
             (call, "no valid ticket"),  # a call with no hello
             ((64 << 20).to_bytes(4, "big"), "no hello first"),  # a 64 MiB frame's header
             (b"", "no hello within"),  # nothing at all
         ]
         for n, (data, why) in enumerate(cases):
             started = time.monotonic()
-            raw = await _stranger(port, data)
+            raw = await stranger(port, data)
             assert len(raw.replies) == 1, n
             refusal = raw.replies[0]
             assert refusal.call_id == 0 and why in refusal.error, (n, refusal)
@@ -112,22 +70,22 @@ async def test_strangers_are_refused_counted_and_logged_without_the_ticket(
         )
 
         # A real ticket opens a link once; used again, it is refused.
-        raw_ok = asyncio.get_running_loop().create_connection(_Raw, "127.0.0.1", port)
+        raw_ok = asyncio.get_running_loop().create_connection(Raw, "127.0.0.1", port)
         transport, ok = await raw_ok
-        transport.write(_hello(offer.ticket) + call)
+        transport.write(hello(offer.ticket) + call)
         await wait_for(lambda: len(ok.replies) == 2, "the welcome and the reply")
         assert ok.replies[0].call_id == 0 and not ok.replies[0].error_code
         assert list(ok.replies[1].replies[0].delivered) == ["a"]
         assert (await recv_json(a))["content"] == {"n": 1}
-        again = await _stranger(port, _hello(offer.ticket))
+        again = await stranger(port, hello(offer.ticket))
         assert "no valid ticket" in again.replies[0].error
         # On an open link: a frame over the limit (16 MiB) and a frame that is no
         # StreamCall each end the link, with the reason.
         transport.write((17 << 20).to_bytes(4, "big"))
         await asyncio.wait_for(ok.closed, 5)
         assert ok.replies[-1].error_code == "RESOURCE_EXHAUSTED", ok.replies[-1]
-        fresh = await _ticket(gw)
-        junk = await _stranger(port, _hello(fresh.ticket), frame(b"\xff\xff\xff"))
+        fresh = await ask_ticket(gw)
+        junk = await stranger(port, hello(fresh.ticket), frame(b"\xff\xff\xff"))
         assert junk.replies[-1].error_code == "INVALID_ARGUMENT", junk.replies
         assert gw.deliver_service.links.bad == 2 and gw.deliver_service.links.opened == 2
         assert gw.deliver_service.links.refused == len(cases) + 1
@@ -169,8 +127,8 @@ async def test_with_mtls_the_link_is_tls(
                 assert (await recv_json(ws))["content"] == {"n": 1}
                 assert gw.deliver_service.links.calls == 1
                 # Plain text to the TLS port gets nothing but a closed socket.
-                port = (await _ticket(gw, tls)).port
-                plain = await _stranger(port, b"\x00\x00\x00\x02hi")
+                port = (await ask_ticket(gw, tls)).port
+                plain = await stranger(port, b"\x00\x00\x00\x02hi")
                 assert plain.replies == []
                 assert gw.deliver_service.links.opened == 1
         finally:
@@ -184,12 +142,12 @@ async def test_sockets_waiting_for_a_hello_are_capped(
     # most MAX_PRE_HELLO at once; past it a new one is refused at once.
     monkeypatch.setattr(link_server, "MAX_PRE_HELLO", 3)
     async with gateway(redis_url, prefix, "gw1", "g1") as gw, client(gw, "a") as a:
-        port = (await _ticket(gw)).port
+        port = (await ask_ticket(gw)).port
         loop = asyncio.get_running_loop()
-        held = [await loop.create_connection(_Raw, "127.0.0.1", port) for _ in range(3)]
+        held = [await loop.create_connection(Raw, "127.0.0.1", port) for _ in range(3)]
         await asyncio.sleep(0.05)
         started = time.monotonic()
-        extra = await _stranger(port)
+        extra = await stranger(port)
         assert time.monotonic() - started < 1.0
         assert extra.replies[0].error_code == "RESOURCE_EXHAUSTED", extra.replies
         assert "wait for a hello" in extra.replies[0].error

@@ -22,16 +22,20 @@ from shared.proto import gateway_pb2
 from shared.proto.gateway_service import GatewayStub
 from socket_gateway import link_server
 from tests.integration.floods import Flood
+from tests.integration.gateway_calls import (
+    Raw,
+    ask_ticket,
+    delivered_over_a_link,
+    linked,
+    message,
+    stranger,
+    tls_settings,
+)
 from tests.integration.procs import gateway_process, scrape
 from tests.integration.stack import client, gateway, ready, recv_json, settings, token
-from tests.integration.test_deliver import message
-from tests.integration.test_delivery_link import delivered_over_a_link, linked
-from tests.integration.test_delivery_link_auth import _Raw, _stranger, _ticket
-from tests.integration.test_internal_auth import certs, tls_settings
 from tests.waiting import wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.alone]
-__all__ = ["certs"]  # the fixture, imported for this module's mTLS test
 
 
 def _still_open(floods: list[Flood]) -> str:
@@ -62,17 +66,17 @@ async def test_a_push_service_link_takes_the_place_of_the_biggest_holders_oldest
     async with gateway(redis_url, prefix, "gw1", "g1") as gw, client(gw, "a") as a:
         assert gw.ports is not None and gw.ports.link is not None
         link = gw.ports.link
-        port = (await _ticket(gw)).port
+        port = (await ask_ticket(gw)).port
         loop = asyncio.get_running_loop()
         held = [
-            await loop.create_connection(_Raw, "127.0.0.1", port, local_addr=(source, 0))
+            await loop.create_connection(Raw, "127.0.0.1", port, local_addr=(source, 0))
             for source in ("127.0.0.2", "127.0.0.2", "127.0.0.3", "127.0.0.3")
         ]
         await wait_for(lambda: link.waiting == 4, "four waiting")
         # A third from one address is refused at once, with the reason.
         started = time.monotonic()
         extra = await asyncio.wait_for(
-            loop.create_connection(_Raw, "127.0.0.1", port, local_addr=("127.0.0.2", 0)), 1
+            loop.create_connection(Raw, "127.0.0.1", port, local_addr=("127.0.0.2", 0)), 1
         )
         await asyncio.wait_for(extra[1].closed, 1)
         assert time.monotonic() - started < 1.0
@@ -90,7 +94,7 @@ async def test_a_push_service_link_takes_the_place_of_the_biggest_holders_oldest
         for transport, _ in held:
             transport.close()
         # A stranger from yet another address still gets its refusal frame.
-        late = await _stranger(port, b"\x00\x00\x00\x01x")
+        late = await stranger(port, b"\x00\x00\x00\x01x")
         assert late.replies[0].error_code == "UNAUTHENTICATED"
 
 

@@ -16,23 +16,11 @@ import pytest
 from websockets.asyncio.client import connect
 
 from router.processes.ports import free_port_block
-from router.processes.supervisor import alive, descendants
-from tests.integration.procs import BIN, base_env, read_until, running
+from router.processes.supervisor import alive
+from tests.integration.procs import BIN, base_env, pid_of, read_until, running
 from tests.integration.stack import ready
 
 pytestmark = pytest.mark.integration
-
-
-def pid_of(parent: int, gateway_id: str) -> int:
-    """The PID of the child of `parent` that runs gateway `gateway_id`."""
-    for pid in descendants(parent):
-        try:
-            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if b"socket_gateway" in argv and gateway_id.encode() in argv:
-            return pid
-    raise AssertionError(f"no process runs {gateway_id}")
 
 
 def push(port: int, key: str, uid: str) -> dict[str, object]:

@@ -25,7 +25,7 @@ from router.testing.routes import MemoryRouteRegistry
 from router.testing.stores import MemoryJobStore
 from shared.clock import SystemClock
 from shared.models import Registration
-from tests.integration.test_multicast import RecordingBus, message
+from tests.integration.recording_bus import RecordingBus, message
 
 pytestmark = pytest.mark.integration
 

@@ -13,8 +13,8 @@ import redis.asyncio as aioredis
 
 from shared.errors import ConfigError
 from socket_gateway.app import Gateway
+from tests.integration.group_pushes import GATEWAYS, connect_all, finished, frames
 from tests.integration.stack import AUTH, api, gateway
-from tests.integration.test_group_push import GATEWAYS, connect_all, finished, frames
 from tests.waiting import wait_for
 
 pytestmark = pytest.mark.integration

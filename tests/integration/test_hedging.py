@@ -21,8 +21,8 @@ from router.hedging.metrics import PublishMetrics
 from router.testing.pubsub import Behaviour, Call, LatencyPublisher
 from shared.clock import SystemClock
 from shared.errors import BusUnavailable, ConfigError
+from tests.integration.group_pushes import connect_all, frames
 from tests.integration.stack import api, gateway, settings
-from tests.integration.test_group_push import connect_all, frames
 from tests.waiting import wait_for
 
 pytestmark = pytest.mark.integration

@@ -31,13 +31,13 @@ from shared.proto.gateway_service import GatewayStub
 from socket_gateway.app import Gateway
 from socket_gateway.metrics import render
 from tests.conftest import SECRET
+from tests.integration.gateway_calls import TOKEN, tls_settings
 from tests.integration.procs import gateway_env
 from tests.integration.stack import AUTH, api, client, gateway, nothing_more, recv_json, settings
 from tests.waiting import wait_for
 
 pytestmark = pytest.mark.integration
 
-TOKEN = "internal-token-0123456789abcdef-0123"
 OTHER = "another-token-0123456789abcdef-01234"
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -193,24 +193,6 @@ async def test_a_forged_batch_on_the_bus_is_dropped_counted_and_the_next_deliver
             frame = await recv_json(ws)
             assert frame["type"] == "push" and frame["content"] == {"ok": True}, frame
             await wait_for(lambda: gw.deliver_service.rejected == 1, "the count")
-
-
-@pytest.fixture(scope="module")
-def certs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    """Two CAs, each with a node cert, made by scripts/grpc-certs, as the security page says."""
-    ours, theirs = tmp_path_factory.mktemp("ours"), tmp_path_factory.mktemp("theirs")
-    for folder in (ours, theirs):
-        subprocess.run([str(ROOT / "scripts/grpc-certs"), str(folder)], check=True)
-    return ours, theirs
-
-
-def tls_settings(folder: Path, server_name: str | None = None) -> dict[str, Any]:
-    return {
-        "grpc_tls_cert": str(folder / "node.pem"),
-        "grpc_tls_key": str(folder / "node.key"),
-        "grpc_tls_ca": str(folder / "ca.pem"),
-        "grpc_tls_server_name": server_name,
-    }
 
 
 async def test_mutual_tls(redis_url: str, prefix: str, certs: tuple[Path, Path]) -> None:

@@ -20,8 +20,8 @@ from router.routes.registry import BulkHashReads, RedisRouteRegistry, Registrati
 from shared.clock import ManualClock, SystemClock
 from shared.errors import RegistryRefused, RegistryUnavailable
 from shared.keys import KeySchema
-from shared.models import Message
 from shared.proto import gateway_pb2
+from tests.integration.recording_bus import RecordingBus, message
 from tests.integration.test_registry import CountingPipelines
 
 pytestmark = pytest.mark.integration
@@ -43,23 +43,6 @@ def gateway_registry(
 
 
 GROUPS = ("g1", "g2", "g3", "g4")
-
-
-class RecordingBus:
-    def __init__(self) -> None:
-        self.published: list[tuple[str, gateway_pb2.Batch, dict[str, str]]] = []
-        self.times: list[float] = []
-
-    async def publish(
-        self, topic: str, data: bytes, attributes: Mapping[str, str] | None = None
-    ) -> str:
-        self.published.append((topic, gateway_pb2.Batch.FromString(data), dict(attributes or {})))
-        self.times.append(asyncio.get_running_loop().time())
-        return str(len(self.published))
-
-
-def message() -> Message:
-    return Message("m1", "p1", 0, "admin", b'"hi"', SystemClock().now_ms())
 
 
 async def online(redis: Any, prefix: str, uids: Sequence[str]) -> None:

@@ -44,7 +44,7 @@ from tests.integration.fault_ledger import (
     p2p_push,
     settle,
 )
-from tests.integration.test_dev_restarts import pid_of
+from tests.integration.procs import pid_of
 
 pytestmark = pytest.mark.integration
 

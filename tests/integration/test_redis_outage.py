@@ -64,16 +64,11 @@ async def test_redis_down_means_503s_not_hangs_and_the_gateway_keeps_delivering(
             assert resp.status_code == 503 and int(resp.headers["Retry-After"]) >= 1
             assert time.monotonic() - started < TIMEOUT_S + 1.5
             # The gateway still holds its client and still takes gRPC deliveries.
-            direct = GrpcGatewayClients()
+            direct, address = GrpcGatewayClients(), f"127.0.0.1:{gw.grpc_port}"
             try:
                 message = Message("m1", "p1", 0, "admin", b'"direct"', SystemClock().now_ms())
-                reply = await deliver_one(
-                    direct,
-                    "gw1",
-                    f"127.0.0.1:{gw.grpc_port}",
-                    to_batch(message, ["amy"], "b1"),
-                    2.0,
-                )
+                batch = to_batch(message, ["amy"], "b1")
+                reply = await deliver_one(direct, "gw1", address, batch, 2.0)
                 assert list(reply.delivered) == ["amy"]
                 assert (await recv_json(ws))["content"] == "direct"
 
@@ -89,13 +84,8 @@ async def test_redis_down_means_503s_not_hangs_and_the_gateway_keeps_delivering(
                 results = resp.json()["results"]
                 assert [r["status"] for r in results] == [503, 503, 503], results
                 assert all("redis" in str(r).lower() for r in results), results
-                reply = await deliver_one(
-                    direct,
-                    "gw1",
-                    f"127.0.0.1:{gw.grpc_port}",
-                    to_batch(message, ["amy"], "b2"),
-                    2.0,
-                )
+                batch = to_batch(message, ["amy"], "b2")
+                reply = await deliver_one(direct, "gw1", address, batch, 2.0)
                 assert list(reply.delivered) == ["amy"]
                 assert (await recv_json(ws))["content"] == "direct"
             finally:

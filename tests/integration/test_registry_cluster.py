@@ -12,7 +12,7 @@ from router.redis.client import RedisClient, connect_redis
 from router.routes.registry import PipelineHashReads, RedisRouteRegistry, Registration
 from shared.clock import Clock, ManualClock, SystemClock
 from shared.keys import KeySchema
-from tests.integration.test_multicast import RecordingBus, message
+from tests.integration.recording_bus import RecordingBus, message
 
 pytestmark = pytest.mark.integration
 

@@ -1,29 +1,8 @@
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 from shared.positions import seq_of
 from socket_gateway.connections import ClientConn, LocalConnections
-
-
-@dataclass
-class ListSink:
-    frames: list[bytes] = field(default_factory=list)
-    open: bool = True
-    backlog: int = 0
-    aborted: bool = False
-
-    def is_open(self) -> bool:
-        return self.open
-
-    def buffered(self) -> int:
-        return self.backlog
-
-    def write(self, data: bytes) -> None:
-        self.frames.append(data)
-
-    def abort(self) -> None:
-        self.aborted = True
+from tests.unit.sinks import ListSink
 
 
 def test_every_connection_of_every_listed_uid_gets_the_same_bytes() -> None:

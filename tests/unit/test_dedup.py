@@ -10,7 +10,7 @@ from socket_gateway.delivery import (
     RecentIds,
     RecentReplies,
 )
-from tests.unit.test_connections import ListSink
+from tests.unit.sinks import ListSink
 
 
 def test_a_repeated_id_is_caught_within_the_window() -> None:

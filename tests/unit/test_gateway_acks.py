@@ -23,7 +23,7 @@ from socket_gateway.acks import AckReporter
 from socket_gateway.connections import MAX_UNACKED, ClientConn, LocalConnections
 from socket_gateway.gap_fill import GapFills
 from socket_gateway.tracing import GatewayTracing
-from tests.unit.test_connections import ListSink
+from tests.unit.sinks import ListSink
 
 
 def msg(n: int) -> Message:
