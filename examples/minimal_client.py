@@ -75,7 +75,7 @@ async def main(target: str, token: str) -> int:
         except (OSError, TimeoutError, ValueError, KeyError, WebSocketException) as exc:
             print(f"failed: {exc!r}", file=sys.stderr, flush=True)
         print(f"disconnected: {code}", file=sys.stderr, flush=True)
-        if code in (401, 4401):
+        if code == 401:
             return 2  # the token is refused: a new one is needed
         backoff = min(5.0, 0.1 * 2**failures) * (0.5 + random.random())
         await asyncio.sleep(max(backoff, float(retry or 0)))

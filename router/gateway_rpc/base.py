@@ -57,11 +57,6 @@ async def gather_each(
 ) -> EachReplies:
     """Each delivery's reply, or the GatewayUnavailable it failed with (in order); any
     other error is raised."""
-    if len(deliveries) == 1:  # the usual P2P push: awaited here, no gather and no task
-        try:
-            return [await deliveries[0]]
-        except GatewayUnavailable as exc:
-            return [exc]
     replies: EachReplies = []
     for r in await asyncio.gather(*deliveries, return_exceptions=True):
         if isinstance(r, BaseException) and not isinstance(r, GatewayUnavailable):

@@ -258,7 +258,7 @@ async def test_the_sdk_acks_and_with_auto_ack_off_the_app_does(redis_url: str, p
     a reconnect meanwhile brings the push again, handed over once."""
     from imroute_client import ImrouteClient
 
-    from tests.integration.test_client_sdk import API, next_message, push
+    from tests.integration.sdk import API, next_message, push
 
     async with one_group(redis_url, prefix) as (gw, http):
         async with ImrouteClient(API, token("sam"), http=http) as client:
@@ -299,7 +299,7 @@ async def test_the_sdk_on_a_half_open_connection_gets_the_push_again_and_yields_
     from imroute_client import ImrouteClient
 
     from router.processes.ports import free_port
-    from tests.integration.test_client_sdk import API, next_message
+    from tests.integration.sdk import API, next_message
 
     ws_port = free_port()
     proxy = TcpProxy(ws_port)

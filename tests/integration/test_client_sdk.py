@@ -162,5 +162,5 @@ async def test_a_user_at_the_per_user_cap_waits_instead_of_hammering_the_fleet(
             await asyncio.sleep(1.0)
             # It waits (5 s at least) instead of reconnecting at once, again and again.
             assert second.stats.user_cap == 1 and second.stats.connects == 1
-            assert second.stats.refused == 0  # not counted as a full gateway
+            assert second.stats.refused == 0  # its handshake was not refused: the cap is after
             assert len(gw.conns) == 1

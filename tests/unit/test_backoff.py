@@ -38,3 +38,17 @@ def test_the_default_draw_stays_in_range() -> None:
     for n in range(1, 20):
         ceiling = backoff_s(n, 0.05, 2.0, rand=None)
         assert ceiling / 2 <= backoff_s(n, 0.05, 2.0) <= ceiling
+
+
+def test_redis_py_retries_wait_with_it() -> None:
+    """The Redis clients' retries (redis-py counts failures from 1) wait 25-50 ms after
+    the first failure, then double, up to 0.5 s: equal jitter, never 0."""
+    from redis.asyncio.retry import Retry
+
+    from router.redis.client import _BACKOFF
+
+    for _ in range(200):
+        assert 0.025 <= _BACKOFF.compute(1) <= 0.05
+        assert 0.05 <= _BACKOFF.compute(2) <= 0.1
+        assert 0.25 <= _BACKOFF.compute(30) <= 0.5
+    assert Retry(_BACKOFF, 2).get_retries() == 2

@@ -2,9 +2,9 @@
 network: its WebSocket and fetch are injected, time is real but short): a connection
 that never opens is reported to dispatch as `?avoid=<gateway>`, a connection gone
 silent is found by its pings, backoff grows across connections that fail soon after
-`recovered`, a push frame without `pos` keeps the position, and a WebSocket the browser
-refuses to build is said and retried. The browser tier (tests/browser) runs the module
-against real processes."""
+`recovered`, only a drain moves at once, a push frame without `pos` keeps the position,
+and a WebSocket the browser refuses to build is said and retried. The browser tier
+(tests/browser) runs the module against real processes."""
 
 from __future__ import annotations
 
@@ -126,6 +126,19 @@ def test_backoff_grows_across_connections_that_fail_soon_after_recovered() -> No
     # The nth wait is 10 ms * 2^(n-2) * [0.5, 1.5) (the first two one step each): the
     # sixth at least 80 ms. Reset at each `recovered`, every wait would be 5-15 ms.
     assert delays[5] >= 80 and delays[1] <= 15, delays
+
+
+@pytest.mark.parametrize(("code", "at_once"), [(4503, True), (4429, False), (1011, False)])
+def test_only_a_drain_moves_at_once(code: int, at_once: bool) -> None:
+    """A drain (4503) asks dispatch at once; a 4429 that does not name the per-user cap
+    is no move (no gateway sends one: a full gateway refuses before the 101) and waits a
+    backoff step, as any other close."""
+    got = run(
+        behave=f"s.open(); if (n === 1) setTimeout(() => s.end({code}), 1);",
+        done="delays.length >= 1",
+    )
+    first = got["delays"][0]
+    assert (first == 0) is at_once and (at_once or first >= 5), got["delays"]
 
 
 def test_a_push_without_pos_keeps_the_last_position() -> None:

@@ -75,6 +75,9 @@ def test_other_closes_ask_dispatch_after_a_backoff_and_a_refused_token_is_not_pl
 def test_the_per_user_cap_waits_instead_of_moving_at_once() -> None:
     reason = "too many connections for this user (at most 10, IMROUTE_MAX_CONNECTIONS_PER_USER)"
     assert classify(4429, False, reason) is Outcome.USER_CAP
+    # No gateway closes 4429 for another reason (a full one refuses before the 101):
+    # such a close is no move.
+    assert classify(4429, False, "gateway full") is Outcome.CLOSED
     state = RetryState()
     first = step(state, Outcome.USER_CAP)
     assert first.dispatch and first.delay_s >= USER_CAP_WAIT_S  # never at once
