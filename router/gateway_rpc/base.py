@@ -5,8 +5,7 @@ batches each delivered on its own (what the coalescer offers, and P2P calls)."""
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Awaitable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Protocol
 
 from shared.errors import GatewayUnavailable
@@ -18,7 +17,6 @@ __all__ = [
     "EachReplies",
     "ManyGatewayClient",
     "Replies",
-    "gather_each",
 ]
 
 # What one DeliverMany carries and answers, in order.
@@ -50,16 +48,3 @@ class EachGatewayClient(Protocol):
         """Every batch delivered as its own delivery (in as few calls as the client
         makes of them); each one's reply or error, in order."""
         ...
-
-
-async def gather_each(
-    deliveries: Sequence[Awaitable[gateway_pb2.DeliverReply]],
-) -> EachReplies:
-    """Each delivery's reply, or the GatewayUnavailable it failed with (in order); any
-    other error is raised."""
-    replies: EachReplies = []
-    for r in await asyncio.gather(*deliveries, return_exceptions=True):
-        if isinstance(r, BaseException) and not isinstance(r, GatewayUnavailable):
-            raise r
-        replies.append(r)
-    return replies

@@ -73,7 +73,6 @@ from router.gateway_rpc.base import (
     EachReplies,
     ManyGatewayClient,
     Replies,
-    gather_each,
 )
 from router.gateway_rpc.link import DeliveryLink, open_link
 from shared.backoff import backoff_s
@@ -133,6 +132,19 @@ class _Lane:
     scheduled: bool = False  # a drain at the end of this loop turn
 
 
+async def _gather_each(
+    deliveries: Sequence[Awaitable[gateway_pb2.DeliverReply]],
+) -> EachReplies:
+    """Each delivery's reply, or the GatewayUnavailable it failed with (in order); any
+    other error is raised."""
+    replies: EachReplies = []
+    for r in await asyncio.gather(*deliveries, return_exceptions=True):
+        if isinstance(r, BaseException) and not isinstance(r, GatewayUnavailable):
+            raise r
+        replies.append(r)
+    return replies
+
+
 class CoalescingGatewayClient:
     def __init__(
         self,
@@ -171,7 +183,7 @@ class CoalescingGatewayClient:
         one, the usual P2P push, goes alone when a slot is free (not per turn)."""
         lane = self._lane(gateway_id, address)
         if len(batches) != 1:
-            return await gather_each(self._queue(lane, batches, timeout_s))
+            return await _gather_each(self._queue(lane, batches, timeout_s))
         try:  # the usual P2P push: no gather, no task, and (per turn) no coroutine
             return [await self._one(lane, batches[0], timeout_s)]
         except GatewayUnavailable as exc:

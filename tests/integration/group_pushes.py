@@ -14,6 +14,7 @@ from websockets.asyncio.client import ClientConnection, connect
 
 from socket_gateway.app import Gateway
 from tests.integration.stack import AUTH, ready, token
+from tests.waiting import wait_for
 
 __all__ = ["GATEWAYS", "connect_all", "finished", "frames"]
 
@@ -33,10 +34,9 @@ async def connect_all(
         return ws
 
     sockets = await asyncio.gather(*(one(i, u) for i, u in enumerate(uids)))
-    deadline = asyncio.get_running_loop().time() + 10
-    while sum(len(g.conns) for g in gws) < len(uids):
-        assert asyncio.get_running_loop().time() < deadline, "clients did not all register"
-        await asyncio.sleep(0.02)
+    await wait_for(
+        lambda: sum(len(g.conns) for g in gws) >= len(uids), "every client registered", 10
+    )
     await asyncio.sleep(0.2)  # the coalesced route writes land
     return dict(zip(uids, sockets, strict=True))
 
