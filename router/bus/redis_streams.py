@@ -60,6 +60,10 @@ BACKOFF_MAX_S = 5.0
 # A dead peer (not a closed socket) must surface as an error, but never before a
 # blocking read's own timeout.
 SOCKET_SLACK_S = 5.0
+# One read takes at most this share of the bound: what a live gateway holds read and not
+# yet acked stays far inside the bound, so a trim past it does not count a running
+# gateway's entries in hand as lost (100 at the default bound, 5 at a bound of 50).
+READ_SHARE_OF_BOUND = 10
 
 _DATA = b"data"
 _ATTR = b"attr:"
@@ -113,7 +117,8 @@ class RedisStreamsTransport(BusLifecycle):
     ) -> None:
         """`topic_log`: each topic's stream is its recovery log too (on the Redis the
         recovery store uses): a publish gives the entry its seq under the topic's
-        sequence, in the same script, and the trim keeps the log's window."""
+        sequence, in the same script, and the trim keeps the log's window. `count`: the
+        entries one read takes at most (and at most a tenth of `maxlen`)."""
         try:
             # Binary payloads, so no decoding; a blocking pool makes a burst of
             # publishers wait for a connection instead of failing at once.
@@ -142,7 +147,7 @@ class RedisStreamsTransport(BusLifecycle):
         self.losses: BusLosses = self._trims.losses
         self._block_ms = max(1, int(block_s * 1000))
         self._stalled_s = block_s + SOCKET_SLACK_S
-        self._count = count
+        self._count = max(1, min(count, maxlen // READ_SHARE_OF_BOUND))
         self._claim_idle_ms = int(claim_idle_s * 1000)
         # None: each subscriber reads under its own id, so a restart finds its pending
         # entries at once; a per-boot name leaves them to XAUTOCLAIM instead.

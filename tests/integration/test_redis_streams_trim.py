@@ -99,3 +99,17 @@ async def test_a_group_idle_past_the_limit_is_dropped_and_holds_nothing(
     assert bus.losses.unread_trimmed == {}
     assert bus.losses.groups_dropped == {BROADCAST: 1}
     assert bus.losses.take("p2") == 0
+
+
+@pytest.mark.parametrize(("maxlen", "per_read"), [(100, 10), (10_000, 100)])
+async def test_one_read_holds_at_most_a_tenth_of_the_bound(
+    redis_url: str, prefix: str, redis: aioredis.Redis, maxlen: int, per_read: int
+) -> None:
+    """What a running gateway holds read and not acked is one read: at a bound as small
+    as a read (IMROUTE_BUS_MAXLEN 100), a whole read in hand would be trimmed and counted
+    lost as soon as the publisher went on, though the gateway writes every entry."""
+    async with streams_subscribed(redis_url, prefix, "reader", maxlen=maxlen) as (bus, messages):
+        await publish(bus, 150)
+        await take(messages, 1)
+        held = await redis.xpending(stream_key(prefix, BROADCAST), "reader")
+        assert held["pending"] == per_read
