@@ -23,6 +23,7 @@ from tests.pubsub_emulator import PROJECT, find_emulator, running_emulator
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 API_KEY = "test-api-key-0123456789"
+ADMIN_KEY = "test-admin-key-0123456789"
 SECRET = "test-secret-0123456789abcdef-0123456789"
 
 # Bodies of POST /v1/push that fail validation, each with the field its 422 names

@@ -1,5 +1,5 @@
 """The layout's rules: no import cycles, a pure core, shells that do not import each other,
-small bench scripts over a shared harness.
+small bench scripts over a shared harness, test modules that import no other.
 
 Modules are cut by concept, whatever their length; what a length cap was meant to guard
 is checked here instead. The import contracts themselves are run by lint-imports
@@ -243,3 +243,22 @@ def test_no_bench_imports_the_tests_or_edits_sys_path() -> None:
         ):
             offenders.append(str(p.relative_to(ROOT)))
     assert not offenders, f"benches import the packages, never tests/ or sys.path: {offenders}"
+
+
+def test_no_test_module_imports_another() -> None:
+    """What two test modules share lives in a helper module (docs/development.md, "Notes"):
+    a test module that imports another runs that module's imports and fixtures for a
+    helper, and ties the two files' names together."""
+    offenders = []
+    for p in _python_files():
+        rel = p.relative_to(ROOT)
+        if rel.parts[0] != "tests" and rel.parts[:3] != ("clients", "python", "tests"):
+            continue
+        tree = ast.parse(p.read_text(encoding="utf-8"), str(p))
+        for node in _import_statements(tree):
+            names = [a.name for a in node.names]  # `import tests.x.test_y`, `from . import test_y`
+            if isinstance(node, ast.ImportFrom):
+                names.append(node.module or "")
+            if any(name.rsplit(".", 1)[-1].startswith("test_") for name in names):
+                offenders.append(f"{rel}:{node.lineno}")
+    assert not offenders, f"import helpers from a helper module, not a test module: {offenders}"

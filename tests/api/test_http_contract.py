@@ -15,6 +15,7 @@ from shared.errors import RegistryUnavailable
 from shared.models import GatewayInfo
 from tests.api.conftest import Api, Fakes, serve
 from tests.conftest import (
+    ADMIN_KEY,
     API_KEY,
     BAD_IDEMPOTENCY_KEYS,
     LONE_SURROGATES,
@@ -25,7 +26,6 @@ from tests.conftest import (
 pytestmark = pytest.mark.api
 
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
-ADMIN_KEY = "test-admin-key-0123456789"
 ADMIN = {"Authorization": f"Bearer {ADMIN_KEY}"}
 MIB = 1 << 20
 

@@ -9,8 +9,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -18,34 +16,14 @@ import httpx
 import pytest
 from websockets.asyncio.client import connect
 
+from tests.browser.admin_stack import ADMIN_KEY, stack
 from tests.conftest import API_KEY
-from tests.integration.http_raw import push_service
-from tests.integration.procs import BIN, Proc, gateway_env, running, ws_url_of
+from tests.integration.procs import ws_url_of
 from tests.integration.stack import AUTH, ready, recv_json, token
 
 pytestmark = pytest.mark.integration
 
-ADMIN_KEY = "test-admin-key-0123456789"
 DOCS = Path(__file__).resolve().parents[2] / "docs"
-
-
-@contextmanager
-def stack(
-    redis_url: str, prefix: str, tmp_path: Path, drain_window_s: str, *specs: tuple[str, str]
-) -> Iterator[tuple[int, dict[str, Proc]]]:
-    """A push service process that takes the admin key, and gateway processes (id, group)
-    that drain in `drain_window_s`: the push service's port and the gateways by id."""
-    env = gateway_env(redis_url, prefix, IMROUTE_DRAIN_WINDOW_S=drain_window_s)
-    with (
-        push_service(redis_url, prefix, tmp_path, IMROUTE_ADMIN_API_KEY=ADMIN_KEY) as (_, port),
-        ExitStack() as gateways,
-    ):
-        procs = {}
-        for gid, group in specs:
-            argv = [str(BIN / "imroute"), "gateway", "--id", gid, "--group", group,
-                    "--ws-port", "0", "--grpc-port", "0", "--heartbeat", "0.5"]  # fmt: skip
-            procs[gid] = gateways.enter_context(running(argv, env))
-        yield port, procs
 
 
 async def _tile(page: Any, name: str) -> float:

@@ -12,7 +12,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.browser.test_dashboard import ADMIN_KEY, stack
+from tests.browser.admin_stack import ADMIN_KEY, stack
 from tests.integration.procs import read_until
 from tests.integration.stack import AUTH, token
 

@@ -10,11 +10,11 @@ from typing import Any
 import pytest
 import redis.asyncio as aioredis
 
+from tests.conftest import ADMIN_KEY
 from tests.integration.http_raw import push_service
 
 pytestmark = pytest.mark.integration
 
-ADMIN_KEY = "test-admin-key-0123456789"
 # Every violation of the page's CSP, as the page itself sees them.
 WATCH_CSP = """
 window.violations = [];

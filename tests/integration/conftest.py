@@ -1,4 +1,5 @@
-"""Fixtures of the integration tests that supervise child processes."""
+"""Fixtures the integration tests share: child processes, the session's Redis Cluster,
+mTLS certificates, a user directory."""
 
 from __future__ import annotations
 
@@ -6,12 +7,14 @@ import contextlib
 import os
 import signal
 import subprocess
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
 
+from router.directory.migrate import upgrade
 from router.processes.supervisor import Supervisor, alive
+from tests.integration.procs import directory_url
 from tests.integration.redis_cluster import LocalCluster, cluster_nodes
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -35,6 +38,15 @@ def strays() -> Iterator[list[int]]:
         if alive(pid):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
+
+
+@pytest.fixture
+async def directory_db(tmp_path: Path) -> AsyncIterator[str]:
+    """The URL of a user directory on SQLite in the test's folder, its tables made (what
+    a push service started there uses: `procs.directory_url`)."""
+    url = directory_url(tmp_path)
+    await upgrade(url)
+    yield url
 
 
 @pytest.fixture(scope="session")

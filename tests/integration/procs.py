@@ -15,7 +15,7 @@ import httpx
 
 from router.processes.ports import free_port
 from router.processes.supervisor import Child, Supervisor, descendants
-from tests.conftest import API_KEY, SECRET
+from tests.conftest import ADMIN_KEY, API_KEY, SECRET
 
 __all__ = [
     "BIN",
@@ -26,6 +26,7 @@ __all__ = [
     "gateway_env",
     "gateway_process",
     "imroute",
+    "imroute_at",
     "pid_of",
     "push_services",
     "read_until",
@@ -84,6 +85,25 @@ def imroute(
         timeout=timeout,
         check=False,
     )
+
+
+async def imroute_at(
+    port: int, *args: str, key: str | None = API_KEY, admin: str | None = ADMIN_KEY
+) -> tuple[int, str, str]:
+    """`imroute ARGS...` as a process against the push service on `port`, its keys in its
+    environment: its exit code, standard output and error."""
+    environ = base_env(IMROUTE_API_URL=f"http://127.0.0.1:{port}")
+    if key is not None:
+        environ["IMROUTE_API_KEY"] = key
+    if admin is not None:
+        environ["IMROUTE_ADMIN_API_KEY"] = admin
+    proc = await asyncio.create_subprocess_exec(
+        str(BIN / "imroute"), *args, env=environ,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    out, err = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode is not None
+    return proc.returncode, out.decode(), err.decode()
 
 
 def dev_started(dev: Proc) -> tuple[str, str, str, str]:

@@ -37,6 +37,7 @@ from shared.settings import Settings
 from shared.wire import encode_push_json, ws_text_frame
 from socket_gateway.app import Gateway
 from socket_gateway.connections import LocalConnections
+from socket_gateway.faults import FailCalls
 from socket_gateway.ws.endpoint import WsEndpoint
 from tests.conftest import API_KEY, SECRET
 from tests.waiting import wait_for
@@ -47,6 +48,7 @@ __all__ = [
     "Gw",
     "RawClient",
     "alice_online",
+    "amy_behind_faults",
     "api",
     "api_app",
     "client",
@@ -148,6 +150,21 @@ async def alice_online(
     """Gateway gw1 in group g1, the push API, and a client of gw1 connected as alice."""
     async with one_group(redis_url, prefix) as (gw, http), client(gw, "alice") as ws:
         yield gw, http, ws
+
+
+@asynccontextmanager
+async def amy_behind_faults(
+    redis_url: str, prefix: str, retries: int
+) -> AsyncIterator[tuple[FailCalls, Gateway, httpx.AsyncClient, ClientConnection]]:
+    """Gateway gw1 whose calls fail when `faults` is armed, the push API retrying a call
+    `retries` times, and amy connected to gw1."""
+    faults = FailCalls()
+    async with (
+        gateway(redis_url, prefix, "gw1", "g1", interceptors=[faults]) as gw,
+        api(redis_url, prefix, deliver_retries=retries) as http,
+        client(gw, "amy") as ws,
+    ):
+        yield faults, gw, http, ws
 
 
 @asynccontextmanager

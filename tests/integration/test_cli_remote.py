@@ -10,33 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import API_KEY
+from tests.conftest import ADMIN_KEY
 from tests.integration.http_raw import push_service
-from tests.integration.procs import BIN, base_env
+from tests.integration.procs import imroute_at
 from tests.integration.stack import client, gateway, recv_json
 
 pytestmark = pytest.mark.integration
-
-ADMIN_KEY = "test-admin-key-0123456789"
-
-
-async def imroute(
-    port: int, *args: str, key: str | None = API_KEY, admin: str | None = ADMIN_KEY
-) -> tuple[int, str, str]:
-    """`imroute ARGS...` as a process, its keys in its environment: its exit code,
-    standard output and error."""
-    environ = base_env(IMROUTE_API_URL=f"http://127.0.0.1:{port}")
-    if key is not None:
-        environ["IMROUTE_API_KEY"] = key
-    if admin is not None:
-        environ["IMROUTE_ADMIN_API_KEY"] = admin
-    proc = await asyncio.create_subprocess_exec(
-        str(BIN / "imroute"), *args, env=environ,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-    )  # fmt: skip
-    out, err = await asyncio.wait_for(proc.communicate(), 60)
-    assert proc.returncode is not None
-    return proc.returncode, out.decode(), err.decode()
 
 
 async def test_push_prints_what_became_of_each_recipient_and_json_with_json(
@@ -44,12 +23,12 @@ async def test_push_prints_what_became_of_each_recipient_and_json_with_json(
 ) -> None:
     with push_service(redis_url, prefix, tmp_path, IMROUTE_ADMIN_API_KEY=ADMIN_KEY) as (_, port):
         async with gateway(redis_url, prefix, "gw1", "g1") as gw, client(gw, "amy") as amy:
-            code, out, err = await imroute(port, "push", "amy", "bob", "--content", '{"n":1}')
+            code, out, err = await imroute_at(port, "push", "amy", "bob", "--content", '{"n":1}')
             assert code == 0, err
             assert "delivered 1 (amy)" in out and "queued 1 (bob)" in out, out
             assert (await recv_json(amy))["content"] == {"n": 1}
 
-            code, out, err = await imroute(
+            code, out, err = await imroute_at(
                 port, "push", "amy", "--content", '"two"', "--sender", "ops", "--json"
             )
             assert code == 0, err
@@ -65,30 +44,30 @@ async def test_bad_input_and_refusals_exit_non_zero_with_a_message_and_no_key(
 ) -> None:
     with push_service(redis_url, prefix, tmp_path, IMROUTE_ADMIN_API_KEY=ADMIN_KEY) as (_, port):
         # Not JSON: refused before anything is sent.
-        code, _, err = await imroute(port, "push", "amy", "--content", "{nope")
+        code, _, err = await imroute_at(port, "push", "amy", "--content", "{nope")
         assert code == 2 and "--content: not JSON" in err, err
-        code, _, err = await imroute(port, "push", "amy", "--content", "1", "--wait-ack", "x")
+        code, _, err = await imroute_at(port, "push", "amy", "--content", "1", "--wait-ack", "x")
         assert code == 2 and "--wait-ack" in err, err
-        code, _, err = await imroute(port, "push", "--content", "1")
+        code, _, err = await imroute_at(port, "push", "--content", "1")
         assert code == 2 and "UIDS" in err, err
-        code, _, err = await imroute(port, "broadcast", "--content", "1")
+        code, _, err = await imroute_at(port, "broadcast", "--content", "1")
         assert code == 2 and "exactly one" in err, err
         # The push service's own 422 names the field.
-        code, _, err = await imroute(port, "push", "a", "a", "--content", "1")
+        code, _, err = await imroute_at(port, "push", "a", "a", "--content", "1")
         assert code == 1 and "422 invalid_request: body.to" in err, err
         # A wrong key: 401, the setting named, the key never printed.
         wrong = "wrong-key-0123456789abcdef"
-        code, out, err = await imroute(port, "push", "amy", "--content", "1", key=wrong)
+        code, out, err = await imroute_at(port, "push", "amy", "--content", "1", key=wrong)
         assert code == 1 and "401" in err and "IMROUTE_API_KEY" in err, err
         assert wrong not in out + err
-        code, _, err = await imroute(port, "status", key=None)
+        code, _, err = await imroute_at(port, "status", key=None)
         assert code == 1 and "401" in err, err
         # Nothing listening there.
-        code, _, err = await imroute(port, "status", "--api-url", "http://127.0.0.1:1")
+        code, _, err = await imroute_at(port, "status", "--api-url", "http://127.0.0.1:1")
         assert code == 1 and "cannot reach the push service at http://127.0.0.1:1" in err, err
         # A file that is not there.
         missing = str(tmp_path / "none.txt")
-        code, _, err = await imroute(port, "multicast", "--file", missing, "--content", "1")
+        code, _, err = await imroute_at(port, "multicast", "--file", missing, "--content", "1")
         assert code == 2 and "none.txt" in err, err
 
 
@@ -103,7 +82,7 @@ async def test_multicast_and_broadcast_wait_for_their_jobs(
             client(gw, "amy") as amy,
             client(gw, "bob") as bob,
         ):
-            code, out, err = await imroute(
+            code, out, err = await imroute_at(
                 port, "multicast", "--file", str(uids), "--content", '"m"', "--wait", "--json"
             )
             assert code == 0, err
@@ -113,7 +92,7 @@ async def test_multicast_and_broadcast_wait_for_their_jobs(
             assert (await recv_json(amy))["content"] == "m"
             assert (await recv_json(bob))["content"] == "m"
 
-            code, out, err = await imroute(
+            code, out, err = await imroute_at(
                 port, "broadcast", "--online", "--content", '"b"', "--wait"
             )
             assert code == 0, err
@@ -122,7 +101,9 @@ async def test_multicast_and_broadcast_wait_for_their_jobs(
             assert (await recv_json(bob))["content"] == "b"
 
             # Without --wait: the job's id, at once.
-            code, out, err = await imroute(port, "multicast", "--file", str(uids), "--content", "1")
+            code, out, err = await imroute_at(
+                port, "multicast", "--file", str(uids), "--content", "1"
+            )
             assert code == 0 and out.startswith("accepted: "), (out, err)
 
 
@@ -137,26 +118,26 @@ async def test_status_shows_the_fleet_and_drain_takes_a_gateway_out(
             gateway(redis_url, prefix, "gw2", "g1", heartbeat_s=0.2),
             client(gw1, "amy"),
         ):
-            code, out, err = await imroute(port, "status")
+            code, out, err = await imroute_at(port, "status")
             assert code == 0, err
             assert "gw1" in out and "gw2" in out and "g1" in out, out
-            code, out, err = await imroute(port, "status", "--json")
+            code, out, err = await imroute_at(port, "status", "--json")
             listed = {g["gateway_id"]: g for g in json.loads(out)["gateways"]}
             assert set(listed) == {"gw1", "gw2"} and listed["gw1"]["connections"] == 1
 
             # The drain takes the admin key; with only the API key it is refused.
-            code, _, err = await imroute(port, "drain", "gw1", admin=None)
+            code, _, err = await imroute_at(port, "drain", "gw1", admin=None)
             assert code == 1 and "403" in err, err
-            code, _, err = await imroute(port, "drain", "nope")
+            code, _, err = await imroute_at(port, "drain", "nope")
             assert code == 1 and "404" in err, err
-            code, out, err = await imroute(port, "drain", "gw1")
+            code, out, err = await imroute_at(port, "drain", "gw1")
             assert code == 0 and "draining: gw1" in out, err
             # The last gateway of its group that is not draining: the 409 guard.
-            code, _, err = await imroute(port, "drain", "gw2")
+            code, _, err = await imroute_at(port, "drain", "gw2")
             assert code == 1 and "409" in err, err
 
             async def draining() -> bool:
-                _, out, _ = await imroute(port, "status", "--json")
+                _, out, _ = await imroute_at(port, "status", "--json")
                 return any(g["draining"] for g in json.loads(out)["gateways"])
 
             for _ in range(50):  # it shows at its next heartbeat
@@ -164,5 +145,5 @@ async def test_status_shows_the_fleet_and_drain_takes_a_gateway_out(
                     break
                 await asyncio.sleep(0.2)
             assert await draining(), "gw1 never listed as draining"
-            code, out, _ = await imroute(port, "status")
+            code, out, _ = await imroute_at(port, "status")
             assert "draining" in out, out

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from tests.integration.http_raw import HOST, push_service
+from tests.integration.procs import imroute_at
 from tests.integration.stack import client, gateway, nothing_more, recv_json
-from tests.integration.test_cli_remote import imroute
 
 pytestmark = pytest.mark.integration
 
@@ -77,7 +77,7 @@ async def test_a_push_whose_answer_was_lost_is_retried_with_its_key_and_delivere
         server = await asyncio.start_server(dropper.serve, HOST, 0)
         proxy_port = server.sockets[0].getsockname()[1]
         async with server, gateway(redis_url, prefix, "gw1", "g1") as gw, client(gw, "amy") as amy:
-            code, out, err = await imroute(proxy_port, "push", "amy", "--content", '{"n":1}')
+            code, out, err = await imroute_at(proxy_port, "push", "amy", "--content", '{"n":1}')
             assert code == 0, err
             assert "delivered 1 (amy)" in out, out
             # The first try was carried out: amy has it, once, though its answer was lost.

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import pytest
 
 from router.processes.ports import HOST, free_port
-from tests.integration.test_cli_remote import imroute
+from tests.integration.procs import imroute_at
 
 pytestmark = pytest.mark.integration
 
@@ -30,7 +30,7 @@ async def test_a_push_service_that_is_down_is_said_at_once_naming_its_url() -> N
     """Before: 4 tries over 3.5-7 s, then the message."""
     port = free_port()  # nothing listens there
     started = time.monotonic()
-    code, out, err = await imroute(port, "status")
+    code, out, err = await imroute_at(port, "status")
     took = time.monotonic() - started
     assert code == 1 and out == "", (code, out, err)
     assert err.splitlines() == [
@@ -46,7 +46,7 @@ async def test_a_silent_push_service_is_given_up_on_after_the_request_timeout_an
 ) -> None:
     """Before: no such flags (exit 2); without them 4 tries of 30 s each, 2 minutes."""
     started = time.monotonic()
-    code, _, err = await imroute(
+    code, _, err = await imroute_at(
         silent_port, "status", "--request-timeout", "0.5", "--retries", "1"
     )
     took = time.monotonic() - started

@@ -32,10 +32,10 @@ from websockets.exceptions import ConnectionClosed
 
 from router.directory.migrate import upgrade
 from shared.keys import KeySchema
+from tests.integration.cluster_stack import cluster_env, processes
 from tests.integration.procs import Proc
 from tests.integration.redis_cluster import LocalCluster, cluster_nodes
 from tests.integration.stack import AUTH, ready, token
-from tests.integration.test_cluster_stack import cluster_env, processes
 
 pytestmark = pytest.mark.integration
 

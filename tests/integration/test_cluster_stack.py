@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import re
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,8 +26,8 @@ from websockets.asyncio.client import ClientConnection, connect
 from router.directory.migrate import upgrade
 from router.processes.ports import free_port, free_port_block
 from shared.keys import slot_tagged
-from tests.conftest import API_KEY, SECRET
-from tests.integration.procs import BIN, Proc, base_env, read_until, running
+from tests.integration.cluster_stack import cluster_env, processes
+from tests.integration.procs import BIN, Proc, read_until, running
 from tests.integration.recovery_helpers import ack
 from tests.integration.redis_cluster import LocalCluster
 from tests.integration.stack import AUTH, ready, recv_json, token
@@ -46,43 +45,6 @@ class Stack:
     hook_port: int  # where the webhooks go (a receiver is started by the test needing it)
     env: dict[str, str]
     procs: tuple[Proc, ...]  # gateway gw1, the push service, gateway gw2 (drained by a test)
-
-
-def cluster_env(
-    redis_url: str, cluster: LocalCluster, prefix: str, db: Path, **extra: str
-) -> dict[str, str]:
-    return base_env(
-        IMROUTE_REDIS_URL=cluster.url,
-        IMROUTE_BUS_URL=redis_url,  # the bus is not sharded: a plain Redis
-        IMROUTE_REDIS_PREFIX=prefix,
-        IMROUTE_SECRET=SECRET,
-        IMROUTE_API_KEY=API_KEY,
-        IMROUTE_DB_URL=f"sqlite+aiosqlite:///{db}",
-        IMROUTE_GATEWAY_CACHE_S="0",
-        **extra,
-    )
-
-
-@contextlib.contextmanager
-def processes(env: dict[str, str], *gateway_ids: str) -> Iterator[tuple[str, str, list[Proc]]]:
-    """Gateways of group g1 (`gateway_ids`) and a push service, with `env`, once all are
-    up: the API's base URL, the first gateway's WebSocket URL, and the processes (the
-    gateways', then the push service's)."""
-    port = free_port_block([0])
-    gateway = [str(BIN / "imroute"), "gateway", "--ws-port", "0", "--grpc-port", "0"]
-    service = [str(BIN / "python"), "-m", "push_service", "--port", str(port)]
-    with contextlib.ExitStack() as running_procs:
-        gws = [
-            running_procs.enter_context(running([*gateway, "--id", gid, "--group", "g1"], env))
-            for gid in gateway_ids
-        ]
-        ps = running_procs.enter_context(running(service, env))
-        found = re.search(r"ws=(\S+)", read_until(gws[0], "ready", 60)[-1])
-        assert found
-        for gw in gws[1:]:
-            read_until(gw, "ready", 60)
-        read_until(ps, "Uvicorn running on", 60)
-        yield f"http://127.0.0.1:{port}", found.group(1), [*gws, ps]
 
 
 @pytest.fixture(scope="module")

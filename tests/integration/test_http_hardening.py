@@ -18,14 +18,13 @@ import psutil
 import pytest
 import redis.asyncio as aioredis
 
-from tests.conftest import API_KEY
+from tests.conftest import ADMIN_KEY, API_KEY
 from tests.integration.http_raw import HOST, push_service, read_answer_blocking, request_head
 from tests.integration.stack import AUTH, api, gateway
 from tests.waiting import wait_for
 
 pytestmark = pytest.mark.integration
 
-ADMIN_KEY = "test-admin-key-0123456789"
 MIB = 1 << 20
 
 

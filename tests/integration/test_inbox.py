@@ -9,9 +9,11 @@ import pytest
 
 from shared.errors import ConfigError
 from shared.settings import Settings
+from socket_gateway.faults import FailCalls
 from tests.integration.recovery_helpers import ack, acked, gone, open_ws, pushes, reconnect, replay
 from tests.integration.stack import (
     AUTH,
+    amy_behind_faults,
     api,
     contents,
     gateway,
@@ -20,7 +22,6 @@ from tests.integration.stack import (
     p2p,
     push_status,
 )
-from tests.integration.test_retry import FailCalls, amy_behind_faults
 
 pytestmark = pytest.mark.integration
 

@@ -4,95 +4,46 @@ WebSocket client; the move itself on a real Redis Cluster too)."""
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from router.directory.base import UserRecord
-from router.directory.migrate import upgrade
-from router.directory.sql import SqlUserDirectory
 from router.recovery.base import RecoveryLimits
 from router.recovery.retag import retag
 from router.recovery.store import RedisRecoveryStore
-from router.redis.client import RedisClient, connect_redis
+from router.redis.client import connect_redis
 from shared.clock import SystemClock
 from shared.keys import KeySchema
-from shared.models import Message
-from tests.integration.procs import base_env, imroute
-from tests.integration.recovery_helpers import connected, open_ws, replay, replayed, write_legacy
+from tests.integration.key_migration import (
+    BRACED,
+    FAR,
+    HEXED,
+    LegacyKeys,
+    message,
+    migrate,
+    users,
+    write_old,
+)
+from tests.integration.recovery_helpers import connected, open_ws, replay, replayed
 from tests.integration.stack import contents, gateway, one_group, p2p
 
 pytestmark = pytest.mark.integration
 
-BRACED = "bob{corp}"
-HEXED = hashlib.sha1(BRACED.encode()).hexdigest()
-FAR = 2**41
-
-
-class LegacyKeys(KeySchema):
-    """The names before: a braced uid's keys under the bare tag of its SHA-1 hex."""
-
-    def user_seq(self, uid: str) -> str:
-        old = self.legacy_user_keys(uid)
-        return old[0] if old else super().user_seq(uid)
-
-    def user_log(self, uid: str) -> str:
-        old = self.legacy_user_keys(uid)
-        return old[1] if old else super().user_log(uid)
-
-    def user_inbox(self, uid: str) -> str:
-        old = self.legacy_user_keys(uid)
-        return old[2] if old else super().user_inbox(uid)
-
-
-def message(text: str) -> Message:
-    now = SystemClock().now_ms()
-    return Message(f"m-{text}", f"p-{text}", 0, "admin", f'"{text}"'.encode(), now)
-
-
-async def write_old(redis: RedisClient, prefix: str, uid: str, *texts: str) -> None:
-    """Queue messages for an offline `uid` as the version before wrote them: under the
-    old names, and into an inbox of its own (`recovery_helpers.write_legacy`)."""
-    keys = LegacyKeys(prefix)
-    names = (keys.user_seq(uid), keys.user_log(uid), keys.user_inbox(uid))
-    for text in texts:
-        await write_legacy(redis, *names, message(text), FAR)
-
-
-@pytest.fixture
-async def directory(tmp_path: Path) -> AsyncIterator[str]:
-    url = f"sqlite+aiosqlite:///{tmp_path}/users.db"
-    await upgrade(url)
-    yield url
-
-
-async def users(url: str, *uids: str) -> None:
-    async with SqlUserDirectory.from_url(url, SystemClock()) as d:
-        await d.upsert([UserRecord(u) for u in uids])
-
-
-def migrate(redis_url: str, prefix: str, db_url: str, *flags: str) -> str:
-    env = base_env(IMROUTE_REDIS_URL=redis_url, IMROUTE_REDIS_PREFIX=prefix, IMROUTE_DB_URL=db_url)
-    done = imroute("keys", "migrate", *flags, env=env)
-    assert done.returncode == 0, done.stderr
-    return done.stdout
-
 
 async def test_old_keys_are_read_after_the_migration_positions_and_all(
-    redis_url: str, prefix: str, redis: Any, directory: str
+    redis_url: str, prefix: str, redis: Any, directory_db: str
 ) -> None:
     await write_old(redis, prefix, BRACED, "one", "two")
     old_seq = LegacyKeys(prefix).user_seq(BRACED)
     before = await redis.hgetall(old_seq)
-    await users(directory, BRACED, "alice")
+    await users(directory_db, BRACED, "alice")
     # A dry run says what would move, and moves nothing.
-    out = migrate(redis_url, prefix, directory, "--dry-run")
+    out = migrate(redis_url, prefix, directory_db, "--dry-run")
     assert f"would move {BRACED!r}" in out and "1 renamed" in out
     assert await redis.exists(old_seq) == 1
-    out = migrate(redis_url, prefix, directory)
+    out = migrate(redis_url, prefix, directory_db)
     assert "1 renamed, 0 merged, 0 ambiguous" in out, out
     keys = KeySchema(prefix)
     assert await redis.hgetall(keys.user_seq(BRACED)) == before  # same counter and epoch
@@ -108,18 +59,18 @@ async def test_old_keys_are_read_after_the_migration_positions_and_all(
         assert await replayed(gw, HEXED) == []
         # A second run finds nothing left to move.
         assert "0 renamed, 0 merged, 0 ambiguous, 1 with no old keys" in migrate(
-            redis_url, prefix, directory
+            redis_url, prefix, directory_db
         )
 
 
 async def test_with_ambiguous_hex_a_braced_uid_whose_hex_is_a_user_too_is_left_to_that_user(
-    redis_url: str, prefix: str, redis: Any, directory: str, tmp_path: Path
+    redis_url: str, prefix: str, redis: Any, directory_db: str, tmp_path: Path
 ) -> None:
     await write_old(redis, prefix, BRACED, "mixed")
     listed = tmp_path / "uids.txt"
     listed.write_text(f"{BRACED}\n{HEXED}\n")
     flags = ("--uids", str(listed), "--no-directory", "--ambiguous", "hex")
-    out = migrate(redis_url, prefix, directory, *flags)
+    out = migrate(redis_url, prefix, directory_db, *flags)
     assert "0 renamed, 0 merged, 1 ambiguous" in out and repr(HEXED) in out
     async with gateway(redis_url, prefix, "gw1", "g1") as gw:
         assert await replayed(gw, BRACED) == []
@@ -127,25 +78,25 @@ async def test_with_ambiguous_hex_a_braced_uid_whose_hex_is_a_user_too_is_left_t
 
 
 async def test_a_hex_with_a_live_route_is_a_user_too(
-    redis_url: str, prefix: str, redis: Any, directory: str
+    redis_url: str, prefix: str, redis: Any, directory_db: str
 ) -> None:
     await write_old(redis, prefix, BRACED, "mine?")
-    await users(directory, BRACED)
+    await users(directory_db, BRACED)
     async with gateway(redis_url, prefix, "gw1", "g1") as gw:
         other = await connected(gw, HEXED)
-        out = migrate(redis_url, prefix, directory)
+        out = migrate(redis_url, prefix, directory_db)
         assert "1 ambiguous" in out, out
         await other.close()
 
 
 async def test_new_keys_written_before_the_migration_get_the_old_inbox_appended(
-    redis_url: str, prefix: str, redis: Any, directory: str
+    redis_url: str, prefix: str, redis: Any, directory_db: str
 ) -> None:
     await write_old(redis, prefix, BRACED, "old")
-    await users(directory, BRACED)
+    await users(directory_db, BRACED)
     async with one_group(redis_url, prefix) as (gw, http):
         await p2p(http, [BRACED], "new")  # the upgraded push service: new keys
-        out = migrate(redis_url, prefix, directory)
+        out = migrate(redis_url, prefix, directory_db)
         assert f"moved {BRACED!r}: 1 inbox entries appended" in out, out
         ws = await open_ws(gw, BRACED)
         got, _ = await replay(ws)

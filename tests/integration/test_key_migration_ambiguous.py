@@ -11,7 +11,6 @@ from typing import Any
 
 import pytest
 
-from router.directory.migrate import upgrade
 from router.recovery.base import RecoveryLimits
 from router.recovery.retag import retag
 from router.recovery.store import RedisRecoveryStore
@@ -19,9 +18,7 @@ from router.redis.client import connect_redis
 from shared.clock import SystemClock
 from shared.keys import KeySchema
 from shared.positions import counter_of
-from tests.integration.recovery_helpers import replayed
-from tests.integration.stack import contents, one_group, p2p
-from tests.integration.test_key_migration import (
+from tests.integration.key_migration import (
     BRACED,
     FAR,
     HEXED,
@@ -31,29 +28,24 @@ from tests.integration.test_key_migration import (
     users,
     write_old,
 )
+from tests.integration.recovery_helpers import replayed
+from tests.integration.stack import contents, one_group, p2p
 
 pytestmark = pytest.mark.integration
 
 
-@pytest.fixture
-async def directory(tmp_path: Path) -> AsyncIterator[str]:
-    url = f"sqlite+aiosqlite:///{tmp_path}/users.db"
-    await upgrade(url)
-    yield url
-
-
 async def test_an_ambiguous_pairs_old_keys_are_set_aside_and_read_by_neither(
-    redis_url: str, prefix: str, redis: Any, directory: str
+    redis_url: str, prefix: str, redis: Any, directory_db: str
 ) -> None:
     await write_old(redis, prefix, BRACED, "bob's secret")
     old = LegacyKeys(prefix).legacy_user_keys(BRACED)
     assert old is not None
     aside = KeySchema(prefix).quarantined_user_keys(HEXED)
-    await users(directory, BRACED, HEXED)
-    out = migrate(redis_url, prefix, directory, "--dry-run")
+    await users(directory_db, BRACED, HEXED)
+    out = migrate(redis_url, prefix, directory_db, "--dry-run")
     assert f"would set aside the old keys of {HEXED!r}" in out and "1 ambiguous" in out, out
     assert await redis.exists(*old) == 3 and await redis.exists(*aside) == 0
-    out = migrate(redis_url, prefix, directory)
+    out = migrate(redis_url, prefix, directory_db)
     assert "0 renamed, 0 merged, 1 ambiguous" in out and " ".join(aside) in out, out
     assert await redis.exists(*old) == 0 and await redis.exists(*aside) == 3
     assert await redis.pttl(aside[2]) > 0  # kept as long as the inbox would have been
@@ -62,21 +54,21 @@ async def test_an_ambiguous_pairs_old_keys_are_set_aside_and_read_by_neither(
             assert await replayed(gw, uid) == [], uid
         # The hex user's pushes since are under the old names: a later run leaves them.
         await p2p(http, [HEXED], "later")
-        out = migrate(redis_url, prefix, directory)
+        out = migrate(redis_url, prefix, directory_db)
         assert f"skipped {HEXED!r}: set aside by an earlier run" in out, out
         assert contents(await replayed(gw, HEXED)) == ["later"]
     assert await redis.exists(*aside) == 3
 
 
 async def test_no_directory_still_asks_the_directory_whether_the_hex_is_a_user(
-    redis_url: str, prefix: str, redis: Any, directory: str, tmp_path: Path
+    redis_url: str, prefix: str, redis: Any, directory_db: str, tmp_path: Path
 ) -> None:
     """The hex user is in the directory only, and offline: still ambiguous."""
     await write_old(redis, prefix, BRACED, "whose?")
-    await users(directory, HEXED)
+    await users(directory_db, HEXED)
     listed = tmp_path / "uids.txt"
     listed.write_text(f"{BRACED}\n")
-    out = migrate(redis_url, prefix, directory, "--uids", str(listed), "--no-directory")
+    out = migrate(redis_url, prefix, directory_db, "--uids", str(listed), "--no-directory")
     assert "0 renamed, 0 merged, 1 ambiguous" in out, out
     assert await redis.exists(*KeySchema(prefix).quarantined_user_keys(HEXED)) == 3
 

@@ -21,8 +21,8 @@ from shared.clock import ManualClock, SystemClock
 from shared.errors import RegistryRefused, RegistryUnavailable
 from shared.keys import KeySchema
 from shared.proto import gateway_pb2
+from tests.integration.counting_pipelines import CountingPipelines
 from tests.integration.recording_bus import RecordingBus, message
-from tests.integration.test_registry import CountingPipelines
 
 pytestmark = pytest.mark.integration
 

@@ -11,11 +11,12 @@ from typing import Any
 
 import pytest
 
+from tests.conftest import ADMIN_KEY
 from tests.integration.stack import AUTH, api, client, gateway, recv_json
 
 pytestmark = pytest.mark.integration
 
-ADMIN = {"Authorization": "Bearer test-admin-key-0123456789"}
+ADMIN = {"Authorization": f"Bearer {ADMIN_KEY}"}
 
 
 async def _overview(http: Any) -> dict[str, Any]:
@@ -31,7 +32,7 @@ async def test_the_overview_shows_the_fleet_its_rates_and_the_latest_jobs(
     async with (
         gateway(redis_url, prefix, "gw1", "g1", heartbeat_s=0.3) as gw1,
         gateway(redis_url, prefix, "gw2", "g2", heartbeat_s=0.3, gateway_max_connections=10) as gw2,
-        api(redis_url, prefix, admin_api_key="test-admin-key-0123456789") as http,
+        api(redis_url, prefix, admin_api_key=ADMIN_KEY) as http,
         client(gw1, "amy") as amy,
         client(gw2, "bob") as bob,
         client(gw2, "cid"),

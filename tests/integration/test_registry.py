@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
@@ -23,6 +22,7 @@ from router.routes.writer import CoalescingRouteWriter
 from shared.clock import ManualClock, SystemClock
 from shared.errors import RegistryRefused, RegistryUnavailable
 from shared.keys import KeySchema
+from tests.integration.counting_pipelines import CountingPipelines
 from tests.integration.stack import route_registry
 
 pytestmark = pytest.mark.integration
@@ -98,28 +98,6 @@ async def test_refresh_restores_routes_after_redis_lost_them(
     await redis.delete(KeySchema(prefix).route("alice"))  # e.g. a Redis restart without persistence
     assert await a.refresh([Registration("alice", "gw1.x.1")]) == 1
     assert "alice" in await a.lookup(["alice"])
-
-
-class CountingPipelines:
-    """Counts pipeline round trips made through a real client."""
-
-    def __init__(self, inner: aioredis.Redis) -> None:
-        self.inner = inner
-        self.executions = 0
-
-    def pipeline(self, transaction: bool = True) -> Any:
-        pipe = self.inner.pipeline(transaction=transaction)
-        real_execute = pipe.execute
-
-        async def execute(*args: Any, **kwargs: Any) -> Any:
-            self.executions += 1
-            return await real_execute(*args, **kwargs)
-
-        pipe.execute = execute  # type: ignore[method-assign]
-        return pipe
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.inner, name)
 
 
 async def test_lookup_is_one_round_trip_per_1000_users(redis: aioredis.Redis, prefix: str) -> None:

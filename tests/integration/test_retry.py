@@ -4,34 +4,12 @@ before the gateway delivered or after it (the answer was lost on the way back)."
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
-
-import httpx
 import pytest
-from websockets.asyncio.client import ClientConnection
 
 from router.routes.registry import Registration
-from socket_gateway.app import Gateway
-from socket_gateway.faults import FailCalls
-from tests.integration.stack import AUTH, api, client, gateway, nothing_more, recv_json
+from tests.integration.stack import AUTH, amy_behind_faults, nothing_more, recv_json
 
 pytestmark = pytest.mark.integration
-
-
-@asynccontextmanager
-async def amy_behind_faults(
-    redis_url: str, prefix: str, retries: int
-) -> AsyncIterator[tuple[FailCalls, Gateway, httpx.AsyncClient, ClientConnection]]:
-    """Gateway gw1 whose calls fail when `faults` is armed, the push API retrying a call
-    `retries` times, and amy connected to gw1."""
-    faults = FailCalls()
-    async with (
-        gateway(redis_url, prefix, "gw1", "g1", interceptors=[faults]) as gw,
-        api(redis_url, prefix, deliver_retries=retries) as http,
-        client(gw, "amy") as ws,
-    ):
-        yield faults, gw, http, ws
 
 
 @pytest.mark.parametrize("after", [True, False], ids=["answer-lost", "never-arrived"])

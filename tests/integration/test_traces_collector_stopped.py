@@ -17,7 +17,7 @@ import pytest
 from router.processes.ports import free_port
 from tests.integration.procs import BIN, base_env, read_until, running
 from tests.integration.stack import AUTH, recv_json
-from tests.integration.test_traces import clients, processes
+from tests.integration.traces import clients, processes
 
 pytestmark = pytest.mark.integration
 

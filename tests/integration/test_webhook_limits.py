@@ -17,13 +17,7 @@ from router.webhook.outbox import RedisOutbox
 from shared.keys import KeySchema
 from tests.integration.hostile_receiver import OK, Drip, Flood, HostileReceiver
 from tests.integration.procs import push_services
-from tests.integration.test_webhook_delivery import (
-    HOOK_SECRET,
-    env_for,
-    metrics,
-    metrics_once,
-    unacked,
-)
+from tests.integration.webhooks import HOOK_SECRET, env_for, metrics, metrics_once, unacked
 
 pytestmark = pytest.mark.integration
 

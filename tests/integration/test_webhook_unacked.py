@@ -15,12 +15,10 @@ from router.processes.ports import free_port
 from tests.integration.procs import push_services
 from tests.integration.recovery_helpers import ack, acked, multicast_acked, open_ws, pushes, replay
 from tests.integration.stack import AUTH, api, gateway, p2p
-from tests.integration.test_webhook_delivery import env_for
 from tests.integration.webhook_receiver import WebhookReceiver
+from tests.integration.webhooks import HOOK_SECRET, env_for
 
 pytestmark = pytest.mark.integration
-
-HOOK_SECRET = "whsec-test-0123456789"
 
 
 def hooks(rx: WebhookReceiver, **kw: Any) -> dict[str, Any]:

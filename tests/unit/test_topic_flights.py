@@ -14,7 +14,7 @@ from shared.errors import RegistryUnavailable
 from socket_gateway import topic_spans
 from socket_gateway.resume_budget import ResumeLimits
 from socket_gateway.topic_spans import FAIL_FAST_S, IN_MEMORY, TopicSpans
-from tests.unit.test_topic_spans import SIZE, Log, at, seqs, spans
+from tests.unit.topic_spans import SIZE, Log, at, seqs, spans
 
 
 class Failing(Log):

@@ -7,76 +7,13 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 
-from router.recovery.base import LoggedBatch, TopicHistory, TopicSpan
+from router.recovery.base import TopicHistory
 from shared.clock import ManualClock
-from shared.positions import counter_of, epoch_of, seq_of
+from shared.positions import counter_of
 from shared.proto import gateway_pb2
 from socket_gateway.fill_content import fill_for
-from socket_gateway.resume_budget import ResumeLimits
-from socket_gateway.topic_spans import SPAN_TTL_S, TopicSpans
-
-E = 1_790_000_000_000
-SIZE = 100  # bytes of each entry
-
-
-def at(n: int, epoch: int = E) -> int:
-    return seq_of(epoch, n)
-
-
-class Log:
-    """One topic's log of `n` entries of SIZE bytes, read as `read_topic.lua` reads it."""
-
-    def __init__(self, n: int, epoch: int = E, gate: asyncio.Event | None = None) -> None:
-        self.n, self.epoch, self.gate = n, epoch, gate
-        self.calls: list[tuple[int, int | None]] = []  # (after, upto) of each read
-        self.sent = 0  # bytes it answered with
-
-    async def read_span(
-        self, topic: str, after: int, upto: int | None, max_entries: int, max_bytes: int
-    ) -> TopicSpan:
-        self.calls.append((after, upto))
-        if self.gate is not None:
-            await self.gate.wait()
-        head = self.n
-        if not head:
-            return TopicSpan(0)  # an empty log (or none): no head, as the store says
-        lo = counter_of(after) if epoch_of(after) == self.epoch else 0
-        hi = head
-        if upto is not None:
-            hi = min(counter_of(upto), head) if epoch_of(upto) == self.epoch else 0
-        if hi <= lo:
-            return TopicSpan(at(head, self.epoch))
-        fit = min(max_entries, max_bytes // SIZE)  # read backward from `hi`
-        start = max(lo, hi - fit)
-        batches = [_batch(at(k, self.epoch), ["u1"]) for k in range(start + 1, hi + 1)]
-        self.sent += SIZE * len(batches)
-        over = start > lo
-        cut = at(start, self.epoch) if over else 0
-        return TopicSpan(at(head, self.epoch), batches, [SIZE] * len(batches), over, cut)
-
-
-def _batch(seq: int, uids: list[str], stored: bool = False) -> LoggedBatch:
-    return LoggedBatch(
-        gateway_pb2.Batch(
-            batch_id=f"b{seq}",
-            message=gateway_pb2.Message(
-                msg_id=f"m{seq}", content_json=b"" if stored else b"1", content_stored=stored
-            ),
-            uids=uids,
-            seq=counter_of(seq),
-            epoch=epoch_of(seq),
-        )
-    )
-
-
-def spans(log: Log, clock: ManualClock | None = None, **kw: int) -> TopicSpans:
-    limits = ResumeLimits(max_entries=kw.get("entries", 100), max_bytes=kw.get("bytes", 5000))
-    return TopicSpans(log, clock or ManualClock(), limits)  # type: ignore[arg-type]
-
-
-def seqs(history: object) -> list[int]:
-    assert history is not None
-    return [counter_of(b.seq) for b in history.batches]  # type: ignore[attr-defined]
+from socket_gateway.topic_spans import SPAN_TTL_S
+from tests.unit.topic_spans import SIZE, E, Log, at, logged_batch, seqs, spans
 
 
 async def test_a_range_inside_what_was_read_reads_nothing_more() -> None:
@@ -190,7 +127,7 @@ class Contents:
 
 async def test_stored_content_is_read_only_for_the_batches_that_name_the_user() -> None:
     mine, theirs, gone = (
-        _batch(at(k), [u], stored=True) for k, u in ((1, "u1"), (2, "u2"), (3, "u1"))
+        logged_batch(at(k), [u], stored=True) for k, u in ((1, "u1"), (2, "u2"), (3, "u1"))
     )
     contents = Contents(gone=[f"m{at(3)}"])
     history = TopicHistory(at(3), [mine, theirs, gone])
