@@ -151,9 +151,27 @@ async def _invalid(_: Request, exc: InvalidInput) -> JSONResponse:
     )
 
 
-async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
+async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
     detail = describe_errors(exc.errors())
+    sent = request.headers.get("content-type", "")
+    if not _json_type(sent):
+        # A body not sent as JSON (curl -d without -H, a form) reaches validation as no
+        # object at all: say what the API takes instead of pydantic's "valid dictionary".
+        for d in detail:
+            if d["field"] == "body":
+                d["message"] = (
+                    "the body must be a JSON object sent with Content-Type: application/json "
+                    f"(this request's: {sent or 'none'})"
+                )
     return JSONResponse({"error": "invalid_request", "detail": detail}, status_code=422)
+
+
+def _json_type(content_type: str) -> bool:
+    """application/json, or a +json type (what FastAPI reads a body of as JSON)."""
+    media = content_type.split(";", 1)[0].strip().lower()
+    return media == "application/json" or (
+        media.startswith("application/") and media.endswith("+json")
+    )
 
 
 async def _backend_down(_: Request, exc: ImrouteError) -> JSONResponse:

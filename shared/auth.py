@@ -78,30 +78,7 @@ def verify_token(
     """Return the uid of a valid token; raise AuthError saying why it is not."""
     if not token:
         raise AuthError("missing token")
-    try:
-        claims = jwt.decode(
-            token,
-            secret,
-            algorithms=[_ALGORITHM],
-            audience=rules.audience,
-            issuer=rules.issuer,
-            # The times are checked below against the injected clock, not PyJWT's own
-            # time.time().
-            options={
-                "require": ["exp", "sub"],
-                "verify_exp": False,
-                "verify_nbf": False,
-                "verify_iat": False,
-            },
-        )
-    except jwt.MissingRequiredClaimError as exc:
-        raise AuthError(f"invalid token: it has no {exc.claim} claim") from None
-    except jwt.InvalidAudienceError:
-        raise AuthError("invalid token: wrong audience (aud)") from None
-    except jwt.InvalidIssuerError:
-        raise AuthError("invalid token: wrong issuer (iss)") from None
-    except jwt.PyJWTError as exc:
-        raise AuthError(f"invalid token: {exc}") from None
+    claims = _signed_claims(secret, token, rules)
     now = clock.now_ms() / 1000
     leeway = rules.leeway_s
     exp = _number(claims, "exp")
@@ -126,6 +103,45 @@ def verify_token(
     try:
         return check_uid(claims["sub"], "sub")
     except InvalidUid as exc:
+        raise AuthError(f"invalid token: {exc}") from None
+
+
+def _signed_claims(secret: str, token: str, rules: TokenRules) -> dict[str, Any]:
+    """The claims of a token signed with `secret` that carries what `rules` ask (its
+    times are checked by the caller); AuthError naming what is wrong with it."""
+    try:
+        return jwt.decode(
+            token,
+            secret,
+            algorithms=[_ALGORITHM],
+            audience=rules.audience,
+            issuer=rules.issuer,
+            # The times are checked by the caller against the injected clock, not PyJWT's own
+            # time.time().
+            options={
+                "require": ["exp", "sub"],
+                "verify_exp": False,
+                "verify_nbf": False,
+                "verify_iat": False,
+            },
+        )
+    except jwt.MissingRequiredClaimError as exc:
+        raise AuthError(f"invalid token: it has no {exc.claim} claim") from None
+    except jwt.InvalidAudienceError:
+        raise AuthError("invalid token: wrong audience (aud)") from None
+    except jwt.InvalidIssuerError:
+        raise AuthError("invalid token: wrong issuer (iss)") from None
+    except jwt.InvalidSignatureError:
+        raise AuthError(
+            "invalid token: its signature does not match (signed with another secret than "
+            "this deployment's IMROUTE_SECRET)"
+        ) from None
+    except jwt.DecodeError as exc:
+        raise AuthError(
+            f"invalid token: not a JWT ({exc}); a client token is a JWT signed with "
+            "IMROUTE_SECRET (`imroute token UID` makes one), not an API key"
+        ) from None
+    except jwt.PyJWTError as exc:
         raise AuthError(f"invalid token: {exc}") from None
 
 

@@ -34,6 +34,7 @@ from pydantic_settings import (
     CliSubCommand,
     PydanticBaseSettingsSource,
     SettingsConfigDict,
+    SettingsError,
     get_subcommand,
 )
 
@@ -62,7 +63,7 @@ GATEWAY_FIELDS = frozenset({"gateway_id", "group_id", "connections", "ws_url"})
 
 COMMANDS = {
     "push": "push one message to users now (POST /v1/push)",
-    "broadcast": "push to users with tags, or to everyone online (POST /v1/broadcast)",
+    "broadcast": "push to users with tags, everyone online, or all (POST /v1/broadcast)",
     "multicast": "push to the uids in a file (POST /v1/multicast)",
     "status": "the live gateways, by group (GET /v1/gateways)",
     "drain": "drain a gateway: its clients move to others (admin key)",
@@ -175,17 +176,27 @@ class Push(_Content):
 
 
 class Broadcast(_Job):
-    """Push to users with any of the tags, or to everyone online (POST /v1/broadcast)."""
+    """Push to users with any of the tags, everyone online, or all (POST /v1/broadcast)."""
 
     tags: str | None = Field(None, description="comma-separated: users with any of them")
     online: bool = Field(False, description="everyone connected now")
+    everyone: bool = Field(
+        False,
+        validation_alias=AliasChoices("all"),
+        description="every user of the directory, online or not",
+    )
 
     def run(self) -> int:
+        # One of the three, named: a push to everyone is never what a forgotten flag means.
         tags = [t for t in (self.tags or "").split(",") if t]
-        if bool(tags) == self.online:
-            raise InvalidInput("--tags/--online", "give exactly one of them")
-        audience: dict[str, Any] = {"tags_any": tags} if tags else {"online": True}
-        return self.submit("/v1/broadcast", {"audience": audience})
+        if [bool(tags), self.online, self.everyone].count(True) != 1:
+            raise InvalidInput("--tags/--online/--all", "give exactly one of them")
+        fields: dict[str, Any] = {}  # no audience: the whole directory
+        if tags:
+            fields["audience"] = {"tags_any": tags}
+        elif self.online:
+            fields["audience"] = {"online": True}
+        return self.submit("/v1/broadcast", fields)
 
 
 class Multicast(_Job):
@@ -238,7 +249,9 @@ class Imroute(BaseSettings):
         cli_kebab_case=True,
         cli_implicit_flags=True,
         cli_hide_none_type=True,
-        cli_exit_on_error=True,  # argparse's own message and exit 2 for an unknown flag
+        # A flag argparse cannot parse is a SettingsError, said by `main` as the command's
+        # (argparse's own would name the root parser and all its commands).
+        cli_exit_on_error=False,
     )
 
     push: CliSubCommand[Push]
@@ -269,6 +282,10 @@ def main(argv: Sequence[str]) -> int:
     """Run one operator command (`argv` starts with its name); its exit code."""
     try:
         return CliApp.run(Imroute, cli_args=list(argv))._code
+    except SettingsError as exc:
+        told = str(exc).removeprefix("error parsing CLI: ")
+        show.error(argv[0], f"{told} (see: imroute {argv[0]} -h)")
+        return 2
     except ValidationError as exc:
         show.error(argv[0], "; ".join(_validation_lines(exc)))
         return 2
@@ -288,6 +305,8 @@ def _read_uids(path: Path) -> list[str]:
         text = sys.stdin.read() if str(path) == "-" else path.read_text(encoding="utf-8")
     except UnicodeDecodeError as exc:
         raise InvalidInput("--file", f"{path}: not UTF-8 text (byte {exc.start})") from None
+    except OSError as exc:
+        raise InvalidInput("--file", f"{path}: {exc.strerror or exc}") from None
     uids = [line.strip() for line in text.splitlines() if line.strip()]
     if not uids:
         raise InvalidInput("--file", f"{path}: no uids in it")

@@ -3,7 +3,13 @@ a progress bar on standard error (batches published, then recipients delivered).
 
 A push service that cannot be reached meanwhile (a restart, a deploy; behind a proxy, a
 502, 503 or 504) does not end the follow: the job goes on without it, so the polls go on
-until `--timeout`, the outage said once on standard error."""
+until `--timeout`, the outage said once on standard error.
+
+A job is done once its batches are published; what the gateways wrote comes after, in
+their delivery reports (each flushed within 50 ms). So the end is read again, every
+`POLL_S`, until two reads agree on the counts (at most `SETTLE_S`): the last line says
+what was delivered, not what had been reported by the publish's end. Acks go on coming
+as users ack: `imroute status` has no such wait, nor the job's later reads."""
 
 from __future__ import annotations
 
@@ -15,9 +21,13 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from router.cli.rest import RemoteError, RestClient
 
-__all__ = ["JOB_FIELDS", "POLL_S", "finished", "wait_for_job"]
+__all__ = ["JOB_FIELDS", "POLL_S", "SETTLE_S", "finished", "wait_for_job"]
 
 POLL_S = 0.5
+# How long a done job's counts are read again until two reads agree.
+SETTLE_S = 5.0
+# The counts the gateways' delivery reports move after a job's end.
+REPORTED = ("online", "offline", "delivered", "acked", "queued")
 # Answers of a proxy in front of a push service that is away (503: also one shedding).
 AWAY_STATUSES = frozenset({502, 503, 504})
 # What the progress bar and the last line read of a job
@@ -56,10 +66,14 @@ def wait_for_job(api: RestClient, push_id: str, timeout_s: float, progress: bool
     with bar:
         task = bar.add_task(push_id, total=None, counts="")
         unreachable = False
+        ended: dict[str, Any] | None = None  # the last read of the job once it was done
+        settle_until = 0.0
         while True:
             try:
                 job = api.call("GET", f"/v1/pushes/{push_id}", expect=JOB_FIELDS)
             except RemoteError as exc:
+                if ended is not None:
+                    return ended  # done: a later read that failed takes nothing from that
                 away = exc.unreachable or exc.status in AWAY_STATUSES
                 if not away or time.monotonic() >= deadline:
                     raise
@@ -80,8 +94,13 @@ def wait_for_job(api: RestClient, push_id: str, timeout_s: float, progress: bool
                 description=f"{job['mode']} {job['status']}",
             )
             if finished(job):
-                return job
-            if time.monotonic() >= deadline:
+                now = time.monotonic()
+                if ended is None:
+                    settle_until = min(now + SETTLE_S, deadline)
+                elif all(job[k] == ended[k] for k in REPORTED) or now >= settle_until:
+                    return job
+                ended = job
+            elif time.monotonic() >= deadline:
                 raise RemoteError(
                     0, f"{push_id} still {job['status']} after {timeout_s:g} s (it goes on)", job
                 )

@@ -125,6 +125,9 @@ class DevStack:
         try:
             redis_url = self._redis(settings.redis_url)
             env["IMROUTE_REDIS_URL"] = redis_url
+            if self.redis is None:
+                # Said, as an embedded one is: the stack's keys go into that Redis.
+                self._say(f"Redis: the one already running at {redact_url(redis_url)}")
             if "IMROUTE_DB_URL" not in env:
                 # The dev directory lives beside the working directory, kept across runs.
                 state = os.path.abspath(".imroute")
@@ -190,6 +193,12 @@ class DevStack:
             "",
             "imroute dev is up.",
             f"  API:       http://{o.host}:{o.port}   (docs: http://{o.host}:{o.port}/docs)",
+            f"  Redis:     {redact_url(env['IMROUTE_REDIS_URL'])}"
+            + (
+                "   (embedded: stopped and removed with dev)"
+                if self.redis
+                else "   (already running: dev writes its keys there and leaves it running)"
+            ),
             f"  API key:   {key}" + ("" if "api key" in shown else "   (from IMROUTE_API_KEY)"),
             f"  admin key: {admin}{admin_from}   (drains, user directory writes)",
             f"  secret:    {secret}" + ("" if "secret" in shown else "   (from IMROUTE_SECRET)"),

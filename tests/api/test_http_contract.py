@@ -43,6 +43,24 @@ async def test_malformed_push_is_422_naming_the_field(
         assert fakes.nothing_sent()
 
 
+@pytest.mark.parametrize("path", ["/v1/push", "/v1/broadcast", "/v1/multicast"])
+@pytest.mark.parametrize("sent", [None, "application/x-www-form-urlencoded", "text/plain"])
+async def test_a_body_not_sent_as_json_is_422_naming_the_content_type(
+    api: Api, fakes: Fakes, path: str, sent: str | None
+) -> None:
+    """`curl -d '{...}'` without `-H 'Content-Type: application/json'` sends a form: the
+    answer says what the API takes, not pydantic's "a valid dictionary"."""
+    headers = AUTH if sent is None else {**AUTH, "Content-Type": sent}
+    async with api() as http:
+        resp = await http.post(path, content=b'{"to":["a"],"content":1}', headers=headers)
+        assert resp.status_code == 422, resp.text
+        [detail] = invalid_details(resp)
+        assert detail["field"] == "body"
+        assert "Content-Type: application/json" in detail["message"], detail
+        assert f"(this request's: {sent or 'none'})" in detail["message"], detail
+        assert fakes.nothing_sent()
+
+
 async def test_invalid_json_is_422(api: Api) -> None:
     async with api() as http:
         resp = await http.post(

@@ -89,6 +89,7 @@ async def test_multicast_and_broadcast_wait_for_their_jobs(
             job = json.loads(out)
             assert job["status"] == "done" and job["mode"] == "multicast"
             assert (job["recipients"], job["online"], job["offline"]) == (3, 2, 1), job
+            assert (job["delivered"], job["queued"]) == (2, 1), job
             assert (await recv_json(amy))["content"] == "m"
             assert (await recv_json(bob))["content"] == "m"
 
@@ -97,6 +98,8 @@ async def test_multicast_and_broadcast_wait_for_their_jobs(
             )
             assert code == 0, err
             assert out.startswith("broadcast ") and " done: " in out, out
+            # What the gateway wrote, reported after the job's end: read by --wait too.
+            assert " 2 delivered" in out, out
             assert (await recv_json(amy))["content"] == "b"
             assert (await recv_json(bob))["content"] == "b"
 

@@ -47,8 +47,10 @@ def test_clients_dispatch_then_move_off_a_drained_gateway(
     )
     argv = [str(BIN / "imroute"), "dev", "--gateways", "4", "--groups", "2", "--port", str(port)]
     with running(argv, env) as dev:
-        _, key, admin, secret = dev_started(dev)
+        banner, key, admin, secret = dev_started(dev)
         assert admin != key  # dev generated both: two roles
+        # The Redis it found is named: dev writes its keys there.
+        assert f"Redis:     {redis_url}   (already running" in banner, banner
         api = f"http://127.0.0.1:{port}"
         client_argv = [sys.executable, str(CLIENTS), "--api", api, "--count", str(COUNT),
                        "--json", "--every", "0.3"]  # fmt: skip

@@ -149,6 +149,7 @@ async def test_imroute_dev_serves_a_push_end_to_end_and_stops_cleanly(
     with running(argv, env) as dev:
         banner, key, admin, secret = dev_started(dev)
         assert "started an embedded one" in banner
+        assert re.search(r"Redis: +unix://\S+ +\(embedded: stopped and removed with dev\)", banner)
         gateways = re.findall(r"(gw\d) group=(g\d) ws=(\S+)", banner)
         assert [(g, grp) for g, grp, _ in gateways] == [("gw1", "g1"), ("gw2", "g2")]
         # dev gave its children an internal token: its gateways take no call without it.

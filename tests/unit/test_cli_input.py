@@ -3,6 +3,7 @@ is a message naming the problem and an exit code, never a traceback or a secret.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -204,6 +205,7 @@ def test_a_wait_goes_on_through_a_push_service_restart(
         None,  # refused: restarting
         None,
         httpx.Response(200, json={**job, "status": "done", "published": 1}),
+        httpx.Response(200, json={**job, "status": "done", "published": 1}),  # settled
     ]
 
     def answer(request: httpx.Request) -> httpx.Response:
@@ -215,7 +217,7 @@ def test_a_wait_goes_on_through_a_push_service_restart(
     seen = answering(answer)
     command = ["broadcast", "--online", "--content", "1", "--wait", "--json"]
     assert remote.main([*command, "--api-url", "http://push", *KEY]) == 0
-    assert len(seen) == 5 and answers == []
+    assert len(seen) == 6 and answers == []
     err = capsys.readouterr().err
     assert err.count("Connection refused") == 1 and "still following p1" in err
     assert "answers again" in err
@@ -275,3 +277,88 @@ def test_db_and_users_read_only_the_directory_setting(
     monkeypatch.setenv("IMROUTE_DB_URL", "mysql://nope")
     assert main(["db", "upgrade"]) == 2
     assert "IMROUTE_DB_URL" in capsys.readouterr().err
+
+
+def test_a_wait_reads_a_done_job_until_the_gateways_reports_are_in(
+    answering: Callable[[Handler], list[httpx.Request]],
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A job is done once published; the gateways report what they wrote after it.
+    Before: the last line said `0 delivered` of a broadcast its users had got."""
+    job = {"push_id": "p1", "mode": "broadcast", "status": "done", "recipients": 0,
+           "offline": 0, "batches": 1, "published": 1, "acked": 0, "queued": 0,
+           "failed_batches": 0}  # fmt: skip
+    answers = [
+        httpx.Response(202, json={"push_id": "p1"}),
+        httpx.Response(200, json={**job, "online": 0, "delivered": 0}),
+        httpx.Response(200, json={**job, "online": 2, "delivered": 2}),
+        httpx.Response(200, json={**job, "online": 2, "delivered": 2}),
+    ]
+    seen = answering(lambda _: answers.pop(0))
+    command = ["broadcast", "--online", "--content", "1", "--wait", "--api-url", "http://push"]
+    assert remote.main([*command, *KEY]) == 0
+    assert len(seen) == 4 and answers == []
+    assert "2 delivered" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("flags", "audience"),
+    [
+        (["--all"], None),
+        (["--online"], {"online": True}),
+        (["--tags", "a,b"], {"tags_any": ["a", "b"]}),
+    ],
+)
+def test_a_broadcast_names_its_audience_or_all(
+    answering: Callable[[Handler], list[httpx.Request]],
+    flags: list[str],
+    audience: dict[str, Any] | None,
+) -> None:
+    """`--all` is the whole directory (the API's absent audience), asked for by name."""
+    seen = answering(lambda _: httpx.Response(202, json={"push_id": "p1"}))
+    command = ["broadcast", *flags, "--content", "1", "--api-url", "http://push", *KEY]
+    assert remote.main(command) == 0
+    [request] = seen
+    assert json.loads(request.content).get("audience") == audience
+
+
+@pytest.mark.parametrize("flags", [[], ["--all", "--online"], ["--tags", "a", "--all"]])
+def test_a_broadcast_takes_exactly_one_audience(
+    answering: Callable[[Handler], list[httpx.Request]],
+    capsys: pytest.CaptureFixture[str],
+    flags: list[str],
+) -> None:
+    seen = answering(lambda _: httpx.Response(202, json={"push_id": "p1"}))
+    assert remote.main(["broadcast", *flags, "--content", "1", *KEY]) == 2
+    assert "--tags/--online/--all: give exactly one of them" in capsys.readouterr().err
+    assert seen == []
+
+
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        (["push", "amy", "--bogus", "1"], "imroute push: unrecognized arguments: --bogus 1"),
+        (["push"], "imroute push: the following arguments are required: UIDS"),
+        (["drain"], "imroute drain: the following arguments are required: GATEWAY-ID"),
+    ],
+)
+def test_a_flag_argparse_cannot_take_is_said_as_the_commands(
+    argv: list[str], said: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Before: argparse's message under the usage of `imroute` and its five commands."""
+    assert remote.main(argv) == 2
+    err = capsys.readouterr().err
+    assert said in err and f"(see: imroute {argv[0]} -h)" in err
+    assert "usage:" not in err
+
+
+def test_a_uid_file_that_cannot_be_read_is_exit_2_naming_the_flag(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Before: a bare `[Errno 2] No such file or directory: '...'`."""
+    for path, why in [
+        (tmp_path / "none.txt", "No such file or directory"),
+        (tmp_path, "Is a directory"),
+    ]:
+        assert remote.main(["multicast", "--file", str(path), "--content", "1", *KEY]) == 2
+        assert f"--file: {path}: {why}" in capsys.readouterr().err

@@ -103,3 +103,16 @@ def test_issued_tokens_carry_audience_and_issuer() -> None:
     assert verify_token(SECRET, token, clock, rules) == "bob"
     with pytest.raises(AuthError):
         verify_token(SECRET, issue_token(SECRET, "bob", 60, clock), clock, rules)
+
+
+def test_a_refusal_says_what_kind_of_token_was_sent() -> None:
+    """What a client (or an app developer) gets back names the mistake: an API key or
+    garbage where a JWT belongs, or a JWT signed with another secret."""
+    clock = ManualClock()
+    for token, why in [
+        ("an-api-key-0123456789", r"not a JWT \(Not enough segments\).*imroute token UID"),
+        ("a.b.c", r"not a JWT"),
+        (jwt.encode({"sub": "alice", "exp": 9e9}, "t" * 32, "HS256"), "signature does not match"),
+    ]:
+        with pytest.raises(AuthError, match=why):
+            verify_token(SECRET, token, clock)
