@@ -154,14 +154,15 @@ async def _invalid(_: Request, exc: InvalidInput) -> JSONResponse:
 async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
     detail = describe_errors(exc.errors())
     sent = request.headers.get("content-type", "")
-    if not _json_type(sent):
-        # A body not sent as JSON (curl -d without -H, a form) reaches validation as no
-        # object at all: say what the API takes instead of pydantic's "valid dictionary".
+    if isinstance(exc.body, bytes | bytearray) and not _json_type(sent):
+        # A body FastAPI did not read as JSON, for its type (curl -d without -H, a form),
+        # reaches validation as no object at all: say what the API takes instead of
+        # pydantic's "a valid dictionary".
         for d in detail:
             if d["field"] == "body":
                 d["message"] = (
                     "the body must be a JSON object sent with Content-Type: application/json "
-                    f"(this request's: {sent or 'none'})"
+                    f"(this request's: {sent[:100] or 'none'})"
                 )
     return JSONResponse({"error": "invalid_request", "detail": detail}, status_code=422)
 

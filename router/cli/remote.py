@@ -59,6 +59,8 @@ __all__ = ["COMMANDS", "main"]
 
 # What the commands read of an answer: one without them is not an imroute push service's
 PUSH_FIELDS = ("push_id", "delivered", "offline", "queued", "failed")
+# How pydantic-settings says argparse could not take the command line
+CLI_PARSE_ERROR = "error parsing CLI: "
 GATEWAY_FIELDS = frozenset({"gateway_id", "group_id", "connections", "ws_url"})
 
 COMMANDS = {
@@ -283,8 +285,10 @@ def main(argv: Sequence[str]) -> int:
     try:
         return CliApp.run(Imroute, cli_args=list(argv))._code
     except SettingsError as exc:
-        told = str(exc).removeprefix("error parsing CLI: ")
-        show.error(argv[0], f"{told} (see: imroute {argv[0]} -h)")
+        told = str(exc)
+        if not told.startswith(CLI_PARSE_ERROR):
+            raise  # not the command line's: a fault of ours, not a flag to correct
+        show.error(argv[0], f"{told.removeprefix(CLI_PARSE_ERROR)} (see: imroute {argv[0]} -h)")
         return 2
     except ValidationError as exc:
         show.error(argv[0], "; ".join(_validation_lines(exc)))

@@ -7,13 +7,15 @@ until `--timeout`, the outage said once on standard error.
 
 A job is done once its batches are published; what the gateways wrote comes after, in
 their delivery reports (each flushed within 50 ms). So the end is read again, every
-`POLL_S`, until two reads agree on the counts (at most `SETTLE_S`): the last line says
-what was delivered, not what had been reported by the publish's end. Acks go on coming
-as users ack: `imroute status` has no such wait, nor the job's later reads."""
+`POLL_S`, until two reads agree on what the gateways report (at most `SETTLE_S`): the
+last line has what they had written by then, not only what they had reported by the
+publish's end; a gateway slower to report than that is read as it stands. Acks go on
+coming as users ack, and are not waited for."""
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 from rich.console import Console
@@ -26,8 +28,9 @@ __all__ = ["JOB_FIELDS", "POLL_S", "SETTLE_S", "finished", "wait_for_job"]
 POLL_S = 0.5
 # How long a done job's counts are read again until two reads agree.
 SETTLE_S = 5.0
-# The counts the gateways' delivery reports move after a job's end.
-REPORTED = ("online", "offline", "delivered", "acked", "queued")
+# The counts the gateways' delivery reports move just after a job's end (not `acked`:
+# acks come as users ack, for as long as they take).
+REPORTED = ("online", "offline", "delivered", "queued")
 # Answers of a proxy in front of a push service that is away (503: also one shedding).
 AWAY_STATUSES = frozenset({502, 503, 504})
 # What the progress bar and the last line read of a job
@@ -50,10 +53,18 @@ def finished(job: dict[str, Any]) -> bool:
     return job.get("status") in ("done", "failed")
 
 
-def wait_for_job(api: RestClient, push_id: str, timeout_s: float, progress: bool) -> dict[str, Any]:
-    """The job once it is done or failed; RemoteError when it is still running after
-    `timeout_s` (it goes on: the command only stops following it)."""
-    deadline = time.monotonic() + timeout_s
+def wait_for_job(
+    api: RestClient,
+    push_id: str,
+    timeout_s: float,
+    progress: bool,
+    *,
+    sleep: Callable[[float], None] = time.sleep,
+    clock: Callable[[], float] = time.monotonic,
+) -> dict[str, Any]:
+    """The job once it is done or failed, its reports in; RemoteError when it is still
+    running after `timeout_s` (it goes on: the command only stops following it)."""
+    deadline = clock() + timeout_s
     bar = Progress(
         TextColumn("{task.description}"),
         BarColumn(),
@@ -75,12 +86,12 @@ def wait_for_job(api: RestClient, push_id: str, timeout_s: float, progress: bool
                 if ended is not None:
                     return ended  # done: a later read that failed takes nothing from that
                 away = exc.unreachable or exc.status in AWAY_STATUSES
-                if not away or time.monotonic() >= deadline:
+                if not away or clock() >= deadline:
                     raise
                 if not unreachable:
                     bar.console.print(f"{exc}; still following {push_id}", markup=False)
                 unreachable = True
-                time.sleep(POLL_S)
+                sleep(POLL_S)
                 continue
             if unreachable:
                 bar.console.print(f"the push service answers again; following {push_id}")
@@ -94,14 +105,14 @@ def wait_for_job(api: RestClient, push_id: str, timeout_s: float, progress: bool
                 description=f"{job['mode']} {job['status']}",
             )
             if finished(job):
-                now = time.monotonic()
+                now = clock()
                 if ended is None:
                     settle_until = min(now + SETTLE_S, deadline)
                 elif all(job[k] == ended[k] for k in REPORTED) or now >= settle_until:
                     return job
                 ended = job
-            elif time.monotonic() >= deadline:
+            elif clock() >= deadline:
                 raise RemoteError(
                     0, f"{push_id} still {job['status']} after {timeout_s:g} s (it goes on)", job
                 )
-            time.sleep(POLL_S)
+            sleep(POLL_S)

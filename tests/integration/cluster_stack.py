@@ -3,28 +3,27 @@
 from __future__ import annotations
 
 import contextlib
-import re
 from collections.abc import Iterator
-from pathlib import Path
 
 from router.processes.ports import free_port_block
 from tests.conftest import API_KEY, SECRET
-from tests.integration.procs import BIN, Proc, base_env, read_until, running
+from tests.integration.procs import BIN, Proc, announced_ws_url, base_env, read_until, running
 from tests.integration.redis_cluster import LocalCluster
 
 __all__ = ["cluster_env", "processes"]
 
 
 def cluster_env(
-    redis_url: str, cluster: LocalCluster, prefix: str, db: Path, **extra: str
+    redis_url: str, cluster: LocalCluster, prefix: str, db_url: str, **extra: str
 ) -> dict[str, str]:
+    """A process's settings on `cluster`, the bus on `redis_url`, the directory at `db_url`."""
     return base_env(
         IMROUTE_REDIS_URL=cluster.url,
         IMROUTE_BUS_URL=redis_url,  # the bus is not sharded: a plain Redis
         IMROUTE_REDIS_PREFIX=prefix,
         IMROUTE_SECRET=SECRET,
         IMROUTE_API_KEY=API_KEY,
-        IMROUTE_DB_URL=f"sqlite+aiosqlite:///{db}",
+        IMROUTE_DB_URL=db_url,
         IMROUTE_GATEWAY_CACHE_S="0",
         **extra,
     )
@@ -44,9 +43,8 @@ def processes(env: dict[str, str], *gateway_ids: str) -> Iterator[tuple[str, str
             for gid in gateway_ids
         ]
         ps = running_procs.enter_context(running(service, env))
-        found = re.search(r"ws=(\S+)", read_until(gws[0], "ready", 60)[-1])
-        assert found
+        ws_url = announced_ws_url(gws[0], 60)
         for gw in gws[1:]:
             read_until(gw, "ready", 60)
         read_until(ps, "Uvicorn running on", 60)
-        yield f"http://127.0.0.1:{port}", found.group(1), [*gws, ps]
+        yield f"http://127.0.0.1:{port}", ws_url, [*gws, ps]

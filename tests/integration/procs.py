@@ -20,6 +20,7 @@ from tests.conftest import ADMIN_KEY, API_KEY, SECRET
 __all__ = [
     "BIN",
     "Proc",
+    "announced_ws_url",
     "base_env",
     "dev_started",
     "directory_url",
@@ -63,13 +64,18 @@ async def push_services(env: dict[str, str], ports: list[int]) -> AsyncIterator[
         yield procs
 
 
-async def ws_url_of(proc: Proc) -> str:
-    """The WebSocket URL a gateway process announces once it says it is ready (read in a
-    thread: the test's loop, its in-process servers and heartbeats, goes on meanwhile)."""
-    line = (await asyncio.to_thread(read_until, proc, "ready"))[-1]
+def announced_ws_url(proc: Proc, timeout: float = 30.0) -> str:
+    """The WebSocket URL a gateway process announces once it says it is ready."""
+    line = read_until(proc, "ready", timeout)[-1]
     found = re.search(r"ws=(\S+)", line)
     assert found, line
     return found.group(1)
+
+
+async def ws_url_of(proc: Proc) -> str:
+    """`announced_ws_url`, read in a thread: the test's loop, its in-process servers and
+    heartbeats, goes on meanwhile."""
+    return await asyncio.to_thread(announced_ws_url, proc)
 
 
 def imroute(
@@ -97,13 +103,8 @@ async def imroute_at(
         environ["IMROUTE_API_KEY"] = key
     if admin is not None:
         environ["IMROUTE_ADMIN_API_KEY"] = admin
-    proc = await asyncio.create_subprocess_exec(
-        str(BIN / "imroute"), *args, env=environ,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-    )  # fmt: skip
-    out, err = await asyncio.wait_for(proc.communicate(), 60)
-    assert proc.returncode is not None
-    return proc.returncode, out.decode(), err.decode()
+    done = await asyncio.to_thread(imroute, *args, env=environ)  # the loop serves meanwhile
+    return done.returncode, done.stdout, done.stderr
 
 
 def dev_started(dev: Proc) -> tuple[str, str, str, str]:

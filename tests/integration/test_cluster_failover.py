@@ -22,7 +22,6 @@ import signal
 from collections import Counter
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -30,7 +29,6 @@ import pytest
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
 
-from router.directory.migrate import upgrade
 from shared.keys import KeySchema
 from tests.integration.cluster_stack import cluster_env, processes
 from tests.integration.procs import Proc
@@ -80,9 +78,9 @@ def cluster() -> Iterator[LocalCluster]:
 
 
 @contextlib.contextmanager
-def services(redis_url: str, cluster: LocalCluster, db: Path) -> Iterator[tuple[str, str, Proc]]:
+def services(redis_url: str, cluster: LocalCluster, db_url: str) -> Iterator[tuple[str, str, Proc]]:
     """(the API's base URL, the gateway's WebSocket URL, the push service process)."""
-    env = cluster_env(redis_url, cluster, PREFIX, db)
+    env = cluster_env(redis_url, cluster, PREFIX, db_url)
     with processes(env, "gw1") as (api, ws_url, (_, ps)):
         yield api, ws_url, ps
 
@@ -211,15 +209,13 @@ async def replayed(ws_url: str, uid: str) -> set[str]:
 
 @pytest.mark.parametrize("how", ["sigkill", "sigstop"])
 async def test_a_master_failover_under_load_answers_json_503s_and_loses_nothing(
-    redis_url: str, cluster: LocalCluster, tmp_path: Path, how: str
+    redis_url: str, cluster: LocalCluster, directory_db: str, how: str
 ) -> None:
-    db = tmp_path / "users.db"
-    await upgrade(f"sqlite+aiosqlite:///{db}")
     run = Run()
     loop = asyncio.get_running_loop()
     victim = cluster.primary_of(KeySchema(PREFIX).jobs_running())
     heir = cluster.replicas[victim][0]
-    with services(redis_url, cluster, db) as (api, ws_url, ps):
+    with services(redis_url, cluster, directory_db) as (api, ws_url, ps):
         async with listening(ws_url, run):
             stop = asyncio.Event()
             callers = [asyncio.create_task(caller(api, k, run, stop)) for k in range(CALLERS)]

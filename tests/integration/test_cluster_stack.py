@@ -16,7 +16,6 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -27,7 +26,7 @@ from router.directory.migrate import upgrade
 from router.processes.ports import free_port, free_port_block
 from shared.keys import slot_tagged
 from tests.integration.cluster_stack import cluster_env, processes
-from tests.integration.procs import BIN, Proc, read_until, running
+from tests.integration.procs import BIN, Proc, directory_url, read_until, running
 from tests.integration.recovery_helpers import ack
 from tests.integration.redis_cluster import LocalCluster
 from tests.integration.stack import AUTH, ready, recv_json, token
@@ -52,14 +51,14 @@ def stack(
     redis_url: str, redis_cluster: LocalCluster, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Stack]:
     prefix = f"imroute-test:cluster-{free_port()}:"
-    db = tmp_path_factory.mktemp("cluster-db") / "users.db"
-    asyncio.run(upgrade(f"sqlite+aiosqlite:///{db}"))
+    db_url = directory_url(tmp_path_factory.mktemp("cluster-db"))
+    asyncio.run(upgrade(db_url))
     hook_port = free_port()
     env = cluster_env(
         redis_url,
         redis_cluster,
         prefix,
-        db,
+        db_url,
         IMROUTE_RECEIPTS_MAX_RECIPIENTS="1",  # a push to two users keeps counts only
         IMROUTE_WEBHOOK_URL=f"http://127.0.0.1:{hook_port}/hook",
         IMROUTE_WEBHOOK_SECRET=HOOK_SECRET,
@@ -188,12 +187,10 @@ async def test_an_idempotency_key_replays_the_answer(stack: Stack, http: httpx.A
 
 
 async def test_the_rate_limit_holds(
-    redis_url: str, redis_cluster: LocalCluster, stack: Stack, tmp_path: Path
+    redis_url: str, redis_cluster: LocalCluster, stack: Stack, directory_db: str
 ) -> None:
-    db = tmp_path / "users.db"
-    await upgrade(f"sqlite+aiosqlite:///{db}")
     env = {**stack.env, "IMROUTE_RATE_LIMIT": "1/s", "IMROUTE_RATE_BURST": "2"}
-    env["IMROUTE_DB_URL"] = f"sqlite+aiosqlite:///{db}"
+    env["IMROUTE_DB_URL"] = directory_db
     env["IMROUTE_REDIS_PREFIX"] += "rate:"
     port = free_port_block([0])
     with running([str(BIN / "python"), "-m", "push_service", "--port", str(port)], env) as ps:

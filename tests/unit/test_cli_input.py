@@ -14,6 +14,7 @@ from pydantic import SecretStr
 
 from router.cli import remote
 from router.cli.rest import ApiSettings, RemoteError, RestClient
+from router.cli.wait import POLL_S, SETTLE_S, wait_for_job
 
 Handler = Callable[[httpx.Request], httpx.Response]
 
@@ -362,3 +363,68 @@ def test_a_uid_file_that_cannot_be_read_is_exit_2_naming_the_flag(
     ]:
         assert remote.main(["multicast", "--file", str(path), "--content", "1", *KEY]) == 2
         assert f"--file: {path}: {why}" in capsys.readouterr().err
+
+
+class _Clock:
+    """A monotonic clock that a sleep moves on."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+
+
+def _follow(answers: list[dict[str, Any] | None]) -> tuple[dict[str, Any], int]:
+    """`wait_for_job` on these answers to its GETs (None: no connection), on a clock its
+    sleeps move: the job it returned, and how many GETs it made."""
+    seen: list[httpx.Request] = []
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        answer = answers.pop(0) if len(answers) > 1 else answers[0]  # the last one stays
+        if answer is None:
+            raise httpx.ConnectError("[Errno 111] Connection refused", request=request)
+        return httpx.Response(200, json=answer)
+
+    clock = _Clock()
+    settings = ApiSettings(api_url="http://push", api_key=SecretStr("k" * 20))
+    with RestClient(settings, transport=httpx.MockTransport(handle), sleep=clock.sleep) as api:
+        job = wait_for_job(api, "p1", 600.0, False, sleep=clock.sleep, clock=lambda: clock.now)
+    return job, len(seen)
+
+
+def _job(status: str = "done", **counts: int) -> dict[str, Any]:
+    base = {"push_id": "p1", "mode": "broadcast", "status": status, "recipients": 0,
+            "online": 0, "offline": 0, "batches": 1, "published": 1, "delivered": 0,
+            "acked": 0, "queued": 0, "failed_batches": 0}  # fmt: skip
+    return {**base, **counts}
+
+
+def test_a_done_job_is_read_until_two_reads_agree_on_the_reports() -> None:
+    job, reads = _follow([_job(), _job(online=2, delivered=2), _job(online=2, delivered=2)])
+    assert (job["delivered"], reads) == (2, 3)
+
+
+def test_a_failed_job_settles_as_a_done_one() -> None:
+    job, reads = _follow([_job("failed"), _job("failed", delivered=1), _job("failed", delivered=1)])
+    assert (job["status"], job["delivered"], reads) == ("failed", 1, 3)
+
+
+def test_acks_coming_in_do_not_hold_the_wait() -> None:
+    job, reads = _follow(
+        [_job(delivered=2), _job(delivered=2, acked=1), _job(delivered=2, acked=2)]
+    )
+    assert (job["acked"], reads) == (1, 2)
+
+
+def test_reports_that_keep_moving_are_read_for_settle_s_at_most() -> None:
+    moving = [_job(delivered=n) for n in range(100)]
+    job, reads = _follow(moving)
+    assert reads == SETTLE_S / POLL_S + 1  # the first done read, then every POLL_S
+    assert job["delivered"] == reads - 1
+
+
+def test_a_read_that_fails_while_settling_ends_the_wait_with_the_last_one() -> None:
+    job, reads = _follow([_job(delivered=1), None])
+    assert (job["delivered"], reads) == (1, 2)
