@@ -4,7 +4,7 @@ is a message naming the problem and an exit code, never a traceback or a secret.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -15,8 +15,7 @@ from pydantic import SecretStr
 from router.cli import remote
 from router.cli.rest import ApiSettings, RemoteError, RestClient
 from router.cli.wait import POLL_S, SETTLE_S, wait_for_job
-
-Handler = Callable[[httpx.Request], httpx.Response]
+from tests.unit.scripted_http import Answer, Handler, scripted
 
 
 @pytest.fixture
@@ -200,7 +199,7 @@ def test_a_wait_goes_on_through_a_push_service_restart(
         "queued": 0,
         "failed_batches": 0,
     }
-    answers: list[httpx.Response | None] = [
+    answers: list[Answer] = [
         httpx.Response(202, json={"push_id": "p1"}),
         httpx.Response(200, json={**job, "status": "running", "published": 0}),
         None,  # refused: restarting
@@ -209,16 +208,11 @@ def test_a_wait_goes_on_through_a_push_service_restart(
         httpx.Response(200, json={**job, "status": "done", "published": 1}),  # settled
     ]
 
-    def answer(request: httpx.Request) -> httpx.Response:
-        reply = answers.pop(0)
-        if reply is None:
-            raise httpx.ConnectError("[Errno 111] Connection refused", request=request)
-        return reply
-
-    seen = answering(answer)
+    handle, seen = scripted(answers)
+    answering(handle)
     command = ["broadcast", "--online", "--content", "1", "--wait", "--json"]
     assert remote.main([*command, "--api-url", "http://push", *KEY]) == 0
-    assert len(seen) == 6 and answers == []
+    assert len(seen) == 6 and len(answers) == 1
     err = capsys.readouterr().err
     assert err.count("Connection refused") == 1 and "still following p1" in err
     assert "answers again" in err
@@ -375,18 +369,12 @@ class _Clock:
         self.now += seconds
 
 
-def _follow(answers: list[dict[str, Any] | None]) -> tuple[dict[str, Any], int]:
+def _follow(answers: Sequence[dict[str, Any] | None]) -> tuple[dict[str, Any], int]:
     """`wait_for_job` on these answers to its GETs (None: no connection), on a clock its
     sleeps move: the job it returned, and how many GETs it made."""
-    seen: list[httpx.Request] = []
-
-    def handle(request: httpx.Request) -> httpx.Response:
-        seen.append(request)
-        answer = answers.pop(0) if len(answers) > 1 else answers[0]  # the last one stays
-        if answer is None:
-            raise httpx.ConnectError("[Errno 111] Connection refused", request=request)
-        return httpx.Response(200, json=answer)
-
+    handle, seen = scripted(
+        [None if job is None else httpx.Response(200, json=job) for job in answers]
+    )
     clock = _Clock()
     settings = ApiSettings(api_url="http://push", api_key=SecretStr("k" * 20))
     with RestClient(settings, transport=httpx.MockTransport(handle), sleep=clock.sleep) as api:

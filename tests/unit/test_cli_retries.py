@@ -10,26 +10,18 @@ import pytest
 from pydantic import SecretStr
 
 from router.cli.rest import ApiSettings, RemoteError, RestClient
+from tests.unit.scripted_http import Answer, scripted
 
 
 def _client(
-    answers: list[httpx.Response | Exception], told: list[str] | None = None
+    answers: list[Answer], told: list[str] | None = None
 ) -> tuple[RestClient, list[httpx.Request], list[float]]:
-    seen: list[httpx.Request] = []
+    handle, seen = scripted(answers)
     slept: list[float] = []
     notify = (told if told is not None else []).append
-
-    def handle(request: httpx.Request) -> httpx.Response:
-        seen.append(request)
-        answer = answers.pop(0)
-        if isinstance(answer, Exception):
-            raise answer
-        return answer
-
     settings = ApiSettings(api_url="http://push", api_key=SecretStr("k" * 20))
-    api = RestClient(
-        settings, transport=httpx.MockTransport(handle), sleep=slept.append, notify=notify
-    )
+    transport = httpx.MockTransport(handle)
+    api = RestClient(settings, transport=transport, sleep=slept.append, notify=notify)
     return api, seen, slept
 
 
