@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import sys
 from collections.abc import Sequence
@@ -12,7 +13,8 @@ from push_service.http_server import run
 from push_service.workers import serve_workers
 from shared.errors import ImrouteError
 from shared.gc_policy import GEN0_THRESHOLD, settle
-from shared.settings import PushSettings
+from shared.logs import say
+from shared.settings import PushSettings, misspelled
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -49,6 +51,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     flags = {k: v for k, v in vars(args).items() if k not in ("listen_fd", "worker", "workers_dir")}
     try:
         settings = PushSettings.load(os.environ, **flags)
+        if worker is None:  # said once, by the process people started
+            for slip in misspelled(os.environ):
+                say(slip, settings.log_format, "push-service", err=True, level=logging.WARNING)
         if worker is None and settings.workers > 1:
             # Checked here once, so a bad setting is one message, not one per worker.
             create_app(settings)

@@ -193,7 +193,7 @@ class GatewayOut(BaseModel):
     ws_url: str
     grpc_address: str
     connections: int
-    max_connections: int = Field(0, description="IMROUTE_MAX_CONNECTIONS; 0: no limit")
+    max_connections: int = Field(0, description="IMROUTE_GATEWAY_MAX_CONNECTIONS; 0: no limit")
     zone: str | None = Field(None, description="IMROUTE_ZONE, if it has one")
     draining: bool = Field(False, description="asked to drain: dispatch no longer picks it")
     started_ms: int = Field(0, description="when this run of the gateway started (ms)")

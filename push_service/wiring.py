@@ -135,6 +135,12 @@ class Wiring:
                 "bus itself, up to 60 s",
                 ", ".join(f"IMROUTE_{name.upper()}" for name in sorted(unused)),
             )
+        if settings.secret is None:
+            log.warning(
+                "IMROUTE_SECRET is not set: GET /v1/dispatch answers 503, as it checks the "
+                "clients' tokens with it, so clients that connect through dispatch (both "
+                "SDKs) cannot; give the push service the gateways' secret"
+            )
         # A registry per app, so several apps in one process (tests) never collide.
         self._metrics = CollectorRegistry(auto_describe=True)
         self._publish_metrics = PublishMetrics(self._metrics)

@@ -19,6 +19,7 @@ scripts/config_reference.
 
 from __future__ import annotations
 
+import difflib
 import os
 import re
 from collections.abc import Mapping
@@ -75,6 +76,7 @@ __all__ = [
     "check_tracing",
     "default_workers",
     "env_name",
+    "misspelled",
     "redact_url",
 ]
 
@@ -126,8 +128,10 @@ def _describe(exc: ValidationError) -> str:
     problems = []
     for err in exc.errors(include_input=False, include_url=False):
         loc = ".".join(str(p) for p in err["loc"])
-        name = env_name(loc) if loc else "settings"
-        problems.append(f"{name}: {err['msg']}")
+        if loc:
+            problems.append(f"{env_name(loc)}: {err['msg']}")
+        else:  # a check across settings: its message names the variables
+            problems.append(err["msg"].removeprefix("Value error, "))
     return "invalid configuration: " + "; ".join(problems)
 
 
@@ -348,7 +352,8 @@ class ClientTokenSettings(Section):
     secret: SecretStr | None = Field(
         None,
         description="HS256 key for client JWTs, ≥32 bytes; required by gateways and "
-        "`imroute token` (`imroute dev` generates one)",
+        "`imroute token`, and by the push service for `GET /v1/dispatch` (without it, 503, "
+        "warned at its start); the same on every process (`imroute dev` generates one)",
     )
     jwt_audience: str | None = Field(
         None,
@@ -676,8 +681,9 @@ class GatewayFleetSettings(Section):
     def _heartbeat_below_ttl(self) -> Self:
         if self.heartbeat_s * 2 > self.route_ttl_s:
             raise ValueError(
-                f"heartbeat_s ({self.heartbeat_s}) must be at most half of "
-                f"route_ttl_s ({self.route_ttl_s}) so routes outlive one missed heartbeat"
+                f"IMROUTE_HEARTBEAT_S ({self.heartbeat_s}) must be at most half of "
+                f"IMROUTE_ROUTE_TTL_S ({self.route_ttl_s}) so routes outlive one missed "
+                "heartbeat"
             )
         return self
 
@@ -1243,3 +1249,22 @@ class ToolSettings(DirectorySettings, FleetSettings):
 class Settings(GatewaySettings, PushSettings, ToolSettings):
     """Every setting of every imroute process: for code that runs them all (the dev
     stack, tests)."""
+
+
+# How alike a variable's name must be to a setting's to be taken for a slip of it: one
+# letter wrong, missing or swapped in a name of ten letters or more (the tests' and
+# tools' own IMROUTE_ variables stay below it).
+SLIP = 0.9
+
+
+def misspelled(environ: Mapping[str, str]) -> list[str]:
+    """What to say of each IMROUTE_ variable in `environ` that no setting has but one is
+    a slip away from: a typo is otherwise read as nothing, and the default stands."""
+    known = {env_name(name) for name in Settings.model_fields}
+    said = []
+    for name in sorted(environ):
+        if name.startswith(ENV_PREFIX) and name not in known:
+            near = difflib.get_close_matches(name, known, n=1, cutoff=SLIP)
+            if near:
+                said.append(f"{name} is no setting of imroute, and is ignored: {near[0]}?")
+    return said

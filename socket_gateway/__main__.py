@@ -14,7 +14,7 @@ from typing import Any
 from shared.errors import ConfigError, ImrouteError
 from shared.gc_policy import Freezer, settle
 from shared.logs import configure, say
-from shared.settings import GatewaySettings
+from shared.settings import GatewaySettings, misspelled
 from socket_gateway.app import Gateway
 
 
@@ -116,6 +116,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"imroute gateway: {exc}", file=sys.stderr)
         return 2
     configure(settings.log_level, settings.log_format, "gateway", _own(settings))
+    for slip in misspelled(os.environ):
+        say(slip, settings.log_format, "gateway", _own(settings), err=True, level=logging.WARNING)
 
     def stopped(text: str) -> None:
         say(f"imroute gateway: {text}", settings.log_format, "gateway", _own(settings),

@@ -24,8 +24,11 @@ async def dispatch(
     avoid: Annotated[list[str] | None, Query()] = None,
 ) -> JSONResponse:
     """The gateway to connect to, for the client whose JWT this is (the same token it
-    will send to /ws). `zone` (optional) is preferred by the zone_affinity rule; `avoid`
-    (repeatable, or comma-separated) names gateways the client could not connect to."""
+    will send to /ws), sent as `Authorization: Bearer <token>` (not `?token=`, which only
+    /ws takes). `zone` (optional) is preferred by the zone_affinity rule; `avoid`
+    (repeatable, or comma-separated) names gateways the client could not connect to.
+    401 for a missing or invalid token; 503 when no gateway can take the client (with
+    `Retry-After`), or when the push service has no IMROUTE_SECRET to check tokens with."""
     chosen = await dispatch.choose(creds.credentials if creds else None, zone, avoid or ())
     return JSONResponse(
         {"ws_url": chosen.ws_url, "gateway_id": chosen.gateway_id, "group_id": chosen.group_id}

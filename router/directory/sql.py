@@ -60,10 +60,23 @@ def translate_errors(what: str) -> Iterator[None]:
     except sqlalchemy.exc.DBAPIError as exc:
         # The driver's own error, not SQLAlchemy's text, which repeats the statement and
         # every parameter (ten thousand uids for a full upsert).
-        raise DirectoryUnavailable(f"{what}: {type(exc.orig).__name__}: {exc.orig}") from exc
+        said = f"{what}: {type(exc.orig).__name__}: {exc.orig}"
+        if _no_table(exc.orig):
+            said += " (the directory's tables are not there: run `imroute db upgrade` "
+            said += "against IMROUTE_DB_URL)"
+        raise DirectoryUnavailable(said) from exc
     except (sqlalchemy.exc.SQLAlchemyError, OSError, TimeoutError) as exc:
         # OSError and TimeoutError: asyncpg raises them while connecting.
         raise DirectoryUnavailable(f"{what}: {type(exc).__name__}: {exc}") from exc
+
+
+# PostgreSQL's SQLSTATE for a table that does not exist (undefined_table)
+UNDEFINED_TABLE = "42P01"
+
+
+def _no_table(error: object) -> bool:
+    """A database without the directory's tables, as SQLite and PostgreSQL say it."""
+    return "no such table" in str(error) or getattr(error, "sqlstate", None) == UNDEFINED_TABLE
 
 
 def create_directory_engine(url: str, *, migrating: bool = False, **kwargs: Any) -> AsyncEngine:

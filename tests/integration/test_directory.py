@@ -438,3 +438,15 @@ async def test_a_sqlite_migration_waits_for_a_writer_rather_than_failing(
         writer.close()
     async with SqlUserDirectory.from_url(f"sqlite+aiosqlite:///{db}", ManualClock()) as d:
         assert await d.count() == 0
+
+
+async def test_a_database_never_migrated_says_to_run_db_upgrade(
+    db_url: str, clock: ManualClock
+) -> None:
+    """Before: `ProgrammingError: relation "user_tags" does not exist` (or SQLite's `no such
+    table`) and nothing said what to do."""
+    async with SqlUserDirectory.from_url(db_url, clock) as d:
+        with pytest.raises(DirectoryUnavailable, match=r"run `imroute db upgrade`"):
+            await d.page(None, 10, ["vip"])
+        with pytest.raises(DirectoryUnavailable, match=r"run `imroute db upgrade`"):
+            await d.get("alice")

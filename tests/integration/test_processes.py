@@ -24,7 +24,7 @@ from router.processes.supervisor import alive, descendants
 from shared.keys import KeySchema
 from shared.proto import gateway_pb2
 from shared.proto.gateway_service import GatewayStub
-from tests.conftest import SECRET
+from tests.conftest import API_KEY, SECRET
 from tests.integration.procs import (
     BIN,
     base_env,
@@ -133,6 +133,29 @@ def test_gateway_without_redis_fails_clearly() -> None:
     assert result.returncode == 1
     assert "IMROUTE_REDIS_URL" in result.stderr
     assert "pw-hunter2" not in result.stderr
+
+
+@pytest.mark.parametrize("service", ["gateway", "push-service"])
+def test_a_misspelled_setting_is_said_at_the_start(service: str) -> None:
+    """Before: IMROUTE_ADVERTIZE_HOST was read as nothing, and said nothing."""
+    env = base_env(
+        IMROUTE_SECRET=SECRET,
+        IMROUTE_API_KEY=API_KEY,
+        # so that each stops at once: a gateway without Redis, a push service (which
+        # waits for Redis) at a dispatch rule it does not know
+        IMROUTE_REDIS_URL="redis://127.0.0.1:1/0",
+        IMROUTE_DISPATCH_RULE="no-such-rule",
+        IMROUTE_ADVERTIZE_HOST="10.0.0.1",
+        IMROUTE_TEST_WORKERS="3",  # the test runner's own: no slip of a setting
+    )
+    argv = ["gateway", "--ws-port", "0", "--grpc-port", "0"] if service == "gateway" else [
+        service, "--port", "0"]  # fmt: skip
+    result = imroute(*argv, env=env, timeout=30)
+    said = (
+        "IMROUTE_ADVERTIZE_HOST is no setting of imroute, and is ignored: IMROUTE_ADVERTISE_HOST?"
+    )
+    assert said in result.stderr, result.stderr
+    assert "IMROUTE_TEST_WORKERS" not in result.stderr
 
 
 async def test_imroute_dev_serves_a_push_end_to_end_and_stops_cleanly(

@@ -26,7 +26,12 @@ def test_env_then_flags() -> None:
         ({"IMROUTE_GATEWAY_ID": "gw|1"}, "IMROUTE_GATEWAY_ID"),
         ({"IMROUTE_API_KEY": "short"}, "IMROUTE_API_KEY"),
         ({"IMROUTE_SECRET": "x" * 31}, "IMROUTE_SECRET"),
-        ({"IMROUTE_HEARTBEAT_S": "40", "IMROUTE_ROUTE_TTL_S": "60"}, "heartbeat_s"),
+        # a check across settings names each variable, with no "settings: Value error,"
+        (
+            {"IMROUTE_HEARTBEAT_S": "40", "IMROUTE_ROUTE_TTL_S": "60"},
+            r"configuration: IMROUTE_HEARTBEAT_S \(40.0\) must be at most half of "
+            r"IMROUTE_ROUTE_TTL_S \(60.0\)",
+        ),
         # the HTTP edge's limits
         ({"IMROUTE_HTTP_HEADER_TIMEOUT_S": "0"}, "IMROUTE_HTTP_HEADER_TIMEOUT_S"),
         ({"IMROUTE_HTTP_HEADER_TIMEOUT_S": "301"}, "IMROUTE_HTTP_HEADER_TIMEOUT_S"),
