@@ -359,9 +359,10 @@ async def own_connection(client: RedisClient) -> AsyncIterator[RedisClient]:
 
 
 async def ping(client: RedisClient) -> bool:
-    """True when Redis answers."""
+    """True when Redis answers (a cluster none of whose nodes answers is a
+    RedisClusterException, not a RedisError: it does not answer either)."""
     try:
         result: Any = await client.ping()
         return bool(result)
-    except redis.exceptions.RedisError:
+    except (redis.exceptions.RedisError, redis.exceptions.RedisClusterException):
         return False

@@ -6,6 +6,7 @@ import pytest
 import redis.exceptions
 from redis.asyncio.connection import Connection
 
+from router.redis.client import ping
 from router.redis.errors import redis_errors
 from shared.errors import BusUnavailable, RegistryRefused, RegistryUnavailable
 
@@ -136,3 +137,20 @@ def test_an_error_reply_read_by_hiredis_raises_as_redis_py_would() -> None:
     assert str(wrongtype).startswith("WRONGTYPE ")
     assert isinstance(moved, redis.exceptions.MovedError) and is_transient(moved)
     assert (moved.slot_id, moved.node_addr) == (3999, ("127.0.0.1", 6381))
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        redis.exceptions.RedisClusterUnreachableError("no node answers"),
+        redis.exceptions.ConnectionError("refused"),
+    ],
+)
+async def test_a_redis_that_does_not_answer_pings_false(error: Exception) -> None:
+    """Before: a cluster none of whose nodes answered made /healthz a 500, not a 503."""
+
+    class Down:
+        async def ping(self) -> bool:
+            raise error
+
+    assert await ping(Down()) is False  # type: ignore[arg-type]
