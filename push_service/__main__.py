@@ -6,7 +6,7 @@ import argparse
 import logging
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from push_service.app import Worker, create_app
 from push_service.http_server import run
@@ -42,6 +42,26 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+def start_warnings(settings: PushSettings, environ: Mapping[str, str]) -> list[str]:
+    """What the push service says at its start of settings that do not do what their
+    setter meant (it starts all the same)."""
+    said = misspelled(environ)
+    unused = {"job_publish_retries", "job_publish_backoff_s"} & settings.model_fields_set
+    if unused:
+        names = ", ".join(f"IMROUTE_{name.upper()}" for name in sorted(unused))
+        said.append(
+            f"{names}: accepted and no longer used; a job batch's publish is retried by the "
+            "bus itself, up to 60 s"
+        )
+    if settings.secret is None:
+        said.append(
+            "IMROUTE_SECRET is not set: GET /v1/dispatch answers 503, as it checks the "
+            "clients' tokens with it, so clients that connect through dispatch (both SDKs) "
+            "cannot; give the push service the gateways' secret"
+        )
+    return said
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parse_args(argv)
@@ -52,8 +72,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         settings = PushSettings.load(os.environ, **flags)
         if worker is None:  # said once, by the process people started
-            for slip in misspelled(os.environ):
-                say(slip, settings.log_format, "push-service", err=True, level=logging.WARNING)
+            for warning in start_warnings(settings, os.environ):
+                say(
+                    f"imroute push-service: warning: {warning}",
+                    settings.log_format,
+                    "push-service",
+                    err=True,
+                    level=logging.WARNING,
+                )
         if worker is None and settings.workers > 1:
             # Checked here once, so a bad setting is one message, not one per worker.
             create_app(settings)

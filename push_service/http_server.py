@@ -409,9 +409,10 @@ def head_deadline_protocol(
 def requests_grace_s(settings: PushSettings) -> float:
     """How long a stopping push service lets its open requests finish before it cuts
     them: the longest one waits (a duplicate of a push waiting for its acks: the deliver
-    timeout, the Idempotency-Key margin and `wait_ack_ms`'s bound), and a second. Without
-    a bound, a client that never finished its request held a stopping worker for ever."""
-    return settings.deliver_timeout_s + WAIT_MARGIN_S + MAX_WAIT_ACK_MS / 1000 + 1.0
+    timeout, the Idempotency-Key margin and `wait_ack_ms`'s bound), and a second, rounded
+    up to a whole second as uvicorn takes it. Without a bound, a client that never
+    finished its request held a stopping worker for ever."""
+    return float(math.ceil(settings.deliver_timeout_s + WAIT_MARGIN_S + MAX_WAIT_ACK_MS / 1000 + 1))
 
 
 def run(
@@ -438,7 +439,7 @@ def run(
         # no WebSocket here: an upgrade request is answered as the HTTP request it is
         ws="none",
         timeout_keep_alive=settings.http_keepalive_timeout_s,
-        timeout_graceful_shutdown=math.ceil(requests_grace_s(settings)),
+        timeout_graceful_shutdown=int(requests_grace_s(settings)),
         limit_concurrency=settings.http_max_concurrency,
         headers=RESPONSE_HEADERS,
     )

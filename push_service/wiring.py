@@ -128,19 +128,6 @@ class Wiring:
         if bus is None:
             check_bus_settings(settings)  # redis+cluster:// without IMROUTE_BUS_URL
         rule_for(settings.dispatch_rule, Availability(clock))  # a bad rule name stops it here
-        unused = {"job_publish_retries", "job_publish_backoff_s"} & settings.model_fields_set
-        if unused:
-            log.warning(
-                "%s: accepted and no longer used; a job batch's publish is retried by the "
-                "bus itself, up to 60 s",
-                ", ".join(f"IMROUTE_{name.upper()}" for name in sorted(unused)),
-            )
-        if settings.secret is None:
-            log.warning(
-                "IMROUTE_SECRET is not set: GET /v1/dispatch answers 503, as it checks the "
-                "clients' tokens with it, so clients that connect through dispatch (both "
-                "SDKs) cannot; give the push service the gateways' secret"
-            )
         # A registry per app, so several apps in one process (tests) never collide.
         self._metrics = CollectorRegistry(auto_describe=True)
         self._publish_metrics = PublishMetrics(self._metrics)

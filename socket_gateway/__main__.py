@@ -117,7 +117,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     configure(settings.log_level, settings.log_format, "gateway", _own(settings))
     for slip in misspelled(os.environ):
-        say(slip, settings.log_format, "gateway", _own(settings), err=True, level=logging.WARNING)
+        say(f"imroute gateway: warning: {slip}", settings.log_format, "gateway",
+            _own(settings), err=True, level=logging.WARNING)  # fmt: skip
 
     def stopped(text: str) -> None:
         say(f"imroute gateway: {text}", settings.log_format, "gateway", _own(settings),

@@ -27,7 +27,8 @@ async def dispatch(
     will send to /ws), sent as `Authorization: Bearer <token>` (not `?token=`, which only
     /ws takes). `zone` (optional) is preferred by the zone_affinity rule; `avoid`
     (repeatable, or comma-separated) names gateways the client could not connect to.
-    401 for a missing or invalid token; 503 when no gateway can take the client (with
+    401 for a missing or invalid token; 422 for a malformed `avoid`, or a token too long
+    to connect and resume with; 503 when no gateway can take the client (with
     `Retry-After`), or when the push service has no IMROUTE_SECRET to check tokens with."""
     chosen = await dispatch.choose(creds.credentials if creds else None, zone, avoid or ())
     return JSONResponse(

@@ -75,8 +75,12 @@ UNDEFINED_TABLE = "42P01"
 
 
 def _no_table(error: object) -> bool:
-    """A database without the directory's tables, as SQLite and PostgreSQL say it."""
-    return "no such table" in str(error) or getattr(error, "sqlstate", None) == UNDEFINED_TABLE
+    """A database without the directory's tables, as PostgreSQL says it (its SQLSTATE)
+    and as SQLite does (which has no SQLSTATE: its message)."""
+    sqlstate = getattr(error, "sqlstate", None)
+    if sqlstate is not None:
+        return bool(sqlstate == UNDEFINED_TABLE)
+    return str(error).startswith("no such table")
 
 
 def create_directory_engine(url: str, *, migrating: bool = False, **kwargs: Any) -> AsyncEngine:

@@ -33,7 +33,7 @@ COMPOSE_VARS = (
 )
 INSTALL_HINT = (
     "neither `docker compose` (the Compose v2 plugin) nor `docker-compose` (v1, "
-    ">= 1.27) is available; install one, e.g. `apt-get install docker-compose-plugin` "
+    ">= 1.29) is available; install one, e.g. `apt-get install docker-compose-plugin` "
     "or `apt-get install docker-compose`"
 )
 
@@ -74,7 +74,7 @@ def _find_compose() -> Compose | str:
     major, minor = int(match[1]), int(match[2])
     if major >= 2:  # the standalone v2 binary installed as docker-compose
         return Compose((exe,), v2=True)
-    if (major, minor) < (1, 27):
+    if (major, minor) < (1, 29):  # service_completed_successfully came in 1.29
         return f"docker-compose {match[0]} predates the Compose spec; {INSTALL_HINT}"
     return Compose((exe,), v2=False)
 
@@ -177,6 +177,15 @@ def test_compose_defines_every_service(compose: Compose, empty_env_file: Path) -
     assert "8080" in _published(push)
     for dep in ("redis", "postgres"):
         assert push["depends_on"][dep]["condition"] == "service_healthy"
+    # Its dispatch checks client tokens: the gateways' secret.
+    assert _env(push).get("IMROUTE_SECRET") == SECRET
+    # The directory's tables first, on the push service's database.
+    assert push["depends_on"]["db-upgrade"]["condition"] == "service_completed_successfully"
+    upgrade = services["db-upgrade"]
+    assert _command(upgrade)[:3] == ["imroute", "db", "upgrade"]
+    assert _env(upgrade).get("IMROUTE_DB_URL") == _env(push).get("IMROUTE_DB_URL")
+    bus = {k: _env(push).get(k) for k in ("IMROUTE_BUS_URL", "PUBSUB_EMULATOR_HOST")}
+    assert bus["IMROUTE_BUS_URL"], bus
 
     groups: dict[str, list[str]] = {}
     ws_ports: dict[str, set[str]] = {}
@@ -191,6 +200,9 @@ def test_compose_defines_every_service(compose: Compose, empty_env_file: Path) -
         advertise = _flag(cmd, "--advertise-host") or env.get("IMROUTE_ADVERTISE_HOST")
         assert advertise == name, f"gateway {name!r} advertises {advertise!r}"
         assert env.get("IMROUTE_SECRET") == SECRET, f"gateway {name!r} lacks IMROUTE_SECRET"
+        # One bus for every process (docs/operations/bus.md): else it hears no batch.
+        theirs = {k: env.get(k) for k in bus}
+        assert theirs == bus, f"gateway {name!r} is on another bus: {theirs} != {bus}"
         # Its gRPC port listens on the compose network: it must take the push service's token.
         assert env.get("IMROUTE_INTERNAL_TOKEN") == INTERNAL, f"gateway {name!r} takes any caller"
         assert svc["depends_on"]["redis"]["condition"] == "service_healthy"
