@@ -16,7 +16,7 @@ import functools
 import logging
 import os
 import socket
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
 
@@ -50,7 +50,12 @@ from router.balancing import (
     rule_for,
 )
 from router.bus.base import Bus
-from router.bus.factory import bus_from_settings, check_bus_settings, hedging_from_settings
+from router.bus.factory import (
+    bus_from_settings,
+    bus_kind,
+    check_bus_settings,
+    hedging_from_settings,
+)
 from router.bus.metrics import BusLossMetrics
 from router.directory.sql import SqlUserDirectory
 from router.fanout.runner import JobRunner
@@ -80,6 +85,7 @@ from shared.clock import Clock
 from shared.http_heads import HeadLimits
 from shared.internal_auth import load_tls
 from shared.keys import KeySchema
+from shared.models import GatewayInfo
 from shared.settings import PushSettings, check_tracing
 from shared.tracing import Tracer
 
@@ -173,7 +179,11 @@ class Wiring:
                 stores.fleet,
                 clock,
                 settings.gateway_cache_s,
-                on_change=_retain_all(clients, self._call_metrics),
+                on_change=_after_read(
+                    clients,
+                    self._call_metrics,
+                    "" if self._given_bus is not None else bus_kind(settings.effective_bus_url),
+                ),
                 on_started=_restarted(grpc_clients, call_stats),
             )
             bus: Bus
@@ -343,16 +353,38 @@ class Wiring:
         return receipts, view
 
 
-def _retain_all(
-    clients: CoalescingGatewayClient, call_metrics: CallMetrics
-) -> Callable[[Mapping[str, str]], None]:
-    """What the fleet cache calls after each read: forget what departed gateways left."""
+def _after_read(
+    clients: CoalescingGatewayClient, call_metrics: CallMetrics, own_bus: str
+) -> Callable[[Sequence[GatewayInfo]], None]:
+    """What the fleet cache calls after each read: forget what departed gateways left,
+    and warn of a gateway that hears another kind of bus than this push service
+    publishes on (once per start of it): its clients would get broadcasts and group
+    pushes only from the topic logs, late, or not at all."""
+    warned: set[tuple[str, int]] = set()
 
-    def retain(live: Mapping[str, str]) -> None:
+    def after(fresh: Sequence[GatewayInfo]) -> None:
+        live = {g.gateway_id: g.grpc_address for g in fresh}
         clients.retain(live)
         call_metrics.retain(live)
+        for g in fresh:
+            if (
+                own_bus
+                and g.bus
+                and g.bus != own_bus
+                and (g.gateway_id, g.started_ms) not in warned
+            ):
+                warned.add((g.gateway_id, g.started_ms))
+                log.warning(
+                    "gateway %s hears batches on a %s bus, this push service publishes "
+                    "them on a %s bus: it gets broadcasts and group pushes only from the "
+                    "topic logs, late, or not at all; give every process the same "
+                    "IMROUTE_BUS_URL (docs/operations/bus.md)",
+                    g.gateway_id,
+                    g.bus,
+                    own_bus,
+                )
 
-    return retain
+    return after
 
 
 def _restarted(

@@ -40,6 +40,9 @@ class GatewayInfo:
     draining: bool = False
     deadline_ms: int = 0  # when its heartbeat lapses; from the fleet index, not the record
     heartbeat_ms: int = 0  # when its record was last written (0: not written yet)
+    # The kind of bus it hears batches on (`router.bus.factory.bus_kind`: redis, pubsub,
+    # memory); empty where not said (a bus its caller gave it, or an older record).
+    bus: str = ""
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,7 +13,7 @@ from typing import Self
 import grpc.aio
 
 from router.bus.base import Bus
-from router.bus.factory import bus_from_settings, check_bus_settings
+from router.bus.factory import bus_from_settings, bus_kind, check_bus_settings
 from router.fleet.drain import RedisDrainRequests
 from router.fleet.store import RedisGatewayFleet
 from router.receipts.base import ReceiptLimits
@@ -170,6 +170,9 @@ class Gateway(ClosedOnExit):
             max_connections=s.gateway_max_connections,
             zone=s.zone,
             draining=self.draining,
+            # Said for the push services to check theirs against; unknown for a bus given
+            # by the caller (in-process, shared with the push service).
+            bus="" if self._given_bus is not None else bus_kind(s.effective_bus_url),
         )
 
     async def __aenter__(self) -> Self:

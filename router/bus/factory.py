@@ -21,6 +21,7 @@ __all__ = [
     "MEMORY_SCHEME",
     "REDIS_SCHEMES",
     "bus_from_settings",
+    "bus_kind",
     "check_bus_settings",
     "hedging_from_settings",
     "open_bus",
@@ -100,6 +101,14 @@ def check_bus_settings(settings: FleetSettings) -> None:
             "IMROUTE_BUS_URL=redis://HOST:6379/0 (a standalone Redis for the bus) or "
             "pubsub://PROJECT (Google Cloud Pub/Sub)"
         )
+
+
+def bus_kind(url: str) -> str:
+    """The kind of bus `url` names, as a gateway's fleet record says it: `redis` (Redis
+    Streams), `pubsub` or `memory`. The processes of one fleet must agree on it: a
+    gateway on another bus than the push services hears none of their batches."""
+    scheme = url.partition("://")[0].lower()
+    return "redis" if scheme in REDIS_SCHEMES else scheme
 
 
 def bus_from_settings(

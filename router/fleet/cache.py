@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Sequence
 
 from router.fleet.base import GatewayFleet
 from shared.clock import Clock
@@ -20,7 +20,7 @@ class CachedFleet:
 
     Refreshes are single-flight: when the cache expires under load, one read goes to
     Redis and every caller waiting meanwhile shares its answer. `on_change` hears the
-    live gateways (id -> gRPC address) after each read from Redis.
+    live gateways after each read from Redis.
     """
 
     def __init__(
@@ -28,7 +28,7 @@ class CachedFleet:
         fleet: GatewayFleet,
         clock: Clock,
         max_age_s: float,
-        on_change: Callable[[Mapping[str, str]], None] | None = None,
+        on_change: Callable[[Sequence[GatewayInfo]], None] | None = None,
         on_started: Callable[[str, str], None] | None = None,
     ) -> None:
         """`on_started(gateway_id, grpc_address)`: a known gateway now announces another
@@ -79,7 +79,7 @@ class CachedFleet:
             # On every read, not only on a change: what was kept for a departed gateway
             # may be re-created by a call planned before it left, or be kept on purpose
             # for a while (an open circuit), and must still go.
-            self._on_change({g.gateway_id: g.grpc_address for g in fresh})
+            self._on_change(fresh)
         except Exception:  # a listener's bug must not fail the read
             log.exception("fleet change listener failed")
 

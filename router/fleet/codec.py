@@ -23,6 +23,7 @@ def encode_gateway(info: GatewayInfo, heartbeat_ms: int = 0) -> str:
             "zone": info.zone,
             "draining": info.draining,
             "heartbeat_ms": heartbeat_ms or info.heartbeat_ms,
+            "bus": info.bus,
         },
         separators=(",", ":"),
     )
@@ -42,6 +43,7 @@ def decode_gateway(value: str) -> GatewayInfo | None:
             zone=None if d["zone"] is None else str(d["zone"]),
             draining=bool(d["draining"]),
             heartbeat_ms=int(d["heartbeat_ms"]),
+            bus=str(d.get("bus") or ""),  # not in a record of the version before
         )
     except (ValueError, KeyError, TypeError):
         return None

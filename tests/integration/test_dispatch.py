@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import json
+import logging
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from typing import Any
@@ -288,3 +289,26 @@ async def test_reports_from_enough_users_take_a_gateway_out_for_everyone(
             assert loop.time() - start < 12, "gw1 still skipped long after the window"
             await asyncio.sleep(0.2)
         assert loop.time() - start > 3
+
+
+async def test_a_gateway_on_another_kind_of_bus_is_warned_of_once(
+    redis_url: str, prefix: str, pubsub_project: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Before: a gateway on Redis Streams beside push services on Pub/Sub (the shipped
+    docker-compose.yml did this) heard none of their batches, and nothing said so."""
+    async with (
+        gateway(redis_url, prefix, "gw1", "g1") as same,
+        gateway(redis_url, prefix, "gw2", "g2", bus_url=f"pubsub://{pubsub_project}") as other,
+        api(redis_url, prefix, gateway_cache_s=0) as http,
+    ):
+        assert (same.info.bus, other.info.bus) == ("redis", "pubsub")
+        with caplog.at_level(logging.WARNING, logger="push_service.wiring"):
+            for uid in ("amy", "bob", "cid"):  # each dispatch reads the fleet
+                headers = {"Authorization": f"Bearer {token(uid)}"}
+                assert (await http.get("/v1/dispatch", headers=headers)).status_code == 200
+    said = [r.getMessage() for r in caplog.records if "bus" in r.getMessage()]
+    assert said == [
+        "gateway gw2 hears batches on a pubsub bus, this push service publishes them on a "
+        "redis bus: it gets broadcasts and group pushes only from the topic logs, late, "
+        "or not at all; give every process the same IMROUTE_BUS_URL (docs/operations/bus.md)"
+    ]

@@ -68,7 +68,12 @@ async def test_on_change_hears_every_read_but_not_cached_answers() -> None:
     fleet = ScriptedFleet({"gw1": "a:1", "gw2": "b:1"}, {"gw1": "a:1"}, {"gw1": "a:2"})
     heard: list[dict[str, str]] = []
     clock = ManualClock()
-    cache = CachedFleet(fleet, clock, max_age_s=1, on_change=lambda m: heard.append(dict(m)))
+    cache = CachedFleet(
+        fleet,
+        clock,
+        max_age_s=1,
+        on_change=lambda fresh: heard.append({g.gateway_id: g.grpc_address for g in fresh}),
+    )
     await cache.live()
     await cache.live()  # from the cache: nothing new to hear
     for _ in range(2):

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 
 import pytest
 from hypothesis import given
@@ -51,6 +52,15 @@ def test_gateway_round_trip() -> None:
     info = GatewayInfo("gw1", "g1", "ws://h:1/ws", "h:2", 5, 99)
     assert decode_gateway(encode_gateway(info)) == info
     assert decode_gateway("{") is None
+
+
+def test_a_gateway_record_says_its_bus_and_one_of_the_version_before_reads_without() -> None:
+    info = GatewayInfo("gw1", "g1", "ws://h:1/ws", "h:2", 5, 99, bus="pubsub")
+    assert decode_gateway(encode_gateway(info)) == info
+    before = json.loads(encode_gateway(info))
+    del before["bus"]
+    read = decode_gateway(json.dumps(before))
+    assert read is not None and read.bus == ""  # not said: nothing to compare
 
 
 def test_keys_are_prefixed() -> None:
