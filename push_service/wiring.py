@@ -59,6 +59,7 @@ from router.bus.factory import (
 from router.bus.metrics import BusLossMetrics
 from router.directory.sql import SqlUserDirectory
 from router.fanout.runner import JobRunner
+from router.fleet.bus_agreement import BusAgreement
 from router.fleet.cache import CachedFleet
 from router.fleet.dispatch import ConnectHealth, Dispatcher
 from router.gateway_rpc.client import (
@@ -360,29 +361,22 @@ def _after_read(
     and warn of a gateway that hears another kind of bus than this push service
     publishes on (once per start of it): its clients would get broadcasts and group
     pushes only from the topic logs, late, or not at all."""
-    warned: set[tuple[str, int]] = set()
+    agreement = BusAgreement(own_bus)
 
     def after(fresh: Sequence[GatewayInfo]) -> None:
         live = {g.gateway_id: g.grpc_address for g in fresh}
         clients.retain(live)
         call_metrics.retain(live)
-        for g in fresh:
-            if (
-                own_bus
-                and g.bus
-                and g.bus != own_bus
-                and (g.gateway_id, g.started_ms) not in warned
-            ):
-                warned.add((g.gateway_id, g.started_ms))
-                log.warning(
-                    "gateway %s hears batches on a %s bus, this push service publishes "
-                    "them on a %s bus: it gets broadcasts and group pushes only from the "
-                    "topic logs, late, or not at all; give every process the same "
-                    "IMROUTE_BUS_URL (docs/operations/bus.md)",
-                    g.gateway_id,
-                    g.bus,
-                    own_bus,
-                )
+        for g in agreement.newly_apart(fresh):
+            log.warning(
+                "gateway %s hears batches on a %s bus, this push service publishes them on "
+                "a %s bus: it gets broadcasts and group pushes only from the topic logs, "
+                "late, or not at all; give every process the same IMROUTE_BUS_URL "
+                "(docs/operations/bus.md)",
+                g.gateway_id,
+                g.bus,
+                own_bus,
+            )
 
     return after
 

@@ -107,7 +107,8 @@ def bus_kind(url: str) -> str:
     """The kind of bus `url` names, as a gateway's fleet record says it: `redis` (Redis
     Streams), `pubsub` or `memory`. The processes of one fleet must agree on it: a
     gateway on another bus than the push services hears none of their batches."""
-    scheme = url.partition("://")[0].lower()
+    scheme, sep, _ = url.partition("://")
+    scheme = scheme.lower() if sep else ""  # never the rest: it may hold a password
     return "redis" if scheme in REDIS_SCHEMES else scheme
 
 
