@@ -26,13 +26,13 @@ class BusAgreement:
         """The live gateways on another kind of bus not yet told of; what was told of
         gateways no longer live is forgotten (a fleet whose ids change with each deploy
         does not grow it)."""
-        starts = {(g.gateway_id, g.started_ms) for g in fresh}
-        self._told &= starts
+        if not self.own:
+            return []
+        self._told &= {(g.gateway_id, g.started_ms) for g in fresh}
         apart = [
             g
             for g in fresh
-            if self.own and g.bus and g.bus != self.own
-            and (g.gateway_id, g.started_ms) not in self._told
-        ]  # fmt: skip
+            if g.bus not in ("", self.own) and (g.gateway_id, g.started_ms) not in self._told
+        ]
         self._told.update((g.gateway_id, g.started_ms) for g in apart)
         return apart

@@ -127,7 +127,7 @@ class DevStack:
             env["IMROUTE_REDIS_URL"] = redis_url
             if self.redis is None:
                 # Said, as an embedded one is: the stack's keys go into that Redis.
-                self._say(f"Redis: {redact_url(redis_url)} ({self._redis_origin()})")
+                self._say(f"Redis: {redact_url(redis_url)} ({self._redis_origin(redis_url)})")
             if "IMROUTE_DB_URL" not in env:
                 # The dev directory lives beside the working directory, kept across runs.
                 state = os.path.abspath(".imroute")
@@ -193,7 +193,8 @@ class DevStack:
             "",
             "imroute dev is up.",
             f"  API:       http://{o.host}:{o.port}   (docs: http://{o.host}:{o.port}/docs)",
-            f"  Redis:     {redact_url(env['IMROUTE_REDIS_URL'])}   ({self._redis_origin()})",
+            f"  Redis:     {redact_url(env['IMROUTE_REDIS_URL'])}   "
+            f"({self._redis_origin(env['IMROUTE_REDIS_URL'])})",
             f"  API key:   {key}" + ("" if "api key" in shown else "   (from IMROUTE_API_KEY)"),
             f"  admin key: {admin}{admin_from}   (drains, user directory writes)",
             f"  secret:    {secret}" + ("" if "secret" in shown else "   (from IMROUTE_SECRET)"),
@@ -280,11 +281,11 @@ class DevStack:
             )
         return redis_url
 
-    def _redis_origin(self) -> str:
-        """Whose the Redis the children use is, once `_redis` chose it."""
+    def _redis_origin(self, url: str) -> str:
+        """Whose the Redis at `url` is, the one `_redis` chose for the children."""
         if self.redis is not None:
             return "embedded: stopped and removed with dev"
-        if self.environ.get("IMROUTE_REDIS_URL", "").startswith(CLUSTER_SCHEME + "://"):
+        if url.startswith(CLUSTER_SCHEME + "://"):
             return "a cluster, used as given: dev writes its keys there"
         return "already running: dev writes its keys there and leaves it running"
 

@@ -15,6 +15,7 @@ from pydantic import SecretStr
 from router.cli import remote
 from router.cli.rest import ApiSettings, RemoteError, RestClient
 from router.cli.wait import POLL_S, SETTLE_S, wait_for_job
+from shared.clock import ManualClock
 from tests.unit.scripted_http import Answer, Handler, scripted
 
 
@@ -359,26 +360,16 @@ def test_a_uid_file_that_cannot_be_read_is_exit_2_naming_the_flag(
         assert f"--file: {path}: {why}" in capsys.readouterr().err
 
 
-class _Clock:
-    """A monotonic clock that a sleep moves on."""
-
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def sleep(self, seconds: float) -> None:
-        self.now += seconds
-
-
 def _follow(answers: Sequence[dict[str, Any] | None]) -> tuple[dict[str, Any], int]:
     """`wait_for_job` on these answers to its GETs (None: no connection), on a clock its
     sleeps move: the job it returned, and how many GETs it made."""
     handle, seen = scripted(
         [None if job is None else httpx.Response(200, json=job) for job in answers]
     )
-    clock = _Clock()
+    clock = ManualClock()  # its advance is the sleep
     settings = ApiSettings(api_url="http://push", api_key=SecretStr("k" * 20))
-    with RestClient(settings, transport=httpx.MockTransport(handle), sleep=clock.sleep) as api:
-        job = wait_for_job(api, "p1", 600.0, False, sleep=clock.sleep, clock=lambda: clock.now)
+    with RestClient(settings, transport=httpx.MockTransport(handle), sleep=clock.advance) as api:
+        job = wait_for_job(api, "p1", 600.0, False, sleep=clock.advance, clock=clock.monotonic)
     return job, len(seen)
 
 
