@@ -48,6 +48,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         from router.cli import remote
 
         return remote.main(args_list)
+    if not args_list or (args_list[0].startswith("-") and args_list[0] not in ("-h", "--help")):
+        # argparse would say only "required: command", hiding a mistyped flag.
+        _parser().print_usage(sys.stderr)
+        what = f"{args_list[0]} is no option of imroute" if args_list else "no command given"
+        print(f"imroute: {what}: name a command first (see: imroute -h)", file=sys.stderr)
+        return 2
     args = _parser().parse_args(args_list)
     try:
         code: int = args.run(args)

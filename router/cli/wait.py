@@ -99,7 +99,8 @@ def wait_for_job(
             counts = f"{job['delivered']} delivered, {job['acked']} acked of {job['recipients']}"
             bar.update(
                 task,
-                total=max(job["batches"], 1),
+                # An ended job has all its batches; a running one may have none yet.
+                total=job["batches"] if finished(job) else max(job["batches"], 1),
                 completed=job["published"],
                 counts=counts,
                 description=f"{job['mode']} {job['status']}",

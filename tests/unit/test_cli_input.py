@@ -12,7 +12,7 @@ import httpx
 import pytest
 from pydantic import SecretStr
 
-from router.cli import remote
+from router.cli import main, remote
 from router.cli.rest import ApiSettings, RemoteError, RestClient
 from router.cli.wait import POLL_S, SETTLE_S, wait_for_job
 from shared.clock import ManualClock
@@ -348,6 +348,24 @@ def test_a_flag_argparse_cannot_take_is_said_as_the_commands(
     assert "usage:" not in err
 
 
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        (["--bogus"], "imroute: --bogus is no option of imroute: name a command first"),
+        (["-x", "push"], "imroute: -x is no option of imroute: name a command first"),
+        ([], "imroute: no command given: name a command first"),
+    ],
+)
+def test_a_flag_before_any_command_is_named(
+    argv: list[str], said: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Before: argparse's "the following arguments are required: command", which hid the
+    mistyped flag."""
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert said in err and "(see: imroute -h)" in err and "required" not in err
+
+
 def test_a_uid_file_that_cannot_be_read_is_exit_2_naming_the_flag(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -360,7 +378,9 @@ def test_a_uid_file_that_cannot_be_read_is_exit_2_naming_the_flag(
         assert f"--file: {path}: {why}" in capsys.readouterr().err
 
 
-def _follow(answers: Sequence[dict[str, Any] | None]) -> tuple[dict[str, Any], int]:
+def _follow(
+    answers: Sequence[dict[str, Any] | None], progress: bool = False
+) -> tuple[dict[str, Any], int]:
     """`wait_for_job` on these answers to its GETs (None: no connection), on a clock its
     sleeps move: the job it returned, and how many GETs it made."""
     handle, seen = scripted(
@@ -369,7 +389,7 @@ def _follow(answers: Sequence[dict[str, Any] | None]) -> tuple[dict[str, Any], i
     clock = ManualClock()  # its advance is the sleep
     settings = ApiSettings(api_url="http://push", api_key=SecretStr("k" * 20))
     with RestClient(settings, transport=httpx.MockTransport(handle), sleep=clock.advance) as api:
-        job = wait_for_job(api, "p1", 600.0, False, sleep=clock.advance, clock=clock.monotonic)
+        job = wait_for_job(api, "p1", 600.0, progress, sleep=clock.advance, clock=clock.monotonic)
     return job, len(seen)
 
 
@@ -407,3 +427,12 @@ def test_reports_that_keep_moving_are_read_for_settle_s_at_most() -> None:
 def test_a_read_that_fails_while_settling_ends_the_wait_with_the_last_one() -> None:
     job, reads = _follow([_job(delivered=1), None])
     assert (job["delivered"], reads) == (1, 2)
+
+
+def test_the_bar_of_a_job_with_no_batches_says_0_of_0(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A broadcast to an empty directory. Before: "0/1 batches", one that never came."""
+    _follow([_job(batches=0, published=0)] * 2, progress=True)
+    err = capsys.readouterr().err
+    assert "0/0 batches" in err and "0/1" not in err
