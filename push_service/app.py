@@ -16,6 +16,7 @@ from push_service.admission import (
     Shedder,
     ShedMetrics,
 )
+from push_service.cors import ClientCors
 from push_service.errors import ServerErrors, add_error_handlers
 from push_service.fast_push import FastPush, ServicesSlot
 from push_service.http_server import HeadCounts, HeadCuts
@@ -134,6 +135,10 @@ def create_app(
             "/v1/users": MAX_USERS_BODY_BYTES,
         },
     )
+    # Before every gate: a browser's preflight of the client-facing paths, answered from
+    # the headers alone (push_service.cors); no layer at all unless origins are listed.
+    if settings.cors_origins:
+        app.add_middleware(ClientCors, origins=settings.cors_origins.split())
     # Outermost of ours: what no handler took is a JSON 500, the connection kept clean.
     app.add_middleware(ServerErrors)
     return app

@@ -84,6 +84,8 @@ ENV_PREFIX = "IMROUTE_"
 
 # A CSP source a WebSocket may go to: a scheme, or a scheme and host (and port).
 WS_SOURCE = re.compile(r"wss?:(//(\*\.)?[A-Za-z0-9.-]+(:([0-9]{1,5}|\*))?)?")
+# A browser's Origin header: scheme, host, an optional port; no path, no trailing slash.
+ORIGIN = re.compile(r"https?://(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.-]+)(:[0-9]{1,5})?", re.IGNORECASE)
 
 
 def default_workers() -> int:
@@ -128,10 +130,12 @@ def _describe(exc: ValidationError) -> str:
     problems = []
     for err in exc.errors(include_input=False, include_url=False):
         loc = ".".join(str(p) for p in err["loc"])
-        if loc:
-            problems.append(f"{env_name(loc)}: {err['msg']}")
+        said = err["msg"].removeprefix("Value error, ")
+        if loc:  # named once, where a validator's message names it too
+            name = env_name(loc)
+            problems.append(f"{name}: {said.removeprefix(f'{name}: ')}")
         else:  # a check across settings: its message names the variables
-            problems.append(err["msg"].removeprefix("Value error, "))
+            problems.append(said)
     return "invalid configuration: " + "; ".join(problems)
 
 
@@ -898,6 +902,14 @@ class HttpServerSettings(Section):
         "`wss://*.push.example.com` (`ws:`/`wss:` sources only; "
         "docs/operations/security-review.md)",
     )
+    cors_origins: str = Field(
+        "",
+        max_length=4000,
+        description="origins (`https://chat.example.com`, commas or spaces between them; `*`: "
+        "any) whose pages may import `/client/imroute.js` and call `/v1/dispatch`, the two "
+        "things the browser client needs; no other endpoint answers a browser on another "
+        'origin; unset: the push service\'s own origin only (docs, "The browser client")',
+    )
     workers: int = Field(
         default_factory=default_workers,
         ge=1,
@@ -916,6 +928,20 @@ class HttpServerSettings(Section):
                     "(ws: or wss:, or ws[s]://host[:port], the host may start with *.)"
                 )
         return " ".join(value.split())
+
+    @field_validator("cors_origins")
+    @classmethod
+    def _origins(cls, value: str) -> str:
+        origins = [o for o in re.split(r"[,\s]+", value.strip()) if o]
+        for origin in origins:
+            if origin != "*" and not ORIGIN.fullmatch(origin):
+                raise ValueError(
+                    f"IMROUTE_CORS_ORIGINS: {origin[:80]!r} is not an origin: "
+                    "http[s]://host[:port], without a path or a trailing slash, or *"
+                )
+        if "*" in origins and len(origins) > 1:
+            raise ValueError("IMROUTE_CORS_ORIGINS: * (any origin) stands alone")
+        return " ".join(o.lower() for o in origins)
 
 
 class EdgeSettings(Section):

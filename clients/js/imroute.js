@@ -25,6 +25,10 @@
 //   (4429) waits at least 5 s first;
 // - a connection that never opened (unreachable, or refused: a browser cannot tell) is
 //   reported to dispatch as `?avoid=<gateway_id>`: it names another gateway when it can;
+// - a dispatch that gets no answer, a 5xx or a 429 is asked again after a backoff (its
+//   Retry-After), each failure told to onState("reconnecting", {error, delayMs}) and
+//   counted in stats.dispatchErrors; a browser reports a push service on another origin
+//   that does not list the page's (IMROUTE_CORS_ORIGINS) as it does a network error;
 // - a refused token (dispatch's 401) stops it: connect() rejects, and onError receives
 //   an UnauthorizedError.
 
@@ -92,7 +96,7 @@ export class ImrouteClient {
     this.pos = since;  // the last push the app finished with; `since` on a reconnect
     this.dedupe = new DedupeWindow(dedupeWindow);
     this.stats = { connects: 0, pushes: 0, duplicates: 0, acks: 0, recovered: 0, dispatches: 0,
-      avoided: 0, silent: 0 };
+      dispatchErrors: 0, avoided: 0, silent: 0 };
     this.gateway = null;  // {ws_url, gateway_id, group_id} of the current connection
     this._closed = false;
     this._ws = null;
@@ -188,13 +192,16 @@ export class ImrouteClient {
     for (let attempt = 0; !this._closed; attempt++) {
       this.stats.dispatches += 1;
       let wait = null;
+      let error;
       try {
         const resp = await this.fetchImpl(`${this.apiUrl}/v1/dispatch${query}`, {
           headers: { Authorization: `Bearer ${this.token}` },
         });
+        error = new Error(`dispatch answered ${resp.status}`);
         if (resp.status === 200) {
           const body = await resp.json();
           if (body && typeof body.ws_url === "string") return body;
+          error = new Error("dispatch answered 200 without a ws_url");
         } else if (resp.status === 401) {
           throw new UnauthorizedError(`dispatch refused the token (401)`);
         } else if (resp.status < 500 && resp.status !== 429) {
@@ -208,8 +215,13 @@ export class ImrouteClient {
         }
       } catch (e) {
         if (e instanceof UnauthorizedError || (e instanceof Error && e.message.startsWith("dispatch answered"))) throw e;
+        error = e;  // no answer: the network, or a push service on another origin that
+        // does not list this page's (IMROUTE_CORS_ORIGINS): a browser cannot tell them apart
       }
-      await sleep(wait ?? backoffMs(attempt, this.backoffMinMs, this.backoffMaxMs));
+      this.stats.dispatchErrors += 1;
+      const delayMs = wait ?? backoffMs(attempt, this.backoffMinMs, this.backoffMaxMs);
+      this.onState("reconnecting", { error, delayMs });
+      await sleep(delayMs);
     }
     throw new Error("closed");
   }

@@ -15,13 +15,20 @@ __all__ = ["ADMIN_KEY", "stack"]
 
 @contextmanager
 def stack(
-    redis_url: str, prefix: str, tmp_path: Path, drain_window_s: str, *specs: tuple[str, str]
+    redis_url: str,
+    prefix: str,
+    tmp_path: Path,
+    drain_window_s: str,
+    *specs: tuple[str, str],
+    **push_env: str,
 ) -> Iterator[tuple[int, dict[str, Proc]]]:
-    """A push service process that takes the admin key, and gateway processes (id, group)
-    that drain in `drain_window_s`: the push service's port and the gateways by id."""
+    """A push service process that takes the admin key (and `push_env`), and gateway
+    processes (id, group) that drain in `drain_window_s`: the push service's port and the
+    gateways by id."""
     env = gateway_env(redis_url, prefix, IMROUTE_DRAIN_WINDOW_S=drain_window_s)
+    service = push_service(redis_url, prefix, tmp_path, IMROUTE_ADMIN_API_KEY=ADMIN_KEY, **push_env)
     with (
-        push_service(redis_url, prefix, tmp_path, IMROUTE_ADMIN_API_KEY=ADMIN_KEY) as (_, port),
+        service as (_, port),
         ExitStack() as gateways,
     ):
         procs = {}
