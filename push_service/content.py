@@ -75,7 +75,10 @@ def _encoded_by_json(content: Any) -> bytes:
     try:
         data = json.dumps(content, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
     except ValueError:
-        raise InvalidInput("content", "must be JSON (NaN and Infinity are not)") from None
+        raise InvalidInput(
+            "content",
+            "must be JSON: NaN, Infinity and numbers past a double's range (1e999) are not",
+        ) from None
     except RecursionError:
         raise _too_deep() from None
     try:

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import logging
 import secrets
+import sys
 from collections.abc import Mapping, Sequence
 from http import HTTPStatus
 from typing import Any
@@ -210,6 +211,12 @@ def _unparsed(exc: HTTPException) -> str | None:
         return f"the body is not UTF-8 (byte {cause.start}): JSON text must be"
     if isinstance(cause, RecursionError):
         return "the body's JSON is nested too deeply to parse"
+    if isinstance(cause, ValueError) and "integer string conversion" in str(cause):
+        # Python's guard against quadratic int parsing (sys.get_int_max_str_digits).
+        return (
+            f"a number in the body has more than {sys.get_int_max_str_digits()} digits: "
+            "send it as a string"
+        )
     return None
 
 

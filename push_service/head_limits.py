@@ -105,12 +105,20 @@ class HeadRefusals:
             )
 
 
+# What an upgrade request to the push service is logged as.
+UPGRADE_LINE = (
+    "Upgrade request answered as plain HTTP: the push service serves no WebSocket "
+    "(clients connect to the gateways that /v1/dispatch names)."
+)
+
+
 class ParseErrorLines(logging.Filter):
     """uvicorn's warnings that any client causes at will, a line per request, on the
     `uvicorn.error` logger: each logged at once, then at most once per `every_s` with
     the count since, like every refusal. They are its line for a request it cannot
     parse (a head stopped by a limit is one: the limit stops the parser), and its two
-    for an upgrade request (the push service serves no WebSocket: `ws="none"`)."""
+    for an upgrade request (the push service serves no WebSocket: `ws="none"`), said as
+    one line that says so; uvicorn's second advised installing a WebSocket library."""
 
     MESSAGE = "Invalid HTTP request received."
     UPGRADE = "Unsupported upgrade request."
@@ -127,11 +135,16 @@ class ParseErrorLines(logging.Filter):
         if not isinstance(message, str) or not message.startswith(self.THROTTLED):
             return True
         key = next(m for m in self.THROTTLED if message.startswith(m))
+        if key == self.NO_WS_LIBRARY:
+            return False
+        if key == self.UPGRADE:
+            message = UPGRADE_LINE
         since = self._lines[key].note(self._clock())
         if not since:
             return False
-        if since > 1:
-            record.msg = f"{message[:-1]}: {since} requests since the last line"
+        record.msg = (
+            f"{message[:-1]}: {since} requests since the last line" if since > 1 else message
+        )
         return True
 
 

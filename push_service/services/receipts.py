@@ -94,11 +94,22 @@ class ReceiptsView:
             raise NotFound(f"no receipt for push {push_id!r}")
         if not counts.listable:
             raise Conflict(
-                f"push {push_id!r} has {counts.recipients} recipients, more than "
-                "IMROUTE_RECEIPTS_MAX_RECIPIENTS: its receipt keeps counts only"
+                f"push {push_id!r} {_counted_only(counts)}: its receipt keeps counts only"
             )
         page = await self._reads.page(push_id, state, cursor, limit)
         return {"push_id": push_id, "state": state, "uids": page.uids, "cursor": page.cursor}
+
+
+def _counted_only(counts: Counts) -> str:
+    """Why a receipt keeps no list of its recipients, as far as it can tell."""
+    if counts.mode == "broadcast":
+        return "is a broadcast (its recipients are the directory's users, not a list)"
+    if counts.mode == "multicast":
+        return (
+            "is a multicast to a directory audience (tags_any), or to more uids than "
+            "IMROUTE_RECEIPTS_MAX_RECIPIENTS"
+        )
+    return f"has {counts.recipients} recipients, more than IMROUTE_RECEIPTS_MAX_RECIPIENTS"
 
 
 def _never_written(answer: dict[str, Any]) -> None:

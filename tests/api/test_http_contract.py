@@ -79,6 +79,14 @@ async def test_invalid_json_is_422(api: Api) -> None:
         )
         assert resp.status_code == 422
         assert resp.json()["detail"][0]["field"] == "content"
+        # A number past a double's range is read as Infinity: said as that, not as NaN.
+        resp = await http.post(
+            "/v1/push",
+            content=b'{"to": ["a"], "content": [1e999]}',
+            headers={**AUTH, "Content-Type": "application/json"},
+        )
+        assert resp.status_code == 422
+        assert "past a double's range (1e999)" in resp.json()["detail"][0]["message"]
 
 
 @pytest.mark.parametrize("path", ["/v1/push", "/v1/push/batch", "/v1/multicast", "/v1/broadcast"])
@@ -98,6 +106,13 @@ async def test_a_body_that_is_no_json_text_is_400_saying_why(api: Api, path: str
         assert resp.json() == {
             "error": "bad_request",
             "detail": "the body's JSON is nested too deeply to parse",
+        }
+        # An integer past Python's 4300 digits (its guard against quadratic parsing).
+        resp = await http.post(path, content=b'{"content": ' + b"9" * 4301 + b"}", headers=headers)
+        assert resp.status_code == 400, resp.text
+        assert resp.json() == {
+            "error": "bad_request",
+            "detail": "a number in the body has more than 4300 digits: send it as a string",
         }
 
 
@@ -380,6 +395,31 @@ async def test_a_push_is_read_back_by_its_id_and_an_unknown_one_is_404(api: Api)
         assert unknown.status_code == 404 and unknown.json()["error"] == "not_found"
         too_long = await http.get(f"/v1/pushes/{'p' * 65}", headers=AUTH)
         assert too_long.status_code == 422, too_long.text
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "said"),
+    [
+        ("/v1/broadcast", {"content": 1}, "is a broadcast"),
+        ("/v1/multicast", {"audience": {"tags_any": ["t"]}, "content": 1}, "directory audience"),
+    ],
+)
+async def test_a_counts_only_receipts_listing_is_409_saying_why(
+    api: Api, path: str, body: dict[str, Any], said: str
+) -> None:
+    """Before: "has 0 recipients, more than IMROUTE_RECEIPTS_MAX_RECIPIENTS" (10,000)."""
+    async with api() as http:
+        sent = await http.post(path, json=body, headers=AUTH)
+        assert sent.status_code == 202, sent.text
+        push_id = sent.json()["push_id"]
+        for _ in range(100):  # its receipt is written as its job starts
+            listing = await http.get(f"/v1/pushes/{push_id}/recipients?state=acked", headers=AUTH)
+            if listing.status_code != 404:
+                break
+            await asyncio.sleep(0.02)
+    assert listing.status_code == 409, listing.text
+    detail = listing.json()["detail"]
+    assert said in detail and "counts only" in detail and "has 0 recipients" not in detail
 
 
 @pytest.mark.parametrize(("value", "problem"), BAD_IDEMPOTENCY_KEYS)
