@@ -30,6 +30,7 @@ from collections.abc import Iterable, Sequence
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from push_service.admission import route_path
 from push_service.errors import send_error
 
 __all__ = ["ClientCors"]
@@ -51,7 +52,7 @@ class ClientCors:
         self._any = ANY in self._origins
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or not _client_facing(scope["path"]):
+        if scope["type"] != "http" or not _client_facing(route_path(scope)):
             await self.app(scope, receive, send)
             return
         headers = dict(scope["headers"])
@@ -79,7 +80,7 @@ class ClientCors:
     async def _preflight(
         self, scope: Scope, headers: dict[bytes, bytes], origin: str, allowed: bool, send: Send
     ) -> None:
-        path = scope["path"]
+        path = route_path(scope)
         method = headers[b"access-control-request-method"].decode("latin-1")
         asked = headers.get(b"access-control-request-headers", b"").decode("latin-1")
         extra = [h for h in (h.strip().lower() for h in asked.split(",")) if h]

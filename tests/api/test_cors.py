@@ -8,7 +8,7 @@ import pytest
 
 from shared.errors import ConfigError
 from shared.settings import PushSettings
-from tests.api.conftest import Api
+from tests.api.conftest import Api, Fakes, serve
 from tests.conftest import API_KEY
 
 pytestmark = pytest.mark.api
@@ -116,3 +116,10 @@ def test_origins_are_read_with_commas_or_spaces_and_as_browsers_send_them() -> N
         {"IMROUTE_CORS_ORIGINS": " HTTPS://Chat.Example.com,http://[::1]:8000  http://h:80 "}
     )
     assert settings.cors_origins == "https://chat.example.com http://[::1]:8000 http://h:80"
+
+
+async def test_under_a_root_path_the_routed_path_is_judged(fakes: Fakes) -> None:
+    """Served under uvicorn's --root-path, as behind a proxy's prefix."""
+    async with serve(fakes, root_path="/push", **LISTED) as http:
+        resp = await http.options("/push/v1/dispatch", headers=_preflight(APP))
+    assert resp.status_code == 204 and resp.headers["access-control-allow-origin"] == APP
