@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -16,6 +17,8 @@ from imroute_client.errors import DispatchRefused, Unauthorized
 from imroute_client.urls import dispatch_url
 
 __all__ = ["Target", "ask_dispatch", "read_dispatch"]
+
+log = logging.getLogger("imroute_client")
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +65,7 @@ async def ask_dispatch(
     it can, and counts it as a failed connect)."""
     params = {k: v for k, v in (("zone", zone), ("avoid", avoid)) if v is not None} or None
     url = dispatch_url(api_url)
+    shown = str(httpx.URL(url).copy_with(userinfo=b""))  # a password in api_url: not logged
     attempt = 0
     while True:
         try:
@@ -69,6 +73,7 @@ async def ask_dispatch(
                                   params=params)  # fmt: skip
         except httpx.HTTPError as exc:
             errors[type(exc).__name__] += 1
+            failure = f"no answer ({type(exc).__name__})"
             wait = None
         else:
             try:
@@ -81,6 +86,10 @@ async def ask_dispatch(
             if isinstance(answer, Target):
                 return answer
             errors[str(resp.status_code)] += 1
+            failure = f"answered {resp.status_code}"
             wait = answer
-        await asyncio.sleep(backoff.delay(attempt, rand) if wait is None else wait)
+        delay = backoff.delay(attempt, rand) if wait is None else wait
+        # Said each time (the backoff spaces them), or a wrong api_url waits in silence.
+        log.warning("dispatch at %s %s; asking again in %.1f s", shown, failure, delay)
+        await asyncio.sleep(delay)
         attempt += 1

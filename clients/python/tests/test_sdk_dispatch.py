@@ -32,7 +32,9 @@ def test_answers() -> None:
         read(404, "not found")
 
 
-async def test_it_waits_out_503s_and_network_errors_and_counts_them() -> None:
+async def test_it_waits_out_503s_and_network_errors_and_counts_and_logs_them(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     answers: list[httpx.Response | Exception] = [
         httpx.Response(503, headers={"Retry-After": "0"}, json={"error": "no gateway"}),
         httpx.ConnectError("refused"),
@@ -53,5 +55,19 @@ async def test_it_waits_out_503s_and_network_errors_and_counts_them() -> None:
                                     rand=lambda: 0.0, errors=errors)  # fmt: skip
     assert target.gateway_id == "gw1"
     assert errors == {"503": 1, "ConnectError": 1}
+    # Each failure said (a wrong api_url waited in silence), without the token.
+    said = [r.getMessage() for r in caplog.records if r.name == "imroute_client"]
+    assert len(said) == 2 and "answered 503" in said[0], said
+    assert "no answer (ConnectError)" in said[1] and "http://api/v1/dispatch" in said[1]
+    assert not any("tok" in line for line in said), said
     assert all(r.headers["Authorization"] == "Bearer tok" for r in seen)
     assert str(seen[0].url) == "http://api/v1/dispatch?zone=eu"
+
+
+async def test_a_password_in_the_api_url_is_not_logged(caplog: pytest.LogCaptureFixture) -> None:
+    answers = [httpx.Response(502), httpx.Response(200, json=OK)]
+    async with httpx.AsyncClient(transport=httpx.MockTransport(lambda _: answers.pop(0))) as http:
+        await ask_dispatch(http, "https://u:hunter2@api", "tok", zone=None, backoff=B,
+                           rand=lambda: 0.0, errors=Counter())  # fmt: skip
+    [said] = [r.getMessage() for r in caplog.records if r.name == "imroute_client"]
+    assert "https://api/v1/dispatch answered 502" in said and "hunter2" not in said
