@@ -139,6 +139,7 @@ class Gateway(ClosedOnExit):
         self.registry: RedisRouteRegistry | None = None
         self.fleet: RedisGatewayFleet | None = None
         self._heartbeat: Heartbeat | None = None
+        self._bus: Bus | None = None  # once subscribed
         self._started_ms = 0
         self._drain = Drain(self.conns)
 
@@ -280,6 +281,7 @@ class Gateway(ClosedOnExit):
         # Subscribed before announcing: a batch published once this gateway is visible
         # must already be owed to it.
         await bus.prepare(gateway_topics(s.group_id), s.gateway_id)
+        self._bus = bus
         await claim_id(self.fleet, s.gateway_id, self.info.grpc_address, self.clock)
         await wh_presence.adopt_last_run(self.presence, s.gateway_id)  # the id is ours now
         # Announced only once both servers listen, so no route points at a dead port.
@@ -355,6 +357,12 @@ class Gateway(ClosedOnExit):
         if self.acks is not None:
             await self.acks.aclose()
         await wh_presence.retire(self.presence, self.settings.gateway_id)
+        if self._bus is not None:
+            # Its clients are gone: nothing published from here on is owed to it.
+            with contextlib.suppress(ImrouteError):
+                await self._bus.leave(
+                    gateway_topics(self.settings.group_id), self.settings.gateway_id
+                )
 
     async def drain(self, window_s: float | None = None) -> None:
         """Stop taking clients, ask each to reconnect elsewhere, and close them (4503)

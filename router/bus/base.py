@@ -96,6 +96,11 @@ class Subscriptions(Protocol):
 
     async def prepare(self, topics: Sequence[str], subscriber: str) -> None: ...
 
+    async def leave(self, topics: Sequence[str], subscriber: str) -> None:
+        """The subscriber stopped for good (a clean stop): what is published from here on
+        is not kept for it, nor counted lost when it is never read."""
+        ...
+
     def subscribe(
         self, topics: Sequence[str], subscriber: str
     ) -> AsyncGenerator[Received, None]: ...

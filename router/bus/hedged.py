@@ -102,6 +102,10 @@ class HedgedBus(ClosedOnExit, Generic[T_co]):
         """Create the subscriber's subscriptions now: it gets what is published from here on."""
         await self._transport.prepare(topics, subscriber)
 
+    async def leave(self, topics: Sequence[str], subscriber: str) -> None:
+        """The subscriber stopped for good: nothing is kept for it from here on."""
+        await self._transport.leave(topics, subscriber)
+
     def subscribe(self, topics: Sequence[str], subscriber: str) -> AsyncGenerator[Received, None]:
         """The subscriber's messages, until the bus closes or the caller stops iterating."""
         return self._transport.subscribe(topics, subscriber)

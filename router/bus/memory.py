@@ -90,6 +90,13 @@ class MemoryTransport(BusLifecycle):
         self.check_open()
         self._subscribe(checked, subscriber)
 
+    async def leave(self, topics: Sequence[str], subscriber: str) -> None:
+        """Drop the subscriber's subscriptions, and what they held."""
+        for topic in validate_subscription(topics, subscriber):
+            sub = self._subscriptions.pop((topic, subscriber), None)
+            if sub is not None:
+                self._by_topic[topic].remove(sub)
+
     async def close(self) -> None:
         """End every subscription; what was not acked is dropped with the bus."""
         self._begin_close()

@@ -166,6 +166,11 @@ class PubSubTransport(BusLifecycle):
             for topic in checked:
                 await self.create_subscription(clients, topic, subscriber)
 
+    async def leave(self, topics: Sequence[str], subscriber: str) -> None:
+        """Nothing to do: Pub/Sub counts no losses, and deletes a subscription a day after
+        its last subscriber (a restart under the same id within it picks it up again)."""
+        validate_subscription(topics, subscriber)
+
     async def close(self) -> None:
         """End every subscription, handing back what they had not acked; close the clients."""
         if not self._begin_close():

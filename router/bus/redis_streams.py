@@ -209,6 +209,22 @@ class RedisStreamsTransport(BusLifecycle):
             self.check_open()
             await self._create_groups(keys, subscriber, self._consumer or subscriber)
 
+    async def leave(self, topics: Sequence[str], subscriber: str) -> None:
+        """Destroy the subscriber's groups: a gateway that stopped cleanly holds no entry
+        back from the trim, and what is trimmed unread is not counted lost for it (its
+        clients went elsewhere). A gateway that crashed keeps them until
+        IMROUTE_BUS_GROUP_IDLE_S, so that its restart re-reads what it had pending."""
+        keys = [stream_key(self._prefix, t) for t in validate_subscription(topics, subscriber)]
+        with redis_errors(BusUnavailable):
+            self.check_open()
+            pipe = self._redis.pipeline(transaction=False)
+            for key in keys:
+                pipe.xgroup_destroy(key, subscriber)
+            for result in await pipe.execute(raise_on_error=False):
+                # A stream that is gone (Redis lost its data) took its groups with it.
+                if isinstance(result, Exception) and "requires the key" not in str(result):
+                    raise result
+
     async def close(self) -> None:
         """End every subscription and close the client."""
         if not self._begin_close():

@@ -14,6 +14,7 @@ from router.bus import BROADCAST, RedisStreamsBus
 from router.bus.redis_streams import stream_key
 from shared.keys import KeySchema
 from tests.bus_reads import streams_subscribed, take
+from tests.integration.stack import gateway
 
 pytestmark = pytest.mark.integration
 
@@ -99,6 +100,25 @@ async def test_a_group_idle_past_the_limit_is_dropped_and_holds_nothing(
     assert bus.losses.unread_trimmed == {}
     assert bus.losses.groups_dropped == {BROADCAST: 1}
     assert bus.losses.take("p2") == 0
+
+
+async def test_a_gateway_that_stopped_cleanly_leaves_its_groups(
+    redis_url: str, prefix: str, redis: aioredis.Redis
+) -> None:
+    """The finding: a gateway scaled in kept its groups for IMROUTE_BUS_GROUP_IDLE_S (10
+    min), and every batch trimmed past the bound meanwhile was counted lost for it: a
+    broadcast its clients had all got ended `failed`, 950 of 1000 batches "lost"."""
+    key = stream_key(prefix, BROADCAST)
+    async with gateway(redis_url, prefix, "gone", "g9", bus_maxlen=100):
+        assert {g["name"] for g in await redis.xinfo_groups(key)} == {"gone"}
+    async with RedisStreamsBus(redis_url, prefix, maxlen=100) as bus:
+        assert await redis.xinfo_groups(key) == []
+        await publish(bus, 300)
+    assert bus.losses.unread_trimmed == {}
+    assert bus.losses.take("p1") == 0
+    assert await redis.xlen(key) <= 100
+    group_key = stream_key(prefix, "group.g9")
+    assert await redis.exists(group_key) == 0 or await redis.xinfo_groups(group_key) == []
 
 
 @pytest.mark.parametrize(("maxlen", "per_read"), [(100, 10), (10_000, 100)])

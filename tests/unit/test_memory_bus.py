@@ -57,3 +57,17 @@ async def test_nothing_crosses_bus_objects() -> None:
         await one.publish(BROADCAST, b"only on one")
         async with aclosing(other.subscribe([BROADCAST], "gw1")) as messages:
             await assert_quiet(messages, 0.05)
+
+
+async def test_a_subscriber_that_left_is_kept_nothing_and_starts_again_when_it_comes_back() -> None:
+    async with MemoryBus() as bus:
+        await bus.prepare([BROADCAST, G1], "gw1")
+        await bus.publish(BROADCAST, b"held")
+        await bus.leave([BROADCAST, G1], "gw1")
+        await bus.publish(BROADCAST, b"while away")
+        await bus.leave([BROADCAST], "gw1")  # twice is harmless
+        await bus.prepare([BROADCAST], "gw1")
+        await bus.publish(BROADCAST, b"back")
+        async with aclosing(bus.subscribe([BROADCAST], "gw1")) as messages:
+            assert [r.data for r in await take(messages, 1)] == [b"back"]
+            await assert_quiet(messages, 0.05)
