@@ -135,10 +135,11 @@ def create_app(
             "/v1/users": MAX_USERS_BODY_BYTES,
         },
     )
-    # Before every gate: a browser's preflight of the client-facing paths, answered from
-    # the headers alone (push_service.cors); no layer at all unless origins are listed.
+    # What no handler took is a JSON 500, the connection kept clean.
+    app.add_middleware(ServerErrors)
+    # Outermost: a browser's preflight of the client-facing paths, answered from the
+    # headers alone, and the page's origin on every answer to it, a 500 included
+    # (push_service.cors); no layer at all unless origins are listed.
     if settings.cors_origins:
         app.add_middleware(ClientCors, origins=settings.cors_origins.split())
-    # Outermost of ours: what no handler took is a JSON 500, the connection kept clean.
-    app.add_middleware(ServerErrors)
     return app

@@ -9,17 +9,18 @@ first). A browser lets a page read either only when the answer names the page's 
 (the Fetch standard's CORS protocol), so without this the SDK cannot start anywhere but
 on the push service's own origin.
 
-- Only those two: every other endpoint takes an API key, which never belongs in a page;
-  a browser on another origin gets no CORS header from them, so it cannot read what
-  they answer.
+- Only those two (dispatch, and the client's files): every other endpoint takes an API
+  key, which never belongs in a page; a browser on another origin gets no CORS header
+  from them, so it cannot read what they answer.
 - Only the origins listed: an answer names the caller's origin when it is one of them
   (`Vary: Origin`, as caches must key on it), or any origin for `*`. The token is a
   header the page sets, not a cookie, so no credentials mode is involved.
 - A preflight (`OPTIONS` with `Access-Control-Request-Method`) is answered here, before
   any gate: 204 allowing `GET` and the `Authorization` header for an origin listed;
   403 in JSON naming the origin (or the method, or the header) otherwise.
-- Every other request goes on as it came; an answer to an origin listed (a 401, a 503
-  included, so the SDK can tell them apart) gets the origin and `Retry-After` exposed.
+- Every other request goes on as it came; an answer to an origin listed (a 401, a 503,
+  a 500 included, so the SDK can tell them apart) gets the origin and `Retry-After`
+  exposed. Every answer on these paths says `Vary: Origin`.
 
 Off (no layer at all) unless IMROUTE_CORS_ORIGINS names an origin.
 """
@@ -46,7 +47,7 @@ class ClientCors:
     """The CORS answers of the client-facing paths, for the origins listed."""
 
     def __init__(self, app: ASGIApp, origins: Iterable[str]) -> None:
-        """`origins`: as IMROUTE_CORS_ORIGINS holds them, checked and lower-cased."""
+        """`origins`: as IMROUTE_CORS_ORIGINS holds them, as browsers send an Origin."""
         self.app = app
         self._origins = frozenset(origins)
         self._any = ANY in self._origins
@@ -57,18 +58,19 @@ class ClientCors:
             return
         headers = dict(scope["headers"])
         origin_raw = headers.get(b"origin")
-        if origin_raw is None:
-            await self.app(scope, receive, send)  # not a browser's cross-origin request
-            return
-        origin = origin_raw.decode("latin-1")
-        allowed = self._any or origin.lower() in self._origins
-        if scope["method"] == "OPTIONS" and b"access-control-request-method" in headers:
+        origin = None if origin_raw is None else origin_raw.decode("latin-1")
+        allowed = origin is not None and (self._any or origin.lower() in self._origins)
+        if (
+            origin is not None
+            and scope["method"] == "OPTIONS"
+            and b"access-control-request-method" in headers
+        ):
             await self._preflight(scope, headers, origin, allowed, send)
             return
-        if not allowed:
-            await self.app(scope, receive, send)  # answered without CORS: unreadable
-            return
-        cors = _cors_headers(origin)
+        # Every answer here depends on the Origin (a cache must not give one without CORS
+        # headers to an origin listed); only one to an origin listed names it (others,
+        # without, cannot read it).
+        cors = _cors_headers(origin) if allowed and origin is not None else _VARY
 
         async def sending(message: Message) -> None:
             if message["type"] == "http.response.start":
@@ -89,7 +91,7 @@ class ClientCors:
                 f"origin {origin[:100]!r} may not call {path} from a browser: "
                 "the push service lists it in IMROUTE_CORS_ORIGINS"
             )
-        elif method not in ("GET", "HEAD"):
+        elif method != "GET":
             problem = f"{path} takes GET from other origins, not {method[:20]}"
         elif bad := [h for h in extra if h != "authorization"]:
             problem = (
@@ -102,7 +104,7 @@ class ClientCors:
                 "status": 204,
                 "headers": [
                     *_cors_headers(origin),
-                    (b"access-control-allow-methods", b"GET, HEAD"),
+                    (b"access-control-allow-methods", b"GET"),
                     (b"access-control-allow-headers", b"Authorization"),
                     (b"access-control-max-age", str(MAX_AGE_S).encode()),
                 ],
@@ -115,6 +117,9 @@ class ClientCors:
 
 def _client_facing(path: str) -> bool:
     return path in PATHS or path.startswith(PREFIXES)
+
+
+_VARY = ((b"vary", b"Origin"),)
 
 
 def _cors_headers(origin: str) -> Sequence[tuple[bytes, bytes]]:

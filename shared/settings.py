@@ -941,7 +941,12 @@ class HttpServerSettings(Section):
                 )
         if "*" in origins and len(origins) > 1:
             raise ValueError("IMROUTE_CORS_ORIGINS: * (any origin) stands alone")
-        return " ".join(o.lower() for o in origins)
+        # As browsers send an Origin: lower case, without the scheme's default port.
+        lowered = (o.lower() for o in origins)
+        return " ".join(
+            o.removesuffix(":80") if o.startswith("http:") else o.removesuffix(":443")
+            for o in lowered
+        )
 
 
 class EdgeSettings(Section):

@@ -89,14 +89,20 @@ async def start_grpc_server(
     gateway_service.add_GatewayServicer_to_server(servicer, server)
     # "": every interface, as for the event loop's servers (gRPC refuses an empty host)
     address = f"{host or '[::]'}:{port}"
-    if tls is None:
-        bound = server.add_insecure_port(address)
-    else:
-        credentials = grpc.ssl_server_credentials(
-            [(tls.key, tls.cert)], root_certificates=tls.ca, require_client_auth=True
-        )
-        bound = server.add_secure_port(address, credentials)
+    try:
+        if tls is None:
+            bound = server.add_insecure_port(address)
+        else:
+            credentials = grpc.ssl_server_credentials(
+                [(tls.key, tls.cert)], root_certificates=tls.ca, require_client_auth=True
+            )
+            bound = server.add_secure_port(address, credentials)
+    except RuntimeError:  # grpcio's "Failed to bind to address" (older ones return 0)
+        bound = 0
     if bound == 0:
-        raise OSError(f"could not bind gRPC on {address}")
+        raise OSError(
+            f"gRPC on {address} (IMROUTE_GRPC_HOST, IMROUTE_GRPC_PORT): the port is taken, "
+            "or the host is no address of this machine"
+        )
     await server.start()
     return server, bound

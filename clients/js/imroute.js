@@ -128,7 +128,20 @@ export class ImrouteClient {
     clearInterval(this._pinger);
     this._flushAck();
     if (this._ws) this._ws.close(1000, "client closed");
-    this.onState("closed");
+    if (this._resolveReady) {  // connect() is still waiting: it will not connect now
+      this._resolveReady = null;
+      this._rejectReady(new Error("closed before it connected"));
+    }
+    this._state("closed");
+  }
+
+  /** onState, whose error is the app's: said to onError, and the client goes on. */
+  _state(state, detail) {
+    try {
+      this.onState(state, detail);
+    } catch (e) {
+      this.onError(e);
+    }
   }
 
   async _run() {
@@ -147,7 +160,7 @@ export class ImrouteClient {
       const step = this._next(end, Date.now() - started);
       avoid = end.opened ? null : target.gateway_id;
       if (step.dispatch) target = null;
-      this.onState("reconnecting", { code: end.code, delayMs: step.delayMs });
+      this._state("reconnecting", { code: end.code, delayMs: step.delayMs });
       await sleep(step.delayMs);
     }
   }
@@ -156,7 +169,7 @@ export class ImrouteClient {
     this._closed = true;
     this.onError(error);
     if (this._rejectReady) this._rejectReady(error);
-    this.onState("stopped", { error });
+    this._state("stopped", { error });
   }
 
   /** What to do after a connection ended (the Python SDK's policy.next_step). */
@@ -184,8 +197,8 @@ export class ImrouteClient {
     return { dispatch: true, delayMs: wait };
   }
 
-  /** GET /v1/dispatch until it names a gateway (not `avoid` if it has another);
-   * UnauthorizedError on 401. */
+  /** GET /v1/dispatch until it names a gateway (not `avoid` if it has another), or
+   * null once closed; UnauthorizedError on 401. */
   async _dispatch(avoid = null) {
     const query = avoid ? `?avoid=${encodeURIComponent(avoid)}` : "";
     if (avoid) this.stats.avoided += 1;
@@ -218,12 +231,13 @@ export class ImrouteClient {
         error = e;  // no answer: the network, or a push service on another origin that
         // does not list this page's (IMROUTE_CORS_ORIGINS): a browser cannot tell them apart
       }
+      if (this._closed) break;  // closed while it asked: nothing to say
       this.stats.dispatchErrors += 1;
       const delayMs = wait ?? backoffMs(attempt, this.backoffMinMs, this.backoffMaxMs);
-      this.onState("reconnecting", { error, delayMs });
+      this._state("reconnecting", { error, delayMs });
       await sleep(delayMs);
     }
-    throw new Error("closed");
+    return null;  // closed: _run stops without an error
   }
 
   /** One connection, until it ends: how it ended. */
@@ -256,7 +270,7 @@ export class ImrouteClient {
       ws.onopen = () => {
         opened = true;
         this.stats.connects += 1;
-        this.onState("connected", { gateway: target.gateway_id });
+        this._state("connected", { gateway: target.gateway_id });
         this._pinger = setInterval(() => {
           if (!heard) {
             // Nothing came for a whole interval after a ping: the connection is gone,

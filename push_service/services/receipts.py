@@ -106,8 +106,8 @@ def _counted_only(counts: Counts) -> str:
         return "is a broadcast (its recipients are the directory's users, not a list)"
     if counts.mode == "multicast":
         return (
-            "is a multicast to a directory audience (tags_any), or to more uids than "
-            "IMROUTE_RECEIPTS_MAX_RECIPIENTS"
+            f"is a multicast to a directory audience (tags_any), or to more uids than "
+            f"IMROUTE_RECEIPTS_MAX_RECIPIENTS ({counts.recipients} recipients)"
         )
     return f"has {counts.recipients} recipients, more than IMROUTE_RECEIPTS_MAX_RECIPIENTS"
 

@@ -57,6 +57,7 @@ class JobRun:
         self.counters = start.counters.copy() if start else PushCounters()
         self.last = start  # the latest consistent point, for a hand-over
         self.lost = False
+        self.gone: bool | None = None  # lost with its record (None: not looked at)
         self._store = store
         self._stopping = stopping
 
@@ -239,14 +240,39 @@ class JobRunner:
             stop.set()
             await renew
             if run.lost:
-                log.warning(
-                    "job %s: another process took it over (this run held epoch %d); "
-                    "this run stopped and wrote nothing more",
-                    run.push_id,
-                    run.lease.epoch,
-                )
+                if run.gone is None:  # fenced at a checkpoint: not cancelled, may look
+                    run.gone = await self._gone(run.push_id)
+                self._said_lost(run)
             else:
                 await self._end(run, error, handover)
+
+    async def _gone(self, push_id: str) -> bool:
+        """Whether a job's record is gone (Redis lost its data); False when unknown."""
+        try:
+            return await self.store.get(push_id) is None
+        except ImrouteError:
+            return False
+
+    @staticmethod
+    def _said_lost(run: JobRun) -> None:
+        """Why a run lost its job: taken over, or its record gone with Redis's data."""
+        c = run.counters
+        if run.gone:
+            log.error(
+                "job %s: its record is gone (Redis lost its data: a restart without "
+                "persistence, a failover that lost writes); this run stopped after "
+                "publishing %d batches to %d recipients, and the rest is not sent",
+                run.push_id,
+                c.published,
+                c.recipients,
+            )
+            return
+        log.warning(
+            "job %s: another process took it over (this run held epoch %d); "
+            "this run stopped and wrote nothing more",
+            run.push_id,
+            run.lease.epoch,
+        )
 
     async def _end(self, run: JobRun, error: str | None, handover: bool) -> None:
         c = run.counters
@@ -286,8 +312,11 @@ class JobRunner:
         while not stop.is_set():
             try:
                 if not await self.store.progress(run.lease, run.counters):
-                    # Fenced: the job is someone else's now; nothing this run does counts.
+                    # Fenced: the job is someone else's now, or its record is gone;
+                    # nothing this run does counts. Looked at here: the job's own task
+                    # is cancelled from here on.
                     run.lost = True
+                    run.gone = await self._gone(run.push_id)
                     if job is not None:
                         job.cancel()
                     return

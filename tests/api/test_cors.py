@@ -34,7 +34,7 @@ async def test_a_listed_origins_preflight_of_dispatch_is_204_allowing_the_token(
     assert resp.status_code == 204, resp.text
     assert resp.headers["access-control-allow-origin"] == APP
     assert resp.headers["access-control-allow-headers"] == "Authorization"
-    assert "GET" in resp.headers["access-control-allow-methods"]
+    assert resp.headers["access-control-allow-methods"] == "GET"
     assert resp.headers["vary"] == "Origin"
 
 
@@ -70,6 +70,15 @@ async def test_answers_to_a_listed_origin_name_it_a_refusal_too(api: Api) -> Non
     assert refused.headers["access-control-expose-headers"] == "Retry-After"
     assert script.status_code == 200 and script.headers["access-control-allow-origin"] == APP
     assert unlisted.status_code == 200 and "access-control-allow-origin" not in unlisted.headers
+
+
+async def test_every_answer_of_the_client_paths_varies_by_origin(api: Api) -> None:
+    """A cache (a CDN, the browser's own after a plain <script>) must not hand an answer
+    without CORS headers to a page of an origin listed."""
+    async with api(**LISTED) as http:
+        for headers in ({}, {"Origin": OTHER}, {"Origin": APP}):
+            script = await http.get("/client/imroute.js", headers=headers)
+            assert script.headers.get("vary") == "Origin", (headers, script.headers)
 
 
 @pytest.mark.parametrize("path", ["/v1/push", "/v1/gateways", "/v1/users"])
@@ -113,9 +122,13 @@ def test_a_bad_origin_is_refused_naming_the_setting(value: str) -> None:
 
 def test_origins_are_read_with_commas_or_spaces_and_as_browsers_send_them() -> None:
     settings = PushSettings.load(
-        {"IMROUTE_CORS_ORIGINS": " HTTPS://Chat.Example.com,http://[::1]:8000  http://h:80 "}
+        {"IMROUTE_CORS_ORIGINS": " HTTPS://Chat.Example.com,http://[::1]:8000  http://h:80 "
+         "https://s:443 https://t:80"}
+    )  # fmt: skip
+    # Browsers leave out a scheme's default port.
+    assert settings.cors_origins == (
+        "https://chat.example.com http://[::1]:8000 http://h https://s https://t:80"
     )
-    assert settings.cors_origins == "https://chat.example.com http://[::1]:8000 http://h:80"
 
 
 async def test_under_a_root_path_the_routed_path_is_judged(fakes: Fakes) -> None:

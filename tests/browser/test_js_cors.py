@@ -103,6 +103,7 @@ async def test_a_page_on_a_listed_origin_uses_the_client_and_one_not_listed_is_t
 
         # Another origin: the browser refuses the import from the push service...
         other = await browser.new_page()
+        other.on("pageerror", lambda e: problems.append(str(e)))
         await other.goto(f"{other_origin}/")
         with pytest.raises(Exception, match="Failed to fetch dynamically imported module"):
             await other.evaluate(CONNECT, [api, token("amy")])

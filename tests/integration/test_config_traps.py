@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import socket
 import subprocess
 
 import pytest
@@ -102,3 +103,21 @@ def test_a_loopback_advertise_host_for_an_open_port_is_a_warning(
     warning = [line for line in lines if "IMROUTE_ADVERTISE_HOST is 127.0.0.1" in line]
     assert warning and "WARNING" in warning[0], lines
     assert "ws=ws://127.0.0.1:" in lines[-1]
+
+
+def test_a_grpc_port_taken_is_one_line_naming_the_setting_and_exit_1(
+    redis_url: str, prefix: str
+) -> None:
+    """Before: a 40-line traceback ("Failed to bind to address"), naming no setting; a
+    WebSocket or metrics port taken was already one line."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        argv = [str(BIN / "python"), "-m", "socket_gateway", "--id", "gwp", "--group", "g1",
+                "--ws-port", "0", "--grpc-host", "127.0.0.1", "--grpc-port", str(port)]  # fmt: skip
+        result = _run(argv, gateway_env(redis_url, prefix))
+    assert result.returncode == 1, result.stderr
+    assert "Traceback" not in result.stderr, result.stderr
+    [said] = [line for line in result.stderr.splitlines() if "imroute gateway" in line]
+    assert "IMROUTE_GRPC_PORT" in said and f"127.0.0.1:{port}" in said, said

@@ -121,6 +121,29 @@ async def test_a_runner_whose_job_was_taken_over_stops_and_writes_nothing(
     assert "another process took it over (this run held epoch 1)" in caplog.text
 
 
+async def test_a_runner_whose_job_record_is_gone_says_so_not_a_take_over(
+    redis: aioredis.Redis, prefix: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Redis restarted empty under a running job: the operator's trial read "another
+    process took it over", with no other process anywhere."""
+    store = RedisJobStore(redis, KeySchema(prefix), SystemClock(), lease_s=10)
+    runner = JobRunner(store, renew_s=0.05)
+    release = asyncio.Event()
+
+    async def work(run: JobRun) -> None:
+        run.counters.published, run.counters.recipients = 3, 3000
+        await release.wait()
+
+    await runner.submit("p1", "broadcast", work, spec=b"{}")
+    await redis.delete(KeySchema(prefix).job("p1"))
+    with caplog.at_level(logging.WARNING, logger="router.fanout.runner"):
+        await asyncio.wait_for(runner.wait("p1"), 2)
+    assert "its record is gone (Redis lost its data" in caplog.text
+    assert "publishing 3 batches to 3000 recipients" in caplog.text
+    assert "took it over" not in caplog.text
+    assert await store.get("p1") is None  # nothing written back
+
+
 async def test_a_stopping_runner_lets_its_jobs_finish_within_the_grace_period(
     redis: aioredis.Redis, prefix: str
 ) -> None:

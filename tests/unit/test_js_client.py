@@ -208,3 +208,63 @@ def test_a_connection_that_never_opened_asks_dispatch_to_avoid_its_gateway() -> 
     assert result["opened"] == ["ws://gw1/ws", "ws://gw2/ws"]
     assert result["gateway"] == "gw2"
     assert result["stats"]["avoided"] == 1 and result["stats"]["connects"] == 1
+
+
+# Dispatch fails twice (no answer, then a 503), then answers; later a close() comes
+# while a dispatch is in flight (a fetch that never settles).
+DISPATCH_FAILS = """
+const { ImrouteClient } = await import(process.argv[1]);
+const states = [];
+const errors = [];
+let asks = 0;
+let hang = false;
+const fetchImpl = async () => {
+  asks += 1;
+  if (hang) return new Promise(() => {});
+  if (asks === 1) throw new TypeError("Failed to fetch");
+  if (asks === 2) return new Response("{}", { status: 503 });
+  return new Response(JSON.stringify({ ws_url: "ws://gw1/ws", gateway_id: "gw1",
+                                       group_id: "g1" }), { status: 200 });
+};
+class Silent { constructor() { this.readyState = 0; } close() {} send() {} }
+const c = new ImrouteClient({
+  apiUrl: "http://api", token: "t", fetchImpl, WebSocketImpl: Silent, backoffMinMs: 1,
+  backoffMaxMs: 5, onError: (e) => errors.push(String(e)),
+  onState: (s, d) => {
+    states.push([s, d && d.error ? String(d.error) : null]);
+    if (s === "reconnecting") throw new Error("the app's onState failed");
+  },
+});
+const connecting = c.connect().then(() => "connected", (e) => `rejected: ${e.message}`);
+while (asks < 3) await new Promise((r) => setTimeout(r, 1));
+const late = new ImrouteClient({ apiUrl: "http://api", token: "t", backoffMinMs: 1,
+  fetchImpl: async () => { hang = true; return new Promise(() => {}); },
+  onError: (e) => errors.push(`late: ${e}`), onState: (s) => states.push([`late ${s}`, null]) });
+const lateConnect = late.connect().then(() => "connected", (e) => `rejected: ${e.message}`);
+await new Promise((r) => setTimeout(r, 5));
+late.close();
+c.close();
+console.log(JSON.stringify({ states, errors, stats: c.stats, connecting: await connecting,
+                             lateConnect: await lateConnect, lateStats: late.stats }));
+"""
+
+
+def test_each_failed_dispatch_is_told_and_a_close_meanwhile_ends_it_quietly() -> None:
+    """A dispatch with no answer (a page whose origin the push service does not list gets
+    the same TypeError) retried in silence before; a throwing onState now goes to
+    onError; a close() while dispatch is asked neither reports nor errs."""
+    got = node(DISPATCH_FAILS)
+    assert got["states"][:2] == [
+        ["reconnecting", "TypeError: Failed to fetch"],
+        ["reconnecting", "Error: dispatch answered 503"],
+    ], got
+    assert got["stats"]["dispatchErrors"] == 2 and got["stats"]["dispatches"] == 3, got
+    assert got["errors"].count("Error: the app's onState failed") == 2, got
+    assert not any(e.startswith("late") for e in got["errors"]), got
+    assert ["late closed", None] in got["states"], got
+    assert not any(
+        s in (["late reconnecting", None], ["late stopped", None]) for s in got["states"]
+    )
+    assert got["lateConnect"] == "rejected: closed before it connected", got
+    assert got["lateStats"]["dispatchErrors"] == 0, got
+    assert got["connecting"] == "rejected: closed before it connected", got
