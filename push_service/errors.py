@@ -176,12 +176,17 @@ def _json_type(content_type: str) -> bool:
     )
 
 
-async def _backend_down(_: Request, exc: ImrouteError) -> JSONResponse:
-    what = (
-        "route registry (Redis) unavailable; nothing was sent"
-        if isinstance(exc, RegistryUnavailable)
-        else "user directory unavailable (is it migrated? imroute db upgrade)"
-    )
+async def _backend_down(request: Request, exc: ImrouteError) -> JSONResponse:
+    if not isinstance(exc, RegistryUnavailable):
+        what = "user directory unavailable (is it migrated? imroute db upgrade)"
+    elif exc.maybe_applied and request.method not in ("GET", "HEAD"):
+        # Its reply was lost, not its write: Redis may run it (a paused Redis, on resume).
+        what = (
+            "Redis did not answer in time: the request may have taken effect; retry it "
+            "with the same Idempotency-Key (without one, a retry may send it twice)"
+        )
+    else:
+        what = "Redis unavailable; nothing was sent"
     log.warning("%s: %s", what, exc)
     return JSONResponse(
         {"error": "unavailable", "detail": what},

@@ -87,7 +87,13 @@ def redis_stores(
         # The fleet's TTL is the gateways' to set; readers only read.
         fleet=RedisGatewayFleet(redis, keys, clock, ttl_s=1),
         drains=RedisDrainRequests(redis, keys),
-        jobs=RedisJobStore(redis, keys, clock, lease_s=settings.job_lease_s),
+        jobs=RedisJobStore(
+            redis,
+            keys,
+            clock,
+            lease_s=settings.job_lease_s,
+            redis_timeout_s=settings.redis_timeout_s,
+        ),
         receipts=RedisReceiptStore(redis, keys, rlimits, auto) if rlimits.enabled else None,
         stats=RedisStatsStore(redis, keys),
         idempotency=RedisIdempotencyStore(

@@ -69,7 +69,11 @@ class AuthError(ImrouteError):
 
 
 class RegistryUnavailable(ImrouteError):
-    """Redis, holding the routes and the fleet, did not answer."""
+    """Redis, holding the routes and the fleet, did not answer. `maybe_applied`: what was
+    written to it may have run all the same (its reply timed out, or the connection broke
+    after the write), so "nothing was sent" cannot be said."""
+
+    maybe_applied: bool = False
 
 
 class RegistryRefused(RegistryUnavailable):

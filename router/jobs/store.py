@@ -32,7 +32,7 @@ from router.jobs.base import (
     out_of_attempts,
     read_failed,
 )
-from router.redis.client import LARGE_WRITE_BYTES, RedisClient, own_connection
+from router.redis.client import LARGE_WRITE_BYTES, REDIS_TIMEOUT_S, RedisClient, own_connection
 from router.redis.errors import redis_errors, translate_errors
 from router.redis.scripts import Script, ScriptRunner
 from shared.clock import Clock
@@ -51,6 +51,7 @@ _PROGRESS = Script.load(__package__, "fence_fn", "progress")
 _FINISH = Script.load(__package__, "fence_fn", "finish")
 _RELEASE = Script.load(__package__, "fence_fn", "release")
 _CREATE = Script.load(__package__, "create")
+_NOW = Script.load(__package__, "redis_now")
 _CLAIM = Script.load(__package__, "claim")
 
 
@@ -70,12 +71,24 @@ _READ = (
 
 
 class RedisJobStore:
-    def __init__(self, redis: RedisClient, keys: KeySchema, clock: Clock, lease_s: float = 10.0):
+    def __init__(
+        self,
+        redis: RedisClient,
+        keys: KeySchema,
+        clock: Clock,
+        lease_s: float = 10.0,
+        redis_timeout_s: float = REDIS_TIMEOUT_S,
+    ):
+        """`redis_timeout_s`: how long a command waits for its reply (its client's
+        IMROUTE_REDIS_TIMEOUT_S); a job's creation run more than half of it after it was
+        sent creates nothing, as its request was (or is about to be) answered 503."""
         self._redis = redis
         self._keys = keys
         self._clock = clock
         self._lease_ms = int(lease_s * 1000)
-        self._scripts = ScriptRunner(redis, (_PROGRESS, _FINISH, _RELEASE, _CREATE, _CLAIM))
+        self._create_within_ms = int(redis_timeout_s * 500)
+        scripts = (_PROGRESS, _FINISH, _RELEASE, _CREATE, _CLAIM, _NOW)
+        self._scripts = ScriptRunner(redis, scripts)
 
     def _job_keys(self, push_id: str) -> list[str]:
         return [self._keys.job(push_id), self._keys.jobs_running()]
@@ -98,14 +111,25 @@ class RedisJobStore:
         # leaves a job the reaper finds. One script, atomic on Redis Cluster too (every
         # job key has the tag {jobs}; redis-py's cluster MULTI runs each queued command
         # in a thread of its own event loop, which a failover turns into errors).
+        # A creation Redis runs late (paused, or a partition that held the write) must not
+        # run a broadcast minutes after its request was answered 503: it carries a
+        # deadline on Redis's own clock, read first on the job's node.
         pairs = [v for kv in fields_.items() for v in kv]
-        args = [self._clock.now_ms() + self._lease_ms, push_id, fields_["created_at"]]
         keys = [*self._job_keys(push_id), self._keys.jobs_recent()]
+        by = int(await self._scripts.run(_NOW, keys[:1])) + self._create_within_ms
+        args = [self._clock.now_ms() + self._lease_ms, push_id, fields_["created_at"]]
+        args += [RECENT_KEPT, by, *pairs]
         if spec is None or len(spec) <= LARGE_WRITE_BYTES:
-            await self._scripts.run(_CREATE, keys, *args, RECENT_KEPT, *pairs)
+            created = await self._scripts.run(_CREATE, keys, *args)
         else:  # a multicast's `to` list of megabytes
             async with own_connection(self._redis) as one:
-                await ScriptRunner(one, (_CREATE,)).run(_CREATE, keys, *args, RECENT_KEPT, *pairs)
+                created = await ScriptRunner(one, (_CREATE,)).run(_CREATE, keys, *args)
+        if created != 1:
+            raise RegistryUnavailable(
+                f"Redis ran the creation of job {push_id} more than "
+                f"{self._create_within_ms / 1000:g} s after it was sent (paused, or "
+                "overloaded): not created"
+            )
         return Lease(push_id, 1)
 
     @translate_errors

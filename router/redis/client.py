@@ -20,6 +20,7 @@ from redis.asyncio.cluster import ClusterPipeline, RedisCluster
 from redis.asyncio.retry import Retry
 from redis.backoff import AbstractBackoff
 
+from router.redis.errors import not_sent
 from shared.backoff import backoff_s
 from shared.errors import ConfigError
 
@@ -232,7 +233,7 @@ async def execute_once(client: RedisClient, *args: Any, **kwargs: Any) -> Any:
             redis.exceptions.SlotNotCoveredError,
         ) as exc:
             failures += 1
-            if failures > retries or not _not_sent(exc):
+            if failures > retries or not not_sent(exc):
                 raise
             await asyncio.sleep(_BACKOFF.compute(failures))
 
@@ -243,27 +244,6 @@ _SCRIPT_COMMANDS = frozenset({"EVAL", "EVALSHA", "FCALL"})
 
 def _runs_script(args: tuple[Any, ...]) -> bool:
     return bool(args) and isinstance(args[0], str) and args[0].upper() in _SCRIPT_COMMANDS
-
-
-_BEFORE_WRITE = frozenset({"connect_check_health", "check_health"})  # redis-py's
-
-
-def _not_sent(exc: BaseException) -> bool:
-    """`exc` proves that the command it failed was not written to Redis."""
-    if isinstance(exc, redis.exceptions.ClusterDownError | redis.exceptions.SlotNotCoveredError):
-        return True  # CLUSTERDOWN answers before running; an uncovered slot sends nothing
-    if type(exc) not in (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError):
-        return False  # its subclasses (AuthenticationError, MaxConnectionsError, ...)
-    if str(exc).startswith("Connection closed by the server before write"):
-        return True
-    # Raised while (re)connecting or by a health-check PING, which come before the write.
-    tb = exc.__traceback__
-    while tb is not None:
-        code = tb.tb_frame.f_code
-        if code.co_name in _BEFORE_WRITE and code.co_filename.startswith(_REDIS_PY):
-            return True
-        tb = tb.tb_next
-    return False
 
 
 def connection_identity() -> dict[str, Any]:

@@ -31,6 +31,7 @@ from shared.errors import ImrouteError, RegistryRefused, RegistryUnavailable
 __all__ = [
     "is_transient",
     "is_unreachable",
+    "not_sent",
     "redis_errors",
     "reraise_swallowed_cancel",
     "translate_errors",
@@ -76,6 +77,27 @@ def is_transient(exc: BaseException) -> bool:
     return isinstance(exc, redis.exceptions.ResponseError) and bool(_NOT_NOW.search(str(exc)))
 
 
+_BEFORE_WRITE = frozenset({"connect_check_health", "check_health"})  # redis-py's
+
+
+def not_sent(exc: BaseException) -> bool:
+    """`exc` proves that the command it failed was not written to Redis."""
+    if isinstance(exc, redis.exceptions.ClusterDownError | redis.exceptions.SlotNotCoveredError):
+        return True  # CLUSTERDOWN answers before running; an uncovered slot sends nothing
+    if type(exc) not in (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError):
+        return False  # its subclasses (AuthenticationError, MaxConnectionsError, ...)
+    if str(exc).startswith("Connection closed by the server before write"):
+        return True
+    # Raised while (re)connecting or by a health-check PING, which come before the write.
+    tb = exc.__traceback__
+    while tb is not None:
+        code = tb.tb_frame.f_code
+        if code.co_name in _BEFORE_WRITE and code.co_filename.startswith(_REDIS_PY):
+            return True
+        tb = tb.tb_next
+    return False
+
+
 class _RedisErrors:
     """The mapping as a context manager: stateless, so one instance per target class is
     reused on every call (it runs around every Redis command of the hot P2P path)."""
@@ -101,10 +123,10 @@ class _RedisErrors:
             return
         if isinstance(exc, redis.exceptions.ConnectionError | redis.exceptions.TimeoutError):
             reraise_swallowed_cancel()
-            raise self._to(f"redis did not answer: {exc}") from exc
+            raise _unanswered(self._to(f"redis did not answer: {exc}"), not not_sent(exc)) from exc
         if isinstance(exc, TimeoutError):  # an asyncio.timeout around the command
             reraise_swallowed_cancel()
-            raise self._to("redis did not answer in time") from exc
+            raise _unanswered(self._to("redis did not answer in time"), True) from exc
         if isinstance(exc, redis.exceptions.ResponseError) and not is_transient(exc):
             reraise_swallowed_cancel()
             raise self._refused(f"redis error: {exc}") from exc
@@ -117,6 +139,13 @@ class _RedisErrors:
         if isinstance(exc, AttributeError) and _raised_in_redis_py(exc):
             reraise_swallowed_cancel()
             raise self._to(f"redis connection closed under the command: {exc}") from exc
+
+
+def _unanswered(err: ImrouteError, maybe_applied: bool) -> ImrouteError:
+    """`err`, saying whether Redis may have run what it was sent (its reply lost)."""
+    if isinstance(err, RegistryUnavailable):
+        err.maybe_applied = maybe_applied
+    return err
 
 
 def _raised_in_redis_py(exc: BaseException) -> bool:

@@ -467,6 +467,30 @@ class AnswerKeptLate(MemoryIdempotencyStore):
         return await super().complete(scope, key, token, answer)
 
 
+@pytest.mark.parametrize(("maybe_applied", "said"), [
+    (False, "Redis unavailable; nothing was sent"),
+    (True, "may have taken effect; retry it with the same Idempotency-Key"),
+])  # fmt: skip
+async def test_a_redis_outage_says_whether_the_request_may_have_taken_effect(
+    api: Api, fakes: Fakes, monkeypatch: pytest.MonkeyPatch, maybe_applied: bool, said: str
+) -> None:
+    """The operator's trial: a broadcast's creation sent to a paused Redis was answered
+    503 "nothing was sent", and ran when Redis resumed (a reply lost is not a write lost)."""
+    down = RegistryUnavailable("redis did not answer: Timeout reading from socket")
+    down.maybe_applied = maybe_applied
+
+    async def create(*_: Any, **__: Any) -> Any:
+        raise down
+
+    monkeypatch.setattr(fakes.jobs, "create", create)
+    async with api() as http:
+        resp = await http.post("/v1/broadcast", json={"content": "x"}, headers=AUTH)
+        read = await http.get("/v1/pushes/nope", headers=AUTH)
+    assert resp.status_code == 503 and resp.headers["retry-after"] == "1"
+    assert said in resp.json()["detail"], resp.text
+    assert read.status_code == 404  # a read is not affected
+
+
 async def test_a_shutdown_keeps_the_answer_whose_first_write_failed() -> None:
     """The push service's shutdown waits for the Idempotency-Key writes it makes later
     (before: nothing awaited them, and a shutdown dropped them)."""

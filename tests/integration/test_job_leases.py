@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import os
+import signal
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
@@ -15,8 +17,10 @@ from router.fanout.runner import JobRun, JobRunner
 from router.jobs.base import Checkpoint, Lease, PushCounters
 from router.jobs.store import JobStatus, RedisJobStore
 from router.processes.embedded_redis import EmbeddedRedis
+from router.redis.client import create_redis
 from router.redis.scripts import Script, ScriptRunner
 from shared.clock import ManualClock, SystemClock
+from shared.errors import RegistryUnavailable
 from shared.keys import KeySchema
 
 pytestmark = pytest.mark.integration
@@ -265,4 +269,44 @@ async def test_claims_made_before_redis_stops_answering_are_kept(
             [claim], failed = await store.claim_lapsed(3)
         assert (claim.lease, claim.attempts, failed) == (Lease("first", 2), 2, 0)
         assert "claimed 1 of 2 lapsed jobs, then: redis did not answer" in caplog.text
+        await redis.aclose()
+
+
+async def test_a_creation_redis_runs_late_creates_no_job(
+    prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The operator's trial: Redis paused (SIGSTOP) under POST /v1/broadcast, answered
+    503 "nothing was sent"; resumed, Redis ran the creation it had buffered, and the
+    broadcast went out (once ten minutes late). Here Redis pauses just after the creation
+    read its clock, and resumes after the caller gave up: the creation, run then, is past
+    its deadline and writes nothing."""
+    keys = KeySchema(prefix)
+    with EmbeddedRedis() as embedded:
+        pid = embedded.pid
+        assert embedded.url and pid is not None
+
+        class PausedAfterTheClock(ScriptRunner):
+            async def run(self, script: Script, keys: Sequence[str], *args: Any) -> Any:
+                got = await super().run(script, keys, *args)
+                if len(keys) == 1:  # the clock's read: the creation comes next
+                    os.kill(pid, signal.SIGSTOP)
+                    asyncio.get_running_loop().call_later(1.5, os.kill, pid, signal.SIGCONT)
+                return got
+
+        monkeypatch.setattr("router.jobs.store.ScriptRunner", PausedAfterTheClock)
+        redis = create_redis(embedded.url, timeout_s=0.5)
+        store = RedisJobStore(redis, keys, SystemClock(), redis_timeout_s=0.5)
+        with pytest.raises(RegistryUnavailable) as refused:
+            await store.create("late", "broadcast", spec=b"{}")
+        assert refused.value.maybe_applied  # sent, its reply lost: it may run...
+        await asyncio.sleep(2.0)  # ... and Redis, resumed, ran it
+        check = aioredis.Redis.from_url(embedded.url, decode_responses=True)
+        assert await check.exists(keys.job("late")) == 0  # ... past its deadline: nothing
+        assert await check.zcard(keys.jobs_running()) == 0
+        # On time, the same creation creates the job.
+        monkeypatch.setattr("router.jobs.store.ScriptRunner", ScriptRunner)
+        fresh = RedisJobStore(redis, keys, SystemClock(), redis_timeout_s=0.5)
+        assert await fresh.create("on-time", "broadcast") == Lease("on-time", 1)
+        assert await check.exists(keys.job("on-time")) == 1
+        await check.aclose()
         await redis.aclose()

@@ -154,3 +154,24 @@ async def test_a_redis_that_does_not_answer_pings_false(error: Exception) -> Non
             raise error
 
     assert await ping(Down()) is False  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("error", "maybe_applied"),
+    [
+        (redis.exceptions.TimeoutError("Timeout reading from socket"), True),
+        (redis.exceptions.ConnectionError("Connection closed by server."), True),
+        (TimeoutError(), True),
+        (redis.exceptions.ConnectionError("Connection closed by the server before write"), False),
+    ],
+)
+async def test_an_unanswered_command_says_whether_redis_may_have_run_it(
+    error: Exception, maybe_applied: bool
+) -> None:
+    """A reply lost after the write is not "nothing was sent" (the push service's 503)."""
+    with pytest.raises(RegistryUnavailable) as caught, redis_errors():
+        raise error
+    assert caught.value.maybe_applied is maybe_applied
+    with pytest.raises(BusUnavailable) as other, redis_errors(BusUnavailable):
+        raise error
+    assert not hasattr(other.value, "maybe_applied")
