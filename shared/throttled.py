@@ -38,3 +38,21 @@ class Throttled:
         since, self._unlogged = self._unlogged, 0
         self._line_at = now
         return since
+
+    def due_in(self, now: float) -> float | None:
+        """Seconds until what was held back since the last line may be said (0: now);
+        None when nothing is held back."""
+        if not self._unlogged:
+            return None
+        last = self._line_at
+        return 0.0 if last is None else max(0.0, last + self.every_s - now)
+
+    def flush(self, now: float) -> int:
+        """What was held back since the last line, once its window has passed (a line
+        that says it is then due, as `note` would let one through); else 0. For a timer
+        at the window's end, so that a burst that stops is said whole."""
+        if self.due_in(now) != 0.0:
+            return 0
+        since, self._unlogged = self._unlogged, 0
+        self._line_at = now
+        return since

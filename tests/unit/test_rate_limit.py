@@ -91,3 +91,14 @@ def test_throttled_knows_when_it_last_let_a_line_through() -> None:
     assert t.last_line == 3.0
     t.note(13.0)
     assert t.last_line == 13.0
+
+
+def test_what_a_line_held_back_is_due_at_the_end_of_its_window() -> None:
+    t = Throttled(every_s=10)
+    assert t.due_in(0.0) is None  # nothing held back
+    assert t.note(0.0, 1) == 1
+    assert t.note(1.0, 786) == 0
+    assert t.due_in(4.0) == 6.0 and t.flush(4.0) == 0  # not yet
+    assert t.flush(10.0) == 786 and t.due_in(10.0) is None
+    assert t.note(11.0) == 0  # within the flushed line's window
+    assert t.total == 788
