@@ -36,6 +36,11 @@ async def test_a_p2p_push_arrives_and_a_duplicate_msg_id_is_dropped(
         await client.connect()
         assert client.gateway_id == "gw1" and client.pos is None
         await registered(redis, prefix, "alice")
+        # Its replay over (connect() returns at the 101): a push that raced the replay
+        # would be written by it, as recovered.
+        await wait_for(
+            lambda: [c.held for c in gw.conns] == [None], "alice's replay done", every=0.01
+        )
         assert await push(http, "alice", {"text": "hi"}) == ["alice"]
         msg = await next_message(client)
         assert (msg.sender, msg.content, msg.msg_type, msg.recovered) == (
