@@ -88,8 +88,8 @@ class ClientCors:
         extra = [h for h in (h.strip().lower() for h in asked.split(",")) if h]
         if not allowed:
             problem = (
-                f"origin {origin[:100]!r} may not call {path} from a browser: "
-                "the push service lists it in IMROUTE_CORS_ORIGINS"
+                f"origin {origin[:100]!r} may not call {path} from a browser: it is not "
+                "in the push service's IMROUTE_CORS_ORIGINS"
             )
         elif method != "GET":
             problem = f"{path} takes GET from other origins, not {method[:20]}"
