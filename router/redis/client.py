@@ -6,7 +6,6 @@ import asyncio
 import contextlib
 import copy
 import inspect
-import os
 import sys
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
@@ -20,7 +19,7 @@ from redis.asyncio.cluster import ClusterPipeline, RedisCluster
 from redis.asyncio.retry import Retry
 from redis.backoff import AbstractBackoff
 
-from router.redis.errors import not_sent
+from router.redis.errors import REDIS_PY, not_sent
 from shared.backoff import backoff_s
 from shared.errors import ConfigError
 
@@ -70,7 +69,6 @@ def _identity() -> dict[str, Any]:
 
 _IDENTITY = _identity()
 
-_REDIS_PY = os.path.dirname(redis.exceptions.__file__) + os.sep
 # Newer redis-py: initialize() can ask a failed node last.
 _DEFERS_FAILED = "last_failed_node_name" in inspect.signature(RedisCluster.initialize).parameters
 
@@ -168,7 +166,7 @@ class GentleRedisCluster(RedisCluster):
 
     async def aclose(self) -> None:
         caller = sys._getframe(1).f_code.co_filename  # the coroutine awaiting this one
-        if not caller.startswith(_REDIS_PY) or not self._mark_for_reconnect():
+        if not caller.startswith(REDIS_PY) or not self._mark_for_reconnect():
             await super().aclose()
             return
         self._initialize = True

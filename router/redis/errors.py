@@ -29,6 +29,7 @@ import redis.exceptions
 from shared.errors import ImrouteError, RegistryRefused, RegistryUnavailable
 
 __all__ = [
+    "REDIS_PY",
     "is_transient",
     "is_unreachable",
     "not_sent",
@@ -40,7 +41,8 @@ __all__ = [
 P = ParamSpec("P")
 T = TypeVar("T")
 
-_REDIS_PY = os.path.dirname(redis.exceptions.__file__) + os.sep
+# Where redis-py's own code lives: a frame there is the library's, not ours.
+REDIS_PY = os.path.dirname(redis.exceptions.__file__) + os.sep
 
 
 def is_unreachable(exc: BaseException) -> bool:
@@ -92,7 +94,7 @@ def not_sent(exc: BaseException) -> bool:
     tb = exc.__traceback__
     while tb is not None:
         code = tb.tb_frame.f_code
-        if code.co_name in _BEFORE_WRITE and code.co_filename.startswith(_REDIS_PY):
+        if code.co_name in _BEFORE_WRITE and code.co_filename.startswith(REDIS_PY):
             return True
         tb = tb.tb_next
     return False
@@ -155,7 +157,7 @@ def _raised_in_redis_py(exc: BaseException) -> bool:
         return False
     while tb.tb_next is not None:
         tb = tb.tb_next
-    return tb.tb_frame.f_code.co_filename.startswith(_REDIS_PY)
+    return tb.tb_frame.f_code.co_filename.startswith(REDIS_PY)
 
 
 _MAPPERS: dict[type[ImrouteError], _RedisErrors] = {}
