@@ -79,7 +79,7 @@ from shared.auth import api_key_matches
 from shared.errors import ImrouteError
 from shared.periodic import Periodic
 from shared.settings import PushSettings
-from shared.throttled import Throttled
+from shared.throttled import ThrottledLine
 
 __all__ = [
     "IN_FLIGHT",
@@ -170,7 +170,6 @@ class Shedder:
         self.lag = lag or LoopLag()
         self.in_flight = 0
         self.shed = {IN_FLIGHT: 0, LAG: 0}
-        self.shed_line = Throttled()  # an overload is one line per 10 s, with the count since
 
     def refuse(self) -> str | None:
         """Why a new request must be shed now (IN_FLIGHT or LAG), or None to admit it."""
@@ -462,10 +461,27 @@ class Admission:
     # covers the other refusals (a 401, 429 or 413 is on the record) while a request
     # shed costs nothing more under tracing (push_service.tracing_http).
     traced: TracerSlot | None = None
-    rate_refused: int = field(default=0, init=False)
-    # A 429 flood is one line per 10 s, with the count since.
-    _rate_line: Throttled = field(default_factory=Throttled, init=False)
+    # A 429 flood is one line per 10 s, with the count since; so is an overload.
+    _rate_line: ThrottledLine = field(
+        default_factory=lambda: ThrottledLine(
+            rate_log,
+            "%(n)d requests over IMROUTE_RATE_LIMIT refused (429) since the last line, "
+            "%(total)d in all",
+        ),
+        init=False,
+    )
+    _shed_line: ThrottledLine = field(
+        default_factory=lambda: ThrottledLine(
+            shed_log, "%(n)d requests shed (503 overloaded) since the last line; in all: %(shed)s"
+        ),
+        init=False,
+    )
     _admitted: ASGIApp = field(init=False)  # the checks past the load's, traced or not
+
+    @property
+    def rate_refused(self) -> int:
+        """Requests refused 429."""
+        return self._rate_line.total
 
     def __post_init__(self) -> None:
         traced = self.traced
@@ -492,12 +508,7 @@ class Admission:
     async def _shed(self, scope: AsgiScope, send: Send, reason: str) -> None:
         shedder = self.shedder
         shedder.shed[reason] += 1
-        if since := shedder.shed_line.note(time.monotonic()):
-            shed_log.warning(
-                "%d requests shed (503 overloaded) since the last line; in all: %s",
-                since,
-                shedder.shed,
-            )
+        self._shed_line.note(shed=shedder.shed)
         # A small body the server skips and the connection is kept: under overload,
         # callers reconnecting after every 503 would cost more.
         retry = [(b"retry-after", str(RETRY_AFTER_S).encode())]
@@ -536,13 +547,7 @@ class Admission:
             return False
         if wait is None:
             return True
-        self.rate_refused += 1
-        if since := self._rate_line.note(time.monotonic()):
-            rate_log.warning(
-                "%d requests over IMROUTE_RATE_LIMIT refused (429) since the last line, %d in all",
-                since,
-                self.rate_refused,
-            )
+        self._rate_line.note()
         detail = (
             f"over IMROUTE_RATE_LIMIT ({limiter.limit.describe()}) for this API key: "
             f"retry in {wait:.3f} s"

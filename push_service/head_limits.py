@@ -33,7 +33,7 @@ import h11
 
 from shared.http_answers import json_refusal_answer
 from shared.http_heads import HeadLimits, HeadRefusal, check_request
-from shared.throttled import Throttled
+from shared.throttled import Throttled, ThrottledLine
 
 __all__ = [
     "LOG_EVERY_S",
@@ -52,43 +52,49 @@ LOG_EVERY_S = 10.0
 
 class HeadCuts:
     """Connections the head deadline closed, counted; logged at once, then at most every
-    LOG_EVERY_S with the counts since (`Throttled`: a slowloris attack is thousands of
-    sockets, and must not become thousands of log lines)."""
+    LOG_EVERY_S with the counts since (`ThrottledLine`: a slowloris attack is thousands
+    of sockets, and must not become thousands of log lines)."""
 
     def __init__(self, timeout_s: float, clock: Callable[[], float] = time.monotonic) -> None:
         self.timeout_s = timeout_s
-        self.partial = 0  # closed with part of a head (answered 408)
-        self.silent = 0  # closed having sent nothing
-        self._clock = clock
-        self._line = Throttled(LOG_EVERY_S)
-        self._logged = (0, 0)
+        # closed with part of a head (answered 408)
+        self._partial = ThrottledLine(
+            log,
+            "closed %(n)d connection(s) with a request head not whole after %(timeout)gs "
+            "(408; IMROUTE_HTTP_HEADER_TIMEOUT_S)",
+            every_s=LOG_EVERY_S,
+            now=clock,
+        )
+        # closed having sent nothing
+        self._silent = ThrottledLine(
+            log,
+            "closed %(n)d connection(s) that sent nothing in %(timeout)gs "
+            "(IMROUTE_HTTP_HEADER_TIMEOUT_S)",
+            every_s=LOG_EVERY_S,
+            now=clock,
+        )
+
+    @property
+    def partial(self) -> int:
+        return self._partial.total
+
+    @property
+    def silent(self) -> int:
+        return self._silent.total
 
     def cut(self, began: bool) -> None:
-        if began:
-            self.partial += 1
-        else:
-            self.silent += 1
-        if not self._line.note(self._clock()):
-            return
-        partial, silent = self.partial - self._logged[0], self.silent - self._logged[1]
-        log.warning(
-            "closed %d connection(s) with a request head not whole after %gs (408) and %d "
-            "that sent nothing (IMROUTE_HTTP_HEADER_TIMEOUT_S)",
-            partial,
-            self.timeout_s,
-            silent,
-        )
-        self._logged = (self.partial, self.silent)
+        (self._partial if began else self._silent).note(timeout=self.timeout_s)
 
 
 class HeadRefusals:
     """Heads refused for a limit, counted by kind (the refusal's `error`), each kind
-    logged at once and then at most every `every_s` with the count since (`Throttled`)."""
+    logged at once and then at most every `every_s` with the count since
+    (`ThrottledLine`)."""
 
     def __init__(self, clock: Callable[[], float] = time.monotonic, every_s: float = 10.0) -> None:
         self._clock = clock
         self._every_s = every_s
-        self._kinds: dict[str, Throttled] = {}
+        self._kinds: dict[str, ThrottledLine] = {}
 
     @property
     def counts(self) -> dict[str, int]:
@@ -97,12 +103,13 @@ class HeadRefusals:
     def refused(self, refusal: HeadRefusal) -> None:
         line = self._kinds.get(refusal.error)
         if line is None:
-            line = self._kinds[refusal.error] = Throttled(self._every_s)
-        since = line.note(self._clock())
-        if since:
-            log.warning(
-                "refused %d request head(s) (%d): %s", since, refusal.status, refusal.detail
+            line = self._kinds[refusal.error] = ThrottledLine(
+                log,
+                "refused %(n)d request head(s) (%(status)d): %(detail)s",
+                every_s=self._every_s,
+                now=self._clock,
             )
+        line.note(status=refusal.status, detail=refusal.detail)
 
 
 # What an upgrade request to the push service is logged as.

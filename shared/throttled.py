@@ -1,15 +1,21 @@
-"""A count with a throttled log line (pure: time is passed in, monotonic seconds).
+"""Throttled log lines: for refusals an attacker can repeat at will, losses that come
+in bursts, a loop that fails every second. Each occurrence is counted, and a log line
+goes out at most once per `every_s`, saying how many happened since the previous one,
+so a flood never becomes a flood of log lines.
 
-For refusals an attacker can repeat at will: each one is counted, and a log line goes
-out at most once per `every_s`, saying how many happened since the previous one, so a
-flood of refusals never becomes a flood of log lines.
+`Throttled` is the count (pure: time is passed in, monotonic seconds); `ThrottledLine`
+is the log line on it, which also says what a window held back when the window ends.
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
-__all__ = ["Throttled"]
+__all__ = ["Throttled", "ThrottledLine"]
 
 
 @dataclass(slots=True)
@@ -21,11 +27,6 @@ class Throttled:
     total: int = 0
     _unlogged: int = 0
     _line_at: float | None = None
-
-    @property
-    def last_line(self) -> float | None:
-        """When the last line was let through; None before the first."""
-        return self._line_at
 
     def note(self, now: float, n: int = 1) -> int:
         """Count `n` occurrences at `now`; the number to log (since the last line, these
@@ -56,3 +57,70 @@ class Throttled:
         since, self._unlogged = self._unlogged, 0
         self._line_at = now
         return since
+
+
+class ThrottledLine:
+    """One log line for something others can repeat at will (refusals, losses): each
+    occurrence counted, a line at most once per `every_s` saying how many since the
+    last (`Throttled`), and what a window held back said when it ends, by a timer on
+    the running loop, so that a burst that stops is said whole.
+
+    `msg` is a %-format over a mapping: `%(n)d` is the occurrences since the last line,
+    `%(total)d` all of them, and the rest are the fields `note` is given (a line said
+    at a window's end carries those of the last occurrence). `now` is the monotonic
+    clock the window is measured on."""
+
+    def __init__(
+        self,
+        log: logging.Logger,
+        msg: str,
+        *,
+        level: int = logging.WARNING,
+        every_s: float = 10.0,
+        now: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.count = Throttled(every_s)
+        self._log = log
+        self._msg = msg
+        self._level = level
+        self._now = now
+        self._held: tuple[dict[str, object], BaseException | None] = ({}, None)
+        self._timer: asyncio.TimerHandle | None = None
+
+    @property
+    def total(self) -> int:
+        """Occurrences noted in all."""
+        return self.count.total
+
+    def note(self, n: int = 1, *, exc_info: BaseException | None = None, **fields: object) -> None:
+        """Count `n` occurrences; the line now if one is due, else at the window's end
+        (`exc_info`: a traceback for the line)."""
+        now = self._now()
+        if since := self.count.note(now, n):
+            self._say(since, fields, exc_info)
+            return
+        self._held = (fields, exc_info)
+        self._later(now)
+
+    def _say(self, since: int, fields: dict[str, object], exc_info: BaseException | None) -> None:
+        args = {"n": since, "total": self.count.total, **fields}
+        self._log.log(self._level, self._msg, args, exc_info=exc_info)
+
+    def _later(self, now: float) -> None:
+        due = self.count.due_in(now)
+        if due is None or self._timer is not None:
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # no loop (a caller in a thread): said by the next line
+            return
+        self._timer = loop.call_later(due, self._due)
+
+    def _due(self) -> None:
+        self._timer = None
+        now = self._now()
+        if since := self.count.flush(now):
+            (fields, exc_info), self._held = self._held, ({}, None)
+            self._say(since, fields, exc_info)
+        else:  # a clock behind the loop's: wait for it
+            self._later(now)

@@ -25,11 +25,10 @@ from __future__ import annotations
 
 import logging
 import re
-import time
 from typing import TypeGuard
 
 from shared.errors import InvalidUid
-from shared.throttled import Throttled
+from shared.throttled import ThrottledLine
 
 __all__ = ["MAX_UID_LEN", "REFUSED", "check_uid", "uid_problem", "valid_uid"]
 
@@ -42,7 +41,7 @@ _FORBIDDEN = re.compile(
 )
 
 # Refused uids, process-wide, with their throttled log line.
-REFUSED = Throttled()
+REFUSED = ThrottledLine(log, "refused %(n)d uid(s); the latest: %(field)s: %(problem)s")
 
 
 def uid_problem(uid: object) -> str | None:
@@ -77,6 +76,5 @@ def check_uid(uid: object, field: str = "uid") -> str:
         return uid
     problem = uid_problem(uid)
     assert problem is not None
-    if since := REFUSED.note(time.monotonic()):
-        log.warning("refused %d uid(s); the latest: %s: %s", since, field, problem)
+    REFUSED.note(field=field, problem=problem)
     raise InvalidUid(field, problem)

@@ -23,7 +23,7 @@ from collections.abc import Callable, Sequence
 
 from shared.backoff import backoff_s
 from shared.clock import Clock
-from shared.throttled import Throttled
+from shared.throttled import ThrottledLine
 
 __all__ = ["ACCEPTS_PER_TURN", "Acceptor", "retry_after"]
 
@@ -58,7 +58,13 @@ class Acceptor:
         self._name = name
         self._listeners: list[socket.socket] = []
         self._tasks: list[asyncio.Task[None]] = []
-        self.failures = Throttled(LOG_EVERY_S)
+        self.failures = ThrottledLine(
+            log,
+            "%(name)s: %(what)s (%(exc)s); %(n)d failure(s) since the last line, the next "
+            "accept in %(pause)gs",
+            every_s=LOG_EVERY_S,
+            now=clock.monotonic,
+        )
 
     @property
     def sockets(self) -> list[socket.socket]:
@@ -116,16 +122,13 @@ class Acceptor:
 
     async def _failed(self, failures: int, what: str, exc: Exception) -> None:
         pause = retry_after(failures)
-        if since := self.failures.note(self._clock.monotonic()):
-            log.warning(
-                "%s: %s (%s); %d failure(s) since the last line, the next accept in %gs",
-                self._name,
-                what,
-                exc,
-                since,
-                pause,
-                exc_info=None if isinstance(exc, OSError) else exc,
-            )
+        self.failures.note(
+            exc_info=None if isinstance(exc, OSError) else exc,
+            name=self._name,
+            what=what,
+            exc=exc,
+            pause=pause,
+        )
         await asyncio.sleep(pause)
 
 

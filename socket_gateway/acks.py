@@ -26,7 +26,7 @@ from router.receipts.base import ACKED, DELIVERED, EXPIRED, ReceiptUpdates, deri
 from shared.clock import Clock
 from shared.errors import ImrouteError
 from shared.keys import slot_tagged
-from shared.throttled import Throttled
+from shared.throttled import ThrottledLine
 from socket_gateway.connections import ClientConn, LocalConnections
 from socket_gateway.tracing import GatewayTracing
 
@@ -94,10 +94,31 @@ class AckReporter:
     _pending: int = field(default=0, init=False, repr=False)
     _timer: asyncio.TimerHandle | None = field(default=None, init=False, repr=False)
     _flushing: asyncio.Task[None] | None = field(default=None, init=False, repr=False)
-    _line: Throttled = field(default_factory=Throttled, init=False, repr=False)
+    _line: ThrottledLine = field(
+        default_factory=lambda: ThrottledLine(
+            log, "could not write acks (kept for the next try): %(exc)s"
+        ),
+        init=False,
+        repr=False,
+    )
     # A flush failed with a bug (not an outage) and its updates were kept for one more try.
     _bug_kept: bool = field(default=False, init=False, repr=False)
-    _bug_line: Throttled = field(default_factory=Throttled, init=False, repr=False)
+    _bug_line: ThrottledLine = field(
+        default_factory=lambda: ThrottledLine(
+            log, "writing acks failed (kept for one more try)", level=logging.ERROR
+        ),
+        init=False,
+        repr=False,
+    )
+    _dropped_line: ThrottledLine = field(
+        default_factory=lambda: ThrottledLine(
+            log,
+            "writing acks failed again: %(n)d updates dropped (%(total)d in all)",
+            level=logging.ERROR,
+        ),
+        init=False,
+        repr=False,
+    )
     counts: AckCounts = field(default_factory=AckCounts, init=False)
 
     # ------------------------------------------------------------------ the connections' side
@@ -233,24 +254,20 @@ class AckReporter:
         """Writes of a flush failed: an outage's updates are kept for the next flush for
         as long as it lasts (up to MAX_PENDING); a bug's for one more try, then dropped
         and counted, so the acks that come after are not held behind it for ever."""
-        now = self.clock.monotonic()
         if isinstance(exc, ImrouteError):
             self._bug_kept = False
             self._put_back(acked, marks)
-            if self._line.note(now):
-                log.warning("could not write acks (kept for the next try): %s", exc)
+            self._line.note(exc=exc)
             return
         if not self._bug_kept:
             self._bug_kept = True
             self._put_back(acked, marks)
-            if self._bug_line.note(now):
-                log.error("writing acks failed (kept for one more try)", exc_info=exc)
+            self._bug_line.note(exc_info=exc)
             return
         self._bug_kept = False
         n = len(acked) + sum(len(uids) for by_push in marks.values() for uids in by_push.values())
         self.counts.dropped += n
-        if self._bug_line.note(now):
-            log.error("writing acks failed again: %d updates dropped", n, exc_info=exc)
+        self._dropped_line.note(n, exc_info=exc)
 
     def _put_back(self, acked: dict[str, int], marks: dict[str, dict[str, set[str]]]) -> None:
         for uid, seq in acked.items():

@@ -34,7 +34,7 @@ from shared.internal_auth import is_loopback, load_tls
 from shared.keys import KeySchema
 from shared.models import GatewayInfo
 from shared.settings import GatewaySettings, check_tracing, redact_url
-from shared.throttled import Throttled
+from shared.throttled import ThrottledLine
 from shared.uids import REFUSED
 from socket_gateway.acks import AckReporter
 from socket_gateway.advertise import advertised
@@ -54,15 +54,16 @@ from socket_gateway.heartbeat import (
 from socket_gateway.identity import claim_id
 from socket_gateway.live_stats import gateway_sampling
 from socket_gateway.metrics import GatewayMetrics, render
-from socket_gateway.metrics_http import serve_metrics
+from socket_gateway.metrics_http import refused_heads, serve_metrics
 from socket_gateway.resume import Resumer
 from socket_gateway.resume_budget import ResumeLimits
 from socket_gateway.supervise import RestartBudget
 from socket_gateway.tracing import gateway_tracing
 from socket_gateway.ws.admission import HandshakeLimits
+from socket_gateway.ws.conn import LimitCounts
 from socket_gateway.ws.endpoint import WsEndpoint, WsServer
 from socket_gateway.ws.protocol import WsTimers
-from socket_gateway.ws.ratelimit import FrameRate, LimitCounts
+from socket_gateway.ws.ratelimit import FrameRate
 
 __all__ = ["CLOSE_DRAIN", "RECONNECT_FRAME", "Gateway"]
 
@@ -111,8 +112,14 @@ class Gateway(ClosedOnExit):
         self._offer_link = not grpc_interceptors
         self._given_bus = bus
         self.conns = LocalConnections(max_buffer=settings.max_write_buffer)
-        self._slow = Throttled()  # the log line of slow consumers aborted
-        self.conns.on_slow = self._slow_aborted
+        slow = ThrottledLine(
+            log,
+            "aborted %(n)d slow consumer(s) since the last line: more than %(max)d bytes "
+            "unsent (IMROUTE_MAX_WRITE_BUFFER; the last had %(unsent)d); stored pushes come "
+            "back on their next connect",
+            now=self.clock.monotonic,
+        )
+        self.conns.on_slow = lambda unsent: slow.note(max=self.conns.max_buffer, unsent=unsent)
         self.conns.marks.group = settings.group_id
         self.deliver_service = DeliverService(self.conns, self.clock, RecentIds(self.clock))
         self.follower: TopicFollower | None = None
@@ -123,7 +130,7 @@ class Gateway(ClosedOnExit):
         self.consumer_restarts = 0
         self.consumer_budget = RestartBudget(self.clock)
         self._ws: WsEndpoint | None = None  # before the metrics, which read it at once
-        self.metrics_refused = Throttled()  # heads the metrics port refused (431, 414)
+        self.metrics_refused = refused_heads()  # heads the metrics port refused (431, 414)
         self.limit_counts = LimitCounts()
         self.metrics = GatewayMetrics(
             self.deliver_service, self.conns, self.counts, self.limit_counts
@@ -446,18 +453,6 @@ class Gateway(ClosedOnExit):
             self.conns.slow_aborted,
         )
         return counts
-
-    def _slow_aborted(self, unsent: int) -> None:
-        since = self._slow.note(self.clock.monotonic())
-        if since:
-            log.warning(
-                "aborted %d slow consumer(s) since the last line: more than %d bytes unsent "
-                "(IMROUTE_MAX_WRITE_BUFFER; the last had %d); stored pushes come back on "
-                "their next connect",
-                since,
-                self.conns.max_buffer,
-                unsent,
-            )
 
 
 def resume_budget_counts(resumer: Resumer) -> dict[str, tuple[str, float]]:

@@ -39,7 +39,7 @@ from shared.clock import Clock
 from shared.expiring import ExpiringMap
 from shared.positions import seq_of
 from shared.proto import gateway_pb2
-from shared.throttled import Throttled
+from shared.throttled import ThrottledLine
 from shared.tracing import sampled
 from shared.wire import push_prefix
 from socket_gateway.connections import LocalConnections
@@ -292,11 +292,24 @@ class DeliverService:
         # the push was accepted: the dashboard's figures (router.stats).
         self.delivered = 0
         self.latency = LatencyHistogram()
-        self.rejected = 0  # batches refused by `check` (nothing of them was written)
-        self.skewed = 0  # P2P batches expired on arrival while their call had time left
-        self._skew_line = Throttled(LOG_EVERY_S)
+        # P2P batches expired on arrival while their call had time left
+        self._skew_line = ThrottledLine(
+            log,
+            "P2P batches expire on arrival: one was %(late_ms)d ms past its expires_ms with "
+            "%(left_s).1f s left on its call; this gateway's clock is probably ahead of the "
+            "router's (keep clocks in sync, e.g. NTP)",
+            every_s=LOG_EVERY_S,
+            now=clock.monotonic,
+        )
         self.check = BatchCheck()
-        self._refusal_line = Throttled(LOG_EVERY_S)
+        # Batches refused by `check` (nothing of them was written)
+        self._refusal_line = ThrottledLine(
+            log,
+            "refused %(n)d batch(es), the last (batch_id %(batch_id).64r): %(problem)s",
+            level=logging.ERROR,
+            every_s=LOG_EVERY_S,
+            now=clock.monotonic,
+        )
         # Told of the recipients each bus batch reached (their push's receipt); the P2P
         # path's are known from its call's answer.
         self.report: Callable[[str, str, Sequence[str]], None] | None = None
@@ -306,14 +319,7 @@ class DeliverService:
         """What makes `batch` unfit to write (counted and logged), or None."""
         problem = self.check.problem(batch)
         if problem is not None:
-            self.rejected += 1
-            if since := self._refusal_line.note(self._clock.monotonic()):
-                log.error(
-                    "refused %d batch(es), the last (batch_id %.64r): %s",
-                    since,
-                    batch.batch_id,
-                    problem,
-                )
+            self._refusal_line.note(batch_id=batch.batch_id, problem=problem)
         return problem
 
     def deliver_call(
@@ -442,15 +448,17 @@ class DeliverService:
     def _skew_hint(self, late_ms: int, call_left_s: float) -> None:
         # Expired by the wall clock while its call (whose deadline travels as a
         # duration) still has time: our clock and the router's disagree.
-        self.skewed += 1
-        if self._skew_line.note(self._clock.monotonic()):
-            log.warning(
-                "P2P batches expire on arrival: one was %d ms past its expires_ms with "
-                "%.1f s left on its call; this gateway's clock is probably ahead of the "
-                "router's (keep clocks in sync, e.g. NTP)",
-                late_ms,
-                call_left_s,
-            )
+        self._skew_line.note(late_ms=late_ms, left_s=call_left_s)
+
+    @property
+    def rejected(self) -> int:
+        """Batches refused by `check`."""
+        return self._refusal_line.total
+
+    @property
+    def skewed(self) -> int:
+        """P2P batches expired on arrival while their call had time left."""
+        return self._skew_line.total
 
     @property
     def evicted_early(self) -> int:

@@ -17,7 +17,7 @@ import grpc.aio
 
 from shared.clock import Clock
 from shared.internal_auth import token_matches
-from shared.throttled import Throttled
+from shared.throttled import ThrottledLine
 
 __all__ = ["TokenCheck"]
 
@@ -46,19 +46,23 @@ class TokenCheck(grpc.aio.ServerInterceptor):
 
     def __init__(self, token: str, clock: Clock) -> None:
         self._token = token.encode()
-        self._clock = clock
-        self.refused = 0
-        self._line = Throttled(LOG_EVERY_S)
+        # Neither the token sent nor the request is logged: only that calls came.
+        self._line = ThrottledLine(
+            log,
+            f"refused %(n)d gRPC call(s) to %(method)s: {REFUSAL}",
+            every_s=LOG_EVERY_S,
+            now=clock.monotonic,
+        )
+
+    @property
+    def refused(self) -> int:
+        """Calls refused."""
+        return self._line.total
 
     async def intercept_service(
         self, continuation: Continuation, handler_call_details: grpc.HandlerCallDetails
     ) -> Handler | None:
         if token_matches(self._token, handler_call_details.invocation_metadata):
             return await continuation(handler_call_details)
-        self.refused += 1
-        if since := self._line.note(self._clock.monotonic()):
-            # Neither the token sent nor the request is logged: only that calls came.
-            log.warning(
-                "refused %d gRPC call(s) to %s: %s", since, handler_call_details.method, REFUSAL
-            )
+        self._line.note(method=handler_call_details.method)
         return _REFUSE

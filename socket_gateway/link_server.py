@@ -42,7 +42,7 @@ from shared.clock import Clock
 from shared.errors import PayloadTooLarge
 from shared.link_frames import FrameReader, frame
 from shared.proto import gateway_pb2
-from shared.throttled import Throttled
+from shared.throttled import ThrottledLine
 from socket_gateway.acceptor import Acceptor
 from socket_gateway.delivery import BadCall, DeliverService, LinkCounts
 from socket_gateway.link_tickets import MAX_TICKETS, TICKET_S, Tickets
@@ -114,7 +114,12 @@ class LinkServer:
         self._conns: set[_LinkConn] = set()
         # Those without their hello yet (their TLS handshake included), by peer address.
         self._pre_hello: PreAuthPool[_LinkConn] = PreAuthPool(MAX_PRE_HELLO, MAX_PRE_HELLO_PER_PEER)
-        self._refusal_line = Throttled(LOG_EVERY_S)
+        self._refusal_line = ThrottledLine(
+            log,
+            "refused %(n)d delivery link(s), the last from %(peer)s: %(reason)s",
+            every_s=LOG_EVERY_S,
+            now=clock.monotonic,
+        )
 
     async def start(self, host: str | None, port: int, tls: ssl.SSLContext | None = None) -> int:
         """Listen on every address of `host` ("" or None: every interface); returns the
@@ -134,8 +139,7 @@ class LinkServer:
 
     def refused(self, peer: object, reason: str) -> None:
         self.counts.refused += 1
-        if since := self._refusal_line.note(self.clock.monotonic()):
-            log.warning("refused %d delivery link(s), the last from %s: %s", since, peer, reason)
+        self._refusal_line.note(peer=peer, reason=reason)
 
     @property
     def waiting(self) -> int:

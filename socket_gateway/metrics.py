@@ -11,7 +11,7 @@ from prometheus_client.registry import Collector
 
 if TYPE_CHECKING:
     from socket_gateway.delivery import DeliverService
-    from socket_gateway.ws.ratelimit import LimitCounts
+    from socket_gateway.ws.conn import LimitCounts
 
 __all__ = ["GatewayMetrics", "render"]
 

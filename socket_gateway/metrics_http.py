@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -20,31 +19,35 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from shared.http_answers import closing_answer, json_refusal_answer, refusal_body
 from shared.http_heads import END_OF_HEAD, HeadLimits, HeadRefusal, check_head
-from shared.throttled import Throttled
+from shared.throttled import ThrottledLine
 
 if TYPE_CHECKING:
     from shared.settings import GatewaySettings
 
-__all__ = ["serve_metrics"]
+__all__ = ["refused_heads", "serve_metrics"]
 
 log = logging.getLogger(__name__)
 
 HEAD_TIMEOUT_S = 5.0
 
 
+def refused_heads() -> ThrottledLine:
+    """The count, and log line, of the request heads the metrics port refuses."""
+    return ThrottledLine(log, "refused %(n)d request head(s) on the metrics port: %(detail)s")
+
+
 async def serve_metrics(
-    settings: GatewaySettings, render: Callable[[], bytes], refused: Throttled | None = None
+    settings: GatewaySettings, render: Callable[[], bytes], refused: ThrottledLine | None = None
 ) -> asyncio.Server:
     """Listen on IMROUTE_METRICS_HOST:IMROUTE_METRICS_PORT (0 picks one) and answer
     `GET /metrics` with `render()`. Heads over the limits are refused, counted in
     `refused`."""
     assert settings.metrics_port is not None
     limits = HeadLimits.from_settings(settings)
-    refused = refused if refused is not None else Throttled()
+    refused = refused if refused is not None else refused_heads()
 
     def refuse(writer: asyncio.StreamWriter, refusal: HeadRefusal) -> None:
-        if since := refused.note(time.monotonic()):
-            log.warning("refused %d request head(s) on the metrics port: %s", since, refusal.detail)
+        refused.note(detail=refusal.detail)
         writer.write(json_refusal_answer(refusal.status, refusal.error, refusal.detail))
 
     async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:

@@ -22,7 +22,7 @@ from router.recovery.base import RecoveryReads, TopicHistory
 from shared.backoff import backoff_s
 from shared.clock import Clock
 from shared.errors import RegistryUnavailable
-from shared.throttled import Throttled
+from shared.throttled import ThrottledLine
 from socket_gateway.acks import Report
 from socket_gateway.connections import ClientConn, LocalConnections
 from socket_gateway.fill_content import fill_for
@@ -50,7 +50,13 @@ class MoveTails:
         """`tail_s`: how long the old group's log is read again (0: not at all)."""
         self.tail_s = tail_s
         self.writes = 0  # pushes the old group's log brought after a move
-        self.stopped = Throttled()  # tails given up: the log grew past the read budget
+        # Tails given up: the log grew past the read budget
+        self.stopped = ThrottledLine(
+            log,
+            "stopped following the old group's log of %(n)d moved client(s): it grew past "
+            "IMROUTE_RECOVERY_RESUME_MAX or _MAX_BYTES",
+            now=clock.monotonic,
+        )
         self._spans = spans
         self._reads = reads
         self._conns = conns
@@ -75,12 +81,7 @@ class MoveTails:
             try:
                 history = await self._spans.read(topic, after, None)
                 if history is None:
-                    if lines := self.stopped.note(self._clock.monotonic()):
-                        log.warning(
-                            "stopped following the old group's log of %d moved client(s): "
-                            "it grew past IMROUTE_RECOVERY_RESUME_MAX or _MAX_BYTES",
-                            lines,
-                        )
+                    self.stopped.note()
                     return
                 mine = [b for b in history.batches if b.seq > after and b.addresses(conn.uid)]
                 after = max(after, history.head)

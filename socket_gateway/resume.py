@@ -22,7 +22,7 @@ from shared.coalesce import Coalescer
 from shared.errors import RegistryUnavailable
 from shared.positions import Pos, counter_of, decode_pos
 from shared.tasks import Background
-from shared.throttled import Throttled
+from shared.throttled import ThrottledLine
 from shared.wire import push_prefix, recovered_frame
 from socket_gateway.acks import Report, report_expired
 from socket_gateway.connections import ClientConn, LocalConnections
@@ -42,7 +42,7 @@ class ResumeStats:
     __slots__ = ("complete", "expired", "incomplete", "limited", "moves_refused", "over",
                  "replayed", "resumes")  # fmt: skip
 
-    def __init__(self) -> None:
+    def __init__(self, now: Callable[[], float]) -> None:
         self.resumes = 0  # connections that sent `since`
         self.replayed = 0  # push frames written by replays (inbox included)
         self.complete = 0
@@ -51,9 +51,14 @@ class ResumeStats:
         # What the read budget (`socket_gateway.resume_budget`) turned down, each with
         # its throttled log line: resumes over their user's rate (the position not
         # read), topic logs over the budget, positions in a group they cannot be from.
-        self.limited = Throttled()
-        self.over = Throttled()
-        self.moves_refused = Throttled()
+        self.limited = ThrottledLine(
+            log,
+            "%(n)d resume(s) over IMROUTE_RECOVERY_RESUME_RATE_PER_UID for their user: "
+            "topic logs not read (its own messages only, complete:false)",
+            now=now,
+        )
+        self.over = _refused_line(_OVER, now)
+        self.moves_refused = _refused_line(_NOT_FROM, now)
 
 
 Recent = Callable[[str, int], tuple[int, TopicHistory] | None]
@@ -94,7 +99,7 @@ class Resumer:
         self._read_users = Coalescer(reads.read_users)
         self._ack = Coalescer(reads.ack)
         self._heads: tuple[float, tuple[str, ...], asyncio.Future[list[int]]] | None = None
-        self.stats = ResumeStats()
+        self.stats = ResumeStats(clock.monotonic)
         # Each handles the store's errors itself: a failure logged here is a bug.
         self._gaps = Background("a gap fill or move tail", log)
         self.gap_fills = GapFills(self._read_users, conns, clock, report, self._gaps.spawn)
@@ -202,12 +207,7 @@ class Resumer:
         now = self._clock.monotonic()
         if self._rate.take(uid, now) == 0.0:
             return True
-        if lines := self.stats.limited.note(now):
-            log.warning(
-                "%d resume(s) over IMROUTE_RECOVERY_RESUME_RATE_PER_UID for their user: "
-                "topic logs not read (its own messages only, complete:false)",
-                lines,
-            )
+        self.stats.limited.note()
         return False
 
     async def _plan(
@@ -234,14 +234,14 @@ class Resumer:
                 moved = letter == "g" and since.group != conn.group
                 if moved and (limited or not credible_move(after, head, self.budget)):
                     if not limited:
-                        self._refused(self.stats.moves_refused, _NOT_FROM)
+                        self.stats.moves_refused.note()
                     valid = False  # nothing of that group is read, nor followed
                     start = replace(start or since, group=conn.group, g=conn.g)
                     continue
                 history = None if limited else await self._topic(topic, after, head)
                 if history is None:
                     if not limited:
-                        self._refused(self.stats.over, _OVER)
+                        self.stats.over.note()
                     history = TopicHistory(head)  # not read: a hole, so incomplete
                     start = _at(start or since, letter, head)
                 topics[letter] = history
@@ -264,14 +264,6 @@ class Resumer:
             topics["g"].head if "g" in topics else 0,
         )
         return replay, ends, start
-
-    def _refused(self, kind: Throttled, why: str) -> None:
-        if lines := kind.note(self._clock.monotonic()):
-            log.warning(
-                "%d topic log(s) not read for resuming clients, their position %s: complete:false",
-                lines,
-                why,
-            )
 
     async def _heads_since(self, began: float, topics: tuple[str, ...]) -> list[int]:
         """The topics' heads, read after `began` (shared with resumes that asked too)."""
@@ -318,6 +310,15 @@ class Resumer:
 
 _OVER = "too far behind its head (IMROUTE_RECOVERY_RESUME_MAX, _MAX_BYTES)"
 _NOT_FROM = "in a group no gateway of it could have given out (the credible-move rule)"
+
+
+def _refused_line(why: str, now: Callable[[], float]) -> ThrottledLine:
+    """The line of topic logs a resume did not read, for `why`."""
+    return ThrottledLine(
+        log,
+        f"%(n)d topic log(s) not read for resuming clients, their position {why}: complete:false",
+        now=now,
+    )
 
 
 def _at(pos: Pos, letter: str, seq: int) -> Pos:

@@ -189,7 +189,7 @@ class RedisStreamsTransport(BusLifecycle):
             reraise_swallowed_cancel()
             report = parse_reply(reply)
             if report.dropped or report.lost:
-                self._trims.report(topic, report, now)
+                self._trims.report(topic, report)
             return report.entry_id
 
         return xadd

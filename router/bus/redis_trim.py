@@ -23,7 +23,6 @@ and whenever the stream holds more than `maxlen` entries, a look at its consumer
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -31,7 +30,7 @@ from typing import Any
 
 from router.bus.losses import BusLosses
 from router.redis.scripts import Script
-from shared.throttled import Throttled
+from shared.throttled import ThrottledLine
 
 __all__ = [
     "LOST_TTL_MS",
@@ -86,18 +85,16 @@ def text(value: bytes | str | int) -> str:
 
 class TrimReporter:
     """Counts and logs what the trims did; a gateway losing entries on every publish is
-    logged once per 10 s (`Throttled`), with what it lost meanwhile, and what it lost
-    after the last line is said at the end of that line's 10 s (a timer on the running
-    loop), so a burst of losses that stops is logged whole."""
+    logged once per 10 s, with what it lost meanwhile, and what it lost after the last
+    line is said at the end of that line's 10 s (`ThrottledLine`)."""
 
     def __init__(self, maxlen: int, group_idle_s: float) -> None:
         self.losses = BusLosses()
         self._maxlen = maxlen
         self._group_idle_s = group_idle_s
-        self._lines: dict[tuple[str, str], Throttled] = {}
-        self._trailing: dict[tuple[str, str], asyncio.TimerHandle] = {}
+        self._lines: dict[tuple[str, str], ThrottledLine] = {}
 
-    def report(self, topic: str, report: TrimReport, now: float) -> None:
+    def report(self, topic: str, report: TrimReport) -> None:
         if report.dropped:
             self.losses.dropped(topic, len(report.dropped))
             log.warning(
@@ -111,37 +108,10 @@ class TrimReporter:
         for group, n in report.lost.items():
             line = self._lines.get((topic, group))
             if line is None:
-                line = self._lines[topic, group] = Throttled()
-            if lost := line.note(now, n):
-                self._say(topic, group, lost, line.total)
-            else:
-                self._say_later(topic, group, line, now)
-
-    def _say(self, topic: str, group: str, lost: int, total: int) -> None:
-        log.warning(
-            "bus %s: gateway %s fell more than IMROUTE_BUS_MAXLEN (%d) entries behind; "
-            "%d entries it had not read were trimmed (%d in all; "
-            "imroute_bus_unread_trimmed_total)",
-            topic,
-            group,
-            self._maxlen,
-            lost,
-            total,
-        )
-
-    def _say_later(self, topic: str, group: str, line: Throttled, now: float) -> None:
-        """A line at the end of the window for what `line` holds back, once."""
-        due = line.due_in(now)
-        if due is None or (topic, group) in self._trailing:
-            return
-        try:
-            loop = asyncio.get_running_loop()
-        except RuntimeError:  # no loop (a caller in a thread): said by the next loss
-            return
-
-        def say() -> None:
-            del self._trailing[topic, group]
-            if lost := line.flush(loop.time()):
-                self._say(topic, group, lost, line.total)
-
-        self._trailing[topic, group] = loop.call_later(due, say)
+                line = self._lines[topic, group] = ThrottledLine(
+                    log,
+                    "bus %(topic)s: gateway %(group)s fell more than IMROUTE_BUS_MAXLEN "
+                    "(%(maxlen)d) entries behind; %(n)d entries it had not read were "
+                    "trimmed (%(total)d in all; imroute_bus_unread_trimmed_total)",
+                )
+            line.note(n, topic=topic, group=group, maxlen=self._maxlen)

@@ -36,7 +36,7 @@ from router.stats.base import CountSums
 from shared.clock import Clock
 from shared.errors import ImrouteError
 from shared.models import GatewayInfo
-from shared.throttled import Throttled
+from shared.throttled import ThrottledLine
 
 __all__ = ["ConnectHealth", "Dispatcher", "choose_avoiding", "to_state"]
 
@@ -82,7 +82,12 @@ class ConnectHealth:
         self.settings = settings
         self.reports = reports or ConnectReports(clock, settings.window_s)
         self.failing: frozenset[str] = frozenset()
-        self._line = Throttled(LOG_EVERY_S)
+        self._line = ThrottledLine(
+            log,
+            "could not read the clients' connects (dispatch keeps its view): %(exc)s",
+            every_s=LOG_EVERY_S,
+            now=clock.monotonic,
+        )
 
     def report(self, uid: str, gateway_ids: Sequence[str]) -> None:
         """`uid` could not connect to `gateway_ids` (live gateways)."""
@@ -100,9 +105,7 @@ class ConnectHealth:
         try:
             counts = await self._counts.sums(now - int(self.settings.window_s * 1000), now, names)
         except ImrouteError as exc:
-            if self._line.note(self._clock.monotonic()):
-                log.warning("could not read the clients' connects (dispatch keeps its view): %s",
-                            exc)  # fmt: skip
+            self._line.note(exc=exc)
             return
         now_failing = failing(counts, gateway_ids, self.settings)
         for gateway_id in sorted(now_failing - self.failing):

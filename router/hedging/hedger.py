@@ -31,7 +31,7 @@ from router.hedging.tokens import TokenBucket
 from shared.backoff import backoff_s
 from shared.clock import AsyncClock, Cancellable
 from shared.errors import BusUnavailable
-from shared.throttled import Throttled
+from shared.throttled import ThrottledLine
 
 __all__ = ["Attempt", "AttemptContext", "HedgeObserver", "Hedger", "NullObserver"]
 
@@ -106,7 +106,11 @@ class Hedger:
         self._observer: HedgeObserver = observer or NullObserver()
         self._jitter = jitter
         # Retries are the one sign of an outage before a publish fails: a line per 10 s.
-        self.retries = Throttled()
+        self.retries = ThrottledLine(
+            log,
+            "publish to %(topic)s retried (%(n)d retries since the last line): %(exc)s",
+            now=clock.monotonic,
+        )
         # Per topic, as Google's clients have one publisher (and bucket) per topic.
         self._buckets: dict[str, TokenBucket] = {}
         self._delays: dict[str, HedgeDelay] = {}
@@ -304,13 +308,6 @@ class _Publish(Generic[T]):
                 )
                 if self._remaining() <= pause:
                     raise  # the total timeout leaves no room for another try
-                since = self.h.retries.note(self.clock.monotonic())
-                if since:
-                    log.warning(
-                        "publish to %s retried (%d retries since the last line): %s",
-                        self.topic,
-                        since,
-                        exc,
-                    )
+                self.h.retries.note(topic=self.topic, exc=exc)
             await self.clock.sleep(pause)
             rpc_timeout = min(rpc_timeout * r.rpc_timeout_multiplier, r.max_rpc_timeout_s)

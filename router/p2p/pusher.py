@@ -43,7 +43,7 @@ from shared.models import Message, Route
 from shared.positions import counter_of, epoch_of
 from shared.proto import gateway_pb2
 from shared.tasks import Background
-from shared.throttled import Throttled
+from shared.throttled import ThrottledLine
 from shared.tracing import (
     AttributeValue,
     Span,
@@ -108,7 +108,14 @@ class P2PPusher:
         self._retrying = Background("retrying a queued push", log)
         self.retried = 0  # recipients a later try reached
         # Recipients of failed pushes not retried: MAX_RETRYING were being retried already.
-        self.not_retried = Throttled(NOT_RETRIED_LOG_EVERY_S)
+        self.not_retried = ThrottledLine(
+            log,
+            "%(n)d recipient(s) of failed P2P pushes not retried in the background: "
+            "%(retrying)d pushes are being retried already; their inboxes keep the pushes "
+            "for their next connection",
+            every_s=NOT_RETRIED_LOG_EVERY_S,
+            now=self._clock.monotonic,
+        )
         # Told of the recipients a background retry reached (their push's receipt).
         self.on_retried: Callable[[str, Sequence[str]], Awaitable[None]] | None = None
 
@@ -354,15 +361,7 @@ class P2PPusher:
             failed = dataclasses.replace(item, uids=list(outcome.failed))
             self._retrying.spawn(self._retry(failed, dict(seqs)))
         elif outcome.failed:
-            since = self.not_retried.note(self._clock.monotonic(), len(outcome.failed))
-            if since:
-                log.warning(
-                    "%d recipient(s) of failed P2P pushes not retried in the background: "
-                    "%d pushes are being retried already; their inboxes keep the pushes "
-                    "for their next connection",
-                    since,
-                    MAX_RETRYING,
-                )
+            self.not_retried.note(len(outcome.failed), retrying=MAX_RETRYING)
         if not late:
             return dataclasses.replace(outcome, queued=waiting)
         return dataclasses.replace(

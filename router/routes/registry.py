@@ -29,7 +29,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
-import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
@@ -54,7 +53,7 @@ from shared.clock import Clock
 from shared.errors import RegistryRefused, RegistryUnavailable, TooManyConnections
 from shared.keys import KeySchema
 from shared.models import Registration, Route
-from shared.throttled import Throttled
+from shared.throttled import ThrottledLine
 
 __all__ = [
     "LOOKUP_CHUNK",
@@ -128,7 +127,11 @@ class RedisRouteRegistry:
         self._tracking = asyncio.Lock()
         # Route hashes Redis refused to read (a key of another type): their users are
         # looked up as offline, and each refusal logged, one line per 10 s with the count.
-        self._unreadable = Throttled()
+        self._unreadable = ThrottledLine(
+            log,
+            "%(n)d route look-ups refused by Redis since the last line (%(total)d in all; "
+            "their users are taken as offline); the last, of %(uid)r: %(error)s",
+        )
 
     @property
     def unreadable(self) -> int:
@@ -136,15 +139,7 @@ class RedisRouteRegistry:
         return self._unreadable.total
 
     def _note_refused(self, uid: str, error: RegistryRefused) -> None:
-        if since := self._unreadable.note(time.monotonic()):
-            log.warning(
-                "%d route look-ups refused by Redis since the last line (%d in all; their "
-                "users are taken as offline); the last, of %r: %s",
-                since,
-                self.unreadable,
-                uid,
-                error,
-            )
+        self._unreadable.note(uid=uid, error=error)
 
     def _value(self, now_ms: int) -> str:
         gateway_id, group_id, ip, port = self._where

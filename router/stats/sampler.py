@@ -15,7 +15,7 @@ from router.stats.latency import LatencyHistogram
 from shared.clock import Clock
 from shared.errors import ImrouteError
 from shared.periodic import Periodic
-from shared.throttled import Throttled
+from shared.throttled import ThrottledLine
 
 __all__ = ["StatsSampler", "sampling"]
 
@@ -37,7 +37,13 @@ class StatsSampler:
     _pending: dict[str, int] = field(default_factory=dict, init=False, repr=False)
     # Writes that failed (their counts went with a later one).
     failed: int = field(default=0, init=False)
-    _line: Throttled = field(default_factory=lambda: Throttled(LOG_EVERY_S), init=False, repr=False)
+    _line: ThrottledLine = field(
+        default_factory=lambda: ThrottledLine(
+            log, "could not write the live stats (kept for later): %(exc)s", every_s=LOG_EVERY_S
+        ),
+        init=False,
+        repr=False,
+    )
 
     def __post_init__(self) -> None:
         self._last = dict(self.counters())
@@ -72,8 +78,7 @@ class StatsSampler:
             if not isinstance(exc, ImrouteError):
                 raise
             self.failed += 1
-            if self._line.note(self.clock.monotonic()):
-                log.warning("could not write the live stats (kept for later): %s", exc)
+            self._line.note(exc=exc)
 
     def periodic(self) -> Periodic:
         """Flushing every interval (the first after one)."""

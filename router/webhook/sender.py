@@ -33,7 +33,7 @@ from shared.backoff import backoff_s
 from shared.clock import Clock
 from shared.errors import ImrouteError, RegistryRefused
 from shared.keys import KeySchema
-from shared.throttled import Throttled
+from shared.throttled import ThrottledLine
 
 __all__ = ["MAX_BODY_BYTES", "WebhookSender", "split_by_bytes"]
 
@@ -84,7 +84,16 @@ class WebhookSender:
         self.retried = 0  # failed attempts that will be retried (one per POST)
         self.dropped = 0  # events refused with a status that is not retried
         # POSTs cut off: no answer by the deadline (retried), or a long answer (closed)
-        self.cuts = {cut: Throttled() for cut in Cut}
+        self.cuts = {
+            cut: ThrottledLine(
+                log,
+                "webhook sender cut off %(n)d POST(s) (%(cut)s) since the last such line: "
+                "%(detail)s; a POST has IMROUTE_WEBHOOK_TIMEOUT_S=%(timeout_s)gs in all and "
+                "reads %(read)d bytes of an answer",
+                now=clock.monotonic,
+            )
+            for cut in Cut
+        }
         self.stats = OutboxStats(0, 0)  # fleet-wide, refreshed every STATS_EVERY_S
         self._next_claim = 0.0
         self._next_stats = 0.0
@@ -171,17 +180,12 @@ class WebhookSender:
 
     def _noted(self, answer: Answer) -> tuple[int | None, str]:
         """The answer's status and detail, a cut counted (and logged, throttled)."""
-        if answer.cut is not None and (
-            since := self.cuts[answer.cut].note(self._clock.monotonic())
-        ):
-            log.warning(
-                "webhook sender cut off %d POST(s) (%s) since the last such line: %s; "
-                "a POST has IMROUTE_WEBHOOK_TIMEOUT_S=%gs in all and reads %d bytes of an answer",
-                since,
-                answer.cut.value,
-                answer.detail,
-                self._timeout_s,
-                ANSWER_READ_BYTES,
+        if answer.cut is not None:
+            self.cuts[answer.cut].note(
+                cut=answer.cut.value,
+                detail=answer.detail,
+                timeout_s=self._timeout_s,
+                read=ANSWER_READ_BYTES,
             )
         return answer.status, answer.detail
 

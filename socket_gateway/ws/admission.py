@@ -8,14 +8,15 @@ Time is passed in (monotonic seconds), so all of it is tested without sleeping.
 from __future__ import annotations
 
 import logging
-import math
 import re
-from collections import Counter, OrderedDict
+import time
+from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from shared.http_heads import HeadLimits
-from shared.throttled import Throttled
+from shared.throttled import ThrottledLine
 
 if TYPE_CHECKING:
     from shared.settings import GatewaySettings
@@ -161,37 +162,38 @@ class ConnectRate:
 
 class Refusals:
     """Counts of refused sockets by kind (for /metrics), each reported in the log at
-    most once per `every_s`, with how many there were since the previous line."""
+    most once per `every_s`, with how many there were since the previous line
+    (`ThrottledLine`)."""
 
-    def __init__(self, log: logging.Logger, every_s: float = REFUSAL_LOG_EVERY_S) -> None:
-        self.counts: Counter[str] = Counter()
-        self._log = log
-        self._every_s = every_s
-        self._lines: dict[str, Throttled] = {}
+    def __init__(
+        self,
+        log: logging.Logger,
+        every_s: float = REFUSAL_LOG_EVERY_S,
+        now: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._lines = {
+            kind: ThrottledLine(
+                log,
+                "refused %(n)d socket(s): %(kind)s%(detail)s",
+                level=level,
+                every_s=every_s,
+                now=now,
+            )
+            for kind, (_, level) in REFUSALS.items()
+        }
 
-    def note(self, kind: str, now: float, detail: str = "") -> None:
+    @property
+    def counts(self) -> dict[str, int]:
+        """Refusals so far, by kind."""
+        return {kind: line.total for kind, line in self._lines.items()}
+
+    def note(self, kind: str, detail: str = "") -> None:
         """One refusal of `kind` (a key of REFUSALS); `detail` goes into the log line."""
-        self.counts[kind] += 1
-        line = self._lines.get(kind)
-        if line is None:
-            line = self._lines[kind] = Throttled(self._every_s)
-        last = line.last_line
-        n = line.note(now)
-        if not n:
-            return
-        since = "" if last is None else f" in the last {math.ceil(now - last)}s"
-        self._log.log(
-            REFUSALS[kind][1],
-            "refused %d socket(s)%s: %s%s",
-            n,
-            since,
-            kind,
-            f" ({detail})" if detail else "",
-        )
+        self._lines[kind].note(kind=kind, detail=f" ({detail})" if detail else "")
 
     def metrics(self) -> dict[str, tuple[str, float]]:
         """name -> (help, value), for the gateway's metrics."""
         return {
-            f"handshakes_refused_{kind}": (text, self.counts[kind])
+            f"handshakes_refused_{kind}": (text, self._lines[kind].total)
             for kind, (text, _) in REFUSALS.items()
         }

@@ -59,6 +59,7 @@ from shared.http_heads import HeadRefusal, gather_head
 from shared.ids import ConnIdFactory
 from shared.periodic import Periodic
 from shared.tasks import Background
+from shared.throttled import ThrottledLine
 from shared.wire import PONG_FRAME
 from socket_gateway.acks import AckReporter
 from socket_gateway.connections import ClientConn, LocalConnections
@@ -83,7 +84,7 @@ from socket_gateway.ws.protocol import (
     token_of,
     user_cap_reason,
 )
-from socket_gateway.ws.ratelimit import FrameRate, LimitCounts
+from socket_gateway.ws.ratelimit import FrameRate
 
 if TYPE_CHECKING:  # the resumer's modules use this package's limits: no cycle at import
     from socket_gateway.resume import Resumer
@@ -98,12 +99,31 @@ __all__ = [
     "WRITE_HIGH",
     "WRITE_LOW",
     "EndpointState",
+    "LimitCounts",
     "WsConn",
     "keepalive_loop",
     "ping_round",
 ]
 
 log = logging.getLogger(__name__)
+
+
+class LimitCounts:
+    """What the client limits closed (frame rate) or refused (per-user cap): counts for
+    /metrics, each with its throttled log line."""
+
+    __slots__ = ("frame_rate", "user_cap")
+
+    def __init__(self) -> None:
+        # connections closed 1008 for sending frames faster than their FrameRate
+        self.frame_rate = ThrottledLine(
+            log,
+            "closed %(n)d connection(s) (1008) for sending frames faster than %(rate)g/s "
+            "(burst %(burst)d), latest %(conn)s (%(total)d in all)",
+        )
+        # new connections closed 4429 because their user was at the per-user cap
+        self.user_cap = ThrottledLine(log, "refused %(n)d connection(s) (4429): %(reason)s")
+
 
 # Write-side flow control: above HIGH we stop reading from that client (its pings and
 # junk cannot grow our buffer) until the buffer drains below LOW. Pushes are bounded by
@@ -178,7 +198,7 @@ class EndpointState:
         self.connect_rate = (
             None if rate is None else ConnectRate(rate, self.limits.connect_burst_per_ip)
         )
-        self.refusals = Refusals(log)
+        self.refusals = Refusals(log, now=clock.monotonic)
         self._conns = conns
         self._secret = secret
         self._clock = clock
@@ -369,15 +389,15 @@ class WsConn(asyncio.Protocol):
         where = key or "?"
         kind = pool.refusal(where)
         if kind is not None:
-            ep.refusals.note(kind, now, f"{pool.held(where)} open from {where}, {len(pool)} in all")
+            ep.refusals.note(kind, f"{pool.held(where)} open from {where}, {len(pool)} in all")
             return False
         if wait > 0 and pool.full:
-            ep.refusals.note("rate_limited", now, f"from {where}, every place taken")
+            ep.refusals.note("rate_limited", f"from {where}, every place taken")
             return False
         evicted = pool.add(self, where)
         if evicted is not None:
             victim, holder = evicted
-            ep.refusals.note("pre_auth_evicted", now, f"the oldest of {holder}'s")
+            ep.refusals.note("pre_auth_evicted", f"the oldest of {holder}'s")
             victim.abort()
         if wait > 0:
             assert rate is not None
@@ -388,7 +408,7 @@ class WsConn(asyncio.Protocol):
         """Answer 429 before the request, then FIN; what the client sends is read and
         dropped (closing with it unread would reset the connection, and could lose the
         answer) until it closes, or the request line's deadline cuts it."""
-        self._ep.refusals.note("rate_limited", now, f"from {key}")
+        self._ep.refusals.note("rate_limited", f"from {key}")
         self._head = None
         refusal = json_refusal(
             429,
@@ -437,7 +457,7 @@ class WsConn(asyncio.Protocol):
     def _refuse_line(self, line: bytes | bytearray) -> None:
         ep = self._ep
         shown = bytes(line[:40]).decode("ascii", "replace").rstrip("\r\n")
-        ep.refusals.note("bad_request", ep._clock.monotonic(), f"a first line of {len(line)} B")
+        ep.refusals.note("bad_request", f"a first line of {len(line)} B")
         hs = _handshake_protocol()
         hs.send_response(
             json_refusal(
@@ -451,7 +471,7 @@ class WsConn(asyncio.Protocol):
     def _refuse_head(self, refusal: HeadRefusal) -> None:
         """A head over a limit (ours, or the library's own): its JSON answer, counted."""
         ep = self._ep
-        ep.refusals.note(refusal.error, ep._clock.monotonic(), refusal.detail)
+        ep.refusals.note(refusal.error, refusal.detail)
         hs = _handshake_protocol()
         hs.send_response(json_refusal(refusal.status, refusal.error, refusal.detail))
         self._send_handshake(hs)
@@ -468,13 +488,13 @@ class WsConn(asyncio.Protocol):
                 self._refuse_head(refusal)
                 return
             # Not a valid HTTP request: the library wrote an error response or an EOF.
-            ep.refusals.note("bad_request", ep._clock.monotonic(), "not an HTTP request")
+            ep.refusals.note("bad_request", "not an HTTP request")
             self._send_handshake(hs)
             return
         try:
             url = urlsplit(request.path)
         except ValueError as exc:  # "//[": a target urlsplit cannot read (a bad IPv6 host)
-            ep.refusals.note("bad_request", ep._clock.monotonic(), f"a target of {exc}")
+            ep.refusals.note("bad_request", f"a target of {exc}")
             hs.send_response(
                 json_refusal(400, "bad_handshake", f"the request target cannot be read: {exc}")
             )
@@ -519,9 +539,8 @@ class WsConn(asyncio.Protocol):
     def _admit(self, request: Request, query: dict[str, list[str]]) -> Response | str:
         """The uid of a client that may have its 101, or the HTTP answer refusing it."""
         ep = self._ep
-        now = ep._clock.monotonic()
         if not ep.accepting:
-            ep.refusals.note("not_accepting", now)
+            ep.refusals.note("not_accepting")
             return json_refusal(
                 503,
                 "unavailable",
@@ -533,12 +552,12 @@ class WsConn(asyncio.Protocol):
         try:
             uid = verify_token(ep._secret, token_of(query, offered), ep._clock, ep.token_rules)
         except AuthError as exc:
-            ep.refusals.note("unauthorized", now, str(exc))
+            ep.refusals.note("unauthorized", str(exc))
             return json_refusal(401, "unauthorized", str(exc))
         if ep.max_connections is not None and len(ep._conns) >= ep.max_connections:
             # Refused before anything is registered; dispatch sends clients elsewhere
             # once the fleet record shows it.
-            ep.refusals.note("full", now)
+            ep.refusals.note("full")
             return json_refusal(
                 503,
                 "gateway_full",
@@ -578,8 +597,7 @@ class WsConn(asyncio.Protocol):
                 await ep.resumer.resume(conn, since)
         except TooManyConnections as exc:
             self.close(CLOSE_FULL, user_cap_reason(exc.limit))
-            if since_logged := ep.limit_counts.user_cap.note(ep._clock.monotonic()):
-                log.warning("refused %d connection(s) (4429): %s", since_logged, exc)
+            ep.limit_counts.user_cap.note(reason=exc)
         except RegistryUnavailable as exc:
             log.warning("register or replay of %s failed: %s", conn.conn_id, exc)
             self.close(CLOSE_TRY_AGAIN, "route registry unavailable, retry later")
@@ -667,19 +685,12 @@ class WsConn(asyncio.Protocol):
                 except (OSError, RuntimeError):
                     t.close()
         self._arm(min(self._ep.timers.close_s, LIMITED_CLOSE_S))
-        closes = self._ep.limit_counts.frame_rate
-        since = closes.note(self._ep._clock.monotonic())
-        if since:
-            conn = self._conn
-            log.warning(
-                "closed %d connection(s) (1008) for sending frames faster than %g/s "
-                "(burst %d), latest %s (%d in all)",
-                since,
-                limit.rate,
-                limit.burst,
-                conn.conn_id if conn is not None else "before its route",
-                closes.total,
-            )
+        conn = self._conn
+        self._ep.limit_counts.frame_rate.note(
+            rate=limit.rate,
+            burst=limit.burst,
+            conn=conn.conn_id if conn is not None else "before its route",
+        )
 
     def _on_frame(self, frame: Frame) -> None:
         op = frame.opcode
@@ -781,7 +792,7 @@ class WsConn(asyncio.Protocol):
         """The handshake or the closing handshake took too long."""
         if self._ws is None and self._head is not None:
             # Still sending its request head (slowloris, or a silent socket).
-            self._ep.refusals.note("handshake_timeout", self._ep._clock.monotonic())
+            self._ep.refusals.note("handshake_timeout")
         self._timer = None
         self.abort()
 

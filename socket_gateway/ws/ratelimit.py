@@ -1,16 +1,13 @@
-"""Limits on what a client sends, sans I/O: the per-connection frame rate, and the
-counts (with throttled log lines) of the connections a limit refused or closed.
+"""Limits on what a client sends, sans I/O: the per-connection frame rate.
 
 Time is passed in (monotonic seconds), so the rules are tested without sleeping.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from shared.throttled import Throttled
-
-__all__ = ["FrameRate", "LimitCounts"]
+__all__ = ["FrameRate"]
 
 # Float slack for a bucket drained one frame at a time: `burst` increments of
 # 1/rate must still fit in `burst / rate`.
@@ -42,14 +39,3 @@ class FrameRate:
         if (after - now) * self.rate > self.burst + _EPSILON:
             return None
         return after
-
-
-@dataclass(slots=True)
-class LimitCounts:
-    """What the client limits closed (frame rate) or refused (per-user cap): counts for
-    /metrics, each with its throttled log line."""
-
-    # connections closed 1008 for sending frames faster than their FrameRate
-    frame_rate: Throttled = field(default_factory=Throttled)
-    # new connections closed 4429 because their user was at the per-user cap
-    user_cap: Throttled = field(default_factory=Throttled)

@@ -23,17 +23,18 @@ def test_cuts_are_counted_and_logged_at_most_every_few_seconds(
         cuts.cut(began=True)  # the first is logged at once
         for _ in range(500):  # an attack: counted, not a line each
             cuts.cut(began=True)
-        cuts.cut(began=False)
+        cuts.cut(began=False)  # the other kind: a line of its own
         now[0] += LOG_EVERY_S
-        cuts.cut(began=False)  # the next line carries the count since the last
+        cuts.cut(began=True)  # the next line carries the count since the last
     lines = [r.getMessage() for r in caplog.records]
     assert lines == [
-        "closed 1 connection(s) with a request head not whole after 2s (408) and 0 that "
-        "sent nothing (IMROUTE_HTTP_HEADER_TIMEOUT_S)",
-        "closed 500 connection(s) with a request head not whole after 2s (408) and 2 that "
-        "sent nothing (IMROUTE_HTTP_HEADER_TIMEOUT_S)",
+        "closed 1 connection(s) with a request head not whole after 2s (408; "
+        "IMROUTE_HTTP_HEADER_TIMEOUT_S)",
+        "closed 1 connection(s) that sent nothing in 2s (IMROUTE_HTTP_HEADER_TIMEOUT_S)",
+        "closed 501 connection(s) with a request head not whole after 2s (408; "
+        "IMROUTE_HTTP_HEADER_TIMEOUT_S)",
     ]
-    assert (cuts.partial, cuts.silent) == (501, 2)
+    assert (cuts.partial, cuts.silent) == (502, 1)
 
 
 def test_heads_refused_and_uvicorns_parse_errors_are_logged_at_most_every_few_seconds(

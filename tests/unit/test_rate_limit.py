@@ -83,16 +83,6 @@ def test_the_defaults() -> None:
     assert s.ws_client_frame_burst == 50
 
 
-def test_throttled_knows_when_it_last_let_a_line_through() -> None:
-    t = Throttled(every_s=10)
-    assert t.last_line is None
-    t.note(3.0)
-    t.note(4.0)
-    assert t.last_line == 3.0
-    t.note(13.0)
-    assert t.last_line == 13.0
-
-
 def test_what_a_line_held_back_is_due_at_the_end_of_its_window() -> None:
     t = Throttled(every_s=10)
     assert t.due_in(0.0) is None  # nothing held back

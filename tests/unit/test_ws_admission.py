@@ -67,16 +67,20 @@ def test_refusals_are_counted_and_logged_at_most_once_per_interval(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     caplog.set_level(logging.INFO)
-    refusals = Refusals(logging.getLogger("t"), every_s=10)
+    now = [0.0]
+    refusals = Refusals(logging.getLogger("t"), every_s=10, now=lambda: now[0])
     for i in range(100):
-        refusals.note("pre_auth_cap", i * 0.1, "1000 open")  # 100 in 10 s
-    refusals.note("unauthorized", 5.0, "token expired")
-    refusals.note("pre_auth_cap", 10.0)
-    lines = [r.getMessage() for r in caplog.records]
+        now[0] = i * 0.1
+        refusals.note("pre_auth_cap", "1000 open")  # 100 in 10 s
+    now[0] = 5.0
+    refusals.note("unauthorized", "token expired")
+    now[0] = 10.0
+    refusals.note("pre_auth_cap")
+    lines = [(r.levelno, r.getMessage()) for r in caplog.records]
     assert lines == [
-        "refused 1 socket(s): pre_auth_cap (1000 open)",
-        "refused 1 socket(s): unauthorized (token expired)",
-        "refused 100 socket(s) in the last 10s: pre_auth_cap",
+        (logging.WARNING, "refused 1 socket(s): pre_auth_cap (1000 open)"),
+        (logging.INFO, "refused 1 socket(s): unauthorized (token expired)"),
+        (logging.WARNING, "refused 100 socket(s): pre_auth_cap"),
     ]
     assert refusals.counts["pre_auth_cap"] == 101
     metrics = refusals.metrics()

@@ -1,0 +1,115 @@
+"""A throttled log line (shared.throttled.ThrottledLine): at most one line per window
+with the count since the last, and what a window held back said when it ends, so a
+burst that stops is said whole (the operator's trial: "1 entries" logged while 787
+were counted, the rest only at the next loss, if ever)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+import pytest
+
+from shared.throttled import ThrottledLine
+
+log = logging.getLogger("tests.throttled")
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def fast_timers(monkeypatch: pytest.MonkeyPatch) -> list[float]:
+    """The lines' timers on the running loop fire after 10 ms; returns the delays they
+    asked for."""
+    loop = asyncio.get_running_loop()
+    waits: list[float] = []
+    real = loop.call_later
+
+    def soon(delay: float, callback: Any, *args: object) -> asyncio.TimerHandle:
+        if isinstance(getattr(callback, "__self__", None), ThrottledLine):
+            waits.append(delay)
+            delay = 0.01
+        return real(delay, callback, *args)
+
+    monkeypatch.setattr(loop, "call_later", soon)
+    return waits
+
+
+async def test_a_burst_is_said_whole_at_the_end_of_its_window(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    clock = Clock()
+    waits = fast_timers(monkeypatch)
+    line = ThrottledLine(log, "refused %(n)d (%(total)d in all), the last from %(peer)s", now=clock)
+    with caplog.at_level(logging.WARNING):
+        line.note(peer="a")
+        clock.t += 0.5
+        for i in range(786):
+            line.note(peer=f"b{i}")
+        assert [r.getMessage() for r in caplog.records] == ["refused 1 (1 in all), the last from a"]
+        assert waits == [9.5]  # one timer, for the end of the first line's window
+        clock.t += 9.5
+        await asyncio.sleep(0.05)
+    assert [r.getMessage() for r in caplog.records][1:] == [
+        "refused 786 (787 in all), the last from b785"
+    ]
+    assert line.total == 787
+
+
+async def test_a_clock_behind_the_loop_s_is_waited_for(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    clock = Clock()
+    waits = fast_timers(monkeypatch)
+    line = ThrottledLine(log, "lost %(n)d", every_s=10.0, now=clock)
+    with caplog.at_level(logging.WARNING):
+        line.note()
+        line.note(5)
+        await asyncio.sleep(0.05)  # the timer fired, but this clock is 10 s short
+        assert len(caplog.records) == 1 and len(waits) > 1 and set(waits) == {10.0}
+        clock.t += 10.0
+        await asyncio.sleep(0.05)
+    assert [r.getMessage() for r in caplog.records] == ["lost 1", "lost 5"]
+
+
+async def test_the_traceback_of_the_last_occurrence_goes_with_a_held_line(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    clock = Clock()
+    fast_timers(monkeypatch)
+    line = ThrottledLine(log, "failed %(n)d time(s)", level=logging.ERROR, now=clock)
+    with caplog.at_level(logging.ERROR):
+        line.note(exc_info=ValueError("first"))
+        line.note(exc_info=KeyError("second"))
+        clock.t += 10.0
+        await asyncio.sleep(0.05)
+    records = caplog.records
+    assert [r.getMessage() for r in records] == ["failed 1 time(s)", "failed 1 time(s)"]
+    assert [type(r.exc_info[1]) for r in records if r.exc_info] == [ValueError, KeyError]
+    assert all(r.levelno == logging.ERROR for r in records)
+
+
+def test_without_a_running_loop_what_is_held_back_waits_for_the_next_line(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    clock = Clock()
+    line = ThrottledLine(log, "refused %(n)d", now=clock)
+    with caplog.at_level(logging.WARNING):
+        line.note()
+        line.note(3)  # no loop to set a timer on
+        clock.t += 10.0
+        line.note()
+    assert [r.getMessage() for r in caplog.records] == ["refused 1", "refused 4"]
+
+
+def test_a_field_holding_a_percent_sign_is_said_as_it_is(caplog: pytest.LogCaptureFixture) -> None:
+    line = ThrottledLine(log, "refused %(n)d from %(peer)s")
+    with caplog.at_level(logging.WARNING):
+        line.note(peer="100%d")
+    assert [r.getMessage() for r in caplog.records] == ["refused 1 from 100%d"]
