@@ -115,7 +115,9 @@ def dict_config(
     level: str, fmt: str, process: str, static: Mapping[str, str] | None = None
 ) -> dict[str, Any]:
     """A `logging.config.dictConfig` for the root logger and uvicorn's, on stderr: one
-    format for every line the process writes."""
+    format for every line the process writes. httpx's and httpcore's own lines are held
+    to warnings at any level: httpx logs each request's whole URL at INFO, and a
+    webhook's URL may carry its receiver's credentials (`user:pass@`, `?code=`)."""
     if fmt == "json":
         formatter: dict[str, Any] = {
             "()": JsonFormatter,
@@ -133,10 +135,20 @@ def dict_config(
         "handlers": {"imroute": handler},
         "root": {"handlers": ["imroute"], "level": level},
         "loggers": {
-            name: {"handlers": [], "level": level, "propagate": True}
-            for name in ("uvicorn", "uvicorn.error", "uvicorn.access")
+            **{
+                name: {"handlers": [], "level": level, "propagate": True}
+                for name in ("uvicorn", "uvicorn.error", "uvicorn.access")
+            },
+            **{
+                name: {"handlers": [], "level": _at_least_warning(level), "propagate": True}
+                for name in ("httpx", "httpcore")
+            },
         },
     }
+
+
+def _at_least_warning(level: str) -> str:
+    return level if logging.getLevelName(level) >= logging.WARNING else "WARNING"
 
 
 def configure(level: str, fmt: str, process: str, static: Mapping[str, str] | None = None) -> None:

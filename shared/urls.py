@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["redact_url"]
+from shared.errors import ConfigError
+
+__all__ = ["redact_url", "unreadable_url"]
 
 # Query parameters whose value is a secret (libpq's, redis-py's and the usual others)
 SECRET_PARAMS = frozenset(
@@ -43,3 +45,17 @@ def redact_url(url: str) -> str:
             pairs.append(f"{name}=***" if eq and value and name.lower() in SECRET_PARAMS else pair)
         rest = f"{rest[: query_at + 1]}{'&'.join(pairs)}{hash_}{fragment}"
     return f"{scheme}://{rest}"
+
+
+def unreadable_url(setting: str, url: str, exc: ValueError) -> ConfigError:
+    """The error for a URL in `setting` that its client library could not read (`exc`).
+    The library's words quote a piece of the URL ("Port could not be cast to integer
+    value as 'Sup3r'", a password cut short by an unencoded "#"), so they are kept only
+    for a URL that holds no secret."""
+    shown = redact_url(url)
+    if shown == url:
+        return ConfigError(f"{setting}: {exc}")
+    return ConfigError(
+        f"{setting}: {shown} cannot be read as a URL (the reason is not shown: it may quote "
+        "the password); a password holding '/', '?', '#' or '@' must be percent-encoded"
+    )

@@ -35,8 +35,8 @@ from router.redis.client import connection_identity
 from router.redis.errors import is_transient, redis_errors, reraise_swallowed_cancel
 from router.redis.scripts import ScriptRunner
 from shared.backoff import backoff_s
-from shared.errors import ConfigError
 from shared.keys import KeySchema
+from shared.urls import unreadable_url
 
 __all__ = [
     "DEFAULT_MAXLEN",
@@ -133,7 +133,7 @@ class RedisStreamsTransport(BusLifecycle):
                 **connection_identity(),
             )
         except ValueError as exc:
-            raise ConfigError(f"IMROUTE_BUS_URL: {exc}") from None
+            raise unreadable_url("IMROUTE_BUS_URL", url, exc) from None
         self._redis: aioredis.Redis = aioredis.Redis.from_pool(pool)
         self._prefix = prefix
         self._keys = KeySchema(prefix)

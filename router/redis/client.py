@@ -21,7 +21,7 @@ from redis.backoff import AbstractBackoff
 
 from router.redis.errors import REDIS_PY, not_sent
 from shared.backoff import backoff_s
-from shared.errors import ConfigError
+from shared.urls import unreadable_url
 
 __all__ = [
     "LARGE_WRITE_BYTES",
@@ -290,7 +290,7 @@ def create_redis(url: str, timeout_s: float = REDIS_TIMEOUT_S) -> RedisClient:
         )
         return aioredis.Redis.from_pool(pool)
     except ValueError as exc:
-        raise ConfigError(f"IMROUTE_REDIS_URL: {exc}") from None
+        raise unreadable_url("IMROUTE_REDIS_URL", url, exc) from None
 
 
 @asynccontextmanager

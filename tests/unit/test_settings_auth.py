@@ -1,8 +1,12 @@
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import jwt
 import pytest
 
+from router.bus.redis_streams import RedisStreamsBus
+from router.redis.client import create_redis
 from router.testing import ManualClock
 from shared.auth import api_key_matches, issue_token, verify_token
 from shared.errors import AuthError, ConfigError
@@ -93,6 +97,29 @@ def test_secrets_do_not_show_in_repr_or_errors() -> None:
 )
 def test_redact_url_hides_every_password_it_can_find(url: str, shown: str) -> None:
     assert redact_url(url) == shown
+
+
+@pytest.mark.parametrize(
+    ("make", "setting"),
+    [
+        (create_redis, "IMROUTE_REDIS_URL"),
+        (lambda url: RedisStreamsBus(url, "p:"), "IMROUTE_BUS_URL"),
+    ],
+)
+def test_a_url_the_client_cannot_read_is_named_without_its_password(
+    make: Callable[[str], object], setting: str
+) -> None:
+    """redis-py's own words quote the password cut short by an unencoded "#" ("Port
+    could not be cast to integer value as 'Sup3rS3cret'"): they are not shown."""
+    with pytest.raises(ConfigError) as info:
+        make("redis://:Sup3rS3cret#tail@h:6379/0")
+    message = str(info.value)
+    assert "Sup3r" not in message and "tail" not in message, message
+    assert message.startswith(f"{setting}: redis://:***@h:6379/0 cannot be read"), message
+    assert "percent-encoded" in message
+    # A URL without a secret keeps the library's reason.
+    with pytest.raises(ConfigError, match=f"^{setting}: Port could not be cast"):
+        make("redis://h:63x79/0")
 
 
 def test_token_round_trip_and_expiry() -> None:
