@@ -279,13 +279,32 @@ class AckReporter:
                 self._pending += len(uids)
 
     async def aclose(self) -> None:
-        """Write what waits (a shutdown must not lose acks it has)."""
+        """Write what waits (a shutdown must not lose acks it has); what the last flush
+        could not write is lost with the process, and counted and said as such."""
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
         if self._flushing is not None:
             await asyncio.gather(self._flushing, return_exceptions=True)
         await self.flush()
+        lost = self._waiting()
+        if lost:
+            self.counts.dropped += lost
+            log.error(
+                "%d ack and receipt update(s) not written at shutdown (Redis did not take "
+                "them): their inbox entries come back on the users' next connect, and "
+                "their receipts do not say acked (imroute_gateway_ack_updates_dropped_total)",
+                lost,
+            )
+            self._acked = {}
+            self._marks = {ACKED: {}, DELIVERED: {}, EXPIRED: {}}
+            self._pending = 0
+
+    def _waiting(self) -> int:
+        """Updates that wait for a flush: acked positions and receipt marks."""
+        return len(self._acked) + sum(
+            len(uids) for by_push in self._marks.values() for uids in by_push.values()
+        )
 
 
 def _union(a: dict[str, set[str]], b: dict[str, set[str]]) -> dict[str, set[str]]:

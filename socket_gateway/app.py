@@ -437,8 +437,8 @@ class Gateway(ClosedOnExit):
                 a.failed_flushes,
             )
             counts["ack_updates_dropped"] = (
-                "Ack and delivery updates dropped while Redis kept failing, or after a "
-                "write failed twice with a bug",
+                "Ack and delivery updates dropped while Redis kept failing, after a "
+                "write failed twice with a bug, or not written at shutdown",
                 a.dropped,
             )
         counts["unacked_forgotten"] = (

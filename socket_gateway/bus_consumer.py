@@ -9,7 +9,7 @@ from contextlib import aclosing
 
 from google.protobuf.message import DecodeError
 
-from router.bus.base import BROADCAST, EPOCH, SEQ, Bus, group_topic
+from router.bus.base import BROADCAST, EPOCH, SEQ, Bus, Received, group_topic
 from shared.errors import BusUnavailable, ImrouteError
 from shared.proto import gateway_pb2
 from shared.tracing import TRACEPARENT
@@ -42,23 +42,8 @@ async def consume(bus: Bus, gateway_id: str, group_id: str, offer: Offer) -> Non
             # aclosing: a failed subscription stops its streams now, not at GC.
             async with aclosing(bus.subscribe(topics, gateway_id)) as messages:
                 async for received in messages:
-                    try:
-                        batch = gateway_pb2.Batch.FromString(received.data)
-                    except DecodeError:
-                        # Redelivering a message nobody can read would only repeat this.
-                        log.error(
-                            "dropping an undecodable batch %s on %s",
-                            received.message_id,
-                            received.topic,
-                        )
-                    else:
-                        attributes = received.attributes
-                        if not batch.traceparent:  # the publish's span, when traced
-                            batch.traceparent = attributes.get(TRACEPARENT, "")
-                        if not batch.seq and SEQ in attributes:
-                            # Given where the stream is the topic's log: the entry's place.
-                            batch.seq = int(attributes[SEQ])
-                            batch.epoch = int(attributes.get(EPOCH, "0"))
+                    batch = _read(received)
+                    if batch is not None:
                         try:
                             # Written now, or once its turn comes; its content read
                             # first when it was stored once for the push.
@@ -74,3 +59,35 @@ async def consume(bus: Bus, gateway_id: str, group_id: str, offer: Offer) -> Non
         except BusUnavailable as exc:
             log.warning("bus subscription failed, retrying in %.0fs: %s", RETRY_S, exc)
             await asyncio.sleep(RETRY_S)
+
+
+def _read(received: Received) -> gateway_pb2.Batch | None:
+    """The batch `received` carries, its place in the topic's log from the entry's
+    attributes where the stream is the log; None (logged) for one nobody can read,
+    which is acked: redelivering it would only repeat this, and hold back every batch
+    behind it."""
+    try:
+        batch = gateway_pb2.Batch.FromString(received.data)
+        attributes = received.attributes
+        if not batch.traceparent:  # the publish's span, when traced
+            batch.traceparent = attributes.get(TRACEPARENT, "")
+        if not batch.seq and SEQ in attributes:
+            # Given where the stream is the topic's log: the entry's place.
+            batch.seq = _counter(attributes[SEQ], 1)
+            batch.epoch = _counter(attributes.get(EPOCH, "0"), 0)
+    except (DecodeError, ValueError) as exc:
+        log.error(
+            "dropping an unreadable batch %s on %s: %s",
+            received.message_id,
+            received.topic,
+            "not a batch" if isinstance(exc, DecodeError) else f"bad attributes ({exc})",
+        )
+        return None
+    return batch
+
+
+def _counter(text: str, least: int) -> int:
+    value = int(text)
+    if not least <= value < 1 << 63:
+        raise ValueError(f"{value} is out of range")
+    return value

@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
+
+import pytest
 
 from router.bus import BROADCAST, MemoryBus
 from router.bus.base import EPOCH, SEQ
@@ -41,3 +44,35 @@ async def test_each_batch_is_handed_over_at_its_place_in_the_log() -> None:
         with contextlib.suppress(asyncio.CancelledError):
             await task
     assert got == [("b1", 7, 1733), ("b2", 3, 5), ("b3", 0, 0)]
+
+
+async def test_an_unreadable_batch_is_logged_and_acked_and_those_behind_it_go_on(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A `seq` that is no counter (another writer on the bus, a version that writes it
+    otherwise) was a ValueError that restarted the consumer on the same entry, five
+    times, and drained the gateway: every gateway, for a broadcast."""
+    got: list[str] = []
+    done = asyncio.Event()
+
+    async def offer(topic: str, batch: gateway_pb2.Batch) -> None:
+        got.append(batch.batch_id)
+        if batch.batch_id == "b4":
+            done.set()
+
+    async with MemoryBus() as bus:
+        await bus.prepare([BROADCAST], "gw1")
+        task = asyncio.create_task(consume(bus, "gw1", "g1", offer))
+        await bus.publish(BROADCAST, data(1), {SEQ: "7x"})
+        await bus.publish(BROADCAST, data(2), {SEQ: "-1"})  # no uint64
+        await bus.publish(BROADCAST, b"\xff not a batch")
+        await bus.publish(BROADCAST, data(4), {SEQ: "8", EPOCH: "1733"})
+        await asyncio.wait_for(done.wait(), 5)
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+    assert got == ["b4"]
+    lines = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    assert len(lines) == 3, lines
+    assert "bad attributes" in lines[0] and "'7x'" in lines[0], lines
+    assert lines[2].endswith("on broadcast: not a batch"), lines

@@ -209,6 +209,35 @@ async def test_a_bug_twice_drops_its_updates_counted_and_the_next_acks_are_writt
     await reporter.aclose()
 
 
+class Down(Writes):
+    """Redis is down: every write fails as an outage's."""
+
+    async def ack(self, wanted: Sequence[tuple[str, int]]) -> list[None]:
+        raise RegistryUnavailable("Redis unavailable: Connection refused")
+
+    async def mark(self, state: str, by_push: Mapping[str, Sequence[str]]) -> None:
+        raise RegistryUnavailable("Redis unavailable: Connection refused")
+
+
+async def test_what_the_last_flush_could_not_write_at_shutdown_is_counted_and_said(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Before: a gateway stopped during a Redis outage kept its updates "for the next
+    try", which never came; they went with the process, counted nowhere."""
+    conns, conn, sink = setup()
+    writes = Down()
+    reporter = AckReporter(conns, writes, writes, SystemClock(), flush_s=0.01)
+    for n in (1, 2):
+        conns.deliver_p2p(["amy"], [n], push_prefix(msg(n)), f"p{n}")
+    reporter.on_ack(conn, pos_of(sink.frames[1]))
+    with caplog.at_level("ERROR", "socket_gateway.acks"):
+        await reporter.aclose()
+    # One inbox position and two receipt marks (p1, p2) were never written.
+    assert reporter.counts.dropped == 3 and not reporter.pending
+    [line] = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+    assert line.startswith("3 ack and receipt update(s) not written at shutdown"), line
+
+
 async def test_a_hole_that_could_not_be_read_is_never_acked_by_the_connection() -> None:
     """A gap fill whose read failed passes the hole over (what waited behind it is
     written), and the connection's acks stop before it: an ack covers everything before
