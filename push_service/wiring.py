@@ -455,3 +455,10 @@ class _PusherCounts(Collector):
             "background retry: 10,000 pushes were being retried already",
             self._pusher.not_retried.total,
         )
+        yield CounterMetricFamily(
+            "imroute_push_retries_given_up_recipients",
+            "Recipients of a failed, queued P2P push the background retries gave up on "
+            "(their gateways kept failing for the retries' 23-46 s, or the push service "
+            "stopped): the push waits in their inbox",
+            self._pusher.given_up.total,
+        )

@@ -106,6 +106,8 @@ class P2PPusher:
         # gateway back from a restart while its circuit is still open), and the inbox is
         # read only when a connection starts. So the push is tried again, in the background.
         self._retrying = Background("retrying a queued push", log)
+        # Each background retry's recipients it has not reached yet, by id of the list.
+        self._left: dict[int, list[str]] = {}
         self.retried = 0  # recipients a later try reached
         # Recipients of failed pushes not retried: MAX_RETRYING were being retried already.
         self.not_retried = ThrottledLine(
@@ -114,6 +116,15 @@ class P2PPusher:
             "%(retrying)d pushes are being retried already; their inboxes keep the pushes "
             "for their next connection",
             every_s=NOT_RETRIED_LOG_EVERY_S,
+            now=self._clock.monotonic,
+        )
+        # Recipients the background retries gave up on (their gateways kept failing past
+        # RETRY_AFTER_S, or the service stopped): their inboxes keep the pushes.
+        self.given_up = ThrottledLine(
+            log,
+            "%(n)d recipient(s) of failed P2P pushes no longer retried in the background "
+            "(%(why)s); the pushes wait in their inboxes: a connected client gets them "
+            "with its next push or on its next connect (%(total)d in all)",
             now=self._clock.monotonic,
         )
         # Told of the recipients a background retry reached (their push's receipt).
@@ -359,6 +370,7 @@ class P2PPusher:
             late = set(reached or ())
         if outcome.failed and len(self._retrying) < MAX_RETRYING:
             failed = dataclasses.replace(item, uids=list(outcome.failed))
+            self._left[id(failed.uids)] = list(failed.uids)  # counted if it never starts
             self._retrying.spawn(self._retry(failed, dict(seqs)))
         elif outcome.failed:
             self.not_retried.note(len(outcome.failed), retrying=MAX_RETRYING)
@@ -375,8 +387,26 @@ class P2PPusher:
     async def _retry(self, item: Outgoing, seqs: Seqs) -> None:
         """Deliver a queued push to failed recipients again, until it reaches them (and
         leaves their inbox), it expires, or RETRY_AFTER_S runs out. A recipient that
-        reconnects meanwhile gets it from the inbox; its gateway then writes it once."""
-        message, uids, expires_ms = item.message, list(item.uids), item.expires_ms
+        reconnects meanwhile gets it from the inbox; its gateway then writes it once.
+        Those it gives up on (the tries ran out, or the service stopped) are counted and
+        said: a client connected all along gets the push only with its next one, or on
+        its next connect."""
+        left = self._left[id(item.uids)]  # set when it was spawned; `aclose` reads it
+        try:
+            waited = await self._retries(item, seqs, left)
+        except Exception:
+            del self._left[id(item.uids)]
+            self.given_up.note(len(left), why="the retry failed unexpectedly: logged")
+            raise
+        del self._left[id(item.uids)]
+        if waited is not None and left:
+            self.given_up.note(len(left), why=f"their gateways failed for {waited:.0f} s")
+
+    async def _retries(self, item: Outgoing, seqs: Seqs, left: list[str]) -> float | None:
+        """The tries of `_retry`; `left` is kept to those not reached yet. The seconds
+        they took when they ran out; None when none is left to try (reached, offline
+        now, or past the push's ttl_s)."""
+        message, expires_ms = item.message, item.expires_ms
         # Its age from the loop's clock (no wall clock here): never delivered past ttl_s.
         waited = 0.0
         for ceiling in RETRY_AFTER_S:
@@ -385,15 +415,15 @@ class P2PPusher:
             delay = jittered(ceiling)
             await asyncio.sleep(delay)
             waited += delay
-            if not uids or (expires_ms and message.ts_ms + waited * 1000 > expires_ms):
-                return
+            if not left or (expires_ms and message.ts_ms + waited * 1000 > expires_ms):
+                return None
             try:
-                reached = await self._redeliver(dataclasses.replace(item, uids=uids), seqs)
+                reached = await self._redeliver(dataclasses.replace(item, uids=list(left)), seqs)
             except ImrouteError as exc:
                 log.debug("retrying a queued push failed: %s", exc)
                 continue
             if reached is None:
-                return  # offline now: the inbox has it for their next connection
+                return None  # offline now: the inbox has it for their next connection
             self.retried += len(reached)
             if reached and self.on_retried is not None:
                 try:
@@ -401,7 +431,8 @@ class P2PPusher:
                 except ImrouteError as exc:
                     log.warning("could not record a retried push's delivery: %s", exc)
             done = set(reached)
-            uids = [u for u in uids if u not in done]
+            left[:] = [u for u in left if u not in done]
+        return waited
 
     async def _redeliver(self, item: Outgoing, seqs: Seqs) -> list[str] | None:
         """Deliver a queued push again to those of its uids with a live route now (it
@@ -417,6 +448,9 @@ class P2PPusher:
     async def aclose(self) -> None:
         """Stop the background retries (what they carry stays in the inboxes)."""
         await self._retrying.cancel()
+        if left := sum(len(uids) for uids in self._left.values()):
+            self.given_up.note(left, why="the push service stopped")
+        self._left.clear()
 
 
 def _consume(task: asyncio.Future[Any]) -> None:

@@ -117,6 +117,36 @@ async def test_past_the_cap_on_retries_a_failed_push_is_counted_and_logged(
     await pusher.aclose()
 
 
+async def test_recipients_the_retries_give_up_on_are_counted_and_said(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Before: a retry that ran out of tries (a gateway cut off for a minute, its
+    clients connected all along) ended quietly, counted nowhere; so did one the
+    service's stop cancelled."""
+    monkeypatch.setattr("router.p2p.pusher.RETRY_AFTER_S", (0.01, 0.01))
+    client = FakeGatewayClient(fail="UNAVAILABLE")
+    pusher = P2PPusher(
+        OneRoute(), OneRouteFleet(OLD_S), CoalescingGatewayClient(client), 1.0, Log()
+    )  # type: ignore[arg-type]
+    with caplog.at_level("WARNING", "router.p2p.pusher"):
+        assert (await push(pusher, ["amy"])).queued == ["amy"]
+        for _ in range(100):
+            if pusher.given_up.total:
+                break
+            await asyncio.sleep(0.01)
+        assert pusher.given_up.total == 1 and len(client.calls) == 3  # the push, 2 tries
+        monkeypatch.setattr("router.p2p.pusher.RETRY_AFTER_S", (60.0,))
+        assert (await push(pusher, ["amy"])).failed == ["amy"]
+        await pusher.aclose()  # the stop cancels this retry before it started
+    assert pusher.given_up.total == 2 and pusher.retried == 0
+    lines = [r.getMessage() for r in caplog.records if "no longer retried" in r.getMessage()]
+    assert lines[0].startswith("1 recipient(s) of failed P2P pushes no longer retried in the "
+                               "background (their gateways failed for 0 s)"), lines  # fmt: skip
+    assert "(1 in all)" in lines[0]
+    # Said within its window's line, or at its end: held back here (no 10 s passed).
+    assert len(lines) == 1
+
+
 async def test_store_false_neither_logs_nor_queues() -> None:
     log = Log()
     pusher = P2PPusher(
