@@ -32,6 +32,7 @@ from router.bus.base import Bus
 from shared.clock import Clock, SystemClock
 from shared.errors import ConfigError
 from shared.settings import PushSettings
+from shared.throttled import say_held
 
 __all__ = ["Worker", "create_app"]
 
@@ -89,6 +90,7 @@ def create_app(
                 slot.limiter = None
                 services_slot.services = None
                 traced.tracer = None
+        say_held()  # closed: what its throttled lines hold back, before the process goes
 
     app = FastAPI(
         title="imroute push service",

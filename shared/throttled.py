@@ -12,10 +12,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 
-__all__ = ["Throttled", "ThrottledLine"]
+__all__ = ["Throttled", "ThrottledLine", "say_held"]
 
 
 @dataclass(slots=True)
@@ -47,6 +48,12 @@ class Throttled:
             return None
         last = self._line_at
         return 0.0 if last is None else max(0.0, last + self.every_s - now)
+
+    def take_held(self) -> int:
+        """What was held back since the last line, at once, window or not (a process
+        that stops says it before it goes)."""
+        since, self._unlogged = self._unlogged, 0
+        return since
 
     def flush(self, now: float) -> int:
         """What was held back since the last line, once its window has passed (a line
@@ -86,6 +93,7 @@ class ThrottledLine:
         self._now = now
         self._held: tuple[dict[str, object], BaseException | None] = ({}, None)
         self._timer: asyncio.TimerHandle | None = None
+        _LINES.add(self)
 
     @property
     def total(self) -> int:
@@ -124,3 +132,23 @@ class ThrottledLine:
             self._say(since, fields, exc_info)
         else:  # a clock behind the loop's: wait for it
             self._later(now)
+
+    def say_held(self) -> None:
+        """Say what this line holds back now (see `say_held`)."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if since := self.count.take_held():
+            (fields, exc_info), self._held = self._held, ({}, None)
+            self._say(since, fields, exc_info)
+
+
+# Every line of the process, for `say_held`.
+_LINES: weakref.WeakSet[ThrottledLine] = weakref.WeakSet()
+
+
+def say_held() -> None:
+    """Say what every line of this process holds back: for a process that stops, once
+    its parts have closed (their last losses noted), since no window's end will come."""
+    for line in list(_LINES):
+        line.say_held()

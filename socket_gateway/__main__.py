@@ -15,6 +15,7 @@ from shared.errors import ConfigError, ImrouteError
 from shared.gc_policy import Freezer, settle
 from shared.logs import configure, say
 from shared.settings import GatewaySettings, misspelled
+from shared.throttled import say_held
 from socket_gateway.app import Gateway
 
 
@@ -75,8 +76,9 @@ async def serve(settings: GatewaySettings) -> None:
             await _until_stopped(gw, stop, drain)
         finally:
             freezer.cancel()
-        if gw.failure is not None:
-            raise ImrouteError(f"gave up and drained: {gw.failure}")
+    say_held()  # closed: what its throttled lines hold back, before the process goes
+    if gw.failure is not None:
+        raise ImrouteError(f"gave up and drained: {gw.failure}")
 
 
 async def _until_stopped(gw: Gateway, stop: asyncio.Event, drain: asyncio.Event) -> None:

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from shared.throttled import ThrottledLine
+from shared.throttled import ThrottledLine, say_held
 
 log = logging.getLogger("tests.throttled")
 
@@ -113,3 +113,23 @@ def test_a_field_holding_a_percent_sign_is_said_as_it_is(caplog: pytest.LogCaptu
     with caplog.at_level(logging.WARNING):
         line.note(peer="100%d")
     assert [r.getMessage() for r in caplog.records] == ["refused 1 from 100%d"]
+
+
+async def test_a_stopping_process_says_what_its_lines_hold_back(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    clock = Clock()
+    line = ThrottledLine(log, "lost %(n)d (%(total)d in all) on %(topic)s", now=clock)
+    quiet = ThrottledLine(log, "never %(n)d", now=clock)
+    with caplog.at_level(logging.WARNING):
+        line.note(topic="a")
+        line.note(4, topic="b")  # held back, its timer set
+        say_held()  # the window has not ended: said all the same, the timer gone
+        clock.t += 20.0
+        await asyncio.sleep(0)
+        say_held()  # nothing more to say
+    assert [r.getMessage() for r in caplog.records] == [
+        "lost 1 (1 in all) on a",
+        "lost 4 (5 in all) on b",
+    ]
+    assert quiet.total == 0 and line._timer is None
