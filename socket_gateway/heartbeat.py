@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Collection, Coroutine, Sequence
 from typing import Any, Protocol
 
 from router.fleet.base import DrainRequests, GatewayFleet
@@ -118,13 +118,15 @@ class Heartbeat:
         info: Callable[[], GatewayInfo],
         drain: Drain,
         start_drain: Callable[[], Coroutine[Any, Any, None]],
-        caught_up: Callable[[], object] | None = None,
+        caught_up: Callable[[Collection[str] | None], object] | None = None,
         presence: UserListing | None = None,
     ) -> None:
         """`start_drain` runs the gateway's drain when a drain request is found;
         `caught_up` is called once the connections were re-registered after the fleet
         record was found missing (the local connections then read what was queued for
-        their users meanwhile: `Resumer.catch_up`); `presence` (webhooks on) lists the
+        their users meanwhile: `Resumer.catch_up`), and with the ids of those whose
+        route a refresh found missing (a Redis Cluster shard restarted empty loses the
+        routes on it, not the fleet record elsewhere); `presence` (webhooks on) lists the
         local users in this gateway's set again after each round of the refresh."""
         self._gateway_id = gateway_id
         self._interval = heartbeat_s
@@ -204,7 +206,7 @@ class Heartbeat:
             log.warning("re-registering connections failed (the route refresh retries): %s", exc)
         # Even when some routes are still missing: what was queued can be read already.
         if self._caught_up is not None:
-            self._caught_up()
+            self._caught_up(None)
 
     async def paced_refresh(self) -> None:
         """Push every local route's deadline forward, a slice at a time, spread over
@@ -215,15 +217,32 @@ class Heartbeat:
             # Who left meanwhile is not written back (their unregister went already).
             piece = [r for r in planned if self._conns.holds_registration(r)]
             try:
-                await self._registry.refresh(piece)
+                missing = await self._registry.refresh(piece)
             except RegistryUnavailable as exc:
                 failed, error = failed + len(piece), exc
+            else:
+                self._found_missing(missing, len(snapshot))
         await self._forget_gone(snapshot)
         await self._list_users()
         if error is not None:
             raise RegistryUnavailable(
                 f"{failed} of {len(snapshot)} routes not refreshed: {error}"
             ) from error
+
+    def _found_missing(self, missing: Sequence[Registration], live: int) -> None:
+        """Routes of live connections that were not there: pushes to those users found
+        them offline and queued what they sent, which the connections read now."""
+        if not missing:
+            return
+        log.warning(
+            "route refresh: %d of %d routes of live connections were missing (Redis lost "
+            "them: a restart, a shard restarted empty, a failover; or they lapsed): written "
+            "again, and those connections read what was queued for them meanwhile",
+            len(missing),
+            live,
+        )
+        if self._caught_up is not None:
+            self._caught_up({r.conn_id for r in missing})
 
     async def refresh(self) -> None:
         """Push every local route's deadline forward, at once."""

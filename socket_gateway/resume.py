@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import replace
 
 from router.bus.base import BROADCAST, group_topic
@@ -183,9 +183,9 @@ class Resumer:
         """`GapFills.fill` (`LocalConnections.gap_filler`)."""
         self.gap_fills.fill(conn, after, upto)
 
-    def catch_up(self) -> int:
+    def catch_up(self, conn_ids: Collection[str] | None = None) -> int:
         """`GapFills.catch_up` (the heartbeat's, once Redis lost this gateway's routes)."""
-        return self.gap_fills.catch_up()
+        return self.gap_fills.catch_up(conn_ids)
 
     @property
     def gap_filled(self) -> int:

@@ -176,58 +176,65 @@ class RedisRouteRegistry:
         if error is not None:
             raise RegistryUnavailable(f"{left} of {count} routes not removed: {error}") from error
 
-    async def refresh(self, registrations: Iterable[Registration]) -> int:
-        """Upsert the routes of live connections with a new deadline; returns how many.
+    async def refresh(self, registrations: Iterable[Registration]) -> list[Registration]:
+        """Upsert the routes of live connections with a new deadline; returns those whose
+        route was not there any more (Redis lost it: a restart, a shard restarted empty,
+        a failover; or it lapsed): pushes to them meanwhile found them offline.
 
         A chunk that fails (a flaky Redis) does not stop the rest: stopping there would
         leave the same users, those past it, unrefreshed round after round until their
         routes lapse while they are connected. Failed chunks are tried once more at the
         end; if any still fail, RegistryUnavailable says how many routes were left (the
         next refresh tries them again)."""
-        count = 0
-        failed: list[list[RouteOp]] = []
-        for chunk in chunks(RouteOp(True, r.uid, r.conn_id) for r in registrations):
+        regs = list(registrations)
+        missing: list[Registration] = []
+        failed: list[list[Registration]] = []
+        for chunk in chunks(regs):
             try:
-                await self.apply(chunk)
+                missing += self._missing(chunk, await self._run(_refreshes(chunk)))
             except RegistryUnavailable:
                 failed.append(chunk)
-            else:
-                count += len(chunk)
         left = 0
         error: RegistryUnavailable | None = None
         for chunk in failed:
             try:
-                await self.apply(chunk)
+                missing += self._missing(chunk, await self._run(_refreshes(chunk)))
             except RegistryUnavailable as exc:
                 left += len(chunk)
                 error = exc
-            else:
-                count += len(chunk)
         if error is not None:
             raise RegistryUnavailable(
-                f"{left} of {count + left} routes not refreshed (retried once): {error}"
+                f"{left} of {len(regs)} routes not refreshed (retried once): {error}"
             )
-        return count
+        return missing
 
-    @translate_errors
+    @staticmethod
+    def _missing(chunk: list[Registration], replies: list[object]) -> list[Registration]:
+        return [r for r, reply in zip(chunk, replies, strict=True) if reply == 2]
+
     async def apply(self, ops: Sequence[RouteOp]) -> list[bool]:
         """Apply registers and unregisters in order, in one pipelined round trip.
 
         One flag per op: False for a new connection refused by the per-user cap."""
+        replies = await self._run(ops)
+        return [
+            not (op.register and op.new) or reply != 0
+            for op, reply in zip(ops, replies, strict=True)
+        ]
+
+    @translate_errors
+    async def _run(self, ops: Sequence[RouteOp]) -> list[object]:
+        """The scripts' replies to `ops`, in one pipelined round trip."""
         if not ops:
             return []
         presence = self._presence
         if presence is None or all(op.register and not op.new for op in ops):  # refreshes
             # Run again, scripts loaded, when Redis lost them: every operation is idempotent.
+            return await self._scripts.many(self._calls(ops))
+        async with self._tracking:
             replies = await self._scripts.many(self._calls(ops))
-        else:
-            async with self._tracking:
-                replies = await self._scripts.many(self._calls(ops))
-                await self._track(presence, ops, replies)
-        return [
-            not (op.register and op.new) or reply == 1
-            for op, reply in zip(ops, replies, strict=True)
-        ]
+            await self._track(presence, ops, replies)
+        return replies
 
     async def _track(
         self, presence: ConnectionEvents, ops: Sequence[RouteOp], replies: list[object]
@@ -239,7 +246,7 @@ class RedisRouteRegistry:
         for op, reply in zip(ops, replies, strict=True):
             if not op.register:
                 last[op.uid] = reply
-            elif reply == 1:  # a reconnect after a close in the same batch undoes it
+            elif reply != 0:  # a reconnect after a close in the same batch undoes it
                 last[op.uid] = 0
                 if op.new:
                     connected.append(op.uid)
@@ -513,3 +520,7 @@ def hash_reads_for(redis: RedisClient, auto: AutoPipeline | None = None) -> Hash
     if isinstance(redis, aioredis.Redis):
         return BulkHashReads(redis, auto)
     return PipelineHashReads(redis)
+
+
+def _refreshes(regs: Sequence[Registration]) -> list[RouteOp]:
+    return [RouteOp(True, r.uid, r.conn_id) for r in regs]

@@ -4,7 +4,8 @@
 -- after a sweep of up to REAP_SAMPLE of them, so only live routes count; one script, so
 -- two gateways admitting the same user at once cannot both pass the check. Heartbeats
 -- upsert too (cap 0), so routes come back by themselves after Redis lost its data
--- (restart, failover). Every call is O(1) in the number of the user's connections.
+-- (restart, failover): 2 says the field was not there (a route lost, or lapsed), 1 that
+-- it was. Every call is O(1) in the number of the user's connections.
 -- KEYS: the user's routes. ARGV: conn id, route value, now ms, ttl ms, cap (0: none).
 -- SWEEP_SAMPLE and REAP_SAMPLE are locals of a prelude (router.routes.registry).
 local key, field, value = KEYS[1], ARGV[1], ARGV[2]
@@ -22,6 +23,6 @@ if cap > 0 and redis.call('HEXISTS', key, field) == 0
   sweep(REAP_SAMPLE)
   if redis.call('HLEN', key) >= cap then return 0 end
 end
-redis.call('HSET', key, field, value)
+local added = redis.call('HSET', key, field, value)
 if redis.call('PTTL', key) < ttl then redis.call('PEXPIRE', key, ttl) end
-return 1
+return 1 + added

@@ -56,10 +56,11 @@ class MemoryRouteRegistry:
                 self.routes.get(op.uid, {}).pop(op.conn_id, None)
         return [True] * len(ops)
 
-    async def refresh(self, registrations: Iterable[Registration]) -> int:
+    async def refresh(self, registrations: Iterable[Registration]) -> list[Registration]:
         regs = list(registrations)
+        missing = [r for r in regs if r.conn_id not in self.routes.get(r.uid, {})]
         await self.apply([RouteOp(True, r.uid, r.conn_id) for r in regs])
-        return len(regs)
+        return missing
 
     async def lookup(self, uids: Sequence[str]) -> dict[str, list[Route]]:
         return {u: list(self.routes[u].values()) for u in uids if self.routes.get(u)}

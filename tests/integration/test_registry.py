@@ -96,7 +96,7 @@ async def test_refresh_restores_routes_after_redis_lost_them(
     a = route_registry(redis, prefix, "gw1")
     await a.register("alice", "gw1.x.1")
     await redis.delete(KeySchema(prefix).route("alice"))  # e.g. a Redis restart without persistence
-    assert await a.refresh([Registration("alice", "gw1.x.1")]) == 1
+    assert await a.refresh([Registration("alice", "gw1.x.1")]) == [Registration("alice", "gw1.x.1")]
     assert "alice" in await a.lookup(["alice"])
 
 

@@ -56,12 +56,12 @@ async def test_a_failed_chunk_does_not_stop_the_refresh_and_is_retried(
 ) -> None:
     clock = ManualClock()
     regs = [Registration(f"u{i:04}", f"gw1.c.{i}") for i in range(3500)]  # 4 chunks
-    assert await registry(redis, prefix, clock).refresh(regs) == 3500
+    assert await registry(redis, prefix, clock).refresh(regs) == regs  # all written anew
     keys = KeySchema(prefix)
 
     clock.advance(30)
     flaky = FailingPipelines(redis, fail={2})  # the second chunk's round trip is lost
-    assert await registry(flaky, prefix, clock).refresh(regs) == 3500
+    assert await registry(flaky, prefix, clock).refresh(regs) == []  # none was missing
     assert flaky.executions == 5  # 4 chunks, and the failed one again at the end
     # Every route has its new deadline: the failed chunk's and those after it too.
     assert await deadlines(redis, keys, regs) == {clock.now_ms() + 60_000}
@@ -109,7 +109,7 @@ class Timed:
         self.inner = inner
         self.calls: list[tuple[float, int]] = []
 
-    async def refresh(self, regs: list[Registration]) -> int:
+    async def refresh(self, regs: list[Registration]) -> list[Registration]:
         self.calls.append((time.monotonic(), len(regs)))
         return await self.inner.refresh(regs)
 
@@ -166,7 +166,7 @@ class LeavingThenFailing:
     def __init__(self, inner: RedisRouteRegistry, held: Held, leaver: Registration) -> None:
         self.inner, self.held, self.leaver = inner, held, leaver
 
-    async def refresh(self, regs: list[Registration]) -> int:
+    async def refresh(self, regs: list[Registration]) -> list[Registration]:
         await self.inner.refresh(regs)
         self.held.regs.remove(self.leaver)  # its unregister went before the write above
         raise RegistryUnavailable("the answer was lost")
