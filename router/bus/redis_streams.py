@@ -273,6 +273,10 @@ class RedisStreamsTransport(BusLifecycle):
             await self._redis.xack(key, group, entry_id)
 
 
+# A reader that gets nothing says it is alive at least this often (`_Reader._seen`).
+SEEN_EVERY_MAX_S = 60.0
+
+
 class _Reader:
     """Where one subscription stands: its own pending entries first, then new ones."""
 
@@ -288,6 +292,10 @@ class _Reader:
         self._pending: dict[str, bytes] = {}
         self._claim_from = dict.fromkeys(self._topics, _NO_CURSOR)
         self._next_claim = 0.0
+        self._next_seen = 0.0
+        # How often a reader that gets nothing says it is alive: well within the idle
+        # time after which the trim takes its groups for a departed gateway's.
+        self._seen_every_s = min(SEEN_EVERY_MAX_S, bus._group_idle_ms / 1000 / 10)
 
     def restart(self) -> None:
         """Start over after an error: re-create the groups, re-read the pending entries."""
@@ -310,6 +318,9 @@ class _Reader:
             self._next_claim = now if more else now + self._bus._claim_idle_ms / 2000
             if claimed:
                 return claimed
+        if now >= self._next_seen:
+            await self._seen()
+            self._next_seen = now + self._seen_every_s
         reply = await self._redis.xreadgroup(
             self._group,
             self._consumer,
@@ -327,6 +338,18 @@ class _Reader:
         for key, entries in _streams(reply):
             batch += await self._received(key, entries)
         return batch
+
+    async def _seen(self) -> None:
+        """Refresh this consumer's idle time on each topic. Before Redis 7.2 a blocking
+        read that gets nothing leaves it as it was (and does not even create the
+        consumer), so a live gateway on a quiet topic read as idle, and the trim deleted
+        its groups as a departed gateway's after IMROUTE_BUS_GROUP_IDLE_S (the Redis
+        Cluster operator's trial: a group topic without a multicast for 10 minutes).
+        A read of its own pending entries (ID 0) is answered at once, and refreshes it
+        on every version; what it returns is in hand already, and is not handed out."""
+        await self._redis.xreadgroup(
+            self._group, self._consumer, dict.fromkeys(self._topics, "0"), count=1
+        )
 
     async def _read_pending(self) -> list[Received]:
         # A fresh dict typed as redis-py declares it (dict is invariant in its types).

@@ -102,6 +102,26 @@ async def test_a_group_idle_past_the_limit_is_dropped_and_holds_nothing(
     assert bus.losses.take("p2") == 0
 
 
+async def test_a_live_gateway_on_a_quiet_topic_keeps_its_group(
+    redis_url: str, prefix: str, redis: aioredis.Redis
+) -> None:
+    """The finding: before Redis 7.2 a blocking read that gets nothing does not refresh
+    its consumer's idle time, so a live gateway on a topic without traffic for
+    IMROUTE_BUS_GROUP_IDLE_S (a group without a multicast for 10 min) had its group
+    deleted as a departed gateway's, and missed the entry whose publish deleted it."""
+    key = stream_key(prefix, BROADCAST)
+    options = {"maxlen": 100, "group_idle_s": 1.0, "block_s": 0.2}
+    async with streams_subscribed(redis_url, prefix, "live", **options) as (bus, messages):
+        first = asyncio.ensure_future(take(messages, 1, timeout=10))
+        await asyncio.sleep(2.5)  # quiet: no entry for over twice the idle limit
+        await publish(bus, 1)
+        [got] = await first
+        await got.ack()
+    assert got.data == b"0"
+    assert [g["name"] for g in await redis.xinfo_groups(key)] == ["live"]
+    assert bus.losses.groups_dropped == {}
+
+
 async def test_a_gateway_that_stopped_cleanly_leaves_its_groups(
     redis_url: str, prefix: str, redis: aioredis.Redis
 ) -> None:
