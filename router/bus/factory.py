@@ -51,9 +51,7 @@ def open_bus(
     pubsub://PROJECT, holding at most `max_outstanding` unacked messages per
     subscription; an in-process bus of its own for memory:// (tests and examples).
     `topic_log`: a Redis Streams bus's streams are their topics' recovery logs too."""
-    # Only the scheme is ever echoed back: the rest of the URL may hold a password.
-    scheme, sep, _ = url.partition("://")
-    scheme = scheme.lower() if sep else ""
+    scheme = _scheme(url)
     if scheme in REDIS_SCHEMES:
         return RedisStreamsBus(
             url,
@@ -67,23 +65,32 @@ def open_bus(
         )
     if scheme == MEMORY_SCHEME:
         return MemoryBus(hedging=hedging, observer=observer, tracer=tracer)
-    if scheme == "pubsub":
-        # Imported here: google-cloud-pubsub is heavy, and only processes configured
-        # for it should pay for the import.
-        from router.bus.pubsub import PubSubBus
-        from router.bus.pubsub_names import parse_project
+    # Imported here: google-cloud-pubsub is heavy, and only processes configured for it
+    # should pay for the import.
+    from router.bus.pubsub import PubSubBus
+    from router.bus.pubsub_names import parse_project
 
-        return PubSubBus(
-            parse_project(url),
-            prefix,
-            max_outstanding=max_outstanding,
-            hedging=hedging,
-            observer=observer,
-            tracer=tracer,
-        )
-    accepted = ", ".join(f"{s}://" for s in (*REDIS_SCHEMES, "pubsub", MEMORY_SCHEME))
+    return PubSubBus(
+        parse_project(url),
+        prefix,
+        max_outstanding=max_outstanding,
+        hedging=hedging,
+        observer=observer,
+        tracer=tracer,
+    )
+
+
+def _scheme(url: str) -> str:
+    """The scheme of a bus URL, lowercased; ConfigError naming those accepted for any
+    other. Only the scheme is ever echoed back: the rest may hold a password."""
+    scheme, sep, _ = url.partition("://")
+    scheme = scheme.lower() if sep else ""
+    accepted = (*REDIS_SCHEMES, "pubsub", MEMORY_SCHEME)
+    if scheme in accepted:
+        return scheme
     found = f"scheme {scheme!r}" if scheme else "a value without a scheme"
-    raise ConfigError(f"IMROUTE_BUS_URL: {found} is not supported; use {accepted}")
+    named = ", ".join(f"{s}://" for s in accepted)
+    raise ConfigError(f"IMROUTE_BUS_URL: {found} is not supported; use {named}")
 
 
 CLUSTER_SCHEME = "redis+cluster"
@@ -93,7 +100,9 @@ def check_bus_settings(settings: FleetSettings) -> None:
     """Refuse, before anything opens, a bus the settings cannot give: the default bus is
     Redis Streams on IMROUTE_REDIS_URL, and a Redis Cluster cannot hold it (a gateway
     reads all its topics' streams in one XREADGROUP, which Cluster refuses across slots),
-    so with redis+cluster:// the bus must be named. ConfigError naming the fix."""
+    so with redis+cluster:// the bus must be named; a scheme no bus has; a Pub/Sub URL
+    without a project id, or without credentials (or an emulator) to reach it.
+    ConfigError naming the fix."""
     if settings.bus_url is None and settings.redis_url.startswith(CLUSTER_SCHEME + "://"):
         raise ConfigError(
             "IMROUTE_BUS_URL: required when IMROUTE_REDIS_URL is a Redis Cluster "
@@ -101,6 +110,13 @@ def check_bus_settings(settings: FleetSettings) -> None:
             "IMROUTE_BUS_URL=redis://HOST:6379/0 (a standalone Redis for the bus) or "
             "pubsub://PROJECT (Google Cloud Pub/Sub)"
         )
+    url = settings.effective_bus_url
+    if _scheme(url) == "pubsub":
+        from router.bus.pubsub_clients import check_credentials
+        from router.bus.pubsub_names import parse_project
+
+        parse_project(url)
+        check_credentials()
 
 
 def bus_kind(url: str) -> str:

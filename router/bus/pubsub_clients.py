@@ -17,7 +17,28 @@ from google.pubsub_v1 import PublisherAsyncClient, SubscriberAsyncClient
 
 from shared.errors import ConfigError
 
-__all__ = ["PubSubClients"]
+__all__ = ["PubSubClients", "check_credentials"]
+
+NO_CREDENTIALS = (
+    "IMROUTE_BUS_URL: pubsub:// found no Google credentials: set "
+    "GOOGLE_APPLICATION_CREDENTIALS, or PUBSUB_EMULATOR_HOST for the emulator"
+)
+
+
+def check_credentials() -> None:
+    """ConfigError unless the clients will have something to connect with: the emulator
+    (PUBSUB_EMULATOR_HOST), or Google's Application Default Credentials. Before the
+    process starts serving, so that it stops with the message, not a traceback."""
+    if os.environ.get("PUBSUB_EMULATOR_HOST"):
+        return
+    import google.auth
+    import google.auth.exceptions
+
+    try:
+        google.auth.default()
+    except google.auth.exceptions.DefaultCredentialsError:
+        raise ConfigError(NO_CREDENTIALS) from None
+
 
 log = logging.getLogger(__name__)
 
@@ -44,10 +65,7 @@ class PubSubClients:
             streaming = SubscriberClient()
             return cls(PublisherAsyncClient(), SubscriberAsyncClient(), streaming)
         except google.auth.exceptions.DefaultCredentialsError:
-            raise ConfigError(
-                "IMROUTE_BUS_URL: pubsub:// found no Google credentials: set "
-                "GOOGLE_APPLICATION_CREDENTIALS, or PUBSUB_EMULATOR_HOST for the emulator"
-            ) from None
+            raise ConfigError(NO_CREDENTIALS) from None
 
     @classmethod
     def _plaintext(cls, endpoint: str) -> PubSubClients:

@@ -48,6 +48,34 @@ def test_a_redis_cluster_without_a_bus_is_one_line_naming_the_fix_and_exit_2(
     assert "pw-hunter2" not in result.stderr + result.stdout
 
 
+@pytest.mark.parametrize(
+    ("url", "named"),
+    [
+        ("pubsub://trial", "'trial' is not a Google Cloud project id"),
+        ("pubsub://trial-pubsub", "found no Google credentials"),  # nor an emulator
+        ("kafka://h:9092", "IMROUTE_BUS_URL: must start with redis://"),
+    ],
+)
+@pytest.mark.parametrize(
+    ("argv", "workers"),
+    [(["push-service"], "1"), (["push-service"], "2"), (["gateway", "--ws-port", "0"], "1")],
+)
+def test_a_bus_that_cannot_be_reached_is_one_line_and_exit_2(
+    argv: list[str], workers: str, url: str, named: str
+) -> None:
+    """The Pub/Sub trial: the push service raised these in its app's start, a traceback
+    per worker and exit 3, where the gateway said one line and exited 2."""
+    env = base_env(
+        IMROUTE_BUS_URL=url, IMROUTE_API_KEY=API_KEY, IMROUTE_SECRET=SECRET, IMROUTE_WORKERS=workers
+    )
+    env.pop("PUBSUB_EMULATOR_HOST", None)
+    env.pop("GOOGLE_APPLICATION_CREDENTIALS", None)
+    result = _run([str(BIN / "imroute"), *argv], env)
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and named in lines[0], result.stderr  # no traceback
+
+
 def _netns() -> None:
     if os.geteuid() != 0 or shutil.which("unshare") is None or shutil.which("ip") is None:
         pytest.skip("needs root, unshare and ip (a network namespace of the test's own)")

@@ -95,10 +95,11 @@ def test_settings_refuse_the_in_process_bus_naming_the_way_to_share_it() -> None
     ],
 )
 async def test_the_stream_is_the_topic_log_only_on_the_recovery_stores_redis(
-    env: dict[str, str], on_bus: bool
+    env: dict[str, str], on_bus: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Where a publish can give the batch its place in the topic's sequence in one
     script: the stream and the sequence on one Redis."""
+    monkeypatch.setenv("PUBSUB_EMULATOR_HOST", "127.0.0.1:1")  # a Pub/Sub bus needs one
     from router.bus.factory import bus_from_settings, topic_log_from_settings
     from shared.settings import Settings
 
