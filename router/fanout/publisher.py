@@ -7,7 +7,8 @@ push before its first batch, and the batches name it (`router.recovery.content`)
 A batch the bus lost after it was published (Redis Streams trimmed it past
 IMROUTE_BUS_MAXLEN before a live gateway read it) moves from `published` to
 `failed_batches`: the bus reports it (`BusLosses`), and each publish takes the push's
-lost batches so far.
+lost batches so far. A batch whose publish failed after it was logged apart (Pub/Sub)
+is no failure: the gateways read it from the log, late; it counts as published.
 
 A batch of a push job may be published more than once: a publish whose first attempt
 reached the bus after all, or the page a resumed job publishes again because its previous
@@ -22,6 +23,7 @@ reaches each client once.
 from __future__ import annotations
 
 import hashlib
+import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import KW_ONLY, dataclass, field, replace
 from typing import Protocol, runtime_checkable
@@ -32,6 +34,7 @@ from router.fanout.outages import ride_out
 from router.jobs.base import PushCounters
 from router.recovery.base import OFFLINE_TOPIC, ContentWrites, RecoveryLog
 from shared.batches import to_batch
+from shared.errors import ImrouteError
 from shared.models import Message
 from shared.positions import counter_of, epoch_of
 from shared.proto import gateway_pb2
@@ -55,6 +58,8 @@ __all__ = [
     "group_topic",
     "stable_batch_id",
 ]
+
+log = logging.getLogger(__name__)
 
 BROADCAST_TOPIC = BROADCAST
 
@@ -202,9 +207,23 @@ class BatchPublisher:
             self.counters.per_group[group_id] = self.counters.per_group.get(group_id, 0) + 1
         try:
             await self.publisher.publish(topic, batch.SerializeToString(), attributes)
+        except ImrouteError as exc:
+            if self._log_apart is None:
+                # Counted before the error ends the job, so its record says which batch
+                # failed. (A cancelled publish, at shutdown, is no failure: not counted.)
+                self.counters.failed_batches += 1
+                raise
+            # Logged apart before the publish: the gateways following the topic find it
+            # in the log (a gap before the next batch, or the head they poll) and write
+            # it from there, late. Listed as failed, it would be sent again, twice.
+            log.warning(
+                "publishing batch %s of %s failed (%s); it is in the topic's recovery log, "
+                "from which the gateways write it",
+                batch.batch_id,
+                topic,
+                exc,
+            )
         except Exception:
-            # Counted before the error ends the job, so its record says which batch failed.
-            # A cancelled publish (shutdown) is not a failure of the bus: not counted.
             self.counters.failed_batches += 1
             raise
         self.counters.published += 1

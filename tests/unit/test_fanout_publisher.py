@@ -250,6 +250,30 @@ async def test_a_batch_is_logged_apart_only_where_the_bus_does_not_log_it(
     assert logged == ({OFFLINE_TOPIC: 1} if logs_topics else {BROADCAST_TOPIC: 2, OFFLINE_TOPIC: 1})
 
 
+async def test_a_batch_logged_apart_whose_publish_failed_is_not_failed(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The Pub/Sub trial: a publish that timed out (the emulator stopped) after the
+    batch was logged in Redis ended the broadcast `failed`, the page listed "to send
+    again", though the gateways wrote it to every client from the log. Where the bus is
+    the log (Redis Streams), a failed publish logged nothing: still failed."""
+    from router.testing.stores import MemoryRecoveryLog
+
+    recovery = MemoryRecoveryLog()
+    counters = PushCounters()
+    publisher = BatchPublisher(FlakyBus(fail_from=1), message(), 0, counters, recovery)
+    with caplog.at_level("WARNING", "router.fanout.publisher"):
+        await run_broadcast(pages(3, 2, 4), publisher)
+    assert (counters.batches, counters.published, counters.failed_batches) == (3, 3, 0)
+    assert counters.failed == [] and len(recovery.batches[BROADCAST_TOPIC]) == 3
+    assert len([r for r in caplog.records if "recovery log" in r.getMessage()]) == 2
+
+    on_bus = PushCounters()
+    logging_bus = LoggingBus(fail_from=1)
+    await run_broadcast(pages(3, 2), BatchPublisher(logging_bus, message(), 0, on_bus, recovery))
+    assert (on_bus.published, on_bus.failed_batches) == (1, 1)
+
+
 async def test_the_offline_entry_rides_out_a_redis_blip() -> None:
     """A multicast's offline recipients are logged through a Redis that did not answer
     once: the job goes on, not failed (router.fanout.outages)."""
