@@ -305,6 +305,17 @@ class JobRunner:
                 "hand-over" if handover else "end",
                 run.lease.epoch,
             )
+        elif error is not None and not handover:
+            # Its record says so too (GET /v1/pushes/{id}); the log is where an operator
+            # looks first.
+            log.warning(
+                "job %s ended failed after publishing %d of %d batches to %d recipients: %s",
+                run.push_id,
+                c.published,
+                c.batches,
+                c.recipients,
+                error,
+            )
 
     async def _renew(
         self, run: JobRun, stop: asyncio.Event, job: asyncio.Task[None] | None

@@ -52,7 +52,9 @@ async def test_a_job_runs_and_reports(redis: aioredis.Redis, prefix: str) -> Non
     assert await store.get("nope") is None
 
 
-async def test_a_failing_job_says_why(redis: aioredis.Redis, prefix: str) -> None:
+async def test_a_failing_job_says_why(
+    redis: aioredis.Redis, prefix: str, caplog: pytest.LogCaptureFixture
+) -> None:
     store = RedisJobStore(redis, KeySchema(prefix), SystemClock())
     runner = JobRunner(store)
 
@@ -65,12 +67,18 @@ async def test_a_failing_job_says_why(redis: aioredis.Redis, prefix: str) -> Non
     async def forever(run: JobRun) -> None:
         await asyncio.sleep(60)
 
-    await runner.submit("bad", "broadcast", bad)
-    await runner.submit("crash", "broadcast", crash)
-    await runner.submit("forever", "broadcast", forever)
-    await runner.wait("bad")
-    await runner.wait("crash")
-    await runner.aclose()  # a shutdown while "forever" runs (no grace period)
+    with caplog.at_level("WARNING", "router.fanout.runner"):
+        await runner.submit("bad", "broadcast", bad)
+        await runner.submit("crash", "broadcast", crash)
+        await runner.submit("forever", "broadcast", forever)
+        await runner.wait("bad")
+        await runner.wait("crash")
+        await runner.aclose()  # a shutdown while "forever" runs (no grace period)
+    # Said in the log too (the Pub/Sub trial: a broadcast whose directory could not be
+    # read ended failed in 21 ms, and nothing was logged).
+    ended = sorted(r.getMessage() for r in caplog.records if "ended failed" in r.getMessage())
+    assert len(ended) == 2 and "unknown key 'nope'" in ended[0], ended
+    assert ended[1].endswith("internal error: ZeroDivisionError"), ended
     jobs = {p: await store.get(p) for p in ("bad", "crash", "forever")}
     assert {p: (j.status if j else None) for p, j in jobs.items()} == dict.fromkeys(
         jobs, JobStatus.FAILED
