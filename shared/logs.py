@@ -115,9 +115,10 @@ def dict_config(
     level: str, fmt: str, process: str, static: Mapping[str, str] | None = None
 ) -> dict[str, Any]:
     """A `logging.config.dictConfig` for the root logger and uvicorn's, on stderr: one
-    format for every line the process writes. httpx's and httpcore's own lines are held
-    to warnings at any level: httpx logs each request's whole URL at INFO, and a
-    webhook's URL may carry its receiver's credentials (`user:pass@`, `?code=`)."""
+    format for every line the process writes. Some libraries' own lines are held to
+    warnings at any level: httpx logs each request's whole URL at INFO (a webhook's URL
+    may carry its receiver's credentials: `user:pass@`, `?code=`), and websockets a line
+    per connection closed (10,000 lines for a drain of 10,000 clients)."""
     if fmt == "json":
         formatter: dict[str, Any] = {
             "()": JsonFormatter,
@@ -141,7 +142,7 @@ def dict_config(
             },
             **{
                 name: {"handlers": [], "level": _at_least_warning(level), "propagate": True}
-                for name in ("httpx", "httpcore")
+                for name in ("httpx", "httpcore", "websockets")
             },
         },
     }

@@ -77,6 +77,7 @@ async def serve(settings: GatewaySettings) -> None:
         finally:
             freezer.cancel()
     say_held()  # closed: what its throttled lines hold back, before the process goes
+    say(f"gateway {settings.gateway_id} stopped", settings.log_format, "gateway", _own(settings))
     if gw.failure is not None:
         raise ImrouteError(f"gave up and drained: {gw.failure}")
 

@@ -89,6 +89,11 @@ class Drain:
             await fleet.announce(info())  # draining: dispatch stops choosing it
         self._conns.write_all(ws_text_frame(RECONNECT_FRAME))
         conns = list(self._conns)
+        log.info(
+            "draining: %d client(s) told to reconnect elsewhere, closed (4503) over %gs",
+            len(conns),
+            window_s,
+        )
         started = asyncio.get_running_loop().time()
         for i, conn in enumerate(conns):
             due = started + window_s * i / max(1, len(conns))
@@ -98,6 +103,10 @@ class Drain:
         # The connection map has no change event: poll, for a bounded grace.
         while len(self._conns) and asyncio.get_running_loop().time() < deadline:  # noqa: ASYNC110
             await asyncio.sleep(0.05)
+        if left := len(self._conns):
+            log.warning("drained: %d client(s) did not answer their close in time: aborted", left)
+        else:
+            log.info("drained: every client closed")
         for conn in list(self._conns):
             conn.sink.abort()  # did not answer the close in time
         self.drained.set()
