@@ -21,7 +21,7 @@ from router.receipts.store import RedisReceiptStore
 from router.recovery.base import RecoveryLimits
 from router.recovery.store import RedisRecoveryStore
 from router.redis.autopipe import auto_pipeline_for
-from router.redis.client import connect_redis, ping
+from router.redis.client import connect_redis, unanswered
 from router.routes.registry import RedisRouteRegistry
 from router.routes.writer import CoalescingRouteWriter
 from router.webhook import presence as wh_presence
@@ -194,9 +194,9 @@ class Gateway(ClosedOnExit):
     async def _start(self) -> None:
         s = self.settings
         redis = await self._stack.enter_async_context(connect_redis(s.redis_url, s.redis_timeout_s))
-        if not await ping(redis):
+        if (why := await unanswered(redis)) is not None:
             raise RegistryUnavailable(
-                f"no Redis answers at IMROUTE_REDIS_URL ({redact_url(s.redis_url)})"
+                f"no Redis answers at IMROUTE_REDIS_URL ({redact_url(s.redis_url)}): {why}"
             )
         keys = KeySchema(s.redis_prefix)
         tracing = self.deliver_service.tracing = await gateway_tracing(self._stack, s)

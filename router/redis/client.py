@@ -33,6 +33,7 @@ __all__ = [
     "execute_once",
     "own_connection",
     "ping",
+    "unanswered",
 ]
 
 # Both clients offer the commands and pipelines the registry uses.
@@ -337,10 +338,17 @@ async def own_connection(client: RedisClient) -> AsyncIterator[RedisClient]:
 
 
 async def ping(client: RedisClient) -> bool:
-    """True when Redis answers (a cluster none of whose nodes answers is a
-    RedisClusterException, not a RedisError: it does not answer either)."""
+    """True when Redis answers."""
+    return await unanswered(client) is None
+
+
+async def unanswered(client: RedisClient) -> str | None:
+    """Why Redis does not answer a PING (redis-py's words: a refused connection, a
+    wrong password, a cluster none of whose nodes answers, which is a
+    RedisClusterException, not a RedisError); None when it does. The words name no
+    password."""
     try:
         result: Any = await client.ping()
-        return bool(result)
-    except (redis.exceptions.RedisError, redis.exceptions.RedisClusterException):
-        return False
+    except (redis.exceptions.RedisError, redis.exceptions.RedisClusterException) as exc:
+        return str(exc) or type(exc).__name__
+    return None if result else "it answered the PING with nothing"

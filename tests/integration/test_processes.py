@@ -133,6 +133,24 @@ def test_gateway_without_redis_fails_clearly() -> None:
     assert result.returncode == 1
     assert "IMROUTE_REDIS_URL" in result.stderr
     assert "pw-hunter2" not in result.stderr
+    assert "Connection refused" in result.stderr, result.stderr  # why, in redis-py's words
+
+
+def test_a_gateway_refused_by_redis_says_why(redis_url: str) -> None:
+    """The Redis Cluster trial: a wrong password read "no Redis answers", the cause
+    (authentication) said nowhere."""
+    scheme, rest = redis_url.split("://", 1)
+    if scheme == "unix":  # the embedded Redis: the password goes in the query
+        url = f"unix://nobody@{rest}{'&' if '?' in rest else '?'}password=pw-hunter2"
+    else:
+        url = f"{scheme}://nobody:pw-hunter2@{rest}"
+    result = imroute(
+        "gateway", "--ws-port", "0", "--grpc-port", "0",
+        env=base_env(IMROUTE_SECRET=SECRET, IMROUTE_REDIS_URL=url), timeout=30,
+    )  # fmt: skip
+    assert result.returncode == 1
+    assert "invalid username-password pair" in result.stderr, result.stderr
+    assert "pw-hunter2" not in result.stderr
 
 
 @pytest.mark.parametrize("service", ["gateway", "push-service"])
