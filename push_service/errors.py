@@ -182,7 +182,7 @@ async def _backend_down(request: Request, exc: ImrouteError) -> JSONResponse:
     elif exc.maybe_applied and request.method not in ("GET", "HEAD"):
         # Its reply was lost, not its write: Redis may run it (a paused Redis, on resume).
         what = (
-            "Redis did not answer in time: the request may have taken effect; retry it "
+            "Redis did not answer: the request may have taken effect; retry it "
             "with the same Idempotency-Key (without one, a retry may send it twice)"
         )
     else:

@@ -132,6 +132,13 @@ class _RedisErrors:
         if isinstance(exc, redis.exceptions.ResponseError) and not is_transient(exc):
             reraise_swallowed_cancel()
             raise self._refused(f"redis error: {exc}") from exc
+        if isinstance(exc, redis.exceptions.ClusterError) and str(exc).startswith("TTL"):
+            # redis-py's "TTL exhausted.": no key TTL, its count of MOVED/ASK redirects
+            reraise_swallowed_cancel()
+            raise self._to(
+                "redis cluster kept redirecting the command (MOVED/ASK: a slot moving, or "
+                "the cluster's view of its slots changing)"
+            ) from exc
         if isinstance(exc, redis.exceptions.RedisError):
             reraise_swallowed_cancel()
             raise self._to(f"redis error: {exc}") from exc
