@@ -283,10 +283,15 @@ class Wiring:
                 users=Users(directory, registry),
                 health=Health(stores.ping, self._metrics),
                 idempotency=idempotency,
-                receipts=ReceiptsView(receipts, clock),
+                receipts=ReceiptsView(receipts, clock, settings.recovery_window_s),
                 webhooks=self.webhooks,
                 overview=Overview(
-                    fleet, stats, jobs, ReceiptsView(receipts, clock), call_stats, clock
+                    fleet,
+                    stats,
+                    jobs,
+                    ReceiptsView(receipts, clock, settings.recovery_window_s),
+                    call_stats,
+                    clock,
                 ),
             )
 

@@ -42,6 +42,7 @@ async def push_status(push_id: PushId, fanout: FanOutSvc, receipts: ReceiptsSvc)
 @router.get("/v1/pushes/{push_id}/recipients", response_model=RecipientsOut)
 async def push_recipients(
     push_id: PushId,
+    fanout: FanOutSvc,
     receipts: ReceiptsSvc,
     state: Annotated[Literal["acked", "unacked", "queued"], Query()],
     # the last uid of the page before (the one rule checks its length, and counts it)
@@ -55,4 +56,8 @@ async def push_recipients(
     """The recipients in a state, in uid order, a page at a time: 404 when the push has
     no receipt (a job record alone is not enough), 409 for a push with more than
     IMROUTE_RECEIPTS_MAX_RECIPIENTS recipients (counts only)."""
-    return JSONResponse(await receipts.recipients(push_id, state, cursor, limit))
+    try:
+        job = await fanout.status(push_id)
+    except NotFound:
+        job = None
+    return JSONResponse(await receipts.recipients(push_id, state, cursor, limit, job))

@@ -22,9 +22,14 @@ _ZERO = Counts("", 0, 0, 0, 0, 0, 0, False)
 
 
 class ReceiptsView:
-    def __init__(self, reads: ReceiptReads | None, clock: Clock) -> None:
+    def __init__(
+        self, reads: ReceiptReads | None, clock: Clock, recovery_window_s: float = 300.0
+    ) -> None:
+        """`recovery_window_s`: IMROUTE_RECOVERY_WINDOW_S, how long a broadcast's or
+        multicast's batches can be read by a resuming client (`_past_recovery`)."""
         self._reads = reads
         self._clock = clock
+        self._window_ms = int(recovery_window_s * 1000)
 
     async def counts(self, push_id: str) -> Counts | None:
         return None if self._reads is None else await self._reads.counts(push_id)
@@ -57,6 +62,8 @@ class ReceiptsView:
                 )
                 if not c.kept and self._settled(job):
                     _never_written(answer)
+            if counts is not None and c.kept and self._past_recovery(job):
+                _never_written(answer)
             return _reached(answer)
         if counts is None:
             raise NotFound(f"no push {push_id!r} (or its receipt expired: IMROUTE_RECEIPTS_TTL_S)")
@@ -79,16 +86,27 @@ class ReceiptsView:
             _never_written(answer)
         return answer
 
-    def _settled(self, job: Job) -> bool:
-        """The job ended SETTLE_MS ago or more."""
+    def _settled(self, job: Job, after_ms: int = 0) -> bool:
+        """The job ended SETTLE_MS (and `after_ms`) ago or more."""
         ended = job.finished_at
         if job.status not in (JobStatus.DONE, JobStatus.FAILED) or ended is None:
             return False
-        return self._clock.now_ms() - ended >= SETTLE_MS
+        return self._clock.now_ms() - ended >= SETTLE_MS + after_ms
+
+    def _past_recovery(self, job: Job | None) -> bool:
+        """A stored broadcast's or multicast's recipients not written by now never will
+        be: offline when it went, they get it only by resuming with a position from
+        before it, within IMROUTE_RECOVERY_WINDOW_S of its batches (a fresh connection
+        reads the user's inbox, which holds P2P pushes only). So from the end of that
+        window after its job ended, its `queued` count as `expired`. Without its job's
+        record (None) the end is not known (Redis may have lost the record early): the
+        receipt's counts stand as they are."""
+        return job is not None and self._settled(job, self._window_ms)
 
     async def recipients(
-        self, push_id: str, state: str, cursor: str | None, limit: int
+        self, push_id: str, state: str, cursor: str | None, limit: int, job: Job | None = None
     ) -> dict[str, Any]:
+        """`job`: a multicast's record, if it is left (`_past_recovery`)."""
         counts = await self.counts(push_id)
         if counts is None or self._reads is None:
             raise NotFound(f"no receipt for push {push_id!r}")
@@ -96,6 +114,8 @@ class ReceiptsView:
             raise Conflict(
                 f"push {push_id!r} {_counted_only(counts)}: its receipt keeps counts only"
             )
+        if state == "queued" and counts.mode != "p2p" and self._past_recovery(job):
+            return {"push_id": push_id, "state": state, "uids": [], "cursor": None}
         page = await self._reads.page(push_id, state, cursor, limit)
         return {"push_id": push_id, "state": state, "uids": page.uids, "cursor": page.cursor}
 

@@ -207,6 +207,47 @@ async def test_a_push_not_kept_counts_whom_it_did_not_reach_expired_once_done(
         await ws.close()
 
 
+async def test_a_stored_fanout_s_offline_recipients_expire_with_the_recovery_window(
+    redis_url: str, prefix: str, redis: aioredis.Redis
+) -> None:
+    """Both trials: a broadcast's or multicast's offline recipient read `queued` for the
+    receipt's life, though a fresh connection never gets it (a P2P push's inbox holds
+    it; a fan-out's batches are read only by a resume within IMROUTE_RECOVERY_WINDOW_S).
+    From the end of that window after the job ended, they count as expired."""
+    window_ms = 300_000  # IMROUTE_RECOVERY_WINDOW_S's default
+    async with one_group(redis_url, prefix) as (gw, http):
+        users = {"users": [{"uid": u, "tags": ["t"]} for u in ("fo1", "fo2")]}
+        assert (await http.put("/v1/users", json=users, headers=AUTH)).status_code == 200
+        ws = await open_ws(gw, "fo1")  # fo2 is offline
+        await replay(ws)
+        for path, body in (
+            ("/v1/broadcast", {"content": "b"}),
+            ("/v1/multicast", {"content": "m", "audience": {"tags_any": ["t"]}}),
+            ("/v1/multicast", {"content": "l", "to": ["fo1", "fo2"]}),  # listable
+        ):
+            push_id = await fanout(http, path, body)
+            (frame,) = await pushes(ws, 1)
+            assert frame["content"] == body["content"]
+            for _ in range(100):
+                s = await push_status(http, push_id)
+                if s["delivered"] == 1 and s["status"] == "done":
+                    break
+                await asyncio.sleep(0.05)
+            # Within the window: fo2 may still resume from a position before it.
+            assert (s["delivered"], s["queued"], s["expired"]) == (1, 1, 0), s
+            job = KeySchema(prefix).job(push_id)
+            ended = int(await redis.hget(job, "finished_at"))
+            await redis.hset(job, "finished_at", ended - SETTLE_MS - window_ms)
+            s = await push_status(http, push_id)
+            assert (s["delivered"], s["queued"], s["expired"]) == (1, 0, 1), (path, body, s)
+            if s["listable"]:
+                listed = await http.get(
+                    f"/v1/pushes/{push_id}/recipients", params={"state": "queued"}, headers=AUTH
+                )
+                assert listed.json()["uids"] == [], listed.text
+        await ws.close()
+
+
 async def test_an_ack_outlasts_the_inbox_bound_passing_its_message(
     redis_url: str, prefix: str
 ) -> None:
