@@ -76,7 +76,7 @@ class Worker:
         return sorted(p for p in socks if p.stem != str(self.index))
 
     async def scrape_all(self, own: bytes) -> bytes:
-        """Every worker's metrics, each sample labelled with its worker's number."""
+        """Every worker's metrics, merged as one process's would be (`merge_scrapes`)."""
         scrapes = {str(self.index): own}
         siblings = self._siblings()
         texts = await asyncio.gather(*(_read(p) for p in siblings))
