@@ -21,7 +21,8 @@ async def metrics(health: HealthSvc) -> Response:
 
 @router.get("/healthz")
 async def healthz(health: HealthSvc) -> JSONResponse:
-    """200 when Redis answers, else 503. Needs no key."""
+    """200 when Redis answers (a Redis Cluster: and serves every slot), else 503. Needs
+    no key."""
     if await health.redis_answers():
         return JSONResponse({"status": "ok"})
     return JSONResponse({"status": "unavailable", "detail": "redis"}, status_code=503)

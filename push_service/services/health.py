@@ -30,7 +30,7 @@ class Health:
         self.siblings = siblings  # with IMROUTE_WORKERS > 1: /metrics answers for all
 
     async def redis_answers(self) -> bool:
-        """True when Redis answers a ping."""
+        """True when Redis answers a ping (a Redis Cluster: and serves every slot)."""
         return await self._ping()
 
     def own_scrape(self) -> bytes:

@@ -22,8 +22,7 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
     users_sub = users.add_subparsers(dest="users_command", required=True)
     imp = users_sub.add_parser(
         "import",
-        help="import users from CSV (a header line first: uid,tags; tags split by |) or "
-        "JSON Lines",
+        help="import users from CSV (a header line first: uid,tags; tags split by |) or JSON Lines",
     )
     imp.add_argument(
         "file",

@@ -345,10 +345,17 @@ async def ping(client: RedisClient) -> bool:
 async def unanswered(client: RedisClient) -> str | None:
     """Why Redis does not answer a PING (redis-py's words: a refused connection, a
     wrong password, a cluster none of whose nodes answers, which is a
-    RedisClusterException, not a RedisError); None when it does. The words name no
-    password."""
+    RedisClusterException, not a RedisError), or a Redis Cluster does not serve all its
+    slots; None when it does. The words name no password."""
     try:
         result: Any = await client.ping()
+        if result and isinstance(client, RedisCluster):
+            # One node answers a PING; whether the cluster serves every slot is its
+            # cluster_state (`fail` from a master's loss until its replica took over).
+            info: Any = await client.cluster_info()
+            state = info.get("cluster_state") if isinstance(info, dict) else None
+            if state != "ok":
+                return f"the Redis Cluster's state is {state} (CLUSTER INFO)"
     except (redis.exceptions.RedisError, redis.exceptions.RedisClusterException) as exc:
         return str(exc) or type(exc).__name__
     return None if result else "it answered the PING with nothing"

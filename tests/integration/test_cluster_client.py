@@ -9,10 +9,10 @@ from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
-from router.redis.client import GentleRedisCluster, connect_redis
+from router.redis.client import GentleRedisCluster, connect_redis, ping, unanswered
 from router.redis.scripts import Script, ScriptRunner
 from shared.keys import KeySchema
-from tests.integration.redis_cluster import LocalCluster
+from tests.integration.redis_cluster import LocalCluster, cluster_nodes
 from tests.integration.stack import route_registry
 
 pytestmark = pytest.mark.integration
@@ -98,3 +98,22 @@ async def test_a_route_key_of_another_type_is_read_as_its_user_offline_alone(
         assert sorted(found) == sorted(u for u in uids if u != "u5")
         groups = await registry.lookup_groups(uids)
         assert groups.online == len(uids) - 1 and registry.unreadable == 2
+
+
+async def test_a_cluster_that_does_not_serve_every_slot_is_not_answering() -> None:
+    """The Redis Cluster trial: /healthz stayed 200 while `cluster_state:fail` showed
+    (a master lost, its replica not yet promoted) and pushes answered 503: the PING goes
+    to one node, which answers. The health check reads the cluster's state too."""
+    with cluster_nodes(3) as cluster:
+        async with connect_redis(cluster.url) as client:
+            assert await unanswered(client) is None
+            for port in cluster.ports:  # slot 0 is nobody's now, in every node's view
+                with cluster.client(port) as node:
+                    node.execute_command("CLUSTER", "DELSLOTS", 0)
+            for _ in range(100):
+                why = await unanswered(client)
+                if why is not None:
+                    break
+                await asyncio.sleep(0.05)
+            assert why == "the Redis Cluster's state is fail (CLUSTER INFO)", why
+            assert not await ping(client)
