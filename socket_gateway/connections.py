@@ -292,6 +292,10 @@ class LocalConnections:
             if seq <= conn.g:
                 return True
             conn.g = seq
+            if conn.moved is not None and ref in conn.moved:
+                # Written from the old group's log (the move's replay or its seam): a
+                # multicast resolved the user to both groups, its old route not yet gone.
+                return True
         return False
 
     def _frame(self, prefix: bytes, pos: str) -> bytes:

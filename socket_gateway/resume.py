@@ -152,7 +152,9 @@ class Resumer:
         head_p, _, _, head_g = ends
         moved_from = _stand(conn, since, ends, own_group, own_g)
         if moved_from and self.tails.tail_s > 0:
-            conn.moved = set()  # from what waited (written below) on
+            # What the replay wrote (the old group's log included), and what waited
+            # (written below) and comes later: neither is written twice.
+            conn.moved = {item.message.push_id for item in replay.items}
         replayed_p2p = {i.seq for i in replay.items if i.log == "p"}
         after = since.p if since is not None else head_p
         if replayed_p2p or after < head_p:

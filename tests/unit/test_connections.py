@@ -68,3 +68,22 @@ def test_a_p2p_push_of_a_new_epoch_is_written_and_its_hole_read_from_the_log() -
     assert holes == [] and fresh.p == seq_of(300, 1)
     conns.deliver_p2p(["bob"], [3], b"x", "p3", epochs=[300])
     assert holes == [(seq_of(300, 1), seq_of(300, 2))]
+
+
+def test_a_multicast_the_move_s_seam_wrote_is_not_written_again_by_the_new_group() -> None:
+    """The Pub/Sub trial: after its gateway was killed, a client resumed in another
+    group, and a multicast resolved to it in both groups (its old route not yet gone)
+    was written twice, once from the old group's log (the move's tail), once live."""
+    conns = LocalConnections()
+    conns.marks.group = "g2"
+    sink = ListSink()
+    conn = ClientConn("amy", "c1", sink)
+    conn.group, conn.moved = "g2", {"p-multi"}  # the tail wrote p-multi already
+    conns.add(conn)
+    assert conns.deliver(["amy"], b"prefix-1", "g", 5, "p-multi") == (["amy"], [])
+    assert sink.frames == [] and conn.g == 5  # not again; the position moves on
+    conns.deliver(["amy"], b"prefix-2", "g", 6, "p-other")
+    assert len(sink.frames) == 1 and conn.g == 6
+    conn.moved = None  # the tail is over: the group's log alone says what it had
+    conns.deliver(["amy"], b"prefix-3", "g", 7, "p-multi")
+    assert len(sink.frames) == 2
