@@ -58,7 +58,7 @@ class HeadCuts:
     def __init__(self, timeout_s: float, clock: Callable[[], float] = time.monotonic) -> None:
         self.timeout_s = timeout_s
         # closed with part of a head (answered 408)
-        self._partial = ThrottledLine(
+        self.partial = ThrottledLine(
             log,
             "closed %(n)d connection(s) with a request head not whole after %(timeout)gs "
             "(408; IMROUTE_HTTP_HEADER_TIMEOUT_S)",
@@ -66,7 +66,7 @@ class HeadCuts:
             now=clock,
         )
         # closed having sent nothing
-        self._silent = ThrottledLine(
+        self.silent = ThrottledLine(
             log,
             "closed %(n)d connection(s) that sent nothing in %(timeout)gs "
             "(IMROUTE_HTTP_HEADER_TIMEOUT_S)",
@@ -74,16 +74,8 @@ class HeadCuts:
             now=clock,
         )
 
-    @property
-    def partial(self) -> int:
-        return self._partial.total
-
-    @property
-    def silent(self) -> int:
-        return self._silent.total
-
     def cut(self, began: bool) -> None:
-        (self._partial if began else self._silent).note(timeout=self.timeout_s)
+        (self.partial if began else self.silent).note(timeout=self.timeout_s)
 
 
 class HeadRefusals:

@@ -114,8 +114,8 @@ class HeadCounts:
             "head (answered 408), or having sent nothing",
             labels=["sent"],
         )
-        timeouts.add_metric(["part"], self.cuts.partial)
-        timeouts.add_metric(["nothing"], self.cuts.silent)
+        timeouts.add_metric(["part"], self.cuts.partial.total)
+        timeouts.add_metric(["nothing"], self.cuts.silent.total)
         yield timeouts
         refused = CounterMetricFamily(
             "imroute_http_heads_refused",

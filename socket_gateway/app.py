@@ -386,7 +386,7 @@ class Gateway(ClosedOnExit):
             "rejected_batches": (
                 "Batches refused as malformed (content not one JSON value, ids or counts "
                 "over their caps): nothing of them was written",
-                self.deliver_service.rejected,
+                self.deliver_service.rejected.total,
             ),
         }
         counts["bus_consumer_restarts"] = (

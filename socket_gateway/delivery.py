@@ -293,7 +293,7 @@ class DeliverService:
         self.delivered = 0
         self.latency = LatencyHistogram()
         # P2P batches expired on arrival while their call had time left
-        self._skew_line = ThrottledLine(
+        self.skewed = ThrottledLine(
             log,
             "P2P batches expire on arrival: one was %(late_ms)d ms past its expires_ms with "
             "%(left_s).1f s left on its call; this gateway's clock is probably ahead of the "
@@ -303,7 +303,7 @@ class DeliverService:
         )
         self.check = BatchCheck()
         # Batches refused by `check` (nothing of them was written)
-        self._refusal_line = ThrottledLine(
+        self.rejected = ThrottledLine(
             log,
             "refused %(n)d batch(es), the last (batch_id %(batch_id).64r): %(problem)s",
             level=logging.ERROR,
@@ -319,7 +319,7 @@ class DeliverService:
         """What makes `batch` unfit to write (counted and logged), or None."""
         problem = self.check.problem(batch)
         if problem is not None:
-            self._refusal_line.note(batch_id=batch.batch_id, problem=problem)
+            self.rejected.note(batch_id=batch.batch_id, problem=problem)
         return problem
 
     def deliver_call(
@@ -448,17 +448,7 @@ class DeliverService:
     def _skew_hint(self, late_ms: int, call_left_s: float) -> None:
         # Expired by the wall clock while its call (whose deadline travels as a
         # duration) still has time: our clock and the router's disagree.
-        self._skew_line.note(late_ms=late_ms, left_s=call_left_s)
-
-    @property
-    def rejected(self) -> int:
-        """Batches refused by `check`."""
-        return self._refusal_line.total
-
-    @property
-    def skewed(self) -> int:
-        """P2P batches expired on arrival while their call had time left."""
-        return self._skew_line.total
+        self.skewed.note(late_ms=late_ms, left_s=call_left_s)
 
     @property
     def evicted_early(self) -> int:

@@ -17,18 +17,17 @@ from shared.settings import DirectorySettings
 __all__ = ["register", "users_import"]
 
 
+FILE_HELP = (
+    "a .csv whose first line names its columns (uid, and tags split by |), or a .jsonl "
+    'of {"uid": ..., "tags": [...]} lines'
+)
+
+
 def register(sub: argparse._SubParsersAction[Any]) -> None:
     users = sub.add_parser("users", help="the user directory")
     users_sub = users.add_subparsers(dest="users_command", required=True)
-    imp = users_sub.add_parser(
-        "import",
-        help="import users from CSV (a header line first: uid,tags; tags split by |) or JSON Lines",
-    )
-    imp.add_argument(
-        "file",
-        help="a .csv whose first line names its columns (uid, and tags), or a .jsonl of "
-        '{"uid": ..., "tags": [...]} lines',
-    )
+    imp = users_sub.add_parser("import", help="import users from CSV or JSON Lines")
+    imp.add_argument("file", help=FILE_HELP)
     imp.add_argument("--batch", type=int, default=5000, help="users per write (1-10000)")
     users.set_defaults(run=_run)
 

@@ -170,6 +170,38 @@ async def test_a_broadcast_counts_its_deliveries_and_acks(
             await ws.close()
 
 
+async def tagged_one_online(http: httpx.AsyncClient, gw: Any, online: str, offline: str) -> Any:
+    """Two directory users tagged "t": `online` connected (its socket), `offline` not."""
+    users = {"users": [{"uid": u, "tags": ["t"]} for u in (online, offline)]}
+    assert (await http.put("/v1/users", json=users, headers=AUTH)).status_code == 200
+    ws = await open_ws(gw, online)
+    await replay(ws)
+    return ws
+
+
+async def sent_and_done(
+    http: httpx.AsyncClient, ws: Any, path: str, body: dict[str, Any]
+) -> tuple[str, dict[str, Any]]:
+    """A broadcast or multicast sent, its one online recipient (`ws`) written it, its job
+    done: (its push id, its status)."""
+    push_id = await fanout(http, path, body)
+    (frame,) = await pushes(ws, 1)
+    assert frame["content"] == body["content"]
+    for _ in range(100):
+        s = await push_status(http, push_id)
+        if s["delivered"] == 1 and s["status"] == "done":
+            break
+        await asyncio.sleep(0.05)
+    return push_id, s
+
+
+async def ended_ago(redis: aioredis.Redis, prefix: str, push_id: str, ms: int) -> None:
+    """The job of `push_id` recorded as having ended `ms` earlier than it did."""
+    job = KeySchema(prefix).job(push_id)
+    ended = int(await redis.hget(job, "finished_at"))
+    await redis.hset(job, "finished_at", ended - ms)
+
+
 async def test_a_push_not_kept_counts_whom_it_did_not_reach_expired_once_done(
     redis_url: str, prefix: str, redis: aioredis.Redis
 ) -> None:
@@ -177,28 +209,16 @@ async def test_a_push_not_kept_counts_whom_it_did_not_reach_expired_once_done(
     user offline is never written it, so SETTLE_MS after the job ended it is expired, not
     queued for ever; its receipt alone says the same once the job's record is gone."""
     async with one_group(redis_url, prefix) as (gw, http):
-        users = {"users": [{"uid": u, "tags": ["t"]} for u in ("nk1", "nk2")]}
-        assert (await http.put("/v1/users", json=users, headers=AUTH)).status_code == 200
-        ws = await open_ws(gw, "nk1")  # nk2 is offline
-        await replay(ws)
+        ws = await tagged_one_online(http, gw, "nk1", "nk2")
         for path, body in (
             ("/v1/broadcast", {"content": "b", "store": False}),
             ("/v1/multicast", {"content": "m", "store": False, "audience": {"tags_any": ["t"]}}),
         ):
-            push_id = await fanout(http, path, body)
-            (frame,) = await pushes(ws, 1)
-            assert frame["content"] == body["content"]
-            for _ in range(100):
-                s = await push_status(http, push_id)
-                if s["delivered"] == 1 and s["status"] == "done":
-                    break
-                await asyncio.sleep(0.05)
+            push_id, s = await sent_and_done(http, ws, path, body)
             assert s["listable"] is False
             # Just ended: a gateway may still be writing it.
             assert (s["recipients"], s["delivered"], s["queued"], s["expired"]) == (2, 1, 1, 0), s
-            job = KeySchema(prefix).job(push_id)
-            ended = int(await redis.hget(job, "finished_at"))
-            await redis.hset(job, "finished_at", ended - SETTLE_MS)  # as if SETTLE_MS passed
+            await ended_ago(redis, prefix, push_id, SETTLE_MS)
             s = await push_status(http, push_id)
             assert (s["recipients"], s["delivered"], s["queued"], s["expired"]) == (2, 1, 0, 1), s
             await redis.delete(KeySchema(prefix).job(push_id))  # its record lapsed
@@ -216,28 +236,16 @@ async def test_a_stored_fanout_s_offline_recipients_expire_with_the_recovery_win
     From the end of that window after the job ended, they count as expired."""
     window_ms = 300_000  # IMROUTE_RECOVERY_WINDOW_S's default
     async with one_group(redis_url, prefix) as (gw, http):
-        users = {"users": [{"uid": u, "tags": ["t"]} for u in ("fo1", "fo2")]}
-        assert (await http.put("/v1/users", json=users, headers=AUTH)).status_code == 200
-        ws = await open_ws(gw, "fo1")  # fo2 is offline
-        await replay(ws)
+        ws = await tagged_one_online(http, gw, "fo1", "fo2")
         for path, body in (
             ("/v1/broadcast", {"content": "b"}),
             ("/v1/multicast", {"content": "m", "audience": {"tags_any": ["t"]}}),
             ("/v1/multicast", {"content": "l", "to": ["fo1", "fo2"]}),  # listable
         ):
-            push_id = await fanout(http, path, body)
-            (frame,) = await pushes(ws, 1)
-            assert frame["content"] == body["content"]
-            for _ in range(100):
-                s = await push_status(http, push_id)
-                if s["delivered"] == 1 and s["status"] == "done":
-                    break
-                await asyncio.sleep(0.05)
+            push_id, s = await sent_and_done(http, ws, path, body)
             # Within the window: fo2 may still resume from a position before it.
             assert (s["delivered"], s["queued"], s["expired"]) == (1, 1, 0), s
-            job = KeySchema(prefix).job(push_id)
-            ended = int(await redis.hget(job, "finished_at"))
-            await redis.hset(job, "finished_at", ended - SETTLE_MS - window_ms)
+            await ended_ago(redis, prefix, push_id, SETTLE_MS + window_ms)
             s = await push_status(http, push_id)
             assert (s["delivered"], s["queued"], s["expired"]) == (1, 0, 1), (path, body, s)
             if s["listable"]:

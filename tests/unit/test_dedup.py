@@ -163,4 +163,4 @@ def test_a_p2p_batch_is_not_written_once_its_call_is_over() -> None:
     skewed = _batch("b3", gateway_pb2.MODE_P2P, ["amy"])
     skewed.expires_ms = clock.now_ms() - 5000
     assert service.deliver(skewed, call_left_s=1.5).expired
-    assert service.skewed == 1 and len(sink.frames) == 1
+    assert service.skewed.total == 1 and len(sink.frames) == 1

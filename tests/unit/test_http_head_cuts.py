@@ -34,7 +34,7 @@ def test_cuts_are_counted_and_logged_at_most_every_few_seconds(
         "closed 501 connection(s) with a request head not whole after 2s (408; "
         "IMROUTE_HTTP_HEADER_TIMEOUT_S)",
     ]
-    assert (cuts.partial, cuts.silent) == (502, 1)
+    assert (cuts.partial.total, cuts.silent.total) == (502, 1)
 
 
 def test_heads_refused_and_uvicorns_parse_errors_are_logged_at_most_every_few_seconds(
