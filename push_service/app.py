@@ -71,26 +71,30 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        async with AsyncExitStack() as stack:
-            services = await stack.enter_async_context(wiring.open())
-            await stack.enter_async_context(shedder.running())
-            if worker is not None:
-                services.health.siblings = worker
-                await stack.enter_async_context(worker.sharing_metrics(services.health.own_scrape))
-                worker.mark_ready()
-            if on_ready is not None:
-                on_ready()
-            app.state.services = services_slot.services = services
-            app.state.parts = wiring.parts
-            slot.limiter = wiring.rate_limiter
-            traced.tracer = wiring.tracer
-            try:
-                yield
-            finally:
-                slot.limiter = None
-                services_slot.services = None
-                traced.tracer = None
-        say_held()  # closed: what its throttled lines hold back, before the process goes
+        try:
+            async with AsyncExitStack() as stack:
+                services = await stack.enter_async_context(wiring.open())
+                await stack.enter_async_context(shedder.running())
+                if worker is not None:
+                    services.health.siblings = worker
+                    await stack.enter_async_context(
+                        worker.sharing_metrics(services.health.own_scrape)
+                    )
+                    worker.mark_ready()
+                if on_ready is not None:
+                    on_ready()
+                app.state.services = services_slot.services = services
+                app.state.parts = wiring.parts
+                slot.limiter = wiring.rate_limiter
+                traced.tracer = wiring.tracer
+                try:
+                    yield
+                finally:
+                    slot.limiter = None
+                    services_slot.services = None
+                    traced.tracer = None
+        finally:
+            say_held()  # closed: what its throttled lines hold back, before the process goes
 
     app = FastAPI(
         title="imroute push service",

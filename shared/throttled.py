@@ -5,6 +5,9 @@ so a flood never becomes a flood of log lines.
 
 `Throttled` is the count (pure: time is passed in, monotonic seconds); `ThrottledLine`
 is the log line on it, which also says what a window held back when the window ends.
+A loop's failures (`shared.periodic`) and a filter of another library's lines
+(`push_service.head_limits.ParseErrorLines`) keep the count alone: the loop's next
+failure says what it held back, and a filter has no line of its own to say it with.
 """
 
 from __future__ import annotations
@@ -93,6 +96,7 @@ class ThrottledLine:
         self._now = now
         self._held: tuple[dict[str, object], BaseException | None] = ({}, None)
         self._timer: asyncio.TimerHandle | None = None
+        self._timer_loop: asyncio.AbstractEventLoop | None = None
         _LINES.add(self)
 
     @property
@@ -105,6 +109,7 @@ class ThrottledLine:
         (`exc_info`: a traceback for the line)."""
         now = self._now()
         if since := self.count.note(now, n):
+            self._held = ({}, None)  # said: nothing of an earlier one is kept alive
             self._say(since, fields, exc_info)
             return
         self._held = (fields, exc_info)
@@ -116,13 +121,17 @@ class ThrottledLine:
 
     def _later(self, now: float) -> None:
         due = self.count.due_in(now)
-        if due is None or self._timer is not None:
+        if due is None:
             return
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:  # no loop (a caller in a thread): said by the next line
             return
+        if self._timer is not None and self._timer_loop is loop:
+            return
+        # None, or one on a loop that is gone (closed before it fired): never to fire.
         self._timer = loop.call_later(due, self._due)
+        self._timer_loop = loop
 
     def _due(self) -> None:
         self._timer = None
@@ -136,7 +145,8 @@ class ThrottledLine:
     def say_held(self) -> None:
         """Say what this line holds back now (see `say_held`)."""
         if self._timer is not None:
-            self._timer.cancel()
+            if self._timer_loop is _running_loop():  # a handle is its own loop's to cancel
+                self._timer.cancel()
             self._timer = None
         if since := self.count.take_held():
             (fields, exc_info), self._held = self._held, ({}, None)
@@ -152,3 +162,10 @@ def say_held() -> None:
     its parts have closed (their last losses noted), since no window's end will come."""
     for line in list(_LINES):
         line.say_held()
+
+
+def _running_loop() -> asyncio.AbstractEventLoop | None:
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None

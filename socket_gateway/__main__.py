@@ -57,26 +57,28 @@ async def serve(settings: GatewaySettings) -> None:
 
     loop.add_signal_handler(signal.SIGINT, stop.set)
     loop.add_signal_handler(signal.SIGTERM, on_term)
-    async with Gateway(settings) as gw:
-        # Long-lived start-up objects never become garbage: keep the collector off them,
-        # so full collections do not walk them during fan-out; and the connections that
-        # come later, once they have lived a while (shared.gc_policy).
-        settle()
-        freezer = asyncio.create_task(
-            Freezer(settings.gc_freeze_s, settings.gc_full_s).run(), name="gc-freezer"
-        )
-        say(
-            f"gateway {settings.gateway_id} group={settings.group_id} ready "
-            f"ws={gw.info.ws_url} grpc={gw.info.grpc_address}",
-            settings.log_format,
-            "gateway",
-            _own(settings),
-        )
-        try:
-            await _until_stopped(gw, stop, drain)
-        finally:
-            freezer.cancel()
-    say_held()  # closed: what its throttled lines hold back, before the process goes
+    try:
+        async with Gateway(settings) as gw:
+            # Long-lived start-up objects never become garbage: keep the collector off them,
+            # so full collections do not walk them during fan-out; and the connections that
+            # come later, once they have lived a while (shared.gc_policy).
+            settle()
+            freezer = asyncio.create_task(
+                Freezer(settings.gc_freeze_s, settings.gc_full_s).run(), name="gc-freezer"
+            )
+            say(
+                f"gateway {settings.gateway_id} group={settings.group_id} ready "
+                f"ws={gw.info.ws_url} grpc={gw.info.grpc_address}",
+                settings.log_format,
+                "gateway",
+                _own(settings),
+            )
+            try:
+                await _until_stopped(gw, stop, drain)
+            finally:
+                freezer.cancel()
+    finally:
+        say_held()  # closed: what its throttled lines hold back, before the process goes
     say(f"gateway {settings.gateway_id} stopped", settings.log_format, "gateway", _own(settings))
     if gw.failure is not None:
         raise ImrouteError(f"gave up and drained: {gw.failure}")

@@ -94,32 +94,27 @@ class AckReporter:
     _pending: int = field(default=0, init=False, repr=False)
     _timer: asyncio.TimerHandle | None = field(default=None, init=False, repr=False)
     _flushing: asyncio.Task[None] | None = field(default=None, init=False, repr=False)
-    _line: ThrottledLine = field(
-        default_factory=lambda: ThrottledLine(
-            log, "could not write acks (kept for the next try): %(exc)s"
-        ),
-        init=False,
-        repr=False,
-    )
+    _line: ThrottledLine = field(init=False, repr=False)
     # A flush failed with a bug (not an outage) and its updates were kept for one more try.
     _bug_kept: bool = field(default=False, init=False, repr=False)
-    _bug_line: ThrottledLine = field(
-        default_factory=lambda: ThrottledLine(
-            log, "writing acks failed (kept for one more try)", level=logging.ERROR
-        ),
-        init=False,
-        repr=False,
-    )
-    _dropped_line: ThrottledLine = field(
-        default_factory=lambda: ThrottledLine(
+    _bug_line: ThrottledLine = field(init=False, repr=False)
+    _dropped_line: ThrottledLine = field(init=False, repr=False)
+    counts: AckCounts = field(default_factory=AckCounts, init=False)
+
+    def __post_init__(self) -> None:
+        now = self.clock.monotonic
+        self._line = ThrottledLine(
+            log, "could not write acks (kept for the next try): %(exc)s", now=now
+        )
+        self._bug_line = ThrottledLine(
+            log, "writing acks failed (kept for one more try)", level=logging.ERROR, now=now
+        )
+        self._dropped_line = ThrottledLine(
             log,
             "writing acks failed again: %(n)d updates dropped (%(total)d in all)",
             level=logging.ERROR,
-        ),
-        init=False,
-        repr=False,
-    )
-    counts: AckCounts = field(default_factory=AckCounts, init=False)
+            now=now,
+        )
 
     # ------------------------------------------------------------------ the connections' side
 

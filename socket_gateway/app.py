@@ -131,7 +131,7 @@ class Gateway(ClosedOnExit):
         self.consumer_budget = RestartBudget(self.clock)
         self._ws: WsEndpoint | None = None  # before the metrics, which read it at once
         self.metrics_refused = refused_heads()  # heads the metrics port refused (431, 414)
-        self.limit_counts = LimitCounts()
+        self.limit_counts = LimitCounts(self.clock.monotonic)
         self.metrics = GatewayMetrics(
             self.deliver_service, self.conns, self.counts, self.limit_counts
         )

@@ -130,6 +130,13 @@ class LocalConnections:
     def holds_registration(self, reg: Registration) -> bool:
         return any(c.conn_id == reg.conn_id for c in self._by_uid.get(reg.uid, ()))
 
+    def of(self, regs: Iterable[Registration]) -> list[ClientConn]:
+        """The connections of `regs` still here (found by uid: as many steps as regs)."""
+        found = []
+        for reg in regs:
+            found += [c for c in self._by_uid.get(reg.uid, ()) if c.conn_id == reg.conn_id]
+        return found
+
     def uids(self) -> list[str]:
         """The users with a connection here."""
         return list(self._by_uid)

@@ -9,7 +9,7 @@ connection reads what its user's log and inbox hold past what it was written.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Collection, Coroutine
+from collections.abc import Callable, Coroutine, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,6 +17,7 @@ from router.receipts.base import DELIVERED
 from router.recovery.base import UserHistory
 from shared.clock import Clock
 from shared.errors import RegistryUnavailable
+from shared.models import Registration
 from shared.wire import push_prefix
 from socket_gateway.acks import Report, report_expired
 from socket_gateway.connections import ClientConn, LocalConnections
@@ -49,16 +50,14 @@ class GapFills:
             conn.held = []
         self.spawn(self._fill(conn, after, upto))
 
-    def catch_up(self, conn_ids: Collection[str] | None = None) -> int:
-        """Every live connection (of `conn_ids`, when given) reads what its user's log
+    def catch_up(self, regs: Iterable[Registration] | None = None) -> int:
+        """Every live connection (those of `regs`, when given) reads what its user's log
         and inbox hold past what it was written: after Redis lost this gateway's routes
         (a restart, a shard restarted empty, a long partition) pushes to its users were
         queued, and a user who gets no later push would wait for a reconnect. How many
         connections were asked to."""
         started = 0
-        for conn in list(self.conns):
-            if conn_ids is not None and conn.conn_id not in conn_ids:
-                continue
+        for conn in list(self.conns) if regs is None else self.conns.of(regs):
             if conn.held is None and conn.sink.is_open():  # replaying: it reads them anyway
                 self.fill(conn, conn.p, None)
                 started += 1

@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable, Collection, Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from typing import Any, Protocol
 
 from router.fleet.base import DrainRequests, GatewayFleet
@@ -127,15 +127,15 @@ class Heartbeat:
         info: Callable[[], GatewayInfo],
         drain: Drain,
         start_drain: Callable[[], Coroutine[Any, Any, None]],
-        caught_up: Callable[[Collection[str] | None], object] | None = None,
+        caught_up: Callable[[Sequence[Registration] | None], object] | None = None,
         presence: UserListing | None = None,
     ) -> None:
         """`start_drain` runs the gateway's drain when a drain request is found;
         `caught_up` is called once the connections were re-registered after the fleet
         record was found missing (the local connections then read what was queued for
-        their users meanwhile: `Resumer.catch_up`), and with the ids of those whose
-        route a refresh found missing (a Redis Cluster shard restarted empty loses the
-        routes on it, not the fleet record elsewhere); `presence` (webhooks on) lists the
+        their users meanwhile: `Resumer.catch_up`), and with those whose route a refresh
+        found missing (a Redis Cluster shard restarted empty loses the routes on it, not
+        the fleet record elsewhere); `presence` (webhooks on) lists the
         local users in this gateway's set again after each round of the refresh."""
         self._gateway_id = gateway_id
         self._interval = heartbeat_s
@@ -166,6 +166,8 @@ class Heartbeat:
         )
         self._drain_task: asyncio.Task[None] | None = None
         self._reregister: asyncio.Task[None] | None = None
+        # Routes of a refresh that failed: perhaps written anew unseen (`paced_refresh`).
+        self._unsure: set[Registration] = set()
 
     def start(self) -> None:
         for loop in self._loops:
@@ -221,7 +223,8 @@ class Heartbeat:
         """Push every local route's deadline forward, a slice at a time, spread over
         REFRESH_SPREAD of the refresh interval; a slice that fails does not stop the rest."""
         snapshot = self._conns.registrations()
-        failed, error = 0, None
+        failed, error, found = 0, None, 0
+        unsure = self._unsure
         async for planned in spread(snapshot, REFRESH_SLICE, self._refresh_s * REFRESH_SPREAD):
             # Who left meanwhile is not written back (their unregister went already).
             piece = [r for r in planned if self._conns.holds_registration(r)]
@@ -229,29 +232,33 @@ class Heartbeat:
                 missing = await self._registry.refresh(piece)
             except RegistryUnavailable as exc:
                 failed, error = failed + len(piece), exc
-            else:
-                self._found_missing(missing, len(snapshot))
+                # Some may have been written anew, their answers lost with the error (a
+                # cluster's other nodes): caught up once a refresh of them goes through.
+                unsure.update(piece)
+                continue
+            if unsure:
+                seen = set(missing)
+                missing += [r for r in piece if r in unsure and r not in seen]
+                unsure.difference_update(piece)
+            found += len(missing)
+            if missing and self._caught_up is not None:
+                self._caught_up(missing)
+        unsure.intersection_update(snapshot)  # those that left meanwhile are no one's
+        if found:
+            log.warning(
+                "route refresh: %d of %d routes of live connections were missing (Redis "
+                "lost them: a restart, a shard restarted empty, a failover; or they "
+                "lapsed): written again, and those connections read what was queued for "
+                "them meanwhile",
+                found,
+                len(snapshot),
+            )
         await self._forget_gone(snapshot)
         await self._list_users()
         if error is not None:
             raise RegistryUnavailable(
                 f"{failed} of {len(snapshot)} routes not refreshed: {error}"
             ) from error
-
-    def _found_missing(self, missing: Sequence[Registration], live: int) -> None:
-        """Routes of live connections that were not there: pushes to those users found
-        them offline and queued what they sent, which the connections read now."""
-        if not missing:
-            return
-        log.warning(
-            "route refresh: %d of %d routes of live connections were missing (Redis lost "
-            "them: a restart, a shard restarted empty, a failover; or they lapsed): written "
-            "again, and those connections read what was queued for them meanwhile",
-            len(missing),
-            live,
-        )
-        if self._caught_up is not None:
-            self._caught_up({r.conn_id for r in missing})
 
     async def refresh(self) -> None:
         """Push every local route's deadline forward, at once."""

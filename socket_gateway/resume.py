@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Iterable
 from dataclasses import replace
 
 from router.bus.base import BROADCAST, group_topic
@@ -20,6 +20,7 @@ from router.recovery.replay import Replay, plan_replay
 from shared.clock import Clock
 from shared.coalesce import Coalescer
 from shared.errors import RegistryUnavailable
+from shared.models import Registration
 from shared.positions import Pos, counter_of, decode_pos
 from shared.tasks import Background
 from shared.throttled import ThrottledLine
@@ -185,9 +186,9 @@ class Resumer:
         """`GapFills.fill` (`LocalConnections.gap_filler`)."""
         self.gap_fills.fill(conn, after, upto)
 
-    def catch_up(self, conn_ids: Collection[str] | None = None) -> int:
+    def catch_up(self, regs: Iterable[Registration] | None = None) -> int:
         """`GapFills.catch_up` (the heartbeat's, once Redis lost this gateway's routes)."""
-        return self.gap_fills.catch_up(conn_ids)
+        return self.gap_fills.catch_up(regs)
 
     @property
     def gap_filled(self) -> int:

@@ -3,6 +3,7 @@ by state."""
 
 from __future__ import annotations
 
+import contextlib
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, Path, Query
@@ -56,8 +57,8 @@ async def push_recipients(
     """The recipients in a state, in uid order, a page at a time: 404 when the push has
     no receipt (a job record alone is not enough), 409 for a push with more than
     IMROUTE_RECEIPTS_MAX_RECIPIENTS recipients (counts only)."""
-    try:
-        job = await fanout.status(push_id)
-    except NotFound:
-        job = None
+    job = None
+    if state == "queued":  # a multicast's queued end with the recovery window
+        with contextlib.suppress(NotFound):
+            job = await fanout.status(push_id)
     return JSONResponse(await receipts.recipients(push_id, state, cursor, limit, job))

@@ -275,6 +275,8 @@ class RedisStreamsTransport(BusLifecycle):
 
 # A reader that gets nothing says it is alive at least this often (`_Reader._seen`).
 SEEN_EVERY_MAX_S = 60.0
+# Past every entry ID: a read of the consumer's own pending entries from here has none.
+_PAST_EVERY_ID = "18446744073709551615-18446744073709551614"
 
 
 class _Reader:
@@ -345,10 +347,11 @@ class _Reader:
         consumer), so a live gateway on a quiet topic read as idle, and the trim deleted
         its groups as a departed gateway's after IMROUTE_BUS_GROUP_IDLE_S (the Redis
         Cluster operator's trial: a group topic without a multicast for 10 minutes).
-        A read of its own pending entries (ID 0) is answered at once, and refreshes it
-        on every version; what it returns is in hand already, and is not handed out."""
+        A read of its own pending entries past the highest ID there can be is answered
+        at once, with nothing, and refreshes it on every version, leaving the pending
+        entries' delivery times (which XAUTOCLAIM goes by) as they are."""
         await self._redis.xreadgroup(
-            self._group, self._consumer, dict.fromkeys(self._topics, "0"), count=1
+            self._group, self._consumer, dict.fromkeys(self._topics, _PAST_EVERY_ID), count=1
         )
 
     async def _read_pending(self) -> list[Received]:

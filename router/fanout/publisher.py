@@ -38,6 +38,7 @@ from shared.errors import ImrouteError
 from shared.models import Message
 from shared.positions import counter_of, epoch_of
 from shared.proto import gateway_pb2
+from shared.throttled import ThrottledLine
 from shared.tracing import (
     TRACEPARENT,
     AttributeValue,
@@ -60,6 +61,14 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+
+# Batches whose publish failed after they were logged apart, process-wide: the gateways
+# write them from the topic's recovery log (while Pub/Sub is down, every batch).
+FROM_LOG = ThrottledLine(
+    log,
+    "%(n)d batch(es) of %(topic)s not published (%(exc)s) since the last line; they are in "
+    "the topic's recovery log, from which the gateways write them (%(total)d in all)",
+)
 
 BROADCAST_TOPIC = BROADCAST
 
@@ -216,13 +225,7 @@ class BatchPublisher:
             # Logged apart before the publish: the gateways following the topic find it
             # in the log (a gap before the next batch, or the head they poll) and write
             # it from there, late. Listed as failed, it would be sent again, twice.
-            log.warning(
-                "publishing batch %s of %s failed (%s); it is in the topic's recovery log, "
-                "from which the gateways write it",
-                batch.batch_id,
-                topic,
-                exc,
-            )
+            FROM_LOG.note(topic=topic, exc=exc)
         except Exception:
             self.counters.failed_batches += 1
             raise

@@ -338,18 +338,18 @@ async def own_connection(client: RedisClient) -> AsyncIterator[RedisClient]:
 
 
 async def ping(client: RedisClient) -> bool:
-    """True when Redis answers."""
-    return await unanswered(client) is None
+    """True when Redis answers, and serves every slot when it is a cluster (readiness)."""
+    return await unanswered(client, serving=True) is None
 
 
-async def unanswered(client: RedisClient) -> str | None:
+async def unanswered(client: RedisClient, *, serving: bool = False) -> str | None:
     """Why Redis does not answer a PING (redis-py's words: a refused connection, a
     wrong password, a cluster none of whose nodes answers, which is a
-    RedisClusterException, not a RedisError), or a Redis Cluster does not serve all its
-    slots; None when it does. The words name no password."""
+    RedisClusterException, not a RedisError), or, with `serving`, why a Redis Cluster
+    does not serve all its slots; None when it does. The words name no password."""
     try:
         result: Any = await client.ping()
-        if result and isinstance(client, RedisCluster):
+        if result and serving and isinstance(client, RedisCluster):
             # One node answers a PING; whether the cluster serves every slot is its
             # cluster_state (`fail` from a master's loss until its replica took over).
             info: Any = await client.cluster_info()

@@ -179,7 +179,8 @@ class RedisRouteRegistry:
     async def refresh(self, registrations: Iterable[Registration]) -> list[Registration]:
         """Upsert the routes of live connections with a new deadline; returns those whose
         route was not there any more (Redis lost it: a restart, a shard restarted empty,
-        a failover; or it lapsed): pushes to them meanwhile found them offline.
+        a failover; or it lapsed), or may not have been (a chunk written on its second
+        try): pushes to them meanwhile found them offline.
 
         A chunk that fails (a flaky Redis) does not stop the rest: stopping there would
         leave the same users, those past it, unrefreshed round after round until their
@@ -198,7 +199,10 @@ class RedisRouteRegistry:
         error: RegistryUnavailable | None = None
         for chunk in failed:
             try:
-                missing += self._missing(chunk, await self._run(_refreshes(chunk)))
+                await self._run(_refreshes(chunk))
+                # The first try may have written some anew (a cluster's other nodes) and
+                # its answers were lost with its error: each counts as missing.
+                missing += chunk
             except RegistryUnavailable as exc:
                 left += len(chunk)
                 error = exc

@@ -37,15 +37,15 @@ class StatsSampler:
     _pending: dict[str, int] = field(default_factory=dict, init=False, repr=False)
     # Writes that failed (their counts went with a later one).
     failed: int = field(default=0, init=False)
-    _line: ThrottledLine = field(
-        default_factory=lambda: ThrottledLine(
-            log, "could not write the live stats (kept for later): %(exc)s", every_s=LOG_EVERY_S
-        ),
-        init=False,
-        repr=False,
-    )
+    _line: ThrottledLine = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
+        self._line = ThrottledLine(
+            log,
+            "could not write the live stats (kept for later): %(exc)s",
+            every_s=LOG_EVERY_S,
+            now=self.clock.monotonic,
+        )
         self._last = dict(self.counters())
 
     def _take(self) -> dict[str, int]:

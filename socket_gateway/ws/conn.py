@@ -41,6 +41,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import time
 from collections.abc import Awaitable, Callable, Collection
 from typing import TYPE_CHECKING, cast
 from urllib.parse import parse_qs, urlsplit
@@ -114,15 +115,18 @@ class LimitCounts:
 
     __slots__ = ("frame_rate", "user_cap")
 
-    def __init__(self) -> None:
+    def __init__(self, now: Callable[[], float] = time.monotonic) -> None:
         # connections closed 1008 for sending frames faster than their FrameRate
         self.frame_rate = ThrottledLine(
             log,
             "closed %(n)d connection(s) (1008) for sending frames faster than %(rate)g/s "
             "(burst %(burst)d), latest %(conn)s (%(total)d in all)",
+            now=now,
         )
         # new connections closed 4429 because their user was at the per-user cap
-        self.user_cap = ThrottledLine(log, "refused %(n)d connection(s) (4429): %(reason)s")
+        self.user_cap = ThrottledLine(
+            log, "refused %(n)d connection(s) (4429): %(reason)s", now=now
+        )
 
 
 # Write-side flow control: above HIGH we stop reading from that client (its pings and
@@ -188,7 +192,7 @@ class EndpointState:
         self.timers = timers or WsTimers()
         self.frame_rate = frame_rate  # each connection's client frames, when limited (1008)
         # what the client limits (frame rate, per-user cap) closed, for /metrics
-        self.limit_counts = limit_counts or LimitCounts()
+        self.limit_counts = limit_counts or LimitCounts(clock.monotonic)
         self.resumer = resumer  # replays to each new connection, when given
         self.acks = acks  # takes the clients' ack frames, when given (else ignored)
         self.max_connections = max_connections  # more are refused with HTTP 503

@@ -134,3 +134,28 @@ async def test_a_stopping_process_says_what_its_lines_hold_back(
         "lost 4 (5 in all) on b",
     ]
     assert quiet.total == 0 and line._timer is None
+
+
+def test_a_timer_left_on_a_closed_loop_does_not_stop_the_next_one(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A line outlives the loop its timer was set on (a process-wide line, tests, the
+    CLI): the next burst gets a timer on the loop that runs then."""
+    clock = Clock()
+    line = ThrottledLine(log, "refused %(n)d", every_s=0.05, now=clock)
+
+    async def burst() -> None:
+        line.note()
+        line.note(2)  # held back: a timer on this loop
+
+    async def burst_and_wait() -> None:
+        await burst()
+        clock.t += 1.0
+        await asyncio.sleep(0.2)  # this loop's timer says it
+
+    with caplog.at_level(logging.WARNING):
+        asyncio.run(burst())  # the loop closes before its timer fires
+        clock.t += 1.0
+        asyncio.run(burst_and_wait())
+    said = [r.getMessage() for r in caplog.records if r.name == log.name]
+    assert said == ["refused 1", "refused 3", "refused 2"], said
