@@ -106,7 +106,8 @@ class P2PPusher:
         # gateway back from a restart while its circuit is still open), and the inbox is
         # read only when a connection starts. So the push is tried again, in the background.
         self._retrying = Background("retrying a queued push", log)
-        # Each background retry's recipients it has not reached yet, by id of the list.
+        # Each background retry's recipients it has not reached yet, under the id of that
+        # list (held here, so no other list can take its id meanwhile).
         self._left: dict[int, list[str]] = {}
         self.retried = 0  # recipients a later try reached
         # Recipients of failed pushes not retried: MAX_RETRYING were being retried already.
@@ -370,8 +371,9 @@ class P2PPusher:
             late = set(reached or ())
         if outcome.failed and len(self._retrying) < MAX_RETRYING:
             failed = dataclasses.replace(item, uids=list(outcome.failed))
-            self._left[id(failed.uids)] = list(failed.uids)  # counted if it never starts
-            self._retrying.spawn(self._retry(failed, dict(seqs)))
+            left = list(outcome.failed)
+            self._left[id(left)] = left  # counted at the stop even if it never starts
+            self._retrying.spawn(self._retry(failed, dict(seqs), left))
         elif outcome.failed:
             self.not_retried.note(len(outcome.failed), retrying=MAX_RETRYING)
         if not late:
@@ -384,21 +386,20 @@ class P2PPusher:
             queued=[u for u in waiting if u not in late],
         )
 
-    async def _retry(self, item: Outgoing, seqs: Seqs) -> None:
+    async def _retry(self, item: Outgoing, seqs: Seqs, left: list[str]) -> None:
         """Deliver a queued push to failed recipients again, until it reaches them (and
         leaves their inbox), it expires, or RETRY_AFTER_S runs out. A recipient that
         reconnects meanwhile gets it from the inbox; its gateway then writes it once.
         Those it gives up on (the tries ran out, or the service stopped) are counted and
         said: a client connected all along gets the push only with its next one, or on
         its next connect."""
-        left = self._left[id(item.uids)]  # set when it was spawned; `aclose` reads it
         try:
             waited = await self._retries(item, seqs, left)
         except Exception:
-            del self._left[id(item.uids)]
+            del self._left[id(left)]
             self.given_up.note(len(left), why="the retry failed unexpectedly: logged")
             raise
-        del self._left[id(item.uids)]
+        del self._left[id(left)]
         if waited is not None and left:
             self.given_up.note(len(left), why=f"their gateways failed for {waited:.0f} s")
 
