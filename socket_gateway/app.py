@@ -38,7 +38,7 @@ from shared.throttled import ThrottledLine
 from shared.uids import REFUSED
 from socket_gateway.acks import AckReporter
 from socket_gateway.advertise import advertised
-from socket_gateway.bus_consumer import consume, gateway_topics
+from socket_gateway.bus_consumer import UNREADABLE, consume, gateway_topics
 from socket_gateway.connections import MAX_UNACKED, LocalConnections
 from socket_gateway.delivery import DeliverService, RecentIds
 from socket_gateway.delivery_ports import DeliveryPorts, open_delivery_ports
@@ -389,6 +389,11 @@ class Gateway(ClosedOnExit):
                 self.deliver_service.rejected.total,
             ),
         }
+        counts["unreadable_batches"] = (
+            "Bus entries no gateway can read (not a batch, or a bad seq or epoch "
+            "attribute): dropped",
+            UNREADABLE.total,
+        )
         counts["bus_consumer_restarts"] = (
             "Times the bus consumer died of an unexpected error and was restarted",
             self.consumer_restarts,

@@ -12,13 +12,22 @@ from google.protobuf.message import DecodeError
 from router.bus.base import BROADCAST, EPOCH, SEQ, Bus, Received, group_topic
 from shared.errors import BusUnavailable, ImrouteError
 from shared.proto import gateway_pb2
+from shared.throttled import ThrottledLine
 from shared.tracing import TRACEPARENT
 
-__all__ = ["consume", "gateway_topics"]
+__all__ = ["UNREADABLE", "consume", "gateway_topics"]
 
 log = logging.getLogger(__name__)
 
 RETRY_S = 1.0
+
+# Bus entries no gateway can read, dropped (acked), process-wide: counted, and logged.
+UNREADABLE = ThrottledLine(
+    log,
+    "dropped %(n)d unreadable batch(es) since the last line, the last %(entry)s on "
+    "%(topic)s: %(why)s (%(total)d in all)",
+    level=logging.ERROR,
+)
 
 
 def gateway_topics(group_id: str) -> list[str]:
@@ -76,11 +85,10 @@ def _read(received: Received) -> gateway_pb2.Batch | None:
             batch.seq = _counter(attributes[SEQ], 1)
             batch.epoch = _counter(attributes.get(EPOCH, "0"), 0)
     except (DecodeError, ValueError) as exc:
-        log.error(
-            "dropping an unreadable batch %s on %s: %s",
-            received.message_id,
-            received.topic,
-            "not a batch" if isinstance(exc, DecodeError) else f"bad attributes ({exc})",
+        UNREADABLE.note(
+            entry=received.message_id,
+            topic=received.topic,
+            why="not a batch" if isinstance(exc, DecodeError) else f"bad attributes ({exc})",
         )
         return None
     return batch

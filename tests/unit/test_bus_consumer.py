@@ -15,7 +15,7 @@ from router.bus.base import EPOCH, SEQ
 from shared.batches import to_batch
 from shared.models import Message
 from shared.proto import gateway_pb2
-from socket_gateway.bus_consumer import consume
+from socket_gateway.bus_consumer import UNREADABLE, consume
 
 
 def data(n: int, seq: int = 0) -> bytes:
@@ -54,6 +54,7 @@ async def test_an_unreadable_batch_is_logged_and_acked_and_those_behind_it_go_on
     times, and drained the gateway: every gateway, for a broadcast."""
     got: list[str] = []
     done = asyncio.Event()
+    before = UNREADABLE.total
 
     async def offer(topic: str, batch: gateway_pb2.Batch) -> None:
         got.append(batch.batch_id)
@@ -72,7 +73,6 @@ async def test_an_unreadable_batch_is_logged_and_acked_and_those_behind_it_go_on
         with contextlib.suppress(asyncio.CancelledError):
             await task
     assert got == ["b4"]
+    assert UNREADABLE.total - before == 3  # counted (imroute_gateway_unreadable_batches_total)
     lines = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
-    assert len(lines) == 3, lines
-    assert "bad attributes" in lines[0] and "'7x'" in lines[0], lines
-    assert lines[2].endswith("on broadcast: not a batch"), lines
+    assert len(lines) <= 1, lines  # and said, one line per 10 s
