@@ -149,7 +149,7 @@ async def test_a_forged_content_is_refused_whole(
                 await rpc.deliver_many("gw1", address, [good, bad], 2.0)
             assert "batch 1:" in refused.value.reason
             assert await nothing_more(ws, 0.2)
-            assert gw.deliver_service.rejected == 2
+            assert gw.deliver_service.rejected.total == 2
             assert "imroute_gateway_rejected_batches_total 2.0" in render(gw.metrics).decode()
         await rpc.close()
 
@@ -174,7 +174,7 @@ async def test_ids_and_counts_are_capped(
         with pytest.raises(GatewayUnavailable) as refused:
             await deliver_one(rpc, "gw1", f"127.0.0.1:{gw.grpc_port}", bad, 2.0)
         assert refused.value.code == "INVALID_ARGUMENT" and why in refused.value.reason
-        assert gw.deliver_service.rejected == 1 and len(gw.deliver_service._recent) == 0
+        assert gw.deliver_service.rejected.total == 1 and len(gw.deliver_service._recent) == 0
         await rpc.close()
 
 
@@ -192,7 +192,7 @@ async def test_a_forged_batch_on_the_bus_is_dropped_counted_and_the_next_deliver
             await bus.publish(BROADCAST, fine.SerializeToString())
             frame = await recv_json(ws)
             assert frame["type"] == "push" and frame["content"] == {"ok": True}, frame
-            await wait_for(lambda: gw.deliver_service.rejected == 1, "the count")
+            await wait_for(lambda: gw.deliver_service.rejected.total == 1, "the count")
 
 
 async def test_mutual_tls(redis_url: str, prefix: str, certs: tuple[Path, Path]) -> None:
