@@ -9,7 +9,8 @@ IMROUTE_BUS_MAXLEN before a live gateway read it) moves from `published` to
 `failed_batches`: the bus reports it (`BusLosses`), and each publish takes the push's
 lost batches so far. A batch whose publish failed after it was logged apart (Pub/Sub)
 is no failure: the gateways read it from the log, late; it counts as published, and the
-job's next batches go to the log alone for BUS_RETRY_S before the bus is tried again.
+next batches of every job go to the log alone for BUS_RETRY_S before the bus is tried
+again.
 
 A batch of a push job may be published more than once: a publish whose first attempt
 reached the bus after all, or the page a resumed job publishes again because its previous
@@ -26,6 +27,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import time
+import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import KW_ONLY, dataclass, field, replace
 from typing import Protocol, runtime_checkable
@@ -66,8 +68,10 @@ log = logging.getLogger(__name__)
 
 # Batches whose publish failed after they were logged apart, process-wide: the gateways
 # write them from the topic's recovery log (while Pub/Sub is down, every batch).
-# After such a failure a job leaves the bus alone this long, its batches in the log only.
+# After such a failure every job leaves that bus alone this long, its batches in the
+# log only: a bus that stays down costs no publish timeout per batch.
 BUS_RETRY_S = 10.0
+_BUS_BACK_AT: weakref.WeakKeyDictionary[Publisher, float] = weakref.WeakKeyDictionary()
 FROM_LOG = ThrottledLine(
     log,
     "%(n)d batch(es) of %(topic)s not published (%(exc)s) since the last line; they are in "
@@ -141,9 +145,6 @@ class BatchPublisher:
     _losses: BusLosses | None = field(init=False, repr=False)
     _log_apart: RecoveryLog | None = field(init=False, repr=False)  # the bus does not log
     _log_on_bus: bool = field(init=False, repr=False)  # each publish asks for its place
-    # Logged apart, after a publish failed: until then the bus is not tried (the log
-    # carries the batches), so a bus that stays down costs no publish timeout per batch.
-    _bus_back_at: float = field(default=0.0, init=False, repr=False)
 
     def __post_init__(self) -> None:
         content = self.content
@@ -221,7 +222,7 @@ class BatchPublisher:
         self.counters.batches += 1
         if group_id:
             self.counters.per_group[group_id] = self.counters.per_group.get(group_id, 0) + 1
-        if self._log_apart is not None and time.monotonic() < self._bus_back_at:
+        if self._log_apart is not None and time.monotonic() < _BUS_BACK_AT.get(self.publisher, 0.0):
             FROM_LOG.note(topic=topic, exc=f"the bus failed a publish within {BUS_RETRY_S:g} s")
             self.counters.published += 1
             return
@@ -237,7 +238,7 @@ class BatchPublisher:
             # in the log (a gap before the next batch, or the head they poll) and write
             # it from there, late. Listed as failed, it would be sent again, twice.
             FROM_LOG.note(topic=topic, exc=exc)
-            self._bus_back_at = time.monotonic() + BUS_RETRY_S
+            _BUS_BACK_AT[self.publisher] = time.monotonic() + BUS_RETRY_S
         except Exception:
             self.counters.failed_batches += 1
             raise
