@@ -3,7 +3,8 @@ in-memory stand-ins that unit tests, examples and benchmarks share.
 
 - `FakeGatewayClient`: the gateway RPC seam (`ManyGatewayClient`) in memory;
   `deliver_one` and `deliver_alone`, one batch through either seam (a batch of one).
-- `MemoryBus`: the `memory://` bus, in-process (from `router.bus.memory`).
+- `MemoryBus`: the `memory://` bus, in-process (from `router.bus.memory`);
+  `UnreachableTransport`, a bus transport that answers no publish.
 - `ManualClock`: the injected clock, moved by hand (from `shared.clock`).
 - The stores in memory, behind the router's seams (`router.testing.routes`,
   `router.testing.stores`): `MemoryRouteRegistry`, `MemoryGatewayFleet`,
@@ -22,8 +23,9 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Mapping, Sequence
 
-from router.bus.memory import MemoryBus
+from router.bus.memory import MemoryBus, MemoryTransport
 from router.gateway_rpc.base import Batches, EachGatewayClient, ManyGatewayClient, Replies
+from router.hedging import Attempt, AttemptContext
 from router.testing.routes import MemoryDrainRequests, MemoryGatewayFleet, MemoryRouteRegistry
 from router.testing.stores import (
     MemoryJobStore,
@@ -32,7 +34,7 @@ from router.testing.stores import (
     MemoryStatsStore,
 )
 from shared.clock import ManualClock
-from shared.errors import GatewayUnavailable
+from shared.errors import BusUnavailable, GatewayUnavailable
 from shared.proto import gateway_pb2
 
 __all__ = [
@@ -46,9 +48,29 @@ __all__ = [
     "MemoryRecoveryLog",
     "MemoryRouteRegistry",
     "MemoryStatsStore",
+    "UnreachableTransport",
     "deliver_alone",
     "deliver_one",
 ]
+
+
+class UnreachableTransport(MemoryTransport):
+    """A bus transport that answers no publish (a bus out): every attempt fails as an
+    outage's, worth another try; `attempts` counts them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.attempts = 0
+
+    async def attempt(self, topic: str, data: bytes, attributes: Mapping[str, str]) -> Attempt[str]:
+        async def fail(ctx: AttemptContext) -> str:
+            self.attempts += 1
+            raise BusUnavailable("bus unreachable: no publish answered")
+
+        return fail
+
+    def is_retryable(self, exc: BaseException) -> bool:
+        return True
 
 
 class FakeGatewayClient:

@@ -169,13 +169,14 @@ async def amy_behind_faults(
 
 @asynccontextmanager
 async def two_groups(
-    redis_url: str, prefix: str
+    redis_url: str, prefix: str, bus: Bus | None = None, api_bus: Bus | None = None
 ) -> AsyncIterator[tuple[Gateway, Gateway, httpx.AsyncClient]]:
-    """Gateways gw1 in group g1 and gw2 in group g2, and the push API."""
+    """Gateways gw1 in group g1 and gw2 in group g2, and the push API; on `bus` when
+    given (the push API on `api_bus`, if that is given too), else each on its own."""
     async with (
-        gateway(redis_url, prefix, "gw1", "g1") as gw1,
-        gateway(redis_url, prefix, "gw2", "g2") as gw2,
-        api(redis_url, prefix) as http,
+        gateway(redis_url, prefix, "gw1", "g1", bus=bus) as gw1,
+        gateway(redis_url, prefix, "gw2", "g2", bus=bus) as gw2,
+        api(redis_url, prefix, bus=api_bus or bus) as http,
     ):
         yield gw1, gw2, http
 

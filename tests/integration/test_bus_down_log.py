@@ -6,49 +6,27 @@ Redis, real gateways and WebSocket clients; the push service's bus fails every a
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
 import pytest
 
-from router.bus import HedgedBus, MemoryTransport
-from router.hedging import Attempt, AttemptContext, RetrySettings
-from router.testing import MemoryBus
-from shared.errors import BusUnavailable
-from tests.integration.stack import AUTH, api, client, gateway, nothing_more, recv_json
+from router.bus import HedgedBus
+from router.hedging import RetrySettings
+from router.testing import MemoryBus, UnreachableTransport
+from tests.integration.stack import AUTH, client, nothing_more, recv_json, two_groups
 from tests.waiting import wait_for
 
 pytestmark = pytest.mark.integration
-
-
-class Down(MemoryTransport):
-    """A bus that answers no publish (Pub/Sub out): each attempt fails, worth a retry."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.attempts = 0
-
-    async def attempt(self, topic: str, data: bytes, attributes: Mapping[str, str]) -> Attempt[str]:
-        async def fail(ctx: AttemptContext) -> str:
-            self.attempts += 1
-            raise BusUnavailable("pubsub publish: 503 the service is unavailable")
-
-        return fail
-
-    def is_retryable(self, exc: BaseException) -> bool:
-        return True
 
 
 async def test_batches_a_bus_would_not_take_reach_the_clients_from_the_log(
     redis_url: str, prefix: str, redis: object
 ) -> None:
     retry = RetrySettings(initial_backoff_s=0.01, max_backoff_s=0.01, total_timeout_s=0.3)
-    down = Down()
+    down = UnreachableTransport()
     async with MemoryBus() as bus, HedgedBus(down, retry=retry) as broken:
         async with (
-            gateway(redis_url, prefix, "gw1", "g1", bus=bus) as gw1,
-            gateway(redis_url, prefix, "gw2", "g2", bus=bus) as gw2,
-            api(redis_url, prefix, bus=broken) as http,
+            two_groups(redis_url, prefix, bus, broken) as (gw1, gw2, http),
             client(gw1, "ann") as ann,
             client(gw2, "bob") as bob,
         ):

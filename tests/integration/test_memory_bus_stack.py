@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from router.testing import MemoryBus
-from tests.integration.stack import AUTH, api, client, gateway, nothing_more, recv_json
+from tests.integration.stack import AUTH, client, nothing_more, recv_json, two_groups
 from tests.waiting import wait_for
 
 pytestmark = pytest.mark.integration
@@ -17,9 +17,7 @@ async def test_one_memory_bus_carries_broadcast_and_multicast_to_every_gateway(
 ) -> None:
     async with MemoryBus() as bus:
         async with (
-            gateway(redis_url, prefix, "gw1", "g1", bus=bus) as gw1,
-            gateway(redis_url, prefix, "gw2", "g2", bus=bus) as gw2,
-            api(redis_url, prefix, bus=bus) as http,
+            two_groups(redis_url, prefix, bus) as (gw1, gw2, http),
             client(gw1, "ann") as ann,
             client(gw2, "bob") as bob,
         ):

@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 
 import pytest
 
-from router.bus import HedgedBus, MemoryTransport
+from router.bus import HedgedBus
 from router.fanout.broadcast import run_broadcast
 from router.fanout.failures import MAX_CONSECUTIVE_FAILURES
 from router.fanout.publisher import (
@@ -17,8 +17,9 @@ from router.fanout.publisher import (
     PushCounters,
     stable_batch_id,
 )
-from router.hedging import Attempt, AttemptContext, RetrySettings
+from router.hedging import RetrySettings
 from router.recovery.base import OFFLINE_TOPIC
+from router.testing import UnreachableTransport
 from shared.errors import BusUnavailable
 from shared.models import Message
 from shared.proto import gateway_pb2
@@ -182,28 +183,10 @@ async def test_a_batch_is_logged_under_the_id_it_is_published_with() -> None:
     assert offline.mode == gateway_pb2.MODE_MULTICAST
 
 
-class Unreachable(MemoryTransport):
-    """A transport that never answers: every attempt fails, worth another try."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.attempts = 0
-
-    async def attempt(self, topic: str, data: bytes, attributes: Mapping[str, str]) -> Attempt[str]:
-        async def fail(ctx: AttemptContext) -> str:
-            self.attempts += 1
-            raise BusUnavailable("unreachable")
-
-        return fail
-
-    def is_retryable(self, exc: BaseException) -> bool:
-        return True
-
-
 class Handed:
     """Counts the batches handed to the bus."""
 
-    def __init__(self, bus: HedgedBus[Unreachable]) -> None:
+    def __init__(self, bus: HedgedBus[UnreachableTransport]) -> None:
         self.bus = bus
         self.calls = 0
 
@@ -217,12 +200,12 @@ class Handed:
 async def test_a_batch_is_retried_by_the_bus_alone() -> None:
     """One retry layer per hop: the bus's, within its total timeout; the batch publisher
     hands each batch over once and counts what the bus gave up on."""
-    transport, counters = Unreachable(), PushCounters()
+    transport, counters = UnreachableTransport(), PushCounters()
     retry = RetrySettings(initial_backoff_s=0.001, max_backoff_s=0.001, total_timeout_s=0.03)
     async with HedgedBus(transport, retry=retry) as bus:
         handed = Handed(bus)
         publisher = BatchPublisher(handed, message(), 0, counters)
-        with pytest.raises(BusUnavailable, match="unreachable"):
+        with pytest.raises(BusUnavailable, match="bus unreachable"):
             await publisher.publish(gateway_pb2.MODE_BROADCAST, BROADCAST_TOPIC, ["a"])
     assert handed.calls == 1 and transport.attempts > 1
     assert (counters.batches, counters.published, counters.failed_batches) == (1, 0, 1)
