@@ -204,11 +204,7 @@ class AckReporter:
 
     async def flush(self) -> None:
         """Write what waits; what arrives meanwhile goes in the next flush."""
-        acked, self._acked = self._acked, {}
-        marks = self._marks
-        self._marks = {ACKED: {}, DELIVERED: {}, EXPIRED: {}}
-        derived, self._derived = self._derived, {}
-        self._pending = 0
+        acked, marks, derived = self._take()
         if not acked and not any(marks.values()):
             return
         self.counts.flushes += 1
@@ -260,7 +256,7 @@ class AckReporter:
             self._bug_line.note(exc_info=exc)
             return
         self._bug_kept = False
-        n = len(acked) + sum(len(uids) for by_push in marks.values() for uids in by_push.values())
+        n = _updates(acked, marks)
         self.counts.dropped += n
         self._dropped_line.note(n, exc_info=exc)
 
@@ -282,8 +278,8 @@ class AckReporter:
         if self._flushing is not None:
             await asyncio.gather(self._flushing, return_exceptions=True)
         await self.flush()
-        lost = self._waiting()
-        if lost:
+        acked, marks, _ = self._take()  # what the last flush put back
+        if lost := _updates(acked, marks):
             self.counts.dropped += lost
             log.error(
                 "%d ack and receipt update(s) not written at shutdown (Redis did not take "
@@ -291,15 +287,21 @@ class AckReporter:
                 "their receipts do not say acked (imroute_gateway_ack_updates_dropped_total)",
                 lost,
             )
-            self._acked = {}
-            self._marks = {ACKED: {}, DELIVERED: {}, EXPIRED: {}}
-            self._pending = 0
 
-    def _waiting(self) -> int:
-        """Updates that wait for a flush: acked positions and receipt marks."""
-        return len(self._acked) + sum(
-            len(uids) for by_push in self._marks.values() for uids in by_push.values()
-        )
+    def _take(
+        self,
+    ) -> tuple[dict[str, int], dict[str, dict[str, set[str]]], dict[str, set[str]]]:
+        """What waits for a flush, taken: acked positions, receipt marks, derived acks."""
+        acked, self._acked = self._acked, {}
+        marks, self._marks = self._marks, {ACKED: {}, DELIVERED: {}, EXPIRED: {}}
+        derived, self._derived = self._derived, {}
+        self._pending = 0
+        return acked, marks, derived
+
+
+def _updates(acked: dict[str, int], marks: dict[str, dict[str, set[str]]]) -> int:
+    """How many updates: acked positions and receipt marks."""
+    return len(acked) + sum(len(uids) for by_push in marks.values() for uids in by_push.values())
 
 
 def _union(a: dict[str, set[str]], b: dict[str, set[str]]) -> dict[str, set[str]]:

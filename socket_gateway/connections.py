@@ -128,7 +128,7 @@ class LocalConnections:
         return True
 
     def holds_registration(self, reg: Registration) -> bool:
-        return any(c.conn_id == reg.conn_id for c in self._by_uid.get(reg.uid, ()))
+        return bool(self.of((reg,)))
 
     def of(self, regs: Iterable[Registration]) -> list[ClientConn]:
         """The connections of `regs` still here (found by uid: as many steps as regs)."""

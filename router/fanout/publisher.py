@@ -66,12 +66,13 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-# Batches whose publish failed after they were logged apart, process-wide: the gateways
-# write them from the topic's recovery log (while Pub/Sub is down, every batch).
-# After such a failure every job leaves that bus alone this long, its batches in the
-# log only: a bus that stays down costs no publish timeout per batch.
+# After a failed publish of a batch logged apart, every job leaves that bus alone this
+# long, its batches in the log only: a bus that stays down costs no publish timeout per
+# batch. When each bus is tried again:
 BUS_RETRY_S = 10.0
 _BUS_BACK_AT: weakref.WeakKeyDictionary[Publisher, float] = weakref.WeakKeyDictionary()
+# Batches logged apart whose publish failed or was not tried, process-wide: the gateways
+# write them from the topic's recovery log (while Pub/Sub is down, every batch).
 FROM_LOG = ThrottledLine(
     log,
     "%(n)d batch(es) of %(topic)s not published (%(exc)s) since the last line; they are in "
