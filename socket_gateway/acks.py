@@ -116,6 +116,28 @@ class AckReporter:
             now=now,
         )
 
+    def metrics(self) -> dict[str, tuple[str, float]]:
+        """The acks' counters for /metrics: name -> (help, value)."""
+        c = self.counts
+        return {
+            "acks": ("Client ack frames that acked pushes", c.acks),
+            "acked_pushes": ("Pushes (per connection) those acks covered", c.acked),
+            "bad_acks": (
+                "Client ack frames ignored: malformed, unknown, ahead of what was sent, or "
+                "already acked",
+                c.bad,
+            ),
+            "ack_flush_failures": (
+                "Writes of acks to Redis that failed (kept for the next one)",
+                c.failed_flushes,
+            ),
+            "ack_updates_dropped": (
+                "Ack and delivery updates dropped while Redis kept failing, after a "
+                "write failed twice with a bug, or not written at shutdown",
+                c.dropped,
+            ),
+        }
+
     # ------------------------------------------------------------------ the connections' side
 
     def on_ack(self, conn: ClientConn | None, pos: str) -> None:

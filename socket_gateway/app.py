@@ -382,118 +382,60 @@ class Gateway(ClosedOnExit):
     def counts(self) -> dict[str, tuple[str, float]]:
         """The gateway's own counters for /metrics beyond the delivery counts: name ->
         (help, value), read at each scrape."""
+        conns, deliveries = self.conns, self.deliver_service
         counts: dict[str, tuple[str, float]] = {
             "rejected_batches": (
                 "Batches refused as malformed (content not one JSON value, ids or counts "
                 "over their caps): nothing of them was written",
-                self.deliver_service.rejected.total,
+                deliveries.rejected.total,
+            ),
+            "unreadable_batches": (
+                "Bus entries no gateway can read (not a batch, or a bad seq or epoch "
+                "attribute): dropped",
+                UNREADABLE.total,
+            ),
+            "bus_consumer_restarts": (
+                "Times the bus consumer died of an unexpected error and was restarted",
+                self.consumer_restarts,
+            ),
+            "dedupe_evicted_early": (
+                "Batch ids forgotten before their dedupe window ran out (its count or byte "
+                "cap): a duplicate of one would be written again",
+                deliveries.evicted_early,
+            ),
+            "uids_refused": (
+                "uids refused by the uid rule: a client token's sub (also counted in "
+                "handshakes_refused_unauthorized)",
+                REFUSED.total,
+            ),
+            "metrics_heads_refused": (
+                "Requests to the metrics port refused for a request head over a limit "
+                "(IMROUTE_HTTP_MAX_HEAD_BYTES, _MAX_HEADERS: 431; _MAX_URL_BYTES: 414)",
+                self.metrics_refused.total,
+            ),
+            "unacked_forgotten": (
+                f"Pushes a connection was sent and never acked, past the {MAX_UNACKED} it "
+                "is remembered for: still in the inbox, sent again on the next connect",
+                conns.unacked_forgotten,
+            ),
+            "slow_consumers_aborted": (
+                "Connections aborted with more than IMROUTE_MAX_WRITE_BUFFER bytes unsent: "
+                "what was unsent is lost to them (a stored push comes back on their next "
+                "connect)",
+                conns.slow_aborted,
             ),
         }
-        counts["unreadable_batches"] = (
-            "Bus entries no gateway can read (not a batch, or a bad seq or epoch "
-            "attribute): dropped",
-            UNREADABLE.total,
-        )
-        counts["bus_consumer_restarts"] = (
-            "Times the bus consumer died of an unexpected error and was restarted",
-            self.consumer_restarts,
-        )
-        counts["dedupe_evicted_early"] = (
-            "Batch ids forgotten before their dedupe window ran out (its count or byte "
-            "cap): a duplicate of one would be written again",
-            self.deliver_service.evicted_early,
-        )
         if self.token_check is not None:
             counts["unauthenticated_calls"] = (
                 "gRPC calls refused for a missing or wrong IMROUTE_INTERNAL_TOKEN",
                 self.token_check.refused,
             )
-        if self.ws_endpoint is not None:
-            counts.update(self.ws_endpoint.refusals.metrics())
-        counts["uids_refused"] = (
-            "uids refused by the uid rule: a client token's sub (also counted in "
-            "handshakes_refused_unauthorized)",
-            REFUSED.total,
-        )
-        counts["metrics_heads_refused"] = (
-            "Requests to the metrics port refused for a request head over a limit "
-            "(IMROUTE_HTTP_MAX_HEAD_BYTES, _MAX_HEADERS: 431; _MAX_URL_BYTES: 414)",
-            self.metrics_refused.total,
-        )
-        if self.resumer is not None:
-            r = self.resumer.stats
-            counts["resumes"] = ("Connections that asked to resume (since=)", r.resumes)
-            counts["resumes_incomplete"] = ("Resumes answered complete:false", r.incomplete)
-            counts["replayed_pushes"] = ("Push frames written by replays", r.replayed)
-            counts.update(resume_budget_counts(self.resumer))
-        if self.follower is not None:
-            counts.update(self.follower.metrics())
-        if self.acks is not None:
-            a = self.acks.counts
-            counts["acks"] = ("Client ack frames that acked pushes", a.acks)
-            counts["acked_pushes"] = ("Pushes (per connection) those acks covered", a.acked)
-            counts["bad_acks"] = (
-                "Client ack frames ignored: malformed, unknown, ahead of what was sent, or "
-                "already acked",
-                a.bad,
-            )
-            counts["ack_flush_failures"] = (
-                "Writes of acks to Redis that failed (kept for the next one)",
-                a.failed_flushes,
-            )
-            counts["ack_updates_dropped"] = (
-                "Ack and delivery updates dropped while Redis kept failing, after a "
-                "write failed twice with a bug, or not written at shutdown",
-                a.dropped,
-            )
-        counts["unacked_forgotten"] = (
-            f"Pushes a connection was sent and never acked, past the {MAX_UNACKED} it is "
-            "remembered for: still in the inbox, sent again on the next connect",
-            self.conns.unacked_forgotten,
-        )
-        counts["slow_consumers_aborted"] = (
-            "Connections aborted with more than IMROUTE_MAX_WRITE_BUFFER bytes unsent: "
-            "what was unsent is lost to them (a stored push comes back on their next "
-            "connect)",
-            self.conns.slow_aborted,
-        )
+        # Each part that counts more says what (name -> (help, value)).
+        refusals = self.ws_endpoint.refusals if self.ws_endpoint is not None else None
+        for part in (refusals, self.resumer, self.follower, self.acks):
+            if part is not None:
+                counts.update(part.metrics())
         return counts
-
-
-def resume_budget_counts(resumer: Resumer) -> dict[str, tuple[str, float]]:
-    """What one resume may read (`socket_gateway.resume_budget`): what it turned down,
-    and the topic-log reads resumes made."""
-    r, spans = resumer.stats, resumer.spans
-    return {
-        "resumes_rate_limited": (
-            "Resumes whose position was not read, over IMROUTE_RECOVERY_RESUME_RATE_PER_UID "
-            "for their user (the inbox only, complete:false)",
-            r.limited.total,
-        ),
-        "resume_topics_over_budget": (
-            "Topic logs a resume did not read: its position was over "
-            "IMROUTE_RECOVERY_RESUME_MAX batches or _MAX_BYTES behind the head",
-            r.over.total,
-        ),
-        "resume_moves_refused": (
-            "Resumes whose position named another group that no gateway of it could have "
-            "given out lately: nothing of that group read (complete:false)",
-            r.moves_refused.total,
-        ),
-        "resume_topic_reads": (
-            "Topic-log reads resumes made in Redis (ranges held in memory not counted)",
-            spans.reads,
-        ),
-        "resume_topic_read_bytes": (
-            "Bytes of topic-log entries those reads brought",
-            spans.read_bytes,
-        ),
-        "move_tails_stopped": (
-            "Moved connections whose old group's log grew past the read budget: not "
-            "followed further",
-            resumer.tails.stopped.total,
-        ),
-    }
 
 
 def _hostport(host: str, port: int) -> str:

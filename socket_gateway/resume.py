@@ -105,6 +105,44 @@ class Resumer:
         self._gaps = Background("a gap fill or move tail", log)
         self.gap_fills = GapFills(self._read_users, conns, clock, report, self._gaps.spawn)
 
+    def metrics(self) -> dict[str, tuple[str, float]]:
+        """The resumes' counters for /metrics: name -> (help, value); with what the read
+        budget (`socket_gateway.resume_budget`) turned down and the topic-log reads."""
+        r, spans = self.stats, self.spans
+        return {
+            "resumes": ("Connections that asked to resume (since=)", r.resumes),
+            "resumes_incomplete": ("Resumes answered complete:false", r.incomplete),
+            "replayed_pushes": ("Push frames written by replays", r.replayed),
+            "resumes_rate_limited": (
+                "Resumes whose position was not read, over IMROUTE_RECOVERY_RESUME_RATE_PER_UID "
+                "for their user (the inbox only, complete:false)",
+                r.limited.total,
+            ),
+            "resume_topics_over_budget": (
+                "Topic logs a resume did not read: its position was over "
+                "IMROUTE_RECOVERY_RESUME_MAX batches or _MAX_BYTES behind the head",
+                r.over.total,
+            ),
+            "resume_moves_refused": (
+                "Resumes whose position named another group that no gateway of it could have "
+                "given out lately: nothing of that group read (complete:false)",
+                r.moves_refused.total,
+            ),
+            "resume_topic_reads": (
+                "Topic-log reads resumes made in Redis (ranges held in memory not counted)",
+                spans.reads,
+            ),
+            "resume_topic_read_bytes": (
+                "Bytes of topic-log entries those reads brought",
+                spans.read_bytes,
+            ),
+            "move_tails_stopped": (
+                "Moved connections whose old group's log grew past the read budget: not "
+                "followed further",
+                self.tails.stopped.total,
+            ),
+        }
+
     def _own(self, topic: str) -> bool:
         """Whether `topic` is one this gateway follows (its spans are kept)."""
         group = self._conns.marks.group
