@@ -36,11 +36,12 @@ not one mark per push (`derives_ack`).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
 from router.p2p.plan import PushOutcome
+from shared.errors import InvalidInput
 from shared.keys import slot_tagged
 from shared.models import Message
 from shared.positions import counter_of, epoch_of
@@ -68,12 +69,15 @@ __all__ = [
     "derive",
     "derives_ack",
     "estimated",
+    "listed",
     "message_meta",
     "moves_up",
     "p2p_receipt",
     "preview_of",
+    "recipient_page",
     "split_acked",
     "stored_value",
+    "tally",
     "unwritten",
     "with_early",
 ]
@@ -85,7 +89,11 @@ DELIVERED = "d"
 ACKED = "a"
 STATES = (QUEUED, EXPIRED, DELIVERED, ACKED)  # in rank order: a state only moves right
 # What `ReceiptReads.page` lists: the states each name covers.
-LISTS = {"acked": {ACKED}, "unacked": {QUEUED, EXPIRED, DELIVERED}, "queued": {QUEUED}}
+LISTS = {
+    "acked": frozenset({ACKED}),
+    "unacked": frozenset({QUEUED, EXPIRED, DELIVERED}),
+    "queued": frozenset({QUEUED}),
+}
 
 
 def moves_up(old: str | None, new: str) -> bool:
@@ -157,6 +165,14 @@ def derives_ack(push_id: str, seq: int, furthest: int, inbox_max: int) -> bool:
         and counter_of(furthest) - counter_of(seq) < inbox_max
         and slot_tagged(push_id)
     )
+
+
+def tally(states: Iterable[str]) -> dict[str, int]:
+    """How many of `states` each state (`STATES`) holds."""
+    counts = dict.fromkeys(STATES, 0)
+    for state in states:
+        counts[state] += 1
+    return counts
 
 
 def unwritten(recipients: int, delivered: int, expired: int) -> int:
@@ -234,6 +250,24 @@ class NewReceipt:
 class RecipientPage:
     uids: list[str]
     cursor: str | None  # pass it back for the next page; None: that was the last
+
+
+def listed(state: str) -> frozenset[str]:
+    """The states the list `state` names (`LISTS`); InvalidInput for any other name."""
+    wanted = LISTS.get(state)
+    if wanted is None:
+        raise InvalidInput("state", "must be acked, unacked or queued")
+    return wanted
+
+
+def recipient_page(
+    states: Mapping[str, str], wanted: frozenset[str], cursor: str | None, limit: int
+) -> RecipientPage:
+    """Up to `limit` uids of `states` (uid -> state) in a state of `wanted` (`listed`),
+    in uid order after `cursor` (None: from the first)."""
+    uids = sorted(u for u, s in states.items() if s in wanted and (cursor is None or u > cursor))
+    page = uids[:limit]
+    return RecipientPage(page, page[-1] if len(uids) > limit else None)
 
 
 class ReceiptLog(Protocol):

@@ -27,9 +27,7 @@ from router.receipts.base import (
     ACKED,
     DELIVERED,
     EXPIRED,
-    LISTS,
     QUEUED,
-    STATES,
     Counts,
     Cursor,
     NewReceipt,
@@ -38,7 +36,10 @@ from router.receipts.base import (
     derivable,
     derive,
     estimated,
+    listed,
+    recipient_page,
     stored_value,
+    tally,
     unwritten,
     with_early,
 )
@@ -46,7 +47,6 @@ from router.redis.autopipe import AutoPipeline
 from router.redis.client import RedisClient
 from router.redis.errors import translate_errors
 from router.redis.scripts import Script, ScriptRunner
-from shared.errors import InvalidInput
 from shared.keys import KeySchema, slot_tagged
 
 __all__ = ["EARLY_TTL_MS", "MARK_CHUNK", "PENDING_TTL_MS", "RedisReceiptStore"]
@@ -223,9 +223,7 @@ class RedisReceiptStore:
         fields: dict[Any, Any] = await self.redis.hgetall(key)
         if "m" not in fields:
             return None
-        by_state = dict.fromkeys(STATES, 0)
-        for state in (await self._states(push_id, fields)).values():
-            by_state[state] += 1
+        by_state = tally((await self._states(push_id, fields)).values())
         acked = by_state[ACKED]
         return Counts(
             mode=str(fields["m"]),
@@ -289,18 +287,12 @@ class RedisReceiptStore:
 
     @translate_errors
     async def page(self, push_id: str, state: str, cursor: str | None, limit: int) -> RecipientPage:
-        wanted = LISTS.get(state)
-        if wanted is None:
-            raise InvalidInput("state", "must be acked, unacked or queued")
+        wanted = listed(state)
         key = self.keys.receipt(push_id)[0]
         # A listable receipt holds at most IMROUTE_RECEIPTS_MAX_RECIPIENTS uids: read
         # whole (HSCAN's order is not stable across pages of a changing hash).
         states = await self._states(push_id, await self.redis.hgetall(key))
-        uids = sorted(
-            u for u, s in states.items() if s in wanted and (cursor is None or u > cursor)
-        )
-        page = uids[:limit]
-        return RecipientPage(page, page[-1] if len(uids) > limit else None)
+        return recipient_page(states, wanted, cursor, limit)
 
     @translate_errors
     async def meta(self, push_id: str) -> dict[str, str]:

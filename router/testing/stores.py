@@ -24,21 +24,21 @@ from router.receipts.base import (
     ACKED,
     DELIVERED,
     EXPIRED,
-    LISTS,
     QUEUED,
-    STATES,
     Counts,
     NewReceipt,
     RecipientPage,
     derive,
     estimated,
+    listed,
     moves_up,
+    recipient_page,
     stored_value,
+    tally,
     unwritten,
 )
 from router.recovery.base import ContentWrites
 from shared.clock import Clock
-from shared.errors import InvalidInput
 from shared.keys import slot_tagged
 from shared.models import Message
 from shared.proto import gateway_pb2
@@ -138,7 +138,7 @@ class _Receipt:
     online: int = 0
     listable: bool = True
     kept: bool = True
-    counters: dict[str, int] = field(default_factory=lambda: dict.fromkeys(STATES, 0))
+    counters: dict[str, int] = field(default_factory=lambda: tally(()))
     states: dict[str, str] = field(default_factory=dict)  # listable: uid -> state
     acked: set[str] = field(default_factory=set)  # counts-only
     delivered: set[str] = field(default_factory=set)  # counts-only
@@ -253,9 +253,7 @@ class MemoryReceiptStore:
             return None
         c = r.counters
         if r.positions:  # counted from its states, derived
-            c = dict.fromkeys(STATES, 0)
-            for state in self._states(r).values():
-                c[state] += 1
+            c = tally(self._states(r).values())
         if r.listable:
             acked, delivered, queued = c[ACKED], c[DELIVERED] + c[ACKED], c[QUEUED]
         else:
@@ -271,14 +269,9 @@ class MemoryReceiptStore:
         return {u: held[u] for u in uids if u in held}
 
     async def page(self, push_id: str, state: str, cursor: str | None, limit: int) -> RecipientPage:
-        wanted = LISTS.get(state)
-        if wanted is None:
-            raise InvalidInput("state", "must be acked, unacked or queued")
+        wanted = listed(state)
         r = self.receipts.get(push_id)
-        held = {} if r is None else self._states(r)
-        uids = sorted(u for u, s in held.items() if s in wanted and (cursor is None or u > cursor))
-        page = uids[:limit]
-        return RecipientPage(page, page[-1] if len(uids) > limit else None)
+        return recipient_page({} if r is None else self._states(r), wanted, cursor, limit)
 
     async def meta(self, push_id: str) -> dict[str, str]:
         r = self.receipts.get(push_id)

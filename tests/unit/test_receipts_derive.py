@@ -1,6 +1,6 @@
 """A slot-tagged receipt's states from its values and the users' cursors, a gateway's
-early mark read with them, and a counts-only receipt's queued (router.receipts.base,
-pure)."""
+early mark read with them, a counts-only receipt's queued, and the counts and pages of
+recipients both stores read from states (router.receipts.base, pure)."""
 
 from __future__ import annotations
 
@@ -12,10 +12,14 @@ from router.receipts.base import (
     EXPIRED,
     QUEUED,
     derive,
+    listed,
+    recipient_page,
     stored_value,
+    tally,
     unwritten,
     with_early,
 )
+from shared.errors import InvalidInput
 from shared.positions import seq_of
 
 E = 7  # the users' logs' epoch
@@ -65,3 +69,24 @@ def test_a_counts_only_receipts_queued_is_what_is_left() -> None:
     assert unwritten(10, 3, 2) == 5
     assert unwritten(10, 9, 2) == 0  # estimates and per-mark counts: never below 0
     assert unwritten(0, 4, 0) == 0  # a broadcast to everyone online
+
+
+def test_states_are_tallied_with_a_zero_for_each_state_none_holds() -> None:
+    assert tally([ACKED, QUEUED, ACKED]) == {QUEUED: 1, EXPIRED: 0, DELIVERED: 0, ACKED: 2}
+    assert tally(()) == {QUEUED: 0, EXPIRED: 0, DELIVERED: 0, ACKED: 0}
+
+
+def test_a_list_is_paged_in_uid_order_after_the_cursor() -> None:
+    states = {"d": QUEUED, "a": DELIVERED, "c": ACKED, "b": EXPIRED, "e": DELIVERED}
+    unacked = listed("unacked")
+    first = recipient_page(states, unacked, None, 2)
+    assert (first.uids, first.cursor) == (["a", "b"], "b")
+    last = recipient_page(states, unacked, first.cursor, 2)
+    assert (last.uids, last.cursor) == (["d", "e"], None)  # exactly the rest: no next page
+    assert recipient_page(states, listed("acked"), None, 10).uids == ["c"]
+    assert recipient_page(states, listed("queued"), "d", 10).uids == []
+
+
+def test_a_list_that_is_not_one_is_refused_naming_the_field() -> None:
+    with pytest.raises(InvalidInput, match="state: must be acked, unacked or queued"):
+        listed("delivered")
