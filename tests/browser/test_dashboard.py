@@ -21,7 +21,7 @@ from tests.conftest import API_KEY
 from tests.integration.procs import ws_url_of
 from tests.integration.stack import AUTH, ready, recv_json, token
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("redis")]
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
 
@@ -32,7 +32,7 @@ async def _tile(page: Any, name: str) -> float:
 
 
 async def test_the_dashboard_logs_in_shows_the_fleet_and_drains(
-    browser: Any, redis_url: str, prefix: str, redis: object, tmp_path: Path
+    browser: Any, redis_url: str, prefix: str, tmp_path: Path
 ) -> None:
     specs = [("gw1", "g1"), ("gw2", "g1"), ("gw3", "g2")]
     with stack(redis_url, prefix, tmp_path, "0.5", *specs) as (port, procs):
@@ -133,7 +133,7 @@ async def test_the_dashboard_logs_in_shows_the_fleet_and_drains(
 
 
 async def test_a_garbled_overview_is_said_and_a_logout_mid_poll_stays_out(
-    browser: Any, redis_url: str, prefix: str, redis: object, tmp_path: Path
+    browser: Any, redis_url: str, prefix: str, tmp_path: Path
 ) -> None:
     """An overview the board cannot read used to end the polling for good (a stale
     board); a logout while a poll was in flight showed the board again when it landed."""

@@ -16,7 +16,7 @@ from tests.browser.admin_stack import ADMIN_KEY, stack
 from tests.integration.procs import read_until
 from tests.integration.stack import AUTH, token
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("redis")]
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -50,7 +50,7 @@ async def _wait_count(page: Any, n: int, timeout: float = 15.0) -> None:
 
 
 async def test_the_browser_client_receives_follows_a_drain_and_resumes_without_loss(
-    browser: Any, redis_url: str, prefix: str, redis: object, tmp_path: Path
+    browser: Any, redis_url: str, prefix: str, tmp_path: Path
 ) -> None:
     with stack(redis_url, prefix, tmp_path, "0.2", ("gw1", "g1"), ("gw2", "g1")) as (port, procs):
         for proc in procs.values():

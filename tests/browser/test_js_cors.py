@@ -21,7 +21,7 @@ from tests.browser.admin_stack import stack
 from tests.integration.procs import read_until
 from tests.integration.stack import AUTH, token
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("redis")]
 
 # The app's page: it imports the client from the push service (`api`), as
 # docs/clients/browser.md shows, and connects.
@@ -76,7 +76,7 @@ def _site() -> Iterator[str]:
 
 
 async def test_a_page_on_a_listed_origin_uses_the_client_and_one_not_listed_is_told(
-    browser: Any, redis_url: str, prefix: str, redis: object, tmp_path: Path
+    browser: Any, redis_url: str, prefix: str, tmp_path: Path
 ) -> None:
     with (
         _site() as app_origin,

@@ -8,12 +8,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import redis.asyncio as aioredis
 
 from tests.conftest import ADMIN_KEY
 from tests.integration.http_raw import push_service
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("redis")]
 
 # Every violation of the page's CSP, as the page itself sees them.
 WATCH_CSP = """
@@ -35,7 +34,7 @@ async def _page(browser: Any, base: str) -> tuple[Any, list[str]]:
 
 
 async def test_the_dashboard_and_docs_work_under_their_csp_and_cannot_be_framed(
-    browser: Any, redis_url: str, prefix: str, redis: aioredis.Redis, tmp_path: Path
+    browser: Any, redis_url: str, prefix: str, tmp_path: Path
 ) -> None:
     env = {"IMROUTE_ADMIN_API_KEY": ADMIN_KEY}
     with push_service(redis_url, prefix, tmp_path, **env) as (_, port):

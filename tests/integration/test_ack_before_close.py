@@ -17,7 +17,7 @@ import pytest
 from tests.integration.stack import AUTH, one_group, token
 from tests.integration.ws_fuzz_attacks import frame
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("redis")]
 
 
 async def _read_frame(reader: asyncio.StreamReader) -> dict[str, Any]:
@@ -34,9 +34,7 @@ async def _read_frame(reader: asyncio.StreamReader) -> dict[str, Any]:
     return body
 
 
-async def test_an_ack_in_the_same_read_as_the_close_is_taken(
-    redis_url: str, prefix: str, redis: object
-) -> None:
+async def test_an_ack_in_the_same_read_as_the_close_is_taken(redis_url: str, prefix: str) -> None:
     async with one_group(redis_url, prefix) as (gw, http):
         reader, writer = await asyncio.open_connection("127.0.0.1", gw.ws_port)
         key = base64.b64encode(os.urandom(16)).decode()

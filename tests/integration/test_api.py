@@ -14,12 +14,13 @@ from tests.integration.stack import AUTH, alice_online, api, nothing_more, one_g
 pytestmark = pytest.mark.integration
 
 
+@pytest.mark.usefixtures("redis")
 @pytest.mark.parametrize(
     ("body", "field"),
     MALFORMED_PUSHES,
 )
 async def test_malformed_push_is_422_naming_the_field(
-    redis_url: str, prefix: str, redis: object, body: dict[str, Any], field: str
+    redis_url: str, prefix: str, body: dict[str, Any], field: str
 ) -> None:
     async with alice_online(redis_url, prefix) as (gw, http, ws):
         resp = await http.post("/v1/push", json=body, headers=AUTH)
@@ -28,9 +29,8 @@ async def test_malformed_push_is_422_naming_the_field(
         assert await nothing_more(ws, 0.1)
 
 
-async def test_oversized_content_is_413_and_not_sent(
-    redis_url: str, prefix: str, redis: object
-) -> None:
+@pytest.mark.usefixtures("redis")
+async def test_oversized_content_is_413_and_not_sent(redis_url: str, prefix: str) -> None:
     async with alice_online(redis_url, prefix) as (gw, http, ws):
         resp = await http.post(
             "/v1/push", json={"to": ["alice"], "content": "x" * (64 * 1024)}, headers=AUTH
@@ -48,9 +48,8 @@ async def test_oversized_content_is_413_and_not_sent(
         assert await nothing_more(ws, 0.1)
 
 
-async def test_healthz_needs_no_key_and_tracks_redis(
-    redis_url: str, prefix: str, redis: object
-) -> None:
+@pytest.mark.usefixtures("redis")
+async def test_healthz_needs_no_key_and_tracks_redis(redis_url: str, prefix: str) -> None:
     async with api(redis_url, prefix) as http:
         resp = await http.get("/healthz")
         assert resp.status_code == 200 and resp.json() == {"status": "ok"}

@@ -16,11 +16,11 @@ from router.testing import MemoryBus, UnreachableTransport
 from tests.integration.stack import AUTH, client, nothing_more, recv_json, two_groups
 from tests.waiting import wait_for
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("redis")]
 
 
 async def test_batches_a_bus_would_not_take_reach_the_clients_from_the_log(
-    redis_url: str, prefix: str, redis: object
+    redis_url: str, prefix: str
 ) -> None:
     retry = RetrySettings(initial_backoff_s=0.01, max_backoff_s=0.01, total_timeout_s=0.3)
     down = UnreachableTransport()

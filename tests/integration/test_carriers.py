@@ -25,7 +25,7 @@ from tests.integration.procs import BIN, gateway_env, read_until, running
 from tests.integration.stack import client, gateway, nothing_more, recv_json
 from tests.waiting import wait_for
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("redis")]
 
 LINK = "link"
 DELIVER_MANY = "DeliverMany"
@@ -54,7 +54,7 @@ def gateway_argv(port: int, gid: str = "gws") -> list[str]:
 
 
 async def test_concurrent_calls_each_get_their_own_reply_and_a_refused_one_fails_alone(
-    carrier: str, redis_url: str, prefix: str, redis: object
+    carrier: str, redis_url: str, prefix: str
 ) -> None:
     clients = clients_for(carrier)
     async with gateway(redis_url, prefix, "gw1", "g1") as gw:
@@ -113,7 +113,7 @@ async def test_concurrent_calls_each_get_their_own_reply_and_a_refused_one_fails
 
 
 async def test_a_stopped_gateway_fails_calls_at_their_deadline_and_a_killed_one_at_once(
-    carrier: str, redis_url: str, prefix: str, redis: object
+    carrier: str, redis_url: str, prefix: str
 ) -> None:
     port = free_port_block([0])
     address = f"127.0.0.1:{port}"

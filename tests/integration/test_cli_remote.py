@@ -15,11 +15,11 @@ from tests.integration.http_raw import push_service
 from tests.integration.procs import imroute_at
 from tests.integration.stack import client, gateway, recv_json
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("redis")]
 
 
 async def test_push_prints_what_became_of_each_recipient_and_json_with_json(
-    redis_url: str, prefix: str, redis: object, tmp_path: Path
+    redis_url: str, prefix: str, tmp_path: Path
 ) -> None:
     with push_service(redis_url, prefix, tmp_path, IMROUTE_ADMIN_API_KEY=ADMIN_KEY) as (_, port):
         async with gateway(redis_url, prefix, "gw1", "g1") as gw, client(gw, "amy") as amy:
@@ -40,7 +40,7 @@ async def test_push_prints_what_became_of_each_recipient_and_json_with_json(
 
 
 async def test_bad_input_and_refusals_exit_non_zero_with_a_message_and_no_key(
-    redis_url: str, prefix: str, redis: object, tmp_path: Path
+    redis_url: str, prefix: str, tmp_path: Path
 ) -> None:
     with push_service(redis_url, prefix, tmp_path, IMROUTE_ADMIN_API_KEY=ADMIN_KEY) as (_, port):
         # Not JSON: refused before anything is sent.
@@ -72,7 +72,7 @@ async def test_bad_input_and_refusals_exit_non_zero_with_a_message_and_no_key(
 
 
 async def test_multicast_and_broadcast_wait_for_their_jobs(
-    redis_url: str, prefix: str, redis: object, tmp_path: Path
+    redis_url: str, prefix: str, tmp_path: Path
 ) -> None:
     uids = tmp_path / "uids.txt"
     uids.write_text("amy\nbob\n\ncid\n")
@@ -111,7 +111,7 @@ async def test_multicast_and_broadcast_wait_for_their_jobs(
 
 
 async def test_status_shows_the_fleet_and_drain_takes_a_gateway_out(
-    redis_url: str, prefix: str, redis: object, tmp_path: Path
+    redis_url: str, prefix: str, tmp_path: Path
 ) -> None:
     with push_service(
         redis_url, prefix, tmp_path, IMROUTE_ADMIN_API_KEY=ADMIN_KEY, IMROUTE_GATEWAY_CACHE_S="0"

@@ -15,7 +15,7 @@ from tests.integration.http_raw import HOST, push_service
 from tests.integration.procs import imroute_at
 from tests.integration.stack import client, gateway, nothing_more, recv_json
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("redis")]
 
 
 async def _message(reader: asyncio.StreamReader) -> bytes | None:
@@ -70,7 +70,7 @@ def _header(message: bytes, name: str) -> str | None:
 
 
 async def test_a_push_whose_answer_was_lost_is_retried_with_its_key_and_delivered_once(
-    redis_url: str, prefix: str, redis: object, tmp_path: Path
+    redis_url: str, prefix: str, tmp_path: Path
 ) -> None:
     with push_service(redis_url, prefix, tmp_path) as (_, port):
         dropper = AnswerDropper(port)

@@ -24,9 +24,8 @@ from tests.integration.stack import client, gateway, nothing_more, recv_json
 pytestmark = pytest.mark.integration
 
 
-async def test_everyone_duplicate_and_expired_batches(
-    redis_url: str, prefix: str, redis: object
-) -> None:
+@pytest.mark.usefixtures("redis")
+async def test_everyone_duplicate_and_expired_batches(redis_url: str, prefix: str) -> None:
     clients = GrpcGatewayClients()
     async with gateway(redis_url, prefix, "gw1", "g1") as gw:
         address = f"127.0.0.1:{gw.grpc_port}"

@@ -28,9 +28,8 @@ from tests.integration.stack import client, gateway, nothing_more, recv_json
 pytestmark = pytest.mark.integration
 
 
-async def test_the_switch_from_grpc_to_the_link_loses_nothing(
-    redis_url: str, prefix: str, redis: object
-) -> None:
+@pytest.mark.usefixtures("redis")
+async def test_the_switch_from_grpc_to_the_link_loses_nothing(redis_url: str, prefix: str) -> None:
     # Calls started one after another, never waiting for each other, while the link
     # opens: the first go over gRPC, the rest on the link, and every push arrives once.
     clients = GrpcGatewayClients()
@@ -50,8 +49,9 @@ async def test_the_switch_from_grpc_to_the_link_loses_nothing(
         await clients.close()
 
 
+@pytest.mark.usefixtures("redis")
 async def test_a_cut_link_fails_its_calls_at_once_and_another_opens(
-    redis_url: str, prefix: str, redis: object, monkeypatch: pytest.MonkeyPatch
+    redis_url: str, prefix: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # The link's socket is cut (reset) under a call waiting for its reply: the call
     # fails UNAVAILABLE at once (a retry may follow: its batch may have arrived, and
@@ -90,7 +90,8 @@ async def test_a_cut_link_fails_its_calls_at_once_and_another_opens(
         await clients.close()
 
 
-async def test_no_link_means_grpc(redis_url: str, prefix: str, redis: object) -> None:
+@pytest.mark.usefixtures("redis")
+async def test_no_link_means_grpc(redis_url: str, prefix: str) -> None:
     # A gateway with the link off answers port 0: its calls stay DeliverMany calls.
     async with gateway(redis_url, prefix, "gw1", "g1", delivery_link=False) as gw:
         assert gw.ports is not None and gw.ports.link is None

@@ -47,9 +47,8 @@ async def dispatch(http: httpx.AsyncClient, uid: str, **params: str) -> httpx.Re
     )
 
 
-async def test_round_robin_spreads_1200_dispatches_within_one(
-    redis_url: str, prefix: str, redis: aioredis.Redis
-) -> None:
+@pytest.mark.usefixtures("redis")
+async def test_round_robin_spreads_1200_dispatches_within_one(redis_url: str, prefix: str) -> None:
     async with (
         fleet(redis_url, prefix) as gws,
         api(redis_url, prefix, dispatch_rule="round_robin") as http,
@@ -75,9 +74,8 @@ async def test_round_robin_spreads_1200_dispatches_within_one(
             await ws.close()
 
 
-async def test_consistent_hash_keeps_each_user_in_one_group(
-    redis_url: str, prefix: str, redis: aioredis.Redis
-) -> None:
+@pytest.mark.usefixtures("redis")
+async def test_consistent_hash_keeps_each_user_in_one_group(redis_url: str, prefix: str) -> None:
     async with fleet(redis_url, prefix), api(redis_url, prefix) as http:  # the default rule
         groups: dict[str, set[str]] = collections.defaultdict(set)
         for _ in range(3):
@@ -123,9 +121,8 @@ async def test_stale_draining_and_full_gateways_are_never_chosen(
         assert "draining or full" in resp.json()["detail"]
 
 
-async def test_placements_count_before_the_next_heartbeat(
-    redis_url: str, prefix: str, redis: aioredis.Redis
-) -> None:
+@pytest.mark.usefixtures("redis")
+async def test_placements_count_before_the_next_heartbeat(redis_url: str, prefix: str) -> None:
     # Two gateways that take 3 clients each: the seventh client finds no room, although
     # no heartbeat has reported a single connection yet.
     async with (
@@ -137,9 +134,8 @@ async def test_placements_count_before_the_next_heartbeat(
         assert (await dispatch(http, "u7")).status_code == 503
 
 
-async def test_dispatch_needs_a_valid_client_token(
-    redis_url: str, prefix: str, redis: aioredis.Redis
-) -> None:
+@pytest.mark.usefixtures("redis")
+async def test_dispatch_needs_a_valid_client_token(redis_url: str, prefix: str) -> None:
     async with fleet(redis_url, prefix, [("a", "g1")]), api(redis_url, prefix) as http:
         assert (await http.get("/v1/dispatch")).status_code == 401
         resp = await http.get("/v1/dispatch", headers={"Authorization": "Bearer nope"})
@@ -204,8 +200,9 @@ async def test_a_fifth_group_in_the_redis_fleet_moves_15_to_25_percent_of_10000_
     assert set(before.values()) == {"g1", "g2", "g3", "g4"}
 
 
+@pytest.mark.usefixtures("redis")
 async def test_avoid_sends_a_client_to_another_gateway_of_its_group(
-    redis_url: str, prefix: str, redis: aioredis.Redis
+    redis_url: str, prefix: str
 ) -> None:
     # The fleet-wide learning off: the many reports below would otherwise take a
     # gateway out for everyone as soon as they reach Redis (a race with this loop;
@@ -235,9 +232,8 @@ async def test_avoid_sends_a_client_to_another_gateway_of_its_group(
         assert resp.status_code == 200 and resp.json()["gateway_id"] in {"gw1", "gw2", "gw3", "gw4"}
 
 
-async def test_a_malformed_avoid_is_a_422_naming_it(
-    redis_url: str, prefix: str, redis: aioredis.Redis
-) -> None:
+@pytest.mark.usefixtures("redis")
+async def test_a_malformed_avoid_is_a_422_naming_it(redis_url: str, prefix: str) -> None:
     async with fleet(redis_url, prefix, [("a", "g1")]), api(redis_url, prefix) as http:
         for bad in ("", "a,,b", "gw 1", "x" * 65, ",".join(f"g{i}" for i in range(9))):
             resp = await dispatch(http, "u", avoid=bad)
@@ -255,8 +251,9 @@ async def test_a_malformed_avoid_is_a_422_naming_it(
         assert resp.status_code == 401
 
 
+@pytest.mark.usefixtures("redis")
 async def test_reports_from_enough_users_take_a_gateway_out_for_everyone(
-    redis_url: str, prefix: str, redis: aioredis.Redis
+    redis_url: str, prefix: str
 ) -> None:
     """Through the fleet's counts in real Redis: a push service's reports reach the
     counts with its stats sampler (every second), and the dispatcher reads them back."""

@@ -27,7 +27,7 @@ from tests.integration.procs import BIN, gateway_env, running, ws_url_of
 from tests.integration.stack import AUTH, token
 from tests.waiting import wait_for
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("redis")]
 
 CUT_USERS = 12  # SDK clients on gw1 when it is cut off
 BALLAST = 30  # raw connections held on gw2, so gw1 is the emptiest from the start
@@ -91,7 +91,7 @@ def gateway_argv(gid: str, ws_port: int) -> list[str]:
 
 
 async def test_clients_cut_off_from_a_gateway_move_and_dispatch_skips_it_until_it_heals(
-    redis_url: str, prefix: str, redis: object, tmp_path: Path
+    redis_url: str, prefix: str, tmp_path: Path
 ) -> None:
     base = free_port_block([0, 1])
     gw1_port, link_port = base, base + 1

@@ -15,7 +15,7 @@ from websockets.asyncio.client import ClientConnection
 from push_service.fast_push import FastPush
 from tests.integration.stack import AUTH, api_app, client, gateway, nothing_more
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("redis")]
 
 
 def _fast_push(app: Any) -> FastPush:
@@ -47,9 +47,7 @@ async def alice_and_app(
         yield http, app, ws
 
 
-async def test_a_canonical_push_takes_the_hot_path_and_arrives(
-    redis_url: str, prefix: str, redis: object
-) -> None:
+async def test_a_canonical_push_takes_the_hot_path_and_arrives(redis_url: str, prefix: str) -> None:
     async with alice_and_app(redis_url, prefix) as (http, app, ws):
         fast = _fast_push(app)
         resp = await http.post(
@@ -86,7 +84,7 @@ async def test_a_canonical_push_takes_the_hot_path_and_arrives(
     ],
 )
 async def test_other_bodies_reach_the_route_whole(
-    redis_url: str, prefix: str, redis: object, body: Any, headers: Any, status: int
+    redis_url: str, prefix: str, body: Any, headers: Any, status: int
 ) -> None:
     async with alice_and_app(redis_url, prefix) as (http, app, ws):
         resp = await http.post("/v1/push", json=body, headers={**AUTH, **headers})
@@ -100,9 +98,7 @@ async def test_other_bodies_reach_the_route_whole(
             assert await nothing_more(ws, 0.1)
 
 
-async def test_bodies_json_loads_must_judge_reach_the_route(
-    redis_url: str, prefix: str, redis: object
-) -> None:
+async def test_bodies_json_loads_must_judge_reach_the_route(redis_url: str, prefix: str) -> None:
     """orjson refuses NaN and integers past 64 bits, which json.loads reads: the route
     gives its own answers (a 422 naming content; a push)."""
     async with alice_and_app(redis_url, prefix) as (http, app, ws):
@@ -126,9 +122,7 @@ async def test_bodies_json_loads_must_judge_reach_the_route(
         assert _fast_push(app).taken == 0
 
 
-async def test_refusals_on_the_hot_path_look_as_on_the_route(
-    redis_url: str, prefix: str, redis: object
-) -> None:
+async def test_refusals_on_the_hot_path_look_as_on_the_route(redis_url: str, prefix: str) -> None:
     """A key of no scope, a body over the limit, wait_ack_ms past the receipts bound: the
     same status and JSON as before the hot path."""
     async with push_api(redis_url, prefix) as (http, app):

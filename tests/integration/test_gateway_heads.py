@@ -15,7 +15,6 @@ from contextlib import contextmanager
 import httpx
 import jwt
 import pytest
-import redis.asyncio as aioredis
 from websockets.asyncio.client import connect
 from websockets.typing import Subprotocol
 
@@ -28,7 +27,7 @@ from tests.integration.http_raw import Answer, request_head
 from tests.integration.procs import BIN, Proc, gateway_env, read_until, running
 from tests.integration.stack import handshake_refused, one_group, ready
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("redis")]
 
 
 @contextmanager
@@ -57,7 +56,7 @@ def refused(answer: Answer | None, status: int, error: str) -> None:
 
 
 async def test_a_header_bomb_on_either_port_costs_the_gateway_nothing(
-    redis_url: str, prefix: str, redis: aioredis.Redis
+    redis_url: str, prefix: str
 ) -> None:
     with gateway_process(redis_url, prefix) as (proc, ws_port, metrics_port):
         probe = functools.partial(scrape, metrics_port)
@@ -83,9 +82,7 @@ async def test_a_header_bomb_on_either_port_costs_the_gateway_nothing(
         assert "imroute_gateway_metrics_heads_refused_total 8.0" in text
 
 
-async def test_each_limit_is_answered_in_json_on_both_ports(
-    redis_url: str, prefix: str, redis: aioredis.Redis
-) -> None:
+async def test_each_limit_is_answered_in_json_on_both_ports(redis_url: str, prefix: str) -> None:
     with gateway_process(redis_url, prefix) as (_, ws_port, metrics_port):
         fields = {f"X_{i}": "v" for i in range(100)}  # 101 with Host
         for port, path in ((ws_port, "/ws?token="), (metrics_port, "/metrics?")):
@@ -135,7 +132,7 @@ def _padded_token(uid: str, size: int) -> str:
 
 
 async def test_dispatch_refuses_a_token_the_gateways_url_could_not_carry(
-    redis_url: str, prefix: str, redis: aioredis.Redis
+    redis_url: str, prefix: str
 ) -> None:
     """The finding: /v1/dispatch accepted a 15-KB token that the gateway then refused
     with a plain-text 414. Both now read one setting, IMROUTE_HTTP_MAX_URL_BYTES."""

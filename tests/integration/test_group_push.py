@@ -18,7 +18,7 @@ from tests.integration.group_pushes import GATEWAYS, connect_all, finished, fram
 from tests.integration.stack import AUTH, api, gateway
 from tests.waiting import wait_for
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("redis")]
 
 
 @asynccontextmanager
@@ -31,7 +31,7 @@ async def fleet(redis_url: str, prefix: str) -> AsyncIterator[list[Gateway]]:
 
 
 async def test_broadcast_reaches_each_connected_directory_user_once(
-    redis_url: str, prefix: str, redis: aioredis.Redis
+    redis_url: str, prefix: str
 ) -> None:
     users = [{"uid": f"u{i:05d}", "tags": ["vip"] if i % 10 == 0 else []} for i in range(5000)]
     online = [u["uid"] for u in users[::17]][:300]
@@ -124,7 +124,7 @@ async def test_multicast_batches_per_group_and_counts_offline(
 
 
 async def test_a_small_multicast_leaves_at_the_end_of_its_input(
-    redis_url: str, prefix: str, redis: aioredis.Redis
+    redis_url: str, prefix: str
 ) -> None:
     async with fleet(redis_url, prefix) as gws, api(redis_url, prefix, flush_timeout_s=0.2) as http:
         async with AsyncExitStack() as stack:
@@ -176,9 +176,7 @@ async def test_more_than_a_million_recipients_is_refused(
     assert [k async for k in redis.scan_iter(match=f"{prefix}bus:*")] == []
 
 
-async def test_unknown_push_and_user_are_404(
-    redis_url: str, prefix: str, redis: aioredis.Redis
-) -> None:
+async def test_unknown_push_and_user_are_404(redis_url: str, prefix: str) -> None:
     async with api(redis_url, prefix) as http:
         assert (await http.get("/v1/pushes/nope", headers=AUTH)).status_code == 404
         assert (await http.delete("/v1/users/nobody", headers=AUTH)).status_code == 404

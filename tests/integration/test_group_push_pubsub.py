@@ -9,7 +9,6 @@ from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 
 import pytest
-import redis.asyncio as aioredis
 
 from shared.errors import ConfigError
 from socket_gateway.app import Gateway
@@ -41,8 +40,9 @@ async def wait_batches(gw: Gateway, n: int, timeout: float) -> None:
         await asyncio.sleep(0.05)
 
 
+@pytest.mark.usefixtures("redis")
 async def test_broadcast_and_multicast_over_pubsub(
-    redis_url: str, prefix: str, redis: aioredis.Redis, bus_url: str
+    redis_url: str, prefix: str, bus_url: str
 ) -> None:
     users = [{"uid": f"u{i:04d}", "tags": ["vip"] if i % 10 == 0 else []} for i in range(2500)]
     online = [u["uid"] for u in users[::25]]  # 100, spread over 2 groups x 2 gateways
@@ -99,8 +99,9 @@ async def test_broadcast_and_multicast_over_pubsub(
             assert [g.deliver_service.batches for g in gws] == [8, 8, 8, 8]
 
 
+@pytest.mark.usefixtures("redis")
 async def test_a_backlog_on_pubsub_from_before_a_restart_is_acked_not_written(
-    redis_url: str, prefix: str, redis: aioredis.Redis, bus_url: str
+    redis_url: str, prefix: str, bus_url: str
 ) -> None:
     async with api(redis_url, prefix, bus_url=bus_url) as http:
         async with gateway(redis_url, prefix, "gw1", "g1", bus_url=bus_url):

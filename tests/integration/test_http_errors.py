@@ -64,8 +64,9 @@ async def test_a_500_is_json_naming_its_logged_id_and_the_connection_goes_on(
         assert logged
 
 
+@pytest.mark.usefixtures("redis")
 async def test_a_websocket_upgrade_is_answered_as_plain_http_in_json(
-    redis_url: str, prefix: str, redis: aioredis.Redis, tmp_path: Path
+    redis_url: str, prefix: str, tmp_path: Path
 ) -> None:
     # uvicorn's WebSocket layer answered these with a text/plain 400; the push service
     # serves no WebSocket.

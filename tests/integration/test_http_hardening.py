@@ -16,14 +16,13 @@ from pathlib import Path
 
 import psutil
 import pytest
-import redis.asyncio as aioredis
 
 from tests.conftest import ADMIN_KEY, API_KEY
 from tests.integration.http_raw import HOST, push_service, read_answer_blocking, request_head
 from tests.integration.stack import AUTH, api, gateway
 from tests.waiting import wait_for
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("redis")]
 
 MIB = 1 << 20
 
@@ -64,7 +63,7 @@ def _refused_before_the_body(
 
 
 async def test_an_unauthenticated_50_mib_multicast_is_refused_unread_and_costs_no_memory(
-    redis_url: str, prefix: str, redis: aioredis.Redis, tmp_path: Path
+    redis_url: str, prefix: str, tmp_path: Path
 ) -> None:
     """The body used to be parsed before the key was checked (160 MiB grew the process
     by about 4.2 GB). Now the answer comes from the headers; the process does not grow."""
@@ -118,7 +117,7 @@ def _peak_rss(process: psutil.Process) -> Iterator[Callable[[], int]]:
 
 
 async def test_draining_a_groups_last_gateway_is_409_unless_forced(
-    redis_url: str, prefix: str, redis: aioredis.Redis
+    redis_url: str, prefix: str
 ) -> None:
     """One call used to be able to drain every gateway. g1 keeps one gateway that takes
     clients, whatever the order or the timing of the requests."""
@@ -159,7 +158,7 @@ async def test_draining_a_groups_last_gateway_is_409_unless_forced(
 
 
 async def test_a_gateway_already_draining_leaves_its_group_one_to_keep(
-    redis_url: str, prefix: str, redis: aioredis.Redis
+    redis_url: str, prefix: str
 ) -> None:
     # The API first: its start (the directory's migration) can hold the loop longer
     # than these gateways' 0.6-s fleet records live, on a loaded machine.

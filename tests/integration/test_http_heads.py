@@ -13,7 +13,6 @@ from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 
 import pytest
-import redis.asyncio as aioredis
 from starlette.types import Receive, Scope, Send
 
 from push_service.http_server import (
@@ -61,8 +60,9 @@ def with_fields(n: int) -> bytes:
 # ----------------------------------------------------------------- the real process
 
 
+@pytest.mark.usefixtures("redis")
 async def test_a_header_bomb_on_eight_sockets_costs_the_push_service_nothing(
-    redis_url: str, prefix: str, redis: aioredis.Redis, tmp_path: Path
+    redis_url: str, prefix: str, tmp_path: Path
 ) -> None:
     """The finding: eight sockets with no key sent 90 MB of headers; the worker grew
     from 130 MB to 1.9 GB and /healthz took 11 s. Now each is cut at its 101st field
@@ -85,8 +85,9 @@ async def test_a_header_bomb_on_eight_sockets_costs_the_push_service_nothing(
         read_until(proc, "refused 1 request head(s) (431): the request has over 100 header", 5)
 
 
+@pytest.mark.usefixtures("redis")
 async def test_one_huge_header_value_in_pieces_is_cut_at_the_limit(
-    redis_url: str, prefix: str, redis: aioredis.Redis, tmp_path: Path
+    redis_url: str, prefix: str, tmp_path: Path
 ) -> None:
     """The finding: one 63-MB value in pieces stalled the loop about 8 s (the parser
     joins the pieces with +=, quadratic). Now the parser never sees more than 16 KiB."""
@@ -103,8 +104,9 @@ async def test_one_huge_header_value_in_pieces_is_cut_at_the_limit(
         assert watch.grew_mib < 50, watch
 
 
+@pytest.mark.usefixtures("redis")
 async def test_fields_and_targets_over_their_limits_are_refused_by_the_process(
-    redis_url: str, prefix: str, redis: aioredis.Redis, tmp_path: Path
+    redis_url: str, prefix: str, tmp_path: Path
 ) -> None:
     env = {"IMROUTE_HTTP_MAX_HEADERS": "20", "IMROUTE_HTTP_MAX_URL_BYTES": "1000"}
     with push_service(redis_url, prefix, tmp_path, **env) as (_, port):
@@ -121,8 +123,9 @@ async def test_fields_and_targets_over_their_limits_are_refused_by_the_process(
         assert 'imroute_http_heads_refused_total{reason="uri_too_long"} 1.0' in scrape
 
 
+@pytest.mark.usefixtures("redis")
 async def test_over_limit_heads_after_a_body_or_pipelined_are_refused_by_the_process(
-    redis_url: str, prefix: str, redis: aioredis.Redis, tmp_path: Path
+    redis_url: str, prefix: str, tmp_path: Path
 ) -> None:
     """The finding, against the real process: a head over the limit behind a body's last
     bytes in one read, or pipelined behind a GET, reached the app."""
@@ -140,8 +143,9 @@ async def test_over_limit_heads_after_a_body_or_pipelined_are_refused_by_the_pro
         assert 'imroute_http_heads_refused_total{reason="headers_too_large"} 2.0' in scrape
 
 
+@pytest.mark.usefixtures("redis")
 async def test_upgrade_requests_are_logged_at_a_throttled_rate(
-    redis_url: str, prefix: str, redis: aioredis.Redis, tmp_path: Path
+    redis_url: str, prefix: str, tmp_path: Path
 ) -> None:
     """The finding: each upgrade request logged two uvicorn warnings, unthrottled; the
     second advised installing a WebSocket library (the push service serves none)."""

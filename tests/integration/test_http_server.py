@@ -12,7 +12,6 @@ from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 
 import pytest
-import redis.asyncio as aioredis
 from starlette.types import Receive, Scope, Send
 
 from push_service.http_server import Parser, head_deadline_protocol
@@ -63,8 +62,9 @@ async def _slowloris_is_cut(port: int, timeout_s: float, read_late: bool = False
         writer.close()
 
 
+@pytest.mark.usefixtures("redis")
 async def test_slowloris_heads_are_cut_by_the_header_timeout(
-    redis_url: str, prefix: str, redis: aioredis.Redis, tmp_path: Path
+    redis_url: str, prefix: str, tmp_path: Path
 ) -> None:
     """Left alone, uvicorn holds a head that never ends for ever. The real process, with
     IMROUTE_HTTP_HEADER_TIMEOUT_S=1."""
@@ -188,8 +188,9 @@ async def test_answers_held_for_one_send_arrive_whole_and_in_order(parser: Parse
         writer.close()
 
 
+@pytest.mark.usefixtures("redis")
 async def test_past_the_concurrency_limit_uvicorn_answers_503(
-    redis_url: str, prefix: str, redis: aioredis.Redis, tmp_path: Path
+    redis_url: str, prefix: str, tmp_path: Path
 ) -> None:
     env = {"IMROUTE_HTTP_MAX_CONCURRENCY": "4"}
     with push_service(redis_url, prefix, tmp_path, **env) as (_, port):

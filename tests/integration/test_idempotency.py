@@ -30,7 +30,7 @@ from tests.integration.stack import (
     recv_json,
 )
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("redis")]
 
 PUSH = {"to": ["alice"], "content": {"text": "once"}}
 PUSH_TWO = {"to": ["alice", "bob"], "content": {"text": "once"}}
@@ -41,7 +41,7 @@ def _with_key(key: str | bytes, auth: dict[str, str] = AUTH) -> dict[str, Any]:
 
 
 async def test_twenty_concurrent_requests_with_one_key_push_once(
-    redis_url: str, prefix: str, redis: object
+    redis_url: str, prefix: str
 ) -> None:
     async with one_group(redis_url, prefix) as (gw, http):
         async with client(gw, "alice") as phone, client(gw, "alice") as laptop:
@@ -64,7 +64,7 @@ async def test_twenty_concurrent_requests_with_one_key_push_once(
 
 
 async def test_the_same_key_with_another_body_or_path_is_refused(
-    redis_url: str, prefix: str, redis: object
+    redis_url: str, prefix: str
 ) -> None:
     async with alice_online(redis_url, prefix) as (_, http, ws):
         first = await http.post("/v1/push", json=PUSH, headers=_with_key("k1"))
@@ -263,7 +263,7 @@ async def test_a_bad_header_is_refused_by_name(
         assert [k async for k in redis.scan_iter(match=f"{prefix}idem:*")] == []
 
 
-async def test_255_printable_characters_are_a_key(redis_url: str, prefix: str, redis: Any) -> None:
+async def test_255_printable_characters_are_a_key(redis_url: str, prefix: str) -> None:
     async with api(redis_url, prefix) as http:
         key = ("a b~!" * 51)[:255]
         first = await http.post("/v1/push", json=PUSH, headers=_with_key(key))
@@ -273,7 +273,7 @@ async def test_255_printable_characters_are_a_key(redis_url: str, prefix: str, r
 
 
 async def test_one_key_pushes_once_across_two_push_services(
-    redis_url: str, prefix: str, redis: Any, tmp_path: Path
+    redis_url: str, prefix: str, tmp_path: Path
 ) -> None:
     env = service_env(redis_url, prefix, tmp_path)
     ports = [free_port(), free_port()]

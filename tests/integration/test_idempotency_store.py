@@ -14,7 +14,7 @@ from push_service.idempotency.store import RedisIdempotencyStore
 from router.redis.client import connect_redis
 from shared.keys import KeySchema
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("redis")]
 
 
 @asynccontextmanager
@@ -55,9 +55,7 @@ async def test_a_claim_is_leased_then_kept_for_the_ttl(
         assert entry.startswith(f"{prefix}idem:")
 
 
-async def test_a_released_claim_lets_the_next_request_run(
-    redis_url: str, prefix: str, redis: Any
-) -> None:
+async def test_a_released_claim_lets_the_next_request_run(redis_url: str, prefix: str) -> None:
     async with claimed(redis_url, prefix, lease_s=30) as (store, first):
         await store.release("s", "k", first.token)
         assert isinstance(await store.claim("s", "k", "fp"), Claimed)

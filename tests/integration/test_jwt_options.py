@@ -16,7 +16,7 @@ from shared.clock import SystemClock
 from tests.conftest import SECRET
 from tests.integration.stack import api, gateway, one_group, ready
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("redis")]
 
 
 def signed(**claims: Any) -> str:
@@ -39,7 +39,7 @@ async def answers(gw_port: int, http: httpx.AsyncClient, tok: str) -> tuple[int,
 
 
 async def test_audience_issuer_leeway_and_lifetime_on_the_gateway_and_dispatch(
-    redis_url: str, prefix: str, redis: Any
+    redis_url: str, prefix: str
 ) -> None:
     now = SystemClock().now_ms() // 1000
     options = {
@@ -67,7 +67,7 @@ async def test_audience_issuer_leeway_and_lifetime_on_the_gateway_and_dispatch(
 
 
 async def test_the_defaults_take_tokens_without_aud_or_iss_and_refuse_year_long_ones(
-    redis_url: str, prefix: str, redis: Any
+    redis_url: str, prefix: str
 ) -> None:
     now = SystemClock().now_ms() // 1000
     async with one_group(redis_url, prefix) as (gw, http):

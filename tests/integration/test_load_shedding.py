@@ -41,8 +41,9 @@ async def _timed(call: Any) -> tuple[httpx.Response, float]:
     return answer, time.monotonic() - began
 
 
+@pytest.mark.usefixtures("redis")
 async def test_past_its_bound_a_push_service_sheds_at_once_and_the_operator_is_answered(
-    redis_url: str, prefix: str, redis: object, tmp_path: Path
+    redis_url: str, prefix: str, tmp_path: Path
 ) -> None:
     port = free_port()
     env = service_env(

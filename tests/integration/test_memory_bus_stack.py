@@ -9,11 +9,11 @@ from router.testing import MemoryBus
 from tests.integration.stack import AUTH, client, nothing_more, recv_json, two_groups
 from tests.waiting import wait_for
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("redis")]
 
 
 async def test_one_memory_bus_carries_broadcast_and_multicast_to_every_gateway(
-    redis_url: str, prefix: str, redis: object
+    redis_url: str, prefix: str
 ) -> None:
     async with MemoryBus() as bus:
         async with (

@@ -14,7 +14,7 @@ import pytest
 from tests.conftest import ADMIN_KEY
 from tests.integration.stack import AUTH, api, client, gateway, recv_json
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("redis")]
 
 ADMIN = {"Authorization": f"Bearer {ADMIN_KEY}"}
 
@@ -27,7 +27,7 @@ async def _overview(http: Any) -> dict[str, Any]:
 
 
 async def test_the_overview_shows_the_fleet_its_rates_and_the_latest_jobs(
-    redis_url: str, prefix: str, redis: object
+    redis_url: str, prefix: str
 ) -> None:
     async with (
         gateway(redis_url, prefix, "gw1", "g1", heartbeat_s=0.3) as gw1,

@@ -30,12 +30,10 @@ from tests.integration.stack import (
 )
 from tests.waiting import wait_for
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("redis")]
 
 
-async def test_push_reaches_the_client_exactly_once(
-    redis_url: str, prefix: str, redis: object
-) -> None:
+async def test_push_reaches_the_client_exactly_once(redis_url: str, prefix: str) -> None:
     async with alice_online(redis_url, prefix) as (gw, http, ws):
         resp = await http.post(
             "/v1/push",
@@ -91,9 +89,7 @@ async def test_a_recipient_whose_route_key_redis_refuses_is_queued_and_the_other
             assert [f["content"] for f in await ready(bob)] == ["hi"]
 
 
-async def test_two_devices_of_one_user_both_get_it(
-    redis_url: str, prefix: str, redis: object
-) -> None:
+async def test_two_devices_of_one_user_both_get_it(redis_url: str, prefix: str) -> None:
     async with (
         two_groups(redis_url, prefix) as (gw1, gw2, http),
         client(gw1, "alice") as phone,
@@ -109,9 +105,7 @@ async def test_two_devices_of_one_user_both_get_it(
         assert (gw1.deliver_service.calls, gw2.deliver_service.calls) == (1, 1)
 
 
-async def test_one_deliver_call_per_gateway_across_two_groups(
-    redis_url: str, prefix: str, redis: object
-) -> None:
+async def test_one_deliver_call_per_gateway_across_two_groups(redis_url: str, prefix: str) -> None:
     async with two_groups(redis_url, prefix) as (gw1, gw2, http):
         names1 = [f"a{i}" for i in range(5)]
         names2 = [f"b{i}" for i in range(5)]
@@ -133,7 +127,7 @@ async def test_one_deliver_call_per_gateway_across_two_groups(
             assert routes.json()["routes"][0]["group_id"] == "g2"
 
 
-async def test_offline_user_is_reported(redis_url: str, prefix: str, redis: object) -> None:
+async def test_offline_user_is_reported(redis_url: str, prefix: str) -> None:
     async with one_group(redis_url, prefix) as (gw, http):
         resp = await http.post("/v1/push", json={"to": ["ghost"], "content": 1}, headers=AUTH)
         assert resp.status_code == 200
@@ -141,7 +135,7 @@ async def test_offline_user_is_reported(redis_url: str, prefix: str, redis: obje
         assert gw.deliver_service.calls == 0
 
 
-async def test_disconnect_removes_the_route(redis_url: str, prefix: str, redis: object) -> None:
+async def test_disconnect_removes_the_route(redis_url: str, prefix: str) -> None:
     async with one_group(redis_url, prefix) as (gw, http):
         async with client(gw, "alice"):
             route = (await http.get("/v1/users/alice/route", headers=AUTH)).json()
@@ -155,7 +149,7 @@ async def test_disconnect_removes_the_route(redis_url: str, prefix: str, redis: 
         assert route == {"uid": "alice", "online": False, "routes": []}
 
 
-async def test_gateways_are_listed(redis_url: str, prefix: str, redis: object) -> None:
+async def test_gateways_are_listed(redis_url: str, prefix: str) -> None:
     async with two_groups(redis_url, prefix) as (gw1, _, http):
         listed = (await http.get("/v1/gateways", headers=AUTH)).json()["gateways"]
         assert [(g["gateway_id"], g["group_id"]) for g in listed] == [("gw1", "g1"), ("gw2", "g2")]
@@ -190,7 +184,7 @@ async def test_bad_tokens_get_401_before_registering(
         assert await redis.exists(KeySchema(prefix).route("alice")) == 0  # type: ignore[attr-defined]
 
 
-async def test_ping_pong_and_junk_frames(redis_url: str, prefix: str, redis: object) -> None:
+async def test_ping_pong_and_junk_frames(redis_url: str, prefix: str) -> None:
     async with one_group(redis_url, prefix) as (gw, http):
         async with client(gw, "bystander") as bystander:
             for junk, code in [("not json", 1008), ('{"type":"push"}', 1008), (b"\x00\x01", 1003)]:
@@ -216,7 +210,7 @@ async def test_ping_pong_and_junk_frames(redis_url: str, prefix: str, redis: obj
             assert (await recv_json(bystander))["content"] == 1
 
 
-async def test_wrong_path_is_404(redis_url: str, prefix: str, redis: object) -> None:
+async def test_wrong_path_is_404(redis_url: str, prefix: str) -> None:
     from websockets.exceptions import InvalidStatus
 
     async with gateway(redis_url, prefix, "gw1", "g1") as gw:
@@ -226,9 +220,7 @@ async def test_wrong_path_is_404(redis_url: str, prefix: str, redis: object) -> 
         assert info.value.response.status_code == 404
 
 
-async def test_unreachable_gateway_is_reported_not_dropped(
-    redis_url: str, prefix: str, redis: object
-) -> None:
+async def test_unreachable_gateway_is_reported_not_dropped(redis_url: str, prefix: str) -> None:
     async with (
         gateway(redis_url, prefix, "gw1", "g1") as gw1,
         api(redis_url, prefix, deliver_timeout_s=1.0) as http,
@@ -252,7 +244,7 @@ async def test_unreachable_gateway_is_reported_not_dropped(
 
 
 async def test_routes_of_a_gateway_missing_from_the_fleet_are_called_not_skipped(
-    redis_url: str, prefix: str, redis: object
+    redis_url: str, prefix: str
 ) -> None:
     """Its fleet record gone while its routes are live, a gateway's state is unknown:
     cut off from Redis, it still serves its clients. Before, its users were answered
@@ -283,7 +275,7 @@ async def test_routes_of_a_gateway_missing_from_the_fleet_are_called_not_skipped
 
 
 async def test_push_body_is_json_encoded_once_and_unicode_survives(
-    redis_url: str, prefix: str, redis: object
+    redis_url: str, prefix: str
 ) -> None:
     async with one_group(redis_url, prefix) as (gw, http):
         async with client(gw, "ünï") as ws:
@@ -297,9 +289,7 @@ async def test_push_body_is_json_encoded_once_and_unicode_survives(
             assert json.dumps(frame)  # valid JSON all the way
 
 
-async def test_concurrent_pushes_to_one_gateway_share_rpcs(
-    redis_url: str, prefix: str, redis: object
-) -> None:
+async def test_concurrent_pushes_to_one_gateway_share_rpcs(redis_url: str, prefix: str) -> None:
     async with one_group(redis_url, prefix) as (gw, http):
         async with AsyncExitStack() as stack:
             names = [f"c{i}" for i in range(20)]
@@ -321,7 +311,7 @@ async def test_concurrent_pushes_to_one_gateway_share_rpcs(
 
 
 async def test_a_push_past_its_ttl_is_dropped_at_the_gateway_and_reported(
-    redis_url: str, prefix: str, redis: object
+    redis_url: str, prefix: str
 ) -> None:
     # The gateway's clock runs ten minutes ahead: every batch reaches it "late".
     ahead = ManualClock(wall_ms=SystemClock().now_ms() + 600_000, mono=0.0)

@@ -10,12 +10,11 @@ from pathlib import Path
 
 import httpx
 import pytest
-import redis.asyncio as aioredis
 
 from tests.integration.head_bombs import ask
 from tests.integration.http_raw import push_service, request_head
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("redis")]
 
 
 def directives(csp: str) -> dict[str, str]:
@@ -24,7 +23,7 @@ def directives(csp: str) -> dict[str, str]:
 
 
 async def test_every_answer_says_nosniff_and_the_pages_their_csp(
-    redis_url: str, prefix: str, redis: aioredis.Redis, tmp_path: Path
+    redis_url: str, prefix: str, tmp_path: Path
 ) -> None:
     with push_service(redis_url, prefix, tmp_path) as (_, port):
         base = f"http://127.0.0.1:{port}"
@@ -88,7 +87,7 @@ async def test_every_answer_says_nosniff_and_the_pages_their_csp(
 
 
 async def test_the_dashboards_websockets_can_be_held_to_the_gateways_origins(
-    redis_url: str, prefix: str, redis: aioredis.Redis, tmp_path: Path
+    redis_url: str, prefix: str, tmp_path: Path
 ) -> None:
     """The finding: `connect-src 'self' ws: wss:` lets the dashboard open a WebSocket to
     any host. IMROUTE_DASHBOARD_CONNECT_SRC names the gateways' origins instead."""

@@ -19,7 +19,7 @@ from tests.integration.floods import flood
 from tests.integration.procs import gateway_process, scrape
 from tests.integration.stack import ready, recv_json, token
 
-pytestmark = [pytest.mark.integration, pytest.mark.alone]
+pytestmark = [pytest.mark.integration, pytest.mark.alone, pytest.mark.usefixtures("redis")]
 
 CLIENTS = 25
 
@@ -64,7 +64,7 @@ async def _real_client(ws_port: int, n: int) -> str | None:
     ids=["defaults", "connect-rate", "eviction-only"],
 )
 async def test_silent_sockets_from_one_address_lock_no_other_client_out(
-    redis_url: str, prefix: str, redis: object, env: dict[str, str], kinds: tuple[str, ...]
+    redis_url: str, prefix: str, env: dict[str, str], kinds: tuple[str, ...]
 ) -> None:
     async with gateway_process(redis_url, prefix, **env) as (ws_port, _, metrics_port):
         async with flood(ws_port, "127.0.0.2", 1000, reopen_s=0.2) as f:

@@ -11,12 +11,10 @@ import pytest
 
 from tests.integration.stack import AUTH, alice_online, api, client, nothing_more, two_groups
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("redis")]
 
 
-async def test_each_message_is_pushed_and_answered_in_order(
-    redis_url: str, prefix: str, redis: object
-) -> None:
+async def test_each_message_is_pushed_and_answered_in_order(redis_url: str, prefix: str) -> None:
     async with (
         two_groups(redis_url, prefix) as (gw1, gw2, http),
         client(gw1, "alice") as alice,
@@ -49,7 +47,7 @@ async def test_each_message_is_pushed_and_answered_in_order(
 
 
 async def test_lone_surrogates_are_422_naming_the_field_not_500(
-    redis_url: str, prefix: str, redis: object
+    redis_url: str, prefix: str
 ) -> None:
     """JSON may escape half a character ("\\ud83d"), which json.loads keeps and UTF-8
     cannot hold: each such message gets its 422, as POST /v1/push gives it (found by
@@ -70,7 +68,7 @@ async def test_lone_surrogates_are_422_naming_the_field_not_500(
 
 
 async def test_a_bad_message_fails_only_itself_naming_index_and_field(
-    redis_url: str, prefix: str, redis: object
+    redis_url: str, prefix: str
 ) -> None:
     async with alice_online(redis_url, prefix) as (_, http, ws):
         messages: list[Any] = [
@@ -110,7 +108,7 @@ async def test_a_bad_message_fails_only_itself_naming_index_and_field(
     ],
 )
 async def test_a_bad_envelope_is_one_422(
-    redis_url: str, prefix: str, redis: object, body: Any, field: str
+    redis_url: str, prefix: str, body: Any, field: str
 ) -> None:
     async with api(redis_url, prefix) as http:
         resp = await http.post("/v1/push/batch", json=body, headers=AUTH)
@@ -118,9 +116,7 @@ async def test_a_bad_envelope_is_one_422(
         assert field in [d["field"] for d in resp.json()["detail"]]
 
 
-async def test_a_batch_needs_the_push_key_and_is_idempotent(
-    redis_url: str, prefix: str, redis: object
-) -> None:
+async def test_a_batch_needs_the_push_key_and_is_idempotent(redis_url: str, prefix: str) -> None:
     async with alice_online(redis_url, prefix) as (_, http, ws):
         body = {"messages": [{"to": ["alice"], "content": "once"}]}
         assert (await http.post("/v1/push/batch", json=body)).status_code == 401

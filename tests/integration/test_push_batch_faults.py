@@ -19,7 +19,7 @@ from tests.integration.procs import BIN, Proc, gateway_env, running, ws_url_of
 from tests.integration.stack import AUTH, api, client, gateway, ready, recv_json, token
 from tests.waiting import wait_for
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("redis")]
 
 
 async def _connect(proc: Proc, uid: str, redis: aioredis.Redis, keys: KeySchema) -> Any:
@@ -90,9 +90,7 @@ async def test_a_batch_over_a_killed_gateway_queues_its_part_and_delivers_the_re
             assert [f["msg_id"] for f in replayed] == [results[1]["msg_id"], results[2]["msg_id"]]
 
 
-async def test_a_batch_to_one_user_arrives_in_order_once_each(
-    redis_url: str, prefix: str, redis: aioredis.Redis
-) -> None:
+async def test_a_batch_to_one_user_arrives_in_order_once_each(redis_url: str, prefix: str) -> None:
     """1000 messages to the same user in one batch: one log-and-inbox write, one look-up,
     one gateway's deliveries sent in several calls (256 batches each at most); the
     client gets all of them, in the batch's order, once each."""

@@ -30,7 +30,6 @@ from pathlib import Path
 
 import httpx
 import pytest
-import redis.asyncio as aioredis
 from imroute_client import ImrouteClient
 
 from tests.integration.fault_clients import CutClient, DevRun, Got, SdkUser, dev_stack, drain_output
@@ -46,7 +45,7 @@ from tests.integration.fault_ledger import (
 )
 from tests.integration.procs import pid_of
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("redis")]
 
 GATEWAYS, GROUPS = 4, 2
 CLIENTS = 400
@@ -184,7 +183,7 @@ async def load(
 
 
 async def test_a_sigkilled_gateway_s_clients_resume_with_every_push_once_in_order(
-    redis_url: str, prefix: str, redis: aioredis.Redis, tmp_path: Path,
+    redis_url: str, prefix: str, tmp_path: Path,
     bus_env: dict[str, str],
 ) -> None:  # fmt: skip
     """The kill: gw1 SIGKILLed at FAULT_AT_S of DURATION_S of steady pushes."""
@@ -215,7 +214,7 @@ async def test_a_sigkilled_gateway_s_clients_resume_with_every_push_once_in_orde
 
 
 async def test_a_drain_and_a_silent_cut_lose_and_double_nothing(
-    redis_url: str, prefix: str, redis: aioredis.Redis, tmp_path: Path
+    redis_url: str, prefix: str, tmp_path: Path
 ) -> None:
     """The drain (Redis Streams): gw1 drained at FAULT_AT_S; one more client, a raw
     WebSocket through a proxy, cut silently at CUT_AT_S, gives up on that socket

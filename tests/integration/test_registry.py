@@ -299,9 +299,8 @@ async def test_writes_survive_redis_losing_its_script_cache(
     assert set(await a.lookup(["alice", "bob"])) == {"alice", "bob"}
 
 
-async def test_a_cancelled_loop_of_lookups_stops(
-    redis: aioredis.Redis, prefix: str, redis_url: str
-) -> None:
+@pytest.mark.usefixtures("redis")
+async def test_a_cancelled_loop_of_lookups_stops(prefix: str, redis_url: str) -> None:
     # redis-py can swallow a cancellation that lands mid-command; ours must not.
     async with connect_redis(redis_url) as client:
         registry = route_registry(client, prefix, "gw1")

@@ -54,9 +54,10 @@ async def refused(http: httpx.AsyncClient) -> float:
     return float(found.group(1)) if found else 0.0
 
 
+@pytest.mark.usefixtures("redis")
 @pytest.mark.parametrize("kind", list(BAD))
 async def test_the_api_refuses_a_bad_uid_with_422_naming_the_field(
-    redis_url: str, prefix: str, redis: object, kind: str
+    redis_url: str, prefix: str, kind: str
 ) -> None:
     bad = BAD[kind]
     async with one_group(redis_url, prefix) as (gw, http):
@@ -95,9 +96,10 @@ async def test_the_api_refuses_a_bad_uid_with_422_naming_the_field(
         assert await refused(http) - before == 7
 
 
+@pytest.mark.usefixtures("redis")
 @pytest.mark.parametrize("kind", list(BAD))
 async def test_a_token_whose_sub_breaks_the_rule_gets_401_at_the_gateway_and_dispatch(
-    redis_url: str, prefix: str, redis: object, kind: str
+    redis_url: str, prefix: str, kind: str
 ) -> None:
     tok = sub_token(BAD[kind])
     async with one_group(redis_url, prefix) as (gw, http):

@@ -82,8 +82,9 @@ async def _own_scrapes(proc: Proc) -> dict[str, str]:
     return out
 
 
+@pytest.mark.usefixtures("redis")
 async def test_two_workers_share_the_port_and_both_push(
-    redis_url: str, prefix: str, redis: object, tmp_path: Path
+    redis_url: str, prefix: str, tmp_path: Path
 ) -> None:
     # A 5-s heartbeat (a 15-s fleet record): under a whole suite's load, this test's
     # process can miss the default 6 s, and pushes then answer "offline" correctly.
@@ -214,8 +215,9 @@ def test_a_bad_setting_is_one_message_and_exit_2(tmp_path: Path) -> None:
         assert "greater than or equal to 1" in out
 
 
+@pytest.mark.usefixtures("redis")
 async def test_jobs_keys_and_limits_hold_across_workers(
-    redis_url: str, prefix: str, redis: object, tmp_path: Path
+    redis_url: str, prefix: str, tmp_path: Path
 ) -> None:
     """What workers share lives in Redis: an Idempotency-Key sent to both gives one push,
     a broadcast job runs to done, and the rate limit is one bucket, not one per worker."""

@@ -8,7 +8,6 @@ import asyncio
 import json
 import logging
 import time
-from typing import Any
 
 import pytest
 from websockets.asyncio.client import connect
@@ -27,11 +26,11 @@ from tests.integration.stack import (
 from tests.integration.stack import gateway as stack_gateway
 from tests.waiting import wait_for
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("redis")]
 
 
 async def test_a_client_that_never_finishes_the_handshake_is_dropped(
-    redis_url: str, prefix: str, redis: Any
+    redis_url: str, prefix: str
 ) -> None:
     timers = WsTimers(handshake_s=0.5)
     async with (
@@ -68,7 +67,7 @@ async def test_a_client_that_never_finishes_the_handshake_is_dropped(
 
 
 async def test_sockets_without_a_101_are_capped_and_those_over_are_closed_at_once(
-    redis_url: str, prefix: str, redis: Any, caplog: pytest.LogCaptureFixture
+    redis_url: str, prefix: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     limits = HandshakeLimits(max_pre_auth=3)
     async with endpoint(redis_url, prefix, limits=limits, timers=WsTimers(handshake_s=30)) as gw:
@@ -100,7 +99,7 @@ async def test_sockets_without_a_101_are_capped_and_those_over_are_closed_at_onc
 
 
 async def test_connects_per_ip_over_the_rate_get_429_with_retry_after(
-    redis_url: str, prefix: str, redis: Any
+    redis_url: str, prefix: str
 ) -> None:
     limits = HandshakeLimits(connect_rate_per_ip=0.5, connect_burst_per_ip=3)
     async with endpoint(redis_url, prefix, limits=limits) as gw:
@@ -116,7 +115,7 @@ async def test_connects_per_ip_over_the_rate_get_429_with_retry_after(
 
 
 async def test_with_the_defaults_1500_connects_from_one_address_all_pass(
-    redis_url: str, prefix: str, redis: Any
+    redis_url: str, prefix: str
 ) -> None:
     # Load tests open 10k connections from one loopback address at about 1,500/s: no
     # default limit may refuse them (each is closed after its 101 to spare descriptors).
@@ -139,7 +138,7 @@ async def test_with_the_defaults_1500_connects_from_one_address_all_pass(
 
 
 async def test_a_gateway_takes_the_limits_from_its_settings_and_counts_in_metrics(
-    redis_url: str, prefix: str, redis: Any
+    redis_url: str, prefix: str
 ) -> None:
     async with stack_gateway(
         redis_url,

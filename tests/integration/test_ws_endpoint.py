@@ -13,7 +13,7 @@ from socket_gateway.ws.protocol import WsTimers
 from tests.integration.stack import RawClient, closed_with, endpoint, endpoint_client, routes
 from tests.waiting import wait_for
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("redis")]
 
 
 async def test_shutdown_closes_clients_1001_and_unregisters(
@@ -43,7 +43,7 @@ async def test_shutdown_closes_clients_1001_and_unregisters(
 
 
 async def test_shutdown_is_bounded_for_clients_that_never_answer(
-    redis_url: str, prefix: str, redis: Any
+    redis_url: str, prefix: str
 ) -> None:
     async with endpoint(redis_url, prefix, timers=WsTimers(shutdown_s=0.5)) as gw:
         raw = await RawClient.open(gw)

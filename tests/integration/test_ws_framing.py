@@ -25,7 +25,7 @@ from tests.integration.stack import (
 from tests.integration.stack import gateway as stack_gateway
 from tests.waiting import wait_for
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("redis")]
 
 
 # --------------------------------------------------------------------------- frames
@@ -34,7 +34,6 @@ pytestmark = pytest.mark.integration
 async def test_ping_pong_and_junk_frames_spare_the_bystander(
     redis_url: str,
     prefix: str,
-    redis: Any,
 ) -> None:
     async with endpoint(redis_url, prefix) as gw:
         async with endpoint_client(gw, "bystander") as bystander:
@@ -67,7 +66,6 @@ async def test_ping_pong_and_junk_frames_spare_the_bystander(
 async def test_fragmented_ping_is_reassembled(
     redis_url: str,
     prefix: str,
-    redis: Any,
 ) -> None:
     async with endpoint(redis_url, prefix) as gw, endpoint_client(gw, "alice") as ws:
         await ws.send(['{"type"', ':"ping"', "}"])
@@ -77,7 +75,6 @@ async def test_fragmented_ping_is_reassembled(
 async def test_invalid_utf8_text_is_1007(
     redis_url: str,
     prefix: str,
-    redis: Any,
 ) -> None:
     async with endpoint(redis_url, prefix) as gw, endpoint_client(gw, "alice"):
         raw = await RawClient.open(gw)
@@ -94,7 +91,6 @@ async def test_invalid_utf8_text_is_1007(
 async def test_websocket_pings_are_answered(
     redis_url: str,
     prefix: str,
-    redis: Any,
 ) -> None:
     async with endpoint(redis_url, prefix) as gw, endpoint_client(gw, "alice") as ws:
         pong = await ws.ping(b"hello")
@@ -139,7 +135,6 @@ async def test_multi_device_each_connection_has_its_route_and_gets_the_push(
 async def test_prebuilt_frame_reaches_the_client_exactly_once(
     redis_url: str,
     prefix: str,
-    redis: Any,
 ) -> None:
     async with endpoint(redis_url, prefix) as gw, endpoint_client(gw, "ünï") as ws:
         frame, expected = push_frame("héllo 👋")
@@ -153,7 +148,7 @@ async def test_prebuilt_frame_reaches_the_client_exactly_once(
 
 
 async def test_client_that_stops_reading_is_aborted_not_buffered(
-    redis_url: str, prefix: str, redis: Any, caplog: pytest.LogCaptureFixture
+    redis_url: str, prefix: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     """What a slow consumer had unsent is lost to it: never without a count and a line."""
     async with stack_gateway(redis_url, prefix, "g1", "grp", max_write_buffer=64 * 1024) as gw:

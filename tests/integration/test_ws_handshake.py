@@ -33,7 +33,7 @@ from tests.integration.stack import (
 )
 from tests.waiting import wait_for
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("redis")]
 
 V1 = Subprotocol("imroute.v1")
 
@@ -79,7 +79,7 @@ async def test_bad_tokens_get_401_with_json_and_no_101(
         assert await redis.exists(gw.keys.route("alice")) == 0
 
 
-async def test_a_websockets_client_sees_the_401(redis_url: str, prefix: str, redis: Any) -> None:
+async def test_a_websockets_client_sees_the_401(redis_url: str, prefix: str) -> None:
     async with endpoint(redis_url, prefix) as gw:
         response = await handshake_refused(gw.url("?token=not.a.jwt"))
         assert response.status_code == 401
@@ -87,7 +87,7 @@ async def test_a_websockets_client_sees_the_401(redis_url: str, prefix: str, red
 
 
 async def test_the_token_can_travel_as_a_subprotocol_and_is_never_echoed(
-    redis_url: str, prefix: str, redis: Any
+    redis_url: str, prefix: str
 ) -> None:
     tok = token("alice")
     async with endpoint(redis_url, prefix) as gw:
@@ -119,7 +119,7 @@ async def test_the_token_can_travel_as_a_subprotocol_and_is_never_echoed(
 
 
 async def test_the_token_is_never_logged(
-    redis_url: str, prefix: str, redis: Any, caplog: pytest.LogCaptureFixture
+    redis_url: str, prefix: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     good, expired = token("alice"), token("alice", ttl=1)
     bad = jwt.encode({"sub": "alice", "exp": 2**40}, "w" * 32, "HS256")
@@ -149,7 +149,6 @@ async def test_the_token_is_never_logged(
 async def test_wrong_path_is_404_with_a_text_body(
     redis_url: str,
     prefix: str,
-    redis: Any,
 ) -> None:
     async with endpoint(redis_url, prefix) as gw:
         answer = await handshake_refused(gw.url(f"?token={token('a')}", path="/other"))
@@ -162,7 +161,7 @@ async def test_wrong_path_is_404_with_a_text_body(
 
 
 async def test_not_accepting_and_full_are_503_with_json_and_retry_after(
-    redis_url: str, prefix: str, redis: Any
+    redis_url: str, prefix: str
 ) -> None:
     async with endpoint(redis_url, prefix, max_connections=1) as gw:
         async with endpoint_client(gw, "a"):
@@ -183,7 +182,6 @@ async def test_not_accepting_and_full_are_503_with_json_and_retry_after(
 async def test_plain_http_request_is_refused(
     redis_url: str,
     prefix: str,
-    redis: Any,
 ) -> None:
     async with endpoint(redis_url, prefix) as gw:
         raw = await RawClient.open(gw)
@@ -200,7 +198,7 @@ async def test_plain_http_request_is_refused(
         assert gw.calls == []
 
 
-async def test_oversized_handshake_is_431(redis_url: str, prefix: str, redis: Any) -> None:
+async def test_oversized_handshake_is_431(redis_url: str, prefix: str) -> None:
     async with endpoint(redis_url, prefix) as gw:
         raw = await RawClient.open(gw)
         raw.writer.write(b"GET /ws HTTP/1.1\r\n" + b"X-Pad: " + b"a" * 20_000)
@@ -210,7 +208,7 @@ async def test_oversized_handshake_is_431(redis_url: str, prefix: str, redis: An
         await wait_for(lambda: not gw.endpoint._live, "dropped")
 
 
-async def test_handshake_and_frames_in_one_segment(redis_url: str, prefix: str, redis: Any) -> None:
+async def test_handshake_and_frames_in_one_segment(redis_url: str, prefix: str) -> None:
     # Clients should wait for the 101 (RFC 6455 4.1); the `websockets` server writes its
     # pong to a pipelined ping before the 101, so this is checked on the sans-I/O one only.
     async with endpoint(redis_url, prefix) as gw:
@@ -252,7 +250,6 @@ async def test_register_then_disconnect_removes_the_route(
 async def test_registry_down_closes_1013(
     redis_url: str,
     prefix: str,
-    redis: Any,
 ) -> None:
     async def down(uid: str, conn_id: str) -> None:
         raise RegistryUnavailable("redis did not answer: test")

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import struct
-from typing import Any
 
 import pytest
 
@@ -12,12 +11,10 @@ from socket_gateway.ws.protocol import WsTimers
 from tests.integration.stack import RawClient, endpoint, endpoint_client, recv_json
 from tests.waiting import wait_for
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("redis")]
 
 
-async def test_keepalive_pings_and_closes_silent_clients(
-    redis_url: str, prefix: str, redis: Any
-) -> None:
+async def test_keepalive_pings_and_closes_silent_clients(redis_url: str, prefix: str) -> None:
     timers = WsTimers(ping_interval_s=0.2, close_s=0.5)
     async with (
         endpoint(redis_url, prefix, timers=timers) as gw,

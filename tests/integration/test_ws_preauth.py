@@ -18,11 +18,11 @@ from socket_gateway.ws.protocol import WsTimers
 from tests.integration.stack import RawClient, endpoint, endpoint_client
 from tests.waiting import wait_for
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("redis")]
 
 
 async def test_a_socket_without_its_request_line_goes_before_one_sending_its_head(
-    redis_url: str, prefix: str, redis: Any
+    redis_url: str, prefix: str
 ) -> None:
     limits = HandshakeLimits(request_line_s=0.3)
     async with endpoint(redis_url, prefix, limits=limits, timers=WsTimers(handshake_s=1.5)) as gw:
@@ -43,7 +43,7 @@ async def test_a_socket_without_its_request_line_goes_before_one_sending_its_hea
 
 
 async def test_over_the_connect_rate_a_socket_is_answered_429_at_its_accept(
-    redis_url: str, prefix: str, redis: Any
+    redis_url: str, prefix: str
 ) -> None:
     limits = HandshakeLimits(connect_rate_per_ip=0.1, connect_burst_per_ip=1)
     async with endpoint(redis_url, prefix, limits=limits) as gw:
@@ -68,7 +68,7 @@ async def test_over_the_connect_rate_a_socket_is_answered_429_at_its_accept(
 
 
 async def test_one_address_is_capped_and_the_biggest_holder_makes_room(
-    redis_url: str, prefix: str, redis: Any
+    redis_url: str, prefix: str
 ) -> None:
     limits = HandshakeLimits(max_pre_auth=5, max_pre_auth_per_ip=4)
     async with endpoint(redis_url, prefix, limits=limits, timers=WsTimers(handshake_s=30)) as gw:
@@ -99,7 +99,7 @@ async def test_one_address_is_capped_and_the_biggest_holder_makes_room(
     "first", [b"\n", b"junk\r\n", b"GET /ws HTTP/2\r\n", b"POST /ws HTTP/1.1\r\n"]
 )
 async def test_a_first_line_that_is_no_request_line_is_answered_400_at_once(
-    redis_url: str, prefix: str, redis: Any, first: bytes
+    redis_url: str, prefix: str, first: bytes
 ) -> None:
     """Only a request line earns the head's deadline: anything else is answered at once,
     not held until then. (The deadline is long, so that "at once" holds by a wide margin
@@ -118,9 +118,7 @@ async def test_a_first_line_that_is_no_request_line_is_answered_400_at_once(
         await wait_for(lambda: not gw.endpoint._pending, "gone")
 
 
-async def test_a_target_that_cannot_be_read_is_answered_400(
-    redis_url: str, prefix: str, redis: Any
-) -> None:
+async def test_a_target_that_cannot_be_read_is_answered_400(redis_url: str, prefix: str) -> None:
     """A request target urlsplit refuses (a bad IPv6 host after `//`) is a bad handshake,
     answered and counted like one, not an error in the protocol callback."""
     async with endpoint(redis_url, prefix) as gw:
@@ -138,7 +136,7 @@ async def test_a_target_that_cannot_be_read_is_answered_400(
 
 
 async def test_a_head_in_one_read_arms_its_deadline_once(
-    redis_url: str, prefix: str, redis: Any, monkeypatch: pytest.MonkeyPatch
+    redis_url: str, prefix: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The deadline is armed at the accept; it is moved to the head's only for a head
     still coming after its request line."""
@@ -170,7 +168,7 @@ async def test_a_head_in_one_read_arms_its_deadline_once(
 
 
 async def test_over_the_rate_a_socket_takes_no_place_from_another_address(
-    redis_url: str, prefix: str, redis: Any
+    redis_url: str, prefix: str
 ) -> None:
     """With every place taken, a socket over its address's connect rate is closed at
     once (counted as rate_limited): it neither takes a place nor evicts one."""
