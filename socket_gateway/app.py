@@ -53,7 +53,7 @@ from socket_gateway.heartbeat import (
 )
 from socket_gateway.identity import claim_id
 from socket_gateway.live_stats import gateway_sampling
-from socket_gateway.metrics import GatewayMetrics, render
+from socket_gateway.metrics import Counted, GatewayMetrics, render
 from socket_gateway.metrics_http import refused_heads, serve_metrics
 from socket_gateway.resume import Resumer
 from socket_gateway.resume_budget import ResumeLimits
@@ -432,7 +432,8 @@ class Gateway(ClosedOnExit):
             )
         # Each part that counts more says what (name -> (help, value)).
         refusals = self.ws_endpoint.refusals if self.ws_endpoint is not None else None
-        for part in (refusals, self.resumer, self.follower, self.acks):
+        parts: tuple[Counted | None, ...] = (refusals, self.resumer, self.follower, self.acks)
+        for part in parts:
             if part is not None:
                 counts.update(part.metrics())
         return counts

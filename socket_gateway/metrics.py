@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping, Sized
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -13,7 +13,15 @@ if TYPE_CHECKING:
     from socket_gateway.delivery import DeliverService
     from socket_gateway.ws.conn import LimitCounts
 
-__all__ = ["GatewayMetrics", "render"]
+__all__ = ["Counted", "GatewayMetrics", "render"]
+
+
+class Counted(Protocol):
+    """A part of the gateway that says its own counters for /metrics."""
+
+    def metrics(self) -> dict[str, tuple[str, float]]:
+        """name -> (help, value), read at each scrape."""
+        ...
 
 
 class GatewayMetrics(Collector):
