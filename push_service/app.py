@@ -17,7 +17,7 @@ from push_service.admission import (
     ShedMetrics,
 )
 from push_service.cors import ClientCors
-from push_service.errors import ServerErrors, add_error_handlers
+from push_service.errors import ServerErrors, UnavailableMetrics, add_error_handlers
 from push_service.fast_push import FastPush, ServicesSlot
 from push_service.http_server import HeadCounts, HeadCuts
 from push_service.pages import add_pages
@@ -63,7 +63,7 @@ def create_app(
     shedder = Shedder(settings.http_max_in_flight, settings.http_max_lag_ms)
     # What the server cuts before a request is whole (push_service.http_server.run).
     heads = HeadCounts(HeadCuts(settings.http_header_timeout_s))
-    metrics = [ShedMetrics(shedder), UidMetrics(), heads]
+    metrics = [ShedMetrics(shedder), UidMetrics(), UnavailableMetrics(), heads]
     wiring = Wiring(settings, clock or SystemClock(), bus, metrics, stores)
     slot = LimiterSlot()
     services_slot = ServicesSlot()

@@ -28,13 +28,15 @@ from __future__ import annotations
 import logging
 import secrets
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from http import HTTPStatus
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from prometheus_client.core import CounterMetricFamily
+from prometheus_client.registry import Collector
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -47,6 +49,7 @@ from shared.errors import (
     RegistryUnavailable,
 )
 from shared.http_answers import refusal_body
+from shared.throttled import ThrottledLine
 
 __all__ = [
     "Conflict",
@@ -54,6 +57,7 @@ __all__ = [
     "NotFound",
     "ServerErrors",
     "Unavailable",
+    "UnavailableMetrics",
     "add_error_handlers",
     "describe_errors",
     "handler_for",
@@ -62,6 +66,20 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+
+# The 503s a backend that did not answer causes, by reason: what each tells the caller,
+# and its line, said at most once per 10 s with the count (an outage answers every
+# request so: a line each would flood the log).
+_DOWN: dict[str, tuple[str, ThrottledLine]] = {
+    reason: (what, ThrottledLine(log, "%(n)d request(s) answered 503: %(what)s (%(exc)s)"))
+    for reason, what in {
+        "redis": "Redis unavailable; nothing was sent",
+        # Its reply was lost, not its write: Redis may run it (a paused Redis, on resume).
+        "redis_maybe_applied": "Redis did not answer: the request may have taken effect; "
+        "retry it with the same Idempotency-Key (without one, a retry may send it twice)",
+        "directory": "user directory unavailable (is it migrated? imroute db upgrade)",
+    }.items()
+}
 
 
 class NotFound(ImrouteError):
@@ -178,16 +196,13 @@ def _json_type(content_type: str) -> bool:
 
 async def _backend_down(request: Request, exc: ImrouteError) -> JSONResponse:
     if not isinstance(exc, RegistryUnavailable):
-        what = "user directory unavailable (is it migrated? imroute db upgrade)"
+        reason = "directory"
     elif exc.maybe_applied and request.method not in ("GET", "HEAD"):
-        # Its reply was lost, not its write: Redis may run it (a paused Redis, on resume).
-        what = (
-            "Redis did not answer: the request may have taken effect; retry it "
-            "with the same Idempotency-Key (without one, a retry may send it twice)"
-        )
+        reason = "redis_maybe_applied"
     else:
-        what = "Redis unavailable; nothing was sent"
-    log.warning("%s: %s", what, exc)
+        reason = "redis"
+    what, line = _DOWN[reason]
+    line.note(what=what, exc=exc)
     return JSONResponse(
         {"error": "unavailable", "detail": what},
         status_code=503,
@@ -322,3 +337,19 @@ def large_body(headers: Sequence[tuple[bytes, bytes]]) -> bool:
         if name == b"content-length":
             return not value.isdigit() or int(value) > SMALL_BODY
     return False
+
+
+class UnavailableMetrics(Collector):
+    """The 503s a backend that did not answer caused, in this process, for /metrics."""
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        family = CounterMetricFamily(
+            "imroute_http_unavailable",
+            "Requests answered 503 because Redis or the user directory did not answer, by "
+            "reason (redis: nothing was sent; redis_maybe_applied: the request may have "
+            "taken effect; directory)",
+            labels=["reason"],
+        )
+        for reason, (_, line) in _DOWN.items():
+            family.add_metric([reason], line.total)
+        yield family
