@@ -26,11 +26,23 @@ from shared.clock import Clock
 from shared.errors import ImrouteError, InvalidInput
 from shared.logs import bind, unbind
 from shared.models import Message
+from shared.throttled import ThrottledLine
 from shared.tracing import AttributeValue, Span, current_span
 
 __all__ = ["Pushed", "Pushes", "Receipts"]
 
 log = logging.getLogger(__name__)
+
+# What a Redis in trouble costs pushes that went out (each push's, in an outage), each
+# line once per 10 s with the count.
+_UNRECORDED = ThrottledLine(
+    log, "could not record the receipts of %(n)d push(es), the last %(push_id)s: %(exc)s"
+)
+_ACKS_UNREAD = ThrottledLine(
+    log,
+    "could not read the acks of %(n)d push(es) (wait_ack_ms: answered with none acked), "
+    "the last %(push_id)s: %(exc)s",
+)
 
 
 @dataclass(slots=True)  # not frozen: one per message; frozen costs 5x to build
@@ -242,12 +254,7 @@ class Pushes:
         except ImrouteError as exc:
             # The pushes went out; only their receipts are missing (GET answers 404).
             r.failed += len(receipts)
-            if len(receipts) == 1:
-                push_id = receipts[0][0].push_id
-                log.warning("could not record the receipt of push %s: %s", push_id, exc)
-            else:
-                n = len(receipts)
-                log.warning("could not record the receipts of %d pushes: %s", n, exc)
+            _UNRECORDED.note(len(receipts), push_id=receipts[-1][0].push_id, exc=exc)
 
     async def _acked(self, r: Receipts, pushed: Pushed, body: PushIn) -> Pushed:
         """`pushed` with the recipients a device acked within `wait_ack_ms`, and the rest."""
@@ -257,7 +264,7 @@ class Pushes:
         try:
             states = await wait_acks(r.reads, message.push_id, online, body.to, wait_s, self._clock)
         except ImrouteError as exc:
-            log.warning("could not read the acks of push %s: %s", message.push_id, exc)
+            _ACKS_UNREAD.note(push_id=message.push_id, exc=exc)
             states = {}
         acked, unacked = split_acked(body.to, states)
         return Pushed(message, outcome, acked, unacked)

@@ -128,6 +128,19 @@ class P2PPusher:
             "with its next push or on its next connect (%(total)d in all)",
             now=self._clock.monotonic,
         )
+        # What a Redis in trouble costs pushes that went out, each line once per 10 s:
+        # the second look-up of a queued push (only the race it covers goes uncovered),
+        # and the receipt of a retry's deliveries.
+        self.relook_failed = ThrottledLine(
+            log,
+            "the second look-up of %(n)d queued push(es) failed (their answers stand): %(exc)s",
+            now=self._clock.monotonic,
+        )
+        self.retry_unrecorded = ThrottledLine(
+            log,
+            "could not record the deliveries of %(n)d retried push(es): %(exc)s",
+            now=self._clock.monotonic,
+        )
         # Told of the recipients a background retry reached (their push's receipt).
         self.on_retried: Callable[[str, Sequence[str]], Awaitable[None]] | None = None
 
@@ -366,7 +379,7 @@ class P2PPusher:
             except ImrouteError as exc:
                 # The push is in their inboxes and went to whoever was online: its
                 # answer stands (only the race this look-up covers is not covered).
-                log.warning("the second look-up of a queued push failed: %s", exc)
+                self.relook_failed.note(exc=exc)
                 reached = None
             late = set(reached or ())
         if outcome.failed and len(self._retrying) < MAX_RETRYING:
@@ -430,7 +443,7 @@ class P2PPusher:
                 try:
                     await self.on_retried(message.push_id, reached)
                 except ImrouteError as exc:
-                    log.warning("could not record a retried push's delivery: %s", exc)
+                    self.retry_unrecorded.note(exc=exc)
             done = set(reached)
             left[:] = [u for u in left if u not in done]
         return waited

@@ -217,6 +217,21 @@ class EndpointState:
             self.limits.max_pre_auth, self.limits.max_pre_auth_per_ip
         )
         self._tasks = Background("a route registry call", log)  # register, unregister
+        # Route registry calls Redis refused (an outage: every connection's), each line
+        # once per 10 s with the count: a connection closed 1013 (try again), or a
+        # closed one's route left to expire by its deadline.
+        self.register_failed = ThrottledLine(
+            log,
+            "closed %(n)d connection(s) (1013): registering the route or replaying "
+            "failed, the last %(conn)s: %(exc)s",
+            now=clock.monotonic,
+        )
+        self.unregister_failed = ThrottledLine(
+            log,
+            "could not remove the routes of %(n)d closed connection(s) (they expire by "
+            "their deadline), the last %(conn)s: %(exc)s",
+            now=clock.monotonic,
+        )
         self._idle = asyncio.Event()
         self._closed = asyncio.Event()
         self._closing = False
@@ -229,7 +244,7 @@ class EndpointState:
             await self._unregister(conn.uid, conn.conn_id)
         except RegistryUnavailable as exc:
             # The route expires by its deadline; pushes to it meanwhile find it missing.
-            log.warning("unregister %s failed: %s", conn.conn_id, exc)
+            self.unregister_failed.note(conn=conn.conn_id, exc=exc)
         except Exception:
             log.exception("unregister %s failed", conn.conn_id)
 
@@ -603,7 +618,7 @@ class WsConn(asyncio.Protocol):
             self.close(CLOSE_FULL, user_cap_reason(exc.limit))
             ep.limit_counts.user_cap.note(reason=exc)
         except RegistryUnavailable as exc:
-            log.warning("register or replay of %s failed: %s", conn.conn_id, exc)
+            ep.register_failed.note(conn=conn.conn_id, exc=exc)
             self.close(CLOSE_TRY_AGAIN, "route registry unavailable, retry later")
         except Exception:
             log.exception("register %s failed", conn.conn_id)

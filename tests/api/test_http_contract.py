@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 from typing import Any
 
 import pytest
@@ -492,6 +493,12 @@ async def test_a_redis_outage_says_whether_the_request_may_have_taken_effect(
     assert read.status_code == 404  # a read is not affected
 
 
+def _said(lines: list[str], what: str) -> int:
+    """The occurrences throttled `lines` said, each its count of `what`(s)."""
+    found = [re.search(rf"(\d+) {what}\(", line) for line in lines]
+    return sum(int(m[1]) if m else 0 for m in found)
+
+
 def _unavailable(scrape: str, reason: str) -> float:
     prefix = f'imroute_http_unavailable_total{{reason="{reason}"}} '
     [line] = [x for x in scrape.splitlines() if x.startswith(prefix)]
@@ -517,9 +524,30 @@ async def test_an_outage_counts_every_503_and_logs_one_line(
                 assert resp.status_code == 503, resp.text
         after = _unavailable((await http.get("/metrics")).text, "redis")
     assert after - before == 40
+    # The first at once (unless a test before opened the window), the rest at the end
+    # of the window or, as here, when the app stops.
     lines = [r.getMessage() for r in caplog.records if "answered 503" in r.getMessage()]
-    assert len(lines) == 1, lines
-    assert "Redis unavailable; nothing was sent (redis: connection refused)" in lines[0]
+    assert len(lines) <= 2 and _said(lines, "request") == 40, lines
+    assert "Redis unavailable; nothing was sent (redis: connection refused)" in lines[-1]
+
+
+async def test_receipts_redis_refuses_cost_one_line_per_ten_seconds(
+    api: Api, fakes: Fakes, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Pushes go out while their receipts cannot be written (a Redis Cluster node of
+    receipts down): that was a line per push; now one line says how many."""
+
+    async def record_many(*_: Any, **__: Any) -> None:
+        raise RegistryUnavailable("redis: connection refused")
+
+    monkeypatch.setattr(fakes.receipts, "record_many", record_many)
+    async with api() as http:
+        with caplog.at_level(logging.WARNING, logger="push_service.services.pushes"):
+            for _ in range(10):
+                resp = await http.post("/v1/push", json={"to": ["amy"], "content": 1}, headers=AUTH)
+                assert resp.status_code == 200, resp.text
+    lines = [r.getMessage() for r in caplog.records if "could not record" in r.getMessage()]
+    assert len(lines) <= 2 and _said(lines, "push") == 10, lines
 
 
 async def test_a_shutdown_keeps_the_answer_whose_first_write_failed() -> None:

@@ -261,6 +261,31 @@ async def test_registry_down_closes_1013(
         await gw.let_go()  # the unregister was attempted (and its failure only logged)
 
 
+async def test_an_outage_logs_one_line_for_every_connection_it_closes(
+    redis_url: str, prefix: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Each connection a route registry outage closed 1013 was a line of its own, and its
+    unregister another (a reconnect storm against a Redis that is down: two lines per
+    client per attempt); now each kind is one line per 10 s with the count."""
+
+    async def down(uid: str, conn_id: str) -> None:
+        raise RegistryUnavailable("redis did not answer: test")
+
+    async with endpoint(redis_url, prefix, register=down, unregister=down) as gw:
+        with caplog.at_level(logging.WARNING, logger="socket_gateway.ws.conn"):
+            for i in range(20):
+                async with connect(gw.url(f"?token={token(f'u{i}')}")) as ws:
+                    assert (await closed_with(ws))[0] == 1013
+            await gw.let_go()
+        ep = gw.endpoint
+        await wait_for(lambda: ep.unregister_failed.total == 20, "20 unregisters failed")
+        assert ep.register_failed.total == 20
+    said = [r.getMessage() for r in caplog.records]
+    assert len([m for m in said if "(1013)" in m]) == 1, said
+    assert len([m for m in said if "could not remove the routes" in m]) == 1, said
+    assert not [m for m in said if m.startswith(("register or replay", "unregister "))]
+
+
 async def test_client_gone_during_register_is_unregistered_after_it(
     redis_url: str,
     prefix: str,
