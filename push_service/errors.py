@@ -67,11 +67,12 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-# The 503s a backend that did not answer causes, by reason: what each tells the caller,
-# and its line, said at most once per 10 s with the count (an outage answers every
-# request so: a line each would flood the log).
+# The 503s a backend that did not answer causes (a request's, or a batch message's
+# result), by reason: what each tells the caller, and its line, said at most once per
+# 10 s with the count (an outage answers every request so: a line each would flood the
+# log).
 _DOWN: dict[str, tuple[str, ThrottledLine]] = {
-    reason: (what, ThrottledLine(log, "%(n)d request(s) answered 503: %(what)s (%(exc)s)"))
+    reason: (what, ThrottledLine(log, "%(n)d answer(s) 503: %(what)s (%(exc)s)"))
     for reason, what in {
         "redis": "Redis unavailable; nothing was sent",
         # Its reply was lost, not its write: Redis may run it (a paused Redis, on resume).
@@ -345,9 +346,9 @@ class UnavailableMetrics(Collector):
     def collect(self) -> Iterator[CounterMetricFamily]:
         family = CounterMetricFamily(
             "imroute_http_unavailable",
-            "Requests answered 503 because Redis or the user directory did not answer, by "
-            "reason (redis: nothing was sent; redis_maybe_applied: the request may have "
-            "taken effect; directory)",
+            "Answers 503 because Redis or the user directory did not answer: a request's, "
+            "or one message's of a batch (its result's status); by reason (redis: nothing "
+            "was sent; redis_maybe_applied: the request may have taken effect; directory)",
             labels=["reason"],
         )
         for reason, (_, line) in _DOWN.items():

@@ -37,10 +37,31 @@ from push_service.idempotency.base import (
 from router.fanout.outages import ride_out
 from shared.errors import ImrouteError, InvalidInput, RegistryUnavailable
 from shared.tasks import Background
+from shared.throttled import ThrottledLine
 
 __all__ = ["REPLAYED_HEADER", "Handler", "Idempotency", "Once", "PartlyFailed"]
 
 log = logging.getLogger(__name__)
+
+# An Idempotency-Key's release (after a 5xx) or answer (after the work) that Redis did
+# not take is written again in the background; in an outage every keyed request's is.
+# Each kind is one line per 10 s with the count.
+_LATER = {
+    "release": ThrottledLine(
+        log, "could not release %(n)d Idempotency-Key(s) yet (trying again): %(exc)s"
+    ),
+    "keep": ThrottledLine(
+        log, "could not keep %(n)d idempotent answer(s) yet (trying again): %(exc)s"
+    ),
+}
+_GAVE_UP = {
+    "release": ThrottledLine(
+        log, "gave up releasing %(n)d Idempotency-Key(s): retries wait for their leases"
+    ),
+    "keep": ThrottledLine(
+        log, "gave up keeping %(n)d idempotent answer(s): retries wait for their leases"
+    ),
+}
 
 REPLAYED_HEADER = "Idempotent-Replayed"  # Stripe's name, on a replayed answer
 WAIT_MARGIN_S = 5.0
@@ -88,7 +109,7 @@ class Idempotency:
         try:
             await self._store.release(scope, key, token)
         except ImrouteError as exc:
-            log.warning("could not release an Idempotency-Key yet (trying again): %s", exc)
+            _LATER["release"].note(exc=exc)
             self._pending.spawn(self._release_later(scope, key, token))
 
     async def _release_later(self, scope: str, key: str, token: str) -> None:
@@ -100,7 +121,7 @@ class Idempotency:
                 self._sleep,
             )
         except RegistryUnavailable:
-            log.warning("gave up releasing an Idempotency-Key: retries wait for its lease")
+            _GAVE_UP["release"].note()
 
     async def _complete_later(self, scope: str, key: str, token: str, answer: Answer) -> None:
         try:
@@ -111,7 +132,7 @@ class Idempotency:
                 self._sleep,
             )
         except RegistryUnavailable:
-            log.warning("gave up keeping an idempotent answer: retries wait for its lease")
+            _GAVE_UP["keep"].note()
 
     async def aclose(self, timeout_s: float = CLOSE_S) -> None:
         """Let the releases and answers written later finish, for up to `timeout_s` (a
@@ -186,7 +207,7 @@ class Idempotency:
         except ImrouteError as exc:
             # The push was carried out: its caller gets its answer, and a retry gets it
             # too once Redis takes it (until then the key is running: a retry waits).
-            log.warning("could not keep an idempotent answer yet (trying again): %s", exc)
+            _LATER["keep"].note(exc=exc)
             self._pending.spawn(self._complete_later(scope, key, token, answer))
         return response
 

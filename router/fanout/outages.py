@@ -22,14 +22,23 @@ from typing import TypeVar
 
 from shared.backoff import backoff_s
 from shared.errors import RegistryRefused, RegistryUnavailable
+from shared.throttled import ThrottledLine
 
-__all__ = ["RIDE_OUT_S", "ride_out"]
+__all__ = ["RIDE_OUT_S", "TRIED_AGAIN", "ride_out"]
 
 T = TypeVar("T")
 
 log = logging.getLogger(__name__)
 
 RIDE_OUT_S = 20.0  # twice a Cluster failover
+
+# Every step of every job tries again while Redis is out (a broadcast's batches, each
+# a few times a second): one line per 10 s says how many tries were made, and the last.
+TRIED_AGAIN = ThrottledLine(
+    log,
+    "Redis did not answer %(n)d step(s) of work no caller waits on, tried again; "
+    "the last %(what)s: %(exc)s (next in %(delay).2f s)",
+)
 
 
 async def ride_out(
@@ -54,5 +63,5 @@ async def ride_out(
             delay = backoff_s(failures, 0.25, 2.0, rand=None)
             if clock() + delay > deadline:
                 raise
-            log.warning("%s: %s; trying again in %.2f s", what, exc, delay)
+            TRIED_AGAIN.note(what=what, exc=exc, delay=delay)
             await sleep(delay)

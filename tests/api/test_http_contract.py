@@ -526,8 +526,8 @@ async def test_an_outage_counts_every_503_and_logs_one_line(
     assert after - before == 40
     # The first at once (unless a test before opened the window), the rest at the end
     # of the window or, as here, when the app stops.
-    lines = [r.getMessage() for r in caplog.records if "answered 503" in r.getMessage()]
-    assert len(lines) <= 2 and _said(lines, "request") == 40, lines
+    lines = [r.getMessage() for r in caplog.records if "answer(s) 503" in r.getMessage()]
+    assert len(lines) <= 2 and _said(lines, "answer") == 40, lines
     assert "Redis unavailable; nothing was sent (redis: connection refused)" in lines[-1]
 
 
@@ -562,6 +562,38 @@ async def test_a_shutdown_keeps_the_answer_whose_first_write_failed() -> None:
     [entry] = fakes.idempotency.entries.values()
     assert fakes.idempotency.refused == 1 and entry.answer is not None
     assert entry.answer.status == 202
+
+
+class AnswersKeptLate(MemoryIdempotencyStore):
+    """Redis fails the first write of every kept answer (an outage): each is made later."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.refused: set[str] = set()
+
+    async def complete(self, scope: str, key: str, token: str, answer: Answer) -> bool:
+        if key not in self.refused:
+            self.refused.add(key)
+            raise RegistryUnavailable("redis: connection refused")
+        return await super().complete(scope, key, token, answer)
+
+
+async def test_answers_kept_late_cost_one_line_per_ten_seconds(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Every keyed request's answer Redis did not take was a line of its own (and each
+    background try another); now each kind is counted, one line per 10 s."""
+    fakes = Fakes(idempotency=AnswersKeptLate())
+    with caplog.at_level(logging.WARNING):
+        async with serve(fakes) as http:
+            for i in range(10):
+                body, keyed = {"to": ["amy"], "content": i}, {**AUTH, "Idempotency-Key": f"k{i}"}
+                resp = await http.post("/v1/push", json=body, headers=keyed)
+                assert resp.status_code == 200, resp.text
+    assert len(fakes.idempotency.refused) == 10
+    assert all(e.answer is not None for e in fakes.idempotency.entries.values())  # kept later
+    lines = [r.getMessage() for r in caplog.records if "idempotent answer" in r.getMessage()]
+    assert len(lines) <= 2 and _said(lines, "idempotent answer") == 10, lines
 
 
 async def test_without_a_secret_dispatch_is_503_naming_it(api: Api) -> None:

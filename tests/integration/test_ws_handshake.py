@@ -280,9 +280,11 @@ async def test_an_outage_logs_one_line_for_every_connection_it_closes(
         ep = gw.endpoint
         await wait_for(lambda: ep.unregister_failed.total == 20, "20 unregisters failed")
         assert ep.register_failed.total == 20
+    # The first of each at once, the rest at the window's end (10 s: the test is over
+    # by then, unless a slow machine took that long).
     said = [r.getMessage() for r in caplog.records]
-    assert len([m for m in said if "(1013)" in m]) == 1, said
-    assert len([m for m in said if "could not remove the routes" in m]) == 1, said
+    assert 1 <= len([m for m in said if "(1013)" in m]) <= 2, said
+    assert 1 <= len([m for m in said if "could not remove the routes" in m]) <= 2, said
     assert not [m for m in said if m.startswith(("register or replay", "unregister "))]
 
 

@@ -3,12 +3,13 @@ failover, a restart), then give up with the last error: time and sleep injected.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Awaitable, Callable
 
 import pytest
 import redis.exceptions
 
-from router.fanout.outages import ride_out
+from router.fanout.outages import TRIED_AGAIN, ride_out
 from router.redis.errors import redis_errors
 from shared.errors import RegistryRefused, RegistryUnavailable
 
@@ -53,6 +54,19 @@ async def test_a_step_is_tried_again_until_redis_answers() -> None:
     calls, step = failing(5)
     assert await ride_out(step, "a look-up", 20.0, clock.sleep, clock) == "done"
     assert len(calls) == 6 and clock.slept == [0.25, 0.5, 1.0, 2.0, 2.0]
+
+
+async def test_tries_again_are_counted_not_each_logged(caplog: pytest.LogCaptureFixture) -> None:
+    """A line a try was a broadcast's every batch a few times a second in an outage: now
+    the tries are counted, and said once per 10 s (the first at once, unless another
+    test's opened the window)."""
+    clock = Clock()
+    before = TRIED_AGAIN.total
+    with caplog.at_level(logging.WARNING, logger="router.fanout.outages"):
+        for what in ("a look-up", "a batch's log entry"):
+            await ride_out(failing(5)[1], what, 20.0, clock.sleep, clock)
+    assert TRIED_AGAIN.total - before == 10
+    assert len(caplog.records) <= 1, caplog.records
 
 
 async def test_past_its_budget_the_last_error_is_raised() -> None:
