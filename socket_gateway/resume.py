@@ -99,6 +99,14 @@ class Resumer:
         # positions in pipelines, and one heads read for every resume that began before.
         self._read_users = Coalescer(reads.read_users)
         self._ack = Coalescer(reads.ack)
+        # Those acks Redis did not take (in an outage, every resume's): the entries stay
+        # in the inbox, and the next connection's position covers them.
+        self._unacked_line = ThrottledLine(
+            log,
+            "could not ack the inbox entries the positions of %(n)d resume(s) covered "
+            "(they stay in the inbox: the next connect's position covers them): %(exc)s",
+            now=clock.monotonic,
+        )
         self._heads: tuple[float, tuple[str, ...], asyncio.Future[list[int]]] | None = None
         self.stats = ResumeStats(clock.monotonic)
         # Each handles the store's errors itself: a failure logged here is a bug.
@@ -238,8 +246,7 @@ class Resumer:
         try:
             await self._ack((uid, seq))
         except RegistryUnavailable as exc:
-            # They stay in the inbox: the next connection with its position covers them.
-            log.warning("could not ack the inbox entries a position covered: %s", exc)
+            self._unacked_line.note(exc=exc)
 
     def _may_resume(self, uid: str) -> bool:
         """Whether `uid` is within its rate of resumes on this gateway (counted if not)."""

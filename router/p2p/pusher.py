@@ -128,17 +128,11 @@ class P2PPusher:
             "with its next push or on its next connect (%(total)d in all)",
             now=self._clock.monotonic,
         )
-        # What a Redis in trouble costs pushes that went out, each line once per 10 s:
-        # the second look-up of a queued push (only the race it covers goes uncovered),
-        # and the receipt of a retry's deliveries.
-        self.relook_failed = ThrottledLine(
+        # The steps after a push's answer that Redis did not take (each push's, in an
+        # outage): one line per 10 s with the count, naming the last.
+        self.after_answer_failed = ThrottledLine(
             log,
-            "the second look-up of %(n)d queued push(es) failed (their answers stand): %(exc)s",
-            now=self._clock.monotonic,
-        )
-        self.retry_unrecorded = ThrottledLine(
-            log,
-            "could not record the deliveries of %(n)d retried push(es): %(exc)s",
+            "%(n)d step(s) after pushes' answers failed in Redis; the last: %(what)s (%(exc)s)",
             now=self._clock.monotonic,
         )
         # Told of the recipients a background retry reached (their push's receipt).
@@ -361,7 +355,8 @@ class P2PPusher:
         try:
             await self._registry.remove(routes)
         except RegistryUnavailable as exc:
-            log.warning("could not remove %d stale routes: %s", len(routes), exc)
+            what = f"removing {len(routes)} stale route(s) their gateways disowned"
+            self.after_answer_failed.note(what=what, exc=exc)
 
     # ------------------------------------------------------------------ the inbox
 
@@ -379,7 +374,8 @@ class P2PPusher:
             except ImrouteError as exc:
                 # The push is in their inboxes and went to whoever was online: its
                 # answer stands (only the race this look-up covers is not covered).
-                self.relook_failed.note(exc=exc)
+                what = "a queued push's second look-up (its answer stands)"
+                self.after_answer_failed.note(what=what, exc=exc)
                 reached = None
             late = set(reached or ())
         if outcome.failed and len(self._retrying) < MAX_RETRYING:
@@ -443,7 +439,8 @@ class P2PPusher:
                 try:
                     await self.on_retried(message.push_id, reached)
                 except ImrouteError as exc:
-                    self.retry_unrecorded.note(exc=exc)
+                    what = "recording a retried push's deliveries in its receipt"
+                    self.after_answer_failed.note(what=what, exc=exc)
             done = set(reached)
             left[:] = [u for u in left if u not in done]
         return waited

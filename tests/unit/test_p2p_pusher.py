@@ -247,6 +247,7 @@ async def test_a_failed_second_look_up_leaves_the_answer_as_it_was() -> None:
     outcome = await push(pusher, ["amy"])
     assert (outcome.offline, outcome.queued) == (["amy"], ["amy"])
     assert routes.lookups == 2
+    assert pusher.after_answer_failed.total == 1  # counted, and said at most once per 10 s
     await pusher.aclose()
 
 
