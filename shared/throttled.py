@@ -13,6 +13,7 @@ failure says what it held back, and a filter has no line of its own to say it wi
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 import time
 import weakref
@@ -130,7 +131,9 @@ class ThrottledLine:
         if self._timer is not None and self._timer_loop is loop:
             return
         # None, or one on a loop that is gone (closed before it fired): never to fire.
-        self._timer = loop.call_later(due, self._due)
+        # In a context of its own: the line speaks for many occurrences, not for the one
+        # whose context (its push's bound ids, `shared.logs.bind`) armed the timer.
+        self._timer = loop.call_later(due, self._due, context=contextvars.Context())
         self._timer_loop = loop
 
     def _due(self) -> None:

@@ -6,11 +6,13 @@ were counted, the rest only at the next loss, if ever)."""
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from typing import Any
 
 import pytest
 
+from shared.logs import JsonFormatter, log_context
 from shared.throttled import ThrottledLine, say_held
 
 log = logging.getLogger("tests.throttled")
@@ -31,11 +33,11 @@ def fast_timers(monkeypatch: pytest.MonkeyPatch) -> list[float]:
     waits: list[float] = []
     real = loop.call_later
 
-    def soon(delay: float, callback: Any, *args: object) -> asyncio.TimerHandle:
+    def soon(delay: float, callback: Any, *args: object, **kw: Any) -> asyncio.TimerHandle:
         if isinstance(getattr(callback, "__self__", None), ThrottledLine):
             waits.append(delay)
             delay = 0.01
-        return real(delay, callback, *args)
+        return real(delay, callback, *args, **kw)
 
     monkeypatch.setattr(loop, "call_later", soon)
     return waits
@@ -159,3 +161,38 @@ def test_a_timer_left_on_a_closed_loop_does_not_stop_the_next_one(
         asyncio.run(burst_and_wait())
     said = [r.getMessage() for r in caplog.records if r.name == log.name]
     assert said == ["refused 1", "refused 3", "refused 2"], said
+
+
+async def test_a_line_said_at_the_window_end_carries_no_push_of_the_context_that_armed_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """It speaks for every occurrence the window held, so it names none of their pushes
+    in its JSON fields (it carried the push_id of the first held one, while its text
+    named the last)."""
+    clock = Clock()
+    fast_timers(monkeypatch)
+    formatter = JsonFormatter("push-service")
+    said: list[dict[str, Any]] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            said.append(json.loads(formatter.format(record)))
+
+    handler = Keep()
+    log.addHandler(handler)
+    try:
+        line = ThrottledLine(log, "%(n)d failed, the last %(push)s", now=clock)
+        with log_context(push_id="p1"):
+            line.note(push="p1")  # said at once, as p1's
+        with log_context(push_id="p2"):
+            line.note(push="p2")  # held: arms the timer
+        with log_context(push_id="p3"):
+            line.note(push="p3")
+        clock.t += 10
+        await asyncio.sleep(0.05)
+    finally:
+        log.removeHandler(handler)
+    assert [(s["message"], s.get("push_id")) for s in said] == [
+        ("1 failed, the last p1", "p1"),
+        ("2 failed, the last p3", None),
+    ]
