@@ -29,6 +29,7 @@ from push_service.uid_metrics import UidMetrics
 from push_service.wiring import Wiring
 from push_service.worker import Worker
 from router.bus.base import Bus
+from router.processes.procs import take_stop_signals
 from shared.clock import Clock, SystemClock
 from shared.errors import ConfigError
 from shared.settings import PushSettings
@@ -71,6 +72,10 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        # Inside uvicorn's run, its SIGINT and SIGTERM handlers are in place: a stop a
+        # worker's supervisor sent while it started, held till now, is handled (uvicorn
+        # stops once the start is done).
+        take_stop_signals()
         try:
             async with AsyncExitStack() as stack:
                 services = await stack.enter_async_context(wiring.open())

@@ -134,6 +134,11 @@ def _supervise(
             worker_argv(argv, fd, index, folder),
             new_session=True,
             pass_fds=(fd,),
+            # A stop sent while it starts is held until its server can handle it: a
+            # replacement worker stopped during its start ran on, once in a while, until
+            # the grace's SIGKILL (more than 30 s): its SIGINT landed, most likely,
+            # where Python drops a KeyboardInterrupt.
+            hold_stops=True,
         )
 
     # In uvicorn's words (its workers on an inherited socket say nothing), which is what

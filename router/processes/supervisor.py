@@ -26,7 +26,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import IO, Literal, TypeVar
 
-from router.processes.procs import die_with_parent
+from router.processes.procs import die_with_parent, hold_stop_signals
 
 __all__ = ["Child", "ChildExited", "Supervisor", "alive", "descendants"]
 
@@ -169,10 +169,13 @@ class Supervisor:
         new_session: bool = False,
         whole_group: bool = False,
         pass_fds: Sequence[int] = (),
+        hold_stops: bool = False,
     ) -> Child:
         """Start `argv` as child `name`. new_session: a terminal's Ctrl-C reaches only us;
         whole_group (implies new_session): stop signals go to the child's process group;
-        pass_fds: file descriptors the child inherits (a listening socket)."""
+        pass_fds: file descriptors the child inherits (a listening socket); hold_stops:
+        it starts with SIGINT and SIGTERM blocked, and unblocks them once it can handle
+        them (`router.processes.procs.hold_stop_signals`)."""
         popen = subprocess.Popen(
             list(argv),
             env=env if env is not None else self.env,
@@ -182,7 +185,8 @@ class Supervisor:
             stderr=_stderr(stderr),
             start_new_session=new_session or whole_group,
             pass_fds=tuple(pass_fds),
-            preexec_fn=die_with_parent,  # noqa: PLW1509  # a bare prctl, resolved beforehand
+            # A bare prctl, resolved beforehand (and a bare sigprocmask).
+            preexec_fn=_holding if hold_stops else die_with_parent,  # noqa: PLW1509
         )
         child = Child(name, popen, whole_group=whole_group)
         if stdout == "lines":
@@ -248,6 +252,11 @@ class Supervisor:
 
     def __exit__(self, *exc: object) -> None:
         self.stop_all()
+
+
+def _holding() -> None:
+    die_with_parent()
+    hold_stop_signals()
 
 
 def _stdout(mode: Stdout) -> int | IO[bytes] | None:

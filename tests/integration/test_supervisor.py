@@ -144,6 +144,33 @@ def test_stop_of_a_child_that_already_exited_returns_its_code(sup: Supervisor) -
     assert sup.children == []
 
 
+def test_a_stop_sent_while_a_child_starts_is_held_until_it_can_handle_it(
+    sup: Supervisor,
+) -> None:
+    """A replacement push-service worker sent SIGINT during its imports ran on until the
+    grace's SIGKILL when the KeyboardInterrupt landed where Python drops it (a
+    finalizer, a callback): this child drops it as such a place would. Held, the SIGINT
+    waits for the handler the child then installs."""
+    code = """
+    import signal, sys, time
+    from router.processes.procs import take_stop_signals
+    print("starting", flush=True)
+    try:
+        time.sleep(1.0)  # the start: imports, the app's set-up
+    except KeyboardInterrupt:
+        print("dropped", flush=True)  # as a finalizer's exception is
+    signal.signal(signal.SIGINT, lambda *_: (print("stopping", flush=True), sys.exit(0)))
+    take_stop_signals()
+    print("serving", flush=True)
+    time.sleep(30)
+    """
+    child = sup.start("worker", py(code), stdout="lines", stderr="stdout", hold_stops=True)
+    child.read_until("starting", 10)
+    child.send_signal(signal.SIGINT)
+    assert child.read_until("stopping", 10) == ["stopping"]  # neither dropped nor serving
+    assert child.wait(5) == 0
+
+
 # stop_all
 
 

@@ -6,8 +6,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import queue
 import re
 import signal
+import subprocess
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -50,6 +52,16 @@ async def two_workers(
         for marker in ("Uvicorn running on", *["Application startup complete"] * 2):
             await asyncio.to_thread(read_until, proc, marker, 60)
         yield proc, port
+
+
+def _output(proc: Proc) -> str:
+    """The lines `proc` wrote that nobody has read yet."""
+    assert proc.lines is not None
+    lines: list[str] = []
+    with contextlib.suppress(queue.Empty):
+        while (line := proc.lines.get_nowait()) is not None:
+            lines.append(line)
+    return "\n".join(lines[-200:])
 
 
 def _workers(proc: Proc) -> set[int]:
@@ -148,7 +160,16 @@ async def test_a_killed_worker_is_replaced_and_sigint_stops_them_all(
             assert (await http.get("/healthz")).status_code == 200
         workers = _workers(proc)
         proc.send_signal(signal.SIGINT)
-        assert proc.wait(30) == 0
+        try:
+            code = proc.wait(30)
+        except subprocess.TimeoutExpired:
+            # Seen once in a while in CI, never alone: say who is left and what was said.
+            left = sorted(p for p in workers | _workers(proc) if alive(p))
+            pytest.fail(
+                f"still running 30 s after SIGINT: workers {left} of {sorted(workers)} (the "
+                f"replacement of {victim}); output since the restart:\n{_output(proc)}"
+            )
+        assert code == 0
         assert not any(alive(p) for p in workers)
 
 
