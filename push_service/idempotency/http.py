@@ -46,22 +46,18 @@ log = logging.getLogger(__name__)
 # An Idempotency-Key's release (after a 5xx) or answer (after the work) that Redis did
 # not take is written again in the background; in an outage every keyed request's is.
 # Each kind is one line per 10 s with the count.
-_LATER = {
-    "release": ThrottledLine(
-        log, "could not release %(n)d Idempotency-Key(s) yet (trying again): %(exc)s"
-    ),
-    "keep": ThrottledLine(
-        log, "could not keep %(n)d idempotent answer(s) yet (trying again): %(exc)s"
-    ),
-}
-_GAVE_UP = {
-    "release": ThrottledLine(
-        log, "gave up releasing %(n)d Idempotency-Key(s): retries wait for their leases"
-    ),
-    "keep": ThrottledLine(
-        log, "gave up keeping %(n)d idempotent answer(s): retries wait for their leases"
-    ),
-}
+_RELEASE_LATER = ThrottledLine(
+    log, "could not release %(n)d Idempotency-Key(s) yet (trying again): %(exc)s"
+)
+_KEEP_LATER = ThrottledLine(
+    log, "could not keep %(n)d idempotent answer(s) yet (trying again): %(exc)s"
+)
+_RELEASE_GIVEN_UP = ThrottledLine(
+    log, "gave up releasing %(n)d Idempotency-Key(s): retries wait for their leases"
+)
+_KEEP_GIVEN_UP = ThrottledLine(
+    log, "gave up keeping %(n)d idempotent answer(s): retries wait for their leases"
+)
 
 REPLAYED_HEADER = "Idempotent-Replayed"  # Stripe's name, on a replayed answer
 WAIT_MARGIN_S = 5.0
@@ -109,7 +105,7 @@ class Idempotency:
         try:
             await self._store.release(scope, key, token)
         except ImrouteError as exc:
-            _LATER["release"].note(exc=exc)
+            _RELEASE_LATER.note(exc=exc)
             self._pending.spawn(self._release_later(scope, key, token))
 
     async def _release_later(self, scope: str, key: str, token: str) -> None:
@@ -121,7 +117,7 @@ class Idempotency:
                 self._sleep,
             )
         except RegistryUnavailable:
-            _GAVE_UP["release"].note()
+            _RELEASE_GIVEN_UP.note()
 
     async def _complete_later(self, scope: str, key: str, token: str, answer: Answer) -> None:
         try:
@@ -132,7 +128,7 @@ class Idempotency:
                 self._sleep,
             )
         except RegistryUnavailable:
-            _GAVE_UP["keep"].note()
+            _KEEP_GIVEN_UP.note()
 
     async def aclose(self, timeout_s: float = CLOSE_S) -> None:
         """Let the releases and answers written later finish, for up to `timeout_s` (a
@@ -207,7 +203,7 @@ class Idempotency:
         except ImrouteError as exc:
             # The push was carried out: its caller gets its answer, and a retry gets it
             # too once Redis takes it (until then the key is running: a retry waits).
-            _LATER["keep"].note(exc=exc)
+            _KEEP_LATER.note(exc=exc)
             self._pending.spawn(self._complete_later(scope, key, token, answer))
         return response
 

@@ -70,7 +70,6 @@ class Receipts:
     # recipients takes its first recipient's in its push id (`shared.keys.slot_tagged`),
     # and its receipt derives their acks from their acked positions. None: never.
     slot_tag: Callable[[str], str] | None = None
-    failed: int = 0
 
     def tag(self, body: PushIn) -> str:
         """The slot tag of `body`'s push id ("": none)."""
@@ -253,7 +252,6 @@ class Pushes:
             await r.log.record_many(receipts)
         except ImrouteError as exc:
             # The pushes went out; only their receipts are missing (GET answers 404).
-            r.failed += len(receipts)
             _UNRECORDED.note(len(receipts), push_id=receipts[-1][0].push_id, exc=exc)
 
     async def _acked(self, r: Receipts, pushed: Pushed, body: PushIn) -> Pushed:

@@ -454,18 +454,24 @@ async def test_receipts_off_on_the_given_stores_too(api: Api, fakes: Fakes) -> N
         assert waiting.status_code == 422 and "receipts are off" in waiting.text
 
 
-class AnswerKeptLate(MemoryIdempotencyStore):
-    """Redis fails the first write of a kept answer (a failover): it is made later."""
+class AnswersKeptLate(MemoryIdempotencyStore):
+    """Redis fails the first write of each kept answer (a failover, an outage): each is
+    made later, taking `delay_s`; `refused` counts the keys refused."""
 
-    def __init__(self) -> None:
+    def __init__(self, delay_s: float = 0.0) -> None:
         super().__init__()
-        self.refused = 0
+        self.delay_s = delay_s
+        self.refused_keys: set[str] = set()
+
+    @property
+    def refused(self) -> int:
+        return len(self.refused_keys)
 
     async def complete(self, scope: str, key: str, token: str, answer: Answer) -> bool:
-        if not self.refused:
-            self.refused += 1
+        if key not in self.refused_keys:
+            self.refused_keys.add(key)
             raise RegistryUnavailable("redis: connection refused")
-        await asyncio.sleep(0.3)  # the write made later takes a while
+        await asyncio.sleep(self.delay_s)  # the write made later takes a while
         return await super().complete(scope, key, token, answer)
 
 
@@ -553,7 +559,7 @@ async def test_receipts_redis_refuses_cost_one_line_per_ten_seconds(
 async def test_a_shutdown_keeps_the_answer_whose_first_write_failed() -> None:
     """The push service's shutdown waits for the Idempotency-Key writes it makes later
     (before: nothing awaited them, and a shutdown dropped them)."""
-    fakes = Fakes(idempotency=AnswerKeptLate())
+    fakes = Fakes(idempotency=AnswersKeptLate(delay_s=0.3))
     async with serve(fakes) as http:
         resp = await http.post(
             "/v1/broadcast", json={"content": "x"}, headers={**AUTH, "Idempotency-Key": "k1"}
@@ -562,20 +568,6 @@ async def test_a_shutdown_keeps_the_answer_whose_first_write_failed() -> None:
     [entry] = fakes.idempotency.entries.values()
     assert fakes.idempotency.refused == 1 and entry.answer is not None
     assert entry.answer.status == 202
-
-
-class AnswersKeptLate(MemoryIdempotencyStore):
-    """Redis fails the first write of every kept answer (an outage): each is made later."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.refused: set[str] = set()
-
-    async def complete(self, scope: str, key: str, token: str, answer: Answer) -> bool:
-        if key not in self.refused:
-            self.refused.add(key)
-            raise RegistryUnavailable("redis: connection refused")
-        return await super().complete(scope, key, token, answer)
 
 
 async def test_answers_kept_late_cost_one_line_per_ten_seconds(
@@ -590,7 +582,7 @@ async def test_answers_kept_late_cost_one_line_per_ten_seconds(
                 body, keyed = {"to": ["amy"], "content": i}, {**AUTH, "Idempotency-Key": f"k{i}"}
                 resp = await http.post("/v1/push", json=body, headers=keyed)
                 assert resp.status_code == 200, resp.text
-    assert len(fakes.idempotency.refused) == 10
+    assert fakes.idempotency.refused == 10
     assert all(e.answer is not None for e in fakes.idempotency.entries.values())  # kept later
     lines = [r.getMessage() for r in caplog.records if "idempotent answer" in r.getMessage()]
     assert len(lines) <= 2 and _said(lines, "idempotent answer") == 10, lines
